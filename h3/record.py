@@ -1,0 +1,132 @@
+"""The clip record: what one request asked for, what ran, and what it cost.
+
+Written next to every clip as ``<clip>.json``. It is a versioned pydantic schema so that any later step (gates,
+statistics, the dashboard, an outside script) can read a run without the process that wrote it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CLIP_RECORD_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RequestSpec(_Strict):
+    """A generation request as it was asked (before snapping)."""
+
+    prompt: str
+    """The prompt text."""
+    prompt_id: str | None = None
+    """Stable id of the prompt within its suite, when the request came from one."""
+    seed: int = Field(ge=0)
+    """Seed of the request's generator."""
+    num_frames: int | None = None
+    """Requested frame count (snapped up to H3's 17n+5), or None when ``seconds`` is given."""
+    seconds: float | None = None
+    """Requested duration in seconds, or None when ``num_frames`` is given."""
+    height: int
+    """Requested height in pixels (a multiple of 32)."""
+    width: int
+    """Requested width in pixels (a multiple of 32)."""
+
+
+class ResolvedShape(_Strict):
+    """The shape that was actually generated."""
+
+    num_frames: int
+    height: int
+    width: int
+    fps: int
+    duration_s: float
+    """num_frames / fps."""
+    num_latent_frames: int
+    num_audio_latents: int
+    audio_sample_rate: int
+    audio_channels: int
+    num_audio_samples: int
+    """Samples per channel of the generated soundtrack."""
+    num_text_tokens: int
+    sequence_length: int
+    """Rows of the packed DiT sequence (text + audio + video)."""
+
+
+class StageAnatomy(_Strict):
+    """Device-synchronized wall time of each stage of a request, in seconds."""
+
+    text_encode: float
+    denoise_steps: list[float]
+    """One entry per DiT forward (denoising step)."""
+    denoise: float
+    """Whole denoising stage (prepare + loop + unpack)."""
+    video_decode: float
+    audio_decode: float
+    frame_prep_d2h: float
+    """Frames to uint8 on the device and copy to the host; PCM likewise."""
+    mux_save: float
+    """MP4 encoding, muxing and the atomic move onto disk."""
+    other: float = 0.0
+    """Time of the pipeline not attributed to a stage above (block glue)."""
+
+
+class Executed(_Strict):
+    """What actually ran, for the configured-versus-executed check."""
+
+    forward_passes: int
+    """Transformer forward calls of the request."""
+    attention_backends: list[str]
+    """Attention backends diffusers' dispatcher resolved during the request (sorted, unique)."""
+    torch_dtype: str
+    vae_tiling: bool
+    vae_tile: list[int] | None = None
+    """[height, width] of the VAE's spatial tile when tiling is on."""
+    levers: dict[str, Any] = Field(default_factory=dict)
+    """Per-lever telemetry reported by the levers of later recipes (quantized modules, cache hits, ...)."""
+
+
+class Timings(_Strict):
+    stage_anatomy: StageAnatomy
+    generation_side_latency_s: float
+    """Seed 000's definition: text encode, DiT, both decodes, frame prep and D2H; excludes MP4 mux/save."""
+    request_to_file_latency_s: float
+    """Seed 002's definition: from the request entering ``generate`` to the finished file on disk."""
+
+
+class ClipRecord(_Strict):
+    """The record of one generated clip."""
+
+    version: int = CLIP_RECORD_VERSION
+    """Schema version of this record."""
+    request: RequestSpec
+    shape: ResolvedShape
+    recipe_name: str
+    recipe: dict[str, Any]
+    """The recipe as resolved (every lever explicit)."""
+    recipe_sha256: str
+    model: str
+    """``tiny`` or the checkpoint path."""
+    model_sha256: str
+    """Hash that identifies the model weights (the tiny preset's config + seed, or the checkpoint's index files)."""
+    frames_sha256: str
+    """sha256 of the raw uint8 frames, (T, H, W, 3) C-order, before encoding."""
+    pcm_sha256: str
+    """sha256 of the raw int16 PCM, (samples, channels) interleaved, before encoding."""
+    mp4_sha256: str
+    """sha256 of the MP4 file on disk."""
+    mp4_bytes: int
+    timings: Timings
+    peak_memory_bytes: int | None
+    """Peak device memory of the request (CUDA), or None on the CPU where it is not measured."""
+    device: str
+    executed: Executed
+    versions: dict[str, str]
+    hardware: dict[str, Any]
+    created_at: str
+    """UTC ISO-8601 time the record was written."""
+    extra: dict[str, Any] = Field(default_factory=dict)
+    """Backend-specific fields (e.g. the server's ``inference_time_s`` for the http backend)."""
