@@ -1,0 +1,29 @@
+"""The `h3eval` command line: a thin typer app over functions that tests call directly.
+
+One module per command under ``h3eval/commands``; each exposes ``register(app)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="h3eval",
+    help="Quality-gated evaluation of accelerated MiniMax-H3 inference: runs, gates, verdicts, reports.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+COMMAND_MODULES = [
+    "h3eval.commands.generate",
+]
+
+for _module in COMMAND_MODULES:
+    importlib.import_module(_module).register(app)
+
+
+def main() -> None:  # pragma: no cover
+    app()
