@@ -245,7 +245,7 @@ class H3Runtime:
         self.device = torch.device(device)
         self.default_size = default_size
         self._apply_recipe()
-        _quiet_progress_bars(pipe.blocks)
+        _quiet_progress_bars(pipe._blocks)  # `pipe.blocks` is a deep copy
         self.hooks = StageHooks(pipe)
 
     # -- loading -----------------------------------------------------------------------------------------------
