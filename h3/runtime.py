@@ -36,7 +36,9 @@ logger = logging.getLogger(__name__)
 
 FPS = 24
 MIN_SECONDS, MAX_SECONDS = 5.0, 15.0
-TINY_DEFAULT_SIZE = (64, 64)
+# 128x128, not 64x64: libx264 output was seen to vary run to run on 64x64 frames (uninitialized reads on tiny
+# frames; bench notes in h3/media.py), never at 128 or 256.
+TINY_DEFAULT_SIZE = (128, 128)
 # MiniMax-H3's own 16:9 canvas (diffusers' resolve_canvas_size(16, 9) with the released short edge 768).
 FULL_DEFAULT_SIZE = (768, 1344)
 

@@ -33,8 +33,8 @@ def test_recording_does_not_change_the_clip(tiny_runtime, base_clip, tmp_path):
     traj = load_trajectory(trajectory_path(out))
     assert traj["video_t"].shape == (2,) and traj["audio_t"].shape == (2,)
     assert traj["video_t"][0] == 0.0  # the first step is pure noise: t = 1 - sigma = 0
-    # Rows: 37 latent frames x (64/16/2)^2 patch rows; 24 channels x (1,2,2) patch = 96.
-    assert traj["video_xt"].shape == (2, 37 * 4, 96)
+    # Rows: 37 latent frames x (128/16/2)^2 patch rows; 24 channels x (1,2,2) patch = 96.
+    assert traj["video_xt"].shape == (2, 37 * 16, 96)
     assert traj["audio_xt"].shape == (2, 2 * 207, 32)
 
 
