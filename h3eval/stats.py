@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
@@ -152,16 +153,20 @@ def bootstrap_ci(
         return ConfidenceInterval(
             estimate, estimate, estimate, confidence, "degenerate", 0, "all pairs are equal: the CI is the point"
         )
-    res = stats.bootstrap(
-        arrays,
-        statistic,
-        paired=True,
-        vectorized=True,
-        confidence_level=confidence,
-        n_resamples=n_resamples,
-        method="BCa",
-        rng=np.random.default_rng(seed),
-    )
+    with warnings.catch_warnings():
+        # scipy warns when BCa is undefined (a degenerate bootstrap distribution); that case is handled below.
+        warnings.simplefilter("ignore", category=RuntimeWarning)
+        warnings.simplefilter("ignore", category=stats.DegenerateDataWarning)
+        res = stats.bootstrap(
+            arrays,
+            statistic,
+            paired=True,
+            vectorized=True,
+            confidence_level=confidence,
+            n_resamples=n_resamples,
+            method="BCa",
+            rng=np.random.default_rng(seed),
+        )
     low, high = float(res.confidence_interval.low), float(res.confidence_interval.high)
     if not (math.isfinite(low) and math.isfinite(high)):
         # BCa fails when the bootstrap distribution is (nearly) a point, e.g. one odd pair among equal ones;
