@@ -363,8 +363,8 @@ def load_floor(path: str | Path) -> NoiseFloor:
         raise PolicyError(f"{path}: unsupported floor version {data.get('version')!r} (reads {FLOOR_VERSION})")
     metrics: dict[str, float] = {}
     for key, value in data["metrics"].items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise PolicyError(f"{path}: metrics.{key} must be a finite number > 0, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise PolicyError(f"{path}: metrics.{key} must be a finite number >= 0, got {value!r}")
         metrics[key] = float(value)
     return NoiseFloor(path=path, sha256=sha256_file(path), metrics=metrics)
 

@@ -481,7 +481,7 @@ def _gather_metric(
     except S.StatsInputError as exc:
         mv.reasons.append(str(exc))
         return _MetricWork(mv, mp, None, None)
-    mv.stats = _summary_dict(summary)
+    mv.stats = _summary_dict(summary, mp, mv.threshold)
     return _MetricWork(mv, mp, summary, values)
 
 
@@ -491,9 +491,15 @@ def _pair_room(values: np.ndarray, mp: MetricPolicy, threshold: float | None) ->
     return (values - reference) if mp.higher_is_better else (reference - values)
 
 
-def _summary_dict(summary: S.DeltaSummary) -> dict[str, Any]:
+def _summary_dict(summary: S.DeltaSummary, mp: MetricPolicy, threshold: float | None) -> dict[str, Any]:
     data = asdict(summary)
-    data["signs"]["describe"] = summary.signs.describe()
+    if mp.compare == "pair" and threshold is not None:
+        # For a pair metric the "delta" is the room left to the threshold: its signs say within / beyond.
+        word = "min" if mp.higher_is_better else "max"
+        data["signs"]["describe"] = (f"within {word} {threshold:.4g} on {summary.signs.better + summary.signs.tied}, "
+                                     f"beyond on {summary.signs.worse} of {summary.n}")
+    else:
+        data["signs"]["describe"] = summary.signs.describe()
     return data
 
 

@@ -347,7 +347,7 @@ def test_threshold_as_fraction_of_noise_floor(tmp_path):
     v = compute_verdict(store.root, load_policy(pol), floor_path=tight, today=TODAY)
     _, m = _metric(v, "fast", "fidelity", "lpips_mean")
     assert float(np.mean(values["lpips"])) > 0.005 and m.outcome == "FAIL"
-    with pytest.raises(PolicyError, match="must be a finite number > 0"):
+    with pytest.raises(PolicyError, match="must be a finite number >= 0"):
         compute_verdict(store.root, load_policy(pol), floor_path=write_text(
             tmp_path / "bad.json", json.dumps({"metrics": {"fidelity.lpips_mean": -1}})), today=TODAY)
 

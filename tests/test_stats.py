@@ -291,3 +291,11 @@ def test_speedup_matches_loop_definitions():
     assert abs(res.ci.low - low) < 0.05 * width and abs(res.ci.high - high) < 0.05 * width
     with pytest.raises(S.StatsInputError, match="> 0"):
         S.speedup([1.0, 0.0], [1.0, 1.0])
+
+
+def test_speedup_constant_ratio_gives_point_interval_not_nan():
+    # Every request exactly twice as fast: BCa is undefined (no spread); the percentile interval is the point.
+    base = np.array([2.0, 3.0, 4.0, 5.0])
+    res = S.speedup(base, base / 2, n_resamples=2000)
+    assert (res.ci.low, res.ci.estimate, res.ci.high) == pytest.approx((2.0, 2.0, 2.0), rel=1e-12)
+    assert res.ci.method == "percentile" and "BCa undefined" in res.ci.note
