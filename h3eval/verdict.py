@@ -34,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gates.base import GateResult, get_gate, known_gates
+from gates.base import GateResult, known_gates
 from h3.atomic import atomic_write_json, sha256_file
 from h3.record import ClipRecord
 from h3eval import stats as S
@@ -413,7 +413,9 @@ def _gather_metric(
         if result.identical and value is None:
             if mp.compare == "pair" and mp.identical_value is not None:
                 value = mp.identical_value
+                seen_metric = True
             elif mp.compare in ("sides", "delta"):
+                seen_metric = True
                 pairs.append(PairValue(prompt_id=prompt_id, seed=seed, value=None, delta=0.0, file=lr.rel,
                                        artifacts=result.artifacts))
                 continue
@@ -432,7 +434,7 @@ def _gather_metric(
     mv.pairs = pairs
     mv.n_pairs = len(pairs)
     min_pairs = mp.min_pairs or gp.min_pairs or policy_min_pairs
-    if not seen_metric and not any(p.delta == 0.0 and p.value is None for p in pairs):
+    if not seen_metric:
         have = ", ".join(sorted(other_names)) or "none (no usable result)"
         mv.reasons.append(f"no result of gate {gate!r} for {candidate!r} has metric {metric!r} (metrics present: {have})")
     if nan_files:
@@ -671,10 +673,15 @@ def speed_verdict(
 
 # -- the whole verdict ---------------------------------------------------------------------------------------------
 def _registered_gate_classes() -> dict[str, type]:
-    classes: dict[str, type] = {}
-    for name in known_gates():
-        classes[name] = type(get_gate(name))
-    return classes
+    """Registered gate classes by name, without instantiating them (a gate's constructor may load weights)."""
+    import gates.base as gates_base
+
+    names = known_gates()  # imports the built-in gate modules, which register themselves
+    lookup = getattr(gates_base, "gate_class", None)
+    if lookup is not None:
+        return {name: lookup(name) for name in names}
+    # gates.base has no public class lookup yet; its registry maps a name to the class itself.
+    return {name: gates_base._REGISTRY[name] for name in names}
 
 
 def _input_hashes(store: RunStore, manifest: RunManifest, loaded: LoadedPolicy, floor: NoiseFloor | None,

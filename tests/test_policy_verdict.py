@@ -395,3 +395,32 @@ def test_cli_exit_codes(tmp_path, two_candidate_run, policy_file):
     res = runner.invoke(_cli(), [str(clean.root), "--policy", str(policy_file), "--json", "--write"])
     assert res.exit_code == 0 and json.loads(res.output)["outcome"] == "PASS"
     assert json.loads((clean.root / "verdict.json").read_text())["outcome"] == "PASS"
+
+
+def test_identical_pairs_count_as_zero_delta_or_declared_value(tmp_path):
+    """A gate that short-circuits bit-identical pairs writes no values; the verdict never guesses them."""
+    store = make_run(tmp_path / "run", n_prompts=8)
+    for pid, s in pairs_of(store):
+        write_result(store, "fidelity", "fast", pid, s, identical=True)
+        write_result(store, "vbench", "fast", pid, s, identical=True)
+    text = TEST_POLICY.split("[speed]")[0] + """
+[gates.fidelity.metrics.lpips_mean]
+direction = "lower_is_better"
+max = 0.05
+{identical}
+
+[gates.vbench.metrics.overall_consistency]
+compare = "sides"
+direction = "higher_is_better"
+margin = 0.01
+"""
+    v = compute_verdict(store.root, load_policy(write_text(tmp_path / "a.toml", text.format(identical=""))), today=TODAY)
+    _, lp = _metric(v, "fast", "fidelity", "lpips_mean")
+    assert lp.outcome == "INCONCLUSIVE" and any("missing on 8 of 8" in r for r in lp.reasons)
+    _, oc = _metric(v, "fast", "vbench", "overall_consistency")
+    assert oc.outcome == "PASS" and oc.mean_value == 0.0 and all(p.delta == 0.0 for p in oc.pairs)
+    pol = write_text(tmp_path / "b.toml", text.format(identical="identical_value = 0.0"))
+    v = compute_verdict(store.root, load_policy(pol), today=TODAY)
+    _, lp = _metric(v, "fast", "fidelity", "lpips_mean")
+    assert lp.outcome == "PASS" and lp.mean_value == 0.0
+    assert v.outcome == "PASS"

@@ -299,3 +299,27 @@ def test_speedup_constant_ratio_gives_point_interval_not_nan():
     res = S.speedup(base, base / 2, n_resamples=2000)
     assert (res.ci.low, res.ci.estimate, res.ci.high) == pytest.approx((2.0, 2.0, 2.0), rel=1e-12)
     assert res.ci.method == "percentile" and "BCa undefined" in res.ci.note
+
+
+def slow_binomial_two_sided_p(k: int, n: int) -> float:
+    """Exact two-sided binomial p at 1/2: the probability of outcomes no more likely than the one observed."""
+    probs = [math.comb(n, i) / 2**n for i in range(n + 1)]
+    return min(1.0, sum(p for p in probs if p <= probs[k] * (1 + 1e-12)))
+
+
+def test_mcnemar_matches_slow_binomial_loop():
+    for improved, regressed in [(0, 5), (2, 9), (7, 7), (1, 0)]:
+        d = [1.0] * improved + [-1.0] * regressed + [0.0] * 4
+        assert S.mcnemar_exact(d).pvalue == pytest.approx(slow_binomial_two_sided_p(improved, improved + regressed))
+
+
+def test_noninferiority_p_matches_hand_written_t_test():
+    d = [0.004, -0.012, 0.001, -0.003, 0.0, -0.007, 0.002, -0.001, -0.004, 0.003]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))  # ddof = 1, stated
+    t_stat = (mean + 0.01) / (sd / math.sqrt(n))
+    ni = S.noninferiority(d, 0.01, n_resamples=2000)
+    assert ni.p_value == pytest.approx(sps.t.sf(t_stat, n - 1), rel=1e-12)
+    t_upper = (mean - 0.01) / (sd / math.sqrt(n))
+    assert ni.tost_p == pytest.approx(max(sps.t.sf(t_stat, n - 1), sps.t.cdf(t_upper, n - 1)), rel=1e-12)
