@@ -263,6 +263,8 @@ class Policy(_Strict):
         if not self.gates and self.speed is None:
             raise ValueError("the policy names no gate and no [speed] check: it would decide nothing")
         for i, w in enumerate(self.waivers):
+            if w.gate == SPEED_GATE and (self.speed is None or w.metric is not None):
+                raise ValueError(f"waivers[{i}]: a speed waiver needs a [speed] table and takes no `metric`")
             if w.gate != SPEED_GATE and w.gate not in self.gates:
                 raise ValueError(f"waivers[{i}] names gate {w.gate!r}, which the policy does not check")
             if w.metric is not None and w.gate != SPEED_GATE and w.metric not in self.gates[w.gate].metrics:

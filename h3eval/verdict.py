@@ -7,8 +7,9 @@ records (per-request latency, paired by (prompt, seed), warm-up requests exclude
 
 Outcomes and how they combine:
 
-* A metric is PASS when the CI bound on its bad side clears the threshold or margin *and* its Holm-adjusted
-  p-value is at most ``(1 - confidence) / 2``; FAIL when its point estimate is beyond the threshold or margin (or a
+* A metric is PASS when the CI bound on its bad side clears the threshold or margin *and* its p-value (one-sided
+  t-test against the threshold or margin, Holm-adjusted across the required metrics of the same candidate, all
+  gates together) is at most ``(1 - confidence) / 2``; FAIL when its point estimate is beyond the threshold or margin (or a
   single pair is beyond ``pair_limit``); INCONCLUSIVE otherwise, with the minimum detectable effect and the pairs
   needed. It is INCONCLUSIVE, never PASS, when the gate has no results, pairs are missing or fewer than
   ``min_pairs``, a value is NaN, the direction the gate wrote contradicts the policy, or a floor-relative
