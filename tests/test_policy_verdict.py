@@ -424,3 +424,40 @@ margin = 0.01
     _, lp = _metric(v, "fast", "fidelity", "lpips_mean")
     assert lp.outcome == "PASS" and lp.mean_value == 0.0
     assert v.outcome == "PASS"
+
+
+def test_pair_metric_near_threshold_is_inconclusive_with_pairs_needed(tmp_path):
+    store = make_run(tmp_path / "run", n_prompts=8)
+    values = [0.040, 0.058, 0.035, 0.055, 0.042, 0.053, 0.038, 0.051]  # mean 0.0465, sd 0.0087; max 0.05
+    for (pid, s), x in zip(pairs_of(store), values):
+        write_result(store, "fidelity", "fast", pid, s, {"lpips_mean": (x, False), "ssim_mean": (0.5, True)})
+    text = TEST_POLICY.split("[speed]")[0] + """
+[gates.fidelity.metrics.lpips_mean]
+direction = "lower_is_better"
+max = 0.05
+
+[gates.fidelity.metrics.ssim_mean]
+direction = "higher_is_better"
+min = 0.9
+required = false
+"""
+    v = compute_verdict(store.root, load_policy(write_text(tmp_path / "p.toml", text)), today=TODAY)
+    g, m = _metric(v, "fast", "fidelity", "lpips_mean")
+    assert m.mean_value == pytest.approx(np.mean(values), abs=1e-12)
+    assert m.outcome == "INCONCLUSIVE" and "is within max 0.05 but the CI bound" in m.reasons[0]
+    room = 0.05 - np.array(values)
+    needed = S.pairs_needed(float(np.std(room, ddof=1)), float(np.mean(room)), alpha=0.025, power=0.8)
+    assert any(f"about {needed} pairs would resolve it" in w for w in m.warnings)
+    # The advisory SSIM metric fails but does not decide the gate.
+    _, ssim = _metric(v, "fast", "fidelity", "ssim_mean")
+    assert ssim.outcome == "FAIL" and not ssim.required
+    assert g.outcome == "INCONCLUSIVE" and any("ssim_mean (advisory): FAIL" in r for r in g.reasons)
+
+
+def test_unchecked_gate_results_are_reported(tmp_path, policy_file):
+    store = make_run(tmp_path / "run")
+    write_clean_results(store, "fast")
+    write_result(store, "ghosting", "fast", "p00", 0, {"ghost_score_max": (0.9, False)}, flagged=True)
+    v = compute_verdict(store.root, load_policy(policy_file), today=TODAY)
+    assert v.outcome == "PASS"
+    assert any("not checked by policy 'test': ghosting" in w for w in v.warnings)
