@@ -461,3 +461,35 @@ def test_unchecked_gate_results_are_reported(tmp_path, policy_file):
     v = compute_verdict(store.root, load_policy(policy_file), today=TODAY)
     assert v.outcome == "PASS"
     assert any("not checked by policy 'test': ghosting" in w for w in v.warnings)
+
+
+VBENCH_DIMS = ["overall_consistency", "imaging_quality", "subject_consistency", "background_consistency",
+               "motion_smoothness", "aesthetic_quality"]
+
+
+def test_shipped_quality_policy_passes_clean_and_fails_sage_like_regression(tmp_path):
+    """quality.toml end to end: seed 002's SageAttention pattern (imaging quality down on 14 of 16) FAILs."""
+    store = make_run(tmp_path / "run", candidates=("clean", "sage"))
+    rng = np.random.default_rng(9)
+    for cand in ("clean", "sage"):
+        for i, (pid, s) in enumerate(pairs_of(store)):
+            write_result(store, "integrity", cand, pid, s)
+            metrics = {}
+            for dim in VBENCH_DIMS:
+                b = float(rng.uniform(0.3, 0.9))
+                shift = -0.047 if (cand == "sage" and dim == "imaging_quality" and i < 14) else 0.0
+                # The two spared imaging-quality clips come out slightly better, as in "dropped on 14 of 16".
+                noise = 0.0005 if (dim == "imaging_quality" and i >= 14) else float(rng.normal(0, 0.001))
+                metrics[dim] = (b + noise + shift, True)
+                metrics[f"{dim}.baseline"] = (b, True)
+            metrics["dynamic_degree"] = (float(i % 2), True)
+            metrics["dynamic_degree.baseline"] = (float(i % 2), True)
+            write_result(store, "vbench", cand, pid, s, metrics)
+    v = compute_verdict(store.root, load_policy(POLICIES / "quality.toml"), today=TODAY)
+    by = {c.candidate: c for c in v.candidates}
+    assert by["clean"].outcome == "PASS"
+    assert by["sage"].outcome == "FAIL"
+    _, iq = _metric(v, "sage", "vbench", "imaging_quality")
+    assert iq.outcome == "FAIL" and "worse on 14" in iq.reasons[0]
+    assert [m.metric for m in _gate(v, "sage", "vbench").metrics if m.outcome == "FAIL"] == ["imaging_quality"]
+    assert v.exit_code == 1
