@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
+import io
 import re
 import xml.etree.ElementTree as ET
 
+import junitparser  # test dependency: an independent JUnit XML reader
 import numpy as np
 import pytest
 import typer
@@ -21,9 +24,7 @@ from h3eval.verdict import Verdict
 
 from verdict_fixtures import TEST_POLICY, write_clean_results, write_text
 
-junitparser = pytest.importorskip("junitparser")
-
-TODAY = __import__("datetime").date(2026, 11, 29)
+TODAY = dt.date(2026, 11, 29)
 OFFSET = 12  # planted brightness change of the "dim" candidate, in 8-bit levels
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -121,7 +122,7 @@ def test_html_is_self_contained_with_real_images(reported):
 def test_decoded_strip_matches_independent_decode(reported):
     store, _, _ = reported
     data = decoded_strip(store.root, "baseline", "dim", "p2", 0)
-    strip = np.asarray(Image.open(__import__("io").BytesIO(base64.b64decode(data))))
+    strip = np.asarray(Image.open(io.BytesIO(base64.b64decode(data))))
     base, _ = decode_video(store.clip_path("baseline", "p2", 0))
     cand, _ = decode_video(store.clip_path("dim", "p2", 0))
     idx = np.linspace(0, len(base) - 1, STRIP_FRAMES).round().astype(int)
@@ -137,7 +138,7 @@ def test_decoded_strip_matches_independent_decode(reported):
     # The planted -12 levels show up amplified in the difference row (H.264 is lossy: roughly, not exactly).
     assert 0.5 * OFFSET * DIFF_GAIN < strip[2 * STRIP_HEIGHT :].mean() < 1.5 * OFFSET * DIFF_GAIN
     same = decoded_strip(store.root, "baseline", "fast", "p2", 0)
-    same_arr = np.asarray(Image.open(__import__("io").BytesIO(base64.b64decode(same))))
+    same_arr = np.asarray(Image.open(io.BytesIO(base64.b64decode(same))))
     # Same frames on both sides: only encoder noise remains (h3.media's MP4s with audio are not bit-reproducible).
     assert same_arr[2 * STRIP_HEIGHT :].mean() < 0.25 * strip[2 * STRIP_HEIGHT :].mean()
 
