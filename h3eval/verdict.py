@@ -510,7 +510,8 @@ def _decide_metric(work: _MetricWork, alpha: float) -> None:
     """Set the raw outcome of a metric whose statistics are computed (Holm p already set)."""
     mv, mp, s = work.mv, work.mp, work.summary
     assert s is not None and work.values is not None
-    p_ok = mv.p_holm is None or mv.p_holm <= alpha
+    decisive_p = mv.p_holm if mv.p_holm is not None else mv.p_value
+    p_ok = decisive_p is None or decisive_p <= alpha
     holm_note = f"Holm-adjusted p {_fmt(mv.p_holm)}" if mv.p_holm is not None else f"p {_fmt(mv.p_value)}"
     outcomes: list[str] = []
     signs = s.signs.describe()
@@ -547,10 +548,12 @@ def _decide_metric(work: _MetricWork, alpha: float) -> None:
                 outcomes.append("INCONCLUSIVE")
                 gap = s.mean
                 needed = S.pairs_needed(s.sd, gap, alpha=alpha, power=work.power) if gap > 0 else None
-                mv.reasons.append(
-                    f"mean {_fmt(mean_v)} is within {word} {_fmt(t)} but the CI bound {_fmt(bound)} is not "
-                    f"({holm_note})"
-                )
+                if s.ci.low > 0:  # the CI clears it; the multiplicity-adjusted test does not
+                    mv.reasons.append(f"mean {_fmt(mean_v)} and its CI bound {_fmt(bound)} are within {word} "
+                                      f"{_fmt(t)}, but the {holm_note} exceeds {_fmt(alpha)}")
+                else:
+                    mv.reasons.append(f"mean {_fmt(mean_v)} is within {word} {_fmt(t)} but the CI bound "
+                                      f"{_fmt(bound)} is not ({holm_note})")
                 mv.warnings.append(
                     f"sample size: {s.n} pairs resolve a shift of {_fmt(s.mde)} at power {work.power}; the gap "
                     f"to the threshold is {_fmt(gap)}" + (f"; about {needed} pairs would resolve it" if needed else "")
@@ -587,10 +590,16 @@ def _decide_metric(work: _MetricWork, alpha: float) -> None:
                 mv.warnings.append(f"consistently worse ({detail}) though within the margin")
         else:
             outcomes.append("INCONCLUSIVE")
-            mv.reasons.append(
-                f"mean delta {_fmt(s.mean)} is within the margin -{_fmt(margin)} but the lower bound "
-                f"{_fmt(s.ci.low)} is not ({ci_text}; {holm_note}; {detail})"
-            )
+            if s.noninferiority.holds:  # the CI clears the margin; the multiplicity-adjusted test does not
+                mv.reasons.append(
+                    f"lower bound {_fmt(s.ci.low)} clears -{_fmt(margin)} but the {holm_note} exceeds {_fmt(alpha)} "
+                    f"({ci_text}; {detail})"
+                )
+            else:
+                mv.reasons.append(
+                    f"mean delta {_fmt(s.mean)} is within the margin -{_fmt(margin)} but the lower bound "
+                    f"{_fmt(s.ci.low)} is not ({ci_text}; {holm_note}; {detail})"
+                )
         if s.underpowered:
             mv.warnings.append(
                 f"sample size: {s.n} pairs resolve only shifts of {_fmt(s.mde)} or more at power {work.power} "

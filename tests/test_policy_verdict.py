@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
+from scipy import stats as sps
 from typer.testing import CliRunner
 
 import gates.base as gates_base
@@ -493,3 +494,31 @@ def test_shipped_quality_policy_passes_clean_and_fails_sage_like_regression(tmp_
     assert iq.outcome == "FAIL" and "worse on 14" in iq.reasons[0]
     assert [m.metric for m in _gate(v, "sage", "vbench").metrics if m.outcome == "FAIL"] == ["imaging_quality"]
     assert v.exit_code == 1
+
+
+def test_holm_turns_four_marginal_passes_into_inconclusive(tmp_path):
+    """Four metrics, each non-inferior at one-sided p = 0.01 alone; Holm makes each 0.04 > 0.025."""
+    store = make_run(tmp_path / "run", n_prompts=16)
+    z = np.random.default_rng(11).normal(size=16)
+    z = (z - z.mean()) / z.std(ddof=1)
+    t_needed = sps.t.isf(0.01, 15)
+    deltas = z * 0.01 / t_needed * 4  # mean 0, sd so that (0 + 0.01) / (sd / 4) = t_{0.99, 15}
+    names = ["m1", "m2", "m3", "m4"]
+    for (pid, s), d in zip(pairs_of(store), deltas):
+        write_result(store, "vbench", "fast", pid, s, {n: (float(d), True) for n in names})
+    body = "".join(f"""
+[gates.vbench.metrics.{n}]
+compare = "delta"
+direction = "higher_is_better"
+margin = 0.01
+""" for n in names)
+    head = 'version = 1\nname = "holm"\nmin_pairs = 8\nn_resamples = 2000\n'
+    v = compute_verdict(store.root, load_policy(write_text(tmp_path / "h.toml", head + body)), today=TODAY)
+    for n in names:
+        _, m = _metric(v, "fast", "vbench", n)
+        assert m.p_value == pytest.approx(0.01, rel=1e-9) and m.p_holm == pytest.approx(0.04, rel=1e-9)
+        assert m.ci_low > -0.01  # the CI alone would pass it
+        assert m.outcome == "INCONCLUSIVE" and "Holm-adjusted p 0.04 exceeds 0.025" in m.reasons[0]
+    v = compute_verdict(store.root, load_policy(write_text(tmp_path / "n.toml", head + "holm = false\n" + body)),
+                        today=TODAY)
+    assert v.outcome == "PASS"
