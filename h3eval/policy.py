@@ -371,6 +371,27 @@ def load_floor(path: str | Path) -> NoiseFloor:
     return NoiseFloor(path=path, sha256=sha256_file(path), metrics=metrics)
 
 
+def write_floor(path: str | Path, metrics: Mapping[str, float], **provenance: Any) -> NoiseFloor:
+    """Write a noise-floor file in the shape :func:`load_floor` reads (for ``h3eval floor``), atomically.
+
+    ``metrics`` maps ``<gate>.<metric>`` to the floor value; ``provenance`` (run, n pairs, date...) is kept beside it.
+    """
+    from h3.atomic import atomic_write_json
+
+    if "metrics" in provenance or "version" in provenance:
+        raise PolicyError("`metrics` and `version` are set by write_floor itself")
+    path = Path(path)
+    for key, value in metrics.items():
+        if key.count(".") < 1:
+            raise PolicyError(f"floor key {key!r} must be '<gate>.<metric>'")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            # Checked before writing, so that a bad floor never reaches the disk.
+            raise PolicyError(f"{path}: metrics.{key} must be a finite number >= 0, got {value!r}")
+    atomic_write_json(path, {"version": FLOOR_VERSION, "metrics": {k: float(v) for k, v in metrics.items()},
+                             **provenance})
+    return load_floor(path)
+
+
 def resolve_floor_path(loaded: LoadedPolicy, override: str | Path | None) -> Path | None:
     if override is not None:
         return Path(override)

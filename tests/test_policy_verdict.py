@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import gates.base as gates_base
 from h3eval import stats as S
 from h3eval.commands import verdict as verdict_cmd
-from h3eval.policy import PolicyError, load_policy, parse_policy
+from h3eval.policy import PolicyError, load_floor, load_policy, parse_policy, write_floor
 from h3eval.verdict import compute_verdict
 
 from verdict_fixtures import TEST_POLICY, make_run, pairs_of, write_clean_results, write_result, write_text
@@ -522,3 +522,17 @@ margin = 0.01
     v = compute_verdict(store.root, load_policy(write_text(tmp_path / "n.toml", head + "holm = false\n" + body)),
                         today=TODAY)
     assert v.outcome == "PASS"
+
+
+def test_write_floor_round_trips_and_rejects_bad_values(tmp_path):
+    floor = write_floor(tmp_path / "floor.json", {"fidelity.lpips_mean": 0.41, "vbench.overall_consistency": 0.0},
+                        run="runs/floor", n_pairs=16)
+    assert floor.metrics == {"fidelity.lpips_mean": 0.41, "vbench.overall_consistency": 0.0}
+    data = json.loads((tmp_path / "floor.json").read_text())
+    assert data["version"] == 1 and data["run"] == "runs/floor" and data["n_pairs"] == 16
+    assert load_floor(tmp_path / "floor.json").sha256 == floor.sha256
+    with pytest.raises(PolicyError, match="must be a finite number >= 0"):
+        write_floor(tmp_path / "bad.json", {"fidelity.lpips_mean": float("nan")})
+    assert not (tmp_path / "bad.json").exists()
+    with pytest.raises(PolicyError, match="'<gate>.<metric>'"):
+        write_floor(tmp_path / "bad2.json", {"lpips_mean": 0.4})
