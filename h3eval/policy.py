@@ -47,7 +47,8 @@ Three ways a gate metric is compared (``compare``):
 
 Noise floors: any threshold (``max``, ``min``, ``margin``, ``pair_limit``) may be written as
 ``{fraction_of_floor = f}``: ``f`` times the metric's new-seed noise floor, read from a floor file (JSON) that the
-policy's ``floor_file`` or the command line names. Floor file shape (written by ``h3eval floor``)::
+policy's ``floor_file`` or the command line names. Floor file shape (written by ``h3eval floor`` through
+:func:`write_floor`)::
 
     {
       "version": 1,

@@ -83,7 +83,8 @@ def render_markdown(verdict: Verdict) -> str:
     out = [
         f"# h3eval signoff: {verdict.outcome}",
         "",
-        f"- policy: `{verdict.policy_name}` ({verdict.inputs.policy.path}, sha256 `{verdict.inputs.policy.sha256[:12]}`)",
+        f"- policy: `{verdict.policy_name}` ({verdict.inputs.policy.path}, "
+        f"sha256 `{verdict.inputs.policy.sha256[:12]}`)",
         f"- run: `{verdict.run_dir}`; baseline `{verdict.baseline}`",
         f"- {conf}% paired BCa CIs; one-sided tests at {verdict.settings.alpha_one_sided:g}; Holm "
         f"{'on' if verdict.settings.holm else 'off'}; waivers checked on {verdict.settings.today.isoformat()}",
@@ -120,7 +121,8 @@ def render_markdown(verdict: Verdict) -> str:
                 out += [f"- {_md_escape(r)}" for r in item.reasons]
                 out += [f"- warning: {_md_escape(w)}" for w in item.warnings]
                 if item.speedup is not None:
-                    out.append(f"- {item.latency}: geometric mean of per-request ratios {_fmt(item.geometric_mean_ratio)}x, "
+                    out.append(f"- {item.latency}: geometric mean of per-request ratios "
+                               f"{_fmt(item.geometric_mean_ratio)}x, "
                                f"median {_fmt(item.median_ratio)}x; {item.n_pairs} pairs, {item.excluded_warmup} "
                                "warm-up pair(s) excluded")
                 out.append("")
@@ -248,7 +250,8 @@ def speed_quality_chart(verdict: Verdict) -> str | None:
             if mv.threshold is not None:
                 line = mv.threshold if mv.compare == "pair" else -mv.threshold
                 ax.axhline(line, color="grey", linestyle="--", linewidth=0.8)
-        mv0 = next(m for c in verdict.candidates for g in c.gates for m in g.metrics if (m.gate, m.metric) == (gate, metric))
+        mv0 = next(m for c in verdict.candidates for g in c.gates for m in g.metrics
+                   if (m.gate, m.metric) == (gate, metric))
         ax.set_title(f"{gate}.{metric}", fontsize=9)
         ax.set_xlabel("speedup (x)")
         ax.set_ylabel("mean value" if mv0.compare == "pair" else "mean delta (+ = better)")
@@ -404,9 +407,11 @@ def render_html(verdict: Verdict, run_dir: str | Path) -> str:
     e = html.escape
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
-        f"<title>h3eval signoff {e(verdict.outcome)}: {e(verdict.policy_name)}</title><style>{_CSS}</style></head><body>",
+        f"<title>h3eval signoff {e(verdict.outcome)}: {e(verdict.policy_name)}</title>",
+        f"<style>{_CSS}</style></head><body>",
         f"<h1>h3eval signoff: <span class='{e(verdict.outcome)}'>{e(verdict.outcome)}</span></h1>",
-        f"<p>policy <code>{e(verdict.policy_name)}</code> &middot; baseline <code>{e(verdict.baseline)}</code> &middot; "
+        f"<p>policy <code>{e(verdict.policy_name)}</code> &middot; "
+        f"baseline <code>{e(verdict.baseline)}</code> &middot; "
         f"run <code>{e(verdict.run_dir)}</code> &middot; {int(verdict.settings.confidence * 100)}% paired BCa CIs, "
         f"Holm {'on' if verdict.settings.holm else 'off'} &middot; exit code {verdict.exit_code}</p>",
     ]
@@ -487,7 +492,8 @@ def render_html(verdict: Verdict, run_dir: str | Path) -> str:
                 parts.append("</table>")
     parts.append("<h2>Inputs</h2><ul>")
     parts.append(f"<li>run.json sha256 <code>{e(verdict.inputs.run_manifest.sha256)}</code></li>")
-    parts.append(f"<li>policy {e(verdict.inputs.policy.path)} sha256 <code>{e(verdict.inputs.policy.sha256)}</code></li>")
+    parts.append(f"<li>policy {e(verdict.inputs.policy.path)} "
+                 f"sha256 <code>{e(verdict.inputs.policy.sha256)}</code></li>")
     parts.append(f"<li>{len(verdict.inputs.clips)} clip records, {len(verdict.inputs.gate_results)} gate results: "
                  "hashes in <a href='verdict.json'>verdict.json</a></li></ul>")
     parts.append("</body></html>")

@@ -13,8 +13,9 @@ one metric and return what the verdict reads:
 * **Sign counts** (:func:`sign_counts`): "worse on 14 of 16" (seed 002's words).
 * **Wilcoxon signed-rank** (:func:`wilcoxon_signed_rank`): zeros are dropped (Wilcoxon's ``zero_method='wilcox'``)
   and counted; tied magnitudes get mid-ranks; the p-value is the exact null distribution (all ``2**n`` sign
-  assignments, ties included, computed by a subset-sum recursion) up to :data:`WILCOXON_EXACT_MAX_N` non-zero deltas, else the normal
-  approximation with tie correction. All-zero deltas give ``p = 1`` with a note rather than an error.
+  assignments, ties included, computed by a subset-sum recursion) up to :data:`WILCOXON_EXACT_MAX_N` non-zero
+  deltas, else the normal approximation with tie correction. All-zero deltas give ``p = 1`` with a note rather
+  than an error.
 * **Exact McNemar** for 0/1 metrics (:func:`mcnemar_exact`; VBench's ``dynamic_degree`` is 0/1 per clip): the
   exact binomial test on the discordant pairs.
 * **Non-inferiority** against a margin ``delta`` (:func:`noninferiority`): the lower bound of the two-sided

@@ -9,9 +9,9 @@ Outcomes and how they combine:
 
 * A metric is PASS when the CI bound on its bad side clears the threshold or margin *and* its p-value (one-sided
   t-test against the threshold or margin, Holm-adjusted across the required metrics of the same candidate, all
-  gates together) is at most ``(1 - confidence) / 2``; FAIL when its point estimate is beyond the threshold or margin (or a
-  single pair is beyond ``pair_limit``); INCONCLUSIVE otherwise, with the minimum detectable effect and the pairs
-  needed. It is INCONCLUSIVE, never PASS, when the gate has no results, pairs are missing or fewer than
+  gates together) is at most ``(1 - confidence) / 2``; FAIL when its point estimate is beyond the threshold or
+  margin (or a single pair is beyond ``pair_limit``); INCONCLUSIVE otherwise, with the minimum detectable effect
+  and the pairs needed. It is INCONCLUSIVE, never PASS, when the gate has no results, pairs are missing or fewer than
   ``min_pairs``, a value is NaN, the direction the gate wrote contradicts the policy, or a floor-relative
   threshold has no floor.
 * A gate is FAIL if a required metric (or its flag check) is FAIL, else INCONCLUSIVE if one is INCONCLUSIVE, else
@@ -301,7 +301,9 @@ def _load_results(
             result = GateResult.model_validate(json.loads(path.read_text(encoding="utf-8")))
         except (ValidationError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             first = str(exc).splitlines()[0]
-            out[(prompt_id, seed)] = _LoadedResult(prompt_id, seed, rel, None, f"{rel} is not a valid gate result: {first}")
+            out[(prompt_id, seed)] = _LoadedResult(
+                prompt_id, seed, rel, None, f"{rel} is not a valid gate result: {first}"
+            )
             continue
         problem = None
         if result.gate != gate:
@@ -437,7 +439,9 @@ def _gather_metric(
     min_pairs = mp.min_pairs or gp.min_pairs or policy_min_pairs
     if not seen_metric:
         have = ", ".join(sorted(other_names)) or "none (no usable result)"
-        mv.reasons.append(f"no result of gate {gate!r} for {candidate!r} has metric {metric!r} (metrics present: {have})")
+        mv.reasons.append(
+            f"no result of gate {gate!r} for {candidate!r} has metric {metric!r} (metrics present: {have})"
+        )
     if nan_files:
         mv.reasons.append(f"NaN or infinite value in {len(nan_files)} result(s): {', '.join(nan_files[:5])}")
     if conflicts:
@@ -448,7 +452,8 @@ def _gather_metric(
     if len(missing) > gp.max_missing:
         shown = "; ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         mv.reasons.append(
-            f"{metric} missing on {len(missing)} of {len(expected)} expected pairs (max_missing {gp.max_missing}): {shown}"
+            f"{metric} missing on {len(missing)} of {len(expected)} expected pairs "
+            f"(max_missing {gp.max_missing}): {shown}"
         )
     elif missing:
         mv.warnings.append(f"{len(missing)} pair(s) without a value (within max_missing): {'; '.join(missing[:5])}")
@@ -559,7 +564,8 @@ def _decide_metric(work: _MetricWork, alpha: float) -> None:
                     f"to the threshold is {_fmt(gap)}" + (f"; about {needed} pairs would resolve it" if needed else "")
                 )
         if mv.pair_limit is not None:
-            beyond = [p for p in mv.pairs if (p.value < mv.pair_limit if mp.higher_is_better else p.value > mv.pair_limit)]
+            limit = mv.pair_limit
+            beyond = [p for p in mv.pairs if (p.value < limit if mp.higher_is_better else p.value > limit)]
             if beyond:
                 outcomes.append("FAIL")
                 shown = ", ".join(f"{clip_stem(p.prompt_id, p.seed)}={_fmt(p.value)}" for p in beyond[:5])

@@ -82,7 +82,8 @@ def test_policy_consistency_errors(tmp_path):
     with pytest.raises(PolicyError, match="takes `max`, not `min`"):
         parse_policy({**base, "gates": {"f": {"metrics": {"m": {"direction": "lower_is_better", "min": 0.1}}}}})
     with pytest.raises(PolicyError, match="needs a non-inferiority `margin`"):
-        parse_policy({**base, "gates": {"v": {"metrics": {"m": {"compare": "sides", "direction": "higher_is_better"}}}}})
+        sides = {"compare": "sides", "direction": "higher_is_better"}
+        parse_policy({**base, "gates": {"v": {"metrics": {"m": sides}}}})
     with pytest.raises(PolicyError, match="decide nothing"):
         parse_policy(base)
     with pytest.raises(PolicyError, match="waivers\\[0\\] names gate 'nope'"):
@@ -144,7 +145,8 @@ def test_speed_from_clip_records(two_candidate_run, policy_file):
 def test_slow_candidate_fails_speed_and_warmup_is_excluded(tmp_path, policy_file):
     warm = {(r, "p00", 0) for r in ("baseline", "slow")}
     store = make_run(tmp_path / "run", candidates=("slow",), warmup=warm,
-                     latency=lambda r, p, s: 100.0 if p == "p00" else (2.0 if r == "baseline" else 1.9 + 0.01 * int(p[1:])))
+                     latency=lambda r, p, s: 100.0 if p == "p00"
+                     else (2.0 if r == "baseline" else 1.9 + 0.01 * int(p[1:])))
     write_clean_results(store, "slow")
     v = compute_verdict(store.root, load_policy(policy_file), today=TODAY)
     sp = v.candidates[0].speed
@@ -415,7 +417,8 @@ compare = "sides"
 direction = "higher_is_better"
 margin = 0.01
 """
-    v = compute_verdict(store.root, load_policy(write_text(tmp_path / "a.toml", text.format(identical=""))), today=TODAY)
+    pol = write_text(tmp_path / "a.toml", text.format(identical=""))
+    v = compute_verdict(store.root, load_policy(pol), today=TODAY)
     _, lp = _metric(v, "fast", "fidelity", "lpips_mean")
     assert lp.outcome == "INCONCLUSIVE" and any("missing on 8 of 8" in r for r in lp.reasons)
     _, oc = _metric(v, "fast", "vbench", "overall_consistency")

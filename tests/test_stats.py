@@ -151,7 +151,8 @@ def test_wilcoxon_ties_and_zeros_match_slow_enumeration():
     ref = sps.wilcoxon([x for x in d if x != 0], method=sps.PermutationMethod(n_resamples=np.inf))
     assert ours.pvalue == pytest.approx(ref.pvalue, rel=1e-12)
     one_sided = S.wilcoxon_signed_rank(d, alternative="greater")
-    ref1 = sps.wilcoxon([x for x in d if x != 0], alternative="greater", method=sps.PermutationMethod(n_resamples=np.inf))
+    exact = sps.PermutationMethod(n_resamples=np.inf)
+    ref1 = sps.wilcoxon([x for x in d if x != 0], alternative="greater", method=exact)
     assert one_sided.pvalue == pytest.approx(ref1.pvalue, rel=1e-12)
     # w_plus by hand: |d| mid-ranks 1.5,4,4,6,1.5,7,8,4 -> positives 1.5+4+6+7+8+4
     assert ours.w_plus == pytest.approx(30.5)
