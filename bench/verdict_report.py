@@ -23,43 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 TARGET_S = 10.0
 
 
-def _write(name: str, payload: dict, table_md: str) -> tuple[Path, Path]:
-    """JSON + Markdown in bench/results/ with date, machine, versions and the command."""
-    import platform
-    import shlex
-
-    from h3 import provenance
-    from h3.atomic import atomic_write_json, atomic_write_text
-
-    results = Path(__file__).resolve().parent / "results"
-    data = {
-        "date": provenance.utc_now(),
-        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
-        "machine": {"platform": platform.platform(), **provenance.hardware()},
-        "versions": {**provenance.versions(), **_extra_versions()},
-        **payload,
-    }
-    json_path, md_path = results / f"{name}.json", results / f"{name}.md"
-    atomic_write_json(json_path, data)
-    header = (f"# {name}\n\n- date: {data['date']}\n- command: `{data['command']}`\n"
-              f"- machine: {data['machine']['platform']}, {data['machine'].get('cpu_count')} cpus\n"
-              "- versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()) + "\n\n")
-    atomic_write_text(md_path, header + table_md.rstrip() + "\n")
-    return json_path, md_path
-
-
-def _extra_versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for dist in ("pydantic", "matplotlib"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "not installed"
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--candidates", type=int, default=3)
@@ -67,6 +30,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
+    from bench import _results
     from h3eval.policy import load_policy
     from h3eval.report import write_reports
     from h3eval.verdict import compute_verdict
@@ -108,7 +72,7 @@ def main() -> None:
         f"| {args.candidates} | {args.pairs} | {n_metrics} | {payload['verdict_median_s']:.2f} | "
         f"{payload['report_median_s']:.2f} | {TARGET_S} | {payload['meets_target']} |\n"
     )
-    json_path, md_path = _write("verdict_report_cpu", payload, table)
+    json_path, md_path = _results.write("verdict_report_cpu", payload, table)
     sys.stdout.write(table + f"\nwrote {json_path} and {md_path}\n")
 
 
