@@ -393,6 +393,7 @@ def test_cli_exit_codes(tmp_path, two_candidate_run, policy_file):
     assert res.exit_code == 3 and "not a run directory" in res.output
     assert runner.invoke(_cli(), [str(clean.root)]).exit_code == 3
     assert runner.invoke(_cli(), [str(clean.root), "--policy", str(policy_file), "--bogus"]).exit_code == 3
+    assert runner.invoke(_cli(), [str(clean.root), "--policy"]).exit_code == 3  # click's own usage error
     res = runner.invoke(_cli(), [str(clean.root), "--policy", str(tmp_path / "missing.toml")])
     assert res.exit_code == 3 and "does not exist" in res.output
     res = runner.invoke(_cli(), [str(clean.root), "--policy", str(policy_file), "--json", "--write"])

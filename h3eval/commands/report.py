@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from h3eval.commands.verdict import INPUT_ERRORS, run_verdict, usage_error
+from h3eval.commands.verdict import INPUT_ERRORS, UsageExit3Command, run_verdict, usage_error
 from h3eval.report import write_reports
 from h3eval.verdict import Verdict, VerdictInputError, read_verdict
 
@@ -43,6 +43,7 @@ def run_report(
 def register(app: typer.Typer) -> None:
     @app.command(
         "report",
+        cls=UsageExit3Command,
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
         help="Write verdict.json, report.md, report.html and junit.xml for a run; exits with the verdict's code.",
     )

@@ -1,7 +1,8 @@
 """`h3eval verdict RUNDIR --policy FILE`: PASS / FAIL / INCONCLUSIVE per gate, candidate and overall.
 
 Exit codes: 0 PASS, 1 FAIL, 2 INCONCLUSIVE, 3 usage or input error. Click reports its own usage errors with exit
-code 2, which would read as INCONCLUSIVE; so arguments are checked here and every usage error exits 3.
+code 2, which would read as INCONCLUSIVE; so these commands use :class:`UsageExit3Command`, and check their
+arguments themselves, so that every usage error exits 3.
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperCommand
+
+try:  # typer 0.29 carries its own copy of click; its usage errors are that copy's class
+    from typer._click.exceptions import UsageError as _UsageError
+except ImportError:  # pragma: no cover - older typer on the click package
+    from click.exceptions import UsageError as _UsageError
 
 from h3eval.policy import PolicyError, load_policy
 from h3eval.store import StoreError
@@ -45,9 +52,21 @@ def usage_error(message: str) -> typer.Exit:
     return typer.Exit(EXIT_USAGE)
 
 
+class UsageExit3Command(TyperCommand):
+    """A typer command whose click-level usage errors (an option without its value...) exit 3, not click's 2."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except _UsageError as exc:
+            exc.exit_code = EXIT_USAGE
+            raise
+
+
 def register(app: typer.Typer) -> None:
     @app.command(
         "verdict",
+        cls=UsageExit3Command,
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
         help="Judge a run under a signoff policy. Exit 0 PASS, 1 FAIL, 2 INCONCLUSIVE, 3 usage/input error.",
     )
