@@ -26,6 +26,9 @@ def _root() -> None:
 
 COMMAND_MODULES = [
     "h3eval.commands.generate",
+    "h3eval.commands.floor",
+    "h3eval.commands.verdict",
+    "h3eval.commands.report",
 ]
 
 for _module in COMMAND_MODULES:
