@@ -29,6 +29,7 @@ COMMAND_MODULES = [
     "h3eval.commands.floor",
     "h3eval.commands.verdict",
     "h3eval.commands.report",
+    "h3eval.commands.demo",
 ]
 
 for _module in COMMAND_MODULES:

@@ -137,3 +137,71 @@ def measure_floor(
     logger.info("floor: %d metrics, determinism %s", len(metrics), determinism)
     return {"metrics": metrics, "counts": counts, "determinism": determinism, "floor": floor,
             "gate_errors": summary.errors}
+
+
+def newseed_floor_from_run(
+    source_run: str | Path, recipe_name: str, out: str | Path, gates: list[str] | tuple[str, ...] = DEFAULT_FLOOR_GATES,
+    device: str = "cpu", gate_options: dict[str, Any] | None = None, progress: bool = True,
+    determinism: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The new-seed floor of ``recipe_name`` from clips an existing run already has (no generation).
+
+    Builds a floor run at ``out`` whose baseline is the source run's ``recipe_name`` clips (hard links) and whose
+    candidate is the new-seed view, gates it, and writes ``out/floor.json``.
+    """
+    from h3eval.gaterun import run_gates
+    from h3eval.policy import write_floor
+    from h3eval.prompts import Prompt, PromptSuite
+    from h3eval.store import PromptSuiteRef, RunManifest, utc_now
+
+    source = RunStore(source_run)
+    manifest = source.read_manifest()
+    if recipe_name not in manifest.recipes:
+        raise RunError(f"{source_run} has no recipe {recipe_name!r}")
+    if len(manifest.seeds) < 2:
+        raise RunError("a new-seed floor needs at least two seeds in the source run")
+    store = RunStore(out)
+    recipe = Recipe.model_validate({k: v for k, v in manifest.recipes[recipe_name].items()})
+    prompts = PromptSuite(path=Path(manifest.prompts.path), sha256=manifest.prompts.sha256,
+                          prompts=[Prompt(id=i, prompt="") for i in manifest.prompts.ids])
+    for pid in manifest.prompts.ids:
+        for seed in manifest.seeds:
+            src = source.clip_path(recipe_name, pid, seed)
+            if source.read_record(recipe_name, pid, seed) is None:
+                continue
+            dst = store.clip_path(recipe_name, pid, seed)
+            if not dst.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    dst.hardlink_to(src)
+                except OSError:
+                    shutil.copyfile(src, dst)
+            record_dst = store.record_path(recipe_name, pid, seed)
+            if not record_dst.exists():
+                shutil.copyfile(source.record_path(recipe_name, pid, seed), record_dst)
+            traj = src.with_suffix(".traj.npz")
+            if traj.exists() and not dst.with_suffix(".traj.npz").exists():
+                shutil.copyfile(traj, dst.with_suffix(".traj.npz"))
+    _file_newseed_view(store, recipe, prompts, list(manifest.seeds))
+    for pid in manifest.prompts.ids:  # the trajectory gate reads <clip>.traj.npz of both sides
+        for i, seed in enumerate(manifest.seeds):
+            src = store.clip_path(recipe_name, pid, manifest.seeds[(i + 1) % len(manifest.seeds)]).with_suffix(".traj.npz")
+            dst = store.clip_path(_newseed_name(recipe), pid, seed).with_suffix(".traj.npz")
+            if src.exists() and not dst.exists():
+                shutil.copyfile(src, dst)
+    now = utc_now()
+    newseed = _newseed_name(recipe)
+    store.write_manifest(RunManifest(
+        kind="floor", created_at=now, updated_at=now, model=manifest.model, backend="folder", baseline=recipe_name,
+        candidates=[newseed], recipes={recipe_name: manifest.recipes[recipe_name],
+                                       newseed: {**manifest.recipes[recipe_name], "name": newseed}},
+        recipe_sha256={recipe_name: manifest.recipe_sha256.get(recipe_name, "")},
+        prompts=PromptSuiteRef(path=manifest.prompts.path, sha256=manifest.prompts.sha256, ids=manifest.prompts.ids),
+        seeds=list(manifest.seeds), status="complete", extra={"source_run": str(Path(source_run).resolve())},
+    ))
+    summary = run_gates(out, list(gates), device=device, options=gate_options or {}, progress=progress)
+    metrics, counts = floor_from_results(store, recipe, list(gates))
+    write_floor(Path(out) / "floor.json", metrics, recipe=recipe_name, source_run=str(source_run),
+                seeds=list(manifest.seeds), pairs_per_metric=counts, determinism=determinism or {},
+                gates=list(gates), gate_errors=len(summary.errors))
+    return {"metrics": metrics, "counts": counts, "gate_errors": summary.errors}
