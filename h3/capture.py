@@ -238,7 +238,8 @@ class OpCapture:
             if weight_file is None:
                 self.dropped.append(dict(kind="linear", module=name, step=self.step, reason="weight over budget"))
                 return
-            self._record("linear", name, {"input": args[0]}, self.step, weight=weight_file)
+            self._record("linear", name, {"input": args[0]}, self.step, weight=weight_file,
+                         features=[mod.in_features, mod.out_features])
 
         self._handles.append(module.register_forward_pre_hook(pre))
 

@@ -1,0 +1,352 @@
+"""Op registry for opcheck: each op computes one kind of layer math on captured inputs, with its float64 reference.
+
+An :class:`Op` has a ``kind`` (``attention`` or ``linear``), a ``run`` on the replay device in the captured dtype, and
+a ``reference``: the *same math* in float64 on the CPU (for a quantized linear, the quantized arithmetic — float64
+codes, float64 scales, float64 matmul — not the float weights; for block-sparse attention, float64 routing and exact
+attention over the kept blocks). Both return an :class:`OpOutput`; ops with discrete decisions (quantization codes,
+kept attention blocks) return them too, so the gate can count flips against the reference's decisions.
+
+:func:`ops_for_recipe` maps a recipe to what it dispatches for each captured record: the attention backend through
+diffusers' dispatcher (``attention:<backend>``), block-sparse attention from the levers module (``block_sparse``) on
+the steps and layers it leaves sparse, a quantized linear (``quant:<mode>``) on the linears it does not exclude, and
+plain ``linear`` otherwise. The lever modules (``h3.levers.quantization``, ``h3.levers.sparse_attention``) are
+imported lazily: without them, their ops raise :class:`NotApplicable` ("lever module not present").
+
+``register_op`` adds ops (tests register deliberately broken ones); an op that cannot run on the replay device
+raises :class:`NotApplicable` with the reason, which the gate reports as ``not_applicable`` — never as a pass.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+Tensors = dict[str, torch.Tensor]
+
+
+class NotApplicable(RuntimeError):
+    """The op cannot run here (device, missing package or lever module); ``reason`` says why."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class OpOutput:
+    out: torch.Tensor
+    decisions: torch.Tensor | None = None
+    """Discrete choices the op made (quantization codes, kept-block mask), compared elementwise for the flip rate."""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """An op by registry name plus its parameters (block size, sparsity, quantization mode)."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def key(self) -> str:
+        if not self.params:
+            return self.name
+        return self.name + "(" + ",".join(f"{k}={v}" for k, v in self.params) + ")"
+
+
+def spec(name: str, **params: Any) -> OpSpec:
+    return OpSpec(name, tuple(sorted(params.items())))
+
+
+@dataclass
+class Op:
+    name: str
+    kind: str
+    run: Callable[..., OpOutput]
+    """``run(inputs, device, **params)``: the op as the runtime computes it, output on the CPU."""
+    reference: Callable[..., OpOutput]
+    """``reference(inputs, **params)``: the same math in float64."""
+    description: str = ""
+    requires_cuda: bool = False
+
+
+_OPS: dict[str, Op] = {}
+
+
+def register_op(op: Op, replace: bool = False) -> Op:
+    if op.name in _OPS and not replace:
+        raise ValueError(f"op {op.name!r} is already registered")
+    _OPS[op.name] = op
+    return op
+
+
+def unregister_op(name: str) -> None:
+    _OPS.pop(name, None)
+
+
+def get_op(name: str) -> Op:
+    if name not in _OPS:
+        raise KeyError(f"unknown op {name!r}; known ops: {', '.join(sorted(_OPS))}")
+    return _OPS[name]
+
+
+def known_ops() -> list[str]:
+    return sorted(_OPS)
+
+
+def lever_module(name: str):
+    """``h3.levers.<name>``, or NotApplicable when this checkout has no such lever module."""
+    try:
+        return importlib.import_module(f"h3.levers.{name}")
+    except ImportError as exc:
+        raise NotApplicable(f"lever module not present: h3.levers.{name} ({exc})") from None
+
+
+def run_op(op_spec: OpSpec, inputs: Tensors, device: str | torch.device) -> OpOutput:
+    op = get_op(op_spec.name)
+    device = torch.device(device)
+    if op.requires_cuda and device.type != "cuda":
+        raise NotApplicable(f"{op_spec.key} needs a CUDA device; the replay device is {device}")
+    return op.run(inputs, device, **op_spec.kwargs)
+
+
+def reference_op(op_spec: OpSpec, inputs: Tensors) -> OpOutput:
+    return get_op(op_spec.name).reference(inputs, **op_spec.kwargs)
+
+
+# -- float64 references --------------------------------------------------------------------------------------------
+def attention_reference(query, key, value, scale: float | None = None, kept: torch.Tensor | None = None,
+                        block_size: int | None = None) -> torch.Tensor:
+    """softmax(Q K^T * scale) V in float64; (B, S, H, D) in and out. ``kept`` (B, H, nQ, nK) restricts each query
+    block to its kept key blocks."""
+    q, k, v = (x.detach().cpu().double().permute(0, 2, 1, 3) for x in (query, key, value))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if kept is not None:
+        sq, sk = q.shape[2], k.shape[2]
+        rows = torch.arange(sq) // block_size
+        cols = torch.arange(sk) // block_size
+        mask = kept[:, :, rows][:, :, :, cols].cpu()
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v).permute(0, 2, 1, 3)
+
+
+def keep_count(n_blocks: int, sparsity: float) -> int:
+    # The lever's formula (h3.levers.sparse_attention.route_blocks): round() first so (1 - 0.7) * 10 keeps 3 blocks.
+    return max(1, math.ceil(round((1.0 - sparsity) * n_blocks, 9)))
+
+
+def route_reference(query, key, block_size: int, sparsity: float) -> torch.Tensor:
+    """The dense ranking's top-k key blocks per query block in float64: (B, H, nQ, nK) bool."""
+    q, k = query.detach().cpu().double(), key.detach().cpu().double()
+    batch, seq, heads, dim = q.shape
+    n = -(-seq // block_size)
+    pad = n * block_size - seq
+    counts = torch.full((n,), float(block_size), dtype=torch.float64)
+    counts[-1] = block_size - pad
+
+    def pool(x):
+        x = F.pad(x, (0, 0, 0, 0, 0, pad)).view(batch, n, block_size, heads, dim)
+        return x.sum(dim=2) / counts.view(1, n, 1, 1)
+
+    scores = torch.einsum("bqhd,bkhd->bhqk", pool(q), pool(k))
+    top = scores.topk(keep_count(n, sparsity), dim=-1).indices
+    return torch.zeros(batch, heads, n, n, dtype=torch.bool).scatter_(-1, top, True)
+
+
+def quant_reference_codes(x: torch.Tensor, qmax: float, fp8: bool, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric absmax codes and scales in float64 along ``dim`` (1: per output channel / per token)."""
+    xd = x.detach().cpu().double()
+    scale = xd.abs().amax(dim=dim, keepdim=True).clamp(min=1e-12) / qmax
+    scaled = (xd / scale).clamp(-qmax, qmax)
+    codes = scaled.float().to(torch.float8_e4m3fn).double() if fp8 else scaled.round()
+    return codes, scale
+
+
+# -- attention ops ---------------------------------------------------------------------------------------------------
+# Backends whose kernels exist only on CUDA: replaying them on the CPU is not applicable, never a pass.
+CUDA_ONLY_BACKENDS = {"_native_flash", "_native_efficient", "_native_cudnn", "sage", "flash", "_flash_3"}
+
+
+def _dispatch(backend: str):
+    def run(inputs: Tensors, device: torch.device, **_):
+        from diffusers.models.attention_dispatch import (
+            AttentionBackendName, _check_attention_backend_requirements, dispatch_attention_fn)
+
+        name = AttentionBackendName(backend)
+        try:
+            _check_attention_backend_requirements(name)
+        except RuntimeError as exc:
+            raise NotApplicable(f"attention backend {backend!r}: {exc}") from None
+        q, k, v = (inputs[x].to(device) for x in ("query", "key", "value"))
+        out = dispatch_attention_fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, backend=name)
+        return OpOutput(out.cpu())
+
+    return run
+
+
+def _attention_ref(inputs: Tensors, **_) -> OpOutput:
+    return OpOutput(attention_reference(inputs["query"], inputs["key"], inputs["value"]))
+
+
+for _backend in ("native", "_native_math", "_native_flash", "_native_efficient", "_native_cudnn", "flex", "sage",
+                 "flash", "_flash_3"):
+    register_op(Op(f"attention:{_backend}", "attention", _dispatch(_backend), _attention_ref,
+                   description=f"diffusers attention dispatcher, backend {_backend}",
+                   requires_cuda=_backend in CUDA_ONLY_BACKENDS))
+
+
+def _block_sparse_run(inputs: Tensors, device: torch.device, block_size: int, sparsity: float, **_) -> OpOutput:
+    lever = lever_module("sparse_attention")
+    q, k, v = (inputs[x].to(device) for x in ("query", "key", "value"))
+    kv_num, kv_idx = lever.route_blocks(q, k, block_size, sparsity)
+    out = lever.block_sparse_attention(q, k, v, kv_num, kv_idx, block_size)
+    return OpOutput(out.cpu(), lever.kept_block_mask(kv_num, kv_idx).cpu())
+
+
+def _block_sparse_ref(inputs: Tensors, block_size: int, sparsity: float, **_) -> OpOutput:
+    kept = route_reference(inputs["query"], inputs["key"], block_size, sparsity)
+    return OpOutput(attention_reference(inputs["query"], inputs["key"], inputs["value"], kept=kept,
+                                        block_size=block_size), kept)
+
+
+register_op(Op("block_sparse", "attention", _block_sparse_run, _block_sparse_ref,
+               description="h3.levers.sparse_attention: top-k key blocks per query block (flex_attention)"))
+
+
+# -- linear ops ------------------------------------------------------------------------------------------------------
+def _linear_run(inputs: Tensors, device: torch.device, **_) -> OpOutput:
+    x = inputs["input"].to(device)
+    bias = inputs.get("bias")
+    out = F.linear(x, inputs["weight"].to(device, x.dtype), None if bias is None else bias.to(device, x.dtype))
+    return OpOutput(out.cpu())
+
+
+def _linear_ref(inputs: Tensors, **_) -> OpOutput:
+    bias = inputs.get("bias")
+    return OpOutput(F.linear(inputs["input"].double(), inputs["weight"].double(),
+                             None if bias is None else bias.double()))
+
+
+register_op(Op("linear", "linear", _linear_run, _linear_ref, description="F.linear in the captured dtype"))
+
+
+def _quant_run(inputs: Tensors, device: torch.device, mode: str, **_) -> OpOutput:
+    lever = lever_module("quantization")
+    if mode == "fp8_w8a8" and device.type != "cuda":
+        # The lever refuses FP8 on the CPU (its _scaled_mm there is an emulation); so does the replay.
+        raise NotApplicable(f"quant:{mode} needs a GPU with FP8 tensor cores; the replay device is {device}")
+    x = inputs["input"].to(device)
+    weight = inputs["weight"]
+    linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in inputs, dtype=x.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(weight)
+        if "bias" in inputs:
+            linear.bias.copy_(inputs["bias"])
+    qlinear = lever.QuantizedLinear(linear.to(device), mode).to(device)
+    with torch.no_grad():
+        out = qlinear(x)
+    codes = [qlinear.qweight.detach().cpu().double().flatten()]
+    if mode in ("int8_w8a8", "fp8_w8a8"):
+        fp8 = mode == "fp8_w8a8"
+        xq, _ = lever.quantize_per_token(x.reshape(-1, x.shape[-1]), lever.FP8_MAX if fp8 else lever.INT8_MAX,
+                                         lever.FP8 if fp8 else torch.int8)
+        codes.append(xq.detach().cpu().double().flatten())
+    return OpOutput(out.cpu(), torch.cat(codes))
+
+
+def _quant_ref(inputs: Tensors, mode: str, **_) -> OpOutput:
+    fp8 = mode == "fp8_w8a8"
+    qmax = 448.0 if fp8 else 127.0
+    w_codes, w_scale = quant_reference_codes(inputs["weight"], qmax, fp8, dim=1)
+    x = inputs["input"].double()
+    x2 = x.reshape(-1, x.shape[-1])
+    codes = [w_codes.flatten()]
+    if mode == "int8_weight_only":
+        x_deq = x2
+    else:
+        x_codes, x_scale = quant_reference_codes(x2, qmax, fp8, dim=1)
+        codes.append(x_codes.flatten())
+        x_deq = x_codes * x_scale
+    out = x_deq @ (w_codes * w_scale).t()
+    if "bias" in inputs:
+        out = out + inputs["bias"].double()
+    return OpOutput(out.reshape(*x.shape[:-1], -1), torch.cat(codes))
+
+
+for _mode in ("int8_weight_only", "int8_w8a8", "fp8_w8a8"):
+    register_op(Op(f"quant:{_mode}", "linear", lambda i, d, _m=_mode, **p: _quant_run(i, d, _m),
+                   lambda i, _m=_mode, **p: _quant_ref(i, _m),
+                   description=f"h3.levers.quantization.QuantizedLinear, {_mode}"))
+
+
+# -- what a recipe dispatches ------------------------------------------------------------------------------------------
+@dataclass
+class RecipeOps:
+    """The op a recipe dispatches for each captured record (see :func:`ops_for_recipe`)."""
+
+    recipe_name: str
+    attention_backend: str = "native"
+    sparse: dict[str, Any] | None = None
+    quant_mode: str = "none"
+    quant_exclude: list[str] = field(default_factory=list)
+    overrides: dict[str, OpSpec] = field(default_factory=dict)
+    """Kind -> op that replaces whatever the recipe dispatches (tests plant broken ops through this)."""
+
+    def for_record(self, record: dict[str, Any]) -> OpSpec:
+        kind = record["kind"]
+        if kind in self.overrides:
+            return self.overrides[kind]
+        module = record["module"]
+        component, _, sub = module.partition(".")
+        if kind == "attention":
+            if component != "transformer":
+                return spec("attention:native")  # the recipe's backend is set on the transformer only
+            sparse = self.sparse
+            if sparse and re.match(r"^transformer_blocks\.\d+\.attn$", sub):
+                step = record.get("step") or 0
+                if step >= sparse["dense_steps"] and record.get("layer") not in sparse["dense_layers"]:
+                    return spec("block_sparse", block_size=sparse["block_size"], sparsity=sparse["sparsity"])
+            return spec(f"attention:{self.attention_backend}")
+        if kind == "linear":
+            if (self.quant_mode != "none" and component == "transformer" and "lora_" not in sub
+                    and not any(re.search(p, sub) for p in self.quant_exclude)
+                    and _quant_shape_ok(record, self.quant_mode)):
+                return spec(f"quant:{self.quant_mode}")
+            return spec("linear")
+        raise NotApplicable(f"no op replays {kind!r} records (no lever changes that op's math)")
+
+
+def _quant_shape_ok(record: dict[str, Any], mode: str) -> bool:
+    # Mirrors h3.levers.quantization._kernel_shape_ok: the lever leaves other shapes in floating point.
+    if mode == "int8_weight_only":
+        return True
+    multiple = 16 if mode == "fp8_w8a8" else 8
+    features = record.get("features") or (None, None)
+    return all(f is not None and f % multiple == 0 for f in features)
+
+
+def ops_for_recipe(recipe: Any) -> RecipeOps:
+    """What ``recipe`` (a :class:`h3.recipe.Recipe` or its resolved dict) dispatches. Sections this checkout's
+    recipe schema lacks (``quant``, ``sparse_attention`` before the levers land) count as off."""
+    data = recipe.resolved() if hasattr(recipe, "resolved") else dict(recipe)
+    ops = RecipeOps(recipe_name=data.get("name", "?"))
+    ops.attention_backend = (data.get("attention") or {}).get("backend", "native")
+    sparse = data.get("sparse_attention") or {}
+    if sparse.get("enabled"):
+        ops.sparse = dict(block_size=int(sparse.get("block_size", 128)), sparsity=float(sparse.get("sparsity", 0.5)),
+                          dense_steps=int(sparse.get("dense_steps", 1)),
+                          dense_layers=list(sparse.get("dense_layers", [])))
+    quant = data.get("quant") or {}
+    ops.quant_mode = quant.get("mode", "none")
+    ops.quant_exclude = list(quant.get("exclude", []))
+    return ops
