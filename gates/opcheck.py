@@ -1,0 +1,442 @@
+"""opcheck: replay the baseline's real op inputs through the candidate's op and the baseline's op, against float64.
+
+For a pair, the baseline request (same prompt, seed and shape) is regenerated in-process once with op capture
+attached (h3.capture) into ``<run>/gates/opcheck/captures/<baseline>/<prompt>-s<seed>/`` — reused by every candidate
+and on resume. Every captured input then goes through the op the baseline recipe dispatches and the op the candidate
+recipe dispatches (h3.ops.ops_for_recipe), and both are scored against a float64 reference of the *same math* as the
+op (h3.ops): cosine similarity, relative L2, max absolute error, bias (signed mean error / RMS of the reference),
+NaN/Inf parity with the baseline, and for ops with discrete decisions the flip rate against the reference's
+decisions (quantization codes; kept blocks against the float64 dense ranking's top-k).
+
+Budget (relative, per record): the candidate passes when, for relative L2, max abs error (floor scaled by the
+reference's max |value|) and |bias|, ``cand_err <= factor * base_err + floor[dtype]``, no NaN/Inf appears that the
+baseline does not have, and ``flip_rate <= max_flip_rate``. ``factor`` defaults to 1.5, SGLang's kernel admission
+check (issue 5: "the candidate's error may exceed the baseline path's own error by at most a set factor (SGLang's
+admission check uses 1.5x)"). The floors keep an exact baseline (error 0) from making every rounding a failure.
+
+A random-input sweep per candidate op (sequence lengths around its block boundaries, 1 and 3 heads; linear rows
+around multiples of 8) catches an op that is right on the captured shape and wrong on another.
+
+An op that cannot run on this device (a CUDA kernel on the CPU, a lever module this checkout lacks) makes its rows
+``not_applicable`` with the reason, and the pair's status ``not_applicable`` — never a pass.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import shutil
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gates.base import Gate, GateResult, Metric, PairContext, register_gate
+from h3.atomic import atomic_write_json, atomic_write_text
+from h3.capture import CaptureConfig, OpCapture, load_index, load_tensors, parse_selection
+from h3.ops import NotApplicable, OpSpec, RecipeOps, get_op, ops_for_recipe, reference_op, run_op, spec
+
+logger = logging.getLogger(__name__)
+
+# SGLang's kernel admission check (issue 5): candidate error <= 1.5x the baseline path's own error.
+DEFAULT_FACTOR = 1.5
+# Absolute floors on relative error per captured dtype: about 80 float32 ulps (eps 1.19e-7; sqrt(K) growth of
+# round-off over K ~ 5000-term dot products is ~70x), two float16 ulps (eps 9.8e-4) and two bfloat16 ulps (eps
+# 7.8e-3). A planted 1% scale error is 1e-2: far above the float32 floor; below the bfloat16 one, where the relative
+# factor against the baseline path's own bf16 error decides.
+FLOORS = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+# One decision in a thousand may differ from the float64 reference's (a code on a rounding tie, a top-k near-tie).
+MAX_FLIP_RATE = 1e-3
+CAPTURE_DIR = Path("gates") / "opcheck" / "captures"
+ATTENTION_SWEEP_HEADS = (1, 3)
+LINEAR_SWEEP_ROWS = (1, 7, 8, 9, 33)
+# Block size whose boundaries the sweep straddles for ops without one (64: SGLang's token alignment, seed 001).
+DEFAULT_SWEEP_BLOCK = 64
+
+
+def error_stats(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
+    """Errors of ``out`` against the float64 reference ``ref``, over the elements finite in both."""
+    o, r = out.detach().cpu().double(), ref.detach().cpu().double()
+    if o.shape != r.shape:
+        return {"shape_mismatch": [list(o.shape), list(r.shape)], "nonfinite": 0, "rel_l2": math.inf,
+                "max_abs": math.inf, "bias": math.inf, "cosine": -1.0, "ref_absmax": float(r.abs().max()),
+                "_nonfinite_mask": torch.zeros(0, dtype=torch.bool)}
+    bad = ~torch.isfinite(o)
+    keep = ~bad & torch.isfinite(r)
+    o, r = o[keep], r[keep]
+    diff = o - r
+    ref_norm, out_norm = float(r.norm()), float(o.norm())
+    rms = ref_norm / math.sqrt(max(r.numel(), 1))
+    rel = float(diff.norm()) / ref_norm if ref_norm > 0 else (0.0 if float(diff.norm()) == 0 else math.inf)
+    cosine = float((o * r).sum()) / (out_norm * ref_norm) if out_norm > 0 and ref_norm > 0 else float(out_norm == ref_norm)
+    return {
+        "rel_l2": rel,
+        "max_abs": float(diff.abs().max()) if diff.numel() else 0.0,
+        "bias": float(diff.mean()) / rms if rms > 0 and diff.numel() else 0.0,
+        "cosine": cosine,
+        "nonfinite": int(bad.sum()),
+        "ref_absmax": float(r.abs().max()) if r.numel() else 0.0,
+        "_nonfinite_mask": bad,
+    }
+
+
+def flip_rate(decisions: torch.Tensor | None, reference: torch.Tensor | None) -> float | None:
+    if decisions is None or reference is None:
+        return None
+    if decisions.shape != reference.shape:
+        return 1.0
+    return float((decisions.cpu() != reference.cpu()).double().mean())
+
+
+@dataclass
+class Budget:
+    factor: float = DEFAULT_FACTOR
+    floors: dict[str, float] = field(default_factory=lambda: dict(FLOORS))
+    max_flip_rate: float = MAX_FLIP_RATE
+
+    def floor(self, dtype: str) -> float:
+        return self.floors.get(dtype, self.floors["float32"])
+
+    def judge(self, base: dict[str, Any], cand: dict[str, Any], dtype: str, flips: float | None) -> list[str]:
+        """Why the candidate fails the budget (empty: it passes)."""
+        floor, k = self.floor(dtype), self.factor
+        reasons = []
+        if "shape_mismatch" in cand:
+            return [f"output shape {cand['shape_mismatch'][0]} != reference {cand['shape_mismatch'][1]}"]
+        new_bad = cand["_nonfinite_mask"] & ~base["_nonfinite_mask"] if base["_nonfinite_mask"].shape == \
+            cand["_nonfinite_mask"].shape else cand["_nonfinite_mask"]
+        if bool(new_bad.any()):
+            reasons.append(f"{int(new_bad.sum())} NaN/Inf the baseline op does not produce")
+        if cand["rel_l2"] > k * base["rel_l2"] + floor:
+            reasons.append(f"rel L2 {cand['rel_l2']:.3g} > {k}x baseline {base['rel_l2']:.3g} + {floor:g}")
+        limit = k * base["max_abs"] + floor * cand["ref_absmax"]
+        if cand["max_abs"] > limit:
+            reasons.append(f"max abs {cand['max_abs']:.3g} > {limit:.3g}")
+        if abs(cand["bias"]) > k * abs(base["bias"]) + floor:
+            reasons.append(f"bias {cand['bias']:.3g} > {k}x baseline {abs(base['bias']):.3g} + {floor:g}")
+        if flips is not None and flips > self.max_flip_rate:
+            reasons.append(f"flip rate {flips:.3g} > {self.max_flip_rate:g}")
+        return reasons
+
+
+def _public(stats: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in stats.items() if not k.startswith("_")}
+
+
+def check_op(inputs: dict[str, torch.Tensor], base_spec: OpSpec, cand_spec: OpSpec, device: str, dtype: str,
+             budget: Budget) -> dict[str, Any]:
+    """One input through both ops, each against the float64 reference of its own math; a table row."""
+    row: dict[str, Any] = {"base_op": base_spec.key, "cand_op": cand_spec.key, "dtype": dtype}
+    try:
+        base_out = run_op(base_spec, inputs, device)
+        cand_out = run_op(cand_spec, inputs, device)
+    except NotApplicable as exc:
+        row.update(status="not_applicable", reasons=[exc.reason])
+        return row
+    base_ref = reference_op(base_spec, inputs)
+    cand_ref = base_ref if cand_spec == base_spec else reference_op(cand_spec, inputs)
+    base, cand = error_stats(base_out.out, base_ref.out), error_stats(cand_out.out, cand_ref.out)
+    flips = flip_rate(cand_out.decisions, cand_ref.decisions)
+    reasons = budget.judge(base, cand, dtype, flips)
+    floor = budget.floor(dtype)
+    row.update(
+        status="fail" if reasons else "pass", reasons=reasons,
+        base={k: v for k, v in _public(base).items()}, cand={k: v for k, v in _public(cand).items()},
+        rel_l2_ratio=cand["rel_l2"] / max(base["rel_l2"], floor), flip_rate=flips,
+    )
+    if cand_spec != base_spec and cand_out.out.shape == base_ref.out.shape:
+        # How far the candidate's math is from the baseline's (a sparse op's approximation error): reported, not
+        # judged here — the trajectory and quality gates judge that.
+        row["cand_vs_baseline_math_rel_l2"] = error_stats(cand_out.out, base_ref.out)["rel_l2"]
+    return row
+
+
+def record_inputs(capture_dir: Path, record: dict[str, Any], index: dict[str, Any]) -> dict[str, torch.Tensor]:
+    tensors = load_tensors(capture_dir, record["file"])
+    if record["kind"] == "linear":
+        tensors.update(load_tensors(capture_dir, index["weights"][record["module"]]["file"]))
+    return tensors
+
+
+def replay_capture(capture_dir: Path, base_ops: RecipeOps, cand_ops: RecipeOps, device: str,
+                   budget: Budget) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every replayable record of a capture through both recipes' ops: (rows, index)."""
+    index = load_index(capture_dir)
+    rows = []
+    for record in index["records"]:
+        if record["kind"] not in ("attention", "linear"):
+            continue
+        where = {k: record.get(k) for k in ("id", "kind", "module", "layer", "step", "call")}
+        shapes = record["shapes"]
+        try:
+            base_spec, cand_spec = base_ops.for_record(record), cand_ops.for_record(record)
+        except NotApplicable as exc:
+            rows.append(dict(source="capture", **where, shapes=shapes, status="not_applicable", reasons=[exc.reason]))
+            continue
+        inputs = record_inputs(capture_dir, record, index)
+        row = check_op(inputs, base_spec, cand_spec, device, record["dtype"], budget)
+        rows.append(dict(source="capture", **where, shapes=shapes, **row))
+    return rows, index
+
+
+def sweep_shapes(kind: str, op_spec: OpSpec, example: dict[str, Any]) -> list[dict[str, list[int]]]:
+    """Shapes the random sweep covers for one op, around its block boundaries."""
+    if kind == "attention":
+        block = int(op_spec.kwargs.get("block_size", DEFAULT_SWEEP_BLOCK))
+        head_dim = example["shapes"]["query"][-1]
+        seqs = sorted({1, block - 1, block, block + 1, 2 * block + 1})
+        return [{"query": [1, s, h, head_dim]} for s in seqs for h in ATTENTION_SWEEP_HEADS]
+    in_f, out_f = example.get("features") or [32, 48]
+    return [{"input": [1, r, in_f], "weight": [out_f, in_f]} for r in LINEAR_SWEEP_ROWS]
+
+
+def random_inputs(kind: str, shape: dict[str, list[int]], dtype: torch.dtype, seed: int) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "attention":
+        q, k, v = (torch.randn(shape["query"], generator=gen, dtype=torch.float64) for _ in range(3))
+        return {"query": q.to(dtype), "key": k.to(dtype), "value": v.to(dtype)}
+    out_f, in_f = shape["weight"]
+    return {"input": torch.randn(shape["input"], generator=gen, dtype=torch.float64).to(dtype),
+            "weight": (torch.randn(out_f, in_f, generator=gen, dtype=torch.float64) / math.sqrt(in_f)).to(dtype),
+            "bias": torch.randn(out_f, generator=gen, dtype=torch.float64).to(dtype)}
+
+
+def sweep_op(kind: str, base_spec: OpSpec, cand_spec: OpSpec, example: dict[str, Any], device: str, dtype: str,
+             budget: Budget, seed: int = 0) -> list[dict[str, Any]]:
+    rows = []
+    for i, shape in enumerate(sweep_shapes(kind, cand_spec, example)):
+        inputs = random_inputs(kind, shape, getattr(torch, dtype), seed + i)
+        row = check_op(inputs, base_spec, cand_spec, device, dtype, budget)
+        rows.append(dict(source="sweep", kind=kind, module=None, layer=None, step=None, call=None,
+                         shapes={k: list(v.shape) for k, v in inputs.items()}, **row))
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-op, per-step and per-layer counts of pass/fail/not applicable and the worst ratio."""
+    tables: dict[str, dict[str, dict[str, Any]]] = {"by_op": {}, "by_step": {}, "by_layer": {}}
+    keys = {"by_op": lambda r: f"{r.get('kind')}:{r.get('cand_op', '?')}",
+            "by_step": lambda r: "sweep" if r["source"] == "sweep" else str(r.get("step")),
+            "by_layer": lambda r: "sweep" if r["source"] == "sweep" else str(r.get("layer"))}
+    for name, key in keys.items():
+        groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in rows:
+            groups[key(row)].append(row)
+        for group, members in sorted(groups.items()):
+            ratios = [m["rel_l2_ratio"] for m in members if "rel_l2_ratio" in m]
+            tables[name][group] = {
+                "records": len(members),
+                "failed": sum(m["status"] == "fail" for m in members),
+                "not_applicable": sum(m["status"] == "not_applicable" for m in members),
+                "worst_rel_l2_ratio": max(ratios) if ratios else None,
+            }
+    return tables
+
+
+CSV_COLUMNS = ["source", "id", "kind", "module", "layer", "step", "call", "shapes", "dtype", "base_op", "cand_op",
+               "status", "base_rel_l2", "cand_rel_l2", "rel_l2_ratio", "cand_max_abs", "cand_bias", "cand_cosine",
+               "cand_nonfinite", "flip_rate", "cand_vs_baseline_math_rel_l2", "reasons"]
+
+
+def rows_csv(rows: list[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        flat = dict(row)
+        for side in ("base", "cand"):
+            for k, v in (row.get(side) or {}).items():
+                flat[f"{side}_{k}"] = v
+        flat["shapes"] = ";".join(f"{k}={'x'.join(map(str, v))}" for k, v in (row.get("shapes") or {}).items())
+        flat["reasons"] = " | ".join(row.get("reasons") or [])
+        writer.writerow(flat)
+    return buffer.getvalue()
+
+
+OPTIONS = {
+    "factor": "budget factor on the baseline op's own error (default 1.5, SGLang)",
+    "max_flip_rate": "largest fraction of decisions that may differ from the float64 reference's (default 1e-3)",
+    "floor_float32": "absolute floor on relative error for float32 records (also floor_bfloat16, floor_float16)",
+    "floor_bfloat16": "", "floor_float16": "",
+    "steps": "denoising steps to capture: 'all', or a list of indices / first / middle / last (default "
+             "first,middle,last)",
+    "layers": "transformer layers to capture, same syntax (default first,middle,last)",
+    "kinds": "op kinds to capture, comma-separated from attention, linear (default both)",
+    "max_mb": "capture size budget in MiB (default 512)",
+    "sweep": "run the random-shape sweep (default true)",
+    "attention_op": "replace the candidate's attention op by this registered op (h3.ops) — to check one kernel",
+    "linear_op": "replace the candidate's linear op by this registered op",
+}
+
+
+def _options(options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(opcheck's options, names it ignored). The gate runner hands unscoped options to every gate, so a key meant
+    for another gate is not an error here; it is listed in the result's info (``ignored_options``)."""
+    ignored = sorted(set(options) - set(OPTIONS))
+    return {k: v for k, v in options.items() if k in OPTIONS}, ignored
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).strip().lower() not in ("0", "false", "no", "off")
+
+
+@register_gate
+class OpcheckGate(Gate):
+    name = "opcheck"
+    needs = ("runtime",)
+    description = ("replays the baseline's captured op inputs through the candidate's and the baseline's ops against "
+                   "float64 (budget: factor x baseline error + dtype floor), plus a random-shape sweep")
+
+    def __init__(self) -> None:
+        # Per-run state across pairs: one loaded runtime per (model, recipe, device), one sweep per op pair.
+        self._runtimes: dict[tuple[str, str, str], Any] = {}
+        self._sweeps: dict[tuple, list[dict[str, Any]]] = {}
+
+    # -- capture -----------------------------------------------------------------------------------------------
+    def _runtime(self, model: str, recipe: dict[str, Any], device: str):
+        import json
+
+        from h3.recipe import recipe_from_dict
+        from h3.runtime import H3Runtime
+
+        key = (model, json.dumps(recipe, sort_keys=True), device)
+        if key not in self._runtimes:
+            self._runtimes.clear()  # one model in memory at a time
+            self._runtimes[key] = H3Runtime.load(model, recipe_from_dict(recipe, source=f"run.json recipe"), device)
+        return self._runtimes[key]
+
+    def capture(self, ctx: PairContext, model: str, recipe: dict[str, Any], options: dict[str, Any]) -> Path:
+        """The pair's baseline capture directory, regenerating the baseline request with capture on if needed."""
+        stem = f"{ctx.pair.prompt_id}-s{ctx.pair.seed}"
+        directory = ctx.run_dir / CAPTURE_DIR / ctx.pair.baseline / stem
+        if (directory / "index.json").is_file():
+            return directory
+        from h3.runtime import GenerateRequest
+
+        runtime = self._runtime(model, recipe, ctx.device)
+        layers = len(runtime.pipe.transformer.transformer_blocks)
+        config = CaptureConfig(
+            kinds=tuple(str(options.get("kinds", "attention,linear")).split(",")),
+            steps=parse_selection(options.get("steps", "first,middle,last"), runtime.recipe.steps),
+            layers=parse_selection(options.get("layers", "first,middle,last"), layers),
+            max_bytes=int(float(options.get("max_mb", 512)) * 2**20),
+        )
+        req = ctx.baseline.record.get("request") or {}
+        request = GenerateRequest(prompt=req["prompt"], seed=int(req["seed"]), num_frames=req.get("num_frames"),
+                                  seconds=req.get("seconds"), height=req.get("height"), width=req.get("width"),
+                                  prompt_id=req.get("prompt_id"))
+        staging = directory.with_name(f".{stem}.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        capture = OpCapture(staging / "capture", config, meta={"recipe": ctx.pair.baseline, "prompt_id": ctx.pair.prompt_id,
+                                                                "seed": ctx.pair.seed, "device": ctx.device})
+        with capture.attach(runtime.pipe):
+            record = runtime.generate(request, staging / "clip.mp4")
+        capture.meta["frames_sha256"] = record.frames_sha256
+        capture.meta["reproduces_baseline_clip"] = record.frames_sha256 == ctx.baseline.record.get("frames_sha256")
+        capture.write_index()
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        (staging / "capture").rename(directory)  # the finished capture appears at once, never half-written
+        shutil.rmtree(staging, ignore_errors=True)
+        return directory
+
+    # -- gate --------------------------------------------------------------------------------------------------
+    def evaluate(self, ctx: PairContext) -> GateResult:
+        from h3eval.store import RunStore
+
+        result = GateResult(gate=self.name, pair=ctx.pair)
+        options, ignored = _options(dict(ctx.options))
+        if ignored:
+            result.info["ignored_options"] = ignored
+        budget = Budget(factor=float(options.get("factor", DEFAULT_FACTOR)),
+                        max_flip_rate=float(options.get("max_flip_rate", MAX_FLIP_RATE)))
+        for dtype in ("float32", "bfloat16", "float16"):
+            if f"floor_{dtype}" in options:
+                budget.floors[dtype] = float(options[f"floor_{dtype}"])
+        manifest = RunStore(ctx.run_dir).read_manifest()
+        recipes = {}
+        for side in (ctx.pair.baseline, ctx.pair.candidate):
+            if side not in manifest.recipes:
+                result.status, result.error = "error", f"{ctx.run_dir / 'run.json'}: no resolved recipe {side!r}"
+                return result
+            recipes[side] = manifest.recipes[side]
+        base_ops, cand_ops = ops_for_recipe(recipes[ctx.pair.baseline]), ops_for_recipe(recipes[ctx.pair.candidate])
+        for kind in ("attention", "linear"):
+            if options.get(f"{kind}_op"):
+                name = str(options[f"{kind}_op"])
+                get_op(name)  # unknown names fail with the known ones
+                cand_ops.overrides[kind] = spec(name)
+
+        capture_dir = self.capture(ctx, manifest.model, recipes[ctx.pair.baseline], options)
+        rows, index = replay_capture(capture_dir, base_ops, cand_ops, ctx.device, budget)
+        if _truthy(options.get("sweep", True)):
+            rows += self._sweep(rows, index, base_ops, cand_ops, ctx.device, budget)
+        return self._result(ctx, result, rows, index, capture_dir, budget)
+
+    def _sweep(self, rows, index, base_ops, cand_ops, device, budget) -> list[dict[str, Any]]:
+        records = {r["id"]: r for r in index["records"]}
+        out = []
+        seen = set()
+        for row in rows:
+            if row["source"] != "capture" or "cand_op" not in row:
+                continue
+            record = records[row["id"]]
+            base_spec, cand_spec = base_ops.for_record(record), cand_ops.for_record(record)
+            key = (record["kind"], base_spec, cand_spec, record["dtype"], tuple(record.get("features") or ()),
+                   tuple(record["shapes"].get("query", [])[-1:]), device)
+            if key in seen:
+                continue
+            seen.add(key)
+            if key not in self._sweeps:
+                self._sweeps[key] = sweep_op(record["kind"], base_spec, cand_spec, record, device, record["dtype"],
+                                             budget)
+            out.extend(self._sweeps[key])
+        return out
+
+    def _result(self, ctx, result, rows, index, capture_dir, budget) -> GateResult:
+        ran = [r for r in rows if r["status"] in ("pass", "fail")]
+        failed = [r for r in rows if r["status"] == "fail"]
+        na = [r for r in rows if r["status"] == "not_applicable"]
+        flips = [r["flip_rate"] for r in ran if r.get("flip_rate") is not None]
+        result.metrics = {
+            "records": Metric(value=float(len(ran)), higher_is_better=True),
+            "failed_records": Metric(value=float(len(failed)) if ran else None, higher_is_better=False),
+            "worst_rel_l2_ratio": Metric(value=max((r["rel_l2_ratio"] for r in ran), default=None),
+                                         higher_is_better=False),
+            "worst_cosine": Metric(value=min((r["cand"]["cosine"] for r in ran), default=None), higher_is_better=True),
+            "flip_rate_max": Metric(value=max(flips) if flips else None, higher_is_better=False),
+            "not_applicable_records": Metric(value=float(len(na)), higher_is_better=False),
+        }
+        tables = summarize(rows)
+        stem = f"{ctx.pair.prompt_id}-s{ctx.pair.seed}"
+        artifact = ctx.artifact_dir / f"{stem}.opcheck.json"
+        atomic_write_json(artifact, {"budget": {"factor": budget.factor, "floors": budget.floors,
+                                                "max_flip_rate": budget.max_flip_rate},
+                                     "capture": str(capture_dir.relative_to(ctx.run_dir)), **tables, "rows": rows})
+        csv_path = artifact.with_suffix(".csv")
+        atomic_write_text(csv_path, rows_csv(rows))
+        result.artifacts = [str(p.relative_to(ctx.run_dir)) for p in (artifact, csv_path)]
+        result.info = {
+            **result.info,
+            "by_op": tables["by_op"],
+            "budget": {"factor": budget.factor, "floors": budget.floors, "max_flip_rate": budget.max_flip_rate},
+            "capture": {"dir": str(capture_dir.relative_to(ctx.run_dir)), "records": len(index["records"]),
+                        "complete": index["complete"], "dropped": len(index["dropped"]),
+                        "reproduces_baseline_clip": index["meta"].get("reproduces_baseline_clip")},
+        }
+        if failed:
+            result.flagged = True
+            for row in failed[:10]:
+                where = "sweep" if row["source"] == "sweep" else f"{row['module']} step {row['step']}"
+                result.flags.append(f"{row['cand_op']} on {where} {row['shapes']}: " + "; ".join(row["reasons"]))
+            if len(failed) > 10:
+                result.flags.append(f"... and {len(failed) - 10} more failed records (see {result.artifacts[0]})")
+        if na:
+            result.status = "not_applicable"
+            result.info["not_applicable"] = sorted({reason for r in na for reason in r["reasons"]})
+        elif not ran:
+            result.status, result.error = "error", f"the capture in {capture_dir} has no attention or linear records"
+        return result
