@@ -1,0 +1,407 @@
+"""opcheck: float64 references against slow loops, planted broken ops rejected, correct ops passed, the gate end to
+end on the tiny preset (capture, replay, sweep, tables), and not-applicable ops never passing."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gates.base import ClipSide, PairContext, PairRef, get_gate
+from gates.opcheck import Budget, check_op, error_stats, sweep_op
+from h3.ops import (NotApplicable, Op, OpOutput, attention_reference, get_op, ops_for_recipe, reference_op,
+                    register_op, route_reference, spec, unregister_op)
+from h3.runtime import GenerateRequest
+from h3eval.store import RunManifest, RunStore, utc_now
+from tests.conftest import FAST_RECIPE
+
+BLOCK = 16
+
+
+def _levers_present(name: str) -> bool:
+    import importlib
+
+    try:
+        importlib.import_module(f"h3.levers.{name}")
+    except ImportError:
+        return False
+    return True
+
+
+def qkv(seq=40, heads=2, dim=16, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return {k: torch.randn(1, seq, heads, dim, generator=gen) for k in ("query", "key", "value")}
+
+
+# -- planted ops: plain torch implementations, correct and broken ----------------------------------------------------
+def _sdpa(q, k, v, scale=None, mask=None):
+    q, k, v = (x.permute(0, 2, 1, 3) for x in (q, k, v))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale).permute(0, 2, 1, 3)
+
+
+def _route_f32(q, k, block, sparsity):
+    """The routing the lever documents, in float32 (pool blocks, rank pooled dot products, keep the top-k)."""
+    b, s, h, d = q.shape
+    n = -(-s // block)
+    pad = n * block - s
+    counts = torch.full((n,), float(block))
+    counts[-1] = block - pad
+    pool = lambda x: F.pad(x, (0, 0, 0, 0, 0, pad)).view(b, n, block, h, d).sum(2) / counts.view(1, n, 1, 1)  # noqa
+    scores = torch.einsum("bqhd,bkhd->bhqk", pool(q), pool(k))
+    keep = max(1, math.ceil(round((1 - sparsity) * n, 9)))
+    return torch.zeros(b, h, n, n, dtype=torch.bool).scatter_(-1, scores.topk(keep, dim=-1).indices, True)
+
+
+def _sparse_f32(inputs, kept, block):
+    s = inputs["query"].shape[1]
+    idx = torch.arange(s) // block
+    mask = kept[:, :, idx][:, :, :, idx]
+    return _sdpa(inputs["query"], inputs["key"], inputs["value"], mask=mask)
+
+
+def _sparse_ref(inputs, block_size, sparsity, **_):
+    kept = route_reference(inputs["query"], inputs["key"], block_size, sparsity)
+    return OpOutput(attention_reference(inputs["query"], inputs["key"], inputs["value"], kept=kept,
+                                        block_size=block_size), kept)
+
+
+def _attention_ref(inputs, **_):
+    return OpOutput(attention_reference(inputs["query"], inputs["key"], inputs["value"]))
+
+
+def _linear_ref(inputs, **_):
+    return OpOutput(F.linear(inputs["input"].double(), inputs["weight"].double(), inputs["bias"].double()
+                             if "bias" in inputs else None))
+
+
+def _correct_sparse(inputs, device, block_size, sparsity, **_):
+    kept = _route_f32(inputs["query"], inputs["key"], block_size, sparsity)
+    return OpOutput(_sparse_f32(inputs, kept, block_size), kept)
+
+
+def _mask_off_by_one(inputs, device, block_size, sparsity, **_):
+    kept = _route_f32(inputs["query"], inputs["key"], block_size, sparsity).roll(1, dims=-1)
+    return OpOutput(_sparse_f32(inputs, kept, block_size), kept)
+
+
+def _scale_1pct(inputs, device, **_):
+    d = inputs["query"].shape[-1]
+    return OpOutput(_sdpa(inputs["query"], inputs["key"], inputs["value"], scale=1.01 / math.sqrt(d)))
+
+
+def _swapped_heads(inputs, device, **_):
+    out = _sdpa(inputs["query"], inputs["key"], inputs["value"])
+    return OpOutput(out[:, :, [1, 0] + list(range(2, out.shape[2]))])
+
+
+def _dropped_last_row(inputs, device, **_):
+    # The last key/value row never reaches the softmax (an off-by-one loop bound).
+    return OpOutput(_sdpa(inputs["query"], inputs["key"][:, :-1], inputs["value"][:, :-1]))
+
+
+def _wrong_at_65(inputs, device, **_):
+    # Right everywhere except when the sequence is one past a 64-row boundary (a tail-handling bug).
+    q, k, v = inputs["query"], inputs["key"], inputs["value"]
+    if q.shape[1] > 64 and q.shape[1] % 64 == 1:
+        k, v = k[:, :-1], v[:, :-1]
+    return OpOutput(_sdpa(q, k, v))
+
+
+def _linear_scale_1pct(inputs, device, **_):
+    return OpOutput(F.linear(inputs["input"], inputs["weight"] * 1.01, inputs.get("bias")))
+
+
+def _linear_dropped_last_row(inputs, device, **_):
+    out = F.linear(inputs["input"], inputs["weight"], inputs.get("bias"))
+    return OpOutput(torch.cat([out[:, :-1], torch.zeros_like(out[:, -1:])], dim=1))
+
+
+PLANTED = {
+    "test:sparse_correct": ("attention", _correct_sparse, _sparse_ref),
+    "test:sparse_mask_off_by_one": ("attention", _mask_off_by_one, _sparse_ref),
+    "test:attention_scale_1pct": ("attention", _scale_1pct, _attention_ref),
+    "test:attention_swapped_heads": ("attention", _swapped_heads, _attention_ref),
+    "test:attention_dropped_last_row": ("attention", _dropped_last_row, _attention_ref),
+    "test:attention_wrong_at_65": ("attention", _wrong_at_65, _attention_ref),
+    "test:linear_scale_1pct": ("linear", _linear_scale_1pct, _linear_ref),
+    "test:linear_dropped_last_row": ("linear", _linear_dropped_last_row, _linear_ref),
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def planted_ops():
+    for name, (kind, run, ref) in PLANTED.items():
+        register_op(Op(name, kind, run, ref, description="planted by tests/test_opcheck.py"))
+    yield
+    for name in PLANTED:
+        unregister_op(name)
+
+
+# -- references --------------------------------------------------------------------------------------------------
+def test_attention_reference_matches_slow_loop():
+    inputs = qkv(seq=5, heads=2, dim=3, seed=1)
+    ref = attention_reference(inputs["query"], inputs["key"], inputs["value"])
+    q, k, v = (inputs[x][0].tolist() for x in ("query", "key", "value"))  # [s][h][d]
+    for h in range(2):
+        for i in range(5):
+            logits = [sum(q[i][h][d] * k[j][h][d] for d in range(3)) / math.sqrt(3) for j in range(5)]
+            top = max(logits)
+            w = [math.exp(x - top) for x in logits]
+            total = sum(w)
+            for d in range(3):
+                expected = sum(w[j] / total * v[j][h][d] for j in range(5))
+                assert ref[0, i, h, d].item() == pytest.approx(expected, rel=1e-12, abs=1e-14)
+
+
+def test_block_sparse_reference_matches_slow_loop():
+    """Kept blocks from float64 pooled scores; attention restricted to them (block 2, 5 rows: last block is 1 row)."""
+    inputs = qkv(seq=5, heads=1, dim=2, seed=2)
+    kept = route_reference(inputs["query"], inputs["key"], block_size=2, sparsity=0.5)
+    q, k = inputs["query"][0, :, 0].double().tolist(), inputs["key"][0, :, 0].double().tolist()
+    blocks = [[0, 1], [2, 3], [4]]
+    pooled = lambda x, b: [sum(x[r][d] for r in b) / len(b) for d in range(2)]  # noqa: E731
+    for qi, qb in enumerate(blocks):
+        scores = [sum(a * c for a, c in zip(pooled(q, qb), pooled(k, kb))) for kb in blocks]
+        keep = math.ceil(0.5 * 3)  # 2 of 3 blocks
+        expected = sorted(range(3), key=lambda j: -scores[j])[:keep]
+        assert sorted(torch.nonzero(kept[0, 0, qi]).flatten().tolist()) == sorted(expected)
+    out = attention_reference(inputs["query"], inputs["key"], inputs["value"], kept=kept, block_size=2)
+    v = inputs["value"][0, :, 0].double().tolist()
+    for i in range(5):
+        cols = [j for j in range(5) if kept[0, 0, i // 2, j // 2]]
+        logits = [sum(q[i][d] * k[j][d] for d in range(2)) / math.sqrt(2) for j in cols]
+        w = [math.exp(x - max(logits)) for x in logits]
+        for d in range(2):
+            assert out[0, i, 0, d].item() == pytest.approx(sum(wj / sum(w) * v[j][d] for wj, j in zip(w, cols)),
+                                                           rel=1e-12)
+
+
+def test_error_stats_against_definitions():
+    ref = torch.tensor([3.0, -4.0, 0.0, 12.0], dtype=torch.float64)
+    out = ref + torch.tensor([0.1, 0.1, 0.1, -0.1])
+    stats = error_stats(out, ref)
+    assert stats["rel_l2"] == pytest.approx(0.2 / 13.0, rel=1e-6)
+    assert stats["max_abs"] == pytest.approx(0.1, rel=1e-6)
+    assert stats["bias"] == pytest.approx(0.05 / (13.0 / 2.0), rel=1e-6)  # mean error / RMS(ref) = 13/2
+    cos = float(out.double() @ ref) / (float(out.double().norm()) * 13.0)
+    assert stats["cosine"] == pytest.approx(cos, rel=1e-12)
+    nan = out.clone()
+    nan[1] = float("nan")
+    assert error_stats(nan, ref)["nonfinite"] == 1
+
+
+# -- planted bugs fail, correct ops pass (tiny random tensors) ----------------------------------------------------
+BUDGET = Budget()
+
+
+@pytest.mark.parametrize("candidate", ["attention:native", "attention:_native_math", "attention:flex"])
+def test_correct_attention_backends_pass(candidate):
+    row = check_op(qkv(), spec("attention:native"), spec(candidate), "cpu", "float32", BUDGET)
+    assert row["status"] == "pass", row["reasons"]
+    assert row["cand"]["rel_l2"] < 1e-6 and row["cand"]["cosine"] > 1 - 1e-12
+
+
+def test_correct_block_sparse_passes_at_half_sparsity():
+    row = check_op(qkv(seq=64), spec("attention:native"), spec("test:sparse_correct", block_size=BLOCK, sparsity=0.5),
+                   "cpu", "float32", BUDGET)
+    assert row["status"] == "pass", row["reasons"]
+    assert row["flip_rate"] == 0.0
+    # Its math differs from dense (half the blocks dropped): reported, not judged.
+    assert row["cand_vs_baseline_math_rel_l2"] > 0.05
+
+
+@pytest.mark.parametrize("planted, why", [
+    ("test:sparse_mask_off_by_one", "flip rate"),
+    ("test:attention_scale_1pct", "rel L2"),
+    ("test:attention_swapped_heads", "rel L2"),
+    ("test:attention_dropped_last_row", "rel L2"),
+])
+def test_planted_attention_bugs_fail(planted, why):
+    params = dict(block_size=BLOCK, sparsity=0.5) if "sparse" in planted else {}
+    row = check_op(qkv(seq=64), spec("attention:native"), spec(planted, **params), "cpu", "float32", BUDGET)
+    assert row["status"] == "fail"
+    assert any(why in reason for reason in row["reasons"]), row["reasons"]
+    assert row["rel_l2_ratio"] > 100  # far outside the budget, not a marginal call
+
+
+@pytest.mark.parametrize("planted", ["test:linear_scale_1pct", "test:linear_dropped_last_row"])
+def test_planted_linear_bugs_fail_and_linear_passes(planted):
+    gen = torch.Generator().manual_seed(3)
+    inputs = {"input": torch.randn(1, 24, 32, generator=gen), "weight": torch.randn(48, 32, generator=gen) / 6,
+              "bias": torch.randn(48, generator=gen)}
+    assert check_op(inputs, spec("linear"), spec("linear"), "cpu", "float32", BUDGET)["status"] == "pass"
+    row = check_op(inputs, spec("linear"), spec(planted), "cpu", "float32", BUDGET)
+    assert row["status"] == "fail" and row["cand"]["rel_l2"] > 1e-3
+
+
+def test_scale_error_of_1pct_is_measured_as_such():
+    gen = torch.Generator().manual_seed(4)
+    inputs = {"input": torch.randn(1, 24, 32, generator=gen), "weight": torch.randn(48, 32, generator=gen),
+              "bias": torch.zeros(48)}
+    row = check_op(inputs, spec("linear"), spec("test:linear_scale_1pct"), "cpu", "float32", BUDGET)
+    assert row["cand"]["rel_l2"] == pytest.approx(0.01, rel=1e-4)
+
+
+def test_nan_the_baseline_does_not_have_fails():
+    register_op(Op("test:nan_row", "attention",
+                   lambda i, d, **_: OpOutput(_sdpa(i["query"], i["key"], i["value"]).index_fill(1, torch.tensor([3]),
+                                                                                                  float("nan"))),
+                   _attention_ref))
+    try:
+        row = check_op(qkv(), spec("attention:native"), spec("test:nan_row"), "cpu", "float32", BUDGET)
+    finally:
+        unregister_op("test:nan_row")
+    assert row["status"] == "fail" and any("NaN/Inf" in r for r in row["reasons"])
+
+
+def test_sweep_catches_an_op_wrong_at_one_shape():
+    example = {"shapes": {"query": [1, 40, 2, 16]}}
+    assert check_op(qkv(seq=40), spec("attention:native"), spec("test:attention_wrong_at_65"), "cpu", "float32",
+                    BUDGET)["status"] == "pass"
+    rows = sweep_op("attention", spec("attention:native"), spec("test:attention_wrong_at_65"), example, "cpu",
+                    "float32", BUDGET)
+    failed = sorted({r["shapes"]["query"][1] for r in rows if r["status"] == "fail"})
+    assert failed == [65, 129]  # 64 + 1 and 2 * 64 + 1: the boundary straddles of the default 64-row block
+    assert {r["shapes"]["query"][2] for r in rows} == {1, 3}
+
+
+# -- not applicable ------------------------------------------------------------------------------------------------
+def test_cuda_only_backend_on_cpu_is_not_applicable():
+    row = check_op(qkv(), spec("attention:native"), spec("attention:_native_flash"), "cpu", "float32", BUDGET)
+    assert row["status"] == "not_applicable" and "needs a CUDA device" in row["reasons"][0]
+
+
+def test_lever_ops_pass_or_report_the_missing_lever():
+    inputs = qkv(seq=300, dim=16)
+    row = check_op(inputs, spec("attention:native"), spec("block_sparse", block_size=128, sparsity=0.0), "cpu",
+                   "float32", BUDGET)
+    if _levers_present("sparse_attention"):
+        assert row["status"] == "pass" and row["flip_rate"] == 0.0, row.get("reasons")
+        assert row["cand_vs_baseline_math_rel_l2"] < 1e-6  # sparsity 0 keeps every block: dense math
+    else:
+        assert row["status"] == "not_applicable" and "lever module not present" in row["reasons"][0]
+    gen = torch.Generator().manual_seed(5)
+    linear = {"input": torch.randn(1, 24, 32, generator=gen), "weight": torch.randn(48, 32, generator=gen) / 6}
+    for mode in ("int8_weight_only", "int8_w8a8"):
+        row = check_op(linear, spec("linear"), spec(f"quant:{mode}"), "cpu", "float32", BUDGET)
+        if _levers_present("quantization"):
+            assert row["status"] == "pass" and row["flip_rate"] <= BUDGET.max_flip_rate, row.get("reasons")
+        else:
+            assert row["status"] == "not_applicable" and "lever module not present" in row["reasons"][0]
+    fp8 = check_op(linear, spec("linear"), spec("quant:fp8_w8a8"), "cpu", "float32", BUDGET)
+    assert fp8["status"] == "not_applicable"
+
+
+def test_quant_reference_is_the_quantized_math():
+    """The int8 weight-only reference is x @ (round(w / s) * s)^T with s = max|w| / 127 per output row."""
+    gen = torch.Generator().manual_seed(6)
+    w, x = torch.randn(3, 4, generator=gen), torch.randn(2, 4, generator=gen)
+    out = reference_op(spec("quant:int8_weight_only"), {"input": x, "weight": w}).out
+    for o in range(3):
+        s = max(abs(float(v)) for v in w[o]) / 127
+        codes = [max(-127, min(127, round(float(v) / s))) for v in w[o]]
+        for r in range(2):
+            assert out[r, o].item() == pytest.approx(sum(float(x[r, i]) * codes[i] * s for i in range(4)), rel=1e-12)
+
+
+# -- what recipes dispatch -----------------------------------------------------------------------------------------
+def test_ops_for_recipe_routes_records():
+    recipe = {**FAST_RECIPE, "attention": {"backend": "_native_math"},
+              "sparse_attention": {"enabled": True, "block_size": 64, "sparsity": 0.5, "dense_steps": 1,
+                                   "dense_layers": [0]},
+              "quant": {"mode": "int8_w8a8", "exclude": [r"(^|\.)proj_out$"]}}
+    ops = ops_for_recipe(recipe)
+    attn = lambda layer, step: {"kind": "attention", "module": f"transformer.transformer_blocks.{layer}.attn",  # noqa
+                                "layer": layer, "step": step}
+    assert ops.for_record(attn(1, 1)) == spec("block_sparse", block_size=64, sparsity=0.5)
+    assert ops.for_record(attn(1, 0)).name == "attention:_native_math"  # dense first step
+    assert ops.for_record(attn(0, 3)).name == "attention:_native_math"  # dense layer
+    refiner = {"kind": "attention", "module": "transformer.token_refiner.refiner_blocks.0.attn", "layer": 0, "step": 2}
+    assert ops.for_record(refiner).name == "attention:_native_math"
+    lin = lambda name, feats: {"kind": "linear", "module": f"transformer.{name}", "features": feats}  # noqa: E731
+    assert ops.for_record(lin("transformer_blocks.0.attn.to_q", [32, 32])).name == "quant:int8_w8a8"
+    assert ops.for_record(lin("proj_out", [32, 96])).name == "linear"  # excluded
+    assert ops.for_record(lin("transformer_blocks.0.attn.to_q", [32, 36])).name == "linear"  # kernel shape
+    plain = ops_for_recipe(FAST_RECIPE)  # main's schema before the levers: no sparse, no quant sections
+    assert plain.for_record(attn(1, 1)).name == "attention:native"
+    assert plain.for_record(lin("transformer_blocks.0.attn.to_q", [32, 32])).name == "linear"
+    with pytest.raises(NotApplicable, match="vae_block"):
+        plain.for_record({"kind": "vae_block", "module": "vae.decoder.transformer_blocks.0"})
+    with pytest.raises(KeyError, match="known ops"):
+        get_op("nope")
+
+
+# -- the gate end to end on the tiny preset -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def run(tiny_runtime, tmp_path_factory):
+    """A run with the fast baseline clip and a candidate recipe on the math SDPA backend."""
+    root = tmp_path_factory.mktemp("run")
+    store = RunStore(root)
+    candidate = {**FAST_RECIPE, "name": "fast-math", "attention": {"backend": "_native_math"}}
+    store.write_manifest(RunManifest(created_at=utc_now(), updated_at=utc_now(), model="tiny", kind="ab",
+                                     baseline="fast", candidates=["fast-math"],
+                                     recipes={"fast": tiny_runtime.recipe.resolved(), "fast-math": candidate}))
+    clip = store.clip_path("fast", "squat", 0)
+    clip.parent.mkdir(parents=True)
+    record = tiny_runtime.generate(GenerateRequest(prompt="A person is squat", seed=0, prompt_id="squat"), clip)
+    side = ClipSide("fast", clip, json.loads(record.model_dump_json()))
+    gate = get_gate("opcheck")
+
+    def evaluate(**options):
+        art = root / "gates" / "opcheck" / "fast-math"
+        art.mkdir(parents=True, exist_ok=True)
+        ctx = PairContext(run_dir=root, pair=PairRef(baseline="fast", candidate="fast-math", prompt_id="squat", seed=0),
+                          baseline=side, candidate=ClipSide("fast-math", clip, side.record), artifact_dir=art,
+                          options={"steps": "all", "layers": "all", **options})
+        return gate.evaluate(ctx)
+
+    return root, evaluate, gate
+
+
+def test_gate_passes_correct_backend_and_writes_tables(run):
+    root, evaluate, _ = run
+    result = evaluate()
+    assert result.status == "ok" and not result.flagged, result.flags
+    assert result.metrics["failed_records"].value == 0
+    assert result.metrics["worst_rel_l2_ratio"].higher_is_better is False
+    assert result.info["capture"]["reproduces_baseline_clip"] is True
+    table = json.loads((root / result.artifacts[0]).read_text())
+    captured = [r for r in table["rows"] if r["source"] == "capture"]
+    # 2 steps x (2 transformer layers + 1 refiner) attention calls, 2 steps x 2 layers x 6 linears.
+    assert sum(r["kind"] == "attention" for r in captured) == 6 and sum(r["kind"] == "linear" for r in captured) == 24
+    assert {r["cand_op"] for r in captured if r["kind"] == "attention"} == {"attention:_native_math"}
+    assert set(table["by_step"]) == {"0", "1", "sweep"} and set(table["by_layer"]) >= {"0", "1"}
+    with open(root / result.artifacts[1]) as f:
+        assert len(list(csv.DictReader(f))) == len(table["rows"])
+
+
+@pytest.mark.parametrize("planted", ["test:attention_swapped_heads", "test:attention_scale_1pct",
+                                     "test:attention_dropped_last_row"])
+def test_gate_rejects_planted_attention_on_captured_inputs(run, planted):
+    _, evaluate, _ = run
+    result = evaluate(attention_op=planted, sweep="false")
+    assert result.flagged and result.metrics["failed_records"].value == 6  # every captured attention call
+    assert result.metrics["worst_rel_l2_ratio"].value > 100
+
+
+def test_gate_rejects_planted_linear_and_sweep_only_bug(run):
+    _, evaluate, _ = run
+    linear = evaluate(linear_op="test:linear_scale_1pct", sweep="false")
+    assert linear.flagged and linear.metrics["failed_records"].value == 24
+    sweep_only = evaluate(attention_op="test:attention_wrong_at_65")
+    # The captured sequence is not 64k+1 long, so only the sweep rows fail.
+    table = json.loads((run[0] / sweep_only.artifacts[0]).read_text())
+    failed = [r for r in table["rows"] if r["status"] == "fail"]
+    assert sweep_only.flagged and failed and {r["source"] for r in failed} == {"sweep"}
+
+
+def test_gate_cuda_only_candidate_on_cpu_is_not_applicable(run):
+    _, evaluate, _ = run
+    result = evaluate(attention_op="attention:_native_flash", sweep="false")
+    assert result.status == "not_applicable" and not result.flagged
+    assert any("needs a CUDA device" in reason for reason in result.info["not_applicable"])
+    assert result.metrics["not_applicable_records"].value == 6
