@@ -4,7 +4,11 @@ An :class:`Op` has a ``kind`` (``attention`` or ``linear``), a ``run`` on the re
 a ``reference``: the *same math* in float64 on the CPU (for a quantized linear, the quantized arithmetic — float64
 codes, float64 scales, float64 matmul — not the float weights; for block-sparse attention, float64 routing and exact
 attention over the kept blocks). Both return an :class:`OpOutput`; ops with discrete decisions (quantization codes,
-kept attention blocks) return them too, so the gate can count flips against the reference's decisions.
+kept attention blocks) return them too. Given the op's decisions, the reference computes its float64 output *from
+those decisions* (and still returns its own float64 decisions): the output error then measures arithmetic alone, and
+the decisions are judged apart, by the flip rate against the float64 ones. One activation code on a rounding tie
+(float32 ``x / s`` landing on the other side of .5) moves an int8 W8A8 output by ~1e-4 relative — a decision, not an
+arithmetic error.
 
 :func:`ops_for_recipe` maps a recipe to what it dispatches for each captured record: the attention backend through
 diffusers' dispatcher (``attention:<backend>``), block-sparse attention from the levers module (``block_sparse``) on
@@ -74,7 +78,7 @@ class Op:
     run: Callable[..., OpOutput]
     """``run(inputs, device, **params)``: the op as the runtime computes it, output on the CPU."""
     reference: Callable[..., OpOutput]
-    """``reference(inputs, **params)``: the same math in float64."""
+    """``reference(inputs, decisions=None, **params)``: the same math in float64 (from ``decisions`` when given)."""
     description: str = ""
     requires_cuda: bool = False
 
@@ -119,8 +123,9 @@ def run_op(op_spec: OpSpec, inputs: Tensors, device: str | torch.device) -> OpOu
     return op.run(inputs, device, **op_spec.kwargs)
 
 
-def reference_op(op_spec: OpSpec, inputs: Tensors) -> OpOutput:
-    return get_op(op_spec.name).reference(inputs, **op_spec.kwargs)
+def reference_op(op_spec: OpSpec, inputs: Tensors, decisions: torch.Tensor | None = None) -> OpOutput:
+    """The float64 reference; with the op's ``decisions``, its output follows them (see the module docstring)."""
+    return get_op(op_spec.name).reference(inputs, decisions=decisions, **op_spec.kwargs)
 
 
 # -- float64 references --------------------------------------------------------------------------------------------
@@ -213,9 +218,10 @@ def _block_sparse_run(inputs: Tensors, device: torch.device, block_size: int, sp
     return OpOutput(out.cpu(), lever.kept_block_mask(kv_num, kv_idx).cpu())
 
 
-def _block_sparse_ref(inputs: Tensors, block_size: int, sparsity: float, **_) -> OpOutput:
+def _block_sparse_ref(inputs: Tensors, block_size: int, sparsity: float, decisions=None, **_) -> OpOutput:
     kept = route_reference(inputs["query"], inputs["key"], block_size, sparsity)
-    return OpOutput(attention_reference(inputs["query"], inputs["key"], inputs["value"], kept=kept,
+    use = decisions.bool() if decisions is not None and decisions.shape == kept.shape else kept
+    return OpOutput(attention_reference(inputs["query"], inputs["key"], inputs["value"], kept=use,
                                         block_size=block_size), kept)
 
 
@@ -264,28 +270,34 @@ def _quant_run(inputs: Tensors, device: torch.device, mode: str, **_) -> OpOutpu
     return OpOutput(out.cpu(), torch.cat(codes))
 
 
-def _quant_ref(inputs: Tensors, mode: str, **_) -> OpOutput:
+def _quant_ref(inputs: Tensors, mode: str, decisions=None, **_) -> OpOutput:
     fp8 = mode == "fp8_w8a8"
     qmax = 448.0 if fp8 else 127.0
     w_codes, w_scale = quant_reference_codes(inputs["weight"], qmax, fp8, dim=1)
     x = inputs["input"].double()
     x2 = x.reshape(-1, x.shape[-1])
     codes = [w_codes.flatten()]
-    if mode == "int8_weight_only":
-        x_deq = x2
-    else:
+    x_codes = x_scale = None
+    if mode != "int8_weight_only":
         x_codes, x_scale = quant_reference_codes(x2, qmax, fp8, dim=1)
         codes.append(x_codes.flatten())
-        x_deq = x_codes * x_scale
+    own = torch.cat(codes)
+    if decisions is not None and decisions.shape == own.shape:
+        # The op's codes, with float64 scales: a wrong scale still shows as output error.
+        used = decisions.double()
+        w_codes = used[: w_codes.numel()].view_as(w_codes)
+        if x_codes is not None:
+            x_codes = used[w_codes.numel():].view_as(x_codes)
+    x_deq = x2 if x_codes is None else x_codes * x_scale
     out = x_deq @ (w_codes * w_scale).t()
     if "bias" in inputs:
         out = out + inputs["bias"].double()
-    return OpOutput(out.reshape(*x.shape[:-1], -1), torch.cat(codes))
+    return OpOutput(out.reshape(*x.shape[:-1], -1), own)
 
 
 for _mode in ("int8_weight_only", "int8_w8a8", "fp8_w8a8"):
     register_op(Op(f"quant:{_mode}", "linear", lambda i, d, _m=_mode, **p: _quant_run(i, d, _m),
-                   lambda i, _m=_mode, **p: _quant_ref(i, _m),
+                   lambda i, _m=_mode, decisions=None, **p: _quant_ref(i, _m, decisions=decisions),
                    description=f"h3.levers.quantization.QuantizedLinear, {_mode}"))
 
 

@@ -63,10 +63,9 @@ def _sparse_f32(inputs, kept, block):
     return _sdpa(inputs["query"], inputs["key"], inputs["value"], mask=mask)
 
 
-def _sparse_ref(inputs, block_size, sparsity, **_):
-    kept = route_reference(inputs["query"], inputs["key"], block_size, sparsity)
-    return OpOutput(attention_reference(inputs["query"], inputs["key"], inputs["value"], kept=kept,
-                                        block_size=block_size), kept)
+def _sparse_ref(inputs, block_size, sparsity, decisions=None, **_):
+    # The shipped block-sparse reference: float64 attention over the op's kept blocks, float64 ranking's decisions.
+    return get_op("block_sparse").reference(inputs, block_size=block_size, sparsity=sparsity, decisions=decisions)
 
 
 def _attention_ref(inputs, **_):
@@ -225,7 +224,10 @@ def test_planted_attention_bugs_fail(planted, why):
     row = check_op(qkv(seq=64), spec("attention:native"), spec(planted, **params), "cpu", "float32", BUDGET)
     assert row["status"] == "fail"
     assert any(why in reason for reason in row["reasons"]), row["reasons"]
-    assert row["rel_l2_ratio"] > 100  # far outside the budget, not a marginal call
+    if "sparse" in planted:  # the decisions are wrong: most kept blocks differ from the float64 ranking's
+        assert row["flip_rate"] > 0.2
+    else:  # far outside the budget, not a marginal call
+        assert row["rel_l2_ratio"] > 100
 
 
 @pytest.mark.parametrize("planted", ["test:linear_scale_1pct", "test:linear_dropped_last_row"])
@@ -342,20 +344,25 @@ def run(tiny_runtime, tmp_path_factory):
     root = tmp_path_factory.mktemp("run")
     store = RunStore(root)
     candidate = {**FAST_RECIPE, "name": "fast-math", "attention": {"backend": "_native_math"}}
+    # The levers' recipe sections (h3.levers); the gate reads the resolved dict, so this works before they land.
+    levers = {**FAST_RECIPE, "name": "fast-levers", "quant": {"mode": "int8_w8a8", "exclude": [r"(^|\.)proj_out$"]},
+              "sparse_attention": {"enabled": True, "block_size": 128, "sparsity": 0.5, "dense_steps": 1,
+                                   "dense_layers": []}}
     store.write_manifest(RunManifest(created_at=utc_now(), updated_at=utc_now(), model="tiny", kind="ab",
-                                     baseline="fast", candidates=["fast-math"],
-                                     recipes={"fast": tiny_runtime.recipe.resolved(), "fast-math": candidate}))
+                                     baseline="fast", candidates=["fast-math", "fast-levers"],
+                                     recipes={"fast": tiny_runtime.recipe.resolved(), "fast-math": candidate,
+                                              "fast-levers": levers}))
     clip = store.clip_path("fast", "squat", 0)
     clip.parent.mkdir(parents=True)
     record = tiny_runtime.generate(GenerateRequest(prompt="A person is squat", seed=0, prompt_id="squat"), clip)
     side = ClipSide("fast", clip, json.loads(record.model_dump_json()))
     gate = get_gate("opcheck")
 
-    def evaluate(**options):
-        art = root / "gates" / "opcheck" / "fast-math"
+    def evaluate(candidate="fast-math", **options):
+        art = root / "gates" / "opcheck" / candidate
         art.mkdir(parents=True, exist_ok=True)
-        ctx = PairContext(run_dir=root, pair=PairRef(baseline="fast", candidate="fast-math", prompt_id="squat", seed=0),
-                          baseline=side, candidate=ClipSide("fast-math", clip, side.record), artifact_dir=art,
+        ctx = PairContext(run_dir=root, pair=PairRef(baseline="fast", candidate=candidate, prompt_id="squat", seed=0),
+                          baseline=side, candidate=ClipSide(candidate, clip, side.record), artifact_dir=art,
                           options={"steps": "all", "layers": "all", **options})
         return gate.evaluate(ctx)
 
@@ -405,3 +412,65 @@ def test_gate_cuda_only_candidate_on_cpu_is_not_applicable(run):
     assert result.status == "not_applicable" and not result.flagged
     assert any("needs a CUDA device" in reason for reason in result.info["not_applicable"])
     assert result.metrics["not_applicable_records"].value == 6
+
+
+def test_gate_on_lever_recipe_passes_or_is_not_applicable(run):
+    """Candidate with int8 W8A8 and block-sparse attention (dense first step): before the levers are merged every
+    lever record is not applicable (never a pass); after, the lever ops pass against their float64 math."""
+    root, evaluate, _ = run
+    result = evaluate("fast-levers", sweep="false")
+    table = json.loads((root / result.artifacts[0]).read_text())
+    rows = [r for r in table["rows"] if r["source"] == "capture"]
+    sparse = [r for r in rows if r.get("cand_op", "").startswith("block_sparse")]
+    quant = [r for r in rows if r.get("cand_op", "").startswith("quant:")]
+    assert {r["step"] for r in sparse} == {1} and len(sparse) == 2  # step 0 dense; the refiner stays dense
+    assert len(quant) == 24
+    if _levers_present("sparse_attention") and _levers_present("quantization"):
+        assert result.status == "ok" and not result.flagged, result.flags
+        assert all(r["status"] == "pass" for r in sparse + quant)
+        assert result.metrics["flip_rate_max"].value <= BUDGET.max_flip_rate
+    else:
+        assert result.status == "not_applicable"
+        assert all(r["status"] == "not_applicable" for r in sparse + quant)
+        assert any("lever module not present" in reason for reason in result.info["not_applicable"])
+
+
+def test_gate_rejects_block_mask_off_by_one_on_captured_inputs(run):
+    params = dict(block_size=128, sparsity=0.5)
+    register_op(Op("test:sparse_off_by_one_128", "attention", lambda i, d, **_: _mask_off_by_one(i, d, **params),
+                   lambda i, decisions=None, **_: _sparse_ref(i, decisions=decisions, **params)))
+    register_op(Op("test:sparse_correct_128", "attention", lambda i, d, **_: _correct_sparse(i, d, **params),
+                   lambda i, decisions=None, **_: _sparse_ref(i, decisions=decisions, **params)))
+    try:
+        _, evaluate, _ = run
+        broken = evaluate(attention_op="test:sparse_off_by_one_128", sweep="false")
+        correct = evaluate(attention_op="test:sparse_correct_128", sweep="false")
+    finally:
+        unregister_op("test:sparse_off_by_one_128")
+        unregister_op("test:sparse_correct_128")
+    # The 4 transformer-block calls fail; the 2 refiner calls (17 rows: one block, where a roll by one block is the
+    # identity) pass.
+    assert broken.flagged and broken.metrics["failed_records"].value == 4
+    assert broken.metrics["flip_rate_max"].value > 0.2
+    assert all("flip rate" in flag for flag in broken.flags)
+    assert not correct.flagged and correct.status == "ok" and correct.metrics["flip_rate_max"].value == 0.0
+
+
+def test_reference_follows_the_ops_decisions_and_keeps_its_own():
+    """A code on the other side of a rounding tie moves the reference output by exactly code step x scale; the
+    reference's own decisions (for the flip rate) stay the float64 ones."""
+    gen = torch.Generator().manual_seed(7)
+    w, x = torch.randn(3, 4, generator=gen), torch.randn(2, 4, generator=gen)
+    inputs = {"input": x, "weight": w}
+    own = reference_op(spec("quant:int8_w8a8"), inputs)
+    shifted = own.decisions.clone()
+    shifted[12] += 1  # the first activation code (after the 3 x 4 weight codes): row 0, column 0
+    moved = reference_op(spec("quant:int8_w8a8"), inputs, shifted)
+    assert torch.equal(moved.decisions, own.decisions)
+    x_scale = float(x[0].abs().max()) / 127
+    w_deq = [max(-127, min(127, round(float(w[o, 0]) / (float(w[o].abs().max()) / 127)))) * float(w[o].abs().max())
+             / 127 for o in range(3)]
+    delta = (moved.out - own.out)[0]
+    for o in range(3):
+        assert float(delta[o]) == pytest.approx(x_scale * w_deq[o], rel=1e-9)
+    assert torch.equal(moved.out[1], own.out[1])
