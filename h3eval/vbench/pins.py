@@ -194,13 +194,15 @@ def verify_checkpoints(cache_dir: Path, pins: dict[str, Any], dimensions: list[s
             if rel.endswith("/"):
                 expected = sorted(k for k in pinned if k.startswith(rel))
                 on_disk = _expand_checkpoint(cache_dir, rel)
+                if not on_disk:
+                    continue  # reported once by missing_checkpoints
                 if not expected:
                     problems.append(f"checkpoint directory {rel} for {dim} is not pinned in {CHECKPOINT_PINS_PATH.name}; "
                                     "run `h3eval vbench pin` on a trusted machine and commit the file")
                     continue
                 for extra in sorted(set(on_disk) - set(expected)):
                     problems.append(f"unpinned file in checkpoint directory {rel}: {cache_dir / extra}")
-                files = expected if on_disk else []  # a missing directory is reported once, above
+                files = expected
             else:
                 if rel not in pinned:
                     if (cache_dir / rel).is_file():
