@@ -165,16 +165,18 @@ def test_one_changed_byte_in_a_pinned_file_stops_scoring(env, tmp_path):
     assert verify(env, [DIM]).ok
 
 
-@pytest.mark.parametrize("dimension", ["imaging_quality", "overall_consistency", "subject_consistency",
-                                       "background_consistency", "aesthetic_quality", "motion_smoothness",
-                                       "dynamic_degree"])
-def test_model_dimensions_stop_at_the_missing_checkpoint_inside_the_subprocess(env, tmp_path, dimension):
-    """The runner itself refuses a model dimension whose checkpoint is absent (and never downloads it)."""
+MODEL_DIMENSIONS = ["imaging_quality", "overall_consistency", "subject_consistency", "background_consistency",
+                    "aesthetic_quality", "motion_smoothness", "dynamic_degree"]
+
+
+def test_model_dimensions_stop_at_the_missing_checkpoint_inside_the_subprocess(env, tmp_path):
+    """The runner itself refuses a model dimension whose checkpoint is absent (and never downloads it); one
+    subprocess for all seven, as a run would use."""
     store = _tiny_run(tmp_path / "run")
     cache = tmp_path / "empty-cache"
     cache.mkdir()
     request = {
-        "dimensions": [dimension],
+        "dimensions": MODEL_DIMENSIONS + [DIM],
         "clips": [{"key": "baseline/p0-s0", "path": str(store.clip_path("baseline", "p0", 0)), "prompt": "x"}],
         "cache_dir": str(cache), "device": "cpu", "work_dir": str(tmp_path / "work"),
         "pinned_files": json.loads(SOURCE_PINS_PATH.read_text())["files"],
@@ -184,7 +186,12 @@ def test_model_dimensions_stop_at_the_missing_checkpoint_inside_the_subprocess(e
     proc = subprocess.run([python, "-I", str(RUNNER), str(tmp_path / "request.json"), str(tmp_path / "out.json")],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads((tmp_path / "out.json").read_text())["dimensions"][dimension]
-    assert out["clips"]["baseline/p0-s0"]["value"] is None
-    assert out["error"].startswith(f"missing checkpoint for {dimension}: {cache}/")
+    out = json.loads((tmp_path / "out.json").read_text())["dimensions"]
+    for dimension in MODEL_DIMENSIONS:
+        assert out[dimension]["clips"]["baseline/p0-s0"]["value"] is None
+        assert out[dimension]["error"].startswith(f"missing checkpoint for {dimension}: {cache}/")
+        assert out[dimension]["clips"]["baseline/p0-s0"]["error"] == out[dimension]["error"]
+    # The model-free dimension in the same request is still scored.
+    ref = _reference_temporal_flickering(store.clip_path("baseline", "p0", 0))
+    assert out[DIM]["clips"]["baseline/p0-s0"]["value"] == pytest.approx(ref, abs=1e-6)
     assert list(cache.iterdir()) == []  # nothing was fetched into the cache
