@@ -20,6 +20,7 @@ import json
 import math
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +40,9 @@ CHECKPOINTS = {
     "imaging_quality": ["pyiqa_model/musiq_spaq_ckpt-358bb6af.pth"],
     "overall_consistency": ["ViCLIP/ViClip-InternVid-10M-FLT.pth", "ViCLIP/bpe_simple_vocab_16e6.txt.gz"],
 }
+
+
+DOWNLOADERS = {"wget", "curl", "git"}
 
 
 class NetworkBlocked(RuntimeError):
@@ -64,6 +68,26 @@ def block_network() -> None:
     socket.socket.connect = connect  # type: ignore[method-assign]
     socket.create_connection = refuse  # type: ignore[assignment]
     socket.getaddrinfo = refuse  # type: ignore[assignment]
+
+    # VBench also shells out to fetch models (utils.init_submodules, aesthetic_quality, and ViCLIP's tokenizer at
+    # import time run `wget`); refuse those commands too.
+    real_popen_init = subprocess.Popen.__init__
+
+    def popen_init(self, args, *rest, **kwargs):
+        argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+        first = os.fsdecode(argv[0]).split()[0] if argv else ""
+        if os.path.basename(first) in DOWNLOADERS:
+            refuse()
+        return real_popen_init(self, args, *rest, **kwargs)
+
+    def system(command):
+        if any(word in DOWNLOADERS for word in str(command).split()):
+            refuse()
+        return real_system(command)
+
+    real_system = os.system
+    subprocess.Popen.__init__ = popen_init  # type: ignore[method-assign]
+    os.system = system  # type: ignore[assignment]
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
 

@@ -302,3 +302,22 @@ def test_verify_cli_exits_nonzero_and_names_each_problem(tmp_path):
     assert out.exit_code == 1
     assert f"no VBench environment at {tmp_path / 'no-env'}" in out.output
     assert str(tmp_path / "cache" / "pyiqa_model" / "musiq_spaq_ckpt-358bb6af.pth") in out.output
+
+
+@pytest.mark.parametrize("attempt", [
+    "import socket; socket.create_connection(('127.0.0.1', 9))",
+    "import socket; s = socket.socket(); s.connect(('127.0.0.1', 9))",
+    "import subprocess; subprocess.run(['wget', 'https://example.invalid/x.pth', '-P', '/tmp'])",
+    "import os; os.system('wget https://example.invalid/x.pth')",
+    "import urllib.request; urllib.request.urlretrieve('http://127.0.0.1:9/x.pth', '/tmp/x.pth')",
+])
+def test_the_runner_blocks_every_download_path_vbench_uses(attempt):
+    """VBench fetches missing models with urlretrieve, torch.hub and `wget`; inside the runner all of them fail
+    with one clear error (run here in a child of the product's python: the guard is plain standard library)."""
+    code = (f"import importlib.util, sys; spec = importlib.util.spec_from_file_location('r', {str(REPO / 'gates' / 'vbench_runner.py')!r}); "
+            "r = importlib.util.module_from_spec(spec); spec.loader.exec_module(r); r.block_network(); " + attempt)
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "NetworkBlocked: VBench scoring tried to reach the network" in proc.stderr
