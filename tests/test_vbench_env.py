@@ -195,3 +195,20 @@ def test_model_dimensions_stop_at_the_missing_checkpoint_inside_the_subprocess(e
     ref = _reference_temporal_flickering(store.clip_path("baseline", "p0", 0))
     assert out[DIM]["clips"]["baseline/p0-s0"]["value"] == pytest.approx(ref, abs=1e-6)
     assert list(cache.iterdir()) == []  # nothing was fetched into the cache
+
+
+def test_per_pair_gate_interface_agrees_with_the_whole_run(env, tmp_path):
+    from gates.base import ClipSide, PairContext, PairRef, get_gate
+
+    store = _tiny_run(tmp_path / "run")
+    pair = PairRef(baseline="baseline", candidate="flicker", prompt_id="p1", seed=0)
+    sides = [ClipSide(recipe, store.clip_path(recipe, "p1", 0),
+                      json.loads(store.record_path(recipe, "p1", 0).read_text())) for recipe in ("baseline", "flicker")]
+    ctx = PairContext(run_dir=store.root, pair=pair, baseline=sides[0], candidate=sides[1],
+                      artifact_dir=tmp_path / "art", options={"dimensions": [DIM], "env": str(env)})
+    result = get_gate("vbench").evaluate(ctx)
+    base = _reference_temporal_flickering(sides[0].mp4)
+    cand = _reference_temporal_flickering(sides[1].mp4)
+    assert result.status == "ok" and result.gate == "vbench"
+    assert result.metrics[DIM].value == pytest.approx(cand, abs=1e-6)
+    assert result.metrics[f"{DIM}_delta"].value == pytest.approx(cand - base, abs=1e-6)
