@@ -233,6 +233,11 @@ def evaluate_run(run_dir: str | Path, dimensions: list[str] | None = None, env: 
         else:
             to_score.append(clip)
     runner_info: dict[str, Any] = {}
+    if not to_score and (gate_dir / "summary.json").exists():  # everything reused: keep what scored it
+        try:
+            runner_info = json.loads((gate_dir / "summary.json").read_text()).get("runner", {})
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            runner_info = {}
     if to_score:
         with tempfile.TemporaryDirectory(prefix=".work-", dir=_mkdir(gate_dir)) as work:
             result = run_scorer(to_score, dims, report, Path(work), device, log_path=gate_dir / "runner.log")

@@ -185,6 +185,12 @@ def check_env(env: Path, dimensions: list[str]) -> EnvInfo:
             problems.append(f"{LOCK_FILES[group].name} changed since the environment was built")
     info = _introspect(python)
     installed = {canonical_name(k): v for k, v in info["versions"].items()}
+    locked: set[str] = set()
+    for group in marker["groups"]:
+        locked |= set(read_lock(LOCK_FILES[group]))
+    # Anything installed beyond the locks (pip itself aside) could shadow a locked module.
+    for name in sorted(set(installed) - locked - {"pip"}):
+        problems.append(f"{name}=={installed[name]} is installed but not in the locks")
     for group in marker["groups"]:
         for name, version in read_lock(LOCK_FILES[group]).items():
             if name not in installed:
