@@ -212,3 +212,24 @@ def test_per_pair_gate_interface_agrees_with_the_whole_run(env, tmp_path):
     assert result.status == "ok" and result.gate == "vbench"
     assert result.metrics[DIM].value == pytest.approx(cand, abs=1e-6)
     assert result.metrics[f"{DIM}_delta"].value == pytest.approx(cand - base, abs=1e-6)
+
+
+def test_the_runner_rechecks_the_pins_itself_and_its_failure_is_a_clear_error(env, tmp_path, monkeypatch):
+    """A pinned file changed between verification and import: the subprocess refuses before importing vbench, and
+    the parent reports the subprocess failure as an error, scoring nothing."""
+    from gates.vbench import ClipInput, VBenchRunnerError, run_scorer
+
+    store = _tiny_run(tmp_path / "run")
+    report = verify(env, [DIM])
+    assert report.ok
+    pins = json.loads(SOURCE_PINS_PATH.read_text())
+    pins["files"]["vbench/utils.py"] = "0" * 64
+    fake_pins = tmp_path / "pins.json"
+    fake_pins.write_text(json.dumps(pins))
+    clip = ClipInput("baseline", "p0", 0, store.clip_path("baseline", "p0", 0), "x", "", 1.0)
+    import gates.vbench as gv
+
+    monkeypatch.setattr(gv, "SOURCE_PINS_PATH", fake_pins)
+    with pytest.raises(VBenchRunnerError, match=r"pinned VBench files do not match: changed .*vbench/utils\.py"):
+        run_scorer([clip], [DIM], report, tmp_path / "work")
+    assert not (tmp_path / "work" / "result.json").exists()
