@@ -40,7 +40,8 @@ def env(tmp_path_factory) -> Path:
 
 def _frames(recipe: str, prompt_id: str, seed: int) -> np.ndarray:
     """Smooth content (a slow horizontal gradient drift); the candidate adds a flicker on every other frame."""
-    t = np.arange(24)[:, None, None]
+    # p1 clips last 5 s (120 frames at 24 fps): what VBench calls a long video.
+    t = np.arange(120 if prompt_id == "p1" else 24)[:, None, None]
     x = np.arange(64)[None, None, :]
     y = np.arange(48)[None, :, None]
     base = 60 + 90 * (x + 0.5 * t + 4 * seed) / 64 + 30 * y / 48 + (10 if prompt_id == "p1" else 0)
@@ -91,7 +92,8 @@ def test_tiny_run_is_scored_end_to_end_and_matches_the_definition(env, tmp_path)
     summary = evaluate_run(store.root, [DIM], env=env)
 
     assert summary["partial"] is False and summary["complete"] is True
-    assert summary["mode"] == "custom_input"
+    assert summary["mode"] == "custom_input" and summary["long_video_handling"] == "whole_clip"
+    assert summary["long_videos"] == sorted(f"{r}/p1-s{s}" for r in ("baseline", "flicker") for s in (0, 1))
     assert summary["denominators"][DIM] == {"clips": {"eligible": 8, "scored": 8, "missing": 0, "error": 0},
                                            "pairs": {"eligible": 4, "scored": 4, "missing": 0, "error": 0}}
     prov = summary["provenance"]
@@ -107,7 +109,8 @@ def test_tiny_run_is_scored_end_to_end_and_matches_the_definition(env, tmp_path)
                 ref = _reference_temporal_flickering(store.clip_path(recipe, pid, seed))
                 assert clip["scores"][DIM]["raw"] == pytest.approx(ref, abs=1e-6)
                 assert clip["scores"][DIM]["normalized"] == pytest.approx((ref - 0.6293) / (1 - 0.6293), abs=1e-5)
-                assert clip["long_video"] is False  # 1 s clips
+                assert clip["long_video"] is (pid == "p1")
+                assert clip["duration_s"] == pytest.approx(5.0 if pid == "p1" else 1.0)
     for pid in ["p0", "p1"]:
         for seed in [0, 1]:
             pair = json.loads((gate_dir / "flicker" / f"{pid}-s{seed}.json").read_text())
