@@ -196,8 +196,12 @@ def _clip_inputs(store: RunStore) -> tuple[list[tuple[str, str, int]], list[Clip
                 record = store.read_record(recipe, pid, seed)
                 if record is None:
                     why = "clip missing or unfinished (no record, or its MP4 does not match the record's sha256)"
-                    if store.error_path(recipe, pid, seed).exists():
-                        why = "generation failed: " + json.loads(store.error_path(recipe, pid, seed).read_text())["error"]
+                    error_path = store.error_path(recipe, pid, seed)
+                    if error_path.exists():
+                        try:
+                            why = "generation failed: " + json.loads(error_path.read_text())["error"]
+                        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+                            why = f"generation failed (unreadable {error_path.name})"
                     missing.append((recipe, pid, seed, why))
                     continue
                 found.append(ClipInput(recipe, pid, seed, store.clip_path(recipe, pid, seed), record.request.prompt,

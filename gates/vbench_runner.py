@@ -75,7 +75,7 @@ def block_network() -> None:
 
     def popen_init(self, args, *rest, **kwargs):
         argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
-        first = os.fsdecode(argv[0]).split()[0] if argv else ""
+        first = (os.fsdecode(argv[0]).split() or [""])[0] if argv else ""
         if os.path.basename(first) in DOWNLOADERS:
             refuse()
         return real_popen_init(self, args, *rest, **kwargs)
