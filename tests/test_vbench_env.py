@@ -13,6 +13,7 @@ import base64
 import csv
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -33,9 +34,12 @@ FLICKER = 20  # gray levels added to every other frame of the candidate: a plant
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> Path:
-    path = Path(os.environ.get("H3EVAL_VBENCH_TEST_ENV") or tmp_path_factory.mktemp("vbench") / "env")
+    reuse = os.environ.get("H3EVAL_VBENCH_TEST_ENV")
+    path = Path(reuse or tmp_path_factory.mktemp("vbench") / "env")
     setup_env(path, [DIM])
-    return path
+    yield path
+    if not reuse:
+        shutil.rmtree(path, ignore_errors=True)  # about 6 GB (torch with its CUDA libraries)
 
 
 def _frames(recipe: str, prompt_id: str, seed: int) -> np.ndarray:
