@@ -1,0 +1,67 @@
+"""The h3eval review dashboard (Streamlit): speed versus quality per configuration, and the clips behind it.
+
+Launched by ``h3eval dashboard RUNDIR [RUNDIR ...]``, which runs ``streamlit run dashboard/app.py -- RUNDIR...``.
+Run directories come from the script arguments, or from ``H3EVAL_DASHBOARD_RUNS`` (os.pathsep-separated) when
+there are none (how the AppTest tests pass them). Pages are chosen with a sidebar radio; ``?page=viewer&...`` in the
+URL opens a page directly (the gate tables link into the clip viewer that way).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+# Streamlit runs this file as a script: make the repository importable as packages (dashboard, h3, h3eval, gates).
+_REPO = str(Path(__file__).resolve().parent.parent)
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+import streamlit as st  # noqa: E402
+
+from dashboard import state  # noqa: E402
+from dashboard.views import anatomy, gates, overview, trajectory, verdict, viewer  # noqa: E402
+
+PAGES = {
+    "overview": ("Overview", overview.render),
+    "anatomy": ("Anatomy", anatomy.render),
+    "viewer": ("Clip viewer", viewer.render),
+    "gates": ("Gates", gates.render),
+    "trajectory": ("Trajectory", trajectory.render),
+    "verdict": ("Verdict", verdict.render),
+}
+
+
+def run_dirs_from_args() -> list[str]:
+    args = [a for a in sys.argv[1:] if a]
+    if not args and os.environ.get("H3EVAL_DASHBOARD_RUNS"):
+        args = [a for a in os.environ["H3EVAL_DASHBOARD_RUNS"].split(os.pathsep) if a]
+    return args
+
+
+def main() -> None:
+    st.set_page_config(page_title="h3eval review", layout="wide")
+    roots = run_dirs_from_args()
+    if not roots:
+        st.title("h3eval review")
+        st.info("No run directory given. Start with `h3eval dashboard RUNDIR [RUNDIR ...]`.")
+        return
+
+    keys = list(PAGES)
+    wanted = st.query_params.get("page", "overview")
+    if "page" not in st.session_state:
+        st.session_state["page"] = wanted if wanted in PAGES else "overview"
+    page = st.sidebar.radio("Page", keys, key="page", format_func=lambda k: PAGES[k][0])
+
+    runs = state.load_runs(roots)
+    ctx = state.Context(runs=runs)
+    ctx.hourly_rate_override = state.sidebar_rate(runs)
+    ctx.run_index = state.sidebar_run(runs)
+    state.show_problems(runs)
+
+    title, render = PAGES[page]
+    st.title(title)
+    render(ctx)
+
+
+main()
