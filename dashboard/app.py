@@ -1,8 +1,8 @@
 """The h3eval review dashboard (Streamlit): speed versus quality per configuration, and the clips behind it.
 
 Launched by ``h3eval dashboard RUNDIR [RUNDIR ...]``, which runs ``streamlit run dashboard/app.py -- RUNDIR...``.
-Run directories come from the script arguments, or from ``H3EVAL_DASHBOARD_RUNS`` (os.pathsep-separated) when
-there are none (how the AppTest tests pass them). Pages are chosen with a sidebar radio; ``?page=viewer&...`` in the
+Run directories come from ``H3EVAL_DASHBOARD_RUNS`` (os.pathsep-separated; how the AppTest tests pass them) when
+it is set, else from the script arguments. Pages are chosen with a sidebar radio; ``?page=viewer&...`` in the
 URL opens a page directly (the gate tables link into the clip viewer that way).
 """
 
@@ -33,10 +33,10 @@ PAGES = {
 
 
 def run_dirs_from_args() -> list[str]:
-    args = [a for a in sys.argv[1:] if a]
-    if not args and os.environ.get("H3EVAL_DASHBOARD_RUNS"):
-        args = [a for a in os.environ["H3EVAL_DASHBOARD_RUNS"].split(os.pathsep) if a]
-    return args
+    # The environment wins: under AppTest the script shares the test runner's own sys.argv.
+    if os.environ.get("H3EVAL_DASHBOARD_RUNS"):
+        return [a for a in os.environ["H3EVAL_DASHBOARD_RUNS"].split(os.pathsep) if a]
+    return [a for a in sys.argv[1:] if a]
 
 
 def main() -> None:

@@ -84,11 +84,13 @@ def render(ctx: state.Context) -> None:
 
     heat_frames, heat_other = data.frame_artifacts((results.get(GHOSTING_GATE) or {}).get("artifacts", []))
     cols = st.columns(4)
-    cols[0].image(a[frame], caption=f"baseline · frame {frame}", width="stretch")
-    cols[1].image(b[frame], caption=f"candidate · frame {frame}", width="stretch")
+    # PNG, not the default JPEG: a faint ghost is exactly what lossy re-compression would blur away.
+    cols[0].image(a[frame], caption=f"baseline · frame {frame}", width="stretch", output_format="PNG")
+    cols[1].image(b[frame], caption=f"candidate · frame {frame}", width="stretch", output_format="PNG")
     if a.shape[1:] == b.shape[1:]:
-        cols[2].image(data.amplified_difference(a[frame], b[frame], gain), caption=f"|difference| x {gain}",
-                      width="stretch")
+        diff = data.amplified_difference(a[frame], b[frame], gain)
+        cols[2].image(diff, caption=f"|difference| x {gain}", width="stretch", output_format="PNG")
+        cols[2].caption(f"amplified difference: mean {diff.mean():.2f}, max {int(diff.max())} (of 255)")
     heat = _heatmap_for(heat_frames, heat_other, frame)
     if heat is not None and (Path(run.root) / heat).exists():
         cols[3].image(str(Path(run.root) / heat), caption=f"ghosting heatmap · {Path(heat).name}", width="stretch")
