@@ -52,6 +52,8 @@ def main() -> None:
     if "page" not in st.session_state:
         st.session_state["page"] = wanted if wanted in PAGES else "overview"
     page = st.sidebar.radio("Page", keys, key="page", format_func=lambda k: PAGES[k][0])
+    if st.query_params.get("page") != page:
+        st.query_params["page"] = page  # the address bar names the page shown: a reload or a shared link keeps it
 
     runs = state.load_runs(roots)
     ctx = state.Context(runs=runs)
