@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 # Streamlit runs this file as a script: make the repository importable as packages (dashboard, h3, h3eval, gates).
@@ -40,6 +41,7 @@ def run_dirs_from_args() -> list[str]:
 
 
 def main() -> None:
+    started = time.perf_counter()
     st.set_page_config(page_title="h3eval review", layout="wide")
     roots = run_dirs_from_args()
     if not roots:
@@ -64,6 +66,9 @@ def main() -> None:
     title, render = PAGES[page]
     st.title(title)
     render(ctx)
+    # Last element of every page: the server-side render time, and a marker that the page is complete (the browser
+    # test and the benchmark wait for it).
+    st.caption(f"{title} page rendered in {time.perf_counter() - started:.2f} s", help="server-side script time")
 
 
 main()

@@ -85,7 +85,9 @@ def load(browser, url: str, title: str, name: str):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
     page.goto(url)
     page.wait_for_selector(f"h1:has-text('{title}')", timeout=30000)
-    # The script has finished (no running indicator) and every element has replaced its loading skeleton.
+    # The page's footer is its last element (the script has finished), nothing is running, and every element has
+    # replaced its loading skeleton.
+    page.get_by_text(f"{title} page rendered in").wait_for(timeout=30000)
     page.wait_for_function(
         """() => !document.querySelector('[data-testid="stStatusWidget"]') &&
                  !document.querySelector('[data-testid="stSkeleton"], [data-testid="stElementSkeleton"]')""",
