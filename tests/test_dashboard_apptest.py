@@ -216,3 +216,10 @@ def test_unreadable_files_listed_in_sidebar(monkeypatch, tmp_path):
     at.selectbox(key="gates_gate").set_value("lpips").run()
     assert any("fast/p-cat-s0 (unreadable: p-cat-s0.json could not be read)" in w.value for w in at.warning)
     assert any("p-cat-s0.json: unreadable JSON" in c.value for c in at.sidebar.caption)
+
+
+@pytest.mark.parametrize("page", ["overview", "anatomy", "viewer", "gates", "trajectory", "verdict"])
+def test_not_a_run_directory_is_shown_not_raised(monkeypatch, tmp_path, page):
+    at = app(monkeypatch, tmp_path / "typo", page=page)
+    assert any("run.json: missing (not a run directory?)" in c.value for c in at.sidebar.caption)
+    assert at.info, f"{page}: says nothing about the empty run"
