@@ -82,7 +82,8 @@ def browser():
 
 
 def load(browser, url: str, title: str, name: str):
-    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    # Tall viewport: Streamlit scrolls inside its own container, so full_page alone would cut the page off.
+    page = browser.new_page(viewport={"width": 1400, "height": 2600})
     page.goto(url)
     page.wait_for_selector(f"h1:has-text('{title}')", timeout=30000)
     # The page's footer is its last element (the script has finished), nothing is running, and every element has

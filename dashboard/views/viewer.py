@@ -137,24 +137,25 @@ def _curves(run, cand, prompt, seed, results, frame: int | None) -> None:
     if not len(series):
         st.caption("No per-frame series from the gates for this pair.")
         return
-    layers = [alt.Chart(series).mark_line().encode(
-        x=alt.X("index:Q", title="frame"), y=alt.Y("value:Q", title=None),
-        color="series:N", tooltip=["series", "index", "value"]).properties(height=120).facet(
-        row=alt.Row("series:N", title=None)).resolve_scale(y="independent")]
     st.caption("Per-frame gate series" + (f"; flagged frames: {', '.join(map(str, flagged))}" if flagged else "")
                + (f"; current frame {frame}" if frame is not None else ""))
-    # Facets cannot be layered: draw the timeline marks (current frame, flagged frames) as one strip above.
-    marks = pd.DataFrame({"index": flagged, "kind": "flagged"})
-    if frame is not None:
-        marks = pd.concat([marks, pd.DataFrame({"index": [frame], "kind": ["current"]})])
-    x_max = int(series["index"].max())
-    if len(marks):
-        strip = alt.Chart(marks).mark_tick(thickness=3, size=30).encode(
-            x=alt.X("index:Q", scale=alt.Scale(domain=[0, x_max]), title="timeline"),
-            color=alt.Color("kind:N", scale=alt.Scale(domain=["current", "flagged"], range=["#1f77b4", "#d62728"])),
-        ).properties(height=40)
-        st.altair_chart(strip, width="stretch")
-    st.altair_chart(layers[0], width="stretch")
+    # One full-width chart per series on a shared frame axis, each carrying the timeline: red bands on the frames a
+    # gate flagged, a blue rule on the frame the scrubber shows. (Faceted charts do not stretch to the page width.)
+    x_scale = alt.Scale(domain=[0, int(series["index"].max())])
+    marks = pd.DataFrame({"index": flagged})
+    for name, group in series.groupby("series", sort=True):
+        layers = []
+        if len(marks):
+            layers.append(alt.Chart(marks).mark_rule(color="#d62728", opacity=0.35, strokeWidth=3).encode(
+                x=alt.X("index:Q", scale=x_scale)))
+        if frame is not None:
+            layers.append(alt.Chart(pd.DataFrame({"index": [frame]})).mark_rule(color="#1f77b4", strokeWidth=2)
+                          .encode(x=alt.X("index:Q", scale=x_scale)))
+        layers.append(alt.Chart(group).mark_line(point=len(group) <= 60).encode(
+            x=alt.X("index:Q", title="frame", scale=x_scale),
+            y=alt.Y("value:Q", title=name, scale=alt.Scale(zero=False)),
+            tooltip=["index", "value"]))
+        st.altair_chart(alt.layer(*layers).properties(height=140), width="stretch")
 
 
 def _audio(base_mp4: str, cand_mp4: str) -> None:
@@ -166,13 +167,14 @@ def _audio(base_mp4: str, cand_mp4: str) -> None:
         return
     sr = int(diff["sample_rate"])
     rows = []
-    for name in ("baseline", "candidate", "difference"):
+    for name in ("baseline", "difference"):
         start, lo, hi = data.envelope(diff[name], 500)  # 500 buckets: peaks kept, quick to draw
         rows.append(pd.DataFrame({"t": start / sr, "min": lo, "max": hi, "track": name}))
     env = pd.concat(rows)
-    wave = alt.Chart(env).mark_area(opacity=0.6).encode(
-        x=alt.X("t:Q", title="seconds"), y=alt.Y("min:Q", title="amplitude"), y2="max:Q",
-        row=alt.Row("track:N", title=None)).properties(height=80)
+    wave = alt.Chart(env).mark_area(opacity=0.5).encode(
+        x=alt.X("t:Q", title="seconds"), y=alt.Y("min:Q", title="amplitude (mono)"), y2="max:Q",
+        color=alt.Color("track:N", scale=alt.Scale(domain=["baseline", "difference"], range=["#999999", "#d62728"]),
+                        title="waveform")).properties(height=140)
     st.altair_chart(wave, width="stretch")
     db = diff["spec_diff_db"]
     rms = float(np.sqrt(np.mean(diff["difference"] ** 2))) if len(diff["difference"]) else float("nan")
@@ -181,13 +183,19 @@ def _audio(base_mp4: str, cand_mp4: str) -> None:
     st.image(_diverging(db[::-1]), width="stretch", clamp=True)
 
 
-def _diverging(db: np.ndarray, limit: float = 20.0) -> np.ndarray:
-    """Blue-white-red RGB image of a dB difference clipped to +-limit."""
-    x = np.clip(db / limit, -1.0, 1.0)
+def _diverging(db: np.ndarray, limit: float = 20.0, bands: int = 96, width: int = 480) -> np.ndarray:
+    """Blue-white-red RGB image of a dB difference (freq x time, low frequencies last) clipped to +-limit:
+    frequency rows averaged into ``bands`` bands and time stretched to about ``width`` columns, so the image keeps
+    a readable 5:1 shape whatever the clip length."""
+    if db.size == 0:
+        return np.full((1, 1, 3), 255, dtype=np.uint8)
+    bands = min(bands, db.shape[0])
+    edges = np.linspace(0, db.shape[0], bands + 1).astype(int)
+    banded = np.add.reduceat(db, edges[:-1], axis=0) / np.diff(edges)[:, None]
+    x = np.clip(banded / limit, -1.0, 1.0)
     r = np.where(x > 0, 1.0, 1.0 + x)
     b = np.where(x < 0, 1.0, 1.0 - x)
     g = 1.0 - np.abs(x)
     img = (np.stack([r, g, b], axis=-1) * 255).astype(np.uint8)
-    # Stretch time so the image is readable even for a short clip.
-    reps = max(1, 400 // max(1, img.shape[1]))
+    reps = max(1, width // max(1, img.shape[1]))
     return np.repeat(img, reps, axis=1)
