@@ -186,7 +186,7 @@ def main() -> None:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": "PYTHONPATH=. python bench/dashboard_speed.py " + " ".join(sys.argv[1:]),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count()},
+                    "cpus": os.cpu_count(), "load_average_1_5_15_at_end": list(os.getloadavg())},
         "versions": {"python": platform.python_version(), "streamlit": streamlit.__version__,
                      "pandas": pandas.__version__, "numpy": numpy.__version__},
         "run": {"baseline": "base", "candidates": list(CANDIDATES), "pairs_per_candidate": len(PROMPTS) * len(SEEDS),
@@ -208,7 +208,8 @@ def main() -> None:
         "",
         f"- date: {result['date']}",
         f"- command: `{result['command']}`",
-        f"- machine: {result['machine']['platform']}, {result['machine']['cpus']} CPUs",
+        f"- machine: {result['machine']['platform']}, {result['machine']['cpus']} CPUs, load average "
+        f"{', '.join(f'{x:.1f}' for x in result['machine']['load_average_1_5_15_at_end'])} at the end (shared machine)",
         f"- versions: {', '.join(f'{k} {v}' for k, v in result['versions'].items())}",
         f"- run: baseline + {len(CANDIDATES)} candidates x {len(PROMPTS) * len(SEEDS)} pairs "
         f"({result['run']['clips']} clips, {args.frames} frames of {args.size}x{args.size}), gates lpips, ghosting, "
