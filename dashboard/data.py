@@ -502,20 +502,15 @@ def quality_table(run: RunData, gate: str, metric: str, *, n_resamples: int = 20
                                        "quality_ci_high"])
 
 
-def speed_quality(runs: list[RunData], gate: str, metric: str, hourly_rate: float | None = None) -> pd.DataFrame:
-    """Candidates of every run with speedup and quality side by side, and whether each is on the Pareto front."""
-    frames = []
-    for run in runs:
-        speed = speed_table(run, hourly_rate)
-        speed = speed[speed["role"] == "candidate"]
-        frames.append(speed.merge(quality_table(run, gate, metric), on=["run", "recipe"], how="left"))
-    if not frames:
-        return pd.DataFrame()
-    table = pd.concat(frames, ignore_index=True)
-    higher = metric_direction(runs, gate, metric)
-    table["pareto"] = pareto_front(
-        table.astype({"speedup": float, "quality": float}), "speedup", "quality", bool(higher)
-    ) if len(table) else []
+def speed_quality(speed: pd.DataFrame, quality: pd.DataFrame, higher_is_better: bool) -> pd.DataFrame:
+    """Candidates with speedup and quality side by side (from :func:`speed_table` and :func:`quality_table` rows of
+    any number of runs), and whether each is on the Pareto front of the whole set (faster and better)."""
+    table = speed[speed["role"] == "candidate"].merge(quality, on=["run", "recipe"], how="left")
+    numeric = ["speedup", "speedup_ci_low", "speedup_ci_high", "quality", "quality_ci_low", "quality_ci_high"]
+    table = table.astype({c: float for c in numeric}).reset_index(drop=True)
+    table["pareto"] = pareto_front(table, "speedup", "quality", higher_is_better) if len(table) else pd.Series(
+        dtype=bool)
+    table["label"] = table["run"] + " / " + table["recipe"]
     return table
 
 

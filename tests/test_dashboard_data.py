@@ -274,3 +274,20 @@ def test_command_argv_and_errors(run_dir, tmp_path):
     result = CliRunner().invoke(app, ["dashboard", str(tmp_path / "nope")])
     assert result.exit_code == 2
     assert "nope" in result.output and "run.json is missing" in result.output
+
+
+def test_speed_quality_merges_runs_and_marks_front(run, tmp_path):
+    other = tmp_path / "run-b"
+    make_review_run(other, candidates=("fastest",), prompt_ids=PROMPTS, seeds=SEEDS, trajectory=False)
+    runs = [run, data.load_run(other)]
+    speed = pd.concat([data.speed_table(r) for r in runs], ignore_index=True)
+    quality = pd.concat([data.quality_table(r, "lpips", "lpips_mean") for r in runs], ignore_index=True)
+    table = data.speed_quality(speed, quality, higher_is_better=False).set_index("label")
+    assert sorted(table.index) == ["run-a / fast", "run-a / faster", "run-b / fastest"]
+    # demo lpips levels: fast 0.02 < faster 0.06 < fastest 0.12; speed factors 0.5 > 0.25 > 0.2 of the baseline:
+    # each is faster and worse than the last, so none dominates another
+    assert table["pareto"].tolist() == [True, True, True]
+    worse = quality.copy()
+    worse.loc[worse.recipe == "fastest", "quality"] = 0.01  # now fastest is both fastest and best
+    table = data.speed_quality(speed, worse, higher_is_better=False).set_index("label")
+    assert table["pareto"].to_dict() == {"run-a / fast": False, "run-a / faster": False, "run-b / fastest": True}

@@ -62,16 +62,8 @@ def render(ctx: state.Context) -> None:
     choice = st.selectbox("Quality metric", labels, index=default, key="overview_metric")
     gate, metric = metrics[labels.index(choice)]
     higher = bool(data.metric_direction(ctx.runs, gate, metric))
-    frames = []
-    for run in ctx.runs:
-        sp = state.cached_speed_table(run, ctx.rate_for(run))
-        sp = sp[sp["role"] == "candidate"]
-        frames.append(sp.merge(state.cached_quality_table(run, gate, metric), on=["run", "recipe"], how="left"))
-    table = pd.concat(frames, ignore_index=True)
-    table = table.astype({"speedup": float, "quality": float, "speedup_ci_low": float, "speedup_ci_high": float,
-                          "quality_ci_low": float, "quality_ci_high": float})
-    table["pareto"] = data.pareto_front(table, "speedup", "quality", higher) if len(table) else []
-    table["label"] = table["run"] + " / " + table["recipe"]
+    quality = pd.concat([state.cached_quality_table(run, gate, metric) for run in ctx.runs], ignore_index=True)
+    table = data.speed_quality(speed, quality, higher)
     plotted = table.dropna(subset=["speedup", "quality"])
     st.caption(f"{metric}: {'higher' if higher else 'lower'} is better. Bars: 95% bootstrap CI. "
                "Filled diamonds: Pareto front (no other recipe is both faster and better).")
