@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -38,11 +38,14 @@ def streamlit_argv(run_dirs: list[Path], port: int = 8501, address: str = "127.0
     ]
 
 
-def serve_dashboard(run_dirs: list[Path], port: int = 8501, address: str = "127.0.0.1") -> int:
-    """Run the dashboard server in the foreground until it is stopped; returns its exit status."""
+def serve_dashboard(run_dirs: list[Path], port: int = 8501, address: str = "127.0.0.1") -> None:
+    """Become the dashboard server (exec): signals reach Streamlit directly and no orphan server outlives a killed
+    parent. Does not return."""
     argv = streamlit_argv(run_dirs, port, address)
     logger.info("serving the dashboard on http://%s:%d/", address, port)
-    return subprocess.call(argv)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
 
 
 def register(app: typer.Typer) -> None:
@@ -53,8 +56,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve the review dashboard (speed versus quality, stage anatomy, clip viewer, gates, verdict)."""
         try:
-            code = serve_dashboard(run_dirs, port)
+            serve_dashboard(run_dirs, port)
         except DashboardError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(2) from exc
-        raise typer.Exit(code)
