@@ -623,19 +623,31 @@ def frame_artifacts(artifacts: list[str]) -> tuple[dict[int, str], list[str]]:
 
 
 def flagged_frames(result: dict[str, Any] | None, series_name: str | None = None) -> list[int]:
-    """Frames a gate marked for this pair: ``info.flagged_frames`` when the gate lists them, else the frames of
-    ``series_name`` above ``info.threshold`` (same rule as the gate, only when it published its threshold)."""
+    """Frames a gate marked for this pair: the frame list the gate published (``info.ghost_frame_indices`` of the
+    ghosting gate, or ``info.flagged_frames``), else the frames of ``series_name`` at or above the threshold the gate
+    published (``info.threshold`` or ``info.config.frame_threshold``; the ghosting gate's rule is ">=")."""
     if not result:
         return []
     info = result.get("info") or {}
-    listed = info.get("flagged_frames")
-    if isinstance(listed, list):
-        return sorted(int(f) for f in listed if isinstance(f, (int, float)))
+    for key in ("ghost_frame_indices", "flagged_frames"):
+        listed = info.get(key)
+        if isinstance(listed, list):
+            return sorted(int(f) for f in listed if isinstance(f, (int, float)))
     threshold = info.get("threshold")
+    if threshold is None and isinstance(info.get("config"), dict):
+        threshold = info["config"].get("frame_threshold")
     series = (result.get("series") or {}).get(series_name or "", None)
     if isinstance(threshold, (int, float)) and isinstance(series, list):
-        return [i for i, v in enumerate(series) if v is not None and v > threshold]
+        return [i for i, v in enumerate(series) if v is not None and v >= threshold]
     return []
+
+
+def worst_frame(result: dict[str, Any] | None) -> int | None:
+    """The frame a gate named as its worst (``info.worst_frames[0].frame``), where the viewer should open."""
+    worst = ((result or {}).get("info") or {}).get("worst_frames")
+    if isinstance(worst, list) and worst and isinstance(worst[0], dict) and isinstance(worst[0].get("frame"), int):
+        return int(worst[0]["frame"])
+    return None
 
 
 def pair_series(run: RunData, candidate: str, prompt_id: str, seed: int) -> pd.DataFrame:

@@ -170,7 +170,8 @@ def _write_gates(store: RunStore, cand: str, pid: str, seed: int, num_frames: in
         flagged=bool(flagged_frames),
         flags=[f"ghost_score above {GHOST_THRESHOLD} on {len(flagged_frames)} frames"] if flagged_frames else [],
         artifacts=artifacts,
-        info={"threshold": GHOST_THRESHOLD, "flagged_frames": flagged_frames},
+        info={"threshold": GHOST_THRESHOLD, "flagged_frames": flagged_frames,
+              "worst_frames": [{"frame": 3, "ghost_score": gs[3], "lag": 0, "dy": 0, "dx": 6}]},
     )
     atomic_write_json(store.gate_dir("ghosting") / cand / f"{stem}.json", ghost.model_dump(mode="json"))
 

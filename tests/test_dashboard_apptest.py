@@ -123,8 +123,12 @@ def test_viewer_pair_from_link(monkeypatch, runs):
     frame = at.slider(key="viewer_frame")
     assert (frame.min, frame.max) == (0, 23)
     captions = [c for img in at.get("image") for c in img.captions]
-    assert "baseline · frame 0" in captions and "candidate · frame 0" in captions
+    # opens on the ghosting gate's worst frame (3); the nearest heatmap the gate drew at or before it is frame 0's
+    assert "baseline · frame 3" in captions and "candidate · frame 3" in captions
     assert "ghosting heatmap · p-cat-s0_heatmap_f0000.png" in captions
+    assert frame.value == 3
+    assert "Ghosting gate's worst frames: 3 (ghost_score 0.630, copy of frame t-0 shifted (0, 6) px)" in [
+        c.value for c in at.caption]
 
     store = RunStore(runs["full"])
     a = decode_video(store.clip_path(BASELINE, "p-cat", 0))[0]
@@ -223,3 +227,32 @@ def test_not_a_run_directory_is_shown_not_raised(monkeypatch, tmp_path, page):
     at = app(monkeypatch, tmp_path / "typo", page=page)
     assert any("run.json: missing (not a run directory?)" in c.value for c in at.sidebar.caption)
     assert at.info, f"{page}: says nothing about the empty run"
+
+
+def test_viewer_with_the_ghosting_gates_strip(monkeypatch, tmp_path):
+    """The ghosting gate's own result shape: a strip PNG for the pair, flagged frames in info.ghost_frame_indices."""
+    from gates.base import GateResult, Metric, PairRef
+    from h3.atomic import atomic_write_json
+    from PIL import Image
+
+    root = tmp_path / "strip"
+    make_review_run(root, candidates=("fast",), prompt_ids=("p-cat",), seeds=(0,), gates=False, verdict=False)
+    rel = "gates/ghosting/fast/p-cat-s0-ghosting-strip.png"
+    (root / rel).parent.mkdir(parents=True)
+    Image.fromarray(np.full((32, 96, 3), 200, dtype=np.uint8)).save(root / rel)
+    result = GateResult(
+        gate="ghosting", pair=PairRef(baseline=BASELINE, candidate="fast", prompt_id="p-cat", seed=0),
+        metrics={"ghost_score_max": Metric(value=0.05, higher_is_better=False)},
+        series={"ghost_score": [0.01] * 20 + [0.05] * 4}, flagged=True, flags=["ghosting: 4 of 24 frames"],
+        artifacts=[rel],
+        info={"config": {"frame_threshold": 0.03}, "ghost_frame_indices": [20, 21, 22, 23],
+              "worst_frames": [{"frame": 22, "ghost_score": 0.05, "lag": 1, "dy": 0, "dx": 3}]},
+    )
+    atomic_write_json(root / "gates/ghosting/fast/p-cat-s0.json", result.model_dump(mode="json"))
+    at = app(monkeypatch, root, page="viewer")
+    captions = [c for img in at.get("image") for c in img.captions]
+    assert "ghosting · p-cat-s0-ghosting-strip.png" in captions
+    assert "The ghosting gate drew its heatmaps as a strip of its worst frames: below." in [i.value for i in at.info]
+    assert at.slider(key="viewer_frame").value == 22
+    timeline = next(c.value for c in at.caption if c.value.startswith("Per-frame gate series"))
+    assert "flagged frames: 20, 21, 22, 23;" in timeline

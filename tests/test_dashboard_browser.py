@@ -108,7 +108,7 @@ def test_every_page_renders_without_error(server, browser):
     expect = {
         "overview": ("Overview", ["Speed versus quality", "lpips_mean: lower is better"]),
         "anatomy": ("Anatomy", ["Mean seconds per stage over warm requests"]),
-        "viewer": ("Clip viewer", ["baseline · frame 0", "ghosting heatmap · p-cat-s0_heatmap_f0000.png",
+        "viewer": ("Clip viewer", ["baseline · frame 3", "ghosting heatmap · p-cat-s0_heatmap_f0000.png",
                                    "Audio difference"]),
         "gates": ("Gates", ["worst pairs first"]),
         "trajectory": ("Trajectory", ["One line per pair"]),

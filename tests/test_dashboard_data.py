@@ -231,7 +231,13 @@ def test_frame_artifacts_and_flagged_frames(run):
     expected = [i for i, v in enumerate(ghost_series("faster", 24)) if v > 0.4]
     assert data.flagged_frames(result, "ghost_score") == expected
     no_list = {"info": {"threshold": 0.61}, "series": {"ghost_score": ghost_series("faster", 24)}}
-    assert data.flagged_frames(no_list, "ghost_score") == [i for i in range(24) if i % 4 >= 2]
+    assert data.flagged_frames(no_list, "ghost_score") == [i for i in range(24) if i % 4 >= 1]  # ">=", the gate's rule
+    # the ghosting gate's own shape: listed frames win; else its config's threshold
+    gate_shape = {"info": {"ghost_frame_indices": [5, 2], "config": {"frame_threshold": 0.0}}}
+    assert data.flagged_frames(gate_shape, "ghost_score") == [2, 5]
+    by_config = {"info": {"config": {"frame_threshold": 0.62}}, "series": {"ghost_score": ghost_series("faster", 24)}}
+    assert data.flagged_frames(by_config, "ghost_score") == [i for i in range(24) if i % 4 >= 2]
+    assert data.worst_frame(result) == 3 and data.worst_frame({"info": {}}) is None
 
 
 def test_pair_series_and_trajectory_table(run):

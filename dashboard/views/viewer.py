@@ -80,9 +80,18 @@ def render(ctx: state.Context) -> None:
     if len(a) != len(b):
         st.warning(f"Frame counts differ (baseline {len(a)}, candidate {len(b)}): the scrubber covers the shorter.")
     n = min(len(a), len(b))
-    frame = st.slider("Frame", 0, max(0, n - 1), 0, key="viewer_frame") if n > 1 else 0
+    ghost = results.get(GHOSTING_GATE)
+    worst = data.worst_frame(ghost)
+    start = worst if worst is not None and worst < n else 0  # open where the ghosting gate saw the most
+    frame = st.slider("Frame", 0, max(0, n - 1), start, key="viewer_frame") if n > 1 else 0
+    if worst is not None:
+        details = ", ".join(
+            f"{w['frame']} (ghost_score {w.get('ghost_score', float('nan')):.3f}"
+            + (f", copy of frame t-{w['lag']} shifted ({w.get('dy')}, {w.get('dx')}) px" if "lag" in w else "") + ")"
+            for w in ghost["info"]["worst_frames"] if isinstance(w, dict) and "frame" in w)
+        st.caption(f"Ghosting gate's worst frames: {details}")
 
-    heat_frames, heat_other = data.frame_artifacts((results.get(GHOSTING_GATE) or {}).get("artifacts", []))
+    heat_frames, heat_other = data.frame_artifacts((ghost or {}).get("artifacts", []))
     cols = st.columns(4)
     # PNG, not the default JPEG: a faint ghost is exactly what lossy re-compression would blur away.
     cols[0].image(a[frame], caption=f"baseline · frame {frame}", width="stretch", output_format="PNG")
@@ -91,13 +100,20 @@ def render(ctx: state.Context) -> None:
         diff = data.amplified_difference(a[frame], b[frame], gain)
         cols[2].image(diff, caption=f"|difference| x {gain}", width="stretch", output_format="PNG")
         cols[2].caption(f"amplified difference: mean {diff.mean():.2f}, max {int(diff.max())} (of 255)")
-    heat = _heatmap_for(heat_frames, heat_other, frame)
+    heat = _heatmap_for(heat_frames, frame)
     if heat is not None and (Path(run.root) / heat).exists():
         cols[3].image(str(Path(run.root) / heat), caption=f"ghosting heatmap · {Path(heat).name}", width="stretch")
-    elif GHOSTING_GATE in results:
-        cols[3].info("The ghosting gate wrote no heatmap for this pair.")
-    else:
+    elif ghost is None:
         cols[3].info("No ghosting result for this pair yet.")
+    elif heat_other:
+        cols[3].info("The ghosting gate drew its heatmaps as a strip of its worst frames: below.")
+    else:
+        cols[3].info("The ghosting gate wrote no heatmap for this pair.")
+    for rel in heat_other:  # whole-pair images (the ghosting strip: frames, difference and heatmap side by side)
+        if (Path(run.root) / rel).exists():
+            st.image(str(Path(run.root) / rel), caption=f"ghosting · {Path(rel).name}", width="stretch")
+        else:
+            st.warning(f"ghosting artifact listed but missing on disk: {rel}")
 
     _curves(run, cand, prompt, seed, results, frame=frame)
 
@@ -109,14 +125,14 @@ def render(ctx: state.Context) -> None:
     _audio(base_mp4, cand_mp4)
 
 
-def _heatmap_for(per_frame: dict[int, str], other: list[str], frame: int) -> str | None:
-    """The heatmap of this frame, else of the nearest earlier frame the gate drew, else its whole-pair image."""
+def _heatmap_for(per_frame: dict[int, str], frame: int) -> str | None:
+    """The heatmap of this frame, else of the nearest earlier frame the gate drew, else its first one."""
     earlier = [f for f in per_frame if f <= frame]
     if earlier:
         return per_frame[max(earlier)]
     if per_frame:
         return per_frame[min(per_frame)]
-    return other[0] if other else None
+    return None
 
 
 def _flags(run, cand, prompt, seed, results) -> None:
