@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import altair as alt
+import pandas as pd
 import streamlit as st
 
 from dashboard import data, state
@@ -28,3 +29,20 @@ def render(ctx: state.Context) -> None:
     last = summary.sort_values("step").groupby("candidate").tail(1).rename(
         columns={"value": f"median {name} at last step", "step": "last step"})
     st.dataframe(last, hide_index=True, key="trajectory_table")
+
+    st.subheader("Per pair")
+    rows = []
+    for (gate, cand, pid, seed), result in sorted(run.gate_results.items()):
+        if gate != data.TRAJECTORY_GATE:
+            continue
+        values = (result.get("series") or {}).get(name) or []
+        info = result.get("info") or {}
+        rows.append({
+            "candidate": cand, "prompt_id": pid, "seed": seed, "status": result.get("status"),
+            "flagged": result.get("flagged"), f"{name} at last step": values[-1] if values else None,
+            "first divergent step": info.get("video_first_divergent_step"),
+            "flags": "; ".join(result.get("flags") or []), "error": result.get("error"),
+            "view": data.viewer_link(ctx.run_index, cand, pid, seed),
+        })
+    st.dataframe(pd.DataFrame(rows), hide_index=True, key="trajectory_pairs",
+                 column_config={"view": st.column_config.LinkColumn("viewer", display_text="open")})
