@@ -537,42 +537,61 @@ def viewer_link(run_index: int, candidate: str, prompt_id: str, seed: int) -> st
 # ---------------------------------------------------------------------------------------------------------------
 # Verdict
 # ---------------------------------------------------------------------------------------------------------------
-def verdict_rows(verdict: dict[str, Any] | None) -> pd.DataFrame:
-    """Every node of verdict.json that carries a status, as (scope, status, reasons) rows.
+_STATUS_KEYS = ("status", "outcome")
+# Parts of verdict.json that hold evidence, not statuses: not walked (they can be long: one entry per pair).
+_VERDICT_SKIP = {"pairs", "worst", "inputs", "settings", "stats", "evidence", "versions", "waiver"}
 
-    The verdict file is written by h3eval.verdict; the dashboard reads it defensively: any object with ``status``
-    (or ``overall`` at the top) is a row, its ``reasons`` list is joined, its path in the file is the scope
-    ("candidate-a / lpips"). Lists of objects are scoped by their ``candidate``/``gate``/``name`` field.
+
+def overall_verdict(verdict: dict[str, Any] | None) -> str | None:
+    """The run's overall result: ``outcome`` (h3eval.verdict's field), or ``overall`` / ``status``."""
+    if not verdict:
+        return None
+    for key in ("outcome", "overall", "status"):
+        if isinstance(verdict.get(key), str):
+            return verdict[key]
+    return None
+
+
+def verdict_rows(verdict: dict[str, Any] | None) -> pd.DataFrame:
+    """Every node of verdict.json that carries a status, as (scope, depth, status, reasons, warnings) rows.
+
+    The verdict file is written by h3eval.verdict (``outcome`` per run, candidate, gate, metric and speed check);
+    the dashboard reads it defensively: any object with ``outcome`` or ``status`` is a row, its ``reasons`` and
+    ``warnings`` lists are joined, its path in the file is the scope ("candidate-a / lpips / lpips_mean"). Objects in
+    lists are named by their ``metric``, ``gate``, ``candidate`` or ``name`` field, in that order.
     """
     rows: list[dict[str, Any]] = []
 
-    def reasons_of(node: dict[str, Any]) -> str:
-        reasons = node.get("reasons")
-        if isinstance(reasons, list):
-            return "\n".join(str(r) for r in reasons)
-        return "" if reasons is None else str(reasons)
+    def joined(node: dict[str, Any], key: str) -> str:
+        value = node.get(key)
+        if isinstance(value, list):
+            return "\n".join(str(r) for r in value)
+        return "" if value is None else str(value)
 
     def walk(node: Any, scope: list[str]) -> None:
         if isinstance(node, dict):
-            status = node.get("status") if scope else node.get("overall", node.get("status"))
+            status = next((node[k] for k in _STATUS_KEYS if isinstance(node.get(k), str)), None)
+            if not scope:
+                status = overall_verdict(node)
             if isinstance(status, str):
                 rows.append({"scope": " / ".join(scope) or "overall", "depth": len(scope), "status": status,
-                             "reasons": reasons_of(node)})
+                             "reasons": joined(node, "reasons"), "warnings": joined(node, "warnings")})
             for key, value in node.items():
-                if key in ("reasons",):
+                if key in ("reasons", "warnings") or key in _VERDICT_SKIP:
                     continue
                 if isinstance(value, (dict, list)):
                     walk(value, scope + [str(key)])
         elif isinstance(node, list):
             for i, item in enumerate(node):
                 if isinstance(item, dict):
-                    name = item.get("candidate") or item.get("gate") or item.get("name") or item.get("metric")
-                    walk(item, scope + [str(name) if name else str(i)])
+                    name = next((item[k] for k in ("metric", "gate", "candidate", "name")
+                                 if isinstance(item.get(k), str)), None)
+                    walk(item, scope + [name if name else str(i)])
 
     if verdict:
         walk(verdict, [])
-    frame = pd.DataFrame(rows, columns=["scope", "depth", "status", "reasons"])
-    # "candidates / cand-a" reads better as "cand-a": drop container keys that only group children.
+    frame = pd.DataFrame(rows, columns=["scope", "depth", "status", "reasons", "warnings"])
+    # "candidates / cand-a / gates / lpips" reads better as "cand-a / lpips": drop keys that only group children.
     frame["scope"] = frame["scope"].str.replace(r"^(candidates|gates|results)\s/\s", "", regex=True)
     frame["scope"] = frame["scope"].str.replace(r"\s/\s(gates|results|metrics)\s/\s", " / ", regex=True)
     return frame

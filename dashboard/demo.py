@@ -112,18 +112,27 @@ def make_review_run(
 
 
 def demo_verdict(candidates: tuple[str, ...]) -> dict:
-    out: dict = {"overall": "FAIL", "policy": "demo", "candidates": {}}
+    """A verdict in h3eval.verdict's shape (``outcome`` everywhere; candidates, gates and metrics as lists)."""
+    out: dict = {"schema": "h3eval.verdict", "version": 1, "policy_name": "demo", "baseline": BASELINE,
+                 "outcome": "FAIL", "exit_code": 1, "reasons": ["faster: ghosting flagged"],
+                 "warnings": ["4 pairs per candidate: too few to detect a 0.01 LPIPS margin"], "candidates": []}
     for cand in candidates:
         ghost_fail = cand == "faster"
-        out["candidates"][cand] = {
-            "status": "FAIL" if ghost_fail else "PASS",
+        out["candidates"].append({
+            "candidate": cand,
+            "outcome": "FAIL" if ghost_fail else "PASS",
             "reasons": ["ghosting flagged on every pair"] if ghost_fail else ["all gates within margins"],
-            "gates": {
-                "lpips": {"status": "PASS", "reasons": [f"lpips_mean within margin for {cand}"]},
-                "ghosting": {"status": "FAIL" if ghost_fail else "PASS",
-                             "reasons": ["ghost_score_max above 0.4 on 4 of 4 pairs"] if ghost_fail else []},
-            },
-        }
+            "gates": [
+                {"gate": "lpips", "candidate": cand, "outcome": "PASS", "reasons": [],
+                 "metrics": [{"gate": "lpips", "metric": "lpips_mean", "candidate": cand, "outcome": "PASS",
+                              "reasons": [f"lpips_mean within margin for {cand}"],
+                              "pairs": [{"prompt_id": "p-cat", "seed": 0, "value": 0.02, "file": "x"}]}]},
+                {"gate": "ghosting", "candidate": cand, "outcome": "FAIL" if ghost_fail else "PASS",
+                 "reasons": ["ghost_score_max above 0.4 on 4 of 4 pairs"] if ghost_fail else [], "metrics": []},
+            ],
+            "speed": {"candidate": cand, "outcome": "PASS", "reasons": [], "warnings": [], "latency": "generation_side",
+                      "min_speedup": 1.5},
+        })
     return out
 
 

@@ -211,10 +211,13 @@ def test_trajectory_curves(monkeypatch, runs):
 def test_verdict_page(monkeypatch, runs):
     at = app(monkeypatch, runs["full"], page="verdict")
     assert at.metric[0].label == "Overall" and at.metric[0].value == "FAIL"
+    assert "- faster: ghosting flagged" in at.markdown[0].value
+    assert "too few to detect a 0.01 LPIPS margin" in at.warning[0].value
     rows = frame_with(at, "scope").set_index("scope")
     assert rows.loc["faster", "status"] == "FAIL"
     assert rows.loc["faster / ghosting", "reasons"] == "ghost_score_max above 0.4 on 4 of 4 pairs"
     assert rows.loc["fast / lpips", "status"] == "PASS"
+    assert rows.loc["fast / speed", "status"] == "PASS"
 
 
 def test_unreadable_files_listed_in_sidebar(monkeypatch, tmp_path):

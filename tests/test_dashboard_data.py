@@ -99,7 +99,7 @@ def test_load_run_reads_everything(run):
     assert run.clips["warmup"].sum() == 1
     assert set(run.gates["gate"]) == {"lpips", "ghosting", "trajectory"}
     assert run.metric_directions["lpips"] == {"lpips_mean": False, "ssim_mean": True}
-    assert run.verdict["overall"] == "FAIL"
+    assert data.overall_verdict(run.verdict) == "FAIL"
     assert run.hourly_rate == 13.16
 
 
@@ -164,14 +164,24 @@ def test_worst_first_respects_direction(run):
 def test_verdict_rows_and_candidate_status(run):
     rows = data.verdict_rows(run.verdict).set_index("scope")
     assert rows.loc["overall", "status"] == "FAIL"
+    assert rows.loc["overall", "warnings"] == "4 pairs per candidate: too few to detect a 0.01 LPIPS margin"
     assert rows.loc["faster / ghosting", "status"] == "FAIL"
     assert rows.loc["faster", "reasons"] == "ghosting flagged on every pair"
+    assert rows.loc["fast / lpips / lpips_mean", "reasons"] == "lpips_mean within margin for fast"
+    assert rows.loc["fast / speed", "status"] == "PASS"
+    assert sorted(rows.index) == sorted(
+        ["overall"] + [f"{c}{s}" for c in ("fast", "faster")
+                       for s in ("", " / lpips", " / lpips / lpips_mean", " / ghosting", " / speed")])
     assert data.candidate_verdict(run.verdict, "fast") == "PASS"
+    assert data.candidate_verdict(run.verdict, "faster") == "FAIL"
     assert data.candidate_verdict(None, "fast") is None
     assert data.candidate_verdict({"overall": "PASS"}, "fast") is None
-    listed = {"overall": "INCONCLUSIVE", "candidates": [{"candidate": "x", "status": "INCONCLUSIVE",
-                                                           "reasons": ["4 pairs < 16 minimum"]}]}
-    assert data.verdict_rows(listed).set_index("scope").loc["x", "reasons"] == "4 pairs < 16 minimum"
+    # an older or hand-written shape: "overall" and "status", candidates as a mapping
+    legacy = {"overall": "INCONCLUSIVE", "candidates": {"x": {"status": "INCONCLUSIVE", "reasons": ["4 < 16 pairs"],
+                                                              "gates": {"lpips": {"status": "PASS"}}}}}
+    rows = data.verdict_rows(legacy).set_index("scope")
+    assert data.overall_verdict(legacy) == "INCONCLUSIVE"
+    assert rows.loc["x", "reasons"] == "4 < 16 pairs" and rows.loc["x / lpips", "status"] == "PASS"
 
 
 def test_bad_files_are_reported_not_raised(tmp_path):

@@ -12,12 +12,18 @@ def render(ctx: state.Context) -> None:
     if run.verdict is None:
         st.info(f"No verdict yet for {run.label} (no verdict.json; run `h3eval gate`).")
         return
-    overall = run.verdict.get("overall")
-    st.metric("Overall", overall if isinstance(overall, str) else "not stated")
+    overall = data.overall_verdict(run.verdict)
+    policy = run.verdict.get("policy_name") or run.verdict.get("policy")
+    st.metric("Overall", overall or "not stated", help=f"policy: {policy}" if policy else None)
     rows = data.verdict_rows(run.verdict)
+    top = rows[rows["scope"] == "overall"]
+    if len(top) and top.iloc[0]["reasons"]:
+        st.markdown("**Reasons**\n\n" + "\n".join(f"- {r}" for r in top.iloc[0]["reasons"].split("\n")))
+    if len(top) and top.iloc[0]["warnings"]:
+        st.warning("\n".join(f"- {w}" for w in top.iloc[0]["warnings"].split("\n")))
     rows = rows[rows["scope"] != "overall"]
     if len(rows):
-        st.dataframe(rows[["scope", "status", "reasons"]], hide_index=True, key="verdict_table")
+        st.dataframe(rows[["scope", "status", "reasons", "warnings"]], hide_index=True, key="verdict_table")
     else:
         st.caption("verdict.json has no per-candidate or per-gate statuses.")
     with st.expander("verdict.json"):
