@@ -17,6 +17,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+
+@app.callback()
+def _root() -> None:
+    """Quality-gated evaluation of accelerated MiniMax-H3 inference."""
+
+
 COMMAND_MODULES = [
     "h3eval.commands.generate",
 ]
@@ -26,4 +33,7 @@ for _module in COMMAND_MODULES:
 
 
 def main() -> None:  # pragma: no cover
+    app()
+
+if __name__ == "__main__":  # pragma: no cover
     app()
