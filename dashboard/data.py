@@ -394,7 +394,8 @@ SPEED_COLUMNS = [
 def speed_table(run: RunData, hourly_rate: float | None = None, *, n_resamples: int = 2000) -> pd.DataFrame:
     """One row per recipe of the run: speedup with its paired bootstrap CI, p50 latencies, RTF, $/clip, verdict.
 
-    - ``n``: warm clips (baseline) or warm pairs (candidate) the row is computed from.
+    - ``role``: baseline, candidate, or recipe (a run without a baseline: no speedup).
+    - ``n``: warm clips (baseline, recipe) or warm pairs (candidate) the row is computed from.
     - ``speedup``: :func:`speedup_of_means` over the pairs; the baseline is 1 by definition.
     - ``p50_latency_s``: median generation-side latency (seed 000's definition) of the recipe's warm clips.
     - ``real_time_factor``: median of generation-side latency / clip duration (below 1 is faster than real time).
@@ -405,7 +406,9 @@ def speed_table(run: RunData, hourly_rate: float | None = None, *, n_resamples: 
     recipes: list[tuple[str, str]] = []
     if run.baseline is not None:
         recipes.append((run.baseline, "baseline"))
-    recipes += [(c, "candidate") for c in run.candidates if c != run.baseline]
+        recipes += [(c, "candidate") for c in run.candidates if c != run.baseline]
+    else:  # a single-recipe run (`h3eval generate`): latencies, no pairs and so no speedup
+        recipes += [(r, "recipe") for r in sorted(run.clips["recipe"].unique())]
     rows = []
     for recipe, role in recipes:
         mine = clips[clips["recipe"] == recipe]
@@ -428,7 +431,7 @@ def speed_table(run: RunData, hourly_rate: float | None = None, *, n_resamples: 
         }
         if role == "baseline":
             row["speedup"] = 1.0 if len(lat) else None
-        else:
+        elif role == "candidate":
             pairs = paired_latencies(run, recipe)
             row["n"] = int(len(pairs))
             if len(pairs):

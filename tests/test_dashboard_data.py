@@ -307,3 +307,16 @@ def test_speed_quality_merges_runs_and_marks_front(run, tmp_path):
     worse.loc[worse.recipe == "fastest", "quality"] = 0.01  # now fastest is both fastest and best
     table = data.speed_quality(speed, worse, higher_is_better=False).set_index("label")
     assert table["pareto"].to_dict() == {"run-a / fast": False, "run-a / faster": False, "run-b / fastest": True}
+
+
+def test_single_recipe_run_has_latency_but_no_speedup(tmp_path):
+    root = tmp_path / "single"
+    make_review_run(root, candidates=("fast",), prompt_ids=("p-cat",), seeds=(0, 1), gates=False, verdict=False)
+    manifest = json.loads((root / "run.json").read_text())
+    manifest["baseline"], manifest["candidates"] = None, []  # what `h3eval generate` writes: one recipe, no pairs
+    (root / "run.json").write_text(json.dumps(manifest))
+    table = data.speed_table(data.load_run(root)).set_index("recipe")
+    assert sorted(table.index) == [BASELINE, "fast"] and set(table["role"]) == {"recipe"}
+    assert table["speedup"].isna().all()
+    assert table.loc["fast", "p50_latency_s"] == pytest.approx(
+        np.median([0.95 * latency("fast", "p-cat", s) for s in (0, 1)]))

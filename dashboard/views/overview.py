@@ -23,11 +23,11 @@ def render(ctx: state.Context) -> None:
         return
     shown = speed.copy()
     shown["speedup_95ci"] = [
-        _ci_text(lo, hi) if role == "candidate" else "baseline"
+        _ci_text(lo, hi) if role == "candidate" else ("baseline" if role == "baseline" else "no baseline in run")
         for lo, hi, role in zip(shown["speedup_ci_low"], shown["speedup_ci_high"], shown["role"])
     ]
     shown["verdict"] = [
-        v if isinstance(v, str) else ("—" if role == "baseline" else "no verdict yet")
+        v if isinstance(v, str) else ("no verdict yet" if role == "candidate" else "—")
         for v, role in zip(shown["verdict"], shown["role"])
     ]
     st.subheader("Recipes")
