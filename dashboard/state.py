@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -27,7 +27,6 @@ class Context:
     run_index: int = 0
     hourly_rate_override: float | None = None
     """$/hour typed in the sidebar, used for runs whose run.json has no ``gpu_hourly_rate``."""
-    extra: dict = field(default_factory=dict)
 
     @property
     def run(self) -> data.RunData:

@@ -239,9 +239,10 @@ def test_not_a_run_directory_is_shown_not_raised(monkeypatch, tmp_path, page):
 
 def test_viewer_with_the_ghosting_gates_strip(monkeypatch, tmp_path):
     """The ghosting gate's own result shape: a strip PNG for the pair, flagged frames in info.ghost_frame_indices."""
+    from PIL import Image
+
     from gates.base import GateResult, Metric, PairRef
     from h3.atomic import atomic_write_json
-    from PIL import Image
 
     root = tmp_path / "strip"
     make_review_run(root, candidates=("fast",), prompt_ids=("p-cat",), seeds=(0,), gates=False, verdict=False)

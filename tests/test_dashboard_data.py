@@ -271,7 +271,7 @@ def test_audio_difference_planted_gain():
 
 def test_envelope_matches_loop():
     x = np.random.default_rng(1).normal(size=1003)
-    start, lo, hi = data.envelope(x, 10)
+    _start, lo, hi = data.envelope(x, 10)
     edges = np.linspace(0, 1003, 11).astype(int)
     for k in range(10):
         assert lo[k] == x[edges[k]:edges[k + 1]].min() and hi[k] == x[edges[k]:edges[k + 1]].max()

@@ -11,6 +11,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, state
+from h3.media import MediaError
 
 GHOSTING_GATE = "ghosting"
 
@@ -72,7 +73,7 @@ def render(ctx: state.Context) -> None:
     try:
         a = state.decode_video(base_mp4, state.mtime_ns(base_mp4))
         b = state.decode_video(cand_mp4, state.mtime_ns(cand_mp4))
-    except Exception as exc:  # a corrupt clip is shown as such; the integrity gate reports it too
+    except (MediaError, OSError) as exc:  # a corrupt clip is shown as such; the integrity gate reports it too
         st.error(f"Could not decode the clips: {exc}")
         return
     if a.shape[1:] != b.shape[1:]:
@@ -178,7 +179,7 @@ def _audio(base_mp4: str, cand_mp4: str) -> None:
     st.subheader("Audio difference")
     try:
         diff = state.audio_difference(base_mp4, state.mtime_ns(base_mp4), cand_mp4, state.mtime_ns(cand_mp4))
-    except Exception as exc:  # no audio stream, or mismatched rates: shown, not raised
+    except (MediaError, OSError, ValueError) as exc:  # no audio stream, mismatched rates: shown, not raised
         st.info(f"No audio comparison: {exc}")
         return
     sr = int(diff["sample_rate"])
