@@ -31,6 +31,7 @@ COMMAND_MODULES = [
     "h3eval.commands.report",
     "h3eval.commands.demo",
     "h3eval.commands.vbench",
+    "h3eval.commands.dashboard",
 ]
 
 for _module in COMMAND_MODULES:
