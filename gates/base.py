@@ -129,6 +129,7 @@ def get_gate(name: str) -> Gate:
 # importing each one. One module per gate.
 BUILTIN_GATE_MODULES: list[str] = [
     "gates.trajectory",
+    "gates.vbench",
     "gates.opcheck",
 ]
 
