@@ -474,3 +474,50 @@ def test_reference_follows_the_ops_decisions_and_keeps_its_own():
     for o in range(3):
         assert float(delta[o]) == pytest.approx(x_scale * w_deq[o], rel=1e-9)
     assert torch.equal(moved.out[1], own.out[1])
+
+
+@pytest.mark.parametrize("candidate, status", [("attention:_native_math", "pass"), ("attention:flex", "pass"),
+                                               ("test:attention_scale_1pct", "fail"),
+                                               ("test:attention_swapped_heads", "fail")])
+def test_bfloat16_budget_passes_backends_and_rejects_planted(candidate, status):
+    inputs = {k: v.to(torch.bfloat16) for k, v in qkv(seq=300).items()}
+    row = check_op(inputs, spec("attention:native"), spec(candidate), "cpu", "bfloat16", BUDGET)
+    assert row["status"] == status, row["reasons"]
+    assert 1e-3 < row["base"]["rel_l2"] < 4e-3  # the bf16 baseline path's own error: about one output rounding
+
+
+def test_bfloat16_linear_scale_error_of_1pct_fails():
+    gen = torch.Generator().manual_seed(8)
+    inputs = {"input": torch.randn(1, 64, 64, generator=gen).bfloat16(),
+              "weight": (torch.randn(96, 64, generator=gen) / 8).bfloat16()}
+    assert check_op(inputs, spec("linear"), spec("linear"), "cpu", "bfloat16", BUDGET)["status"] == "pass"
+    row = check_op(inputs, spec("linear"), spec("test:linear_scale_1pct"), "cpu", "bfloat16", BUDGET)
+    assert row["status"] == "fail" and row["cand"]["rel_l2"] == pytest.approx(0.01, rel=0.05)
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("backend", ["_native_flash", "_native_efficient", "_native_cudnn"])
+def test_cuda_attention_backends_pass_in_bfloat16(backend):
+    inputs = {k: v.to(torch.bfloat16) for k, v in qkv(seq=300, heads=2, dim=64).items()}
+    row = check_op(inputs, spec("attention:native"), spec(f"attention:{backend}"), "cuda", "bfloat16", BUDGET)
+    assert row["status"] == "pass", row["reasons"]
+    broken = check_op(inputs, spec("attention:native"), spec("test:attention_swapped_heads"), "cuda", "bfloat16",
+                      BUDGET)
+    assert broken["status"] == "fail"
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_fp8_w8a8_on_cuda_passes_or_reports_missing_lever():
+    gen = torch.Generator().manual_seed(9)
+    inputs = {"input": torch.randn(1, 64, 64, generator=gen).bfloat16(),
+              "weight": (torch.randn(96, 64, generator=gen) / 8).bfloat16()}
+    row = check_op(inputs, spec("linear"), spec("quant:fp8_w8a8"), "cuda", "bfloat16", BUDGET)
+    if _levers_present("quantization") and torch.cuda.get_device_capability() >= (8, 9):
+        assert row["status"] == "pass" and row["flip_rate"] <= BUDGET.max_flip_rate, row.get("reasons")
+    else:
+        assert row["status"] == "not_applicable"
