@@ -89,12 +89,17 @@ def error_stats(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
     }
 
 
-def flip_rate(decisions: torch.Tensor | None, reference: torch.Tensor | None) -> float | None:
+def flip_rate(decisions: torch.Tensor | None, reference: torch.Tensor | None,
+              ambiguous: torch.Tensor | None = None) -> float | None:
+    """Fraction of decisions that differ from the float64 reference's, not counting exact-tie ones (``ambiguous``)."""
     if decisions is None or reference is None:
         return None
     if decisions.shape != reference.shape:
         return 1.0
-    return float((decisions.cpu() != reference.cpu()).double().mean())
+    differ = decisions.cpu() != reference.cpu()
+    if ambiguous is not None and ambiguous.shape == differ.shape:
+        differ = differ & ~ambiguous.cpu()
+    return float(differ.double().mean())
 
 
 @dataclass
@@ -145,7 +150,7 @@ def check_op(inputs: dict[str, torch.Tensor], base_spec: OpSpec, cand_spec: OpSp
     base_ref = reference_op(base_spec, inputs, base_out.decisions)
     cand_ref = reference_op(cand_spec, inputs, cand_out.decisions)
     base, cand = error_stats(base_out.out, base_ref.out), error_stats(cand_out.out, cand_ref.out)
-    flips = flip_rate(cand_out.decisions, cand_ref.decisions)
+    flips = flip_rate(cand_out.decisions, cand_ref.decisions, cand_ref.ambiguous)
     reasons = budget.judge(base, cand, dtype, flips)
     floor = budget.floor(dtype)
     row.update(

@@ -47,6 +47,9 @@ class OpOutput:
     out: torch.Tensor
     decisions: torch.Tensor | None = None
     """Discrete choices the op made (quantization codes, kept-block mask), compared elementwise for the flip rate."""
+    ambiguous: torch.Tensor | None = None
+    """References only: decisions where the float64 value sits on a rounding tie (within float32 error of .5), so
+    either choice is right; a differing choice there is not a flip."""
 
 
 @dataclass(frozen=True)
@@ -168,13 +171,21 @@ def route_reference(query, key, block_size: int, sparsity: float) -> torch.Tenso
     return torch.zeros(batch, heads, n, n, dtype=torch.bool).scatter_(-1, top, True)
 
 
-def quant_reference_codes(x: torch.Tensor, qmax: float, fp8: bool, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Symmetric absmax codes and scales in float64 along ``dim`` (1: per output channel / per token)."""
+# Half-way ties: x / s computed in float32 is off by ~1.2e-7 relative, i.e. up to ~1.5e-5 at |code| 127; a float64
+# value within this band of .5 may round either way in a correct op (bf16 inputs land on ties often: their few
+# mantissa bits make x / s near-exact halves).
+TIE_BAND = 1e-4
+
+
+def quant_reference_codes(x: torch.Tensor, qmax: float, fp8: bool, dim: int):
+    """Symmetric absmax codes, scales and tie mask in float64 along ``dim`` (1: per output channel / per token)."""
     xd = x.detach().cpu().double()
     scale = xd.abs().amax(dim=dim, keepdim=True).clamp(min=1e-12) / qmax
     scaled = (xd / scale).clamp(-qmax, qmax)
-    codes = scaled.float().to(torch.float8_e4m3fn).double() if fp8 else scaled.round()
-    return codes, scale
+    if fp8:
+        return scaled.float().to(torch.float8_e4m3fn).double(), scale, None
+    tie = ((scaled - scaled.floor()) - 0.5).abs() <= TIE_BAND
+    return scaled.round(), scale, tie
 
 
 # -- attention ops ---------------------------------------------------------------------------------------------------
@@ -273,15 +284,17 @@ def _quant_run(inputs: Tensors, device: torch.device, mode: str, **_) -> OpOutpu
 def _quant_ref(inputs: Tensors, mode: str, decisions=None, **_) -> OpOutput:
     fp8 = mode == "fp8_w8a8"
     qmax = 448.0 if fp8 else 127.0
-    w_codes, w_scale = quant_reference_codes(inputs["weight"], qmax, fp8, dim=1)
+    w_codes, w_scale, w_tie = quant_reference_codes(inputs["weight"], qmax, fp8, dim=1)
     x = inputs["input"].double()
     x2 = x.reshape(-1, x.shape[-1])
-    codes = [w_codes.flatten()]
+    codes, ties = [w_codes.flatten()], [w_tie]
     x_codes = x_scale = None
     if mode != "int8_weight_only":
-        x_codes, x_scale = quant_reference_codes(x2, qmax, fp8, dim=1)
+        x_codes, x_scale, x_tie = quant_reference_codes(x2, qmax, fp8, dim=1)
         codes.append(x_codes.flatten())
+        ties.append(x_tie)
     own = torch.cat(codes)
+    ambiguous = None if fp8 else torch.cat([t.flatten() for t in ties])
     if decisions is not None and decisions.shape == own.shape:
         # The op's codes, with float64 scales: a wrong scale still shows as output error.
         used = decisions.double()
@@ -292,7 +305,7 @@ def _quant_ref(inputs: Tensors, mode: str, decisions=None, **_) -> OpOutput:
     out = x_deq @ (w_codes * w_scale).t()
     if "bias" in inputs:
         out = out + inputs["bias"].double()
-    return OpOutput(out.reshape(*x.shape[:-1], -1), own)
+    return OpOutput(out.reshape(*x.shape[:-1], -1), own, ambiguous)
 
 
 for _mode in ("int8_weight_only", "int8_w8a8", "fp8_w8a8"):

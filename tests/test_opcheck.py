@@ -521,3 +521,36 @@ def test_fp8_w8a8_on_cuda_passes_or_reports_missing_lever():
         assert row["status"] == "pass" and row["flip_rate"] <= BUDGET.max_flip_rate, row.get("reasons")
     else:
         assert row["status"] == "not_applicable"
+
+
+def _int8_weight_only(rounding):
+    """A test-local int8 weight-only linear (no lever needed) with a chosen rounding of w / s."""
+
+    def run(inputs, device, **_):
+        w = inputs["weight"].float()
+        scale = w.abs().amax(dim=1, keepdim=True) / 127
+        codes = rounding(w / scale).clamp(-127, 127)
+        return OpOutput(F.linear(inputs["input"].float(), codes * scale), codes.double().flatten())
+
+    return run
+
+
+def test_quant_ties_are_not_flips_but_truncation_is():
+    """Rounding a .5 tie away from zero (vs half-to-even) is a correct choice; truncating every code is not."""
+    ref = get_op("quant:int8_weight_only").reference
+    half_up = lambda v: torch.sign(v) * torch.floor(v.abs() + 0.5)  # noqa: E731
+    register_op(Op("test:int8_half_up", "linear", _int8_weight_only(half_up), ref))
+    register_op(Op("test:int8_truncate", "linear", _int8_weight_only(torch.trunc), ref))
+    try:
+        # Row absmax 1 -> s = 1/127: 2.5/127 and -6.5/127 sit on ties, where half-up and half-to-even differ.
+        weight = torch.tensor([[1.0, 2.5 / 127, -6.5 / 127, 0.3], [0.25, -0.5, 0.125, 1.0]] * 8)
+        inputs = {"input": torch.randn(1, 8, 4, generator=torch.Generator().manual_seed(10)), "weight": weight}
+        tie = check_op(inputs, spec("linear"), spec("test:int8_half_up"), "cpu", "float32", BUDGET)
+        trunc = check_op(inputs, spec("linear"), spec("test:int8_truncate"), "cpu", "float32", BUDGET)
+    finally:
+        unregister_op("test:int8_half_up")
+        unregister_op("test:int8_truncate")
+    raw = _int8_weight_only(half_up)(inputs, "cpu").decisions != ref(inputs).decisions
+    assert int(raw.sum()) >= 8  # the ties really were decided differently (2.5 -> 3 against 2, in every row pair)
+    assert tie["status"] == "pass" and tie["flip_rate"] == 0.0, tie["reasons"]
+    assert trunc["status"] == "fail" and trunc["flip_rate"] > 0.1
