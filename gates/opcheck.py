@@ -422,7 +422,9 @@ class OpcheckGate(Gate):
         }
         tables = summarize(rows)
         stem = f"{ctx.pair.prompt_id}-s{ctx.pair.seed}"
-        artifact = ctx.artifact_dir / f"{stem}.opcheck.json"
+        # In a subfolder: the verdict reads every *.json beside the per-pair results as a result (and warns on others).
+        artifact = ctx.artifact_dir / "tables" / f"{stem}.opcheck.json"
+        artifact.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(artifact, {"budget": {"factor": budget.factor, "floors": budget.floors,
                                                 "max_flip_rate": budget.max_flip_rate},
                                      "capture": str(capture_dir.relative_to(ctx.run_dir)), **tables, "rows": rows})
