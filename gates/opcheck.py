@@ -22,6 +22,11 @@ around multiples of 8) catches an op that is right on the captured shape and wro
 
 An op that cannot run on this device (a CUDA kernel on the CPU, a lever module this checkout lacks) makes its rows
 ``not_applicable`` with the reason, and the pair's status ``not_applicable`` — never a pass.
+
+Run it with ``h3eval gate RUNDIR --gates opcheck [--option opcheck.KEY=VALUE ...]`` (keys in ``OPTIONS``); it needs
+the in-process runtime and the model named in run.json. Per pair it writes the usual result plus
+``<candidate>/tables/<prompt>-s<seed>.opcheck.{json,csv}``: one row per record (source capture or sweep, op kind,
+module, layer, step, shapes, both ops' errors, ratio, flip rate, reasons) and per-op / per-step / per-layer summaries.
 """
 
 from __future__ import annotations
@@ -336,6 +341,9 @@ class OpcheckGate(Gate):
             max_bytes=int(float(options.get("max_mb", 512)) * 2**20),
         )
         req = ctx.baseline.record.get("request") or {}
+        if not isinstance(req.get("prompt"), str) or not isinstance(req.get("seed"), int):
+            raise ValueError(f"baseline record of {ctx.baseline.mp4.name} has no request prompt/seed to regenerate "
+                             "for op capture")
         request = GenerateRequest(prompt=req["prompt"], seed=int(req["seed"]), num_frames=req.get("num_frames"),
                                   seconds=req.get("seconds"), height=req.get("height"), width=req.get("width"),
                                   prompt_id=req.get("prompt_id"))
@@ -437,7 +445,10 @@ class OpcheckGate(Gate):
             "budget": {"factor": budget.factor, "floors": budget.floors, "max_flip_rate": budget.max_flip_rate},
             "capture": {"dir": str(capture_dir.relative_to(ctx.run_dir)), "records": len(index["records"]),
                         "complete": index["complete"], "dropped": len(index["dropped"]),
-                        "reproduces_baseline_clip": index["meta"].get("reproduces_baseline_clip")},
+                        "reproduces_baseline_clip": index["meta"].get("reproduces_baseline_clip"),
+                        # VAE decoder blocks can be captured (kinds=...,vae_block) but no lever changes their math,
+                        # so there is no candidate op to replay them through.
+                        "not_replayed": sum(r["kind"] not in ("attention", "linear") for r in index["records"])},
         }
         if failed:
             result.flagged = True
