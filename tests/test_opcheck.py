@@ -554,3 +554,16 @@ def test_quant_ties_are_not_flips_but_truncation_is():
     assert int(raw.sum()) >= 8  # the ties really were decided differently (2.5 -> 3 against 2, in every row pair)
     assert tie["status"] == "pass" and tie["flip_rate"] == 0.0, tie["reasons"]
     assert trunc["status"] == "fail" and trunc["flip_rate"] > 0.1
+
+
+def test_gate_reuses_the_capture_and_names_a_missing_recipe(run):
+    root, evaluate, _ = run
+    evaluate(sweep="false")
+    index = root / "gates" / "opcheck" / "captures" / "fast" / "squat-s0" / "index.json"
+    stamp = index.stat().st_mtime_ns
+    again = evaluate(sweep="false", unrelated_option="1")
+    assert index.stat().st_mtime_ns == stamp and again.status == "ok"
+    assert again.info["ignored_options"] == ["unrelated_option"]
+    assert not list(index.parent.parent.glob(".*partial"))  # no staging left behind
+    missing = evaluate("no-such-recipe")
+    assert missing.status == "error" and "run.json" in missing.error and "'no-such-recipe'" in missing.error
