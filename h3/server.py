@@ -246,9 +246,12 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
             num_frames, res_h, res_w = runtime.resolve(request)
         except RequestError as exc:
             text = str(exc)
-            field = next((f for f in ("seconds", "num_frames", "height", "width", "seed", "prompt") if f in text),
-                         "num_frames")
-            field = "size" if field in ("height", "width") or "aspect" in text else field
+            if any(word in text for word in ("height", "width", "aspect")):
+                field = "size"
+            elif "prompt" in text or "seed" in text:
+                field = "prompt" if "prompt" in text else "seed"
+            else:  # a duration the model cannot generate: name the field the client used
+                field = "seconds" if body.seconds is not None else "num_frames"
             raise _unprocessable(field, text) from None
         now = int(time.time())
         job = {"id": f"video_{uuid.uuid4().hex}", "object": "video", "model": model_id, "status": "queued",
