@@ -1,0 +1,116 @@
+"""The http backend against a foreign server of the videos API that misbehaves on purpose.
+
+The foreign server is a small FastAPI app on real uvicorn: it stands in for a server we do not run here (SGLang),
+serving a real MP4; each fault is one mode of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import Response, StreamingResponse
+
+from h3.media import decode_audio, decode_video, encode_mp4
+from h3.recipe import recipe_from_dict
+from h3.runtime import GenerateRequest, TINY_DEFAULT_SIZE
+from h3eval.backends import BackendError
+from h3eval.backends.http import HttpBackend, parse_urls
+from h3eval.synth import moving_square_frames, tone_pcm
+from tests._serving import free_port, serving
+
+RECIPE = recipe_from_dict({"name": "fast", "steps": 2, "dtype": "float32"})
+REQUEST = GenerateRequest(prompt="a cat", seed=0, prompt_id="a")
+
+
+@pytest.fixture(scope="module")
+def clip_bytes(tmp_path_factory) -> bytes:
+    path = tmp_path_factory.mktemp("foreign") / "clip.mp4"
+    encode_mp4(path, moving_square_frames(124, 64), tone_pcm(124 / 24))
+    return path.read_bytes()
+
+
+def foreign_app(mode: str, clip: bytes, seen: list) -> FastAPI:
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    def models():
+        return {"object": "list", "data": [{"id": "foreign", "object": "model"}]}
+
+    @app.post("/v1/videos")
+    async def create(body: dict):
+        seen.append(body)
+        return {"id": "vid1", "status": "queued"}
+
+    @app.get("/v1/videos/{vid}")
+    def job(vid: str):
+        if mode == "failed":
+            return {"id": vid, "status": "failed", "error": {"message": "CUDA out of memory"}}
+        if mode == "never":
+            return {"id": vid, "status": "in_progress"}
+        return {"id": vid, "status": "completed", "inference_time_s": 12.5, "peak_memory_mb": 2048.0}
+
+    @app.get("/v1/videos/{vid}/content")
+    def content(vid: str):
+        if mode == "cut":
+            async def half():
+                yield clip[: len(clip) // 2]
+            return StreamingResponse(half(), media_type="video/mp4", headers={"content-length": str(len(clip))})
+        if mode == "corrupt":
+            return Response(clip[: len(clip) // 3], media_type="video/mp4")
+        return Response(clip, media_type="video/mp4")
+
+    return app
+
+
+def test_foreign_server_clip_is_recorded_with_decoded_hashes(clip_bytes, tmp_path):
+    seen = []
+    with serving(foreign_app("ok", clip_bytes, seen)) as url:
+        backend = HttpBackend([url], TINY_DEFAULT_SIZE, poll_interval_s=0.01, extra_fields={"negative_prompt": "blur"})
+        record = backend.generate(RECIPE, REQUEST, tmp_path / "a-s0.mp4", {"warmup": False})
+    assert seen == [{"prompt": "a cat", "seed": 0, "size": "64x64", "num_frames": 124, "fps": 24,
+                     "num_inference_steps": 2, "negative_prompt": "blur"}]
+    assert (tmp_path / "a-s0.mp4").read_bytes() == clip_bytes
+    frames, _ = decode_video(tmp_path / "a-s0.mp4")
+    audio, _ = decode_audio(tmp_path / "a-s0.mp4")
+    pcm = np.ascontiguousarray(np.rint(np.clip(audio, -1, 1) * 32767).astype(np.int16).T)
+    assert record.frames_sha256 == hashlib.sha256(frames.tobytes()).hexdigest()
+    assert record.pcm_sha256 == hashlib.sha256(pcm.tobytes()).hexdigest()
+    assert record.extra["hash_source"] == "decoded" and "executed" in record.extra["unreported"]
+    assert record.timings.generation_side_latency_s == 12.5  # the server's inference_time_s
+    assert record.peak_memory_bytes == 2048 * 2**20
+    assert record.timings.request_to_file_latency_s == record.extra["client_wall_s"] > 0
+
+
+@pytest.mark.parametrize("mode,message", [
+    ("failed", "failed on the server: CUDA out of memory"),
+    ("never", "did not complete within"),
+    ("cut", "download cut short"),
+    ("corrupt", "does not decode"),
+])
+def test_faults_leave_nothing_behind(mode, message, clip_bytes, tmp_path):
+    with serving(foreign_app(mode, clip_bytes, [])) as url:
+        backend = HttpBackend([url], TINY_DEFAULT_SIZE, poll_interval_s=0.01, timeout_s=1.0)
+        with pytest.raises(BackendError, match=message):
+            backend.generate(RECIPE, REQUEST, tmp_path / "a-s0.mp4")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unreachable_server(tmp_path):
+    backend = HttpBackend([f"http://127.0.0.1:{free_port()}"], TINY_DEFAULT_SIZE, connect_timeout_s=1.0)
+    with pytest.raises(BackendError, match="unreachable|ConnectError"):
+        backend.generate(RECIPE, REQUEST, tmp_path / "a-s0.mp4")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_url_routing():
+    shared, per = parse_urls(["http://a:1", "fast=http://b:2/", "fast=http://c:3"])
+    assert shared == ["http://a:1"] and per == {"fast": ["http://b:2", "http://c:3"]}
+    backend = HttpBackend(["fast=http://b:2"], TINY_DEFAULT_SIZE)
+    assert backend.concurrency == 1
+    with pytest.raises(BackendError, match="no --url serves recipe 'other'"):
+        backend.servers_for("other")
+    with pytest.raises(ValueError, match="--url must be"):
+        parse_urls(["localhost:30000"])
