@@ -13,8 +13,9 @@ Endpoints (SGLang's field names and status values): ``POST /v1/videos`` (``promp
 - Jobs are written to ``<output>/jobs/<id>.json`` (atomically) on every change: a restart keeps completed jobs; a
   job that was queued or running when the server stopped is marked failed (resubmit it), never left hanging.
 - Besides SGLang's fields, a completed job carries ``h3_record`` (the clip's record: raw frame/PCM hashes, stage
-  anatomy, what executed), and a request may carry ``h3_recipe_sha256``: the server refuses (422) a request whose
-  recipe differs from the one it runs, so a client never gets a clip from another configuration.
+  anatomy, what executed), and a request may carry ``h3_levers_sha256`` (:func:`levers_sha256`: the recipe without its name and
+  description): the server refuses (422) a request whose levers differ from the ones it runs, so a client never
+  gets a clip from another configuration.
 """
 
 from __future__ import annotations
@@ -60,7 +61,15 @@ class VideoCreate(BaseModel):
     num_inference_steps: Optional[int] = Field(default=None, ge=1)
     """DiT forward passes; must equal the served recipe's ``steps`` when given."""
     model: Optional[str] = None
-    h3_recipe_sha256: Optional[str] = None
+    h3_levers_sha256: Optional[str] = None
+
+
+def levers_sha256(recipe: Any) -> str:
+    """Hash of what a recipe configures (every lever), leaving out its name and description."""
+    import hashlib
+
+    levers = {k: v for k, v in recipe.resolved().items() if k not in ("name", "description")}
+    return hashlib.sha256(json.dumps(levers, sort_keys=True).encode()).hexdigest()
 
 
 def _unprocessable(field: str, message: str) -> HTTPException:
@@ -220,6 +229,7 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
         return {"object": "list", "data": [{
             "id": model_id, "object": "model", "owned_by": "h3", "model_path": runtime.model,
             "h3_recipe": recipe.resolved(), "h3_recipe_sha256": recipe.sha256(),
+            "h3_levers_sha256": levers_sha256(recipe),
         }]}
 
     @app.post("/v1/videos", dependencies=[Depends(authorize)])
@@ -235,9 +245,10 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
         if body.num_inference_steps is not None and body.num_inference_steps != recipe.steps:
             raise _unprocessable("num_inference_steps", f"this server runs recipe {recipe.name!r} with "
                                  f"{recipe.steps} steps, got {body.num_inference_steps}")
-        if body.h3_recipe_sha256 is not None and body.h3_recipe_sha256 != recipe.sha256():
-            raise _unprocessable("h3_recipe_sha256", f"this server runs recipe {recipe.name!r} "
-                                 f"({recipe.sha256()[:12]}), not the one asked for ({body.h3_recipe_sha256[:12]})")
+        if body.h3_levers_sha256 is not None and body.h3_levers_sha256 != levers_sha256(recipe):
+            raise _unprocessable("h3_levers_sha256", f"this server runs recipe {recipe.name!r} (levers "
+                                 f"{levers_sha256(recipe)[:12]}), not the levers asked for "
+                                 f"({body.h3_levers_sha256[:12]})")
         if body.model is not None and body.model != model_id:
             raise _unprocessable("model", f"this server serves {model_id!r}, got {body.model!r}")
         request = GenerateRequest(prompt=body.prompt, seed=body.seed, num_frames=body.num_frames,

@@ -353,11 +353,13 @@ def build_speed(plan: AbPlan, store: RunStore, refused: dict[str, list[str]]) ->
                                       r.timings.generation_side_latency_s))
                 summary["speedup"] = speedmod.speedup([p[0] for p in pairs], [p[1] for p in pairs])
             rc = recompiles[name]
-            summary["recompiles"] = rc if not rc.get("available") else {
-                **{k: v for k, v in rc.items() if k != "shapes"},
-                "shapes": [s for s in rc["shapes"] if s["request"] in {(r.extra or {}).get("request_name") for r in recs}],
-            }
-            summary["recompiles"]["flagged"] = bool(summary["recompiles"].get("shapes"))
+            if rc.get("available"):
+                mine = {(r.extra or {}).get("request_name") for r in recs}
+                shapes = [s for s in rc["shapes"] if s["request"] in mine]
+                summary["recompiles"] = {**{k: v for k, v in rc.items() if k != "shapes"}, "shapes": shapes,
+                                         "flagged": bool(shapes)}
+            else:
+                summary["recompiles"] = dict(rc)  # not available: neither flagged nor cleared
             out[name] = summary
         sections[section] = out
     speed: dict[str, Any] = {

@@ -292,3 +292,23 @@ def test_command_refuses_bad_input_with_exit_3(tmp_path, fast_recipe_file):
         assert result.exit_code == 3, (extra, result.output)
         assert message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_ab_over_http_with_our_server(tmp_path, tiny_runtime, fast_recipe_file):
+    """One h3 server runs the baseline's levers; the off-identity candidate goes through it too, byte for byte."""
+    from h3.server import create_app
+    from tests._serving import serving
+
+    prompts = write_prompts(tmp_path / "p.jsonl", {"a": "a cat"})
+    with serving(create_app(tiny_runtime, tmp_path / "srv")) as url:
+        result = run_ab_command(baseline=str(fast_recipe_file), candidates=[], off_identity=True, prompts=prompts,
+                                out=tmp_path / "run", backend="http", urls=[url], warmup=0, speed_rounds=1)
+    assert result.manifest.status == "complete", result.manifest.errors
+    store = RunStore(tmp_path / "run")
+    base, ident = store.read_record("fast", "a", 0), store.read_record("fast-identity", "a", 0)
+    assert base.extra["hash_source"] == ident.extra["hash_source"] == "raw"
+    assert ident.extra["server_recipe_name"] == "fast" and ident.recipe_name == "fast-identity"
+    assert result.off_identity["fast-identity"] == {"candidate": "fast-identity", "pairs": 1, "identical": 1,
+                                                    "differing": [], "missing": [], "passed": True}
+    assert base.timings.generation_side_latency_s == base.extra["inference_time_s"]
+    assert result.speed["protocols"]["mixed"]["fast-identity"]["executed_verified"] is True

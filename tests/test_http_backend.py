@@ -114,3 +114,31 @@ def test_url_routing():
         backend.servers_for("other")
     with pytest.raises(ValueError, match="--url must be"):
         parse_urls(["localhost:30000"])
+
+
+def test_ab_fans_out_over_several_servers(clip_bytes, tmp_path):
+    from h3eval.commands.ab import run_ab_command
+    from tests.conftest import FAST_RECIPE, toml_dumps
+
+    (tmp_path / "p.jsonl").write_text('{"id": "a", "prompt": "a cat"}\n{"id": "b", "prompt": "a dog"}\n')
+    recipes = []
+    for name in ("base", "cand"):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(toml_dumps({**FAST_RECIPE, "name": name, "steps": 2 if name == "base" else 4}))
+        recipes.append(str(path))
+    seen_a, seen_b = [], []
+    with serving(foreign_app("ok", clip_bytes, seen_a)) as url_a, serving(foreign_app("ok", clip_bytes, seen_b)) as url_b:
+        result = run_ab_command(baseline=recipes[0], candidates=[recipes[1]], prompts=tmp_path / "p.jsonl",
+                                out=tmp_path / "run", backend="http", urls=[url_a, url_b], warmup=1, speed_rounds=1)
+    # 2 recipes x (1 warm-up + 2 timing + 2 quality) requests, spread over both servers.
+    assert len(seen_a) + len(seen_b) == 10 and seen_a and seen_b
+    assert sorted(b["num_inference_steps"] for b in seen_a + seen_b) == [2] * 5 + [4] * 5
+    assert result.manifest.status == "complete" and result.manifest.backend == "http"
+    speed = result.speed["protocols"]["mixed"]
+    # A foreign server does not report what ran: numbers are given, marked unverified.
+    assert speed["cand"]["executed_verified"] is False
+    assert speed["cand"]["generation_side_latency_s"]["p50"] == 12.5
+    assert speed["cand"]["speedup"]["speedup"] == pytest.approx(1.0)
+    assert speed["cand"]["stage_anatomy_median_s"] is None
+    assert result.speed["recompiles"]["cand"] == {"available": False,
+                                                  "reason": "the server does not report sequence shapes"}

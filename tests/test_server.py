@@ -63,7 +63,7 @@ def test_validation_errors_are_422_naming_the_field(tiny_runtime, tmp_path):
         "num_inference_steps": {"prompt": "x", "num_inference_steps": 50},
         "seconds": {"prompt": "x", "seconds": 20},
         "turbo": {"prompt": "x", "turbo": True},
-        "h3_recipe_sha256": {"prompt": "x", "h3_recipe_sha256": "0" * 64},
+        "h3_levers_sha256": {"prompt": "x", "h3_levers_sha256": "0" * 64},
     }
     with serving(create_app(tiny_runtime, tmp_path / "srv")) as url, httpx.Client() as client:
         for field, body in cases.items():

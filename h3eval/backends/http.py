@@ -29,7 +29,7 @@ from h3.atomic import sha256_file, tmp_path_for
 from h3.media import MediaError, probe
 from h3.record import ClipRecord, RequestSpec
 from h3.recipe import Recipe
-from h3.runtime import FPS, GenerateRequest, RequestError, resolve_request
+from h3.runtime import FPS, GenerateRequest, resolve_request
 from h3eval.backends import BackendError, foreign_record, write_record
 
 logger = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class HttpBackend:
             if response.status_code == 401:
                 raise BackendError(f"{url}/v1/models: 401 unauthorized (give --api-key)")
             data = response.json().get("data", []) if response.status_code == 200 else []
-            self._is_h3[url] = bool(data) and "h3_recipe_sha256" in data[0]
+            self._is_h3[url] = bool(data) and "h3_levers_sha256" in data[0]
         return self._is_h3[url]
 
     def payload(self, url: str, recipe: Recipe, request: GenerateRequest) -> dict[str, Any]:
@@ -123,7 +123,9 @@ class HttpBackend:
             "fps": FPS, "num_inference_steps": recipe.steps, **self.extra_fields,
         }
         if self.is_h3_server(url):
-            body["h3_recipe_sha256"] = recipe.sha256()
+            from h3.server import levers_sha256
+
+            body["h3_levers_sha256"] = levers_sha256(recipe)
         return body
 
     def _generate(self, url: str, recipe: Recipe, request: GenerateRequest, out: Path, extra: dict) -> ClipRecord:
@@ -220,6 +222,10 @@ class HttpBackend:
                 raise BackendError(f"{url} job {job['id']}: the downloaded clip is not the one the server recorded "
                                    "(sha256 differs)")
             server["server_request_to_file_latency_s"] = record.timings.request_to_file_latency_s
+            if record.recipe_name != recipe.name:
+                # The server ran these levers (it checked h3_levers_sha256) under its own recipe's name.
+                server["server_recipe_name"] = record.recipe_name
+                record.recipe_name, record.recipe, record.recipe_sha256 = recipe.name, recipe.resolved(), recipe.sha256()
             record.timings.request_to_file_latency_s = wall_s
             record.extra = {**record.extra, **extra, **server, "hash_source": "raw"}
             return record

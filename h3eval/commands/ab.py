@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
     @handle_errors
     def ab(
         baseline: str = typer.Option(..., "--baseline", envvar="H3EVAL_BASELINE", help="Baseline recipe."),
-        candidate: List[str] = typer.Option(..., "--candidate", help="Candidate recipe (repeatable)."),
+        candidate: List[str] = typer.Option([], "--candidate", help="Candidate recipe (repeatable)."),
         prompts: str = typer.Option(..., "--prompts", envvar="H3EVAL_PROMPTS", help="Prompt suite name or JSONL."),
         out: Path = typer.Option(..., "--out", envvar="H3EVAL_OUT", help="Run directory (created or resumed)."),
         model: str = typer.Option("tiny", "--model", envvar="H3EVAL_MODEL", help="'tiny' or a checkpoint dir."),
