@@ -94,6 +94,8 @@ class JobStore:
         self._recover()
 
     def _recover(self) -> None:
+        for partial in [*self.videos_dir.glob(".*.tmp"), *self.jobs_dir.glob(".*.tmp")]:
+            partial.unlink(missing_ok=True)  # an atomic write a killed server did not finish
         for path in sorted(self.jobs_dir.glob("video_*.json")):
             try:
                 job = json.loads(path.read_text())

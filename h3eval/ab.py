@@ -12,6 +12,10 @@ One run holds, for every recipe (baseline first):
   suite per protocol (2 by default, so every shape has a first request and a steady one).
 - ``clips/<recipe>/<prompt>-s<seed>.mp4``: the quality clips (prompts × seeds) the gates compare.
 
+Timing requests all use the first seed (speed does not depend on the seed; the prompt's length does).
+A killed run reruns to completion: finished requests (record parses, MP4 hash matches) are kept, half-written
+temporary files are swept, the rest is generated once.
+
 Requests are interleaved across recipes (request i of every recipe before request i + 1) so machine drift hits
 both sides alike. After every request the configured-versus-executed check runs (:func:`check_executed`); a
 mismatch removes that clip, stops that recipe and fails the run: it produces no speed number. An off-identity
@@ -212,6 +216,22 @@ class Job:
         return f"{self.kind}/{self.recipe.name}/{self.name}"
 
 
+def sweep_partial_files(root: Path) -> list[Path]:
+    """Remove the temporary files of atomic writes a killed process left behind (``.<name>.<random>.tmp``).
+
+    Only called once the run directory is opened by the one process that fills it; a finished file is never a
+    ``.tmp``, so nothing complete is touched.
+    """
+    removed = []
+    for sub in ("clips", "speed", "warmup"):
+        for path in (root / sub).rglob(".*.tmp") if (root / sub).exists() else ():
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    if removed:
+        logger.warning("removed %d half-written file(s) of an interrupted run under %s", len(removed), root)
+    return removed
+
+
 def read_valid_record(out: Path) -> ClipRecord | None:
     """The record next to ``out`` when the clip is finished (record parses, MP4 hash matches), else None."""
     json_path = out.with_suffix(".json")
@@ -404,6 +424,7 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     plan.validate()
     plan.run.kind = "ab"
     store, manifest = open_run(plan.run)
+    sweep_partial_files(store.root)
     session = _Session(plan, store, backend)
     warm_done: set[str] = set()
 

@@ -142,3 +142,24 @@ def test_ab_fans_out_over_several_servers(clip_bytes, tmp_path):
     assert speed["cand"]["stage_anatomy_median_s"] is None
     assert result.speed["recompiles"]["cand"] == {"available": False,
                                                   "reason": "the server does not report sequence shapes"}
+
+
+def test_both_protocols_side_by_side(clip_bytes, tmp_path):
+    from h3eval.commands.ab import run_ab_command
+    from tests.conftest import FAST_RECIPE, toml_dumps
+
+    (tmp_path / "p.jsonl").write_text('{"id": "a", "prompt": "a cat"}\n{"id": "b", "prompt": "a dog on a log"}\n')
+    (tmp_path / "fast.toml").write_text(toml_dumps(FAST_RECIPE))
+    seen = []
+    with serving(foreign_app("ok", clip_bytes, seen)) as url:
+        result = run_ab_command(baseline=str(tmp_path / "fast.toml"), candidates=[], off_identity=True,
+                                prompts=tmp_path / "p.jsonl", out=tmp_path / "run", backend="http", urls=[url],
+                                warmup=1, speed_protocol="both", speed_rounds=2)
+    prompts = [b["prompt"] for b in seen]
+    # warm-up (x2 recipes), repeated (4 x2, always the first prompt), mixed (4 x2, cycling), quality (2 x2)
+    assert prompts[:2] == ["a cat"] * 2 and prompts[2:10] == ["a cat"] * 8
+    assert prompts[10:18] == ["a cat"] * 2 + ["a dog on a log"] * 2 + ["a cat"] * 2 + ["a dog on a log"] * 2
+    assert len(prompts) == 22
+    assert set(result.speed["protocols"]) == {"repeated", "mixed", "quality_clips"}
+    assert result.speed["repeated_vs_mixed"]["fast"] == {"mixed_p50_s": 12.5, "repeated_p50_s": 12.5, "ratio": 1.0}
+    assert "repeated vs mixed" in (tmp_path / "run" / "speed.md").read_text()

@@ -137,3 +137,14 @@ def test_full_queue_is_429_and_restart_keeps_finished_jobs(tiny_runtime, tmp_pat
         assert client.get(f"{url}/v1/videos/{first['id']}/content").content == content
         stale_now = client.get(f"{url}/v1/videos/{stale['id']}").json()
         assert stale_now["status"] == "failed" and "resubmit" in stale_now["error"]["message"]
+
+
+def test_serve_command_refuses_bad_input():
+    from typer.testing import CliRunner
+
+    from h3.cli import app
+
+    result = CliRunner().invoke(app, ["serve", "--max-queue", "-1"])
+    assert result.exit_code == 3 and "--max-queue must be >= 0" in result.output
+    result = CliRunner().invoke(app, ["serve", "--recipe", "no-such-recipe"])
+    assert result.exit_code == 3 and "unknown recipe" in result.output
