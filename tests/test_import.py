@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,8 @@ def folders(tmp_path):
     base, cand = tmp_path / "lightx2v-base", tmp_path / "lightx2v-fp8"
     for pid in "abce":
         clip(base / f"{pid}-s0.mp4", seed=ord(pid))
-    clip(cand / "a-s0.mp4", seed=ord("a"))          # identical to its partner
+    cand.mkdir()
+    shutil.copyfile(base / "a-s0.mp4", cand / "a-s0.mp4")  # the same file as its partner
     clip(cand / "b-s0.mp4", seed=ord("b"), size=32)  # different resolution
     clip(cand / "e-s0.mp4", seed=ord("e"), fps=25)   # different fps (and so duration)
     clip(cand / "d-s0.mp4", seed=ord("d"))           # no baseline partner
