@@ -91,6 +91,8 @@ class JobStore:
         self.queue: collections.deque[str] = collections.deque()
         self.requests: dict[str, GenerateRequest] = {}
         self.stopping = False
+        self.busy = False
+        """Whether the worker holds a job (popped from the queue, not yet finished)."""
         self._recover()
 
     def _recover(self) -> None:
@@ -129,7 +131,8 @@ class JobStore:
 
     def submit(self, job: dict[str, Any], request: GenerateRequest) -> bool:
         with self.lock:
-            if len(self.queue) >= self.max_queue:
+            # max_queue counts jobs waiting behind the one on the device; an idle server always takes one job.
+            if len(self.queue) >= self.max_queue and (self.busy or self.queue):
                 return False
             self.jobs[job["id"]] = job
             self.requests[job["id"]] = request
@@ -142,7 +145,14 @@ class JobStore:
         with self.lock:
             while not self.queue and not self.stopping:
                 self.lock.wait(timeout=0.5)
-            return None if self.stopping else self.queue.popleft()
+            if self.stopping:
+                return None
+            self.busy = True
+            return self.queue.popleft()
+
+    def done(self) -> None:
+        with self.lock:
+            self.busy = False
 
     def update(self, job_id: str, **fields: Any) -> dict[str, Any]:
         with self.lock:
@@ -162,24 +172,32 @@ def _worker(store: JobStore, runtime: Any) -> None:
         job_id = store.next()
         if job_id is None:
             return
-        request = store.requests.pop(job_id)
-        store.update(job_id, status="in_progress", progress=0)
-        out = store.content_path(job_id)
         try:
-            record = runtime.generate(request, out, extra={"server_job_id": job_id})
-        except Exception as exc:  # any failure of one job is reported on that job; the server keeps serving
-            logger.exception("job %s failed", job_id)
-            out.unlink(missing_ok=True)
-            store.update(job_id, status="failed", completed_at=int(time.time()),
-                         error={"message": f"{type(exc).__name__}: {exc}"})
-            continue
-        peak = record.peak_memory_bytes
-        store.update(
-            job_id, status="completed", progress=100, completed_at=int(time.time()),
-            inference_time_s=record.timings.generation_side_latency_s,
-            peak_memory_mb=peak / 2**20 if peak is not None else None,
-            mp4_sha256=record.mp4_sha256, h3_record=record.model_dump(mode="json"),
-        )
+            _run_job(store, runtime, job_id)
+        finally:
+            store.done()
+
+
+def _run_job(store: JobStore, runtime: Any, job_id: str) -> None:
+    """Generate one job's clip and record the outcome on the job."""
+    request = store.requests.pop(job_id)
+    store.update(job_id, status="in_progress", progress=0)
+    out = store.content_path(job_id)
+    try:
+        record = runtime.generate(request, out, extra={"server_job_id": job_id})
+    except Exception as exc:  # any failure of one job is reported on that job; the server keeps serving
+        logger.exception("job %s failed", job_id)
+        out.unlink(missing_ok=True)
+        store.update(job_id, status="failed", completed_at=int(time.time()),
+                     error={"message": f"{type(exc).__name__}: {exc}"})
+        return
+    peak = record.peak_memory_bytes
+    store.update(
+        job_id, status="completed", progress=100, completed_at=int(time.time()),
+        inference_time_s=record.timings.generation_side_latency_s,
+        peak_memory_mb=peak / 2**20 if peak is not None else None,
+        mp4_sha256=record.mp4_sha256, h3_record=record.model_dump(mode="json"),
+    )
 
 
 def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None, max_queue: int = 8,

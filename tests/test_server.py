@@ -148,3 +148,12 @@ def test_serve_command_refuses_bad_input():
     assert result.exit_code == 3 and "--max-queue must be >= 0" in result.output
     result = CliRunner().invoke(app, ["serve", "--recipe", "no-such-recipe"])
     assert result.exit_code == 3 and "unknown recipe" in result.output
+
+
+def test_max_queue_zero_takes_one_job_when_idle(tiny_runtime, tmp_path):
+    with serving(create_app(tiny_runtime, tmp_path / "srv", max_queue=0)) as url, httpx.Client() as client:
+        first = client.post(f"{url}/v1/videos", json={"prompt": "a cat", "seed": 0})
+        assert first.status_code == 200
+        second = client.post(f"{url}/v1/videos", json={"prompt": "a cat", "seed": 1})
+        assert second.status_code == 429
+        assert wait_status(client, url, first.json()["id"])["status"] == "completed"
