@@ -168,6 +168,8 @@ def render_markdown(speed: dict[str, Any]) -> str:
             sp = s.get("speedup") or {}
             sp_text = (f"{sp['speedup']:.2f}× [{sp['ci_low']:.2f}, {sp['ci_high']:.2f}]" if sp.get("speedup")
                        else "-")
+            if sp.get("warning"):
+                sp_text += f" (n={sp['n_pairs']}: CI not informative)"
             rc = s.get("recompiles") or {}
             rc_text = ("n/a" if not rc.get("available") else
                        ", ".join(x["shape"] for x in rc["shapes"]) if rc["flagged"] else "none")

@@ -287,7 +287,9 @@ def test_command_refuses_bad_input_with_exit_3(tmp_path, fast_recipe_file):
                            (["--candidate", str(write_recipe(tmp_path, name="c")), "--backend", "http"],
                             "needs at least one --url"),
                            (["--candidate", str(write_recipe(tmp_path, name="c")), "--gpu-hourly-rate", "-1"],
-                            "must be positive")]:
+                            "must be positive"),
+                           (["--candidate", str(write_recipe(tmp_path, name="c")), "--url", "http://x:1"],
+                            "--url is for --backend http")]:
         result = CliRunner().invoke(app, base + extra)
         assert result.exit_code == 3, (extra, result.output)
         assert message in result.output and "Traceback" not in result.output

@@ -10,6 +10,9 @@ definition seen from the client, including queueing and transfer); the generatio
 (``h3_record``), so the client keeps the raw frame/PCM hashes and the executed telemetry; from a foreign server the
 hashes are of the decoded MP4 (``extra["hash_source"] = "decoded"``).
 
+Recompile detection through ``http`` groups requests by the *client's* session: a server keeps its compile caches
+across client sessions, so a resumed client may see shapes already warm (a missed flag, never a false one).
+
 Several URLs fan requests out: each server has at most one request of ours in flight (a free-server queue), so
 ``concurrency`` is the number of servers. A URL given as ``RECIPE=URL`` serves only that recipe.
 """

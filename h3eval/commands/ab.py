@@ -75,6 +75,8 @@ def run_ab_command(*, baseline, candidates, prompts, out, model="tiny", seeds="0
         raise RunError(f"--backend must be inprocess or http, got {backend!r} (clips from elsewhere: h3eval import)")
     if backend == "http" and not urls:
         raise RunError("--backend http needs at least one --url")
+    if backend == "inprocess" and urls:
+        raise RunError("--url is for --backend http; the inprocess backend runs the h3 runtime in this process")
     plan = AbPlan(
         run=RunPlan(
             out=Path(out), model=model, recipes=recipes, prompts=load_prompts(prompts), seeds=parse_seeds(seeds),
