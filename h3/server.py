@@ -13,9 +13,9 @@ Endpoints (SGLang's field names and status values): ``POST /v1/videos`` (``promp
 - Jobs are written to ``<output>/jobs/<id>.json`` (atomically) on every change: a restart keeps completed jobs; a
   job that was queued or running when the server stopped is marked failed (resubmit it), never left hanging.
 - Besides SGLang's fields, a completed job carries ``h3_record`` (the clip's record: raw frame/PCM hashes, stage
-  anatomy, what executed), and a request may carry ``h3_levers_sha256`` (:func:`levers_sha256`: the recipe without its name and
-  description): the server refuses (422) a request whose levers differ from the ones it runs, so a client never
-  gets a clip from another configuration.
+  anatomy, what executed), and a request may carry ``h3_levers_sha256`` (:func:`levers_sha256`: the recipe
+  without its name and description): the server refuses (422) a request whose levers differ from the ones it runs,
+  so a client never gets a clip from another configuration.
 """
 
 from __future__ import annotations

@@ -199,6 +199,8 @@ class AbPlan:
             raise RunError(f"--gpu-hourly-rate must be positive, got {self.gpu_hourly_rate}")
         if self.run.baseline is None or self.run.recipes[0].name != self.run.baseline:
             raise RunError("the baseline must be the first recipe of an ab run")
+        if self.run.trajectory and self.run.backend != "inprocess":
+            raise RunError("latent trajectories (--trajectory) are recorded by the inprocess backend only")
         if len(self.run.recipes) < 2:
             raise RunError("an ab run needs a baseline and at least one --candidate")
 
@@ -300,7 +302,10 @@ class _Session:
             extra["protocol"] = job.kind.split("/", 1)[1]
         job.out.with_suffix(".error.json").unlink(missing_ok=True)
         try:
-            record = self.backend.generate(job.recipe, job.request, job.out, extra)
+            if job.kind == "quality" and self.plan.run.trajectory:
+                record = self.backend.generate(job.recipe, job.request, job.out, extra, trajectory=True)
+            else:
+                record = self.backend.generate(job.recipe, job.request, job.out, extra)
         except (BackendError, RequestError, StoreError, MediaError, RuntimeError, ValueError, OSError) as exc:
             self.error(job, f"{type(exc).__name__}: {exc}")
             return

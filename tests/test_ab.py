@@ -54,7 +54,7 @@ class RecipeView:
             self.seen_shapes.add(key)
             time.sleep(self.sleep_s)
 
-    def generate(self, request, out, extra=None):
+    def generate(self, request, out, extra=None, **kwargs):
         if self.kill_at is not None and len(self.calls) == self.kill_at:
             raise KeyboardInterrupt  # the user's Ctrl-C between two requests
         self.calls.append(Path(out))
@@ -63,7 +63,7 @@ class RecipeView:
         handle = (self.runtime.pipe.transformer.register_forward_pre_hook(self._pre_hook, with_kwargs=True)
                   if self.sleep_s else None)
         try:
-            return self.runtime.generate(request, out, extra)
+            return self.runtime.generate(request, out, extra, **kwargs)
         finally:
             self.runtime.recipe = loaded
             if handle is not None:
@@ -86,7 +86,7 @@ def mismatch_run(tmp_path_factory, tiny_runtime):
     sage = write_recipe(root, name="asks-math", attention={"backend": "_native_math"})
     calls: list = []
     result = run_ab_command(baseline=str(write_recipe(root)), candidates=[str(four), str(sage)], prompts=prompts,
-                            out=root / "run", warmup=0, speed_rounds=1,
+                            out=root / "run", warmup=0, speed_rounds=1, trajectory=True,
                             runtime_factory=view_factory(tiny_runtime, calls))
     return root / "run", result, calls
 
@@ -108,6 +108,8 @@ def test_mismatch_fails_the_run_and_gives_no_speed_number(mismatch_run):
     # Each mismatching recipe ran once, then was stopped: 2 baseline clips + 1 per candidate.
     assert len(calls) == 4
     assert speed["protocols"]["mixed"]["fast"]["status"] == "ok"
+    # Latent trajectories are recorded for the quality clips (the trajectory gate's input), not for timing requests.
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.traj.npz")) == ["clips/fast/a-s0.traj.npz"]
 
 
 def test_check_executed_field_by_field(mismatch_run):

@@ -40,6 +40,7 @@ class Backend(Protocol):
 def remove_clip(out: Path) -> None:
     """Remove a clip and its record (a clip that must not count, e.g. it ran something other than its recipe)."""
     Path(out).with_suffix(".json").unlink(missing_ok=True)
+    Path(out).with_suffix(".traj.npz").unlink(missing_ok=True)
     Path(out).unlink(missing_ok=True)
 
 

@@ -37,7 +37,11 @@ class InProcessBackend:
             self._runtimes[recipe.name] = self.runtime_factory(self.model, recipe, self.device)
         return self._runtimes[recipe.name]
 
-    def generate(self, recipe: Recipe, request: GenerateRequest, out: Path, extra: dict | None = None) -> ClipRecord:
+    def generate(self, recipe: Recipe, request: GenerateRequest, out: Path, extra: dict | None = None,
+                 trajectory: bool = False) -> ClipRecord:
+        """With ``trajectory``, the runtime also writes the latent trajectory next to the clip (trajectory gate)."""
+        if trajectory:
+            return self.runtime(recipe).generate(request, out, extra, trajectory=True)
         return self.runtime(recipe).generate(request, out, extra)
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         speed_rounds: int = typer.Option(2, "--speed-rounds", help="Cycles of the prompt suite per protocol."),
         gpu_hourly_rate: Optional[float] = typer.Option(None, "--gpu-hourly-rate", help="USD per GPU-hour."),
         off_identity: bool = typer.Option(False, "--off-identity", help="Add <baseline>-identity as a candidate."),
+        trajectory: bool = typer.Option(False, "--trajectory", help="Record quality clips' latent trajectories."),
         seconds: Optional[float] = typer.Option(None, "--seconds"),
         num_frames: Optional[int] = typer.Option(None, "--num-frames"),
         height: Optional[int] = typer.Option(None, "--height"),
@@ -41,8 +42,9 @@ def register(app: typer.Typer) -> None:
         result = run_ab_command(
             baseline=baseline, candidates=candidate, prompts=prompts, out=out, model=model, seeds=seeds,
             backend=backend, urls=url, api_key=api_key, warmup=warmup, speed_protocol=speed_protocol,
-            speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity, seconds=seconds,
-            num_frames=num_frames, height=height, width=width, timeout_s=timeout_s, device=device)
+            speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
+            trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
+            timeout_s=timeout_s, device=device)
         manifest = result.manifest
         typer.echo(f"{out}: {manifest.status}; speed summary in {out / 'speed.md'}")
         for name, problems in result.executed_mismatches.items():
@@ -59,8 +61,8 @@ def register(app: typer.Typer) -> None:
 
 def run_ab_command(*, baseline, candidates, prompts, out, model="tiny", seeds="0", backend="inprocess", urls=(),
                    api_key=None, warmup=1, speed_protocol="mixed", speed_rounds=2, gpu_hourly_rate=None,
-                   off_identity=False, seconds=None, num_frames=None, height=None, width=None, timeout_s=1800.0,
-                   device=None, runtime_factory=None):
+                   off_identity=False, trajectory=False, seconds=None, num_frames=None, height=None, width=None,
+                   timeout_s=1800.0, device=None, runtime_factory=None):
     from h3.recipe import load_recipe
     from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE
     from h3eval.ab import AbPlan, identity_recipe, run_ab
@@ -81,11 +83,12 @@ def run_ab_command(*, baseline, candidates, prompts, out, model="tiny", seeds="0
         run=RunPlan(
             out=Path(out), model=model, recipes=recipes, prompts=load_prompts(prompts), seeds=parse_seeds(seeds),
             shape=RequestShape(seconds=seconds, num_frames=num_frames, height=height, width=width),
-            baseline=base.name, kind="ab", backend=backend, device=device,
+            baseline=base.name, kind="ab", backend=backend, device=device, trajectory=trajectory,
             args=dict(command="ab", baseline=baseline, candidates=list(candidates), prompts=str(prompts), model=model,
                       seeds=seeds, backend=backend, urls=list(urls), warmup=warmup, speed_protocol=speed_protocol,
                       speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
-                      seconds=seconds, num_frames=num_frames, height=height, width=width, device=device),
+                      trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
+                      device=device),
         ),
         warmup=warmup, speed_protocol=speed_protocol, speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate,
     )
