@@ -70,7 +70,8 @@ def test_foreign_server_clip_is_recorded_with_decoded_hashes(clip_bytes, tmp_pat
     with serving(foreign_app("ok", clip_bytes, seen)) as url:
         backend = HttpBackend([url], TINY_DEFAULT_SIZE, poll_interval_s=0.01, extra_fields={"negative_prompt": "blur"})
         record = backend.generate(RECIPE, REQUEST, tmp_path / "a-s0.mp4", {"warmup": False})
-    assert seen == [{"prompt": "a cat", "seed": 0, "size": "64x64", "num_frames": 124, "fps": 24,
+    height, width = TINY_DEFAULT_SIZE
+    assert seen == [{"prompt": "a cat", "seed": 0, "size": f"{width}x{height}", "num_frames": 124, "fps": 24,
                      "num_inference_steps": 2, "negative_prompt": "blur"}]
     assert (tmp_path / "a-s0.mp4").read_bytes() == clip_bytes
     frames, _ = decode_video(tmp_path / "a-s0.mp4")
