@@ -264,8 +264,8 @@ def quality_jobs(plan: AbPlan, store: RunStore) -> list[Job]:
     jobs = []
     for recipe, pid, seed in plan.run.jobs():
         prompt = plan.run.prompts.by_id(pid)
-        jobs.append(Job(recipe, plan.run.shape.request(pid, prompt.prompt, seed), store.clip_path(recipe.name, pid, seed),
-                        "quality", f"{pid}-s{seed}"))
+        request = plan.run.shape.request(pid, prompt.prompt, seed)
+        jobs.append(Job(recipe, request, store.clip_path(recipe.name, pid, seed), "quality", f"{pid}-s{seed}"))
     return jobs
 
 
@@ -317,7 +317,8 @@ class _Session:
             remove_clip(job.out)
             with self.lock:
                 self.failed.setdefault(name, problems)
-            self.error(job, "configured-versus-executed mismatch (clip removed, recipe stopped): " + "; ".join(problems))
+            self.error(job, "configured-versus-executed mismatch (clip removed, recipe stopped): "
+                       + "; ".join(problems))
 
     def error(self, job: Job, message: str) -> None:
         logger.error("%s failed: %s", job.label, message)
@@ -463,11 +464,10 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     atomic_write_json(store.root / "speed.json", speed)
     atomic_write_text(store.root / "speed.md", speedmod.render_markdown(speed))
 
-    quality_errors = [e for e in session.errors if e.error.startswith("quality/")]
     manifest.errors = session.errors
     if session.failed or any(not v["passed"] for v in identity.values()):
         manifest.status = "failed"
-    elif quality_errors or session.errors:
+    elif session.errors:
         manifest.status = "partial"
     else:
         manifest.status = "complete"
