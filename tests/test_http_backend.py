@@ -164,3 +164,24 @@ def test_both_protocols_side_by_side(clip_bytes, tmp_path):
     assert set(result.speed["protocols"]) == {"repeated", "mixed", "quality_clips"}
     assert result.speed["repeated_vs_mixed"]["fast"] == {"mixed_p50_s": 12.5, "repeated_p50_s": 12.5, "ratio": 1.0}
     assert "repeated vs mixed" in (tmp_path / "run" / "speed.md").read_text()
+
+
+def test_server_faults_land_in_the_run_record_and_the_rest_continues(clip_bytes, tmp_path):
+    from h3eval.commands.ab import run_ab_command
+    from h3eval.store import RunStore
+    from tests.conftest import FAST_RECIPE, toml_dumps
+
+    (tmp_path / "p.jsonl").write_text('{"id": "a", "prompt": "a cat"}\n')
+    for name, steps in (("base", 2), ("cand", 3)):  # different levers: not an off-identity candidate
+        (tmp_path / f"{name}.toml").write_text(toml_dumps({**FAST_RECIPE, "name": name, "steps": steps}))
+    with serving(foreign_app("ok", clip_bytes, [])) as ok, serving(foreign_app("failed", clip_bytes, [])) as bad:
+        result = run_ab_command(baseline=str(tmp_path / "base.toml"), candidates=[str(tmp_path / "cand.toml")],
+                                prompts=tmp_path / "p.jsonl", out=tmp_path / "run", backend="http",
+                                urls=[f"base={ok}", f"cand={bad}"], warmup=0, speed_rounds=1)
+    manifest = RunStore(tmp_path / "run").read_manifest()
+    assert manifest.status == "partial" and result.manifest.status == "partial"
+    assert sorted(e.error.split(":")[0] for e in manifest.errors) == ["quality/cand/a-s0", "speed/mixed/cand/r000-a-s0"]
+    assert all("failed on the server: CUDA out of memory" in e.error for e in manifest.errors)
+    assert RunStore(tmp_path / "run").read_record("base", "a", 0) is not None
+    assert not list((tmp_path / "run").rglob("cand/*.mp4")) and not list((tmp_path / "run").rglob("*.tmp"))
+    assert result.speed["protocols"]["mixed"]["cand"] == {"status": "empty", "reason": "no finished request"}
