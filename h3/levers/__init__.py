@@ -40,8 +40,30 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("H3_CACHE_DIR", Path.home() / ".cache" / "h3"))
 
 
+def preflight(recipe, device) -> None:
+    """Refuse, before anything loads, a recipe whose levers cannot run on ``device`` (no silent fallback)."""
+    from h3.levers.attention_backend import CUDA_ONLY
+    from h3.levers.bucketing import MASKING_BACKENDS
+
+    on_cuda = str(device).startswith("cuda")
+    problems = []
+    if recipe.quant.mode == "fp8_w8a8" and not on_cuda:
+        problems.append("quant.mode = 'fp8_w8a8' needs a GPU with FP8 tensor cores (Hopper/Ada)")
+    if recipe.attention.backend in CUDA_ONLY and not on_cuda:
+        problems.append(f"attention.backend = {recipe.attention.backend!r} needs a CUDA GPU")
+    if recipe.offload.enabled and recipe.offload.use_stream and not on_cuda:
+        problems.append("offload.use_stream (prefetch on a side CUDA stream) needs a CUDA GPU")
+    if recipe.bucketing.enabled and recipe.attention.backend not in MASKING_BACKENDS:
+        problems.append(f"bucketing masks padding; attention.backend {recipe.attention.backend!r} takes no mask "
+                        f"(use one of {', '.join(MASKING_BACKENDS)})")
+    if problems:
+        raise LeverError(f"recipe {recipe.name!r} cannot run on {device}: " + "; ".join(problems)
+                         + ". Refusing to fall back silently.")
+
+
 def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: bool) -> dict[str, LeverHandle]:
     """Apply every lever ``recipe`` switches on to ``pipe``; returns the handles by lever name."""
+    preflight(recipe, device)
     handles: dict[str, LeverHandle] = {}
     transformer = pipe.transformer
     device = str(device)
@@ -128,6 +150,11 @@ def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: boo
             handles["vae"] = apply_vae(pipe, VaeTilingConfig(tiles=dict(recipe.vae.tiles),
                                                               resident=recipe.vae.resident, device=device))
     except LeverError as exc:
+        for handle in reversed(handles.values()):
+            try:
+                handle.remove()
+            except LeverError:
+                pass  # irreversible levers (fused LoRA, dropped weights): the runtime is discarded anyway
         raise LeverError(f"recipe {recipe.name!r}: {exc}") from exc
     return handles
 

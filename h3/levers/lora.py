@@ -48,7 +48,13 @@ def resolve_lora_path(path: str | None, *, is_tiny: bool, transformer: torch.nn.
         if not target.is_file():
             write_tiny_lora(target, transformer)
         return target
-    resolved = Path(os.path.expandvars(os.path.expanduser(path)))
+    expanded = os.path.expandvars(os.path.expanduser(path))
+    if "$" in expanded:
+        raise LeverError(
+            f"LoRA path {path!r} (recipe key lora.path) names an environment variable that is not set "
+            f"({expanded!r}); set it to the folder holding the few-step LoRA. Refusing to run the recipe without it."
+        )
+    resolved = Path(expanded)
     if not resolved.is_file():
         raise LeverError(
             f"LoRA file {resolved} (recipe key lora.path = {path!r}) does not exist; put the few-step LoRA "
