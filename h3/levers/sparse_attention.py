@@ -57,7 +57,8 @@ def route_blocks(query: torch.Tensor, key: torch.Tensor, block_size: int, sparsi
     q_pool, k_pool = pool(query), pool(key)
     scores = torch.einsum("bqhd,bkhd->bhqk", q_pool, k_pool)
     scores[..., n_valid:] = float("-inf")  # key blocks made only of padding are never kept
-    keep = max(1, math.ceil((1.0 - sparsity) * n_valid))
+    # round() first: (1 - 0.7) * 10 is 3.0000000000000004 in floating point, which must keep 3 blocks, not 4.
+    keep = max(1, math.ceil(round((1.0 - sparsity) * n_valid, 9)))
     top = scores.topk(keep, dim=-1).indices.sort(dim=-1).values
     rest = torch.arange(n_blocks, device=query.device).expand(batch, heads, n_blocks, n_blocks)
     chosen = torch.zeros(batch, heads, n_blocks, n_blocks, dtype=torch.bool, device=query.device)
@@ -84,12 +85,14 @@ def block_sparse_attention(query, key, value, kv_num_blocks, kv_indices, block_s
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     seq = query.shape[1]
-    mask_mod = None
-    if valid_len is not None and valid_len < seq:
-        limit = valid_len
+    # The mask_mod states the kept blocks token by token as well: the compiled kernel skips the dropped blocks from
+    # the block structure alone, but eager flex_attention (the CPU path) computes every score and applies only the
+    # mask_mod, so both must say the same thing.
+    kept = kept_block_mask(kv_num_blocks, kv_indices)
+    limit = seq if valid_len is None else valid_len
 
-        def mask_mod(b, h, q_idx, kv_idx):  # noqa: ARG001 - flex's mask_mod signature
-            return kv_idx < limit
+    def mask_mod(b, h, q_idx, kv_idx):
+        return kept[b, h, q_idx // block_size, kv_idx // block_size] & (kv_idx < limit)
 
     block_mask = BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=block_size, mask_mod=mask_mod,
                                           seq_lengths=(seq, seq))
