@@ -64,13 +64,15 @@ class OffloadHandle(LeverHandle):
         self.onloads = 0
 
     def telemetry(self) -> dict[str, Any]:
-        first = next(iter(self.groups.get("transformer", [])), None)
+        groups = [g for gs in self.groups.values() for g in gs]
         return {
             "applied": not self.removed,
             "modules": sorted(self.modules),
             "groups": {name: len(g) for name, g in self.groups.items()},
             "use_stream": self.config.use_stream,
-            "pinned_memory": bool(first is not None and first.stream is not None and not first.low_cpu_mem_usage),
+            # diffusers pins the CPU copy of every group that streams (unless low_cpu_mem_usage).
+            "streamed_groups": sum(1 for g in groups if g.stream is not None),
+            "pinned_memory": any(g.stream is not None and not g.low_cpu_mem_usage for g in groups),
             "group_onloads": self.onloads,
         }
 

@@ -79,6 +79,14 @@ def kept_block_mask(kv_num_blocks: torch.Tensor, kv_indices: torch.Tensor) -> to
     return mask.scatter(-1, kv_indices.long(), taken)
 
 
+def _as_kv_blocks(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, H, nQ, nK) bool -> (kv_num_blocks, kv_indices) with the set blocks first in ascending order."""
+    n = mask.shape[-1]
+    order = torch.arange(n, device=mask.device).expand_as(mask)
+    indices = torch.argsort((~mask).to(torch.int32) * n + order, dim=-1).to(torch.int32)
+    return mask.sum(-1, dtype=torch.int32), indices
+
+
 def block_sparse_attention(query, key, value, kv_num_blocks, kv_indices, block_size, valid_len=None):
     """Attention over the kept key blocks. query/key/value (B, S, H, D) -> (B, S, H, D)."""
     global _COMPILED_FLEX
@@ -94,8 +102,18 @@ def block_sparse_attention(query, key, value, kv_num_blocks, kv_indices, block_s
     def mask_mod(b, h, q_idx, kv_idx):
         return kept[b, h, q_idx // block_size, kv_idx // block_size] & (kv_idx < limit)
 
-    block_mask = BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=block_size, mask_mod=mask_mod,
-                                          seq_lengths=(seq, seq))
+    # Kept blocks holding no padding key are "full" (the compiled kernel skips the mask_mod there); the one kept block
+    # that straddles the end of the real rows is "partial" (mask_mod applied).
+    full, partial = kept, torch.zeros_like(kept)
+    if valid_len is not None and valid_len < seq and valid_len % block_size:
+        edge = valid_len // block_size
+        full, partial = kept.clone(), torch.zeros_like(kept)
+        partial[..., edge] = kept[..., edge]
+        full[..., edge] = False
+    partial_num, partial_idx = _as_kv_blocks(partial)
+    full_num, full_idx = _as_kv_blocks(full)
+    block_mask = BlockMask.from_kv_blocks(partial_num, partial_idx, full_num, full_idx, BLOCK_SIZE=block_size,
+                                          mask_mod=mask_mod, seq_lengths=(seq, seq))
     fn = flex_attention
     if query.device.type == "cuda":
         if _COMPILED_FLEX is None:
