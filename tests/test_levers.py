@@ -361,8 +361,9 @@ def test_masked_processor_ignores_padding_values():
     from h3.levers.bucketing import PaddingState
 
     q, k, v = _qkv(seq=64, dtype=torch.float32)
-    state = PaddingState(valid_len=50, padded_len=64)
+    state = PaddingState(valid_len=50, padded_len=64, mask=(torch.arange(64) < 50).view(1, 1, 1, 64))
     mask = state.key_mask(64, 1, q.device)
+    assert mask.shape == (1, 1, 1, 64) and int(mask.sum()) == 50
     k2, v2 = k.clone(), v.clone()
     k2[:, 50:], v2[:, 50:] = 1e4, -1e4
     out1, out2 = _dense(q, k, v, mask), _dense(q, k2, v2, mask)
@@ -534,3 +535,13 @@ def test_offload_with_streams_on_gpu(base):
     assert handle.telemetry()["pinned_memory"] is True
     for (v, _), (vb, _) in zip(outputs, base.outputs):
         assert_close(v.cpu(), vb, 1e-4, "offloaded GPU vs CPU")
+
+
+def test_compile_marks_counters_it_freezes():
+    recipe = recipe_from_dict({**FAST_RECIPE, "quant": {"mode": "int8_weight_only"},
+                               "compile": {"enabled": True, "backend": "eager"}})
+    runtime = H3Runtime.load("tiny", recipe, "cpu")
+    telemetry = runtime.levers["quant"].telemetry()
+    assert telemetry["quantized_modules"] > 0 and telemetry["quantized_linear_calls"] is None
+    assert runtime.levers["compile"].telemetry()["compiled_regions"] == 3
+    torch._dynamo.reset()

@@ -43,12 +43,14 @@ class PaddingState:
 
     valid_len: int | None = None
     padded_len: int | None = None
+    mask: torch.Tensor | None = None
+    """(1, 1, 1, padded_len) bool, built outside the blocks: under torch.compile a tensor input is guarded on its
+    shape only, while an int such as ``valid_len`` read inside a block would recompile for every prompt length."""
 
     def key_mask(self, seq_len: int, batch: int, device: torch.device) -> torch.Tensor | None:
-        if self.valid_len is None or self.valid_len >= seq_len:
+        if self.mask is None or self.mask.shape[-1] != seq_len:
             return None
-        mask = torch.arange(seq_len, device=device) < self.valid_len
-        return mask.view(1, 1, 1, seq_len).expand(batch, 1, 1, seq_len)
+        return self.mask.expand(batch, 1, 1, seq_len)
 
 
 def project_qkv(attn, hidden_states, rotary_emb):
@@ -129,6 +131,8 @@ class BucketingHandle(LeverHandle):
             kwargs["token_tags"] = _pad(kwargs["token_tags"], extra, self.config.pad_tag)
             kwargs["timestep_indices"] = _pad(kwargs["timestep_indices"], extra, 0)
         self.padding.valid_len, self.padding.padded_len = seq_len, padded
+        device = kwargs["position_ids"].device
+        self.padding.mask = (torch.arange(padded, device=device) < seq_len).view(1, 1, 1, padded) if extra else None
         self.calls += 1
         self.buckets.add(padded)
         self.valid_lengths.add(seq_len)
@@ -136,7 +140,7 @@ class BucketingHandle(LeverHandle):
         return args, kwargs
 
     def _clear(self, *_args, **_kwargs):
-        self.padding.valid_len = self.padding.padded_len = None
+        self.padding.valid_len = self.padding.padded_len = self.padding.mask = None
 
     def begin_request(self) -> None:
         self.calls, self.padded_rows = 0, 0

@@ -111,13 +111,15 @@ class LoraHandle(LeverHandle):
         self.pipe, self.config, self.path = pipe, config, path
         self.file_modules, self.matched, self.scalings = file_modules, matched, scalings
         self.calls = 0
+        self.compiled = False
         self._hooks = []
         if not config.fuse:
             for layer in _lora_layers(pipe.transformer, config.adapter_name).values():
                 self._hooks.append(layer.register_forward_hook(self._count))
 
     def _count(self, *_):
-        self.calls += 1
+        if not torch.compiler.is_compiling():  # see QuantizedLinear.forward
+            self.calls += 1
 
     def begin_request(self) -> None:
         self.calls = 0
@@ -132,7 +134,7 @@ class LoraHandle(LeverHandle):
             "fused": self.config.fuse,
             "adapter_weight": 1.0 if self.config.scale is None else self.config.scale,
             "scaling": sorted(set(self.scalings)),
-            "lora_layer_calls": self.calls,
+            "lora_layer_calls": None if self.compiled else self.calls,
         }
 
     def _remove(self) -> None:

@@ -90,7 +90,10 @@ class QuantizedLinear(nn.Module):
         return f"{self.in_features}, {self.out_features}, mode={self.mode}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
+        # Counted in eager mode only: an int attribute bumped inside a compiled region is a guard that recompiles on
+        # every call (seen on the H200: recompile_limit hit), so compiled calls go uncounted (telemetry says so).
+        if not torch.compiler.is_compiling():
+            self.calls += 1
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if self.mode == "int8_weight_only" and x2.device.type == "cpu":
@@ -133,6 +136,8 @@ class QuantizationHandle(LeverHandle):
         super().__init__()
         self.root, self.mode = root, mode
         self.replaced, self.excluded, self.skipped_shape, self.originals = replaced, excluded, skipped_shape, originals
+        self.compiled = False
+        """Set by the runtime when the compile lever traces these modules: their calls are then not counted."""
 
     def begin_request(self) -> None:
         for module in self.replaced.values():
@@ -146,7 +151,7 @@ class QuantizationHandle(LeverHandle):
             "excluded_modules": len(self.excluded),
             "skipped_shape": len(self.skipped_shape),
             "quantized_params": sum(m.qweight.numel() for m in self.replaced.values()),
-            "quantized_linear_calls": sum(m.calls for m in self.replaced.values()),
+            "quantized_linear_calls": None if self.compiled else sum(m.calls for m in self.replaced.values()),
         }
 
     def _remove(self) -> None:

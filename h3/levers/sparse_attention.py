@@ -131,6 +131,9 @@ class BlockSparseAttnProcessor:
 
     def __init__(self, handle: "SparseAttentionHandle", layer: int, previous=None):
         self.handle, self.layer = handle, layer
+        # Bools, not the layer index or step number: compiled blocks guard on what they read, and two values per
+        # guard keep the graphs shared across the 50 blocks and all steps.
+        self.dense_layer = layer in handle.config.dense_layers
         self._attention_backend = getattr(previous, "_attention_backend", None)
         self._parallel_config = getattr(previous, "_parallel_config", None)
 
@@ -141,18 +144,20 @@ class BlockSparseAttnProcessor:
         query, key, value = project_qkv(attn, hidden_states, rotary_emb)
         padding: PaddingState | None = getattr(handle.transformer, "_h3_padding", None)
         valid_len = padding.valid_len if padding is not None else None
-        dense = handle.step < config.dense_steps or self.layer in config.dense_layers
+        dense = handle.dense_step or self.dense_layer
         if dense:
             mask = padding.key_mask(key.shape[1], key.shape[0], key.device) if padding is not None else None
             out = dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
                                         backend=self._attention_backend, parallel_config=self._parallel_config)
-            handle.dense_calls += 1
+            if not torch.compiler.is_compiling():
+                handle.dense_calls += 1
         else:
             kv_num, kv_idx = route_blocks(query, key, config.block_size, config.sparsity, valid_len)
             out = block_sparse_attention(query, key, value, kv_num, kv_idx, config.block_size, valid_len)
-            n_valid = -(-(valid_len or key.shape[1]) // config.block_size)
-            handle.sparse_calls += 1
-            handle.kept_fraction_sum += float(kv_num[0, 0, 0]) / n_valid
+            if not torch.compiler.is_compiling():
+                n_valid = -(-(valid_len or key.shape[1]) // config.block_size)
+                handle.sparse_calls += 1
+                handle.kept_fraction_sum += float(kv_num[0, 0, 0]) / n_valid
         return output_projection(attn, out, query)
 
 
@@ -163,6 +168,7 @@ class SparseAttentionHandle(LeverHandle):
         super().__init__()
         self.transformer, self.config, self.previous = transformer, config, previous
         self.step = 0
+        self.dense_step = config.dense_steps > 0
         self.dense_calls = self.sparse_calls = 0
         self.kept_fraction_sum = 0.0
         for i, (block, prev) in enumerate(zip(transformer.transformer_blocks, previous)):
@@ -172,9 +178,11 @@ class SparseAttentionHandle(LeverHandle):
 
     def _advance(self, *_):
         self.step += 1
+        self.dense_step = self.step < self.config.dense_steps
 
     def begin_request(self) -> None:
         self.step = 0
+        self.dense_step = self.config.dense_steps > 0
         self.dense_calls = self.sparse_calls = 0
         self.kept_fraction_sum = 0.0
 
