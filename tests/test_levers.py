@@ -545,3 +545,24 @@ def test_compile_marks_counters_it_freezes():
     assert telemetry["quantized_modules"] > 0 and telemetry["quantized_linear_calls"] is None
     assert runtime.levers["compile"].telemetry()["compiled_regions"] == 3
     torch._dynamo.reset()
+
+
+def test_exact_levers_keep_the_clip_byte_identical(base, tmp_path):
+    """AdaLN precompute, offload without streams (transformer and text encoder), parked VAEs and a per-resolution tile
+    equal to the default change where the work happens, not its arithmetic: the clip must be baseline's, bit for bit."""
+    recipe = recipe_from_dict({
+        **FAST_RECIPE,
+        "adaln": {"precompute": True, "disk_cache": False},
+        "offload": {"enabled": True, "use_stream": False, "text_encoder": True},
+        "vae": {**FAST_RECIPE["vae"], "tiles": {"64x64": [256, 256]}, "resident": False},
+    })
+    runtime = H3Runtime.load("tiny", recipe, "cpu")
+    record = runtime.generate(GenerateRequest(prompt="A person is squat", seed=3), tmp_path / "clip.mp4")
+    assert (record.frames_sha256, record.pcm_sha256) == (base.record.frames_sha256, base.record.pcm_sha256)
+    levers = record.executed.levers
+    assert [n for n in LEVERS if levers[n]["applied"]] == ["adaln", "offload", "vae"]
+    assert levers["adaln"]["table_lookups"] == 2 and levers["adaln"]["disk_cache"] == "off"
+    assert levers["offload"]["modules"] == ["text_encoder", "transformer"]
+    assert levers["offload"]["group_onloads"] > 0 and levers["offload"]["streamed_groups"] == 0
+    assert levers["vae"]["tiles_used"] == [[256, 256]]
+    assert levers["vae"]["vae_moves"] == 4  # video VAE and audio VAE: onto the device and back, once each
