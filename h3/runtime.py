@@ -10,6 +10,7 @@ the Hugging Face layout of ``MiniMaxAI/MiniMax-H3`` into a cache folder, and loa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -30,12 +31,15 @@ from h3.levers import lever_telemetry
 from h3.media import encode_mp4
 from h3.record import ClipRecord, Executed, RequestSpec, ResolvedShape, StageAnatomy, Timings
 from h3.recipe import Recipe
+from h3.trajectory import TrajectoryRecorder, trajectory_path
 
 logger = logging.getLogger(__name__)
 
 FPS = 24
 MIN_SECONDS, MAX_SECONDS = 5.0, 15.0
-TINY_DEFAULT_SIZE = (64, 64)
+# 128x128, not 64x64: libx264 output was seen to vary run to run on 64x64 frames (uninitialized reads on tiny
+# frames; bench notes in h3/media.py), never at 128 or 256.
+TINY_DEFAULT_SIZE = (128, 128)
 # MiniMax-H3's own 16:9 canvas (diffusers' resolve_canvas_size(16, 9) with the released short edge 768).
 FULL_DEFAULT_SIZE = (768, 1344)
 
@@ -329,13 +333,20 @@ class H3Runtime:
         return resolve_request(request, self.default_size, self.pipe.canvas_multiple)
 
     @torch.no_grad()
-    def generate(self, request: GenerateRequest, out: str | os.PathLike, extra: dict | None = None) -> ClipRecord:
-        """Generate one clip into ``out`` (.mp4) and its record into ``out`` with .json, both atomically."""
+    def generate(
+        self, request: GenerateRequest, out: str | os.PathLike, extra: dict | None = None, trajectory: bool = False
+    ) -> ClipRecord:
+        """Generate one clip into ``out`` (.mp4) and its record into ``out`` with .json, both atomically.
+
+        With ``trajectory``, the latent trajectory is also written to ``<out>.traj.npz`` (h3.trajectory).
+        """
         t_request = time.perf_counter()
         num_frames, height, width = self.resolve(request)
         out = Path(out)
-        clock_ctx = self.hooks.request(self.device)
-        with clock_ctx as clock:
+        recorder = TrajectoryRecorder() if trajectory else None
+        with self.hooks.request(self.device) as clock, (
+            recorder.attach(self.pipe) if recorder is not None else contextlib.nullcontext()
+        ):
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
             for lever in self.levers.values():
@@ -436,5 +447,7 @@ class H3Runtime:
             extra=dict(extra or {}),
         )
         del latents
+        if recorder is not None:
+            recorder.save(trajectory_path(out))
         atomic_write_json(out.with_suffix(".json"), record.model_dump(mode="json"))
         return record

@@ -26,6 +26,12 @@ def _root() -> None:
 
 COMMAND_MODULES = [
     "h3eval.commands.generate",
+    "h3eval.commands.floor",
+    "h3eval.commands.verdict",
+    "h3eval.commands.report",
+    "h3eval.commands.demo",
+    "h3eval.commands.vbench",
+    "h3eval.commands.dashboard",
 ]
 
 for _module in COMMAND_MODULES:

@@ -52,6 +52,8 @@ class RunPlan:
     backend: str = "inprocess"
     device: str | None = None
     args: dict[str, Any] = field(default_factory=dict)
+    trajectory: bool = False
+    """Record each request's latent trajectory next to its clip (for the trajectory gate)."""
 
     @property
     def candidates(self) -> list[str]:
@@ -157,7 +159,11 @@ def fill_run(
             try:
                 if recipe.name not in runtimes:
                     runtimes[recipe.name] = runtime_factory(plan.model, recipe, plan.device)
-                record = runtimes[recipe.name].generate(plan.shape.request(pid, prompt.prompt, seed), out)
+                request = plan.shape.request(pid, prompt.prompt, seed)
+                if plan.trajectory:
+                    record = runtimes[recipe.name].generate(request, out, trajectory=True)
+                else:
+                    record = runtimes[recipe.name].generate(request, out)
                 store.clear_clip_error(recipe.name, pid, seed)
                 if on_clip is not None:
                     on_clip(recipe.name, pid, seed, record)

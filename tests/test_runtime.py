@@ -34,7 +34,7 @@ def test_tiny_clip_streams(clip):
     # 5 s is the shortest H3 request: 120 frames snap up to 17*7+5 = 124.
     assert info["num_frames"] == 124 == record.shape.num_frames
     assert info["fps"] == 24.0
-    assert (info["height"], info["width"]) == (64, 64)
+    assert (info["height"], info["width"]) == (128, 128)
     assert info["audio_sample_rate"] == 32000 and info["audio_channels"] == 2
     assert abs(info["duration_s"] - 124 / 24) < 1e-9
     # Audio length matches the video within one frame (AAC pads to whole 1024-sample frames).
@@ -72,7 +72,7 @@ def test_decoded_frames_are_close_to_the_hashed_raw_frames(clip, tiny_runtime, t
     out, record = clip
     frames, _ = decode_video(out)
     audio, rate = decode_audio(out)
-    assert frames.shape == (124, 64, 64, 3) and rate == 32000 and audio.shape[0] == 2
+    assert frames.shape == (124, 128, 128, 3) and rate == 32000 and audio.shape[0] == 2
 
 
 def test_same_request_is_byte_identical(tiny_runtime, tmp_path, clip):
@@ -91,7 +91,7 @@ def test_save_load_round_trip_is_byte_identical(tiny_runtime, fast_recipe, tmp_p
     for name in ("transformer", "vae", "audio_vae", "text_encoder", "tokenizer", "processor", "scheduler",
                  "audio_scheduler"):
         assert (tmp_path / "ckpt" / name).is_dir()
-    reloaded = H3Runtime.from_pretrained(tmp_path / "ckpt", fast_recipe, "cpu", _default_size=(64, 64))
+    reloaded = H3Runtime.from_pretrained(tmp_path / "ckpt", fast_recipe, "cpu", _default_size=(128, 128))
     reloaded.generate(GenerateRequest(prompt="A person is squat", seed=0, prompt_id="squat"), tmp_path / "r.mp4")
     assert (tmp_path / "r.mp4").read_bytes() == out.read_bytes()
 
