@@ -112,6 +112,69 @@ def padding_row():
     return {"op": "SDPA bool key mask, garbage padding", "bit_identical": bool(torch.equal(a, b))}
 
 
+def _wide_model_and_inputs(n_text=32):
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    cfg = dict(num_attention_heads=4, attention_head_dim=128, hidden_size=512, num_layers=8, num_refiner_layers=1,
+               ffn_dim=1024, text_dim=64, freq_dim=64, time_embed_hidden_dim=128, time_embed_dim=64, rope_freq_dim=16)
+    torch.manual_seed(0)
+    model = MiniMaxH3Transformer3DModel(**cfg).eval()
+
+    def inputs(n_text):
+        n_video, n_audio = 1024, 200
+        seq = n_video + n_audio + n_text
+        g = torch.Generator().manual_seed(n_text)
+        kw = dict(
+            hidden_states=torch.randn(1, n_video, 96, generator=g), audio_hidden_states=torch.randn(1, n_audio, 32, generator=g),
+            encoder_hidden_states=torch.randn(1, n_text, 64, generator=g), timestep=torch.tensor([0.3, 0.6]),
+            timestep_indices=torch.randint(0, 2, (seq,), generator=g),
+            token_tags=torch.cat([torch.ones(n_text), torch.zeros(n_video), 2 * torch.ones(n_audio)]).long(),
+            position_ids=torch.randint(0, 16, (seq, 3), generator=g), text_indices=torch.arange(n_text),
+            video_indices=torch.arange(n_text, n_text + n_video), audio_indices=torch.arange(n_text + n_video, seq),
+            return_dict=False,
+        )
+        return {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in kw.items()}
+
+    return cfg, model, inputs
+
+
+@torch.no_grad()
+def compile_rows():
+    try:
+        cfg, model, inputs = _wide_model_and_inputs()
+    except Exception as exc:  # noqa: BLE001
+        return [{"op": "compile", "skipped": f"{type(exc).__name__}: {exc}"}]
+    import copy
+
+    from h3.levers.bucketing import BucketingConfig, apply_bucketing
+    from h3.levers.compile import CompileConfig, apply_compile
+
+    rows = []
+    model = model.cuda()
+    lengths = (32, 35, 40, 47)
+    for bucketed in (False, True):
+        torch._dynamo.reset()
+        m = copy.deepcopy(model)
+        if bucketed:
+            apply_bucketing(m, BucketingConfig(multiple=64))
+        handle = apply_compile(m, CompileConfig(backend="inductor"))
+        per_len = []
+        for n in lengths:
+            handle.begin_request()
+            t0 = time.perf_counter()
+            out = m(**inputs(n))[0]
+            torch.cuda.synchronize()
+            first_s = time.perf_counter() - t0
+            ref = model(**inputs(n))[0]
+            per_len.append({"text_tokens": n, "first_call_s": round(first_s, 3),
+                            "graphs_this_request": handle.telemetry()["graphs_compiled_this_request"],
+                            **rel(out, ref)})
+        rows.append({"op": f"compile_repeated_blocks inductor, {'64-row buckets' if bucketed else 'exact lengths'}",
+                     "per_length": per_len, **handle.telemetry()})
+    torch._dynamo.reset()
+    return rows
+
+
 def offload_row():
     try:
         from diffusers import MiniMaxH3Transformer3DModel
@@ -168,6 +231,7 @@ def main():
         "sparse_attention": sparse_rows(),
         "padding": padding_row(),
         "offload": offload_row(),
+        "compile": compile_rows(),
     }
     (out_dir / "levers_gpu_h200.json").write_text(json.dumps(data, indent=2) + "\n")
     lines = [f"# levers_gpu_h200\n\n- date: {data['date']}\n- command: `{data['command']}`\n"
@@ -176,7 +240,8 @@ def main():
     for row in data["quantization"] + data["sparse_attention"]:
         lines.append(f"| {row['op']} | {row['ms']:.3f} | {row.get('rel_max', float('nan')):.2e} | "
                      f"{row.get('rel_l2', float('nan')):.2e} |")
-    lines += ["", f"padding: {data['padding']}", "", f"offload: {data['offload']}"]
+    lines += ["", f"padding: {data['padding']}", "", f"offload: {data['offload']}", ""]
+    lines += [f"compile: {row}" for row in data["compile"]]
     (out_dir / "levers_gpu_h200.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
