@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -120,7 +121,10 @@ def block_sparse_attention(query, key, value, kv_num_blocks, kv_indices, block_s
             _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
         fn = _COMPILED_FLEX
     q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))
-    return fn(q, k, v, block_mask=block_mask).permute(0, 2, 1, 3)
+    with warnings.catch_warnings():
+        # Eager flex on the CPU is deliberate (the reference path); its "use torch.compile" warning is noise here.
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        return fn(q, k, v, block_mask=block_mask).permute(0, 2, 1, 3)
 
 
 class BlockSparseAttnProcessor:
