@@ -282,8 +282,11 @@ class H3Runtime:
         """Load a MiniMax-H3 checkpoint directory (HF layout) offline, through diffusers' modular pipeline."""
         from diffusers.modular_pipelines import ModularPipeline
 
+        from h3.levers import preflight
+
         root = check_checkpoint_dir(path)
         device = device or default_device()
+        preflight(recipe, device)  # before loading weights: a recipe that cannot run here fails in seconds
         dtype = _torch_dtype(recipe.dtype)
         pipe = ModularPipeline.from_pretrained(str(root), local_files_only=True)
         pipe.load_components(

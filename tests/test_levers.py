@@ -98,6 +98,36 @@ def test_identity_clip_is_byte_identical_to_baseline(base, tmp_path):
     assert [n for n, t in record.executed.levers.items() if t["applied"]] == []
 
 
+SHIPPED_ON_CPU = {
+    "baseline": None, "identity": None, "fbc-cache": None, "turbo4-tinydemo": None,
+    "turbo4": "environment variable that is not set", "turbo4-int8": "environment variable that is not set",
+    "turbo4-sparse": "environment variable that is not set",
+    "turbo4-fp8": "fp8_w8a8' needs a GPU", "turbo4-fp8-sage": "'sage' needs a CUDA GPU",
+    "offload-int8-adaln": "use_stream .* needs a CUDA GPU",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_ON_CPU))
+def test_every_shipped_recipe_runs_or_refuses_clearly_on_the_cpu(name, monkeypatch):
+    """On the tiny preset (2 steps, float32) each shipped recipe either loads with its levers applied, or is refused
+    before any weight loads with the reason named."""
+    monkeypatch.delenv("H3_LORA_DIR", raising=False)
+    data = load_recipe(name).model_dump()
+    data.update(steps=2, dtype="float32")
+    data["vae"]["tiles"] = {}
+    recipe = recipe_from_dict(data)
+    if SHIPPED_ON_CPU[name] is None:
+        runtime = H3Runtime.load("tiny", recipe, "cpu")
+        applied = {n for n, h in runtime.levers.items() if h.telemetry()["applied"]}
+        expected = {"lora": recipe.lora.enabled, "adaln": recipe.adaln.precompute, "quant": recipe.quant.mode != "none",
+                    "cache": recipe.cache.kind != "none", "sparse_attention": recipe.sparse_attention.enabled,
+                    "bucketing": recipe.bucketing.enabled}
+        assert applied == {n for n, on in expected.items() if on}
+    else:
+        with pytest.raises(LeverError, match=SHIPPED_ON_CPU[name]):
+            H3Runtime.load("tiny", recipe, "cpu")
+
+
 # -- step distillation (LoRA) -----------------------------------------------------------------------------------------
 
 def lora_runtime(**lora):

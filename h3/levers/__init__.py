@@ -41,7 +41,8 @@ def _cache_dir() -> Path:
 
 
 def preflight(recipe, device) -> None:
-    """Refuse, before anything loads, a recipe whose levers cannot run on ``device`` (no silent fallback)."""
+    """Refuse, before any weight loads, a recipe whose levers cannot run on ``device`` (no silent fallback) or whose
+    LoRA file is missing."""
     from h3.levers.attention_backend import CUDA_ONLY
     from h3.levers.bucketing import MASKING_BACKENDS
 
@@ -59,6 +60,13 @@ def preflight(recipe, device) -> None:
     if problems:
         raise LeverError(f"recipe {recipe.name!r} cannot run on {device}: " + "; ".join(problems)
                          + ". Refusing to fall back silently.")
+    if recipe.lora.enabled and recipe.lora.path != "@tiny":
+        from h3.levers.lora import resolve_lora_path
+
+        try:
+            resolve_lora_path(recipe.lora.path, is_tiny=False)
+        except LeverError as exc:
+            raise LeverError(f"recipe {recipe.name!r}: {exc}") from None
 
 
 def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: bool) -> dict[str, LeverHandle]:
