@@ -597,3 +597,17 @@ def test_exact_levers_keep_the_clip_byte_identical(base, tmp_path):
     assert levers["offload"]["group_onloads"] > 0 and levers["offload"]["streamed_groups"] == 0
     assert levers["vae"]["tiles_used"] == [[256, 256]]
     assert levers["vae"]["vae_moves"] == 4  # video VAE and audio VAE: onto the device and back, once each
+
+
+def test_fused_lora_saved_offline_loads_as_plain_weights(base, tmp_path):
+    from h3.levers.lora import save_fused_checkpoint
+
+    fused = lora_runtime(path="@tiny", fuse=True)
+    save_fused_checkpoint(fused, tmp_path / "fused")
+    plain = H3Runtime.load(str(tmp_path / "fused"), recipe_from_dict(FAST_RECIPE), "cpu")
+    assert plain.levers == {}
+    for (v, a), (vf, af) in zip(forward_all(plain.pipe.transformer, base.calls),
+                                forward_all(fused.pipe.transformer, base.calls)):
+        assert torch.equal(v, vf) and torch.equal(a, af)
+    with pytest.raises(LeverError, match="fuses a LoRA"):
+        save_fused_checkpoint(lora_runtime(path="@tiny"), tmp_path / "unfused")

@@ -181,3 +181,18 @@ def apply_lora(pipe, config: LoraLeverConfig, *, is_tiny: bool = False) -> LoraH
         unmark_applied(transformer, "lora")
         raise
     return LoraHandle(pipe, config, path, file_modules, sorted(layers), scalings)
+
+
+def save_fused_checkpoint(runtime, directory) -> None:
+    """Fuse offline: write a runtime whose only lever is a fused LoRA as a plain checkpoint (HF layout), so that later
+    loads need neither the LoRA file nor the fusing step. Refuses a runtime with any other lever applied (quantized
+    or precomputed modules are not checkpoint weights)."""
+    handles = getattr(runtime, "levers", {})
+    lora = handles.get("lora")
+    if lora is None or not lora.config.fuse:
+        raise LeverError("save_fused_checkpoint needs a runtime whose recipe fuses a LoRA (lora.fuse = true)")
+    others = sorted(name for name, handle in handles.items() if name != "lora" and handle.telemetry()["applied"])
+    if others:
+        raise LeverError(f"save_fused_checkpoint: levers {others} change modules, not weights; load with a recipe that "
+                         "enables only the fused LoRA")
+    runtime.save_pretrained(directory)
