@@ -27,6 +27,7 @@ import torch
 from h3 import provenance
 from h3.anatomy import StageHooks, synchronize
 from h3.atomic import atomic_write_json, sha256_file
+from h3.levers import lever_telemetry
 from h3.media import encode_mp4
 from h3.record import ClipRecord, Executed, RequestSpec, ResolvedShape, StageAnatomy, Timings
 from h3.recipe import Recipe
@@ -179,6 +180,12 @@ def _torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def tiny_identity() -> str:
+    from h3 import tiny
+
+    return tiny.tiny_identity()
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -275,8 +282,11 @@ class H3Runtime:
         """Load a MiniMax-H3 checkpoint directory (HF layout) offline, through diffusers' modular pipeline."""
         from diffusers.modular_pipelines import ModularPipeline
 
+        from h3.levers import preflight
+
         root = check_checkpoint_dir(path)
         device = device or default_device()
+        preflight(recipe, device)  # before loading weights: a recipe that cannot run here fails in seconds
         dtype = _torch_dtype(recipe.dtype)
         pipe = ModularPipeline.from_pretrained(str(root), local_files_only=True)
         pipe.load_components(
@@ -287,8 +297,12 @@ class H3Runtime:
             raise CheckpointError(
                 f"checkpoint {root}: diffusers could not load {', '.join(not_loaded)} (see the warnings above)"
             )
+        from h3.levers import keeps_on_cpu
+
         for name in ("transformer", "vae", "audio_vae", "text_encoder"):
-            getattr(pipe, name).to(device).eval()
+            # Under group offloading the lever streams the weights to the device block by block.
+            module = getattr(pipe, name)
+            (module if keeps_on_cpu(recipe, name) else module.to(device)).eval()
         return cls(pipe, recipe, str(root), checkpoint_identity(root), device, _default_size or FULL_DEFAULT_SIZE)
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
@@ -298,16 +312,9 @@ class H3Runtime:
 
     # -- recipe ------------------------------------------------------------------------------------------------
     def _apply_recipe(self) -> None:
+        from h3.levers import apply_recipe_levers
+
         recipe = self.recipe
-        backend = recipe.attention.backend
-        if backend != "native":
-            try:
-                self.pipe.transformer.set_attention_backend(backend)
-            except Exception as exc:  # diffusers raises several types for an unavailable backend
-                raise RuntimeError(
-                    f"recipe {recipe.name!r} asks for attention backend {backend!r}, which cannot run here "
-                    f"({type(exc).__name__}: {exc}); refusing to fall back silently"
-                ) from exc
         vae = self.pipe.vae
         if recipe.vae.tiling:
             vae.enable_tiling(
@@ -318,6 +325,11 @@ class H3Runtime:
             )
         else:
             vae.disable_tiling()
+        # After the stock tiling, so that the VAE lever's per-resolution tiles fall back to the recipe's default tile.
+        is_tiny = Path(self.model).name == f"tiny-{tiny_identity()[:16]}"
+        self.levers = apply_recipe_levers(
+            self.pipe, recipe, device=self.device, model_sha256=self.model_sha256, is_tiny=is_tiny
+        )
 
     # -- generation --------------------------------------------------------------------------------------------
     def resolve(self, request: GenerateRequest) -> tuple[int, int, int]:
@@ -340,6 +352,8 @@ class H3Runtime:
         ):
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
+            for lever in self.levers.values():
+                lever.begin_request()
             t0 = clock.now()
             state = self.pipe(
                 prompt=request.prompt,
@@ -382,6 +396,9 @@ class H3Runtime:
         accounted = anatomy.text_encode + anatomy.denoise + anatomy.video_decode + anatomy.audio_decode
         anatomy.other = max(0.0, (t_pipe_end - t0) - accounted)
         attention = sorted({backend for (stage, backend) in clock.attention_calls if stage == "denoise_step"})
+        levers = lever_telemetry(self.levers)
+        levers["attention"] = {**levers["attention"], "backend": self.recipe.attention.backend,
+                               "dispatched": attention}
         executed = Executed(
             forward_passes=len(steps),
             attention_backends=attention,
@@ -389,6 +406,7 @@ class H3Runtime:
             vae_tiling=bool(self.pipe.vae.use_tiling),
             vae_tile=[self.pipe.vae.tile_sample_min_height, self.pipe.vae.tile_sample_min_width]
             if self.pipe.vae.use_tiling else None,
+            levers=levers,
         )
         latents = state.get("latents")
         num_text_tokens = int(state.get("prompt_embeds").shape[1])
