@@ -152,6 +152,11 @@ def check_op(inputs: dict[str, torch.Tensor], base_spec: OpSpec, cand_spec: OpSp
     except NotApplicable as exc:
         row.update(status="not_applicable", reasons=[exc.reason])
         return row
+    except Exception as exc:  # noqa: BLE001 - a candidate op that crashes on a shape fails that shape (the sweep's job)
+        if not _raised_by_candidate(base_spec, inputs, device):
+            raise
+        row.update(status="fail", reasons=[f"{cand_spec.key} raised {type(exc).__name__}: {exc}"])
+        return row
     base_ref = reference_op(base_spec, inputs, base_out.decisions)
     cand_ref = reference_op(cand_spec, inputs, cand_out.decisions)
     base, cand = error_stats(base_out.out, base_ref.out), error_stats(cand_out.out, cand_ref.out)
@@ -168,6 +173,15 @@ def check_op(inputs: dict[str, torch.Tensor], base_spec: OpSpec, cand_spec: OpSp
         # judged here — the trajectory and quality gates judge that.
         row["cand_vs_baseline_math_rel_l2"] = error_stats(cand_out.out, base_ref.out)["rel_l2"]
     return row
+
+
+def _raised_by_candidate(base_spec: OpSpec, inputs: dict[str, torch.Tensor], device: str) -> bool:
+    """After an exception in check_op: True when the baseline op runs fine (so the candidate raised)."""
+    try:
+        run_op(base_spec, inputs, device)
+    except Exception:  # noqa: BLE001 - the baseline's own failure is re-raised by the caller as a gate error
+        return False
+    return True
 
 
 def record_inputs(capture_dir: Path, record: dict[str, Any], index: dict[str, Any]) -> dict[str, torch.Tensor]:

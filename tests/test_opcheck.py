@@ -567,3 +567,15 @@ def test_gate_reuses_the_capture_and_names_a_missing_recipe(run):
     assert not list(index.parent.parent.glob(".*partial"))  # no staging left behind
     missing = evaluate("no-such-recipe")
     assert missing.status == "error" and "run.json" in missing.error and "'no-such-recipe'" in missing.error
+
+
+def test_candidate_that_crashes_on_a_shape_fails_that_shape():
+    """Swapping heads 0 and 1 raises on the sweep's one-head shapes: a failure of those rows, not a gate error."""
+    rows = sweep_op("attention", spec("attention:native"), spec("test:attention_swapped_heads"),
+                    {"shapes": {"query": [1, 40, 2, 16]}}, "cpu", "float32", BUDGET)
+    one_head = [r for r in rows if r["shapes"]["query"][2] == 1]
+    assert one_head and all(r["status"] == "fail" and "raised IndexError" in r["reasons"][0] for r in one_head)
+    assert all(r["status"] == "fail" for r in rows if r["shapes"]["query"][2] == 3)
+    with pytest.raises(KeyError):  # the baseline op itself failing is the gate's error, never the candidate's
+        check_op({"query": torch.zeros(1, 2, 1, 4)}, spec("attention:native"), spec("attention:native"), "cpu",
+                 "float32", BUDGET)
