@@ -106,7 +106,8 @@ def _to_lpips_input(frames: np.ndarray, scale: float, device: str):
     import torch
     import torch.nn.functional as F
 
-    x = torch.from_numpy(np.ascontiguousarray(frames)).to(device).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
+    # A copy: the cached frames are read-only, and torch wants writable memory.
+    x = torch.from_numpy(np.array(frames, copy=True)).to(device).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
     if scale != 1.0:
         h, w = frames.shape[1:3]
         x = F.interpolate(x, size=(max(1, round(h * scale)), max(1, round(w * scale))), mode="area")
@@ -171,7 +172,7 @@ def ssim_per_frame(base: np.ndarray, cand: np.ndarray, device: str = "cpu", batc
     with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         for start in range(0, len(base), batch):
             def plane(frames):
-                x = torch.from_numpy(np.ascontiguousarray(frames)).to(device).permute(0, 3, 1, 2).float()
+                x = torch.from_numpy(np.array(frames, copy=True)).to(device).permute(0, 3, 1, 2).float()
                 # Centred at 128 so that float32 moments keep their precision (variance = E[x^2] - E[x]^2).
                 return (x * coeffs).sum(dim=1, keepdim=True) - 128.0
 
