@@ -4,8 +4,9 @@ For each pair of ``RunStore.pairs()`` (in order) and each chosen gate, the resul
 ``<run>/gates/<gate>/<candidate>/<prompt_id>-s<seed>.json`` (a :class:`gates.base.GateResult`, written atomically)
 and artifacts to the same folder. The loop is pair-major so that the gates of one pair share its decoded clips.
 
-- **Resume**: a result file that parses, names the same gate and pair and is not an error is kept; errored pairs are
-  tried again (a missing weight file may have been put in place since). ``force=True`` recomputes everything.
+- **Resume**: a result file that parses, names the same gate and pair, is not an error and was computed from the
+  same clips (actual MP4 sha256) and gate options (stamped in ``info["inputs"]``) is kept; errored pairs are tried
+  again (a missing weight file may have been put in place since). ``force=True`` recomputes everything.
 - **Identical pairs**: when both clip records have the same ``frames_sha256`` and ``pcm_sha256`` the generation was
   bit-identical, and any difference after decoding would be codec noise. A gate with an ``identical_result(ctx)``
   method answers without decoding (exactly zero difference); other gates are run as usual and their result is
@@ -68,8 +69,9 @@ def result_path(store: RunStore, gate: str, candidate: str, prompt_id: str, seed
     return store.gate_dir(gate) / check_safe_name("recipe name", candidate) / f"{clip_stem(prompt_id, seed)}.json"
 
 
-def load_valid_result(path: Path, gate: str, pair: PairRef) -> GateResult | None:
-    """The result at ``path`` if it is a finished, non-error result of this gate and pair; else None."""
+def load_valid_result(path: Path, gate: str, pair: PairRef, inputs: dict[str, Any] | None = None) -> GateResult | None:
+    """The result at ``path`` if it is a finished, non-error result of this gate and pair, made from ``inputs``
+    (the clips' actual sha256 and the gate's options, see :func:`_inputs_stamp`) when given; else None."""
     if not path.is_file():
         return None
     try:
@@ -81,7 +83,22 @@ def load_valid_result(path: Path, gate: str, pair: PairRef) -> GateResult | None
         return None
     if result.status == "error" or result.error is not None:
         return None
+    if inputs is not None and result.info.get(INPUTS_KEY) != inputs:
+        logger.info("recomputing %s: its clips or options changed since it was written", path)
+        return None
     return result
+
+
+INPUTS_KEY = "inputs"
+"""``info`` key where the runner stamps what a result was computed from, so that resume notices a changed clip."""
+
+
+def _inputs_stamp(base_sha: str, cand_sha: str, options: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "baseline_mp4_sha256": base_sha,
+        "candidate_mp4_sha256": cand_sha,
+        "options": {k: str(v) for k, v in sorted(options.items())},
+    }
 
 
 def parse_options(items: Iterable[str]) -> dict[str, str]:
@@ -122,7 +139,7 @@ class _Sides:
         self.store = store
         self._hashes: dict[tuple[str, int, int], str] = {}
 
-    def _sha(self, path: Path) -> str:
+    def sha(self, path: Path) -> str:
         stat = path.stat()
         key = (str(path), stat.st_size, stat.st_mtime_ns)
         if key not in self._hashes:
@@ -151,7 +168,7 @@ class _Sides:
         if not mp4.is_file():
             raise StoreError(f"{name}: {mp4} is missing")
         expected = record.get("mp4_sha256")
-        if expected and self._sha(mp4) != expected:
+        if expected and self.sha(mp4) != expected:
             raise StoreError(
                 f"{name}: {mp4} does not match the mp4_sha256 of its record {record_path.name} "
                 "(truncated or modified after it was written)"
@@ -252,19 +269,6 @@ def run_gates(
 
 
 def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task) -> None:
-    todo = []
-    for gate in gates:
-        path = result_path(store, gate.name, pair.candidate, pair.prompt_id, pair.seed)
-        kept = None if force else load_valid_result(path, gate.name, pair)
-        if kept is not None:
-            summary.resumed[gate.name] += 1
-            _count(summary, gate.name, kept, path)
-            bar.advance(task)
-        else:
-            todo.append((gate, path))
-    if not todo:
-        return
-
     side_error = None
     base = cand = None
     try:
@@ -272,14 +276,29 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
         cand = sides.load(pair.candidate, pair.prompt_id, pair.seed, "candidate")
     except StoreError as exc:
         side_error = str(exc)
+
+    todo = []
+    for gate in gates:
+        path = result_path(store, gate.name, pair.candidate, pair.prompt_id, pair.seed)
+        gate_options = options_for(gate.name, options)
+        stamp = None if side_error else _inputs_stamp(sides.sha(base.mp4), sides.sha(cand.mp4), gate_options)
+        kept = None if force or side_error else load_valid_result(path, gate.name, pair, stamp)
+        if kept is not None:
+            summary.resumed[gate.name] += 1
+            _count(summary, gate.name, kept, path)
+            bar.advance(task)
+        else:
+            todo.append((gate, path, gate_options, stamp))
+    if not todo:
+        return
+
     identical = (
         base is not None and cand is not None
         and bool(base.record.get("frames_sha256")) and bool(base.record.get("pcm_sha256"))
         and base.record.get("frames_sha256") == cand.record.get("frames_sha256")
         and base.record.get("pcm_sha256") == cand.record.get("pcm_sha256")
     )
-
-    for gate, path in todo:
+    for gate, path, gate_options, stamp in todo:
         bar.update(task, description=f"{gate.name} {pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}")
         if side_error is not None:
             result = _error_result(gate.name, pair, side_error)
@@ -288,9 +307,10 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
             artifact_dir.mkdir(parents=True, exist_ok=True)
             ctx = PairContext(
                 run_dir=store.root, pair=pair, baseline=base, candidate=cand, artifact_dir=artifact_dir,
-                device=device, options=options_for(gate.name, options),
+                device=device, options=gate_options,
             )
             result = evaluate_pair(gate, ctx, identical)
+            result.info[INPUTS_KEY] = stamp
         atomic_write_json(path, result.model_dump(mode="json"))
         summary.scored[gate.name] += 1
         _count(summary, gate.name, result, path)
