@@ -121,7 +121,8 @@ def lpips_per_frame(
     import torch
 
     out = np.zeros(len(base), dtype=np.float64)
-    with torch.inference_mode():
+    # TF32 off: on Ampere and later, cuDNN would otherwise run the trunk's convolutions at 10-bit mantissa.
+    with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         for start in range(0, len(base), batch):
             b, c = base[start : start + batch], cand[start : start + batch]
             d = model(_to_lpips_input(b, scale, device), _to_lpips_input(c, scale, device))
@@ -136,7 +137,7 @@ def lpips_map(model, base: np.ndarray, cand: np.ndarray, scale: float, device: s
     spatial = model.spatial
     model.spatial = True
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
             d = model(_to_lpips_input(base[None], scale, device), _to_lpips_input(cand[None], scale, device))
     finally:
         model.spatial = spatial

@@ -150,3 +150,14 @@ def test_different_resolution_is_a_clear_error(tmp_path):
     ctx = pair_context(store, gate="fidelity", options={"lpips_trunk": "rand"})
     with pytest.raises(GateInputError, match=r"resolution 64x64 vs 80x80"):
         get_gate("fidelity").evaluate(ctx)
+
+
+@pytest.mark.gpu
+def test_cuda_matches_cpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    base, cand = _frames_pair(n=4, h=64, w=96)
+    np.testing.assert_allclose(fidelity.ssim_per_frame(base, cand, "cuda"), fidelity.ssim_per_frame(base, cand), atol=1e-6)
+    cpu = fidelity.lpips_per_frame(fidelity.load_lpips("rand", "cpu"), base, cand, 0.5, "cpu")
+    gpu = fidelity.lpips_per_frame(fidelity.load_lpips("rand", "cuda"), base, cand, 0.5, "cuda")
+    np.testing.assert_allclose(gpu, cpu, rtol=1e-4)
