@@ -26,7 +26,6 @@ PSNR; and the spatial LPIPS map of the worst frame as a PNG (baseline | candidat
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import warnings
 from pathlib import Path

@@ -62,3 +62,18 @@ def pair_context(store: RunStore, candidate: str = "candidate", prompt_id: str =
 
 __all__ = ["make_run", "rewrite_clip", "pair_context", "noise_pcm", "moving_square_frames", "tone_pcm", "FPS", "RATE",
            "NUM_FRAMES", "SIZE"]
+
+
+def copy_clip(store: RunStore, src: str, dst: str, prompt_id: str = "p0", seed: int = 0) -> None:
+    """Give ``dst`` a byte-identical copy of ``src``'s MP4, keeping ``dst``'s raw-frame and PCM hashes.
+
+    The runner then sees two different generations (no identical-pair short cut) whose decoded media are equal:
+    what a gate computes from the decoded media must be exactly zero difference.
+    """
+    mp4 = store.clip_path(dst, prompt_id, seed)
+    mp4.write_bytes(store.clip_path(src, prompt_id, seed).read_bytes())
+    record_path = store.record_path(dst, prompt_id, seed)
+    record = json.loads(record_path.read_text())
+    record["mp4_sha256"] = sha256_file(mp4)
+    record["mp4_bytes"] = mp4.stat().st_size
+    atomic_write_json(record_path, record)

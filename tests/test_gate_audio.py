@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from _gate_clips import NUM_FRAMES, RATE, SIZE, make_run, moving_square_frames, noise_pcm, pair_context, rewrite_clip
+from _gate_clips import NUM_FRAMES, RATE, SIZE, copy_clip, make_run, moving_square_frames, noise_pcm, pair_context, rewrite_clip
 
 from gates import audio
 from gates.base import get_gate
@@ -92,9 +92,10 @@ def test_gate_on_a_delayed_quieter_track(tmp_path):
 
 
 def test_gate_identical_decoded_tracks_give_exact_zero(tmp_path):
-    # Same PCM, different frames: no short-circuit by the runner; the decoded tracks are equal, distances zero.
+    # Different generations (no short cut by the runner) in byte-identical MP4s: the decoded tracks are equal.
     store = make_run(tmp_path / "run", frames_fn=lambda recipe, pid, seed: moving_square_frames(
         NUM_FRAMES, SIZE, 0 if recipe == "baseline" else 1))
+    copy_clip(store, "baseline", "candidate")
     result = get_gate("audio").evaluate(pair_context(store, gate="audio"))
     assert _metrics(result) == {"stft_distance": 0.0, "logmel_distance": 0.0, "lufs_delta": 0.0, "offset_ms": 0.0}
     assert result.flagged is False

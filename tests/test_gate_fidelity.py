@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _gate_clips import NUM_FRAMES, SIZE, make_run, moving_square_frames, noise_pcm, pair_context, rewrite_clip
+from _gate_clips import NUM_FRAMES, SIZE, copy_clip, make_run, moving_square_frames, noise_pcm, pair_context, rewrite_clip
 from PIL import Image
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
@@ -113,8 +113,9 @@ def test_gate_on_planted_defect(tmp_path):
 
 
 def test_gate_identical_decoded_frames_give_exact_zero(tmp_path):
-    # Same frames, different audio: the runner would not short-circuit, the gate must still give exactly zero.
+    # Different generations (no short cut by the runner) in byte-identical MP4s: exactly zero, from decoded frames.
     store = make_run(tmp_path / "run", audio_fn=lambda recipe, pid, seed: noise_pcm(seed=0 if recipe == "baseline" else 5))
+    copy_clip(store, "baseline", "candidate")
     ctx = pair_context(store, gate="fidelity", options={"lpips_trunk": "rand"})
     result = get_gate("fidelity").evaluate(ctx)
     m = {k: v.value for k, v in result.metrics.items()}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import typer
 from _gate_clips import NUM_FRAMES, SIZE, make_run, moving_square_frames, noise_pcm, rewrite_clip
