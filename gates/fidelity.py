@@ -158,7 +158,46 @@ def luma(frames: np.ndarray) -> np.ndarray:
 
 
 def ssim_per_frame(base: np.ndarray, cand: np.ndarray, device: str = "cpu", batch: int = 8) -> np.ndarray:
-    """SSIM of the luma of each frame pair (definition in the module docstring), float64 (N,)."""
+    """SSIM of the luma of each frame pair (definition in the module docstring), float64 (N,).
+
+    On the CPU, float32 with OpenCV's separable filter (about 20x faster there than torch's depthwise convolution);
+    on a GPU, float32 torch convolutions with TF32 off. Both are tested against scikit-image.
+    """
+    if device == "cpu":
+        return _ssim_cpu(base, cand)
+    return _ssim_torch(base, cand, device, batch)
+
+
+def _ssim_cpu(base: np.ndarray, cand: np.ndarray) -> np.ndarray:
+    import cv2
+
+    taps = _gaussian_taps().astype(np.float32)
+    r = len(taps) // 2
+    c1, c2 = (SSIM_K1 * SSIM_L) ** 2, (SSIM_K2 * SSIM_L) ** 2
+    weights = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+    out = np.zeros(len(base), dtype=np.float64)
+
+    def blur(x):
+        # Only the valid region (no pixel of the window outside the frame) is kept, so the border mode is moot.
+        return cv2.sepFilter2D(x, cv2.CV_32F, taps, taps, borderType=cv2.BORDER_REFLECT)[r:-r, r:-r]
+
+    for i in range(len(base)):
+        # float32 luma centred at 128, so that the moments keep their precision (variance = E[x^2] - E[x]^2).
+        a = base[i].astype(np.float32) @ weights - 128.0
+        b = cand[i].astype(np.float32) @ weights - 128.0
+        mu_a, mu_b = blur(a), blur(b)
+        var_a = blur(a * a) - mu_a * mu_a
+        var_b = blur(b * b) - mu_b * mu_b
+        cov = blur(a * b) - mu_a * mu_b
+        mu_a += 128.0
+        mu_b += 128.0
+        num = (2 * mu_a * mu_b + c1) * (2 * cov + c2)
+        den = (mu_a * mu_a + mu_b * mu_b + c1) * (var_a + var_b + c2)
+        out[i] = float(np.mean(num / den, dtype=np.float64))
+    return out
+
+
+def _ssim_torch(base: np.ndarray, cand: np.ndarray, device: str, batch: int) -> np.ndarray:
     import torch
     import torch.nn.functional as F
 

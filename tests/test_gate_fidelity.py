@@ -162,3 +162,12 @@ def test_cuda_matches_cpu():
     cpu = fidelity.lpips_per_frame(fidelity.load_lpips("rand", "cpu"), base, cand, 0.5, "cpu")
     gpu = fidelity.lpips_per_frame(fidelity.load_lpips("rand", "cuda"), base, cand, 0.5, "cuda")
     np.testing.assert_allclose(gpu, cpu, rtol=1e-4)
+
+
+def test_ssim_torch_path_matches_scikit_image():
+    # The path a GPU takes, run here on the CPU.
+    base, cand = _frames_pair()
+    ya, yb = fidelity.luma(base), fidelity.luma(cand)
+    reference = [structural_similarity(ya[i], yb[i], data_range=255, gaussian_weights=True, sigma=1.5,
+                                       use_sample_covariance=False) for i in range(len(base))]
+    np.testing.assert_allclose(fidelity._ssim_torch(base, cand, "cpu", 2), reference, atol=2e-6)
