@@ -131,6 +131,8 @@ BUILTIN_GATE_MODULES: list[str] = [
     "gates.integrity",
     "gates.fidelity",
     "gates.audio",
+    "gates.trajectory",
+    "gates.vbench",
 ]
 
 

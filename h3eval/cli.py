@@ -17,8 +17,21 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+
+@app.callback()
+def _root() -> None:
+    """Quality-gated evaluation of accelerated MiniMax-H3 inference."""
+
+
 COMMAND_MODULES = [
     "h3eval.commands.generate",
+    "h3eval.commands.floor",
+    "h3eval.commands.verdict",
+    "h3eval.commands.report",
+    "h3eval.commands.demo",
+    "h3eval.commands.vbench",
+    "h3eval.commands.dashboard",
 ]
 
 for _module in COMMAND_MODULES:
@@ -26,4 +39,7 @@ for _module in COMMAND_MODULES:
 
 
 def main() -> None:  # pragma: no cover
+    app()
+
+if __name__ == "__main__":  # pragma: no cover
     app()
