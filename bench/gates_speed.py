@@ -118,7 +118,8 @@ def main() -> int:
     parser.add_argument("--workdir", type=Path, default=None, help="where the synthetic run goes (default: a temp dir)")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--reuse-run", action="store_true", help="reuse the pair already in --workdir (same shape)")
-    parser.add_argument("--repeat", type=int, default=1, help="timed repetitions of the full run (best is reported)")
+    parser.add_argument("--repeat", type=int, default=2, help="timed warm repetitions of the full run (best is reported)")
+    parser.add_argument("--tag", default=None, help="suffix of the result files (default: cpu or gpu)")
     args = parser.parse_args()
 
     import torch
@@ -226,10 +227,12 @@ def main() -> int:
         "per_gate": per_gate,
         "target_s": 60.0 if args.device == "cpu" else None,
         "meets_target": (best <= 60.0) if args.device == "cpu" else None,
+        "note": "wall time counts other processes' load when the load average exceeds the cores; CPU time is this "
+                "process's own work (all threads)",
     }
     out["machine"]["loadavg_after"] = os.getloadavg()
     args.out.mkdir(parents=True, exist_ok=True)
-    tag = "cpu" if args.device == "cpu" else "gpu"
+    tag = ("cpu" if args.device == "cpu" else "gpu") + (f"_{args.tag}" if args.tag else "")
     (args.out / f"gates_speed_{tag}.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
     (args.out / f"gates_speed_{tag}.md").write_text(markdown(out))
     print(markdown(out))
