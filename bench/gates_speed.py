@@ -190,7 +190,7 @@ def main() -> int:
         ctx = PairContext(
             run_dir=store.root, pair=PairRef(baseline="baseline", candidate="drift", prompt_id="p0", seed=0),
             baseline=sides.load("baseline", "p0", 0, "baseline"), candidate=sides.load("drift", "p0", 0, "candidate"),
-            artifact_dir=store.gate_dir(name) / "drift", device=args.device, options=options_for(name, options),
+            artifact_dir=store.gate_dir(name) / "drift", device=args.device, options=options_for(name, options, getattr(gate, "option_names", None)),
         )
         t0, c0 = time.perf_counter(), time.process_time()
         result = gate.evaluate(ctx)

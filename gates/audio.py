@@ -27,7 +27,7 @@ import math
 import numpy as np
 
 from gates.base import Gate, GateResult, PairContext, register_gate
-from gates.common import GateInputError, metric, new_result, option_float
+from gates.common import GateInputError, check_options, metric, new_result, option_float
 
 logger = logging.getLogger(__name__)
 
@@ -134,10 +134,12 @@ class AudioGate(Gate):
     name = "audio"
     needs = ("audio",)
     description = "Paired audio: multi-resolution STFT and log-mel distance, loudness difference, offset."
+    option_names = frozenset({"max_offset_ms"})
 
     def evaluate(self, ctx: PairContext) -> GateResult:
         from gates.media_cache import load_audio
 
+        check_options(self.name, ctx.options, self.option_names)
         max_offset_ms = option_float(ctx.options, "max_offset_ms", DEFAULT_MAX_OFFSET_MS)
         base, base_rate = load_audio(ctx.baseline.mp4)
         cand, cand_rate = load_audio(ctx.candidate.mp4)

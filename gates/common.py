@@ -29,6 +29,13 @@ def metric(value: float | None, higher_is_better: bool, unit: str | None = None)
     return Metric(value=value, higher_is_better=higher_is_better, unit=unit)
 
 
+def check_options(gate: str, options: dict[str, Any], known: frozenset[str]) -> None:
+    """Unknown option names are an error (a typo must not silently run the defaults)."""
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise GateInputError(f"unknown {gate} option(s) {unknown}; known: {sorted(known)}")
+
+
 def relative_to_run(ctx: PairContext, path: Path) -> str:
     return Path(os.path.relpath(Path(path).resolve(), Path(ctx.run_dir).resolve())).as_posix()
 

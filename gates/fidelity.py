@@ -34,7 +34,9 @@ from typing import Any
 import numpy as np
 
 from gates.base import Gate, GateResult, PairContext, register_gate
-from gates.common import GateInputError, metric, new_result, option_float, option_int, option_str, relative_to_run
+from gates.common import (
+    GateInputError, check_options, metric, new_result, option_float, option_int, option_str, relative_to_run,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -295,10 +297,12 @@ class FidelityGate(Gate):
     name = "fidelity"
     needs = ("video",)
     description = "Per-frame LPIPS (AlexNet), SSIM and PSNR of candidate vs baseline; worst-frame LPIPS map."
+    option_names = frozenset({"lpips_trunk", "lpips_scale", "lpips_stride"})
 
     def evaluate(self, ctx: PairContext) -> GateResult:
         from gates.media_cache import load_video
 
+        check_options(self.name, ctx.options, self.option_names)
         device = ctx.device
         trunk = option_str(ctx.options, "lpips_trunk", "alexnet", env="H3EVAL_LPIPS_TRUNK")
         scale = option_float(ctx.options, "lpips_scale", DEFAULT_LPIPS_SCALE)

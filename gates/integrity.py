@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from gates.base import Gate, GateResult, PairContext, register_gate
-from gates.common import metric, new_result, option_float, option_int
+from gates.common import check_options, metric, new_result, option_float, option_int
 
 logger = logging.getLogger(__name__)
 
@@ -263,8 +263,10 @@ class IntegrityGate(Gate):
     name = "integrity"
     needs = ("video", "audio")
     description = "Both clips decode fully and match their records; no black/frozen frames, silence or clipping."
+    option_names = frozenset(IntegrityThresholds.__dataclass_fields__)
 
     def evaluate(self, ctx: PairContext) -> GateResult:
+        check_options(self.name, ctx.options, self.option_names)
         th = IntegrityThresholds.from_options(ctx.options)
         result = new_result(self.name, ctx)
         result.info["thresholds"] = asdict(th)

@@ -11,6 +11,9 @@ and artifacts to the same folder. The loop is pair-major so that the gates of on
   bit-identical, and any difference after decoding would be codec noise. A gate with an ``identical_result(ctx)``
   method answers without decoding (exactly zero difference); other gates are run as usual and their result is
   marked ``identical``. The integrity gate has no such method: a clip can be broken on both sides.
+- **Options**: ``key=value`` goes to every chosen gate that knows ``key`` (a gate lists its ``option_names``; one
+  that does not gets them all), ``gate.key=value`` to that gate only. An option no chosen gate knows is an error
+  before anything runs.
 - **Bad input**: a missing or unfinished clip, an MP4 whose sha256 no longer matches its record, or a gate that
   raises gives that pair (and gate) a result with ``status="error"`` and the message; the other pairs are still
   scored, and the summary says the run failed so that the command exits non-zero.
@@ -112,12 +115,35 @@ def parse_options(items: Iterable[str]) -> dict[str, str]:
     return options
 
 
-def options_for(gate: str, options: dict[str, Any]) -> dict[str, Any]:
-    """Unscoped options, overridden by those scoped ``gate.key`` to this gate (options of other gates dropped)."""
-    resolved = {k: v for k, v in options.items() if "." not in k}
+def options_for(gate: str, options: dict[str, Any], known: frozenset[str] | None = None) -> dict[str, Any]:
+    """The options one gate gets: unscoped ``key`` options it knows (all of them when the gate does not declare
+    ``option_names``), overridden by those scoped ``gate.key`` to it. Options scoped to other gates are dropped."""
+    resolved = {k: v for k, v in options.items() if "." not in k and (known is None or k in known)}
     prefix = f"{gate}."
     resolved.update({k[len(prefix) :]: v for k, v in options.items() if k.startswith(prefix)})
     return resolved
+
+
+def check_options(gates: list[Gate], options: dict[str, Any]) -> None:
+    """Fail before anything runs on an option no chosen gate knows (gates declare ``option_names``).
+
+    An unscoped ``key`` must be known to at least one chosen gate (unless some chosen gate does not declare its
+    options); a scoped ``gate.key`` for a chosen gate must be known to that gate. Scoped options of gates not chosen
+    are ignored, so that one option set can serve several runs.
+    """
+    declared = {g.name: getattr(g, "option_names", None) for g in gates}
+    for key in options:
+        name, dot, option = key.partition(".")
+        if dot:
+            known = declared.get(name, None)
+            if name in declared and known is not None and option not in known:
+                raise GateRunError(f"option {key!r}: gate {name} has no option {option!r}; known: {sorted(known)}")
+        elif all(known is not None for known in declared.values()) and not any(
+            key in known for known in declared.values()
+        ):
+            everything = sorted(set().union(*declared.values())) if declared else []
+            raise GateRunError(f"option {key!r} is not an option of the chosen gates ({', '.join(declared)}); "
+                               f"known: {everything}")
 
 
 def check_device(device: str) -> str:
@@ -235,6 +261,7 @@ def run_gates(
     gates = [get_gate(name) for name in dict.fromkeys(gate_names)]  # KeyError names the known gates
     device = check_device(device)
     options = dict(options or {})
+    check_options(gates, options)
     pairs = store.pairs()
     names = [g.name for g in gates]
     summary = GateRunSummary(
@@ -280,7 +307,7 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
     todo = []
     for gate in gates:
         path = result_path(store, gate.name, pair.candidate, pair.prompt_id, pair.seed)
-        gate_options = options_for(gate.name, options)
+        gate_options = options_for(gate.name, options, getattr(gate, "option_names", None))
         stamp = None if side_error else _inputs_stamp(sides.sha(base.mp4), sides.sha(cand.mp4), gate_options)
         kept = None if force or side_error else load_valid_result(path, gate.name, pair, stamp)
         if kept is not None:

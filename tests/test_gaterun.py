@@ -9,7 +9,8 @@ import typer
 from _gate_clips import NUM_FRAMES, SIZE, make_run, moving_square_frames, noise_pcm, rewrite_clip
 from typer.testing import CliRunner
 
-from gates.base import GateResult
+from gates.base import GateResult, get_gate
+from gates.common import GateInputError
 from gates.fidelity import PSNR_CAP_DB
 from h3eval.commands import gate as gate_command
 from h3eval.gaterun import GateRunError, options_for, parse_options, result_path, run_gates
@@ -144,12 +145,31 @@ def test_missing_lpips_weights_errors_per_pair_and_other_gates_still_score(run, 
     assert not [e for e in summary.errors if e["gate"] == "audio"]
 
 
-def test_options_are_scoped_and_validated():
+def test_options_are_scoped_and_validated(run):
     options = parse_options(["lpips_trunk=rand", "fidelity.lpips_stride=2", "audio.max_offset_ms=100"])
-    assert options_for("fidelity", options) == {"lpips_trunk": "rand", "lpips_stride": "2"}
-    assert options_for("audio", options) == {"lpips_trunk": "rand", "max_offset_ms": "100"}
+    fidelity, audio = get_gate("fidelity"), get_gate("audio")
+    assert options_for("fidelity", options, fidelity.option_names) == {"lpips_trunk": "rand", "lpips_stride": "2"}
+    assert options_for("audio", options, audio.option_names) == {"max_offset_ms": "100"}
+    assert options_for("other", options) == {"lpips_trunk": "rand"}  # a gate that does not declare its options
     with pytest.raises(GateRunError, match="not KEY=VALUE"):
         parse_options(["stride"])
+    # A typo fails before anything runs, with the known names.
+    with pytest.raises(GateRunError, match=r"option 'lpips_strid' is not an option of the chosen gates.*lpips_stride"):
+        run_gates(run.root, ["fidelity", "audio"], options={"lpips_strid": "2"}, progress=False)
+    with pytest.raises(GateRunError, match=r"gate audio has no option 'lpips_trunk'"):
+        run_gates(run.root, ["audio"], options={"audio.lpips_trunk": "rand"}, progress=False)
+    assert not (run.root / "gates").exists()
+    # Options scoped to a gate that is not chosen are ignored; an unscoped one goes only to the gates that know it.
+    summary = run_gates(run.root, ["audio"], options={"fidelity.lpips_trunk": "rand"}, progress=False)
+    assert not summary.failed
+
+
+def test_gate_rejects_unknown_options_itself(run):
+    from _gate_clips import pair_context
+
+    ctx = pair_context(run, candidate="drift", gate="audio", options={"max_ofset_ms": "3"})
+    with pytest.raises(GateInputError, match=r"unknown audio option\(s\) \['max_ofset_ms'\]; known: \['max_offset_ms'\]"):
+        get_gate("audio").evaluate(ctx)
 
 
 def test_bad_run_dir_and_unknown_gate(tmp_path, run):
