@@ -253,6 +253,18 @@ def _check_against_record(result: ClipIntegrity, record: dict[str, Any], th: Int
     expected_fps = shape.get("fps")
     if expected_fps and result.fps and abs(result.fps - float(expected_fps)) > th.fps_tolerance:
         result.problems.append(f"fps {result.fps:g} in the MP4, {expected_fps} in its record")
+    expected_s = shape.get("duration_s")
+    if expected_s and result.duration_s and result.fps and abs(result.duration_s - float(expected_s)) > 1.0 / result.fps:
+        result.problems.append(f"duration {result.duration_s:.3f} s in the MP4, {float(expected_s):.3f} s in its record")
+    expected_samples = shape.get("num_audio_samples")
+    rate = result.audio_sample_rate
+    if expected_samples and result.num_audio_samples is not None and rate and result.fps:
+        gap_s = abs(result.num_audio_samples - int(expected_samples)) / rate
+        if gap_s > 1.0 / result.fps:  # AAC pads the last packet (< 1024 samples), well within one frame
+            result.problems.append(
+                f"{result.num_audio_samples} audio samples in the MP4, {expected_samples} in its record "
+                f"({gap_s * 1000:.1f} ms apart, more than one frame)"
+            )
     expected_rate = shape.get("audio_sample_rate")
     if expected_rate and result.audio_sample_rate and int(expected_rate) != result.audio_sample_rate:
         result.problems.append(f"audio sample rate {result.audio_sample_rate} in the MP4, {expected_rate} in its record")

@@ -89,8 +89,12 @@ def test_truncated_mp4_is_a_decode_error_naming_the_file(tmp_path):
 
 def test_record_mismatch_is_reported(tmp_path):
     path = _clip(tmp_path)
-    record = {"shape": {"num_frames": 30, "height": SIZE, "width": 2 * SIZE, "fps": 25, "audio_sample_rate": RATE}}
+    record = {"shape": {"num_frames": 30, "height": SIZE, "width": 2 * SIZE, "fps": 25, "audio_sample_rate": RATE,
+                        "duration_s": 1.25, "num_audio_samples": 40000}}
     problems = check_clip(path, record).problems
+    assert "duration 1.000 s in the MP4, 1.250 s in its record" in problems
+    decoded = decode_audio(path)[0].shape[1]
+    assert f"{decoded} audio samples in the MP4, 40000 in its record ({(40000 - decoded) / 32:.1f} ms apart, more than one frame)" in problems
     assert "num_frames 24 in the MP4, 30 in its record" in problems
     assert "width 64 in the MP4, 128 in its record" in problems
     assert "fps 24 in the MP4, 25 in its record" in problems
