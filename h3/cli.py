@@ -55,6 +55,35 @@ def generate(
     )
 
 
+@app.command("serve")
+def serve(
+    model: str = typer.Option("tiny", "--model", envvar="H3_MODEL", help="'tiny' or a checkpoint directory."),
+    recipe: str = typer.Option("baseline", "--recipe", envvar="H3_RECIPE", help="Recipe name or TOML path."),
+    host: str = typer.Option("127.0.0.1", "--host", envvar="H3_HOST"),
+    port: int = typer.Option(30000, "--port", envvar="H3_PORT"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="H3_API_KEY", help="Require this bearer key."),
+    max_queue: int = typer.Option(8, "--max-queue", envvar="H3_MAX_QUEUE", help="Jobs that may wait (429 beyond)."),
+    output_dir: Path = typer.Option(Path("h3-serve"), "--output-dir", envvar="H3_OUTPUT_DIR",
+                                    help="Where clips and job files live (kept across restarts)."),
+    device: Optional[str] = typer.Option(None, "--device", envvar="H3_DEVICE"),
+) -> None:
+    """Serve the OpenAI-style videos API (SGLang's field names) over one recipe."""
+    from h3.recipe import RecipeError
+    from h3.runtime import CheckpointError
+    from h3.server import serve as run_server
+
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if max_queue < 0:
+        typer.echo(f"error: --max-queue must be >= 0, got {max_queue}", err=True)
+        raise typer.Exit(3)
+    try:
+        run_server(model, recipe, host=host, port=port, api_key=api_key, max_queue=max_queue,
+                   output_dir=output_dir, device=device)
+    except (RecipeError, CheckpointError, RuntimeError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(3)
+
+
 def main() -> None:  # pragma: no cover
     app()
 

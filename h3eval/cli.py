@@ -32,6 +32,8 @@ COMMAND_MODULES = [
     "h3eval.commands.demo",
     "h3eval.commands.vbench",
     "h3eval.commands.dashboard",
+    "h3eval.commands.ab",
+    "h3eval.commands.import_",
 ]
 
 for _module in COMMAND_MODULES:

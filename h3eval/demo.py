@@ -1,7 +1,8 @@
 """`h3eval demo`: the main job on the embedded default, end to end on a CPU.
 
 The tiny preset generates the smoke prompts at four seeds (16 pairs, the sample size seed 002 found decisive)
-for the baseline and two candidates — ``identity`` (every lever named and off: it must come out byte-identical)
+for the baseline and two candidates — ``baseline-identity`` (the off-identity check: every lever as the baseline has
+it, under another name; it must come out byte-identical)
 and ``fewer-steps`` (8 instead of 29 steps without distillation: it must not) — with latent trajectories recorded.
 Every gate that runs on the CPU scores the pairs; the baseline's own clips at other seeds give the new-seed noise
 floor the release policy states its thresholds against; the verdict and the reports are written; and the demo
@@ -18,7 +19,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-DEMO_RECIPES = ("baseline", "identity", "fewer-steps")
+DEMO_RECIPES = ("baseline", "baseline-identity", "fewer-steps")
 DEMO_SEEDS = (0, 1, 2, 3)
 CPU_GATES = ("integrity", "fidelity", "ghosting", "audio", "trajectory")
 FLOOR_GATES = ("fidelity", "audio", "ghosting", "trajectory")
@@ -47,23 +48,22 @@ def lpips_trunk() -> str:
 
 def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEEDS, prompts: str = "smoke",
              policy: str = "release") -> DemoResult:
-    from h3.recipe import load_recipe
+    from h3eval.commands.ab import run_ab_command
     from h3eval.commands.report import run_report
     from h3eval.floor import newseed_floor_from_run
     from h3eval.gaterun import run_gates
     from h3eval.prompts import load_prompts
-    from h3eval.runner import RunPlan, fill_run
     from h3eval.store import RunStore
 
     started = time.perf_counter()
     out = Path(out)
     run_dir, floor_dir = out / "run", out / "floor"
-    recipes = [load_recipe(name) for name in DEMO_RECIPES]
     suite = load_prompts(prompts)
-    plan = RunPlan(out=run_dir, model="tiny", recipes=recipes, prompts=suite, seeds=list(seeds),
-                   baseline=DEMO_RECIPES[0], kind="ab", trajectory=True, device="cpu",
-                   args={"command": "demo", "prompts": prompts, "seeds": list(seeds)})
-    fill_run(plan, progress=progress)
+    # The off-identity candidate (every lever as the baseline has it, another name) must come out byte-identical;
+    # fewer-steps must not. One warm-up request per recipe; one round of the mixed-prompt speed protocol.
+    run_ab_command(baseline="baseline", candidates=["fewer-steps"], prompts=prompts, out=run_dir, model="tiny",
+                   seeds=",".join(str(s) for s in seeds), off_identity=True, trajectory=True, warmup=1,
+                   speed_protocol="mixed", speed_rounds=1, device="cpu")
     trunk = lpips_trunk()
     options = {"fidelity.lpips_trunk": trunk}
     summary = run_gates(run_dir, list(CPU_GATES), device="cpu", options=options, progress=progress)
