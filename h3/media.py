@@ -76,7 +76,9 @@ def encode_mp4(
                 astream.codec_context.layout = "stereo"
                 astream.bit_rate = AUDIO_BITRATE
             for index in range(num_frames):
-                frame = av.VideoFrame.from_ndarray(frames[index], format="rgb24")
+                # Convert to yuv420p ourselves: PyAV's implicit conversion inside encode() was seen to give
+                # different bytes for the same frames; an explicit reformat did not.
+                frame = av.VideoFrame.from_ndarray(frames[index], format="rgb24").reformat(format="yuv420p")
                 frame.pts = index
                 container.mux(vstream.encode(frame))
             container.mux(vstream.encode())

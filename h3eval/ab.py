@@ -55,7 +55,13 @@ _OFF_VALUES = (None, False, "off", "none", "", 0)
 
 
 # -- configured versus executed -----------------------------------------------------------------------------------
-def lever_enabled(section: Any) -> bool:
+# The key that switches each lever of h3/recipe.py on; other keys of a section are settings (adaln.disk_cache = true
+# configures the precompute's cache, it does not switch the precompute on).
+LEVER_SWITCHES = {"lora": "enabled", "adaln": "precompute", "quant": "mode", "sparse_attention": "enabled",
+                  "bucketing": "enabled", "cache": "kind", "compile": "enabled", "offload": "enabled"}
+
+
+def lever_enabled(section: Any, name: str | None = None) -> bool:
     """Whether a lever section of a resolved recipe asks for the lever.
 
     ``enabled = false`` (or ``mode``/``kind``/``backend`` = "off"/"none") means off; a section with none of these
@@ -63,6 +69,8 @@ def lever_enabled(section: Any) -> bool:
     """
     if not isinstance(section, dict):
         return section not in _OFF_VALUES
+    if name in LEVER_SWITCHES:
+        return section.get(LEVER_SWITCHES[name]) not in _OFF_VALUES
     for key in ("enabled", "mode", "kind", "backend"):
         if key in section:
             return section[key] not in _OFF_VALUES
@@ -85,9 +93,9 @@ def register_lever_check(name: str) -> Callable[[LeverCheck], LeverCheck]:
     return decorator
 
 
-def default_lever_check(section: dict, telemetry: dict | None) -> list[str]:
+def default_lever_check(section: dict, telemetry: dict | None, name: str | None = None) -> list[str]:
     """An enabled lever must report ``applied: true``; a lever that is off must not report that it applied."""
-    enabled = lever_enabled(section)
+    enabled = lever_enabled(section, name)
     applied = isinstance(telemetry, dict) and telemetry.get("applied") is True
     if enabled and telemetry is None:
         return ["is enabled in the recipe but reported no telemetry (did it run?)"]
@@ -128,8 +136,11 @@ def check_executed(recipe: Recipe, record: ClipRecord) -> list[str]:
     for name, section in resolved.items():
         if name in BASE_KEYS:
             continue
-        check = LEVER_CHECKS.get(name, default_lever_check)
-        problems.extend(f"{name}: {p}" for p in check(section, ex.levers.get(name)))
+        if name in LEVER_CHECKS:
+            found = LEVER_CHECKS[name](section, ex.levers.get(name))
+        else:
+            found = default_lever_check(section, ex.levers.get(name), name)
+        problems.extend(f"{name}: {p}" for p in found)
     for name in ex.levers:
         if name not in resolved:
             problems.append(f"{name}: the runtime reported lever telemetry the recipe does not configure: "

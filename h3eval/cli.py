@@ -34,6 +34,7 @@ COMMAND_MODULES = [
     "h3eval.commands.dashboard",
     "h3eval.commands.ab",
     "h3eval.commands.import_",
+    "h3eval.commands.gate",
 ]
 
 for _module in COMMAND_MODULES:

@@ -25,6 +25,10 @@ FLOOR_GATES = ("fidelity", "audio", "ghosting", "trajectory")
 ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
 
 
+class DemoError(RuntimeError):
+    """The demo could not produce its run (a generation failed or a recipe did not run as configured)."""
+
+
 @dataclass
 class DemoResult:
     run_dir: Path
@@ -63,6 +67,12 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
     run_ab_command(baseline="baseline", candidates=["identity", "fewer-steps"], prompts=prompts, out=run_dir,
                    model="tiny", seeds=",".join(str(s) for s in seeds), off_identity=False, trajectory=True, warmup=1,
                    speed_protocol="mixed", speed_rounds=1, device="cpu")
+    manifest = RunStore(run_dir).read_manifest()
+    if manifest.status != "complete":
+        problems = [f"{e.recipe}/{e.prompt_id}-s{e.seed}: {e.error}" for e in manifest.errors[:5]]
+        mismatches = manifest.extra.get("ab", {}).get("executed_mismatches", {})
+        raise DemoError(f"the demo's A/B run ended {manifest.status}: " + "; ".join(
+            problems + [f"{k}: {v}" for k, v in mismatches.items()]))
     trunk = lpips_trunk()
     options = {"fidelity.lpips_trunk": trunk}
     summary = run_gates(run_dir, list(CPU_GATES), device="cpu", options=options, progress=progress)

@@ -355,3 +355,17 @@ def test_sigkill_at_any_point_then_rerun_completes(tmp_path, tiny_runtime, fast_
     assert not list(out.rglob("*.tmp"))
     # The killed process and this one made the same bytes: off-identity holds across processes.
     assert result.off_identity["fast-identity"]["passed"]
+
+
+@pytest.mark.parametrize("name", ["baseline", "identity", "fewer-steps", "fbc-cache", "turbo4-tinydemo"])
+def test_shipped_cpu_recipes_run_as_configured(name, tmp_path):
+    """Every shipped recipe that runs on the CPU passes the configured-versus-executed check (shortened to 3 steps)."""
+    from h3.recipe import load_recipe, recipe_from_dict
+    from h3.runtime import GenerateRequest, H3Runtime
+    from h3eval.ab import check_executed
+
+    data = load_recipe(name).resolved()
+    data.update(steps=3, dtype="float32")
+    recipe = recipe_from_dict(data)
+    record = H3Runtime.load("tiny", recipe, "cpu").generate(GenerateRequest(prompt="a cat", seed=0), tmp_path / "c.mp4")
+    assert check_executed(recipe, record) == []
