@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from gates.opcheck import Budget, check_op, error_stats, sweep_op
 from h3.ops import (NotApplicable, Op, OpOutput, attention_reference, get_op, ops_for_recipe, reference_op,
                     register_op, route_reference, spec, unregister_op)
 from h3.runtime import GenerateRequest
-from h3eval.store import RunManifest, RunStore, utc_now
+from h3eval.store import PromptSuiteRef, RunManifest, RunStore, utc_now
 from tests.conftest import FAST_RECIPE
 
 BLOCK = 16
@@ -351,10 +352,16 @@ def run(tiny_runtime, tmp_path_factory):
     store.write_manifest(RunManifest(created_at=utc_now(), updated_at=utc_now(), model="tiny", kind="ab",
                                      baseline="fast", candidates=["fast-math", "fast-levers"],
                                      recipes={"fast": tiny_runtime.recipe.resolved(), "fast-math": candidate,
-                                              "fast-levers": levers}))
+                                              "fast-levers": levers}, seeds=[0],
+                                     prompts=PromptSuiteRef(path="squat.jsonl", sha256="0" * 64, ids=["squat"])))
     clip = store.clip_path("fast", "squat", 0)
     clip.parent.mkdir(parents=True)
     record = tiny_runtime.generate(GenerateRequest(prompt="A person is squat", seed=0, prompt_id="squat"), clip)
+    for name in ("fast-math", "fast-levers"):  # the gate never reads the candidate's clip; the runner checks it exists
+        copy = store.clip_path(name, "squat", 0)
+        copy.parent.mkdir(parents=True)
+        shutil.copy(clip, copy)
+        shutil.copy(clip.with_suffix(".json"), copy.with_suffix(".json"))
     side = ClipSide("fast", clip, json.loads(record.model_dump_json()))
     gate = get_gate("opcheck")
 
@@ -579,3 +586,17 @@ def test_candidate_that_crashes_on_a_shape_fails_that_shape():
     with pytest.raises(KeyError):  # the baseline op itself failing is the gate's error, never the candidate's
         check_op({"query": torch.zeros(1, 2, 1, 4)}, spec("attention:native"), spec("attention:native"), "cpu",
                  "float32", BUDGET)
+
+
+def test_gate_runner_runs_opcheck_over_the_run(run):
+    """`h3eval gate RUN --gates opcheck`: every pair scored through h3eval.gaterun, results where the verdict reads."""
+    from gates.base import GateResult
+    from h3eval.gaterun import run_gates
+
+    root, _, _ = run
+    summary = run_gates(root, ["opcheck"], device="cpu", options={"opcheck.sweep": "false"}, progress=False)
+    assert summary.pairs == 2 and summary.scored["opcheck"] == 2 and not summary.errors, summary.errors
+    for candidate in ("fast-math", "fast-levers"):
+        result = GateResult.model_validate_json((root / "gates/opcheck" / candidate / "squat-s0.json").read_text())
+        assert result.status == "ok" and not result.flagged and result.metrics["failed_records"].value == 0
+        assert result.info["capture"]["dir"] == "gates/opcheck/captures/fast/squat-s0"
