@@ -18,9 +18,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Baseline vs an identical and a lossy candidate on the tiny preset: gates, noise floor, verdict, report."""
         setup_logging(verbose)
-        from h3eval.demo import run_demo
+        from h3eval.commands._common import fail
+        from h3eval.demo import DemoError, run_demo
 
-        result = run_demo(out)
+        try:
+            result = run_demo(out)
+        except DemoError as exc:
+            raise fail(str(exc), code=1) from None
         typer.echo("")
         typer.echo(f"h3eval demo finished in {result.seconds:.0f} s: 3 recipes x 4 smoke prompts x 4 seeds on the tiny "
                    "preset (random weights: noise-like clips from the real pipeline code)")
@@ -33,7 +37,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"  gate errors: {len(result.gate_errors)} (see the per-pair results)")
         typer.echo("")
         for line in result.lines:
-            typer.echo(line)
+            # The verdict's reasons can list every pair; the report has them all, the terminal gets the gist.
+            typer.echo(line if len(line) <= 240 else line[:237] + "...")
         typer.echo("")
         typer.echo("where to look:")
         for name, path in sorted(result.reports.items()):
