@@ -147,7 +147,10 @@ def test_lever_sections_must_report_applied(mismatch_run):
     assert check_executed(recipe, applied) == [
         "step_cache: is off in the recipe but reported that it applied: {'applied': True, 'hits': 3}"]
     applied.executed.levers = {"quantization": {"applied": True}, "compile": {"applied": True}}
-    assert "compile: the runtime reported lever telemetry the recipe does not configure" in check_executed(
+    assert check_executed(recipe, applied) == ["compile: is off in the recipe but reported that it applied: "
+                                               "{'applied': True}"]
+    applied.executed.levers = {"quantization": {"applied": True}, "mystery_lever": {"applied": True}}
+    assert "mystery_lever: the runtime reported lever telemetry the recipe does not configure" in check_executed(
         recipe, applied)[0]
     assert [lever_enabled(s) for s in ({"enabled": False, "x": 1}, {"backend": "sage"}, {"mode": "none"},
                                        {"threshold": 0.0}, {"threshold": 0.1})] == [False, True, False, False, True]
