@@ -1,0 +1,275 @@
+"""Ghosting gate: detects a faint displaced copy of moving content in the candidate that the baseline lacks.
+
+Field report 001: a sparse-attention config passed the per-op gate and LPIPS, yet every frame carried a faint second
+rendering of the moving subject; only side-by-side same-seed frames caught it. This gate automates that look.
+
+Model. A ghost of strength ``alpha`` is ``cand = (1 - alpha) * base + alpha * S`` where ``S`` is a displaced copy of
+the baseline: frame ``t - lag`` (lag 0..``max_lag``) translated by ``(dy, dx)`` pixels. So the residual
+``r = cand - base`` equals ``alpha * (S - base)``. Per frame, on luma at a reduced working resolution, we fit
+
+    r  ~  alpha * S  +  nuisance
+
+by least squares, where the nuisance regressors are ``1, base, base**2`` (brightness, contrast and gamma changes are
+smooth pointwise functions of ``base``) and ``base`` shifted by one pixel up/down/left/right (codec blur or
+sharpening is a local linear filter of ``base``). Because ``r`` contains ``-alpha * base`` and ``base`` is a nuisance
+regressor, the coefficient on ``S`` is the ghost strength itself; benign differences (codec noise, LSB noise, gamma)
+correlate with ``base`` and its immediate neighbourhood, not with a displaced copy, so they are absorbed or average
+out. The displacement is searched exhaustively: the fit's numerator for every shift within ``max_shift`` is one
+cross-correlation per lag (FFT), the exact fit is done for the best shifts. A ridge term ``ridge_rms`` keeps the
+estimate from blowing up where the displaced copy barely differs from the baseline (static content: a ghost there is
+invisible anyway), which is how the fit is restricted to moving, textured content without a hand-made mask.
+
+The per-frame ``ghost_score`` is the estimated strength of the best-explaining displaced copy, clipped at 0 (a
+negative coefficient is not a copy added to the frame). Identical frames score exactly 0 (the residual is zero).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+# Luma weights (ITU-R BT.601), the ones the H.264 yuv420p path of the runtime uses.
+_LUMA = np.array([0.299, 0.587, 0.114])
+
+
+@dataclass(frozen=True)
+class GhostingConfig:
+    """Detector settings. The defaults are the ones calibrated in bench/results/ghosting_calibration.md."""
+
+    max_lag: int = 4
+    """Largest temporal lag (frames) of the displaced copy searched."""
+    max_shift: int = 4
+    """Largest spatial displacement (pixels at working resolution, per axis) searched."""
+    min_lag0_shift: int = 2
+    """At lag 0 only displacements of at least this many pixels (Chebyshev) count; closer ones are codec blur."""
+    work_long_side: int = 672
+    """Frames are box-downsampled by an integer factor until the long side is at most this (speed)."""
+    ridge_rms: float = 1.5
+    """Ridge, as an RMS difference in 8-bit levels: a displaced copy differing from the base by less is shrunk to 0."""
+    top_k: int = 2
+    """Shifts per lag refitted exactly (ranked by an approximate explained energy)."""
+    refine_steps: int = 3
+    """Hill-climbing steps (8-neighbourhood, exact fits) from the best ranked shift."""
+    frame_threshold: float = 0.03
+    """A frame is a ghost frame when its ghost_score is at least this."""
+    clip_min_frames: int = 3
+    """A clip is flagged when at least this many frames are ghost frames."""
+
+
+@dataclass
+class FrameScores:
+    """Per-frame output of :func:`ghost_scores` (arrays of length T)."""
+
+    score: np.ndarray
+    """Estimated ghost strength alpha-hat per frame (>= 0)."""
+    lag: np.ndarray
+    """Temporal lag of the selected displaced copy (-1 where nothing was selected)."""
+    dy: np.ndarray
+    """Vertical displacement of the selected copy, in pixels at full resolution."""
+    dx: np.ndarray
+    """Horizontal displacement of the selected copy, in pixels at full resolution."""
+    factor: int = 1
+    """Downsampling factor used (working resolution = full / factor)."""
+    extra: dict = field(default_factory=dict)
+
+
+def downsample_factor(height: int, width: int, work_long_side: int) -> int:
+    return max(1, math.ceil(max(height, width) / work_long_side))
+
+
+def to_luma(frames: np.ndarray, factor: int) -> np.ndarray:
+    """uint8 (T, H, W, 3) -> float64 luma (T, H // factor, W // factor), box-averaged over factor x factor blocks."""
+    import cv2
+
+    t, h, w, _ = frames.shape
+    hh, ww = h // factor, w // factor
+    weights = _LUMA.astype(np.float32)
+    out = np.empty((t, hh, ww), dtype=np.float64)
+    for i in range(t):
+        y = frames[i, : hh * factor, : ww * factor].astype(np.float32) @ weights
+        if factor > 1:
+            # INTER_AREA with an integer factor is the exact block mean (and much faster than a numpy reduction).
+            y = cv2.resize(y, (ww, hh), interpolation=cv2.INTER_AREA)
+        out[i] = y
+    return out
+
+
+def _nuisance(base: np.ndarray, m: int) -> np.ndarray:
+    """Nuisance regressors on the interior (margin m): 1, base, base^2/255, and base shifted by one pixel (4 ways)."""
+    h, w = base.shape
+    inner = base[m : h - m, m : w - m]
+    centred = inner - 128.0
+    # Same span as (1, base, base^2, shifted bases); centred and differenced so the Gram matrix is well conditioned.
+    cols = [
+        np.ones_like(inner),
+        centred,
+        centred * centred / 128.0,
+        base[m - 1 : h - m - 1, m : w - m] - inner,
+        base[m + 1 : h - m + 1, m : w - m] - inner,
+        base[m : h - m, m - 1 : w - m - 1] - inner,
+        base[m : h - m, m + 1 : w - m + 1] - inner,
+    ]
+    return np.stack([c.ravel() for c in cols])
+
+
+def _shifted(frame: np.ndarray, m: int, dy: int, dx: int) -> np.ndarray:
+    """``frame(x - s)`` over the interior: the copy displaced by (dy, dx)."""
+    h, w = frame.shape
+    return frame[m - dy : h - m - dy, m - dx : w - m - dx]
+
+
+def _candidate_shifts(lag: int, config: GhostingConfig) -> list[tuple[int, int]]:
+    r = config.max_shift
+    out = []
+    for dy in range(-r, r + 1):
+        for dx in range(-r, r + 1):
+            if lag == 0 and max(abs(dy), abs(dx)) < config.min_lag0_shift:
+                continue
+            out.append((dy, dx))
+    return out
+
+
+def ghost_scores(
+    frames_base: np.ndarray, frames_cand: np.ndarray, config: GhostingConfig | None = None, workers: int = 1
+) -> FrameScores:
+    """Per-frame ghost strength of ``frames_cand`` relative to ``frames_base`` (both uint8 (T, H, W, 3)).
+
+    ``workers`` caps the BLAS and FFT threads: the products here are skinny (7 x pixels), and a threaded BLAS on a
+    shared 2-core machine was measured 5x slower than one thread.
+    """
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=workers, user_api="blas"):
+        return _ghost_scores(frames_base, frames_cand, config or GhostingConfig(), workers)
+
+
+def _ghost_scores(
+    frames_base: np.ndarray, frames_cand: np.ndarray, config: GhostingConfig, workers: int
+) -> FrameScores:
+    from scipy import fft as sfft
+
+    if frames_base.shape != frames_cand.shape:
+        raise ValueError(f"shape mismatch: baseline {frames_base.shape} vs candidate {frames_cand.shape}")
+    t_count, h_full, w_full, _ = frames_base.shape
+    factor = downsample_factor(h_full, w_full, config.work_long_side)
+    score = np.zeros(t_count)
+    lag_sel = np.full(t_count, -1, dtype=np.int64)
+    dy_sel = np.zeros(t_count, dtype=np.int64)
+    dx_sel = np.zeros(t_count, dtype=np.int64)
+    result = FrameScores(score, lag_sel, dy_sel, dx_sel, factor=factor)
+    same = [np.array_equal(frames_base[i], frames_cand[i]) for i in range(t_count)]
+    if all(same):
+        return result
+    base = to_luma(frames_base, factor)
+    cand = to_luma(frames_cand, factor)
+    m = config.max_shift + 1
+    _, h, w = base.shape
+    if h <= 2 * m + 2 or w <= 2 * m + 2:
+        raise ValueError(f"frames too small for the ghosting search: {h_full}x{w_full}")
+    n_pix = (h - 2 * m) * (w - 2 * m)
+    ridge = n_pix * config.ridge_rms**2
+    spectra: dict[int, np.ndarray] = {}
+
+    def spectrum(i: int) -> np.ndarray:
+        if i not in spectra:
+            spectra[i] = sfft.rfft2(base[i], workers=workers)
+            for old in [k for k in spectra if k < i - config.max_lag]:
+                del spectra[old]
+        return spectra[i]
+
+    for t in range(t_count):
+        if same[t]:
+            continue
+        b = base[t]
+        inner = b[m : h - m, m : w - m]
+        r = (cand[t] - b)[m : h - m, m : w - m].ravel()
+        nmat = _nuisance(b, m)
+        gram_inv = np.linalg.pinv(nmat @ nmat.T)
+        r_perp = r - nmat.T @ (gram_inv @ (nmat @ r))
+        padded = np.zeros((h, w))
+        padded[m : h - m, m : w - m] = r_perp.reshape(h - 2 * m, w - 2 * m)
+        r_spec = sfft.rfft2(padded, workers=workers)
+        padded[:] = 0.0
+        padded[m : h - m, m : w - m] = inner
+        b_spec = sfft.rfft2(padded, workers=workers)
+        energy_t, sum_t = float(np.sum(inner * inner)), float(np.sum(inner))
+        rad = config.max_shift
+        numerators: dict[int, np.ndarray] = {}
+        exact: dict[tuple[int, int, int], tuple[float, float]] = {}
+
+        def fit(lag: int, dy: int, dx: int) -> tuple[float, float]:
+            """(explained energy, alpha-hat) of the copy at (lag, dy, dx); exact least squares with ridge."""
+            key = (lag, dy, dx)
+            if key not in exact:
+                num = float(numerators[lag][dy + rad, dx + rad])
+                if num <= 0:
+                    exact[key] = (0.0, 0.0)
+                else:
+                    # |S_perp|^2 via the displacement S - base (same projection, base being a nuisance
+                    # regressor), so that the subtraction is between small numbers.
+                    d = (_shifted(base[t - lag], m, dy, dx) - inner).ravel()
+                    q = nmat @ d
+                    denom = max(float(d @ d) - float(q @ gram_inv @ q), 0.0) + ridge
+                    exact[key] = (num * num / denom, num / denom)
+            return exact[key]
+
+        seeds = []
+        for lag in range(0, min(config.max_lag, t) + 1):
+            # corr[s] = sum_x r_perp(x) * B_{t-lag}(x - s) = <r_perp, S_s>, and since r_perp is orthogonal to the
+            # nuisance span this is also <r_perp, S_s projected off the nuisance>: the fit's exact numerator.
+            lag_spec = np.conj(spectrum(t - lag))
+            corr = sfft.irfft2(r_spec * lag_spec, s=(h, w), workers=workers)
+            rows = np.arange(-rad, rad + 1) % h
+            cols = np.arange(-rad, rad + 1) % w
+            numerators[lag] = corr[np.ix_(rows, cols)]
+            # Ranking only: |S_s - base|^2 less its mean, from one more cross-correlation (shifted energies taken as
+            # unshifted, the one-pixel nuisance ignored). Exact fits follow for the best ``top_k`` shifts.
+            cross = sfft.irfft2(b_spec * lag_spec, s=(h, w), workers=workers)[np.ix_(rows, cols)]
+            lag_inner = base[t - lag][m : h - m, m : w - m]
+            energy_l, sum_l = float(np.sum(lag_inner * lag_inner)), float(np.sum(lag_inner))
+            approx = energy_l + energy_t - 2.0 * cross - (sum_l - sum_t) ** 2 / n_pix
+            shifts = _candidate_shifts(lag, config)
+            values = np.array([numerators[lag][dy + rad, dx + rad] for dy, dx in shifts])
+            approx_at = np.array([approx[dy + rad, dx + rad] for dy, dx in shifts])
+            rank = np.where(values > 0, values * values / (np.maximum(approx_at, 0.0) + ridge), 0.0)
+            seeds += [(lag, *shifts[j]) for j in np.argsort(-rank)[: config.top_k] if values[j] > 0]
+        best_key, best = None, (0.0, 0.0)
+        for key in seeds:
+            if fit(*key)[0] > best[0]:
+                best_key, best = key, fit(*key)
+        # The ranking underrates shifts close to the one-pixel nuisance; climb to the best exact neighbour.
+        for _ in range(config.refine_steps if best_key else 0):
+            lag, dy0, dx0 = best_key
+            allowed = set(_candidate_shifts(lag, config))
+            moved = False
+            for ddy in (-1, 0, 1):
+                for ddx in (-1, 0, 1):
+                    key = (lag, dy0 + ddy, dx0 + ddx)
+                    if key[1:] in allowed and fit(*key)[0] > best[0]:
+                        best_key, best, moved = key, fit(*key), True
+            if not moved:
+                break
+        if best_key is not None:
+            best = (best[0], best[1], *best_key)
+        else:
+            best = (0.0, 0.0, -1, 0, 0)
+        if best[2] >= 0:
+            score[t] = best[1]
+            lag_sel[t] = best[2]
+            dy_sel[t] = best[3] * factor
+            dx_sel[t] = best[4] * factor
+    return result
+
+
+def clip_evidence(scores: np.ndarray, min_frames: int) -> float:
+    """The ``min_frames``-th largest frame score (0.0 for a clip shorter than that): the clip is flagged when this
+    reaches the frame threshold, i.e. when at least ``min_frames`` frames are ghost frames."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.size < min_frames:
+        return 0.0
+    return float(np.sort(scores)[::-1][min_frames - 1])
