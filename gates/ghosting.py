@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from gates.base import Gate, GateResult, Metric, PairContext, register_gate
+
 logger = logging.getLogger(__name__)
 
 # Luma weights (ITU-R BT.601), the ones the H.264 yuv420p path of the runtime uses.
@@ -53,6 +55,8 @@ class GhostingConfig:
     """Ridge, as an RMS difference in 8-bit levels: a displaced copy differing from the base by less is shrunk to 0."""
     top_k: int = 2
     """Shifts per lag refitted exactly (ranked by an approximate explained energy)."""
+    frame_stride: int = 1
+    """Score every ``frame_stride``-th frame (0, s, 2s, ...); the others get no score (None), never zero."""
     refine_steps: int = 3
     """Hill-climbing steps (8-neighbourhood, exact fits) from the best ranked shift."""
     frame_threshold: float = 0.03
@@ -73,9 +77,10 @@ class FrameScores:
     """Vertical displacement of the selected copy, in pixels at full resolution."""
     dx: np.ndarray
     """Horizontal displacement of the selected copy, in pixels at full resolution."""
+    scored: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    """True where the frame was scored (see ``frame_stride``); ``score`` is 0 and meaningless elsewhere."""
     factor: int = 1
     """Downsampling factor used (working resolution = full / factor)."""
-    extra: dict = field(default_factory=dict)
 
 
 def downsample_factor(height: int, width: int, work_long_side: int) -> int:
@@ -161,7 +166,8 @@ def _ghost_scores(
     lag_sel = np.full(t_count, -1, dtype=np.int64)
     dy_sel = np.zeros(t_count, dtype=np.int64)
     dx_sel = np.zeros(t_count, dtype=np.int64)
-    result = FrameScores(score, lag_sel, dy_sel, dx_sel, factor=factor)
+    scored = np.arange(t_count) % max(1, config.frame_stride) == 0
+    result = FrameScores(score, lag_sel, dy_sel, dx_sel, scored=scored, factor=factor)
     same = [np.array_equal(frames_base[i], frames_cand[i]) for i in range(t_count)]
     if all(same):
         return result
@@ -183,7 +189,7 @@ def _ghost_scores(
         return spectra[i]
 
     for t in range(t_count):
-        if same[t]:
+        if same[t] or not scored[t]:
             continue
         b = base[t]
         inner = b[m : h - m, m : w - m]
@@ -273,3 +279,153 @@ def clip_evidence(scores: np.ndarray, min_frames: int) -> float:
     if scores.size < min_frames:
         return 0.0
     return float(np.sort(scores)[::-1][min_frames - 1])
+
+
+def frames_flagged(scores: np.ndarray, config: GhostingConfig) -> tuple[int, bool]:
+    """(number of ghost frames, clip flagged) under the config's frame threshold and clip rule."""
+    ghost_frames = int(np.sum(np.asarray(scores) >= config.frame_threshold))
+    return ghost_frames, ghost_frames >= config.clip_min_frames
+
+
+def local_ghost_map(
+    frames_base: np.ndarray, frames_cand: np.ndarray, t: int, lag: int, dy: int, dx: int, config: GhostingConfig
+) -> np.ndarray:
+    """Per-pixel ghost strength for the selected copy at frame ``t``, at full resolution (for the heatmap).
+
+    Windowed least squares of ``cand - base`` onto ``S - base`` (box window of 9 working pixels), with the same
+    ridge per pixel as the frame fit; a picture of where the displaced copy lives, not a calibrated score.
+    """
+    import cv2
+
+    h_full, w_full = frames_base.shape[1:3]
+    factor = downsample_factor(h_full, w_full, config.work_long_side)
+    lo, hi = max(0, t - lag), t + 1
+    base = to_luma(frames_base[lo:hi], factor)
+    cand = to_luma(frames_cand[t : t + 1], factor)[0]
+    b = base[-1]
+    copy = np.roll(base[0], (dy // factor, dx // factor), axis=(0, 1))
+    d = copy - b
+    r = cand - b
+    num = cv2.boxFilter(r * d, -1, (9, 9))
+    den = cv2.boxFilter(d * d, -1, (9, 9)) + config.ridge_rms**2
+    alpha = np.clip(num / den, 0.0, None)
+    return cv2.resize(alpha, (w_full, h_full), interpolation=cv2.INTER_NEAREST)
+
+
+def render_strip(
+    frames_base: np.ndarray, frames_cand: np.ndarray, fs: FrameScores, indices: list[int], config: GhostingConfig,
+    panel_width: int = 480, gain: float = 8.0, heat_max: float = 0.3,
+) -> np.ndarray:
+    """RGB uint8 image: one row per frame index, panels baseline | candidate | amplified difference | heatmap.
+
+    The difference is ``128 + gain * (cand - base)``; the heatmap maps local ghost strength 0..``heat_max`` onto
+    the inferno colormap.
+    """
+    import cv2
+
+    h_full, w_full = frames_base.shape[1:3]
+    panel_height = max(2, round(h_full * panel_width / w_full))
+    rows = []
+    for t in indices:
+        b, c = frames_base[t], frames_cand[t]
+        diff = np.clip(128.0 + gain * (c.astype(np.float32) - b.astype(np.float32)), 0, 255).astype(np.uint8)
+        if fs.lag[t] >= 0:
+            alpha = local_ghost_map(frames_base, frames_cand, t, int(fs.lag[t]), int(fs.dy[t]), int(fs.dx[t]), config)
+        else:
+            alpha = np.zeros((h_full, w_full))
+        heat = np.clip(alpha / heat_max * 255.0, 0, 255).astype(np.uint8)
+        heat = cv2.applyColorMap(heat, cv2.COLORMAP_INFERNO)[..., ::-1]
+        panels = [cv2.resize(p, (panel_width, panel_height), interpolation=cv2.INTER_AREA) for p in (b, c, diff, heat)]
+        rows.append(np.concatenate(panels, axis=1))
+    return np.concatenate(rows, axis=0)
+
+
+def _png_bytes(rgb: np.ndarray) -> bytes:
+    import cv2
+
+    ok, buf = cv2.imencode(".png", np.ascontiguousarray(rgb[..., ::-1]))
+    if not ok:
+        raise RuntimeError("PNG encoding failed")
+    return buf.tobytes()
+
+
+_OPTION_KEYS = {"frame_threshold", "clip_min_frames", "frame_stride", "strip_frames", "workers"}
+
+
+@register_gate
+class GhostingGate(Gate):
+    """Faint displaced copy of moving content in the candidate (field report 001); calibrated on real footage."""
+
+    name = "ghosting"
+    needs = ("video",)
+    description = (
+        "Estimated strength of a displaced copy (temporal lag 0-4, spatial shift) of the baseline in the candidate, "
+        "per frame; flags the clip when enough frames exceed the calibrated threshold."
+    )
+
+    def evaluate(self, ctx: PairContext) -> GateResult:
+        from h3.atomic import atomic_write_bytes
+        from h3.media import MediaError, decode_video
+
+        unknown = set(ctx.options) - _OPTION_KEYS
+        if unknown:
+            return self._error(ctx, f"unknown ghosting option(s) {sorted(unknown)}; known: {sorted(_OPTION_KEYS)}")
+        overrides = {k: ctx.options[k] for k in ("frame_threshold", "clip_min_frames", "frame_stride") if k in ctx.options}
+        config = GhostingConfig(**{**asdict(GhostingConfig()), **overrides})
+        try:
+            base, _ = decode_video(ctx.baseline.mp4)
+            cand, _ = decode_video(ctx.candidate.mp4)
+        except MediaError as exc:
+            return self._error(ctx, str(exc))
+        if base.shape != cand.shape:
+            return self._error(
+                ctx, f"frame shape mismatch: baseline {ctx.baseline.mp4.name} {base.shape} vs candidate "
+                f"{ctx.candidate.mp4.name} {cand.shape}")
+        fs = ghost_scores(base, cand, config, workers=int(ctx.options.get("workers", 1)))
+        scored = fs.scored
+        values = fs.score[scored]
+        ghost_frames, flagged = frames_flagged(values, config)
+        metrics = {
+            "ghost_score_max": Metric(value=float(values.max()), higher_is_better=False, unit="alpha"),
+            "ghost_score_mean": Metric(value=float(values.mean()), higher_is_better=False, unit="alpha"),
+            "ghost_frames": Metric(value=float(ghost_frames), higher_is_better=False, unit="frames"),
+        }
+        series = {
+            "ghost_score": [float(v) if ok else None for v, ok in zip(fs.score, scored)],
+            "ghost_lag": [float(v) if ok and v >= 0 else None for v, ok in zip(fs.lag, scored)],
+        }
+        flags = []
+        worst = [int(i) for i in np.argsort(-np.where(scored, fs.score, -1.0), kind="stable")]
+        worst = [i for i in worst if scored[i]][: int(ctx.options.get("strip_frames", 3))]
+        if flagged:
+            t = worst[0]
+            flags.append(
+                f"ghosting: {ghost_frames} of {int(scored.sum())} scored frames have ghost_score >= "
+                f"{config.frame_threshold} (>= {config.clip_min_frames} flag the clip); worst frame {t}: "
+                f"ghost_score {fs.score[t]:.3f}, copy of frame t-{fs.lag[t]} shifted by ({fs.dy[t]}, {fs.dx[t]}) px")
+        artifacts = []
+        if worst and fs.score[worst[0]] > 0:
+            strip = render_strip(base, cand, fs, sorted(worst), config)
+            path = ctx.artifact_dir / f"{ctx.pair.prompt_id}-s{ctx.pair.seed}-ghosting-strip.png"
+            atomic_write_bytes(path, _png_bytes(strip))
+            artifacts.append(str(path.relative_to(ctx.run_dir)))
+        return GateResult(
+            gate=self.name, pair=ctx.pair, metrics=metrics, series=series, flagged=flagged, flags=flags,
+            artifacts=artifacts,
+            info={
+                "config": asdict(config),
+                "calibration": "bench/results/ghosting_calibration.md",
+                "scored_frames": int(scored.sum()),
+                "num_frames": int(base.shape[0]),
+                "clip_evidence": clip_evidence(values, config.clip_min_frames),
+                "downsample_factor": fs.factor,
+                "strip_frames": sorted(worst),
+                "worst_frames": [
+                    {"frame": t, "ghost_score": float(fs.score[t]), "lag": int(fs.lag[t]), "dy": int(fs.dy[t]),
+                     "dx": int(fs.dx[t])} for t in worst],
+            },
+        )
+
+    def _error(self, ctx: PairContext, message: str) -> GateResult:
+        logger.error("ghosting %s/%s-s%d: %s", ctx.pair.candidate, ctx.pair.prompt_id, ctx.pair.seed, message)
+        return GateResult(gate=self.name, pair=ctx.pair, status="error", error=message)
