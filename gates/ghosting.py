@@ -290,10 +290,11 @@ def frames_flagged(scores: np.ndarray, config: GhostingConfig) -> tuple[int, boo
 def local_ghost_map(
     frames_base: np.ndarray, frames_cand: np.ndarray, t: int, lag: int, dy: int, dx: int, config: GhostingConfig
 ) -> np.ndarray:
-    """Per-pixel ghost strength for the selected copy at frame ``t``, at full resolution (for the heatmap).
+    """Per-pixel amplitude (8-bit luma levels) of the selected copy at frame ``t``, at full resolution (heatmap).
 
-    Windowed least squares of ``cand - base`` onto ``S - base`` (box window of 9 working pixels), with the same
-    ridge per pixel as the frame fit; a picture of where the displaced copy lives, not a calibrated score.
+    Windowed least squares of ``cand - base`` onto ``d = S - base`` (box window of 9 working pixels, same ridge per
+    pixel as the frame fit) gives a local strength; times the local RMS of ``d`` it is how many levels the ghost
+    adds there: a picture of where the displaced copy is visible, not a calibrated score.
     """
     import cv2
 
@@ -307,19 +308,19 @@ def local_ghost_map(
     d = copy - b
     r = cand - b
     num = cv2.boxFilter(r * d, -1, (9, 9))
-    den = cv2.boxFilter(d * d, -1, (9, 9)) + config.ridge_rms**2
-    alpha = np.clip(num / den, 0.0, None)
-    return cv2.resize(alpha, (w_full, h_full), interpolation=cv2.INTER_NEAREST)
+    energy = cv2.boxFilter(d * d, -1, (9, 9))
+    amplitude = np.clip(num / (energy + config.ridge_rms**2), 0.0, None) * np.sqrt(energy)
+    return cv2.resize(amplitude, (w_full, h_full), interpolation=cv2.INTER_NEAREST)
 
 
 def render_strip(
     frames_base: np.ndarray, frames_cand: np.ndarray, fs: FrameScores, indices: list[int], config: GhostingConfig,
-    panel_width: int = 480, gain: float = 8.0, heat_max: float = 0.3,
+    panel_width: int = 480, gain: float = 8.0, heat_max: float = 6.0,
 ) -> np.ndarray:
     """RGB uint8 image: one row per frame index, panels baseline | candidate | amplified difference | heatmap.
 
-    The difference is ``128 + gain * (cand - base)``; the heatmap maps local ghost strength 0..``heat_max`` onto
-    the inferno colormap.
+    The difference is ``128 + gain * (cand - base)``; the heatmap maps the local ghost amplitude
+    (:func:`local_ghost_map`) 0..``heat_max`` levels onto the inferno colormap.
     """
     import cv2
 
