@@ -11,7 +11,7 @@ import pytest
 from scipy import ndimage
 
 from gates.base import PairContext, PairRef, ClipSide, get_gate
-from gates.ghosting import GhostingConfig, clip_evidence, frames_flagged, ghost_scores
+from gates.ghosting import GhostingConfig, clip_evidence, frames_flagged, ghost_scores, required_frames
 from h3.media import decode_video, encode_mp4
 
 # The calibrated defaults (bench/results/ghosting_calibration.md) are what the gate runs with; tests use them as is.
@@ -103,7 +103,19 @@ def test_benign_differences_are_not_flagged(clip, name):
 def test_identical_pair_scores_exactly_zero(clip):
     fs = ghost_scores(clip["base"], clip["base"].copy(), CONFIG)
     assert np.all(fs.score == 0.0)
-    assert clip_evidence(fs.score, CONFIG.clip_min_frames) == 0.0
+    assert clip_evidence(fs.score, CONFIG) == 0.0
+
+
+@pytest.mark.parametrize("num_scored, expected", [(5, 3), (16, 3), (30, 3), (31, 4), (124, 13)])
+def test_clip_rule_counts_frames(num_scored, expected):
+    assert required_frames(num_scored, CONFIG) == expected
+    scores = np.zeros(num_scored)
+    scores[: expected - 1] = 1.0
+    assert frames_flagged(scores, CONFIG) == (expected - 1, False)
+    assert clip_evidence(scores, CONFIG) == 0.0
+    scores[expected - 1] = CONFIG.frame_threshold
+    assert frames_flagged(scores, CONFIG) == (expected, True)
+    assert clip_evidence(scores, CONFIG) == CONFIG.frame_threshold
 
 
 def test_shape_mismatch_is_an_error(clip):
