@@ -14,13 +14,18 @@ smooth pointwise functions of ``base``) and ``base`` shifted by one pixel up/dow
 sharpening is a local linear filter of ``base``). Because ``r`` contains ``-alpha * base`` and ``base`` is a nuisance
 regressor, the coefficient on ``S`` is the ghost strength itself; benign differences (codec noise, LSB noise, gamma)
 correlate with ``base`` and its immediate neighbourhood, not with a displaced copy, so they are absorbed or average
-out. The displacement is searched exhaustively: the fit's numerator for every shift within ``max_shift`` is one
-cross-correlation per lag (FFT), the exact fit is done for the best shifts. A ridge term ``ridge_rms`` keeps the
+out. The displacement search: the fit's exact numerator for every shift within ``max_shift`` is one
+cross-correlation per lag (FFT); shifts are ranked with an approximate denominator (a second cross-correlation), the
+exact fit is done for the ``top_k`` best per lag, then a hill climb over neighbouring shifts of the best one
+(tests/test_gate_ghosting.py checks it against an exhaustive float64 reference). A ridge term ``ridge_rms`` keeps the
 estimate from blowing up where the displaced copy barely differs from the baseline (static content: a ghost there is
 invisible anyway), which is how the fit is restricted to moving, textured content without a hand-made mask.
 
 The per-frame ``ghost_score`` is the estimated strength of the best-explaining displaced copy, clipped at 0 (a
 negative coefficient is not a copy added to the frame). Identical frames score exactly 0 (the residual is zero).
+A clip is flagged when enough frames reach ``frame_threshold`` (see :class:`GhostingConfig`); threshold and rule come
+from planting ghosts of known strength into real footage: bench/ghosting_calibration.py, whose results are in
+bench/results/ghosting_calibration.md.
 """
 
 from __future__ import annotations
@@ -51,14 +56,23 @@ class GhostingConfig:
     """At lag 0 only displacements of at least this many pixels (Chebyshev) count; closer ones are codec blur."""
     work_long_side: int = 672
     """Frames are box-downsampled by an integer factor until the long side is at most this (speed)."""
+    blur_sigma: float = 1.0
+    """Gaussian low-pass (working pixels) before the fit. Film grain and sensor noise change from frame to frame and
+    each encode smooths them differently over time, which reads as a faint lag copy (0.04-0.05 on bikes.mp4 for a
+    +-1 LSB noise candidate); a displaced copy of moving structure survives the blur, the grain does not."""
     ridge_rms: float = 1.5
     """Ridge, as an RMS difference in 8-bit levels: a displaced copy differing from the base by less is shrunk to 0."""
     top_k: int = 2
     """Shifts per lag refitted exactly (ranked by an approximate explained energy)."""
     frame_stride: int = 1
     """Score every ``frame_stride``-th frame (0, s, 2s, ...); the others get no score (None), never zero."""
-    refine_steps: int = 3
-    """Hill-climbing steps (8-neighbourhood, exact fits) from the best ranked shift."""
+    refine_steps: int = 2
+    """Hill-climbing steps (8-neighbourhood, exact fits) from the best ranked shift of each lag."""
+    block: int = 16
+    """Block size (working pixels) of the robust per-block strength whose weighted median is the frame score."""
+    block_alpha_max: float = 0.5
+    """Blocks whose own strength exceeds this are replaced content, not a faint blend (an encoder that left a block
+    stale for a few frames at CRF 28), and are left out of the median."""
     frame_threshold: float = 0.03
     """A frame is a ghost frame when its ghost_score is at least this."""
     clip_min_frames: int = 3
@@ -90,7 +104,7 @@ def downsample_factor(height: int, width: int, work_long_side: int) -> int:
     return max(1, math.ceil(max(height, width) / work_long_side))
 
 
-def to_luma(frames: np.ndarray, factor: int) -> np.ndarray:
+def to_luma(frames: np.ndarray, factor: int, blur_sigma: float = 0.0) -> np.ndarray:
     """uint8 (T, H, W, 3) -> float64 luma (T, H // factor, W // factor), box-averaged over factor x factor blocks."""
     import cv2
 
@@ -103,6 +117,8 @@ def to_luma(frames: np.ndarray, factor: int) -> np.ndarray:
         if factor > 1:
             # INTER_AREA with an integer factor is the exact block mean (and much faster than a numpy reduction).
             y = cv2.resize(y, (ww, hh), interpolation=cv2.INTER_AREA)
+        if blur_sigma > 0:
+            y = cv2.GaussianBlur(y, (0, 0), blur_sigma, borderType=cv2.BORDER_REFLECT)
         out[i] = y
     return out
 
@@ -174,8 +190,8 @@ def _ghost_scores(
     same = [np.array_equal(frames_base[i], frames_cand[i]) for i in range(t_count)]
     if all(same):
         return result
-    base = to_luma(frames_base, factor)
-    cand = to_luma(frames_cand, factor)
+    base = to_luma(frames_base, factor, config.blur_sigma)
+    cand = to_luma(frames_cand, factor, config.blur_sigma)
     m = config.max_shift + 1
     _, h, w = base.shape
     if h <= 2 * m + 2 or w <= 2 * m + 2:
@@ -227,6 +243,35 @@ def _ghost_scores(
                     exact[key] = (num * num / denom, num / denom)
             return exact[key]
 
+        def robust_alpha(key: tuple[int, int, int]) -> float:
+            """Energy-weighted median over blocks of the blockwise ridge fit of r_perp onto S_perp.
+
+            A real ghost is a uniform blend, so every block of moving content shows the same strength. Codec
+            differences are not: where one side's encoder copied a block from the previous frame and the other did
+            not, that block alone looks like a full-strength lag copy, enough to move a global fit by 0.05-0.1 on
+            real footage (bench/results/ghosting_calibration.md). The median ignores such blocks while they carry
+            less than half of the copy's energy.
+            """
+            lag, dy, dx = key
+            d = (_shifted(base[t - lag], m, dy, dx) - inner).ravel()
+            s_perp = d - nmat.T @ (gram_inv @ (nmat @ d))
+            bs = config.block
+            hb, wb = (h - 2 * m) // bs, (w - 2 * m) // bs
+            if hb == 0 or wb == 0:
+                hb, wb, bs_y, bs_x = 1, 1, h - 2 * m, w - 2 * m
+            else:
+                bs_y = bs_x = bs
+
+            def block_sums(v: np.ndarray) -> np.ndarray:
+                v = v.reshape(h - 2 * m, w - 2 * m)[: hb * bs_y, : wb * bs_x]
+                return v.reshape(hb, bs_y, wb, bs_x).sum(axis=(1, 3)).ravel()
+
+            num = block_sums(r_perp * s_perp)
+            den = block_sums(s_perp * s_perp)
+            alphas = num / (den + bs_y * bs_x * config.ridge_rms**2)
+            blended = alphas <= config.block_alpha_max
+            return max(0.0, weighted_median(alphas[blended], den[blended]))
+
         seeds = []
         for lag in range(0, min(config.max_lag, t) + 1):
             # corr[s] = sum_x r_perp(x) * B_{t-lag}(x - s) = <r_perp, S_s>, and since r_perp is orthogonal to the
@@ -246,38 +291,50 @@ def _ghost_scores(
             values = np.array([numerators[lag][dy + rad, dx + rad] for dy, dx in shifts])
             approx_at = np.array([approx[dy + rad, dx + rad] for dy, dx in shifts])
             rank = np.where(values > 0, values * values / (np.maximum(approx_at, 0.0) + ridge), 0.0)
-            seeds += [(lag, *shifts[j]) for j in np.argsort(-rank)[: config.top_k] if values[j] > 0]
-        best_key, best = None, (0.0, 0.0)
-        for key in seeds:
-            if fit(*key)[0] > best[0]:
-                best_key, best = key, fit(*key)
-        # The ranking underrates shifts close to the one-pixel nuisance; climb to the best exact neighbour.
-        for _ in range(config.refine_steps if best_key else 0):
-            lag, dy0, dx0 = best_key
-            allowed = set(_candidate_shifts(lag, config))
-            moved = False
-            for ddy in (-1, 0, 1):
-                for ddx in (-1, 0, 1):
-                    key = (lag, dy0 + ddy, dx0 + ddx)
-                    if key[1:] in allowed and fit(*key)[0] > best[0]:
-                        best_key, best, moved = key, fit(*key), True
-            if not moved:
-                break
-        if best_key is not None:
-            best = (best[0], best[1], *best_key)
-        else:
-            best = (0.0, 0.0, -1, 0, 0)
-        if best[2] >= 0:
-            score[t] = best[1]
-            lag_sel[t] = best[2]
-            dy_sel[t] = best[3] * factor
-            dx_sel[t] = best[4] * factor
+            seeds.append([(lag, *shifts[j]) for j in np.argsort(-rank)[: config.top_k] if values[j] > 0])
+        best = (0.0, -1, 0, 0)  # (robust alpha, lag, dy, dx)
+        for lag_seeds in seeds:
+            if not lag_seeds:
+                continue
+            # Best displacement of this lag by the global fit; the ranking underrates shifts close to the
+            # one-pixel nuisance, so climb to the best exact neighbour.
+            key = max(lag_seeds, key=lambda k: fit(*k)[0])
+            allowed = set(_candidate_shifts(key[0], config))
+            for _ in range(config.refine_steps):
+                lag, dy0, dx0 = key
+                neighbours = [(lag, dy0 + a, dx0 + b) for a in (-1, 0, 1) for b in (-1, 0, 1)]
+                step = max((k for k in neighbours if k[1:] in allowed), key=lambda k: fit(*k)[0])
+                if step == key:
+                    break
+                key = step
+            if fit(*key)[0] <= 0:
+                continue
+            alpha = robust_alpha(key)
+            if alpha > best[0]:
+                best = (alpha, *key)
+        if best[1] >= 0:
+            score[t] = best[0]
+            lag_sel[t] = best[1]
+            dy_sel[t] = best[2] * factor
+            dx_sel[t] = best[3] * factor
     return result
 
 
 def required_frames(num_scored: int, config: GhostingConfig) -> int:
     """How many ghost frames flag a clip of ``num_scored`` scored frames."""
     return max(config.clip_min_frames, math.ceil(config.clip_min_fraction * num_scored - 1e-9))
+
+
+def weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    """Lower weighted median: the smallest value whose cumulative weight (in ascending value order) reaches half the
+    total; 0.0 when the total weight is 0."""
+    values, weights = np.asarray(values, dtype=np.float64), np.asarray(weights, dtype=np.float64)
+    total = float(weights.sum())
+    if values.size == 0 or total <= 0:
+        return 0.0
+    order = np.argsort(values, kind="stable")
+    cumulative = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cumulative, 0.5 * total)])
 
 
 def clip_evidence(scores: np.ndarray, config: GhostingConfig) -> float:
@@ -430,6 +487,7 @@ class GhostingGate(Gate):
                 "scored_frames": int(scored.sum()),
                 "num_frames": int(base.shape[0]),
                 "required_frames": required_frames(values.size, config),
+                "ghost_frame_indices": [int(t) for t in np.flatnonzero(scored & (fs.score >= config.frame_threshold))],
                 "clip_evidence": clip_evidence(values, config),
                 "downsample_factor": fs.factor,
                 "strip_frames": sorted(worst),
