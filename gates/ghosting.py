@@ -64,8 +64,10 @@ class GhostingConfig:
     """Ridge, as an RMS difference in 8-bit levels: a displaced copy differing from the base by less is shrunk to 0."""
     top_k: int = 2
     """Shifts per lag refitted exactly (ranked by an approximate explained energy)."""
-    frame_stride: int = 1
-    """Score every ``frame_stride``-th frame (0, s, 2s, ...); the others get no score (None), never zero."""
+    frame_stride: int = 2
+    """Score every ``frame_stride``-th frame (0, s, 2s, ...); the others get no score (None), never zero. A frame's
+    score does not depend on the stride (the calibration scores every frame); 2 keeps a 124-frame 768x1344 pair
+    within the gate's time budget (bench/results/ghosting_speed.md)."""
     refine_steps: int = 2
     """Hill-climbing steps (8-neighbourhood, exact fits) from the best ranked shift of each lag."""
     block: int = 16

@@ -14,8 +14,8 @@ from gates.base import PairContext, PairRef, ClipSide, get_gate
 from gates.ghosting import GhostingConfig, clip_evidence, frames_flagged, ghost_scores, required_frames
 from h3.media import decode_video, encode_mp4
 
-# The calibrated defaults (bench/results/ghosting_calibration.md) are what the gate runs with; tests use them as is.
-CONFIG = GhostingConfig()
+# The calibrated defaults (bench/results/ghosting_calibration.md), scoring every frame as the calibration does.
+CONFIG = dataclasses.replace(GhostingConfig(), frame_stride=1)
 
 
 def moving_texture(num_frames: int = 12, height: int = 96, width: int = 128, seed: int = 0) -> np.ndarray:
@@ -127,26 +127,43 @@ def test_shape_mismatch_is_an_error(clip):
 
 
 def reference_scores(frames_base, frames_cand, config: GhostingConfig, factor: int) -> np.ndarray:
-    """Exhaustive float64 definition: for every frame, every lag and allowed shift, the ridge least-squares
-    coefficient of the copy after projecting residual and copy off the nuisance regressors; keep the copy that
-    explains most residual energy (positive coefficients only)."""
+    """Exhaustive float64 definition. Per frame: luma, block mean by ``factor``, Gaussian blur; nuisance regressors
+    1, base, base^2 and base shifted by one pixel; for every lag, the shift whose ridge least-squares fit (residual
+    and copy both projected off the nuisance) explains most residual energy; for that copy, the ridge fit per block,
+    blocks above ``block_alpha_max`` dropped, and the energy-weighted median of the rest; the frame score is the
+    largest of these over lags, and at least 0."""
     weights = np.array([0.299, 0.587, 0.114])
 
     def luma(frames):
         y = frames.astype(np.float64) @ weights
         t, h, w = y.shape
         h, w = h // factor, w // factor
-        return y[:, : h * factor, : w * factor].reshape(t, h, factor, w, factor).mean(axis=(2, 4))
+        y = y[:, : h * factor, : w * factor].reshape(t, h, factor, w, factor).mean(axis=(2, 4))
+        sigma = (0, config.blur_sigma, config.blur_sigma)
+        return ndimage.gaussian_filter(y, sigma=sigma, mode="reflect", truncate=4.0)
+
+    def lower_weighted_median(values, weights):
+        pairs = sorted(zip(values, weights), key=lambda p: p[0])
+        total = sum(w for _, w in pairs)
+        if not pairs or total <= 0:
+            return 0.0
+        running = 0.0
+        for value, weight in pairs:
+            running += weight
+            if running >= 0.5 * total:
+                return value
+        return pairs[-1][0]
 
     base, cand = luma(frames_base), luma(frames_cand)
     _, h, w = base.shape
     m = config.max_shift + 1
     inner = (slice(m, h - m), slice(m, w - m))
-    n_pix = (h - 2 * m) * (w - 2 * m)
+    ih, iw = h - 2 * m, w - 2 * m
+    bs = config.block if ih >= config.block and iw >= config.block else None
     out = np.zeros(len(base))
     for t in range(len(base)):
         b = base[t]
-        nuisance = [np.ones((h - 2 * m, w - 2 * m)), b[inner], b[inner] ** 2]
+        nuisance = [np.ones((ih, iw)), b[inner], b[inner] ** 2]
         for ey, ex in [(-1, 0), (1, 0), (0, -1), (0, 1)]:
             nuisance.append(np.roll(b, (ey, ex), axis=(0, 1))[inner])
         design = np.stack([n.ravel() for n in nuisance], axis=1)
@@ -156,27 +173,47 @@ def reference_scores(frames_base, frames_cand, config: GhostingConfig, factor: i
             return v - design @ coef
 
         r = perp((cand[t] - b)[inner].ravel())
-        best_energy, best_alpha = 0.0, 0.0
         for lag in range(0, min(config.max_lag, t) + 1):
+            best_energy, best_copy = 0.0, None
             for dy in range(-config.max_shift, config.max_shift + 1):
                 for dx in range(-config.max_shift, config.max_shift + 1):
                     if lag == 0 and max(abs(dy), abs(dx)) < config.min_lag0_shift:
                         continue
                     s = perp(np.roll(base[t - lag], (dy, dx), axis=(0, 1))[inner].ravel())
                     num = float(r @ s)
-                    den = float(s @ s) + n_pix * config.ridge_rms**2
+                    den = float(s @ s) + ih * iw * config.ridge_rms**2
                     if num > 0 and num * num / den > best_energy:
-                        best_energy, best_alpha = num * num / den, num / den
-        out[t] = best_alpha
+                        best_energy, best_copy = num * num / den, s
+            if best_copy is None:
+                continue
+            rr, ss = r.reshape(ih, iw), best_copy.reshape(ih, iw)
+            blocks = []
+            if bs is None:
+                blocks.append((rr, ss))
+            else:
+                for by in range(ih // bs):
+                    for bx in range(iw // bs):
+                        sl = (slice(by * bs, (by + 1) * bs), slice(bx * bs, (bx + 1) * bs))
+                        blocks.append((rr[sl], ss[sl]))
+            alphas, energies = [], []
+            for rb, sb in blocks:
+                energy = float(np.sum(sb * sb))
+                alpha = float(np.sum(rb * sb)) / (energy + rb.size * config.ridge_rms**2)
+                if alpha <= config.block_alpha_max:
+                    alphas.append(alpha)
+                    energies.append(energy)
+            out[t] = max(out[t], lower_weighted_median(alphas, energies))
     return out
 
 
 @pytest.mark.parametrize(
     "height, width, work_long_side, top_k",
     [
-        (40, 56, 64, CONFIG.top_k),  # working resolution = full; the default (ranked + hill-climbing) search
-        (80, 112, 64, CONFIG.top_k),  # 2x2 box-downsampled; the default search
-        (40, 56, 32, 10_000),  # 20x28 working frames: edge effects defeat the ranking, so exact fits everywhere
+        # On frames this small the ranking's edge approximations can miss the best shift, so the tiny cases fit
+        # every shift exactly (checking the fit, blocks and median); the 40x56-working case runs the default search.
+        (40, 56, 64, 10_000),  # working resolution = full
+        (80, 112, 64, CONFIG.top_k),  # 2x2 box-downsampled; default (ranked + hill-climbing) search
+        (40, 56, 32, 10_000),  # 2x2 box-downsampled to 20x28
     ],
 )
 def test_fast_search_agrees_with_exhaustive_reference(height, width, work_long_side, top_k):
@@ -233,6 +270,7 @@ def test_gate_flags_ghost_and_writes_strip(tmp_path):
     assert result.metrics["ghost_score_max"].value == pytest.approx(0.10, abs=0.03)
     assert result.metrics["ghost_score_max"].higher_is_better is False
     assert result.metrics["ghost_frames"].value >= CONFIG.clip_min_frames
+    assert len(result.info["ghost_frame_indices"]) == result.metrics["ghost_frames"].value
     assert len(result.series["ghost_score"]) == 12
     assert len(result.artifacts) == 1 and not Path(result.artifacts[0]).is_absolute()
     png = cv2.imread(str(ctx.run_dir / result.artifacts[0]))
