@@ -237,10 +237,12 @@ def summarize(rows: list[dict], threshold: float, k: int) -> dict:
 def sweep(rows: list[dict], k: int) -> list[dict]:
     """Detection and false alarms over a grid of frame thresholds (same clip rule)."""
     out = []
-    for threshold in [0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.045, 0.05]:
+    for threshold in [0.02, 0.025, 0.03, 0.035, 0.04, 0.045, 0.05, 0.055, 0.06, 0.065, 0.07, 0.075, 0.08, 0.09]:
         config = rule_config(threshold, k)
         row = {"threshold": threshold,
-               "false_alarms": sum(flagged(r, config) for r in rows if r["benign"])}
+               "false_alarms": sum(flagged(r, config) for r in rows if r["benign"]),
+               "false_alarms_crf23_crf28": sum(flagged(r, config) for r in rows
+                                               if r["benign"] and r["kind"] in ("crf23", "crf28"))}
         for alpha in ALPHAS:
             sel = [r for r in rows if not r["benign"] and r["alpha"] == alpha]
             row[f"{alpha:.2f}"] = sum(flagged(r, config) for r in sel) / len(sel)
@@ -291,10 +293,12 @@ def markdown(report: dict) -> str:
         lines.append(f"| {source} | {v['ghosts_alpha_ge_0.05_detected']} / {v['ghosts_alpha_ge_0.05_total']} | "
                      f"{v['benign_false_alarms']} / {v['benign_total']} |")
     lines += ["", "## Threshold sweep (same clip rule)", "",
-              "| threshold | benign flagged | " + " | ".join(f"det. alpha {a:.2f}" for a in ALPHAS) + " |",
-              "|---:|---:|" + "---:|" * len(ALPHAS)]
+              f"Benign windows: {s['benign_total']}; the second column counts those that are CRF 23/28 re-encodes.", "",
+              "| threshold | benign flagged | of which CRF 23/28 | "
+              + " | ".join(f"det. alpha {a:.2f}" for a in ALPHAS) + " |",
+              "|---:|---:|---:|" + "---:|" * len(ALPHAS)]
     for row in report["sweep"]:
-        lines.append(f"| {row['threshold']:.3f} | {row['false_alarms']} | "
+        lines.append(f"| {row['threshold']:.3f} | {row['false_alarms']} | {row['false_alarms_crf23_crf28']} | "
                      + " | ".join(f"{row[f'{a:.2f}']:.1%}" for a in ALPHAS) + " |")
     lines += ["",
               "## Detection per lag (alpha >= 0.05)", "", "| lag | detected / total |", "|---:|---:|"]
@@ -303,6 +307,21 @@ def markdown(report: dict) -> str:
     lines += ["", "## Targets (issue 4)", ""]
     for name, ok in report["targets"].items():
         lines.append(f"- {name}: {'met' if ok else 'NOT met'}")
+    lines += ["", "## Reading", "",
+              "- Every benign window flagged at a frame threshold of 0.040 or more is a CRF 23 or CRF 28 re-encode (the sweep's "
+              "third column). A lossier encode of the same frames smooths them over time: x264 predicts P and B "
+              "frames from neighbouring frames, and at a high quantizer what remains is partly a blend of those "
+              "frames, which is what a ghost is. On bikes.mp4 at 640x272 a CRF 28 re-encode measures as a lag-3/4 "
+              "copy of strength 0.13 in one window. The +-1 LSB noise, gamma 1.02 and CRF 18 candidates stay below "
+              "0.040 clip evidence.",
+              "- So the two detection targets and the false-alarm target conflict on this footage: >= 90% detection "
+              "at alpha 0.05 needs a threshold near 0.045, where 7 of 138 benign windows (all CRF 23/28) are flagged; "
+              "<= 1% false alarms needs a threshold near 0.077, where alpha >= 0.10 is still always detected but "
+              "alpha 0.05 is not. The default follows the false-alarm target (a flag blocks a release); a policy can "
+              "pass `frame_threshold` (e.g. 0.045) where CRF-28-like degradation is itself unacceptable.",
+              "- Earlier design (a global least-squares fit, no block median, no grain low-pass) scored the "
+              "+-1 LSB noise and gamma candidates up to 0.1 on bikes.mp4, through the same codec smoothing of film "
+              "grain; the block median and the 1-pixel Gaussian low-pass are what brought them below 0.040."]
     lines += ["", f"Scoring time: {report['timing']}", ""]
     return "\n".join(lines)
 

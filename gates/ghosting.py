@@ -75,8 +75,11 @@ class GhostingConfig:
     block_alpha_max: float = 0.5
     """Blocks whose own strength exceeds this are replaced content, not a faint blend (an encoder that left a block
     stale for a few frames at CRF 28), and are left out of the median."""
-    frame_threshold: float = 0.03
-    """A frame is a ghost frame when its ghost_score is at least this."""
+    frame_threshold: float = 0.0772
+    """A frame is a ghost frame when its ghost_score is at least this. Chosen by bench/ghosting_calibration.py
+    (bench/results/ghosting_calibration.md): <= 1% of 138 benign windows flagged, 100% of planted ghosts with
+    alpha >= 0.10 detected, but only 2.9% at alpha 0.05 (0.045 detects 98.6% there, with 5% false alarms, all on
+    CRF 23/28 re-encodes)."""
     clip_min_frames: int = 3
     """A clip is flagged when at least max(clip_min_frames, ceil(clip_min_fraction * scored frames)) frames are ghost
     frames. The calibration windows (16 frames) exercise the floor of 3; the fraction keeps the chance that codec
