@@ -455,7 +455,10 @@ class GhostingGate(Gate):
             return self._error(
                 ctx, f"frame shape mismatch: baseline {ctx.baseline.mp4.name} {base.shape} vs candidate "
                 f"{ctx.candidate.mp4.name} {cand.shape}")
-        fs = ghost_scores(base, cand, config, workers=int(ctx.options.get("workers", 1)))
+        try:
+            fs = ghost_scores(base, cand, config, workers=int(ctx.options.get("workers", 1)))
+        except ValueError as exc:  # frames too small for the displacement search
+            return self._error(ctx, f"{ctx.candidate.mp4.name}: {exc}")
         scored = fs.scored
         values = fs.score[scored]
         ghost_frames, flagged = frames_flagged(values, config)

@@ -298,3 +298,14 @@ def test_gate_unknown_option_is_an_error(tmp_path):
     src = moving_texture(num_frames=4)
     result = get_gate("ghosting").evaluate(make_ctx(tmp_path, src[4:], src[4:], options={"treshold": 0.1}))
     assert result.status == "error" and "treshold" in result.error
+
+
+def test_gate_corrupt_clip_is_a_per_pair_error_naming_the_file(tmp_path):
+    src = moving_texture(num_frames=4)
+    ctx = make_ctx(tmp_path, src[4:], src[4:])
+    data = ctx.candidate.mp4.read_bytes()
+    ctx.candidate.mp4.write_bytes(data[: len(data) // 3])
+    result = get_gate("ghosting").evaluate(ctx)
+    assert result.status == "error"
+    assert "p0-s0.mp4" in result.error and "fast" in result.error
+    assert result.metrics == {} and not result.flagged
