@@ -127,7 +127,14 @@ def get_gate(name: str) -> Gate:
 
 # Gate modules register themselves on import; listed here so that `get_gate` finds them without the caller
 # importing each one. One module per gate.
-BUILTIN_GATE_MODULES: list[str] = ["gates.ghosting"]
+BUILTIN_GATE_MODULES: list[str] = [
+    "gates.integrity",
+    "gates.fidelity",
+    "gates.audio",
+    "gates.trajectory",
+    "gates.vbench",
+    "gates.ghosting",
+]
 
 
 def _import_builtin_gates() -> None:

@@ -30,6 +30,7 @@ bench/results/ghosting_calibration.md.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import asdict, dataclass, field
@@ -437,18 +438,32 @@ class GhostingGate(Gate):
         "per frame; flags the clip when enough frames exceed the calibrated threshold."
     )
 
-    def evaluate(self, ctx: PairContext) -> GateResult:
-        from h3.atomic import atomic_write_bytes
-        from h3.media import MediaError, decode_video
+    option_names = frozenset(_OPTION_KEYS)
 
-        unknown = set(ctx.options) - _OPTION_KEYS
-        if unknown:
-            return self._error(ctx, f"unknown ghosting option(s) {sorted(unknown)}; known: {sorted(_OPTION_KEYS)}")
-        overrides = {k: ctx.options[k] for k in _CONFIG_OPTIONS if k in ctx.options}
-        config = GhostingConfig(**{**asdict(GhostingConfig()), **overrides})
+    def evaluate(self, ctx: PairContext) -> GateResult:
+        from gates.common import GateInputError, check_options, option_float, option_int, relative_to_run
+        from gates.media_cache import load_video
+        from h3.atomic import atomic_write_bytes
+        from h3.media import MediaError
+
+        defaults = GhostingConfig()
         try:
-            base, _ = decode_video(ctx.baseline.mp4)
-            cand, _ = decode_video(ctx.candidate.mp4)
+            check_options(self.name, ctx.options, self.option_names)
+            config = dataclasses.replace(
+                defaults,
+                frame_threshold=option_float(ctx.options, "frame_threshold", defaults.frame_threshold),
+                clip_min_frames=option_int(ctx.options, "clip_min_frames", defaults.clip_min_frames),
+                clip_min_fraction=option_float(ctx.options, "clip_min_fraction", defaults.clip_min_fraction),
+                frame_stride=option_int(ctx.options, "frame_stride", defaults.frame_stride),
+            )
+            strip_frames = option_int(ctx.options, "strip_frames", 3)
+            workers = option_int(ctx.options, "workers", 1)
+        except GateInputError as exc:
+            return self._error(ctx, str(exc))
+        try:
+            # Through the runner's per-pair cache: the other gates of this pair decode the same two files.
+            base, _ = load_video(ctx.baseline.mp4)
+            cand, _ = load_video(ctx.candidate.mp4)
         except MediaError as exc:
             return self._error(ctx, str(exc))
         if base.shape != cand.shape:
@@ -456,7 +471,7 @@ class GhostingGate(Gate):
                 ctx, f"frame shape mismatch: baseline {ctx.baseline.mp4.name} {base.shape} vs candidate "
                 f"{ctx.candidate.mp4.name} {cand.shape}")
         try:
-            fs = ghost_scores(base, cand, config, workers=int(ctx.options.get("workers", 1)))
+            fs = ghost_scores(base, cand, config, workers=workers)
         except ValueError as exc:  # frames too small for the displacement search
             return self._error(ctx, f"{ctx.candidate.mp4.name}: {exc}")
         scored = fs.scored
@@ -473,7 +488,7 @@ class GhostingGate(Gate):
         }
         flags = []
         worst = [int(i) for i in np.argsort(-np.where(scored, fs.score, -1.0), kind="stable")]
-        worst = [i for i in worst if scored[i]][: int(ctx.options.get("strip_frames", 3))]
+        worst = [i for i in worst if scored[i]][:strip_frames]
         if flagged:
             t = worst[0]
             flags.append(
@@ -485,7 +500,7 @@ class GhostingGate(Gate):
             strip = render_strip(base, cand, fs, sorted(worst), config)
             path = ctx.artifact_dir / f"{ctx.pair.prompt_id}-s{ctx.pair.seed}-ghosting-strip.png"
             atomic_write_bytes(path, _png_bytes(strip))
-            artifacts.append(str(path.relative_to(ctx.run_dir)))
+            artifacts.append(relative_to_run(ctx, path))
         return GateResult(
             gate=self.name, pair=ctx.pair, metrics=metrics, series=series, flagged=flagged, flags=flags,
             artifacts=artifacts,

@@ -17,8 +17,24 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+
+@app.callback()
+def _root() -> None:
+    """Quality-gated evaluation of accelerated MiniMax-H3 inference."""
+
+
 COMMAND_MODULES = [
     "h3eval.commands.generate",
+    "h3eval.commands.floor",
+    "h3eval.commands.verdict",
+    "h3eval.commands.report",
+    "h3eval.commands.demo",
+    "h3eval.commands.vbench",
+    "h3eval.commands.dashboard",
+    "h3eval.commands.ab",
+    "h3eval.commands.import_",
+    "h3eval.commands.gate",
 ]
 
 for _module in COMMAND_MODULES:
@@ -26,4 +42,7 @@ for _module in COMMAND_MODULES:
 
 
 def main() -> None:  # pragma: no cover
+    app()
+
+if __name__ == "__main__":  # pragma: no cover
     app()

@@ -309,3 +309,13 @@ def test_gate_corrupt_clip_is_a_per_pair_error_naming_the_file(tmp_path):
     assert result.status == "error"
     assert "p0-s0.mp4" in result.error and "fast" in result.error
     assert result.metrics == {} and not result.flagged
+
+
+def test_gate_options_arrive_as_strings_from_the_cli(tmp_path):
+    src = moving_texture()
+    ghost = plant(src, 0.10, lag=1)
+    strict = get_gate("ghosting").evaluate(make_ctx(tmp_path / "a", src[4:], ghost, {"frame_threshold": "0.5"}))
+    assert strict.status == "ok" and not strict.flagged
+    assert strict.info["config"]["frame_threshold"] == 0.5
+    bad = get_gate("ghosting").evaluate(make_ctx(tmp_path / "b", src[4:], ghost, {"frame_stride": "two"}))
+    assert bad.status == "error" and "frame_stride" in bad.error

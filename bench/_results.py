@@ -1,0 +1,38 @@
+"""Benchmark results: JSON + Markdown in bench/results/, with date, machine, versions and the command."""
+
+from __future__ import annotations
+
+import json
+import platform
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def context() -> dict[str, Any]:
+    from h3 import provenance
+
+    return {
+        "date": provenance.utc_now(),
+        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, *sys.argv]),
+        "machine": {"platform": platform.platform(), **provenance.hardware()},
+        "versions": provenance.versions(),
+        "git": provenance.git_state(Path(__file__).parent),
+    }
+
+
+def write(name: str, payload: dict[str, Any], table_md: str) -> tuple[Path, Path]:
+    from h3.atomic import atomic_write_json, atomic_write_text
+
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    data = {**context(), **payload}
+    json_path, md_path = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
+    atomic_write_json(json_path, data)
+    header = (f"# {name}\n\n- date: {data['date']}\n- command: `{data['command']}`\n"
+              f"- machine: {data['machine']['platform']}, {data['machine']['cpu_count']} cpus\n"
+              f"- versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()) + "\n\n")
+    atomic_write_text(md_path, header + table_md.rstrip() + "\n")
+    return json_path, md_path

@@ -1,0 +1,101 @@
+"""Measured error of each lever on the tiny preset on the CPU (the figures the tests' tolerances are stated against).
+
+Run: ``PYTHONPATH=. python bench/levers_cpu_tolerances.py``; writes bench/results/levers_cpu_tolerances.{json,md}.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+from bench._results import write  # noqa: E402
+
+
+def rel(a, b) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@torch.no_grad()
+def main() -> None:
+    from conftest import FAST_RECIPE
+    from h3.levers.adaln import AdalnPrecomputeConfig, apply_adaln_precompute
+    from h3.levers.bucketing import BucketingConfig, apply_bucketing
+    from h3.levers.quantization import QuantizedLinear
+    from h3.levers.sparse_attention import SparseAttentionConfig, apply_sparse_attention
+    from h3.recipe import recipe_from_dict
+    from h3.runtime import GenerateRequest, H3Runtime
+    from test_levers import _reference
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    runtime = H3Runtime.load("tiny", recipe_from_dict(FAST_RECIPE), "cpu")
+    calls = []
+    hook = runtime.pipe.transformer.register_forward_pre_hook(
+        lambda _m, _a, kw: calls.append({k: (v.clone() if torch.is_tensor(v) else v) for k, v in kw.items()}),
+        with_kwargs=True)
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        runtime.generate(GenerateRequest(prompt="A person is squat", seed=3), Path(tmp) / "c.mp4")
+    hook.remove()
+    base = [runtime.pipe.transformer(**c)[0] for c in calls]
+    rows = []
+
+    # Quantized linear vs float64 (64 -> 48, 111 tokens), as in tests/test_levers.py.
+    gen = torch.Generator().manual_seed(1)
+    linear = torch.nn.Linear(64, 48)
+    linear.weight.copy_(torch.randn(48, 64, generator=gen) / 8)
+    linear.bias.copy_(torch.randn(48, generator=gen) / 8)
+    x = torch.randn(111, 64, generator=gen)
+    for mode in ("int8_weight_only", "int8_w8a8", "fp8_w8a8"):
+        simulated, exact = _reference(linear, x, mode)
+        out = QuantizedLinear(linear, mode)(x)
+        rows.append({"lever": "quant", "what": f"{mode} linear vs float64 unquantized", "rel_max": rel(out, exact)})
+        rows.append({"lever": "quant", "what": f"{mode} kernel vs float64 simulation", "rel_max": rel(out, simulated)})
+
+    # AdaLN precompute vs baseline, whole transformer.
+    t = copy.deepcopy(runtime.pipe.transformer)
+    pipe = SimpleNamespace(transformer=t, scheduler=runtime.pipe.scheduler, audio_scheduler=runtime.pipe.audio_scheduler,
+                           keyframe_noise_aug=runtime.pipe.keyframe_noise_aug)
+    apply_adaln_precompute(pipe, AdalnPrecomputeConfig(num_inference_steps=3, model_sha256="x" * 64))
+    rows.append({"lever": "adaln", "what": "precomputed vs baseline video velocity (max over steps)",
+                 "rel_max": max(rel(t(**c)[0], b) for c, b in zip(calls, base))})
+
+    # Bucketing and sparsity-0 attention vs baseline.
+    t = copy.deepcopy(runtime.pipe.transformer)
+    apply_bucketing(t, BucketingConfig(multiple=64))
+    rows.append({"lever": "bucketing", "what": "64-row buckets vs unpadded video velocity",
+                 "rel_max": max(rel(t(**c)[0], b) for c, b in zip(calls, base))})
+    t = copy.deepcopy(runtime.pipe.transformer)
+    apply_sparse_attention(t, SparseAttentionConfig(block_size=64, sparsity=0.0, dense_steps=0))
+    rows.append({"lever": "sparse_attention", "what": "sparsity 0 (flex) vs SDPA video velocity",
+                 "rel_max": max(rel(t(**c)[0], b) for c, b in zip(calls, base))})
+    t = copy.deepcopy(runtime.pipe.transformer)
+    apply_sparse_attention(t, SparseAttentionConfig(block_size=64, sparsity=0.5, dense_steps=0))
+    rows.append({"lever": "sparse_attention", "what": "sparsity 0.5 vs dense video velocity (an approximation)",
+                 "rel_max": max(rel(t(**c)[0], b) for c, b in zip(calls, base))})
+
+    # LoRA fused vs unfused.
+    outs = {}
+    for fuse in (False, True):
+        rt = H3Runtime.load("tiny", recipe_from_dict({**FAST_RECIPE, "lora": {"enabled": True, "path": "@tiny",
+                                                                               "fuse": fuse}}), "cpu")
+        outs[fuse] = [rt.pipe.transformer(**c)[0] for c in calls]
+    rows.append({"lever": "lora", "what": "fused vs unfused video velocity",
+                 "rel_max": max(rel(f, u) for f, u in zip(outs[True], outs[False]))})
+
+    table = "| lever | what | relative max error |\n|---|---|---|\n" + "".join(
+        f"| {r['lever']} | {r['what']} | {r['rel_max']:.3e} |\n" for r in rows)
+    write("levers_cpu_tolerances", {"rows": rows}, table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,733 @@
+"""Loading and aggregation for the review dashboard: pure functions over run directories, no Streamlit.
+
+Everything the pages show is computed here so that it can be tested directly. The dashboard reads what the run
+store, the gates and the verdict wrote; it builds nothing of its own. A piece a run does not have yet (no gates,
+no verdict, an unreadable file) comes back as an explicit "missing" entry, never as an exception or a zero.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pydantic import ValidationError
+
+from gates.base import GateResult
+from h3.record import ClipRecord
+from h3eval.store import RunManifest
+
+logger = logging.getLogger(__name__)
+
+#: Stages of a request in the order they run (h3.record.StageAnatomy; "other" is unattributed glue).
+STAGES: tuple[str, ...] = (
+    "text_encode",
+    "denoise",
+    "video_decode",
+    "audio_decode",
+    "frame_prep_d2h",
+    "mux_save",
+    "other",
+)
+
+TRAJECTORY_GATE = "trajectory"
+
+_CLIP_NAME = re.compile(r"^(?P<prompt>.+)-s(?P<seed>\d+)\.json$")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------------------------------------------
+def bootstrap_ci(
+    samples: Iterable[np.ndarray] | np.ndarray,
+    statistic: Callable[..., np.ndarray],
+    *,
+    n_resamples: int = 2000,
+    confidence: float = 0.95,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """Percentile bootstrap confidence interval of ``statistic`` over paired samples.
+
+    ``samples`` is one array or a sequence of equally long arrays that are resampled *together* (the same indices
+    for each: pairs stay pairs). ``statistic(*resampled)`` receives arrays of shape (n_resamples, n) and returns
+    one value per resample (axis -1 reduced). Returns (low, high) at ``confidence``, or None with fewer than two
+    samples (no interval can be estimated from one pair).
+    """
+    arrays = [np.asarray(samples, dtype=np.float64)] if isinstance(samples, np.ndarray) else [
+        np.asarray(a, dtype=np.float64) for a in samples
+    ]
+    n = arrays[0].shape[0]
+    if any(a.shape != (n,) for a in arrays):
+        raise ValueError(f"bootstrap samples must be 1-D and equally long, got shapes {[a.shape for a in arrays]}")
+    if n < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_resamples, n))
+    stats = np.asarray(statistic(*[a[idx] for a in arrays]), dtype=np.float64)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.quantile(stats, [alpha, 1.0 - alpha])
+    return float(low), float(high)
+
+
+def speedup_of_means(baseline: np.ndarray, candidate: np.ndarray) -> np.ndarray:
+    """Speedup as the ratio of mean latencies over the same pairs (= total baseline time / total candidate time).
+
+    The ratio of means rather than the mean of per-pair ratios: it is what a server running this prompt mix sees
+    in throughput, and it is not dominated by one short clip with a large ratio.
+    """
+    return np.mean(baseline, axis=-1) / np.mean(candidate, axis=-1)
+
+
+def pareto_front(points: pd.DataFrame, x: str, y: str, higher_y_is_better: bool) -> pd.Series:
+    """Boolean mask of the rows not dominated by another row: higher ``x`` is better, ``y`` as declared.
+
+    A row is dominated when another is at least as good on both axes and strictly better on one. Rows with a
+    missing coordinate are never on the front.
+    """
+    xs = points[x].to_numpy(dtype=np.float64)
+    ys = points[y].to_numpy(dtype=np.float64)
+    if not higher_y_is_better:
+        ys = -ys
+    valid = np.isfinite(xs) & np.isfinite(ys)
+    mask = np.zeros(len(points), dtype=bool)
+    for i in range(len(points)):
+        if not valid[i]:
+            continue
+        others = valid & (xs >= xs[i]) & (ys >= ys[i]) & ((xs > xs[i]) | (ys > ys[i]))
+        mask[i] = not others.any()
+    return pd.Series(mask, index=points.index)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading one run
+# ---------------------------------------------------------------------------------------------------------------
+@dataclass
+class RunData:
+    """Everything the dashboard shows about one run directory, loaded once and cached."""
+
+    root: str
+    label: str
+    manifest: dict[str, Any] | None
+    """run.json as a dict, or None when it is missing or unreadable (see ``problems``)."""
+    clips: pd.DataFrame
+    """One row per clip record (warm-up requests included, flagged in ``warmup``)."""
+    gates: pd.DataFrame
+    """One row per gate result file: gate, candidate, prompt_id, seed, status, flagged, flags, error, metrics."""
+    gate_results: dict[tuple[str, str, str, int], dict[str, Any]]
+    """(gate, candidate, prompt_id, seed) -> the GateResult as a dict (series, artifacts, info)."""
+    metric_directions: dict[str, dict[str, bool]]
+    """gate -> metric -> higher_is_better, as the gates declared it."""
+    verdict: dict[str, Any] | None
+    """verdict.json, or None when the run has no verdict yet."""
+    problems: list[str] = field(default_factory=list)
+    """Files that exist but could not be read, with the reason (shown on the pages, never raised)."""
+
+    @property
+    def baseline(self) -> str | None:
+        return (self.manifest or {}).get("baseline")
+
+    @property
+    def candidates(self) -> list[str]:
+        listed = list((self.manifest or {}).get("candidates") or [])
+        if listed:
+            return listed
+        return sorted(r for r in self.clips["recipe"].unique() if r != self.baseline) if len(self.clips) else []
+
+    @property
+    def hourly_rate(self) -> float | None:
+        """``gpu_hourly_rate`` from the run's arguments (the machine's $/hour), or None when not recorded."""
+        value = ((self.manifest or {}).get("args") or {}).get("gpu_hourly_rate")
+        try:
+            return float(value) if value is not None else None
+        except (TypeError, ValueError):
+            return None
+
+
+CLIP_COLUMNS = [
+    "run",
+    "recipe",
+    "prompt_id",
+    "seed",
+    "warmup",
+    "generation_side_latency_s",
+    "request_to_file_latency_s",
+    "duration_s",
+    "num_frames",
+    "fps",
+    "height",
+    "width",
+    "num_denoise_steps",
+    *STAGES,
+    "mp4",
+]
+
+
+def fingerprint(root: str | Path) -> tuple:
+    """A cheap key that changes whenever a file of the run is added, removed or rewritten (names and mtimes).
+
+    Used as the cache key so that a warm page does not re-parse the run, while a gate finishing in the background
+    shows up on the next rerun. Stats only the JSON and manifest files (the MP4s are keyed by their own mtime).
+    """
+    root = Path(root)
+    entries: list[tuple[str, int]] = []
+    for sub in ("", "clips", "gates"):
+        base = root / sub if sub else root
+        if not base.exists():
+            continue
+        if not sub:
+            for name in ("run.json", "verdict.json"):
+                p = root / name
+                if p.exists():
+                    entries.append((name, p.stat().st_mtime_ns))
+            continue
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.endswith(".json"):
+                    p = os.path.join(dirpath, name)
+                    try:
+                        entries.append((p, os.stat(p).st_mtime_ns))
+                    except FileNotFoundError:  # replaced between walk and stat: the next rerun sees it
+                        continue
+    return tuple(sorted(entries))
+
+
+def _read_json(path: Path, problems: list[str]) -> Any | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        problems.append(f"{path}: unreadable JSON ({exc})")
+        return None
+
+
+def load_run(root: str | Path, label: str | None = None) -> RunData:
+    """Read one run directory: manifest, clip records, gate results and verdict. Never raises on a bad file."""
+    root = Path(root)
+    problems: list[str] = []
+    manifest: dict[str, Any] | None = None
+    manifest_path = root / "run.json"
+    if not manifest_path.exists():
+        problems.append(f"{manifest_path}: missing (not a run directory?)")
+    else:
+        raw = _read_json(manifest_path, problems)
+        if raw is not None:
+            try:
+                manifest = RunManifest.model_validate(raw).model_dump(mode="json")
+            except ValidationError as exc:
+                problems.append(f"{manifest_path}: not a valid run manifest ({exc.error_count()} errors)")
+    label = label or root.name
+    clips = _load_clips(root, label, problems)
+    gates, results, directions = _load_gates(root, problems)
+    verdict = None
+    verdict_path = root / "verdict.json"
+    if verdict_path.exists():
+        raw = _read_json(verdict_path, problems)
+        if isinstance(raw, dict):
+            verdict = raw
+        elif raw is not None:
+            problems.append(f"{verdict_path}: expected a JSON object, got {type(raw).__name__}")
+    return RunData(
+        root=str(root),
+        label=label,
+        manifest=manifest,
+        clips=clips,
+        gates=gates,
+        gate_results=results,
+        metric_directions=directions,
+        verdict=verdict,
+        problems=problems,
+    )
+
+
+def _load_clips(root: Path, label: str, problems: list[str]) -> pd.DataFrame:
+    rows: list[dict[str, Any]] = []
+    clip_root = root / "clips"
+    if clip_root.exists():
+        for recipe_dir in sorted(p for p in clip_root.iterdir() if p.is_dir()):
+            for path in sorted(recipe_dir.glob("*.json")):
+                if path.name.endswith(".error.json") or not _CLIP_NAME.match(path.name):
+                    continue
+                raw = _read_json(path, problems)
+                if raw is None:
+                    continue
+                try:
+                    rec = ClipRecord.model_validate(raw)
+                except ValidationError as exc:
+                    problems.append(f"{path}: not a valid clip record ({exc.error_count()} errors)")
+                    continue
+                anatomy = rec.timings.stage_anatomy
+                row = {
+                    "run": label,
+                    "recipe": recipe_dir.name,
+                    "prompt_id": rec.request.prompt_id or _CLIP_NAME.match(path.name)["prompt"],
+                    "seed": rec.request.seed,
+                    "warmup": bool(rec.extra.get("warmup", False)),
+                    "generation_side_latency_s": rec.timings.generation_side_latency_s,
+                    "request_to_file_latency_s": rec.timings.request_to_file_latency_s,
+                    "duration_s": rec.shape.duration_s,
+                    "num_frames": rec.shape.num_frames,
+                    "fps": rec.shape.fps,
+                    "height": rec.shape.height,
+                    "width": rec.shape.width,
+                    "num_denoise_steps": len(anatomy.denoise_steps),
+                    **{stage: float(getattr(anatomy, stage)) for stage in STAGES},
+                    "mp4": str(path.with_suffix(".mp4")),
+                }
+                rows.append(row)
+    return pd.DataFrame(rows, columns=CLIP_COLUMNS)
+
+
+GATE_COLUMNS = ["gate", "candidate", "baseline", "prompt_id", "seed", "status", "flagged", "flags", "error", "identical",
+                "path"]
+
+
+def _load_gates(
+    root: Path, problems: list[str]
+) -> tuple[pd.DataFrame, dict[tuple[str, str, str, int], dict[str, Any]], dict[str, dict[str, bool]]]:
+    rows: list[dict[str, Any]] = []
+    results: dict[tuple[str, str, str, int], dict[str, Any]] = {}
+    directions: dict[str, dict[str, bool]] = {}
+    gate_root = root / "gates"
+    if not gate_root.exists():
+        return pd.DataFrame(columns=GATE_COLUMNS), results, directions
+    for gate_dir in sorted(p for p in gate_root.iterdir() if p.is_dir()):
+        for cand_dir in sorted(p for p in gate_dir.iterdir() if p.is_dir()):
+            for path in sorted(cand_dir.glob("*.json")):
+                m = _CLIP_NAME.match(path.name)
+                if not m:
+                    continue  # not a per-pair result (e.g. a gate's summary file)
+                base_row = {
+                    "gate": gate_dir.name,
+                    "candidate": cand_dir.name,
+                    "baseline": None,
+                    "prompt_id": m["prompt"],
+                    "seed": int(m["seed"]),
+                    "flagged": False,
+                    "flags": "",
+                    "identical": False,
+                    "path": str(path),
+                }
+                raw = _read_json(path, problems)
+                try:
+                    result = GateResult.model_validate(raw) if raw is not None else None
+                except ValidationError as exc:
+                    problems.append(f"{path}: not a valid gate result ({exc.error_count()} errors)")
+                    result = None
+                if result is None:
+                    rows.append({**base_row, "status": "unreadable", "error": f"{path.name} could not be read"})
+                    continue
+                row = {
+                    **base_row,
+                    "baseline": result.pair.baseline,
+                    "prompt_id": result.pair.prompt_id,
+                    "seed": result.pair.seed,
+                    "status": result.status,
+                    "flagged": result.flagged,
+                    "flags": "; ".join(result.flags),
+                    "error": result.error,
+                    "identical": result.identical,
+                }
+                for name, metric in result.metrics.items():
+                    row[f"metric:{name}"] = metric.value
+                    directions.setdefault(gate_dir.name, {})[name] = metric.higher_is_better
+                rows.append(row)
+                results[(gate_dir.name, cand_dir.name, result.pair.prompt_id, result.pair.seed)] = result.model_dump(
+                    mode="json"
+                )
+    frame = pd.DataFrame(rows)
+    for col in GATE_COLUMNS:
+        if col not in frame.columns:
+            frame[col] = None
+    return frame, results, directions
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Speed
+# ---------------------------------------------------------------------------------------------------------------
+def warm_clips(run: RunData) -> pd.DataFrame:
+    """Clips of the run with warm-up requests removed (their compile and load time is not serving speed)."""
+    return run.clips[~run.clips["warmup"].astype(bool)]
+
+
+def paired_latencies(run: RunData, candidate: str, column: str = "generation_side_latency_s") -> pd.DataFrame:
+    """Baseline and candidate latency of every (prompt, seed) both sides finished, warm-up excluded."""
+    clips = warm_clips(run)
+    base = clips[clips["recipe"] == run.baseline][["prompt_id", "seed", column]]
+    cand = clips[clips["recipe"] == candidate][["prompt_id", "seed", column]]
+    merged = base.merge(cand, on=["prompt_id", "seed"], suffixes=("_baseline", "_candidate"))
+    return merged.rename(columns={f"{column}_baseline": "baseline", f"{column}_candidate": "candidate"})
+
+
+def dollars_per_clip(latency_s: float | None, hourly_rate: float | None) -> float | None:
+    """Cost of one clip: mean generation-side seconds x the machine's $/hour / 3600.
+
+    The field's own figure: seed 001 prices its ~80 s baseline 5 s clip at $13.16/h as "about $0.29 of GPU time"
+    (80 x 13.16 / 3600 = 0.292), i.e. generation-side time times the whole machine's hourly rate.
+    """
+    if latency_s is None or hourly_rate is None or not math.isfinite(latency_s):
+        return None
+    return latency_s * hourly_rate / 3600.0
+
+
+SPEED_COLUMNS = [
+    "run",
+    "recipe",
+    "role",
+    "n",
+    "speedup",
+    "speedup_ci_low",
+    "speedup_ci_high",
+    "p50_latency_s",
+    "p50_request_to_file_s",
+    "real_time_factor",
+    "dollars_per_clip",
+    "verdict",
+]
+
+
+def speed_table(run: RunData, hourly_rate: float | None = None, *, n_resamples: int = 2000) -> pd.DataFrame:
+    """One row per recipe of the run: speedup with its paired bootstrap CI, p50 latencies, RTF, $/clip, verdict.
+
+    - ``role``: baseline, candidate, or recipe (a run without a baseline: no speedup).
+    - ``n``: warm clips (baseline, recipe) or warm pairs (candidate) the row is computed from.
+    - ``speedup``: :func:`speedup_of_means` over the pairs; the baseline is 1 by definition.
+    - ``p50_latency_s``: median generation-side latency (seed 000's definition) of the recipe's warm clips.
+    - ``real_time_factor``: median of generation-side latency / clip duration (below 1 is faster than real time).
+    - ``dollars_per_clip``: :func:`dollars_per_clip` of the mean generation-side latency; None without a rate.
+    """
+    rate = hourly_rate if hourly_rate is not None else run.hourly_rate
+    clips = warm_clips(run)
+    recipes: list[tuple[str, str]] = []
+    if run.baseline is not None:
+        recipes.append((run.baseline, "baseline"))
+        recipes += [(c, "candidate") for c in run.candidates if c != run.baseline]
+    else:  # a single-recipe run (`h3eval generate`): latencies, no pairs and so no speedup
+        recipes += [(r, "recipe") for r in sorted(run.clips["recipe"].unique())]
+    rows = []
+    for recipe, role in recipes:
+        mine = clips[clips["recipe"] == recipe]
+        lat = mine["generation_side_latency_s"].to_numpy(dtype=np.float64)
+        row: dict[str, Any] = {
+            "run": run.label,
+            "recipe": recipe,
+            "role": role,
+            "n": int(len(mine)),
+            "speedup": None,
+            "speedup_ci_low": None,
+            "speedup_ci_high": None,
+            "p50_latency_s": float(np.median(lat)) if len(lat) else None,
+            "p50_request_to_file_s": float(np.median(mine["request_to_file_latency_s"])) if len(mine) else None,
+            "real_time_factor": float(np.median(lat / mine["duration_s"].to_numpy(dtype=np.float64)))
+            if len(lat)
+            else None,
+            "dollars_per_clip": dollars_per_clip(float(np.mean(lat)), rate) if len(lat) else None,
+            "verdict": candidate_verdict(run.verdict, recipe) if role == "candidate" else None,
+        }
+        if role == "baseline":
+            row["speedup"] = 1.0 if len(lat) else None
+        elif role == "candidate":
+            pairs = paired_latencies(run, recipe)
+            row["n"] = int(len(pairs))
+            if len(pairs):
+                b = pairs["baseline"].to_numpy(dtype=np.float64)
+                c = pairs["candidate"].to_numpy(dtype=np.float64)
+                row["speedup"] = float(speedup_of_means(b, c))
+                ci = bootstrap_ci([b, c], speedup_of_means, n_resamples=n_resamples)
+                if ci is not None:
+                    row["speedup_ci_low"], row["speedup_ci_high"] = ci
+        rows.append(row)
+    return pd.DataFrame(rows, columns=SPEED_COLUMNS)
+
+
+def stage_anatomy(runs: list[RunData]) -> pd.DataFrame:
+    """Mean seconds of each stage per (run, recipe) over warm requests, long format (run, recipe, stage, seconds)."""
+    rows = []
+    for run in runs:
+        clips = warm_clips(run)
+        for recipe, group in clips.groupby("recipe", sort=True):
+            for stage in STAGES:
+                rows.append(
+                    {"run": run.label, "recipe": recipe, "stage": stage, "seconds": float(group[stage].mean()),
+                     "n": int(len(group))}
+                )
+    return pd.DataFrame(rows, columns=["run", "recipe", "stage", "seconds", "n"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Quality
+# ---------------------------------------------------------------------------------------------------------------
+def quality_metrics(runs: list[RunData]) -> list[tuple[str, str]]:
+    """(gate, metric) pairs any of the runs has results for, sorted."""
+    found = {(g, m) for run in runs for g, ms in run.metric_directions.items() for m in ms}
+    return sorted(found)
+
+
+def metric_direction(runs: list[RunData], gate: str, metric: str) -> bool | None:
+    for run in runs:
+        if metric in run.metric_directions.get(gate, {}):
+            return run.metric_directions[gate][metric]
+    return None
+
+
+def quality_table(run: RunData, gate: str, metric: str, *, n_resamples: int = 2000) -> pd.DataFrame:
+    """Per candidate: mean of ``gate``'s ``metric`` over scored pairs with a bootstrap CI, and how many are missing.
+
+    Missing values (gate error, not applicable, None) are counted in ``n_missing`` and left out of the mean.
+    """
+    rows = []
+    col = f"metric:{metric}"
+    frame = run.gates[run.gates["gate"] == gate] if len(run.gates) else run.gates
+    for cand in run.candidates:
+        mine = frame[frame["candidate"] == cand] if len(frame) else frame
+        values = (
+            pd.to_numeric(mine[col], errors="coerce").to_numpy(dtype=np.float64) if col in mine.columns else np.array([])
+        )
+        good = values[np.isfinite(values)]
+        ci = bootstrap_ci(good, lambda v: np.mean(v, axis=-1), n_resamples=n_resamples) if len(good) else None
+        rows.append(
+            {
+                "run": run.label,
+                "recipe": cand,
+                "n_scored": int(len(good)),
+                "n_missing": int(len(mine) - len(good)),
+                "quality": float(np.mean(good)) if len(good) else None,
+                "quality_ci_low": ci[0] if ci else None,
+                "quality_ci_high": ci[1] if ci else None,
+            }
+        )
+    return pd.DataFrame(rows, columns=["run", "recipe", "n_scored", "n_missing", "quality", "quality_ci_low",
+                                       "quality_ci_high"])
+
+
+def speed_quality(speed: pd.DataFrame, quality: pd.DataFrame, higher_is_better: bool) -> pd.DataFrame:
+    """Candidates with speedup and quality side by side (from :func:`speed_table` and :func:`quality_table` rows of
+    any number of runs), and whether each is on the Pareto front of the whole set (faster and better)."""
+    table = speed[speed["role"] == "candidate"].merge(quality, on=["run", "recipe"], how="left")
+    numeric = ["speedup", "speedup_ci_low", "speedup_ci_high", "quality", "quality_ci_low", "quality_ci_high"]
+    table = table.astype({c: float for c in numeric}).reset_index(drop=True)
+    table["pareto"] = pareto_front(table, "speedup", "quality", higher_is_better) if len(table) else pd.Series(
+        dtype=bool)
+    table["label"] = table["run"] + " / " + table["recipe"]
+    return table
+
+
+def worst_first(frame: pd.DataFrame, metric: str, higher_is_better: bool | None) -> pd.DataFrame:
+    """Rows sorted worst first on ``metric`` (lowest first when higher is better); missing values go first too,
+    since a pair that could not be scored needs a look before any scored one."""
+    col = f"metric:{metric}"
+    if col not in frame.columns:
+        return frame
+    values = pd.to_numeric(frame[col], errors="coerce")
+    key = values if higher_is_better else -values
+    order = np.lexsort((key.fillna(0).to_numpy(), ~values.isna().to_numpy()))
+    return frame.iloc[order]
+
+
+def viewer_link(run_index: int, candidate: str, prompt_id: str, seed: int) -> str:
+    """Relative URL that opens the clip viewer on one pair (read back by the app from the query string)."""
+    from urllib.parse import urlencode
+
+    return "?" + urlencode({"page": "viewer", "run": run_index, "candidate": candidate, "prompt": prompt_id,
+                            "seed": seed})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Verdict
+# ---------------------------------------------------------------------------------------------------------------
+_STATUS_KEYS = ("status", "outcome")
+# Parts of verdict.json that hold evidence, not statuses: not walked (they can be long: one entry per pair).
+_VERDICT_SKIP = {"pairs", "worst", "inputs", "settings", "stats", "evidence", "versions", "waiver"}
+
+
+def overall_verdict(verdict: dict[str, Any] | None) -> str | None:
+    """The run's overall result: ``outcome`` (h3eval.verdict's field), or ``overall`` / ``status``."""
+    if not verdict:
+        return None
+    for key in ("outcome", "overall", "status"):
+        if isinstance(verdict.get(key), str):
+            return verdict[key]
+    return None
+
+
+def verdict_rows(verdict: dict[str, Any] | None) -> pd.DataFrame:
+    """Every node of verdict.json that carries a status, as (scope, depth, status, reasons, warnings) rows.
+
+    The verdict file is written by h3eval.verdict (``outcome`` per run, candidate, gate, metric and speed check);
+    the dashboard reads it defensively: any object with ``outcome`` or ``status`` is a row, its ``reasons`` and
+    ``warnings`` lists are joined, its path in the file is the scope ("candidate-a / lpips / lpips_mean"). Objects in
+    lists are named by their ``metric``, ``gate``, ``candidate`` or ``name`` field, in that order.
+    """
+    rows: list[dict[str, Any]] = []
+
+    def joined(node: dict[str, Any], key: str) -> str:
+        value = node.get(key)
+        if isinstance(value, list):
+            return "\n".join(str(r) for r in value)
+        return "" if value is None else str(value)
+
+    def walk(node: Any, scope: list[str]) -> None:
+        if isinstance(node, dict):
+            status = next((node[k] for k in _STATUS_KEYS if isinstance(node.get(k), str)), None)
+            if not scope:
+                status = overall_verdict(node)
+            if isinstance(status, str):
+                rows.append({"scope": " / ".join(scope) or "overall", "depth": len(scope), "status": status,
+                             "reasons": joined(node, "reasons"), "warnings": joined(node, "warnings")})
+            for key, value in node.items():
+                if key in ("reasons", "warnings") or key in _VERDICT_SKIP:
+                    continue
+                if isinstance(value, (dict, list)):
+                    walk(value, scope + [str(key)])
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                if isinstance(item, dict):
+                    name = next((item[k] for k in ("metric", "gate", "candidate", "name")
+                                 if isinstance(item.get(k), str)), None)
+                    walk(item, scope + [name if name else str(i)])
+
+    if verdict:
+        walk(verdict, [])
+    frame = pd.DataFrame(rows, columns=["scope", "depth", "status", "reasons", "warnings"])
+    # "candidates / cand-a / gates / lpips" reads better as "cand-a / lpips": drop keys that only group children.
+    frame["scope"] = frame["scope"].str.replace(r"^(candidates|gates|results)\s/\s", "", regex=True)
+    frame["scope"] = frame["scope"].str.replace(r"\s/\s(gates|results|metrics)\s/\s", " / ", regex=True)
+    return frame
+
+
+def candidate_verdict(verdict: dict[str, Any] | None, candidate: str) -> str | None:
+    """The candidate's own status in verdict.json (the least nested row naming it), or None when absent."""
+    if not verdict:
+        return None
+    rows = verdict_rows(verdict)
+    rows = rows[rows["scope"].str.split(" / ").str[0] == candidate]
+    if not len(rows):
+        return None
+    return str(rows.sort_values("depth").iloc[0]["status"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Clip viewer
+# ---------------------------------------------------------------------------------------------------------------
+def amplified_difference(baseline: np.ndarray, candidate: np.ndarray, gain: float) -> np.ndarray:
+    """|baseline - candidate| x gain, clipped to uint8: makes faint differences (a ghost at a few grey levels)
+    visible. Frames are uint8 (..., H, W, 3) of the same shape."""
+    if baseline.shape != candidate.shape:
+        raise ValueError(f"frame shapes differ: baseline {baseline.shape} vs candidate {candidate.shape}")
+    diff = np.abs(baseline.astype(np.int16) - candidate.astype(np.int16)).astype(np.float32) * np.float32(gain)
+    return np.clip(diff, 0, 255).astype(np.uint8)
+
+
+_FRAME_IN_NAME = re.compile(r"(?:frame|_f|-f)[_-]?(\d+)", re.IGNORECASE)
+
+
+def frame_artifacts(artifacts: list[str]) -> tuple[dict[int, str], list[str]]:
+    """Split a gate's artifact paths into per-frame images ({frame: path}, from names like ``heatmap_f0012.png``
+    or ``frame-12.png``) and the rest (whole-pair images such as strips)."""
+    per_frame: dict[int, str] = {}
+    other: list[str] = []
+    for path in artifacts:
+        if not path.lower().endswith((".png", ".jpg", ".jpeg", ".webp")):
+            continue
+        m = None
+        for m in _FRAME_IN_NAME.finditer(Path(path).stem):
+            pass
+        if m is not None:
+            per_frame[int(m.group(1))] = path
+        else:
+            other.append(path)
+    return per_frame, other
+
+
+def flagged_frames(result: dict[str, Any] | None, series_name: str | None = None) -> list[int]:
+    """Frames a gate marked for this pair: the frame list the gate published (``info.ghost_frame_indices`` of the
+    ghosting gate, or ``info.flagged_frames``), else the frames of ``series_name`` at or above the threshold the gate
+    published (``info.threshold`` or ``info.config.frame_threshold``; the ghosting gate's rule is ">=")."""
+    if not result:
+        return []
+    info = result.get("info") or {}
+    for key in ("ghost_frame_indices", "flagged_frames"):
+        listed = info.get(key)
+        if isinstance(listed, list):
+            return sorted(int(f) for f in listed if isinstance(f, (int, float)))
+    threshold = info.get("threshold")
+    if threshold is None and isinstance(info.get("config"), dict):
+        threshold = info["config"].get("frame_threshold")
+    series = (result.get("series") or {}).get(series_name or "", None)
+    if isinstance(threshold, (int, float)) and isinstance(series, list):
+        return [i for i, v in enumerate(series) if v is not None and v >= threshold]
+    return []
+
+
+def worst_frame(result: dict[str, Any] | None) -> int | None:
+    """The frame a gate named as its worst (``info.worst_frames[0].frame``), where the viewer should open."""
+    worst = ((result or {}).get("info") or {}).get("worst_frames")
+    if isinstance(worst, list) and worst and isinstance(worst[0], dict) and isinstance(worst[0].get("frame"), int):
+        return int(worst[0]["frame"])
+    return None
+
+
+def pair_series(run: RunData, candidate: str, prompt_id: str, seed: int) -> pd.DataFrame:
+    """Every per-frame series any gate wrote for this pair, long format (gate, series, index, value).
+    Per-step series of the trajectory gate are left to the trajectory page."""
+    rows = []
+    for (gate, cand, pid, s), result in run.gate_results.items():
+        if cand != candidate or pid != prompt_id or s != seed or gate == TRAJECTORY_GATE:
+            continue
+        for name, values in (result.get("series") or {}).items():
+            for i, v in enumerate(values):
+                rows.append({"gate": gate, "series": f"{gate}:{name}" if name != gate else name, "index": i,
+                             "value": v})
+    return pd.DataFrame(rows, columns=["gate", "series", "index", "value"])
+
+
+def trajectory_table(run: RunData) -> pd.DataFrame:
+    """Per-step divergence series of the trajectory gate, long format (candidate, pair, series, step, value)."""
+    rows = []
+    for (gate, cand, pid, seed), result in run.gate_results.items():
+        if gate != TRAJECTORY_GATE:
+            continue
+        for name, values in (result.get("series") or {}).items():
+            for step, v in enumerate(values):
+                rows.append({"candidate": cand, "pair": f"{pid}-s{seed}", "series": name, "step": step, "value": v})
+    return pd.DataFrame(rows, columns=["candidate", "pair", "series", "step", "value"])
+
+
+def audio_difference(
+    baseline: np.ndarray, candidate: np.ndarray, sample_rate: int, *, nperseg: int = 1024
+) -> dict[str, np.ndarray]:
+    """Mono waveforms, their difference and the log-spectrogram difference (candidate - baseline, dB).
+
+    Inputs are float (channels, N) in [-1, 1]; the shorter length is used (an offset or length mismatch shows up
+    as a large difference, which is what a reviewer should see). Uses scipy.signal.spectrogram with a Hann window.
+    """
+    from scipy.signal import spectrogram
+
+    n = min(baseline.shape[-1], candidate.shape[-1])
+    a = np.asarray(baseline, dtype=np.float64)[..., :n].mean(axis=0)
+    b = np.asarray(candidate, dtype=np.float64)[..., :n].mean(axis=0)
+    nperseg = min(nperseg, n) if n else nperseg
+    freqs, times, sa = spectrogram(a, fs=sample_rate, window="hann", nperseg=nperseg)
+    _, _, sb = spectrogram(b, fs=sample_rate, window="hann", nperseg=nperseg)
+    floor = 1e-12  # keeps log10 finite on digital silence
+    db = 10.0 * np.log10(sb + floor) - 10.0 * np.log10(sa + floor)
+    return {"baseline": a, "candidate": b, "difference": b - a, "freqs": freqs, "times": times, "spec_diff_db": db}
+
+
+def envelope(signal: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Min/max envelope of ``signal`` in ``points`` buckets (bucket start index, min, max): a waveform plot that
+    keeps peaks and stays small enough to draw fast."""
+    n = len(signal)
+    if n == 0:
+        return np.array([]), np.array([]), np.array([])
+    points = max(1, min(points, n))
+    edges = np.linspace(0, n, points + 1).astype(int)
+    lo = np.minimum.reduceat(signal, edges[:-1])
+    hi = np.maximum.reduceat(signal, edges[:-1])
+    return edges[:-1], lo, hi

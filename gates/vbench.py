@@ -1,0 +1,393 @@
+"""The ``vbench`` gate: pinned VBench scores per clip, in VBench's own environment, paired clip by clip.
+
+Before anything is scored, :func:`h3eval.vbench.pins.verify` checks the scoring environment against its locks, every
+pinned VBench scorer file and every checkpoint the requested dimensions load; any problem stops the gate with all
+problems named (nothing is scored, nothing is written). Scoring runs ``gates/vbench_runner.py`` in a subprocess of
+the scoring environment, in VBench's custom-input mode with each clip's prompt passed explicitly.
+
+Two ways in:
+
+- **Whole run** (preferred, what ``h3eval gate RUNDIR --gates vbench`` should call when present):
+  ``VBenchGate.evaluate_run(run_dir, dimensions=None, env=None, cache_dir=None, device="auto")`` scores every clip
+  of the run (baseline and candidates) in ONE subprocess (each VBench model is loaded once) and writes every file
+  below itself; it returns the summary. A runner should call it instead of looping :meth:`VBenchGate.evaluate`
+  over pairs whenever ``hasattr(gate, "evaluate_run")``.
+- **Per pair** (the standard :class:`gates.base.Gate` contract): :meth:`VBenchGate.evaluate` scores the pair's two
+  clips in one subprocess and returns the :class:`GateResult`; options ``dimensions``, ``env``, ``cache_dir``.
+
+Files (``<run>/gates/vbench/``):
+
+- ``<candidate>/<prompt_id>-s<seed>.json``: :class:`GateResult` per pair. ``metrics[<dimension>]`` is the
+  candidate's raw VBench score, ``metrics[<dimension>_delta]`` candidate minus baseline (raw); both
+  higher-is-better. ``info`` holds baseline and candidate raw and normalized scores per dimension. A score that
+  could not be computed is ``None`` with the reason in ``error`` (never zero-filled), and ``status`` is ``error``.
+- ``clips/<recipe>/<prompt_id>-s<seed>.json``: raw and normalized score per dimension of every clip, baseline too.
+- ``summary.json``: per dimension the eligible / scored / missing / error denominators (clips and pairs), the VBench
+  mode, how long videos are treated, provenance (pins file hashes, the scoring environment's package versions,
+  device) and ``partial`` (true whenever any eligible clip lacks a score).
+
+Long videos: VBench calls clips of 5 s and longer long videos; the product scores them whole in standard VBench
+(not VBench-Long's split-into-clips), flags ``long_video`` per clip and records ``long_video_handling``. See
+:data:`h3eval.vbench.dimensions.LONG_VIDEO_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gates.base import ClipSide, Gate, GateResult, Metric, PairContext, PairRef, register_gate
+from h3.atomic import atomic_write_json, sha256_file
+from h3eval.store import RunStore, clip_stem, utc_now
+from h3eval.vbench.dimensions import (
+    DIMENSIONS,
+    LONG_VIDEO_HANDLING,
+    LONG_VIDEO_SECONDS,
+    VBENCH_MODE,
+    VBENCH_VERSION,
+    resolve_dimensions,
+)
+from h3eval.vbench.env import default_env_path
+from h3eval.vbench.pins import (
+    CHECKPOINT_PINS_PATH,
+    SOURCE_PINS_PATH,
+    VerifyReport,
+    load_json_file,
+    require_verified,
+    verify,
+)
+
+logger = logging.getLogger(__name__)
+
+GATE_NAME = "vbench"
+RUNNER = Path(__file__).resolve().parent / "vbench_runner.py"
+SUMMARY_VERSION = 1
+CLIP_SCORES_VERSION = 1
+
+
+class VBenchRunnerError(RuntimeError):
+    """The scoring subprocess failed as a whole (crashed, or wrote no result)."""
+
+
+@dataclass
+class ClipInput:
+    """One clip to score: where it is and the prompt it was made from."""
+
+    recipe: str
+    prompt_id: str
+    seed: int
+    mp4: Path
+    prompt: str
+    mp4_sha256: str
+    duration_s: float | None
+
+    @property
+    def key(self) -> str:
+        return f"{self.recipe}/{clip_stem(self.prompt_id, self.seed)}"
+
+
+def run_scorer(clips: list[ClipInput], dimensions: list[str], report: VerifyReport, work_dir: Path,
+               device: str = "auto", log_path: Path | None = None) -> dict[str, Any]:
+    """Score ``clips`` in one subprocess of the verified environment; the runner's result dict."""
+    assert report.ok and report.env is not None, "run_scorer needs a verified environment"
+    work_dir.mkdir(parents=True, exist_ok=True)
+    pinned = load_json_file(SOURCE_PINS_PATH, "source pins")["files"]
+    request = {
+        "dimensions": dimensions,
+        "clips": [{"key": c.key, "path": str(Path(c.mp4).resolve()), "prompt": c.prompt} for c in clips],
+        "cache_dir": report.cache_dir,
+        "device": device,
+        "work_dir": str(work_dir),
+        "pinned_files": pinned,
+    }
+    request_path = work_dir / "request.json"
+    result_path = work_dir / "result.json"
+    result_path.unlink(missing_ok=True)
+    atomic_write_json(request_path, request)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env["VBENCH_CACHE_DIR"] = report.cache_dir
+    cmd = [report.env.python, "-I", str(RUNNER), str(request_path), str(result_path)]
+    logger.info("scoring %d clip(s) on %s: %s", len(clips), ", ".join(dimensions), " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(work_dir))
+    if log_path is not None:
+        from h3.atomic import atomic_write_text
+
+        atomic_write_text(log_path, f"$ {' '.join(cmd)}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+    if proc.returncode != 0 or not result_path.exists():
+        raise VBenchRunnerError(
+            f"the VBench scoring subprocess failed (exit {proc.returncode}); nothing was scored. "
+            f"Last output:\n{proc.stderr[-3000:]}"
+        )
+    return json.loads(result_path.read_text())
+
+
+def _score_entry(dimension: str, raw: float | None, error: str | None) -> dict[str, Any]:
+    return {
+        "raw": raw,
+        "normalized": DIMENSIONS[dimension].normalize(raw) if raw is not None else None,
+        "error": error,
+    }
+
+
+def clip_scores(result: dict[str, Any], key: str, dimensions: list[str]) -> dict[str, dict[str, Any]]:
+    """Per dimension ``{raw, normalized, error}`` of one clip from the runner's result; a clip the runner did not
+    report on gets an error, never a value."""
+    scores = {}
+    for dim in dimensions:
+        per_clip = result.get("dimensions", {}).get(dim, {}).get("clips", {})
+        entry = per_clip.get(key)
+        if entry is None:
+            scores[dim] = _score_entry(dim, None, "the VBench runner reported nothing for this clip")
+        else:
+            scores[dim] = _score_entry(dim, entry.get("value"), entry.get("error"))
+            if entry.get("value") is None and not entry.get("error"):
+                scores[dim]["error"] = "no score and no reason from the VBench runner"
+    return scores
+
+
+def pair_result(pair: PairRef, baseline: dict[str, dict[str, Any]], candidate: dict[str, dict[str, Any]],
+                dimensions: list[str], info: dict[str, Any]) -> GateResult:
+    """The pair's GateResult from both clips' scores. Missing on either side -> None with the reason."""
+    metrics: dict[str, Metric] = {}
+    errors = []
+    per_dim: dict[str, Any] = {}
+    for dim in dimensions:
+        hib = DIMENSIONS[dim].higher_is_better
+        b, c = baseline[dim], candidate[dim]
+        metrics[dim] = Metric(value=c["raw"], higher_is_better=hib)
+        delta = c["raw"] - b["raw"] if c["raw"] is not None and b["raw"] is not None else None
+        metrics[f"{dim}_delta"] = Metric(value=delta, higher_is_better=hib)
+        if c["raw"] is None:
+            errors.append(f"{dim}: candidate not scored ({c['error']})")
+        if b["raw"] is None:
+            errors.append(f"{dim}: baseline not scored ({b['error']})")
+        per_dim[dim] = {"baseline": b, "candidate": c}
+    return GateResult(
+        gate=GATE_NAME,
+        pair=pair,
+        metrics=metrics,
+        error="; ".join(errors) or None,
+        status="error" if errors else "ok",
+        flags=["partial: some VBench scores are missing"] if errors else [],
+        info={**info, "scores": per_dim, "partial": bool(errors)},
+    )
+
+
+def _clip_inputs(store: RunStore) -> tuple[list[tuple[str, str, int]], list[ClipInput], list[tuple[str, str, int, str]],
+                                            list[str], list[tuple[str, str, int]]]:
+    """(every eligible clip, the finished ones, the missing ones with why, recipes, pairs) of a run."""
+    manifest = store.read_manifest()
+    recipes = ([manifest.baseline] if manifest.baseline else []) + list(manifest.candidates)
+    if not recipes:
+        recipes = list(manifest.recipes)
+    prompt_ids = manifest.prompts.ids if manifest.prompts else []
+    eligible, found, missing = [], [], []
+    for recipe in recipes:
+        for pid in prompt_ids:
+            for seed in manifest.seeds:
+                eligible.append((recipe, pid, seed))
+                record = store.read_record(recipe, pid, seed)
+                if record is None:
+                    why = "clip missing or unfinished (no record, or its MP4 does not match the record's sha256)"
+                    error_path = store.error_path(recipe, pid, seed)
+                    if error_path.exists():
+                        try:
+                            why = "generation failed: " + json.loads(error_path.read_text())["error"]
+                        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+                            why = f"generation failed (unreadable {error_path.name})"
+                    missing.append((recipe, pid, seed, why))
+                    continue
+                found.append(ClipInput(recipe, pid, seed, store.clip_path(recipe, pid, seed), record.request.prompt,
+                                       record.mp4_sha256, record.shape.duration_s))
+    return eligible, found, missing, recipes, store.pairs()
+
+
+def evaluate_run(run_dir: str | Path, dimensions: list[str] | None = None, env: str | Path | None = None,
+                 cache_dir: str | Path | None = None, device: str = "auto",
+                 source_pins_path: Path = SOURCE_PINS_PATH, checkpoint_pins_path: Path = CHECKPOINT_PINS_PATH,
+                 ) -> dict[str, Any]:
+    """Score every clip of the run on ``dimensions``, write per-clip, per-pair and summary files; the summary.
+
+    Refuses to start (VBenchPinError / VBenchEnvError message, nothing written) when verification finds a problem.
+    Resumable: a clip whose scores file already holds every requested dimension for the same MP4 sha256 and the same
+    pins is not scored again.
+    """
+    started = time.monotonic()
+    store = RunStore(run_dir)
+    dims = resolve_dimensions(dimensions)
+    eligible, found, missing, recipes, pairs = _clip_inputs(store)
+    report = require_verified(verify(Path(env) if env else default_env_path(), dims, cache_dir,
+                                     source_pins_path=source_pins_path, checkpoint_pins_path=checkpoint_pins_path))
+    gate_dir = store.gate_dir(GATE_NAME)
+    provenance = report.provenance()
+
+    scores: dict[str, dict[str, dict[str, Any]]] = {}
+    to_score: list[ClipInput] = []
+    for clip in found:
+        previous = _read_previous(gate_dir, clip, dims, provenance)
+        if previous is not None:
+            scores[clip.key] = previous
+        else:
+            to_score.append(clip)
+    runner_info: dict[str, Any] = {}
+    if not to_score and (gate_dir / "summary.json").exists():  # everything reused: keep what scored it
+        try:
+            runner_info = json.loads((gate_dir / "summary.json").read_text()).get("runner", {})
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            runner_info = {}
+    if to_score:
+        with tempfile.TemporaryDirectory(prefix=".work-", dir=_mkdir(gate_dir)) as work:
+            result = run_scorer(to_score, dims, report, Path(work), device, log_path=gate_dir / "runner.log")
+        runner_info = {k: result.get(k) for k in ("vbench_version", "mode", "device", "device_name", "torch_version")}
+        runner_info["seconds_per_dimension"] = {d: result["dimensions"][d].get("seconds") for d in dims}
+        for clip in to_score:
+            scores[clip.key] = clip_scores(result, clip.key, dims)
+    for recipe, pid, seed, why in missing:
+        scores[f"{recipe}/{clip_stem(pid, seed)}"] = {d: _score_entry(d, None, why) for d in dims}
+
+    # Per-clip files (baseline clips too).
+    by_key = {c.key: c for c in found}
+    for recipe, pid, seed in eligible:
+        key = f"{recipe}/{clip_stem(pid, seed)}"
+        clip = by_key.get(key)
+        long_video = clip is not None and clip.duration_s is not None and clip.duration_s >= LONG_VIDEO_SECONDS
+        atomic_write_json(gate_dir / "clips" / recipe / f"{clip_stem(pid, seed)}.json", {
+            "version": CLIP_SCORES_VERSION,
+            "recipe": recipe, "prompt_id": pid, "seed": seed,
+            "prompt": clip.prompt if clip else None,
+            "mp4_sha256": clip.mp4_sha256 if clip else None,
+            "duration_s": clip.duration_s if clip else None,
+            "long_video": long_video,
+            "source_pins_sha256": provenance["source_pins_sha256"],
+            "checkpoint_pins_sha256": provenance["checkpoint_pins_sha256"],
+            "scores": scores[key],
+        })
+
+    # Per-pair GateResults.
+    info = {"vbench_version": VBENCH_VERSION, "mode": VBENCH_MODE, "long_video_handling": LONG_VIDEO_HANDLING,
+            "source_pins_sha256": provenance["source_pins_sha256"],
+            "checkpoint_pins_sha256": provenance["checkpoint_pins_sha256"], "device": runner_info.get("device")}
+    manifest = store.read_manifest()
+    pair_counts = {d: {"eligible": 0, "scored": 0, "missing": 0, "error": 0} for d in dims}
+    missing_keys = {f"{r}/{clip_stem(p, s)}" for r, p, s, _ in missing}
+    for cand, pid, seed in pairs:
+        bkey = f"{manifest.baseline}/{clip_stem(pid, seed)}"
+        ckey = f"{cand}/{clip_stem(pid, seed)}"
+        result = pair_result(PairRef(baseline=manifest.baseline, candidate=cand, prompt_id=pid, seed=seed),
+                             scores[bkey], scores[ckey], dims, info)
+        atomic_write_json(gate_dir / cand / f"{clip_stem(pid, seed)}.json", result.model_dump(mode="json"))
+        for d in dims:
+            counts = pair_counts[d]
+            counts["eligible"] += 1
+            if scores[bkey][d]["raw"] is not None and scores[ckey][d]["raw"] is not None:
+                counts["scored"] += 1
+            elif bkey in missing_keys or ckey in missing_keys:
+                counts["missing"] += 1
+            else:
+                counts["error"] += 1
+
+    clip_counts = {}
+    per_recipe: dict[str, Any] = {}
+    for d in dims:
+        counts = {"eligible": len(eligible), "scored": 0, "missing": len(missing), "error": 0}
+        for clip in found:
+            counts["scored" if scores[clip.key][d]["raw"] is not None else "error"] += 1
+        clip_counts[d] = counts
+        per_recipe[d] = {}
+        for recipe in recipes:
+            values = [scores[f"{recipe}/{clip_stem(p, s)}"][d]["raw"] for r, p, s in eligible if r == recipe]
+            got = [v for v in values if v is not None]
+            per_recipe[d][recipe] = {
+                "n_scored": len(got), "n_eligible": len(values),
+                "mean_raw": sum(got) / len(got) if got else None,
+                "mean_normalized": DIMENSIONS[d].normalize(sum(got) / len(got)) if got else None,
+            }
+    partial = any(c["scored"] < c["eligible"] for c in clip_counts.values())
+    summary = {
+        "version": SUMMARY_VERSION,
+        "gate": GATE_NAME,
+        "created_at": utc_now(),
+        "dimensions": dims,
+        "mode": VBENCH_MODE,
+        "long_video_seconds": LONG_VIDEO_SECONDS,
+        "long_video_handling": LONG_VIDEO_HANDLING,
+        "long_videos": sorted(c.key for c in found if c.duration_s is not None and c.duration_s >= LONG_VIDEO_SECONDS),
+        "partial": partial,
+        "complete": not partial,
+        "denominators": {d: {"clips": clip_counts[d], "pairs": pair_counts[d]} for d in dims},
+        "per_recipe": per_recipe,
+        "normalization": {d: {"min": DIMENSIONS[d].leaderboard_min, "max": DIMENSIONS[d].leaderboard_max,
+                              "source": "VBench scripts/constant.py NORMALIZE_DIC"} for d in dims},
+        "higher_is_better": {d: DIMENSIONS[d].higher_is_better for d in dims},
+        "rescored_clips": len(to_score),
+        "reused_clips": len(found) - len(to_score),
+        "runner": runner_info,
+        "provenance": provenance,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+    atomic_write_json(gate_dir / "summary.json", summary)
+    if partial:
+        logger.warning("VBench scores are PARTIAL: %s", {d: c for d, c in clip_counts.items() if c["scored"] < c["eligible"]})
+    return summary
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _read_previous(gate_dir: Path, clip: ClipInput, dims: list[str], provenance: dict[str, Any]):
+    path = gate_dir / "clips" / clip.recipe / f"{clip_stem(clip.prompt_id, clip.seed)}.json"
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    if (data.get("mp4_sha256") != clip.mp4_sha256
+            or data.get("source_pins_sha256") != provenance["source_pins_sha256"]
+            or data.get("checkpoint_pins_sha256") != provenance["checkpoint_pins_sha256"]):
+        return None
+    scores = data.get("scores", {})
+    if not all(d in scores and scores[d].get("raw") is not None for d in dims):
+        return None
+    return {d: scores[d] for d in dims}
+
+
+@register_gate
+class VBenchGate(Gate):
+    """Pinned VBench scores of both clips of a pair (see the module docstring)."""
+
+    name: ClassVar[str] = GATE_NAME
+    needs = ("video",)
+    description: ClassVar[str] = "pinned VBench (custom-input mode) in its own environment, hash-verified, per clip"
+
+    evaluate_run = staticmethod(evaluate_run)
+
+    def evaluate(self, ctx: PairContext) -> GateResult:
+        dims = resolve_dimensions(ctx.options.get("dimensions"))
+        env = ctx.options.get("env")
+        report = require_verified(verify(Path(env) if env else default_env_path(), dims, ctx.options.get("cache_dir")))
+        clips = [self._clip_input(side, ctx) for side in (ctx.baseline, ctx.candidate)]
+        with tempfile.TemporaryDirectory(prefix="vbench-pair-") as work:
+            result = run_scorer(clips, dims, report, Path(work), ctx.options.get("device", ctx.device))
+        provenance = report.provenance()
+        info = {"vbench_version": VBENCH_VERSION, "mode": VBENCH_MODE, "long_video_handling": LONG_VIDEO_HANDLING,
+                "source_pins_sha256": provenance["source_pins_sha256"],
+                "checkpoint_pins_sha256": provenance["checkpoint_pins_sha256"], "device": result.get("device")}
+        return pair_result(ctx.pair, clip_scores(result, clips[0].key, dims), clip_scores(result, clips[1].key, dims),
+                           dims, info)
+
+    @staticmethod
+    def _clip_input(side: ClipSide, ctx: PairContext) -> ClipInput:
+        request = side.record.get("request", {})
+        return ClipInput(side.recipe, ctx.pair.prompt_id, ctx.pair.seed, side.mp4, request.get("prompt", ""),
+                         side.record.get("mp4_sha256") or sha256_file(side.mp4),
+                         side.record.get("shape", {}).get("duration_s"))

@@ -1,0 +1,166 @@
+"""Stage anatomy of a request: device-synchronized timers attached to the pipeline's components as removable hooks.
+
+The timers sit on the modules the diffusers blocks call — the Qwen3-VL language model (text encode), the
+transformer (one forward = one denoising step), ``vae.decode`` and ``audio_vae.decode`` — so the pipeline code runs
+unchanged. Each boundary synchronizes the device, so a stage's time is the device work it launched, not only the
+Python that launched it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+
+def synchronize(device: torch.device | str) -> None:
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class StageClock:
+    """Collects (stage, start, end) intervals of one request."""
+
+    device: torch.device
+    intervals: list[tuple[str, float, float]] = field(default_factory=list)
+    active: str | None = None
+    attention_calls: Counter = field(default_factory=Counter)
+    _start: float = 0.0
+
+    def now(self) -> float:
+        synchronize(self.device)
+        return time.perf_counter()
+
+    def begin(self, stage: str) -> None:
+        self.active = stage
+        self._start = self.now()
+
+    def end(self, stage: str) -> None:
+        self.intervals.append((stage, self._start, self.now()))
+        self.active = None
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        self.begin(name)
+        try:
+            yield
+        finally:
+            self.end(name)
+
+    def total(self, stage: str) -> float:
+        return sum(end - start for name, start, end in self.intervals if name == stage)
+
+    def each(self, stage: str) -> list[float]:
+        return [end - start for name, start, end in self.intervals if name == stage]
+
+    def first_start(self, stage: str) -> float | None:
+        starts = [start for name, start, _ in self.intervals if name == stage]
+        return min(starts) if starts else None
+
+    def last_end(self, stage: str) -> float | None:
+        ends = [end for name, _, end in self.intervals if name == stage]
+        return max(ends) if ends else None
+
+
+class _MethodTimer:
+    """Wraps a bound method (e.g. ``vae.decode``) as an instance attribute; ``remove`` restores it."""
+
+    def __init__(self, owner: Any, attr: str, clock_getter: Callable[[], StageClock | None], stage: str):
+        self.owner, self.attr, self.stage = owner, attr, stage
+        self.original = getattr(owner, attr)
+        self.had_instance_attr = attr in vars(owner)
+        original = self.original
+
+        def timed(*args, **kwargs):
+            clock = clock_getter()
+            if clock is None:
+                return original(*args, **kwargs)
+            with clock.stage(stage):
+                return original(*args, **kwargs)
+
+        setattr(owner, attr, timed)
+
+    def remove(self) -> None:
+        if self.had_instance_attr:
+            setattr(self.owner, self.attr, self.original)
+        else:
+            delattr(self.owner, self.attr)
+
+
+class StageHooks:
+    """Attach timers to a MiniMax-H3 pipeline's components; one :class:`StageClock` per request."""
+
+    def __init__(self, pipe: Any):
+        self.clock: StageClock | None = None
+        self._handles: list[Any] = []
+        getter = lambda: self.clock  # noqa: E731
+
+        text_model = getattr(pipe.text_encoder, "model", pipe.text_encoder)
+        self._handles.append(self._module_timer(text_model, "text_encode"))
+        self._handles.append(self._module_timer(pipe.transformer, "denoise_step"))
+        self._handles.append(_MethodTimer(pipe.vae, "decode", getter, "video_decode"))
+        self._handles.append(_MethodTimer(pipe.audio_vae, "decode", getter, "audio_decode"))
+        self._install_attention_probe()
+
+    def _module_timer(self, module: torch.nn.Module, stage: str):
+        def pre(_module, _args, _kwargs):
+            if self.clock is not None:
+                self.clock.begin(stage)
+
+        def post(_module, _args, _kwargs, _output):
+            if self.clock is not None:
+                self.clock.end(stage)
+
+        h1 = module.register_forward_pre_hook(pre, with_kwargs=True)
+        h2 = module.register_forward_hook(post, with_kwargs=True)
+
+        class _Pair:
+            def remove(self_inner):
+                h1.remove()
+                h2.remove()
+
+        return _Pair()
+
+    def _install_attention_probe(self) -> None:
+        """Count which attention backend functions diffusers' dispatcher actually called, per stage."""
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+        registry = _AttentionBackendRegistry._backends
+        originals = dict(registry)
+
+        def make(name, fn):
+            def probe(*args, **kwargs):
+                if self.clock is not None:
+                    self.clock.attention_calls[(self.clock.active or "other", str(getattr(name, "value", name)))] += 1
+                return fn(*args, **kwargs)
+
+            return probe
+
+        for name, fn in originals.items():
+            registry[name] = make(name, fn)
+
+        class _Restore:
+            def remove(self_inner):
+                for name, fn in originals.items():
+                    registry[name] = fn
+
+        self._handles.append(_Restore())
+
+    @contextmanager
+    def request(self, device: torch.device) -> Iterator[StageClock]:
+        self.clock = StageClock(device=torch.device(device))
+        try:
+            yield self.clock
+        finally:
+            self.clock = None
+
+    def remove(self) -> None:
+        for handle in reversed(self._handles):
+            handle.remove()
+        self._handles.clear()

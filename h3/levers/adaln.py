@@ -1,0 +1,230 @@
+"""AdaLN modulation precompute: every block's ``adaln_proj`` depends only on the timestep, so its output for each
+step of the recipe's schedule is computed once, stored as a per-block table, and the projection's weights (13.0 of
+MiniMax-H3's 33.1 B parameters, seed 002) leave the device.
+
+The tables are computed by the model's own modules on the runtime's device, from the same ``timestep`` tensors the
+pipeline passes at each step, so the modulation values are bit-identical to the baseline's (seed 002 measured "AdaLN
+fusion ... bitwise-identical outputs"). A table is selected per forward by the exact timestep values of the call; a
+timestep outside the precomputed schedule is an error, never a silent recomputation.
+
+Tables are cached on disk under ``$H3_CACHE_DIR/adaln/``, keyed by the checkpoint hash, the LoRA that shaped the
+weights, the dtype, the device type and the schedule.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from h3.levers.base import LeverError, LeverHandle, mark_applied, unmark_applied
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AdalnPrecomputeConfig:
+    num_inference_steps: int
+    """diffusers' step count (grid points incl. the terminal zero), as the pipeline passes it."""
+    model_sha256: str
+    """Identity of the checkpoint, part of the disk-cache key."""
+    weights_tag: str = ""
+    """What else changed the weights (LoRA file hash, scale, fused), part of the disk-cache key."""
+    cache_dir: Path | None = None
+    """Disk cache folder; None disables the disk cache."""
+    extra_key: dict[str, Any] = field(default_factory=dict)
+    compute_device: str | None = None
+    """Where the tables are computed: the device the model runs on, so that they match its arithmetic bit for bit
+    (under offloading the weights still sit on the CPU at load time). None: the modules' own device."""
+
+
+class PrecomputedAdaLNModulation(nn.Module):
+    """Drop-in for ``MiniMaxH3AdaLayerNormModulation``: returns the six modulation tensors from a table.
+
+    ``table`` is (num_keys, 6, rows, hidden) with rows padded to the widest step; the block only ``index_select``s
+    the rows its ``adaln_indices`` address, so padded rows are never read. ``index`` (a 0-d buffer) selects the step,
+    updated in place by the transformer's pre-hook, which keeps the module free of Python-side state for compile.
+    """
+
+    def __init__(self, table: torch.Tensor, rows: list[int]):
+        super().__init__()
+        self.register_buffer("table", table, persistent=False)
+        self.register_buffer("index", torch.zeros((), dtype=torch.long, device=table.device), persistent=False)
+        self.rows = rows
+
+    def forward(self, temb: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        chosen = self.table.index_select(0, self.index.view(1))[0]
+        return tuple(chosen.unbind(0))
+
+
+def schedule_timesteps(pipe, num_inference_steps: int, device: torch.device) -> list[torch.Tensor]:
+    """The ``timestep`` tensor the t2va pipeline passes at each step, built with the pipeline's own code."""
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3SetTimestepsStep
+
+    video_sched, audio_sched = pipe.scheduler, pipe.audio_scheduler
+    video_sched.set_timesteps(num_inference_steps, device=device)
+    audio_sched.set_timesteps(num_inference_steps, device=device)
+    # One video row and one audio row, no conditioning rows: the t2va layout reduced to its distinct timesteps.
+    video_indices, audio_indices = torch.tensor([0]), torch.tensor([1])
+    out = []
+    for t, ta in zip(video_sched.timesteps, audio_sched.timesteps):
+        unique, _ = MiniMaxH3SetTimestepsStep.build_row_timesteps(
+            video_indices, audio_indices, 0, 0, 0, float(t), float(ta),
+            max(float(t), pipe.keyframe_noise_aug), 1.0,
+        )
+        out.append(unique.to(device))
+    return out
+
+
+def _key(timestep: torch.Tensor) -> tuple[float, ...]:
+    return tuple(float(v) for v in timestep.detach().flatten().tolist())
+
+
+class AdalnHandle(LeverHandle):
+    name = "adaln"
+
+    def __init__(self, transformer, originals, keys, params_dropped, disk):
+        super().__init__()
+        self.transformer, self.originals, self.keys = transformer, originals, keys
+        self.params_dropped, self.disk = params_dropped, disk
+        self.lookups = 0
+        self.modules = [block.adaln_proj for block in transformer.transformer_blocks]
+        self._hook = transformer.register_forward_pre_hook(self._select, with_kwargs=True)
+
+    def _select(self, _module, args, kwargs):
+        timestep = kwargs.get("timestep", args[3] if len(args) > 3 else None)
+        key = _key(timestep)
+        index = self.keys.get(key)
+        if index is None:
+            raise LeverError(
+                f"AdaLN precompute: timestep {list(key)} is not in the precomputed schedule "
+                f"({len(self.keys)} steps); the recipe's step count or the scheduler changed after loading"
+            )
+        for module in self.modules:
+            module.index.fill_(index)
+        self.lookups += 1
+
+    def begin_request(self) -> None:
+        self.lookups = 0
+
+    def telemetry(self) -> dict[str, Any]:
+        return {
+            "applied": not self.removed,
+            "blocks": len(self.modules),
+            "schedule_steps": len(self.keys),
+            "params_dropped": self.params_dropped,
+            "table_bytes": sum(m.table.numel() * m.table.element_size() for m in self.modules),
+            "disk_cache": self.disk,
+            "table_lookups": self.lookups,
+        }
+
+    def _remove(self) -> None:
+        if any(original is None for original in self.originals):
+            raise LeverError("AdaLN precompute dropped the adaln_proj weights (keep_originals=False); reload the model")
+        self._hook.remove()
+        for block, original in zip(self.transformer.transformer_blocks, self.originals):
+            block.adaln_proj = original
+        unmark_applied(self.transformer, "adaln")
+
+
+def _cache_path(config: AdalnPrecomputeConfig, transformer, keys: list[tuple[float, ...]], device) -> Path | None:
+    if config.cache_dir is None:
+        return None
+    blob = json.dumps(
+        {
+            "model": config.model_sha256,
+            "weights": config.weights_tag,
+            "dtype": str(next(transformer.transformer_blocks[0].adaln_proj.parameters()).dtype),
+            "device": torch.device(device).type,
+            "blocks": len(transformer.transformer_blocks),
+            "keys": [list(k) for k in keys],
+            **config.extra_key,
+        },
+        sort_keys=True,
+    )
+    digest = hashlib.sha256(blob.encode()).hexdigest()
+    return Path(config.cache_dir) / f"{config.model_sha256[:16]}-{digest[:24]}.pt"
+
+
+@torch.no_grad()
+def apply_adaln_precompute(pipe, config: AdalnPrecomputeConfig, *, keep_originals: bool = True) -> AdalnHandle:
+    """Replace every block's ``adaln_proj`` by its table for the recipe's schedule.
+
+    ``keep_originals`` keeps the dropped modules on the CPU so that ``remove()`` can restore them; the runtime passes
+    False so that the weights are freed entirely.
+    """
+    transformer = pipe.transformer
+    blocks = list(transformer.transformer_blocks)
+    if not blocks or not all(hasattr(b, "adaln_proj") for b in blocks):
+        raise LeverError("AdaLN precompute: this transformer has no per-block adaln_proj")
+    first = blocks[0].adaln_proj
+    if isinstance(first, PrecomputedAdaLNModulation):
+        raise LeverError("lever 'adaln' is already applied to this transformer; remove it first")
+    home = next(first.parameters()).device
+    device = torch.device(config.compute_device) if config.compute_device else home
+    steps = schedule_timesteps(pipe, config.num_inference_steps, device)
+    keys: dict[tuple[float, ...], int] = {}
+    for t in steps:
+        keys.setdefault(_key(t), len(keys))
+    unique_steps = {_key(t): t for t in steps}
+    mark_applied(transformer, "adaln")
+    try:
+        path = _cache_path(config, transformer, list(keys), device)
+        tables = None
+        disk = "off" if path is None else "miss"
+        if path is not None and path.is_file():
+            tables = torch.load(path, map_location=device, weights_only=True)
+            if len(tables) != len(blocks):
+                tables = None
+            else:
+                disk = "hit"
+        if tables is None:
+            moved = [transformer.time_embedder, transformer.time_proj] + [b.adaln_proj for b in blocks]
+            if device != home:
+                for module in moved:
+                    module.to(device)
+            embedder_dtype = next(transformer.time_embedder.parameters()).dtype
+            tembs = [transformer.time_embedder(transformer.time_proj(unique_steps[k]).to(embedder_dtype)) for k in keys]
+            rows = max(t.shape[0] for t in tembs) * 3
+            tables = []
+            for block in blocks:
+                per_key = []
+                for temb in tembs:
+                    six = torch.stack(block.adaln_proj(temb))  # (6, n_rows, hidden)
+                    pad = rows - six.shape[1]
+                    if pad:
+                        six = torch.cat([six, six.new_zeros(6, pad, six.shape[2])], dim=1)
+                    per_key.append(six)
+                tables.append(torch.stack(per_key))
+            if device != home:
+                for module in moved:
+                    module.to(home)
+            if path is not None:
+                from h3.atomic import atomic_write_bytes
+
+                buffer = io.BytesIO()
+                torch.save([t.cpu() for t in tables], buffer)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_bytes(path, buffer.getvalue())
+        originals, dropped = [], 0
+        for block, table in zip(blocks, tables):
+            original = block.adaln_proj
+            dropped += sum(p.numel() for p in original.parameters())
+            originals.append(original.to("cpu") if keep_originals else None)
+            block.adaln_proj = PrecomputedAdaLNModulation(table.to(home), rows=[])
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    except BaseException:
+        unmark_applied(transformer, "adaln")
+        raise
+    logger.info("AdaLN precompute: %d blocks x %d steps, %d parameters dropped (disk cache %s)",
+                len(blocks), len(keys), dropped, disk)
+    return AdalnHandle(transformer, originals, keys, dropped, disk)

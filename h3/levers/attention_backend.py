@@ -1,0 +1,64 @@
+"""Attention backend through diffusers' dispatcher: native SDPA, SageAttention (``sageattention``), FlashAttention
+where installed, flex. The backend that actually ran is what the stage-anatomy probe saw the dispatcher call
+(``executed.attention_backends``); this lever refuses a backend that cannot run here instead of falling back.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from h3.levers.base import LeverError, LeverHandle, mark_applied, require_cuda, unmark_applied
+
+logger = logging.getLogger(__name__)
+
+# Backends whose kernels exist only on CUDA, and the package each needs.
+CUDA_ONLY = {"sage": "sageattention", "flash": "flash_attn", "_flash_3": "flash_attn_interface",
+             "_native_flash": None, "_native_efficient": None, "_native_cudnn": None}
+
+
+@dataclass
+class AttentionBackendConfig:
+    backend: str = "native"
+
+
+class AttentionBackendHandle(LeverHandle):
+    name = "attention"
+
+    def __init__(self, transformer, config: AttentionBackendConfig):
+        super().__init__()
+        self.transformer, self.config = transformer, config
+
+    def telemetry(self) -> dict[str, Any]:
+        return {"applied": not self.removed, "backend": self.config.backend}
+
+    def _remove(self) -> None:
+        self.transformer.reset_attention_backend()
+        unmark_applied(self.transformer, "attention")
+
+
+def apply_attention_backend(transformer, config: AttentionBackendConfig,
+                            device: str | torch.device | None = None) -> AttentionBackendHandle:
+    """``device``: where the transformer computes (its parameters may sit on the CPU under offloading)."""
+    backend = config.backend
+    device = torch.device(device) if device is not None else next(transformer.parameters()).device
+    if backend in CUDA_ONLY:
+        require_cuda(f"attention backend {backend!r}", device)
+        package = CUDA_ONLY[backend]
+        if package is not None and importlib.util.find_spec(package) is None:
+            raise LeverError(f"attention backend {backend!r} needs the {package!r} package, which is not installed")
+    mark_applied(transformer, "attention")
+    if backend != "native":
+        try:
+            transformer.set_attention_backend(backend)
+        except Exception as exc:  # diffusers raises several types for an unavailable backend
+            unmark_applied(transformer, "attention")
+            raise LeverError(
+                f"attention backend {backend!r} cannot run here ({type(exc).__name__}: {exc}); refusing to fall back "
+                "silently"
+            ) from exc
+    return AttentionBackendHandle(transformer, config)

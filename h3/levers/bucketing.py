@@ -1,0 +1,178 @@
+"""Shape bucketing: pad MiniMax-H3's packed sequence up to a multiple of ``multiple`` rows so that prompts of
+different lengths share one set of compiled kernels, and mask the padding out of attention so it contributes exactly
+zero.
+
+Seed 001: a kernel JIT-compiled per exact token count cost 12-14 s per new prompt length in a real server; the fix was
+SGLang's 64-token-aligned length plus "an existing masking path ... so the padding contributes exactly zero instead of
+merely a small amount".
+
+How: a pre-hook on the transformer appends padding rows to the layout tensors (``position_ids``, ``token_tags``,
+``timestep_indices``); the model builds its packed buffer from their length, so the padding rows exist from the first
+block on, while ``video_indices``/``audio_indices``/``text_indices`` keep addressing only the real rows, so no output
+reads a padding row. Every block's attention gets a boolean key mask: a masked score is -inf before the softmax, its
+weight exp(-inf) = 0 exactly, so no padding row reaches a real row. Padding rows as queries compute values nobody reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from h3.levers.base import LeverError, LeverHandle, mark_applied, unmark_applied
+
+logger = logging.getLogger(__name__)
+
+# Backends of diffusers' dispatcher that take a boolean attention mask.
+MASKING_BACKENDS = ("native", "_native_math", "_native_efficient", "flex")
+
+
+@dataclass
+class BucketingConfig:
+    multiple: int = 64
+    pad_position: int = 0
+    """Value of the padding rows' (t, h, w) positions and modality tag; tests vary it to show padding has no effect."""
+    pad_tag: int = 0
+
+
+@dataclass
+class PaddingState:
+    """The live request's real length while a bucketed forward runs (read by the attention processors)."""
+
+    valid_len: int | None = None
+    padded_len: int | None = None
+    mask: torch.Tensor | None = None
+    """(1, 1, 1, padded_len) bool, built outside the blocks: under torch.compile a tensor input is guarded on its
+    shape only, while an int such as ``valid_len`` read inside a block would recompile for every prompt length."""
+
+    def key_mask(self, seq_len: int, batch: int, device: torch.device) -> torch.Tensor | None:
+        if self.mask is None or self.mask.shape[-1] != seq_len:
+            return None
+        return self.mask.expand(batch, 1, 1, seq_len)
+
+
+def project_qkv(attn, hidden_states, rotary_emb):
+    """MiniMaxH3AttnProcessor's projection, QK-norm and RoPE (diffusers 0.42.1), shared by the lever processors."""
+    from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
+
+    if attn.fused_projections:
+        query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+    else:
+        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+    query = attn.norm_q(query.unflatten(-1, (attn.heads, -1)))
+    key = attn.norm_k(key.unflatten(-1, (attn.heads, -1)))
+    value = value.unflatten(-1, (attn.heads, -1))
+    if rotary_emb is not None:
+        query = _apply_rotary_emb(query, *rotary_emb)
+        key = _apply_rotary_emb(key, *rotary_emb)
+    return query, key, value
+
+
+def output_projection(attn, hidden_states, query):
+    hidden_states = hidden_states.flatten(2, 3).type_as(query)
+    return attn.to_out[1](attn.to_out[0](hidden_states))
+
+
+class MaskedAttnProcessor:
+    """MiniMax-H3 attention that masks the padding keys of a bucketed sequence."""
+
+    _attention_backend = None
+    _parallel_config = None
+
+    def __init__(self, padding: PaddingState, previous=None):
+        self.padding = padding
+        self._attention_backend = getattr(previous, "_attention_backend", None)
+        self._parallel_config = getattr(previous, "_parallel_config", None)
+
+    def __call__(self, attn, hidden_states, rotary_emb=None, attention_mask=None):
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+        query, key, value = project_qkv(attn, hidden_states, rotary_emb)
+        mask = self.padding.key_mask(key.shape[1], key.shape[0], key.device)
+        out = dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
+                                    backend=self._attention_backend, parallel_config=self._parallel_config)
+        return output_projection(attn, out, query)
+
+
+def _pad(tensor: torch.Tensor, rows: int, value: int) -> torch.Tensor:
+    fill = torch.full((rows, *tensor.shape[1:]), value, dtype=tensor.dtype, device=tensor.device)
+    return torch.cat([tensor, fill])
+
+
+class BucketingHandle(LeverHandle):
+    name = "bucketing"
+
+    def __init__(self, transformer, config: BucketingConfig, previous_processors):
+        super().__init__()
+        self.transformer, self.config = transformer, config
+        self.padding = PaddingState()
+        transformer._h3_padding = self.padding
+        self.previous = previous_processors
+        for block, previous in zip(transformer.transformer_blocks, previous_processors):
+            block.attn.set_processor(MaskedAttnProcessor(self.padding, previous))
+        self.calls = 0
+        self.buckets: set[int] = set()
+        self.valid_lengths: set[int] = set()
+        self.padded_rows = 0
+        self._pre = transformer.register_forward_pre_hook(self._pad_layout, with_kwargs=True)
+        self._post = transformer.register_forward_hook(self._clear, with_kwargs=True, always_call=True)
+
+    def _pad_layout(self, _module, args, kwargs):
+        if args:
+            raise LeverError("bucketing expects the transformer to be called with keyword arguments (as the pipeline does)")
+        seq_len = kwargs["position_ids"].shape[0]
+        padded = -(-seq_len // self.config.multiple) * self.config.multiple
+        extra = padded - seq_len
+        if extra:
+            kwargs = dict(kwargs)
+            kwargs["position_ids"] = _pad(kwargs["position_ids"], extra, self.config.pad_position)
+            kwargs["token_tags"] = _pad(kwargs["token_tags"], extra, self.config.pad_tag)
+            kwargs["timestep_indices"] = _pad(kwargs["timestep_indices"], extra, 0)
+        self.padding.valid_len, self.padding.padded_len = seq_len, padded
+        device = kwargs["position_ids"].device
+        self.padding.mask = (torch.arange(padded, device=device) < seq_len).view(1, 1, 1, padded) if extra else None
+        self.calls += 1
+        self.buckets.add(padded)
+        self.valid_lengths.add(seq_len)
+        self.padded_rows += extra
+        return args, kwargs
+
+    def _clear(self, *_args, **_kwargs):
+        self.padding.valid_len = self.padding.padded_len = self.padding.mask = None
+
+    def begin_request(self) -> None:
+        self.calls, self.padded_rows = 0, 0
+        self.buckets, self.valid_lengths = set(), set()
+
+    def telemetry(self) -> dict[str, Any]:
+        return {
+            "applied": not self.removed,
+            "multiple": self.config.multiple,
+            "bucketed_forwards": self.calls,
+            "buckets": sorted(self.buckets),
+            "valid_lengths": sorted(self.valid_lengths),
+            "padded_rows": self.padded_rows,
+        }
+
+    def _remove(self) -> None:
+        self._pre.remove()
+        self._post.remove()
+        for block, previous in zip(self.transformer.transformer_blocks, self.previous):
+            block.attn.set_processor(previous)
+        del self.transformer._h3_padding
+        unmark_applied(self.transformer, "bucketing")
+
+
+def apply_bucketing(transformer, config: BucketingConfig, backend: str = "native") -> BucketingHandle:
+    if backend not in MASKING_BACKENDS:
+        raise LeverError(
+            f"bucketing masks the padding, and attention backend {backend!r} takes no mask; use one of "
+            f"{', '.join(MASKING_BACKENDS)}"
+        )
+    if config.multiple < 1:
+        raise LeverError(f"bucketing.multiple must be >= 1, got {config.multiple}")
+    mark_applied(transformer, "bucketing")
+    previous = [block.attn.processor for block in transformer.transformer_blocks]
+    return BucketingHandle(transformer, config, previous)

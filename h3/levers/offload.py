@@ -1,0 +1,101 @@
+"""Offload: diffusers' group offloading of the transformer at block level, with the next group prefetched on a side
+CUDA stream from pinned host memory while the current one runs; optionally the text encoder too.
+
+Seed 002: on one consumer GPU "weights live in main memory and are copied to the GPU layer by layer on every single
+pass"; that copying is the cost centre the other levers (INT8 weights, AdaLN precompute) shrink.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from h3.levers.base import LeverError, LeverHandle, mark_applied, require_cuda
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class OffloadConfig:
+    onload_device: str
+    num_blocks_per_group: int = 1
+    use_stream: bool = True
+    record_stream: bool = False
+    text_encoder: bool = False
+
+
+def _groups(module: torch.nn.Module) -> list[Any]:
+    from diffusers.hooks import HookRegistry
+
+    groups = []
+    for sub in module.modules():
+        registry = getattr(sub, "_diffusers_hook", None)
+        if registry is None:
+            continue
+        for hook in registry.hooks.values():
+            group = getattr(hook, "group", None)
+            if group is not None and all(group is not g for g in groups):
+                groups.append(group)
+    return groups
+
+
+class OffloadHandle(LeverHandle):
+    name = "offload"
+
+    def __init__(self, modules: dict[str, torch.nn.Module], config: OffloadConfig):
+        super().__init__()
+        self.modules, self.config = modules, config
+        self.onloads = 0
+        self.groups = {name: _groups(m) for name, m in modules.items()}
+        for groups in self.groups.values():
+            for group in groups:
+                original = group.onload_
+
+                def counted(*args, _original=original, **kwargs):
+                    self.onloads += 1
+                    return _original(*args, **kwargs)
+
+                group.onload_ = counted
+
+    def begin_request(self) -> None:
+        self.onloads = 0
+
+    def telemetry(self) -> dict[str, Any]:
+        groups = [g for gs in self.groups.values() for g in gs]
+        return {
+            "applied": not self.removed,
+            "modules": sorted(self.modules),
+            "groups": {name: len(g) for name, g in self.groups.items()},
+            "use_stream": self.config.use_stream,
+            # diffusers pins the CPU copy of every group that streams (unless low_cpu_mem_usage).
+            "streamed_groups": sum(1 for g in groups if g.stream is not None),
+            "pinned_memory": any(g.stream is not None and not g.low_cpu_mem_usage for g in groups),
+            "group_onloads": self.onloads,
+        }
+
+    def _remove(self) -> None:
+        raise LeverError("group offloading cannot be removed in place; reload the model")
+
+
+def apply_offload(pipe, config: OffloadConfig) -> OffloadHandle:
+    """Group-offload ``pipe.transformer`` (and ``pipe.text_encoder`` when asked) to the CPU."""
+    from diffusers.hooks import apply_group_offloading
+
+    onload = torch.device(config.onload_device)
+    if config.use_stream:
+        require_cuda("offload.use_stream (prefetch on a side CUDA stream)", onload)
+    modules = {"transformer": pipe.transformer}
+    if config.text_encoder:
+        modules["text_encoder"] = pipe.text_encoder
+    for name, module in modules.items():
+        mark_applied(module, "offload")
+        apply_group_offloading(
+            module, onload_device=onload, offload_device=torch.device("cpu"), offload_type="block_level",
+            num_blocks_per_group=config.num_blocks_per_group, use_stream=config.use_stream,
+            record_stream=config.record_stream, non_blocking=config.use_stream,
+        )
+    logger.info("group offloading on %s (stream=%s)", ", ".join(modules), config.use_stream)
+    return OffloadHandle(modules, config)

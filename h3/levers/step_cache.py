@@ -1,0 +1,139 @@
+"""Step caches: diffusers' FirstBlockCache, MagCache and TaylorSeer through ``transformer.enable_cache``.
+
+MiniMax-H3's modular denoise loop calls the transformer without ``cache_context``, and diffusers 0.42.1 has no block
+metadata for ``MiniMaxH3TransformerBlock``; this lever registers the block (it returns the residual stream alone, like
+Wan's) and wraps every transformer forward in a cache context carrying the step index. Per request the cache state is
+reset, and the lever counts how many forwards computed the last block's feed-forward: a forward that did not is a
+skipped (cached) step.
+
+Seed 001: step caches need redundant steps, so they compete with distillation ("a 9-step schedule has no redundant
+steps left to find"): pair them with full-step recipes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from h3.levers.base import LeverError, LeverHandle, mark_applied, unmark_applied
+
+logger = logging.getLogger(__name__)
+
+KINDS = ("fbc", "mag", "taylorseer")
+
+
+@dataclass
+class StepCacheConfig:
+    kind: str
+    threshold: float = 0.05
+    num_inference_steps: int = 28
+    mag_ratios: list[float] | None = None
+    calibrate: bool = False
+    max_skip_steps: int = 3
+    retention_ratio: float = 0.2
+    cache_interval: int = 5
+    disable_cache_before_step: int = 3
+    max_order: int = 1
+
+
+def _register_block_metadata() -> None:
+    from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
+    from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3TransformerBlock
+
+    TransformerBlockRegistry._register()
+    if MiniMaxH3TransformerBlock not in TransformerBlockRegistry._registry:
+        TransformerBlockRegistry.register(
+            model_class=MiniMaxH3TransformerBlock,
+            metadata=TransformerBlockMetadata(return_hidden_states_index=0, return_encoder_hidden_states_index=None),
+        )
+
+
+def diffusers_cache_config(config: StepCacheConfig):
+    from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig, TaylorSeerCacheConfig
+
+    if config.kind == "fbc":
+        return FirstBlockCacheConfig(threshold=config.threshold)
+    if config.kind == "mag":
+        if config.mag_ratios is None and not config.calibrate:
+            raise LeverError("cache.kind = 'mag' needs cache.mag_ratios for this checkpoint (or cache.calibrate = true "
+                             "to measure them)")
+        return MagCacheConfig(
+            threshold=config.threshold, max_skip_steps=config.max_skip_steps, retention_ratio=config.retention_ratio,
+            num_inference_steps=config.num_inference_steps, mag_ratios=config.mag_ratios, calibrate=config.calibrate,
+        )
+    if config.kind == "taylorseer":
+        return TaylorSeerCacheConfig(
+            cache_interval=config.cache_interval, disable_cache_before_step=config.disable_cache_before_step,
+            max_order=config.max_order, taylor_factors_dtype=None,
+            cache_identifiers=[r"transformer_blocks\.\d+\.attn", r"transformer_blocks\.\d+\.ff"],
+        )
+    raise LeverError(f"unknown cache.kind {config.kind!r}; one of {', '.join(KINDS)}")
+
+
+class StepCacheHandle(LeverHandle):
+    name = "cache"
+
+    def __init__(self, transformer, config: StepCacheConfig):
+        super().__init__()
+        self.transformer, self.config = transformer, config
+        self.step = 0
+        self.forwards = self.computed = 0
+        # The first sub-layer of the last block's feed-forward runs only when that block really computed (a cache hook
+        # replaces the block's or the feed-forward's forward; hooks on the replaced module itself would still fire).
+        probe = transformer.transformer_blocks[-1].ff.net[0]
+        self._hooks = [
+            transformer.register_forward_pre_hook(self._enter),
+            transformer.register_forward_hook(self._exit, always_call=True),
+            probe.register_forward_hook(self._computed),
+        ]
+
+    def _enter(self, *_):
+        from diffusers.hooks.hooks import CacheContext, _set_cache_context
+
+        _set_cache_context(self.transformer, CacheContext("cond", step_index=self.step))
+        self.forwards += 1
+
+    def _exit(self, *_):
+        from diffusers.hooks.hooks import _set_cache_context
+
+        _set_cache_context(self.transformer, None)
+        self.step += 1
+
+    def _computed(self, *_):
+        self.computed += 1
+
+    def begin_request(self) -> None:
+        self.transformer._reset_stateful_cache()
+        self.step = self.forwards = self.computed = 0
+
+    def telemetry(self) -> dict[str, Any]:
+        return {
+            "applied": not self.removed,
+            "kind": self.config.kind,
+            "forwards": self.forwards,
+            "computed_steps": self.computed,
+            "cached_steps": self.forwards - self.computed,
+        }
+
+    def _remove(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self.transformer.disable_cache()
+        unmark_applied(self.transformer, "cache")
+
+
+def apply_step_cache(transformer, config: StepCacheConfig) -> StepCacheHandle:
+    if config.kind not in KINDS:
+        raise LeverError(f"unknown cache.kind {config.kind!r}; one of {', '.join(KINDS)}")
+    _register_block_metadata()
+    diff_config = diffusers_cache_config(config)
+    mark_applied(transformer, "cache")
+    try:
+        transformer.enable_cache(diff_config)
+    except BaseException:
+        unmark_applied(transformer, "cache")
+        raise
+    return StepCacheHandle(transformer, config)

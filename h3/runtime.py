@@ -1,0 +1,456 @@
+"""The H3 runtime: diffusers' MiniMax-H3 modular pipeline, configured by a recipe, with stage anatomy and records.
+
+``H3Runtime.load("tiny" | PATH, recipe)`` gives a runtime; ``runtime.generate(request, out)`` writes one clip (MP4 with
+24 fps video and 32 kHz stereo audio) and its :class:`~h3.record.ClipRecord` next to it.
+
+The tiny preset and a real checkpoint share one loading path: the tiny preset is built once from its seed, saved in
+the Hugging Face layout of ``MiniMaxAI/MiniMax-H3`` into a cache folder, and loaded from there with
+``ModularPipeline.from_pretrained`` exactly as a downloaded checkpoint is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from h3 import provenance
+from h3.anatomy import StageHooks, synchronize
+from h3.atomic import atomic_write_json, sha256_file
+from h3.levers import lever_telemetry
+from h3.media import encode_mp4
+from h3.record import ClipRecord, Executed, RequestSpec, ResolvedShape, StageAnatomy, Timings
+from h3.recipe import Recipe
+from h3.trajectory import TrajectoryRecorder, trajectory_path
+
+logger = logging.getLogger(__name__)
+
+FPS = 24
+MIN_SECONDS, MAX_SECONDS = 5.0, 15.0
+# 128x128, not 64x64: libx264 output was seen to vary run to run on 64x64 frames (uninitialized reads on tiny
+# frames; bench notes in h3/media.py), never at 128 or 256.
+TINY_DEFAULT_SIZE = (128, 128)
+# MiniMax-H3's own 16:9 canvas (diffusers' resolve_canvas_size(16, 9) with the released short edge 768).
+FULL_DEFAULT_SIZE = (768, 1344)
+
+# The components of the t2va workflow and the files each must have in the checkpoint directory.
+_WEIGHTS = {
+    "diffusers": ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.safetensors.index.json"),
+    "transformers": ("model.safetensors", "model.safetensors.index.json"),
+}
+CHECKPOINT_LAYOUT: dict[str, tuple[str, ...]] = {
+    "transformer": ("config.json", "@diffusers"),
+    "vae": ("config.json", "@diffusers"),
+    "audio_vae": ("config.json", "@diffusers"),
+    "text_encoder": ("config.json", "@transformers"),
+    "tokenizer": ("tokenizer_config.json", "tokenizer.json|vocab.json"),
+    "processor": ("processor_config.json|preprocessor_config.json",),
+    "scheduler": ("scheduler_config.json",),
+    "audio_scheduler": ("scheduler_config.json",),
+}
+
+
+class CheckpointError(FileNotFoundError):
+    """A checkpoint directory is missing or incomplete; the message names what is missing and where."""
+
+
+class RequestError(ValueError):
+    """A generation request H3 cannot run (shape, duration, seed)."""
+
+
+@dataclass
+class GenerateRequest:
+    prompt: str
+    seed: int
+    num_frames: int | None = None
+    seconds: float | None = None
+    height: int | None = None
+    width: int | None = None
+    prompt_id: str | None = None
+
+
+def snap_num_frames(num_frames: int) -> int:
+    """Snap up to the next ``17 * n + 5`` the video VAE can decode (diffusers' own arithmetic)."""
+    from diffusers.modular_pipelines.minimax_h3.modular_pipeline import align_num_frames
+
+    return align_num_frames(num_frames, 17, 5)
+
+
+def resolve_request(request: GenerateRequest, default_size: tuple[int, int], canvas_multiple: int = 32) -> tuple[int, int, int]:
+    """(num_frames, height, width) H3 will generate for ``request``, or a RequestError that says why not."""
+    if not isinstance(request.prompt, str) or not request.prompt.strip():
+        raise RequestError("the prompt is empty")
+    if not isinstance(request.seed, int) or isinstance(request.seed, bool) or request.seed < 0:
+        raise RequestError(f"seed must be a non-negative integer, got {request.seed!r}")
+    if request.seed >= 2**63:
+        raise RequestError(f"seed must be below 2**63, got {request.seed}")
+    if request.num_frames is not None and request.seconds is not None:
+        raise RequestError("give either num_frames or seconds, not both")
+    if request.seconds is not None:
+        if not (request.seconds > 0):
+            raise RequestError(f"seconds must be positive, got {request.seconds}")
+        wanted = int(round(request.seconds * FPS))
+    elif request.num_frames is not None:
+        if request.num_frames < 1:
+            raise RequestError(f"num_frames must be positive, got {request.num_frames}")
+        wanted = int(request.num_frames)
+    else:
+        wanted = int(MIN_SECONDS * FPS)
+    snapped = snap_num_frames(wanted)
+    duration = snapped / FPS
+    if not MIN_SECONDS <= duration <= MAX_SECONDS:
+        raise RequestError(
+            f"{wanted} frames snap up to {snapped} (17n+5) = {duration:.3f} s at {FPS} fps; MiniMax-H3 generates "
+            f"{MIN_SECONDS:g} to {MAX_SECONDS:g} s, i.e. num_frames {int(MIN_SECONDS * FPS)} to 345"
+        )
+    if (request.height is None) != (request.width is None):
+        raise RequestError("give height and width together, or neither")
+    height, width = (request.height, request.width) if request.height is not None else default_size
+    for label, value in (("height", height), ("width", width)):
+        if not isinstance(value, int) or value <= 0 or value % canvas_multiple:
+            raise RequestError(f"{label} must be a positive multiple of {canvas_multiple}, got {value}")
+    ratio = width / height
+    if not 0.25 <= ratio <= 4.0:
+        raise RequestError(f"aspect ratio {width}x{height} is outside MiniMax-H3's 1:4 to 4:1")
+    return snapped, height, width
+
+
+def check_checkpoint_dir(path: str | os.PathLike) -> Path:
+    """Raise CheckpointError naming every missing file of a MiniMax-H3 checkpoint directory (t2va workflow)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise CheckpointError(
+            f"checkpoint directory {root} does not exist; put the Hugging Face layout of MiniMaxAI/MiniMax-H3 there "
+            "(modular_model_index.json, transformer/, vae/, audio_vae/, text_encoder/, tokenizer/, processor/, "
+            "scheduler/, audio_scheduler/)"
+        )
+    missing: list[str] = []
+    if not (root / "modular_model_index.json").is_file():
+        missing.append(str(root / "modular_model_index.json"))
+    for component, needs in CHECKPOINT_LAYOUT.items():
+        folder = root / component
+        if not folder.is_dir():
+            missing.append(f"{folder}/ (the {component} component)")
+            continue
+        for need in needs:
+            if need.startswith("@"):
+                single, index = _WEIGHTS[need[1:]]
+                if (folder / single).is_file():
+                    continue
+                if (folder / index).is_file():
+                    import json
+
+                    shards = sorted(set(json.loads((folder / index).read_text()).get("weight_map", {}).values()))
+                    missing.extend(str(folder / s) for s in shards if not (folder / s).is_file())
+                    continue
+                missing.append(f"{folder / single} (or {index} with its shards)")
+            elif not any((folder / alt).is_file() for alt in need.split("|")):
+                missing.append(str(folder / need.split("|")[0]))
+    if missing:
+        raise CheckpointError(f"checkpoint {root} is incomplete; missing: " + "; ".join(missing))
+    return root
+
+
+def checkpoint_identity(root: Path) -> str:
+    """Hash of the files that identify a checkpoint's weights: configs, indexes and weight file sizes."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if not path.is_file():
+            continue
+        rel = path.relative_to(root).as_posix()
+        digest.update(rel.encode())
+        if path.suffix in (".json", ".txt", ".model"):
+            digest.update(path.read_bytes())
+        else:
+            digest.update(str(path.stat().st_size).encode())
+    return digest.hexdigest()
+
+
+def _torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def tiny_identity() -> str:
+    from h3 import tiny
+
+    return tiny.tiny_identity()
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def tiny_checkpoint_dir() -> Path:
+    """The tiny preset saved in the real layout; built on first use into the cache folder (atomically)."""
+    from h3 import tiny
+
+    identity = tiny.tiny_identity()
+    cache = Path(os.environ.get("H3_CACHE_DIR", Path.home() / ".cache" / "h3"))
+    target = cache / f"tiny-{identity[:16]}"
+    if (target / "modular_model_index.json").is_file():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=cache, prefix=".tiny-"))
+    try:
+        save_components(tiny.tiny_components(), staging)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            # Another process finished first: theirs is identical.
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def save_components(components: dict[str, Any], directory: str | os.PathLike) -> None:
+    """Save pipeline components in the Hugging Face layout (ModularPipeline.save_pretrained)."""
+    from diffusers.modular_pipelines import MiniMaxH3Blocks
+
+    pipe = MiniMaxH3Blocks().init_pipeline()
+    pipe.update_components(**components)
+    pipe.save_pretrained(str(directory))
+    _relativize_index(Path(directory))
+
+
+def _relativize_index(directory: Path) -> None:
+    """save_pretrained writes the absolute save path into the index; make the folder relocatable."""
+    import json
+
+    index_path = directory / "modular_model_index.json"
+    index = json.loads(index_path.read_text())
+    for value in index.values():
+        if isinstance(value, list) and len(value) == 3 and isinstance(value[2], dict):
+            if value[2].get("pretrained_model_name_or_path"):
+                value[2]["pretrained_model_name_or_path"] = None
+    index_path.write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _quiet_progress_bars(blocks: Any) -> None:
+    """The denoise loop's tqdm bar would interleave with the suite's own progress display."""
+    if hasattr(blocks, "set_progress_bar_config"):
+        blocks.set_progress_bar_config(disable=True)
+    for child in getattr(blocks, "sub_blocks", {}).values():
+        _quiet_progress_bars(child)
+
+
+class H3Runtime:
+    """One loaded model configured by one recipe."""
+
+    def __init__(self, pipe: Any, recipe: Recipe, model: str, model_sha256: str, device: str, default_size):
+        self.pipe = pipe
+        self.recipe = recipe
+        self.model = model
+        self.model_sha256 = model_sha256
+        self.device = torch.device(device)
+        self.default_size = default_size
+        self._apply_recipe()
+        _quiet_progress_bars(pipe._blocks)  # `pipe.blocks` is a deep copy
+        self.hooks = StageHooks(pipe)
+
+    # -- loading -----------------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, model: str, recipe: Recipe, device: str | None = None) -> "H3Runtime":
+        if model == "tiny":
+            return cls.tiny(recipe, device)
+        return cls.from_pretrained(model, recipe, device)
+
+    @classmethod
+    def tiny(cls, recipe: Recipe, device: str | None = None) -> "H3Runtime":
+        from h3 import tiny
+
+        runtime = cls.from_pretrained(tiny_checkpoint_dir(), recipe, device, _default_size=TINY_DEFAULT_SIZE)
+        runtime.model = "tiny"
+        runtime.model_sha256 = tiny.tiny_identity()
+        return runtime
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, recipe: Recipe, device: str | None = None, _default_size=None
+    ) -> "H3Runtime":
+        """Load a MiniMax-H3 checkpoint directory (HF layout) offline, through diffusers' modular pipeline."""
+        from diffusers.modular_pipelines import ModularPipeline
+
+        from h3.levers import preflight
+
+        root = check_checkpoint_dir(path)
+        device = device or default_device()
+        preflight(recipe, device)  # before loading weights: a recipe that cannot run here fails in seconds
+        dtype = _torch_dtype(recipe.dtype)
+        pipe = ModularPipeline.from_pretrained(str(root), local_files_only=True)
+        pipe.load_components(
+            workflow="t2va", dtype=dtype, local_files_only=True, pretrained_model_name_or_path=str(root)
+        )
+        not_loaded = [name for name in CHECKPOINT_LAYOUT if getattr(pipe, name, None) is None]
+        if not_loaded:
+            raise CheckpointError(
+                f"checkpoint {root}: diffusers could not load {', '.join(not_loaded)} (see the warnings above)"
+            )
+        from h3.levers import keeps_on_cpu
+
+        for name in ("transformer", "vae", "audio_vae", "text_encoder"):
+            # Under group offloading the lever streams the weights to the device block by block.
+            module = getattr(pipe, name)
+            (module if keeps_on_cpu(recipe, name) else module.to(device)).eval()
+        return cls(pipe, recipe, str(root), checkpoint_identity(root), device, _default_size or FULL_DEFAULT_SIZE)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        """Save the loaded components in the Hugging Face layout."""
+        names = list(CHECKPOINT_LAYOUT)
+        save_components({name: getattr(self.pipe, name) for name in names}, directory)
+
+    # -- recipe ------------------------------------------------------------------------------------------------
+    def _apply_recipe(self) -> None:
+        from h3.levers import apply_recipe_levers
+
+        recipe = self.recipe
+        vae = self.pipe.vae
+        if recipe.vae.tiling:
+            vae.enable_tiling(
+                tile_sample_min_height=recipe.vae.tile_height,
+                tile_sample_min_width=recipe.vae.tile_width,
+                tile_sample_min_overlap_height=recipe.vae.tile_overlap,
+                tile_sample_min_overlap_width=recipe.vae.tile_overlap,
+            )
+        else:
+            vae.disable_tiling()
+        # After the stock tiling, so that the VAE lever's per-resolution tiles fall back to the recipe's default tile.
+        is_tiny = Path(self.model).name == f"tiny-{tiny_identity()[:16]}"
+        self.levers = apply_recipe_levers(
+            self.pipe, recipe, device=self.device, model_sha256=self.model_sha256, is_tiny=is_tiny
+        )
+
+    # -- generation --------------------------------------------------------------------------------------------
+    def resolve(self, request: GenerateRequest) -> tuple[int, int, int]:
+        return resolve_request(request, self.default_size, self.pipe.canvas_multiple)
+
+    @torch.no_grad()
+    def generate(
+        self, request: GenerateRequest, out: str | os.PathLike, extra: dict | None = None, trajectory: bool = False
+    ) -> ClipRecord:
+        """Generate one clip into ``out`` (.mp4) and its record into ``out`` with .json, both atomically.
+
+        With ``trajectory``, the latent trajectory is also written to ``<out>.traj.npz`` (h3.trajectory).
+        """
+        t_request = time.perf_counter()
+        num_frames, height, width = self.resolve(request)
+        out = Path(out)
+        recorder = TrajectoryRecorder() if trajectory else None
+        with self.hooks.request(self.device) as clock, (
+            recorder.attach(self.pipe) if recorder is not None else contextlib.nullcontext()
+        ):
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+            for lever in self.levers.values():
+                lever.begin_request()
+            t0 = clock.now()
+            state = self.pipe(
+                prompt=request.prompt,
+                generator=torch.Generator("cpu").manual_seed(request.seed),
+                num_inference_steps=self.recipe.num_inference_steps,
+                height=height,
+                width=width,
+                num_frames=num_frames,
+                output_type="pt",
+            )
+            t_pipe_end = clock.now()
+            # Frame preparation on the device (uint8, channel-last), then one device-to-host copy each.
+            with clock.stage("frame_prep_d2h"):
+                video = state.get("videos")  # (1, T, 3, H, W) float in [0, 1]
+                frames_dev = (video[0].float() * 255.0).round_().clamp_(0, 255).to(torch.uint8)
+                frames = frames_dev.permute(0, 2, 3, 1).contiguous().cpu().numpy()
+                audio = state.get("audio")  # (1, 2, N) float
+                pcm_dev = (audio[0].float().clamp(-1, 1) * 32767.0).round_().to(torch.int16)
+                pcm = pcm_dev.t().contiguous().cpu().numpy()
+            t_gen_end = clock.now()
+            peak = int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None
+            with clock.stage("mux_save"):
+                sample_rate = int(state.get("sampling_rate"))
+                encode_mp4(out, frames, pcm, fps=FPS, sample_rate=sample_rate)
+            t_file = time.perf_counter()
+
+        steps = clock.each("denoise_step")
+        text_start, dec_start = clock.first_start("denoise_step"), clock.first_start("video_decode")
+        denoise_start = clock.last_end("text_encode") or t0
+        denoise_end = dec_start if dec_start is not None else t_pipe_end
+        anatomy = StageAnatomy(
+            text_encode=clock.total("text_encode"),
+            denoise_steps=steps,
+            denoise=max(denoise_end - denoise_start, sum(steps)) if text_start is not None else 0.0,
+            video_decode=clock.total("video_decode"),
+            audio_decode=clock.total("audio_decode"),
+            frame_prep_d2h=clock.total("frame_prep_d2h"),
+            mux_save=clock.total("mux_save"),
+        )
+        accounted = anatomy.text_encode + anatomy.denoise + anatomy.video_decode + anatomy.audio_decode
+        anatomy.other = max(0.0, (t_pipe_end - t0) - accounted)
+        attention = sorted({backend for (stage, backend) in clock.attention_calls if stage == "denoise_step"})
+        levers = lever_telemetry(self.levers)
+        levers["attention"] = {**levers["attention"], "backend": self.recipe.attention.backend,
+                               "dispatched": attention}
+        executed = Executed(
+            forward_passes=len(steps),
+            attention_backends=attention,
+            torch_dtype=str(self.pipe.transformer.dtype).replace("torch.", ""),
+            vae_tiling=bool(self.pipe.vae.use_tiling),
+            vae_tile=[self.pipe.vae.tile_sample_min_height, self.pipe.vae.tile_sample_min_width]
+            if self.pipe.vae.use_tiling else None,
+            levers=levers,
+        )
+        latents = state.get("latents")
+        num_text_tokens = int(state.get("prompt_embeds").shape[1])
+        num_audio_latents = int(state.get("num_audio_latents") or 0)
+        num_latent_frames = int(state.get("num_latent_frames") or 0)
+        seq_len = int(state.get("token_tags").shape[0]) if state.get("token_tags") is not None else 0
+        record = ClipRecord(
+            request=RequestSpec(
+                prompt=request.prompt, prompt_id=request.prompt_id, seed=request.seed,
+                num_frames=request.num_frames, seconds=request.seconds,
+                height=height if request.height is None else request.height,
+                width=width if request.width is None else request.width,
+            ),
+            shape=ResolvedShape(
+                num_frames=int(frames.shape[0]), height=int(frames.shape[1]), width=int(frames.shape[2]), fps=FPS,
+                duration_s=frames.shape[0] / FPS, num_latent_frames=num_latent_frames,
+                num_audio_latents=num_audio_latents, audio_sample_rate=sample_rate,
+                audio_channels=int(pcm.shape[1]), num_audio_samples=int(pcm.shape[0]),
+                num_text_tokens=num_text_tokens, sequence_length=seq_len,
+            ),
+            recipe_name=self.recipe.name,
+            recipe=self.recipe.resolved(),
+            recipe_sha256=self.recipe.sha256(),
+            model=self.model,
+            model_sha256=self.model_sha256,
+            frames_sha256=hashlib.sha256(frames.tobytes()).hexdigest(),
+            pcm_sha256=hashlib.sha256(pcm.tobytes()).hexdigest(),
+            mp4_sha256=sha256_file(out),
+            mp4_bytes=out.stat().st_size,
+            timings=Timings(
+                stage_anatomy=anatomy,
+                generation_side_latency_s=t_gen_end - t0,
+                request_to_file_latency_s=t_file - t_request,
+            ),
+            peak_memory_bytes=peak,
+            device=str(self.device),
+            executed=executed,
+            versions=provenance.versions(),
+            hardware=provenance.hardware(self.device),
+            created_at=provenance.utc_now(),
+            extra=dict(extra or {}),
+        )
+        del latents
+        if recorder is not None:
+            recorder.save(trajectory_path(out))
+        atomic_write_json(out.with_suffix(".json"), record.model_dump(mode="json"))
+        return record

@@ -1,0 +1,223 @@
+"""The ``folder`` backend: clips made by another stack (LightX2V, ComfyUI, SGLang...) brought into a run.
+
+Clips are paired by name, ``<prompt_id>-s<seed>.mp4`` in the baseline and each candidate folder, or by a manifest
+(JSONL, one object per clip: ``side`` ("baseline" or the candidate's name), ``file`` (relative to the manifest),
+``prompt_id``, ``seed``, optional ``prompt``, ``generation_side_latency_s``, ``request_to_file_latency_s``,
+``peak_memory_mb``). Each clip is decoded (frames and PCM hashed, ``extra["hash_source"] = "decoded"``) and copied
+atomically into ``clips/<recipe>/``. A candidate clip with no baseline partner, or whose shape, fps or duration
+differs from its partner's, is not imported: it becomes a clear error in the run record and the rest continues.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from h3.atomic import tmp_path_for
+from h3.media import MediaError
+from h3.record import ClipRecord, RequestSpec
+from h3eval.backends import foreign_record, write_record
+from h3eval.runner import RunError
+from h3eval.store import ClipError, PromptSuiteRef, RunManifest, RunStore, check_safe_name, utc_now
+
+logger = logging.getLogger(__name__)
+
+CLIP_NAME = re.compile(r"^(?P<pid>[A-Za-z0-9][A-Za-z0-9._-]*)-s(?P<seed>\d+)\.mp4$")
+
+
+@dataclass
+class FolderClip:
+    side: str
+    path: Path
+    prompt_id: str
+    seed: int
+    prompt: str | None = None
+    timings: dict[str, Any] = field(default_factory=dict)
+
+
+def side_name(spec: str, default: str) -> tuple[str, Path]:
+    """``NAME=DIR`` or ``DIR`` (named after the folder)."""
+    name, sep, directory = spec.partition("=")
+    if not sep:
+        directory, name = spec, Path(spec).name or default
+    return check_safe_name("recipe name", name), Path(directory)
+
+
+def scan_folder(side: str, directory: Path) -> list[FolderClip]:
+    if not directory.is_dir():
+        raise RunError(f"{side}: folder {directory} does not exist")
+    clips, ignored = [], []
+    for path in sorted(directory.iterdir()):
+        match = CLIP_NAME.match(path.name)
+        if match:
+            clips.append(FolderClip(side, path, match["pid"], int(match["seed"])))
+        elif path.suffix.lower() == ".mp4":
+            ignored.append(path.name)
+    if ignored:
+        raise RunError(f"{directory}: clip names must be <prompt_id>-s<seed>.mp4 (or give --manifest); "
+                       f"cannot pair {', '.join(ignored[:5])}")
+    return clips
+
+
+def read_manifest(path: Path, sides: set[str]) -> list[FolderClip]:
+    clips = []
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise RunError(f"cannot read manifest {path}: {exc.strerror or exc}") from None
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            side, file, pid, seed = obj["side"], obj["file"], obj["prompt_id"], obj["seed"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise RunError(f"{path}:{lineno}: need a JSON object with side, file, prompt_id, seed ({exc})") from None
+        if side not in sides:
+            raise RunError(f"{path}:{lineno}: side {side!r} is none of {sorted(sides)}")
+        if not isinstance(seed, int) or seed < 0:
+            raise RunError(f"{path}:{lineno}: seed must be a non-negative integer, got {seed!r}")
+        check_safe_name("prompt id", pid)
+        clip_path = (path.parent / file).resolve()
+        timings = {k: obj[k] for k in ("generation_side_latency_s", "request_to_file_latency_s", "peak_memory_mb")
+                   if isinstance(obj.get(k), (int, float))}
+        clips.append(FolderClip(side, clip_path, pid, seed, obj.get("prompt"), timings))
+    return clips
+
+
+def _import_clip(store: RunStore, clip: FolderClip, source: str) -> ClipRecord:
+    out = store.clip_path(clip.side, clip.prompt_id, clip.seed)
+    tmp = tmp_path_for(out)
+    try:
+        shutil.copyfile(clip.path, tmp)
+        peak = clip.timings.get("peak_memory_mb")
+        record = foreign_record(
+            tmp, recipe_name=clip.side, recipe={"name": clip.side, "imported_from": str(source)},
+            request=RequestSpec(prompt=clip.prompt or "", prompt_id=clip.prompt_id, seed=clip.seed, height=0, width=0),
+            model="imported", generation_side_latency_s=clip.timings.get("generation_side_latency_s"),
+            request_to_file_latency_s=clip.timings.get("request_to_file_latency_s"),
+            peak_memory_bytes=int(peak * 2**20) if peak is not None else None, device="imported",
+            extra={"imported_from": str(clip.path), "warmup": False},
+        )
+        if not clip.prompt:
+            record.extra["unreported"].append("request.prompt")
+        record.request.height, record.request.width = record.shape.height, record.shape.width
+        tmp.replace(out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    write_record(out, record)
+    return record
+
+
+def _same_form(a: ClipRecord, b: ClipRecord) -> list[str]:
+    diffs = []
+    for key in ("width", "height", "fps", "num_frames"):
+        if getattr(a.shape, key) != getattr(b.shape, key):
+            diffs.append(f"{key} {getattr(a.shape, key)} vs {getattr(b.shape, key)}")
+    if abs(a.shape.duration_s - b.shape.duration_s) > 1.0 / max(a.shape.fps, 1) and not diffs:
+        diffs.append(f"duration {a.shape.duration_s:.3f} s vs {b.shape.duration_s:.3f} s")
+    return diffs
+
+
+def import_folders(baseline_dir: str, candidate_dirs: list[str], out: Path, manifest: Path | None = None) -> RunManifest:
+    """Import folders of clips as an ``import`` run; resumable (finished clips are kept)."""
+    from h3eval.ab import read_valid_record
+
+    base_name, base_dir = side_name(baseline_dir, "baseline")
+    candidates = [side_name(c, f"candidate{i}") for i, c in enumerate(candidate_dirs)]
+    names = [base_name] + [c[0] for c in candidates]
+    if len(set(names)) != len(names):
+        raise RunError(f"baseline and candidate names must differ, got {names} (use NAME=DIR)")
+    if manifest is not None:
+        clips = read_manifest(Path(manifest), set(names) | {"baseline"})
+        for c in clips:
+            c.side = base_name if c.side == "baseline" else c.side
+    else:
+        clips = scan_folder(base_name, base_dir)
+        for name, directory in candidates:
+            clips += scan_folder(name, directory)
+    by_side: dict[str, dict[tuple[str, int], FolderClip]] = {n: {} for n in names}
+    for c in clips:
+        if (c.prompt_id, c.seed) in by_side[c.side]:
+            raise RunError(f"{c.side}: two clips for {c.prompt_id}-s{c.seed}")
+        by_side[c.side][(c.prompt_id, c.seed)] = c
+    keys = sorted({k for side in by_side.values() for k in side})
+    ids = sorted({k[0] for k in keys})
+    seeds = sorted({k[1] for k in keys})
+    store = RunStore(out)
+    recipes = {n: {"name": n, "imported_from": str(base_dir if n == base_name else dict(candidates)[n])} for n in names}
+    recipe_sha = {n: hashlib.sha256(json.dumps(r, sort_keys=True).encode()).hexdigest() for n, r in recipes.items()}
+    listing = hashlib.sha256(json.dumps([[c.side, c.prompt_id, c.seed, str(c.path)] for c in clips]).encode())
+    now = utc_now()
+    fresh = RunManifest(kind="import", created_at=now, updated_at=now, model="imported", backend="folder",
+                        baseline=base_name, candidates=names[1:], recipes=recipes, recipe_sha256=recipe_sha,
+                        prompts=PromptSuiteRef(path=str(manifest or base_dir), sha256=listing.hexdigest(), ids=ids),
+                        seeds=seeds, args={"command": "import", "baseline_dir": baseline_dir,
+                                           "candidate_dirs": candidate_dirs, "manifest": str(manifest)})
+    if store.exists():
+        existing = store.read_manifest()
+        if (existing.kind, existing.recipe_sha256, existing.prompts and existing.prompts.sha256) != (
+                fresh.kind, fresh.recipe_sha256, fresh.prompts.sha256):
+            raise RunError(f"{out} already holds a different run; choose a new --out (nothing was changed)")
+        run = existing
+    elif out.exists() and any(out.iterdir()):
+        raise RunError(f"{out} exists and is not an h3eval run directory (no run.json); choose a new --out")
+    else:
+        run = fresh
+    run.status = "running"
+    store.write_manifest(run)
+    errors: list[ClipError] = []
+
+    def error(side: str, key: tuple[str, int], message: str) -> None:
+        logger.error("%s/%s-s%d: %s", side, key[0], key[1], message)
+        errors.append(store.write_clip_error(side, key[0], key[1], message))
+
+    def load(side: str, key: tuple[str, int]) -> ClipRecord | None:
+        clip = by_side[side].get(key)
+        if clip is None:
+            return None
+        done = read_valid_record(store.clip_path(side, *key))
+        if done is not None:
+            return done
+        try:
+            record = _import_clip(store, clip, base_dir if side == base_name else dict(candidates)[side])
+        except (MediaError, OSError) as exc:
+            error(side, key, f"cannot import {clip.path}: {exc}")
+            return None
+        store.clear_clip_error(side, *key)
+        return record
+
+    for key in keys:
+        base = load(base_name, key)
+        if base is None and key in by_side[base_name]:
+            continue  # its error is recorded; the candidates' clips of this key have no usable partner
+        for name in names[1:]:
+            if key not in by_side[name]:
+                if base is not None:
+                    error(name, key, f"no {name} clip partners baseline {by_side[base_name][key].path}")
+                continue
+            if base is None:
+                error(name, key, f"{by_side[name][key].path} has no baseline partner ({key[0]}-s{key[1]}.mp4 is "
+                                 f"missing from {base_dir})")
+                continue
+            existing = store.clip_path(name, *key)
+            cand = load(name, key)
+            if cand is None:
+                continue
+            diffs = _same_form(base, cand)
+            if diffs:
+                existing.unlink(missing_ok=True)
+                existing.with_suffix(".json").unlink(missing_ok=True)
+                error(name, key, f"{by_side[name][key].path} differs from its baseline partner in "
+                                 f"{', '.join(diffs)}: not imported")
+    run.errors = errors
+    run.status = "complete" if not errors else "partial"
+    store.write_manifest(run)
+    return run

@@ -1,0 +1,105 @@
+"""`h3eval ab`: baseline versus candidates over prompts × seeds, with speed summary and the executed checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from h3eval.commands._common import handle_errors, setup_logging
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("ab")
+    @handle_errors
+    def ab(
+        baseline: str = typer.Option(..., "--baseline", envvar="H3EVAL_BASELINE", help="Baseline recipe."),
+        candidate: List[str] = typer.Option([], "--candidate", help="Candidate recipe (repeatable)."),
+        prompts: str = typer.Option(..., "--prompts", envvar="H3EVAL_PROMPTS", help="Prompt suite name or JSONL."),
+        out: Path = typer.Option(..., "--out", envvar="H3EVAL_OUT", help="Run directory (created or resumed)."),
+        model: str = typer.Option("tiny", "--model", envvar="H3EVAL_MODEL", help="'tiny' or a checkpoint dir."),
+        seeds: str = typer.Option("0", "--seeds", envvar="H3EVAL_SEEDS", help="Seeds, e.g. 0,1 or 0-3."),
+        backend: str = typer.Option("inprocess", "--backend", envvar="H3EVAL_BACKEND", help="inprocess or http."),
+        url: List[str] = typer.Option([], "--url", help="Server URL, or RECIPE=URL (repeatable; http backend)."),
+        api_key: Optional[str] = typer.Option(None, "--api-key", envvar="H3EVAL_API_KEY"),
+        warmup: int = typer.Option(1, "--warmup", envvar="H3EVAL_WARMUP", help="Warm-up requests per recipe."),
+        speed_protocol: str = typer.Option("mixed", "--speed-protocol", help="mixed, repeated or both."),
+        speed_rounds: int = typer.Option(2, "--speed-rounds", help="Cycles of the prompt suite per protocol."),
+        gpu_hourly_rate: Optional[float] = typer.Option(None, "--gpu-hourly-rate", help="USD per GPU-hour."),
+        off_identity: bool = typer.Option(False, "--off-identity", help="Add <baseline>-identity as a candidate."),
+        trajectory: bool = typer.Option(False, "--trajectory", help="Record quality clips' latent trajectories."),
+        seconds: Optional[float] = typer.Option(None, "--seconds"),
+        num_frames: Optional[int] = typer.Option(None, "--num-frames"),
+        height: Optional[int] = typer.Option(None, "--height"),
+        width: Optional[int] = typer.Option(None, "--width"),
+        timeout_s: float = typer.Option(1800.0, "--timeout", help="Per-request timeout of the http backend (s)."),
+        device: Optional[str] = typer.Option(None, "--device", envvar="H3EVAL_DEVICE"),
+        verbose: bool = typer.Option(False, "--verbose", "-v"),
+    ) -> None:
+        """Generate every (recipe, prompt, seed) clip into one run and write speed.json; a rerun resumes."""
+        setup_logging(verbose)
+        result = run_ab_command(
+            baseline=baseline, candidates=candidate, prompts=prompts, out=out, model=model, seeds=seeds,
+            backend=backend, urls=url, api_key=api_key, warmup=warmup, speed_protocol=speed_protocol,
+            speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
+            trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
+            timeout_s=timeout_s, device=device)
+        manifest = result.manifest
+        typer.echo(f"{out}: {manifest.status}; speed summary in {out / 'speed.md'}")
+        for name, problems in result.executed_mismatches.items():
+            typer.echo(f"  {name}: configured-versus-executed mismatch: {'; '.join(problems)}", err=True)
+        for name, check in result.off_identity.items():
+            if not check["passed"]:
+                typer.echo(f"  {name}: off-identity FAILED ({len(check['differing'])} differing, "
+                           f"{len(check['missing'])} missing of {check['pairs']})", err=True)
+        for err in manifest.errors:
+            typer.echo(f"  {err.error}", err=True)
+        if manifest.status != "complete":
+            raise typer.Exit(1)
+
+
+def run_ab_command(*, baseline, candidates, prompts, out, model="tiny", seeds="0", backend="inprocess", urls=(),
+                   api_key=None, warmup=1, speed_protocol="mixed", speed_rounds=2, gpu_hourly_rate=None,
+                   off_identity=False, trajectory=False, seconds=None, num_frames=None, height=None, width=None,
+                   timeout_s=1800.0, device=None, runtime_factory=None):
+    from h3.recipe import load_recipe
+    from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE
+    from h3eval.ab import AbPlan, identity_recipe, run_ab
+    from h3eval.prompts import load_prompts, parse_seeds
+    from h3eval.runner import RequestShape, RunError, RunPlan
+
+    base = load_recipe(baseline)
+    recipes = [base] + [load_recipe(c) for c in candidates]
+    if off_identity:
+        recipes.append(identity_recipe(base))
+    if backend not in ("inprocess", "http"):
+        raise RunError(f"--backend must be inprocess or http, got {backend!r} (clips from elsewhere: h3eval import)")
+    if backend == "http" and not urls:
+        raise RunError("--backend http needs at least one --url")
+    if backend == "inprocess" and urls:
+        raise RunError("--url is for --backend http; the inprocess backend runs the h3 runtime in this process")
+    plan = AbPlan(
+        run=RunPlan(
+            out=Path(out), model=model, recipes=recipes, prompts=load_prompts(prompts), seeds=parse_seeds(seeds),
+            shape=RequestShape(seconds=seconds, num_frames=num_frames, height=height, width=width),
+            baseline=base.name, kind="ab", backend=backend, device=device, trajectory=trajectory,
+            args=dict(command="ab", baseline=baseline, candidates=list(candidates), prompts=str(prompts), model=model,
+                      seeds=seeds, backend=backend, urls=list(urls), warmup=warmup, speed_protocol=speed_protocol,
+                      speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
+                      trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
+                      device=device),
+        ),
+        warmup=warmup, speed_protocol=speed_protocol, speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate,
+    )
+    plan.validate()
+    if backend == "http":
+        from h3eval.backends.http import HttpBackend
+
+        impl = HttpBackend(list(urls), TINY_DEFAULT_SIZE if model == "tiny" else FULL_DEFAULT_SIZE, api_key=api_key,
+                           timeout_s=timeout_s)
+    else:
+        from h3eval.backends.inprocess import InProcessBackend
+
+        impl = InProcessBackend(model, device, runtime_factory)
+    return run_ab(plan, impl)

@@ -1,0 +1,52 @@
+"""`h3eval floor`: measure the suite's own noise (determinism and the new-seed floor)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from h3eval.commands._common import handle_errors, setup_logging
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("floor")
+    @handle_errors
+    def floor(
+        recipe: str = typer.Option(..., "--recipe", envvar="H3EVAL_RECIPE", help="Recipe name or TOML path."),
+        prompts: str = typer.Option(..., "--prompts", envvar="H3EVAL_PROMPTS", help="Prompt suite name or JSONL."),
+        out: Path = typer.Option(..., "--out", envvar="H3EVAL_OUT", help="Run directory (created or resumed)."),
+        model: str = typer.Option("tiny", "--model", envvar="H3EVAL_MODEL"),
+        seeds: str = typer.Option("0,1", "--seeds", envvar="H3EVAL_SEEDS", help="At least two seeds."),
+        gates: str = typer.Option(",".join(("fidelity", "audio", "ghosting")), "--gates"),
+        option: list[str] = typer.Option([], "--option", "-o", help="Gate option k=v (e.g. fidelity.lpips_trunk=rand)."),
+        seconds: Optional[float] = typer.Option(None, "--seconds"),
+        num_frames: Optional[int] = typer.Option(None, "--num-frames"),
+        height: Optional[int] = typer.Option(None, "--height"),
+        width: Optional[int] = typer.Option(None, "--width"),
+        device: Optional[str] = typer.Option(None, "--device", envvar="H3EVAL_DEVICE"),
+        verbose: bool = typer.Option(False, "--verbose", "-v"),
+    ) -> None:
+        """Same recipe and seed twice (must be identical) and different seeds (the scale of a new video)."""
+        setup_logging(verbose)
+        from h3.recipe import load_recipe
+        from h3eval.floor import measure_floor
+        from h3eval.gaterun import parse_options
+        from h3eval.prompts import load_prompts, parse_seeds
+        from h3eval.runner import RequestShape
+
+        result = measure_floor(
+            model=model, recipe=load_recipe(recipe), prompts=load_prompts(prompts), seeds=parse_seeds(seeds), out=out,
+            gates=[g.strip() for g in gates.split(",") if g.strip()],
+            shape=RequestShape(seconds=seconds, num_frames=num_frames, height=height, width=width), device=device,
+            gate_options=parse_options(option), args=dict(recipe=recipe, prompts=str(prompts), seeds=seeds),
+        )
+        det = result["determinism"]
+        typer.echo(f"determinism: {'identical' if det['identical'] else 'BROKEN'} over {det['pairs']} repeat pair(s)"
+                   + (f"; differing: {', '.join(det['mismatches'])}" if det["mismatches"] else ""))
+        for key, value in sorted(result["metrics"].items()):
+            typer.echo(f"  new-seed floor {key} = {value:.6g} (n={result['counts'][key]})")
+        typer.echo(f"wrote {Path(out) / 'floor.json'}")
+        if not det["identical"]:
+            raise typer.Exit(1)

@@ -1,0 +1,66 @@
+"""`h3eval report RUNDIR`: write verdict.json, report.md, report.html and junit.xml into the run directory.
+
+With ``--policy`` the verdict is computed afresh; without it the run's existing ``verdict.json`` is rendered.
+Exits with the verdict's code (0 PASS, 1 FAIL, 2 INCONCLUSIVE) so one CI step both reports and gates, unless
+``--exit-zero``; 3 is a usage or input error.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from h3eval.commands.verdict import INPUT_ERRORS, UsageExit3Command, run_verdict, usage_error
+from h3eval.report import write_reports
+from h3eval.verdict import Verdict, VerdictInputError, read_verdict
+
+logger = logging.getLogger(__name__)
+
+
+def run_report(
+    run_dir: str | Path,
+    policy: str | Path | None = None,
+    *,
+    floor: str | Path | None = None,
+    today: dt.date | None = None,
+) -> tuple[Verdict, dict[str, Path]]:
+    """Compute (or read) the verdict of ``run_dir`` and write every report file; returns both."""
+    run_dir = Path(run_dir)
+    if policy is not None:
+        verdict = run_verdict(run_dir, policy, floor=floor, today=today)
+    else:
+        path = run_dir / "verdict.json"
+        if not path.exists():
+            raise VerdictInputError(f"{path} does not exist: pass --policy to compute the verdict")
+        verdict = read_verdict(path)
+    return verdict, write_reports(verdict, run_dir)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "report",
+        cls=UsageExit3Command,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        help="Write verdict.json, report.md, report.html and junit.xml for a run; exits with the verdict's code.",
+    )
+    def report_command(
+        ctx: typer.Context,
+        run_dir: Optional[Path] = typer.Argument(None, help="The run directory (with run.json)."),
+        policy: Optional[Path] = typer.Option(None, "--policy", envvar="H3EVAL_POLICY", help="Policy TOML file."),
+        floor: Optional[Path] = typer.Option(None, "--floor", envvar="H3EVAL_FLOOR", help="Noise-floor JSON."),
+        exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 whatever the verdict, once written."),
+    ) -> None:
+        if ctx.args:
+            raise usage_error(f"unexpected arguments: {' '.join(ctx.args)}")
+        if run_dir is None:
+            raise usage_error("usage: h3eval report RUNDIR [--policy FILE] [--floor FILE] [--exit-zero]")
+        try:
+            verdict, paths = run_report(run_dir, policy, floor=floor)
+        except INPUT_ERRORS as exc:
+            raise usage_error(str(exc)) from None
+        typer.echo(f"{verdict.outcome}: " + ", ".join(str(p) for p in paths.values()))
+        raise typer.Exit(0 if exit_zero else verdict.exit_code)

@@ -1,0 +1,87 @@
+"""``h3eval vbench setup|pin|verify``: the pinned VBench scoring environment, its pins, and their check.
+
+Scoring itself is ``h3eval gate RUNDIR --gates vbench [--dimensions ...]`` (gates/vbench.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from h3eval.vbench.dimensions import DIMENSIONS, UnknownDimensionError, resolve_dimensions
+from h3eval.vbench.env import VBenchEnvError, default_env_path, setup_env
+from h3eval.vbench.pins import CHECKPOINT_PINS_PATH, VBenchPinError, pin_checkpoints, verify
+
+logger = logging.getLogger(__name__)
+
+_ENV_HELP = "Scoring environment folder [env: H3EVAL_VBENCH_ENV; default ~/.cache/h3eval/vbench-env]"
+_DIM_HELP = f"Dimensions, comma-separated or repeated (default: all of {', '.join(DIMENSIONS)})"
+_CACHE_HELP = "VBench cache folder with the checkpoints [env: VBENCH_CACHE_DIR; default ~/.cache/vbench]"
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=1)
+
+
+def run_setup(env: Path | None, dimensions: list[str] | None, force: bool) -> dict:
+    return setup_env(env or default_env_path(), dimensions, force=force)
+
+
+def run_verify(env: Path | None, dimensions: list[str] | None, cache_dir: Path | None) -> dict:
+    dims = resolve_dimensions(dimensions)
+    report = verify(env or default_env_path(), dims, cache_dir)
+    return {"ok": report.ok, "dimensions": dims, "problems": report.problems, "provenance": report.provenance()}
+
+
+def register(app: typer.Typer) -> None:
+    vbench_app = typer.Typer(help="Pinned VBench scoring: build its environment, pin checkpoints, verify pins.",
+                             no_args_is_help=True)
+
+    @vbench_app.command("setup")
+    def setup_cmd(
+        env: Optional[Path] = typer.Option(None, "--env", envvar="H3EVAL_VBENCH_ENV", help=_ENV_HELP),
+        dimensions: Optional[list[str]] = typer.Option(None, "--dimensions", "-d", help=_DIM_HELP),
+        force: bool = typer.Option(False, "--force", help="Rebuild from scratch even if the environment looks fine"),
+    ) -> None:
+        """Build the isolated VBench environment from the committed locks (gates/vbench-requirements*.lock)."""
+        try:
+            marker = run_setup(env, dimensions, force)
+        except (VBenchEnvError, UnknownDimensionError) as exc:
+            _fail(str(exc))
+        typer.echo(json.dumps(marker, indent=2))
+
+    @vbench_app.command("pin")
+    def pin_cmd(
+        cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", envvar="VBENCH_CACHE_DIR", help=_CACHE_HELP),
+        dimensions: Optional[list[str]] = typer.Option(None, "--dimensions", "-d", help=_DIM_HELP),
+        out: Path = typer.Option(CHECKPOINT_PINS_PATH, "--out", help="Checkpoint pins file to write (commit it)"),
+    ) -> None:
+        """Hash the checkpoints in the VBench cache folder into the pins file. Run once, on a trusted machine."""
+        try:
+            data = pin_checkpoints(cache_dir, dimensions, out)
+        except (VBenchPinError, UnknownDimensionError) as exc:
+            _fail(str(exc))
+        typer.echo(f"pinned {len(data['checkpoints'])} checkpoint file(s) into {out}; commit it")
+
+    @vbench_app.command("verify")
+    def verify_cmd(
+        env: Optional[Path] = typer.Option(None, "--env", envvar="H3EVAL_VBENCH_ENV", help=_ENV_HELP),
+        dimensions: Optional[list[str]] = typer.Option(None, "--dimensions", "-d", help=_DIM_HELP),
+        cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", envvar="VBENCH_CACHE_DIR", help=_CACHE_HELP),
+    ) -> None:
+        """Check the environment, every pinned scorer file and checkpoint; exit 1 naming each problem."""
+        try:
+            result = run_verify(env, dimensions, cache_dir)
+        except UnknownDimensionError as exc:
+            _fail(str(exc))
+        if not result["ok"]:
+            _fail("VBench verification failed:\n  - " + "\n  - ".join(result["problems"]))
+        typer.echo(f"ok: {result['provenance']['checked_files']} pinned file(s) verified for "
+                   f"{', '.join(result['dimensions'])}")
+
+    app.add_typer(vbench_app, name="vbench")

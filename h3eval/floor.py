@@ -1,0 +1,207 @@
+"""Noise floors: the suite's own noise, so a candidate's delta is read against a known scale.
+
+``h3eval floor`` generates one recipe twice under two names (``R`` and ``R-repeat``) over a prompt suite and
+seeds, then gates two kinds of pair against ``R``:
+
+* ``R-repeat`` at the same seed — the **determinism** check: the same recipe, request and seed must give identical
+  raw frames and PCM (and so exactly zero in every gate). If not, determinism is broken and the floor says so.
+* ``R-newseed`` — ``R``'s clip of the *next* seed filed under this seed, i.e. the same prompt at a different seed:
+  the scale of "a different video". Its mean per gate metric is the **new-seed floor** that policies may state
+  thresholds against (``{fraction_of_floor = 0.1}``).
+
+The floor is written to ``<run>/floor.json`` in the shape h3eval.policy reads
+(``{"version", "metrics": {"<gate>.<metric>": value}, ...provenance}``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+from h3.atomic import atomic_write_json
+from h3.recipe import Recipe
+from h3.record import ClipRecord
+from h3eval.prompts import PromptSuite
+from h3eval.runner import RequestShape, RunError, RunPlan, fill_run
+from h3eval.store import RunStore
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_FLOOR_GATES = ("fidelity", "audio", "ghosting")
+
+
+def _newseed_name(recipe: Recipe) -> str:
+    return f"{recipe.name}-newseed"
+
+
+def _file_newseed_view(store: RunStore, recipe: Recipe, prompts: PromptSuite, seeds: list[int]) -> int:
+    """File R's clip of seed s[i+1] under seed s[i] as recipe R-newseed (hard link, or copy across devices)."""
+    made = 0
+    target = _newseed_name(recipe)
+    for prompt in prompts.prompts:
+        for i, seed in enumerate(seeds):
+            source_seed = seeds[(i + 1) % len(seeds)]
+            src_mp4 = store.clip_path(recipe.name, prompt.id, source_seed)
+            record = store.read_record(recipe.name, prompt.id, source_seed)
+            if record is None:
+                continue
+            dst_mp4 = store.clip_path(target, prompt.id, seed)
+            existing = store.read_record(target, prompt.id, seed)
+            if existing is not None and existing.mp4_sha256 == record.mp4_sha256:
+                made += 1
+                continue
+            dst_mp4.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst_mp4.with_suffix(".mp4.linktmp")
+            tmp.unlink(missing_ok=True)
+            try:
+                tmp.hardlink_to(src_mp4)
+            except OSError:
+                shutil.copyfile(src_mp4, tmp)
+            tmp.replace(dst_mp4)
+            copied = record.model_copy(deep=True)
+            copied.extra = {**copied.extra, "floor_source_seed": source_seed, "floor_view": "newseed"}
+            atomic_write_json(store.record_path(target, prompt.id, seed), copied.model_dump(mode="json"))
+            made += 1
+    return made
+
+
+def determinism_check(store: RunStore, recipe: Recipe, prompts: PromptSuite, seeds: list[int]) -> dict[str, Any]:
+    repeat = f"{recipe.name}-repeat"
+    mismatches, compared = [], 0
+    for prompt in prompts.prompts:
+        for seed in seeds:
+            a, b = store.read_record(recipe.name, prompt.id, seed), store.read_record(repeat, prompt.id, seed)
+            if a is None or b is None:
+                continue
+            compared += 1
+            if (a.frames_sha256, a.pcm_sha256) != (b.frames_sha256, b.pcm_sha256):
+                mismatches.append(f"{prompt.id}-s{seed}")
+    return {"pairs": compared, "identical": compared > 0 and not mismatches, "mismatches": mismatches}
+
+
+def floor_from_results(store: RunStore, recipe: Recipe, gates: list[str]) -> tuple[dict[str, float], dict[str, int]]:
+    """Mean of every gate metric over the new-seed pairs (missing values skipped and counted, never zero-filled)."""
+    from gates.base import GateResult
+
+    sums: dict[str, list[float]] = {}
+    for gate in gates:
+        folder = store.gate_dir(gate) / _newseed_name(recipe)
+        for path in sorted(folder.glob("*.json")):
+            try:
+                result = GateResult.model_validate_json(path.read_text())
+            except ValueError:
+                continue
+            for name, metric in result.metrics.items():
+                if metric.value is not None and math.isfinite(metric.value):
+                    sums.setdefault(f"{gate}.{name}", []).append(abs(float(metric.value)))
+    return ({k: sum(v) / len(v) for k, v in sums.items()}, {k: len(v) for k, v in sums.items()})
+
+
+def measure_floor(
+    *, model: str, recipe: Recipe, prompts: PromptSuite, seeds: list[int], out: str | Path,
+    gates: list[str] | tuple[str, ...] = DEFAULT_FLOOR_GATES, shape: RequestShape | None = None,
+    device: str | None = None, gate_options: dict[str, Any] | None = None, progress: bool = True,
+    args: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Generate, gate and summarize a floor run; returns the floor file's content."""
+    from h3eval.gaterun import run_gates
+    from h3eval.policy import write_floor
+
+    if len(seeds) < 2:
+        raise RunError("a noise floor needs at least two seeds (the new-seed floor compares different seeds)")
+    repeat = recipe.model_copy(update={"name": f"{recipe.name}-repeat"})
+    plan = RunPlan(out=Path(out), model=model, recipes=[recipe, repeat], prompts=prompts, seeds=list(seeds),
+                   shape=shape or RequestShape(), baseline=recipe.name, kind="floor", device=device,
+                   args=dict(args or {}, command="floor"))
+    manifest = fill_run(plan, progress=progress)
+    store = RunStore(out)
+    _file_newseed_view(store, recipe, prompts, list(seeds))
+    manifest = store.read_manifest()
+    newseed = _newseed_name(recipe)
+    if newseed not in manifest.candidates:
+        manifest.candidates.append(newseed)
+        manifest.recipes[newseed] = {**recipe.resolved(), "name": newseed,
+                                     "floor_view": "clip of the next seed filed under this seed"}
+        store.write_manifest(manifest)
+    summary = run_gates(out, list(gates), device=device or "cpu", options=gate_options or {}, progress=progress)
+    determinism = determinism_check(store, recipe, prompts, list(seeds))
+    metrics, counts = floor_from_results(store, recipe, list(gates))
+    floor = write_floor(
+        Path(out) / "floor.json", metrics, recipe=recipe.name, recipe_sha256=recipe.sha256(), model=model,
+        prompts_sha256=prompts.sha256, seeds=list(seeds), pairs_per_metric=counts, determinism=determinism,
+        gates=list(gates), gate_errors=len(summary.errors), run_status=manifest.status,
+    )
+    logger.info("floor: %d metrics, determinism %s", len(metrics), determinism)
+    return {"metrics": metrics, "counts": counts, "determinism": determinism, "floor": floor,
+            "gate_errors": summary.errors}
+
+
+def newseed_floor_from_run(
+    source_run: str | Path, recipe_name: str, out: str | Path, gates: list[str] | tuple[str, ...] = DEFAULT_FLOOR_GATES,
+    device: str = "cpu", gate_options: dict[str, Any] | None = None, progress: bool = True,
+    determinism: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The new-seed floor of ``recipe_name`` from clips an existing run already has (no generation).
+
+    Builds a floor run at ``out`` whose baseline is the source run's ``recipe_name`` clips (hard links) and whose
+    candidate is the new-seed view, gates it, and writes ``out/floor.json``.
+    """
+    from h3eval.gaterun import run_gates
+    from h3eval.policy import write_floor
+    from h3eval.prompts import Prompt, PromptSuite
+    from h3eval.store import PromptSuiteRef, RunManifest, utc_now
+
+    source = RunStore(source_run)
+    manifest = source.read_manifest()
+    if recipe_name not in manifest.recipes:
+        raise RunError(f"{source_run} has no recipe {recipe_name!r}")
+    if len(manifest.seeds) < 2:
+        raise RunError("a new-seed floor needs at least two seeds in the source run")
+    store = RunStore(out)
+    recipe = Recipe.model_validate({k: v for k, v in manifest.recipes[recipe_name].items()})
+    prompts = PromptSuite(path=Path(manifest.prompts.path), sha256=manifest.prompts.sha256,
+                          prompts=[Prompt(id=i, prompt="") for i in manifest.prompts.ids])
+    for pid in manifest.prompts.ids:
+        for seed in manifest.seeds:
+            src = source.clip_path(recipe_name, pid, seed)
+            if source.read_record(recipe_name, pid, seed) is None:
+                continue
+            dst = store.clip_path(recipe_name, pid, seed)
+            if not dst.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    dst.hardlink_to(src)
+                except OSError:
+                    shutil.copyfile(src, dst)
+            record_dst = store.record_path(recipe_name, pid, seed)
+            if not record_dst.exists():
+                shutil.copyfile(source.record_path(recipe_name, pid, seed), record_dst)
+            traj = src.with_suffix(".traj.npz")
+            if traj.exists() and not dst.with_suffix(".traj.npz").exists():
+                shutil.copyfile(traj, dst.with_suffix(".traj.npz"))
+    _file_newseed_view(store, recipe, prompts, list(manifest.seeds))
+    for pid in manifest.prompts.ids:  # the trajectory gate reads <clip>.traj.npz of both sides
+        for i, seed in enumerate(manifest.seeds):
+            src = store.clip_path(recipe_name, pid, manifest.seeds[(i + 1) % len(manifest.seeds)]).with_suffix(".traj.npz")
+            dst = store.clip_path(_newseed_name(recipe), pid, seed).with_suffix(".traj.npz")
+            if src.exists() and not dst.exists():
+                shutil.copyfile(src, dst)
+    now = utc_now()
+    newseed = _newseed_name(recipe)
+    store.write_manifest(RunManifest(
+        kind="floor", created_at=now, updated_at=now, model=manifest.model, backend="folder", baseline=recipe_name,
+        candidates=[newseed], recipes={recipe_name: manifest.recipes[recipe_name],
+                                       newseed: {**manifest.recipes[recipe_name], "name": newseed}},
+        recipe_sha256={recipe_name: manifest.recipe_sha256.get(recipe_name, "")},
+        prompts=PromptSuiteRef(path=manifest.prompts.path, sha256=manifest.prompts.sha256, ids=manifest.prompts.ids),
+        seeds=list(manifest.seeds), status="complete", extra={"source_run": str(Path(source_run).resolve())},
+    ))
+    summary = run_gates(out, list(gates), device=device, options=gate_options or {}, progress=progress)
+    metrics, counts = floor_from_results(store, recipe, list(gates))
+    write_floor(Path(out) / "floor.json", metrics, recipe=recipe_name, source_run=str(source_run),
+                seeds=list(manifest.seeds), pairs_per_metric=counts, determinism=determinism or {},
+                gates=list(gates), gate_errors=len(summary.errors))
+    return {"metrics": metrics, "counts": counts, "gate_errors": summary.errors}

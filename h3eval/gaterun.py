@@ -1,0 +1,358 @@
+"""Run gates over every (baseline, candidate) pair of a run directory, resumably.
+
+For each pair of ``RunStore.pairs()`` (in order) and each chosen gate, the result goes to
+``<run>/gates/<gate>/<candidate>/<prompt_id>-s<seed>.json`` (a :class:`gates.base.GateResult`, written atomically)
+and artifacts to the same folder. The loop is pair-major so that the gates of one pair share its decoded clips.
+
+- **Resume**: a result file that parses, names the same gate and pair, is not an error and was computed from the
+  same clips (actual MP4 sha256) and gate options (stamped in ``info["inputs"]``) is kept; errored pairs are tried
+  again (a missing weight file may have been put in place since). ``force=True`` recomputes everything.
+- **Identical pairs**: when both clip records have the same ``frames_sha256`` and ``pcm_sha256`` the generation was
+  bit-identical, and any difference after decoding would be codec noise. A gate with an ``identical_result(ctx)``
+  method answers without decoding (exactly zero difference); other gates are run as usual and their result is
+  marked ``identical``. The integrity gate has no such method: a clip can be broken on both sides.
+- **Options**: ``key=value`` goes to every chosen gate that knows ``key`` (a gate lists its ``option_names``; one
+  that does not gets them all), ``gate.key=value`` to that gate only. An option no chosen gate knows is an error
+  before anything runs.
+- **Bad input**: a missing or unfinished clip, an MP4 whose sha256 no longer matches its record, or a gate that
+  raises gives that pair (and gate) a result with ``status="error"`` and the message; the other pairs are still
+  scored, and the summary says the run failed so that the command exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from pydantic import ValidationError
+
+from gates.base import GATE_RESULT_VERSION, ClipSide, Gate, GateResult, PairContext, PairRef, get_gate
+from h3.atomic import atomic_write_json, sha256_file
+from h3eval.store import RunStore, StoreError, check_safe_name, clip_stem
+
+logger = logging.getLogger(__name__)
+
+
+class GateRunError(ValueError):
+    """The gate run cannot start (not a run directory, no baseline, bad device or option)."""
+
+
+@dataclass
+class GateRunSummary:
+    """What a gate run did, per gate and overall."""
+
+    run_dir: str
+    gates: list[str]
+    device: str
+    pairs: int
+    """Number of (candidate, prompt, seed) pairs in the run."""
+    scored: dict[str, int] = field(default_factory=dict)
+    """Gate -> results computed in this invocation (including errors)."""
+    resumed: dict[str, int] = field(default_factory=dict)
+    """Gate -> valid results found on disk and kept."""
+    identical: dict[str, int] = field(default_factory=dict)
+    flagged: dict[str, int] = field(default_factory=dict)
+    not_applicable: dict[str, int] = field(default_factory=dict)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    """One entry per errored (gate, pair): gate, candidate, prompt_id, seed, error, path."""
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.errors)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "failed": self.failed}
+
+
+def result_path(store: RunStore, gate: str, candidate: str, prompt_id: str, seed: int) -> Path:
+    check_safe_name("prompt id", prompt_id)
+    return store.gate_dir(gate) / check_safe_name("recipe name", candidate) / f"{clip_stem(prompt_id, seed)}.json"
+
+
+def load_valid_result(path: Path, gate: str, pair: PairRef, inputs: dict[str, Any] | None = None) -> GateResult | None:
+    """The result at ``path`` if it is a finished, non-error result of this gate and pair, made from ``inputs``
+    (the clips' actual sha256 and the gate's options, see :func:`_inputs_stamp`) when given; else None."""
+    if not path.is_file():
+        return None
+    try:
+        result = GateResult.model_validate_json(path.read_text())
+    except (ValidationError, json.JSONDecodeError, UnicodeDecodeError, OSError):
+        logger.info("recomputing %s: unreadable result file", path)
+        return None
+    if result.version != GATE_RESULT_VERSION or result.gate != gate or result.pair != pair:
+        return None
+    if result.status == "error" or result.error is not None:
+        return None
+    if inputs is not None and result.info.get(INPUTS_KEY) != inputs:
+        logger.info("recomputing %s: its clips or options changed since it was written", path)
+        return None
+    return result
+
+
+INPUTS_KEY = "inputs"
+"""``info`` key where the runner stamps what a result was computed from, so that resume notices a changed clip."""
+
+
+def _inputs_stamp(base_sha: str, cand_sha: str, options: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "baseline_mp4_sha256": base_sha,
+        "candidate_mp4_sha256": cand_sha,
+        "options": {k: str(v) for k, v in sorted(options.items())},
+    }
+
+
+def parse_options(items: Iterable[str]) -> dict[str, str]:
+    """``k=v`` strings -> dict; a key may be scoped to one gate as ``gate.k``."""
+    options: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise GateRunError(f"option {item!r} is not KEY=VALUE (or GATE.KEY=VALUE)")
+        options[key.strip()] = value.strip()
+    return options
+
+
+def options_for(gate: str, options: dict[str, Any], known: frozenset[str] | None = None) -> dict[str, Any]:
+    """The options one gate gets: unscoped ``key`` options it knows (all of them when the gate does not declare
+    ``option_names``), overridden by those scoped ``gate.key`` to it. Options scoped to other gates are dropped."""
+    resolved = {k: v for k, v in options.items() if "." not in k and (known is None or k in known)}
+    prefix = f"{gate}."
+    resolved.update({k[len(prefix) :]: v for k, v in options.items() if k.startswith(prefix)})
+    return resolved
+
+
+def check_options(gates: list[Gate], options: dict[str, Any]) -> None:
+    """Fail before anything runs on an option no chosen gate knows (gates declare ``option_names``).
+
+    An unscoped ``key`` must be known to at least one chosen gate (unless some chosen gate does not declare its
+    options); a scoped ``gate.key`` for a chosen gate must be known to that gate. Scoped options of gates not chosen
+    are ignored, so that one option set can serve several runs.
+    """
+    declared = {g.name: getattr(g, "option_names", None) for g in gates}
+    for key in options:
+        name, dot, option = key.partition(".")
+        if dot:
+            known = declared.get(name, None)
+            if name in declared and known is not None and option not in known:
+                raise GateRunError(f"option {key!r}: gate {name} has no option {option!r}; known: {sorted(known)}")
+        elif all(known is not None for known in declared.values()) and not any(
+            key in known for known in declared.values()
+        ):
+            everything = sorted(set().union(*declared.values())) if declared else []
+            raise GateRunError(f"option {key!r} is not an option of the chosen gates ({', '.join(declared)}); "
+                               f"known: {everything}")
+
+
+def check_device(device: str) -> str:
+    import torch
+
+    if device == "cpu":
+        return device
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise GateRunError(f"--device {device}: no CUDA device is available here (use --device cpu)")
+        return device
+    raise GateRunError(f"--device {device!r}: use cpu or cuda")
+
+
+class _Sides:
+    """Loads and checks the clips of a run once each (the baseline clip appears in every candidate's pairs)."""
+
+    def __init__(self, store: RunStore):
+        self.store = store
+        self._hashes: dict[tuple[str, int, int], str] = {}
+
+    def sha(self, path: Path) -> str:
+        stat = path.stat()
+        key = (str(path), stat.st_size, stat.st_mtime_ns)
+        if key not in self._hashes:
+            self._hashes[key] = sha256_file(path)
+        return self._hashes[key]
+
+    def load(self, recipe: str, prompt_id: str, seed: int, side: str) -> ClipSide:
+        """The clip side, or StoreError naming the file and what is wrong with it."""
+        store = self.store
+        record_path = store.record_path(recipe, prompt_id, seed)
+        mp4 = store.clip_path(recipe, prompt_id, seed)
+        name = f"{side} clip {recipe}/{clip_stem(prompt_id, seed)}"
+        if not record_path.is_file():
+            error_path = store.error_path(recipe, prompt_id, seed)
+            why = ""
+            if error_path.is_file():
+                try:
+                    why = f": generation failed: {json.loads(error_path.read_text()).get('error')}"
+                except (json.JSONDecodeError, OSError):
+                    why = f" (see {error_path})"
+            raise StoreError(f"{name} is not finished: {record_path} is missing{why}")
+        try:
+            record = json.loads(record_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise StoreError(f"{name}: {record_path} is not valid JSON ({exc})") from exc
+        if not mp4.is_file():
+            raise StoreError(f"{name}: {mp4} is missing")
+        expected = record.get("mp4_sha256")
+        if expected and self.sha(mp4) != expected:
+            raise StoreError(
+                f"{name}: {mp4} does not match the mp4_sha256 of its record {record_path.name} "
+                "(truncated or modified after it was written)"
+            )
+        return ClipSide(recipe=recipe, mp4=mp4, record=record)
+
+
+def _error_result(gate: str, pair: PairRef, message: str) -> GateResult:
+    return GateResult(gate=gate, pair=pair, error=message, status="error")
+
+
+def _describe(exc: BaseException) -> str:
+    from gates.common import GateInputError
+    from h3.media import MediaError
+
+    # Our own errors already say what is wrong with which file; anything else is a bug or an unforeseen input,
+    # so keep its type.
+    if isinstance(exc, (GateInputError, MediaError, StoreError)):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def evaluate_pair(gate: Gate, ctx: PairContext, identical: bool) -> GateResult:
+    """One gate on one pair; exceptions become the result's error."""
+    try:
+        shortcut = getattr(gate, "identical_result", None)
+        if identical and callable(shortcut):
+            result = shortcut(ctx)
+        else:
+            result = gate.evaluate(ctx)
+            result.identical = result.identical or identical
+    except Exception as exc:  # noqa: BLE001 - written into the result and counted as a failure, never dropped
+        logger.warning("gate %s on %s/%s-s%s: %s", gate.name, ctx.pair.candidate, ctx.pair.prompt_id, ctx.pair.seed, exc)
+        logger.debug("traceback", exc_info=True)
+        return _error_result(gate.name, ctx.pair, _describe(exc))
+    if result.gate != gate.name or result.pair != ctx.pair:
+        return _error_result(gate.name, ctx.pair, f"gate {gate.name} returned a result for another gate or pair")
+    if result.error is not None:
+        result.status = "error"
+    return result
+
+
+def run_gates(
+    run_dir: str | Path,
+    gate_names: list[str],
+    device: str = "cpu",
+    options: dict[str, Any] | None = None,
+    force: bool = False,
+    progress: bool = True,
+) -> GateRunSummary:
+    """Run ``gate_names`` over every pair of the run at ``run_dir``; see the module docstring.
+
+    Raises KeyError (unknown gate, with the known ones) or GateRunError before anything is written.
+    """
+    store = RunStore(run_dir)
+    try:
+        manifest = store.read_manifest()
+    except StoreError as exc:
+        raise GateRunError(str(exc)) from exc
+    if manifest.baseline is None:
+        raise GateRunError(f"{store.manifest_path}: the run has no baseline recipe, so it has no pairs to gate")
+    if not gate_names:
+        raise GateRunError("no gate chosen (--gates NAME,...)")
+    gates = [get_gate(name) for name in dict.fromkeys(gate_names)]  # KeyError names the known gates
+    device = check_device(device)
+    options = dict(options or {})
+    check_options(gates, options)
+    pairs = store.pairs()
+    names = [g.name for g in gates]
+    summary = GateRunSummary(
+        run_dir=str(store.root), gates=names, device=device, pairs=len(pairs),
+        scored=dict.fromkeys(names, 0), resumed=dict.fromkeys(names, 0), identical=dict.fromkeys(names, 0),
+        flagged=dict.fromkeys(names, 0), not_applicable=dict.fromkeys(names, 0),
+    )
+    sides = _Sides(store)
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from gates import media_cache
+
+    columns = (
+        TextColumn("[bold]gates[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
+        TextColumn("{task.description}"),
+    )
+    try:
+        with Progress(*columns, console=Console(stderr=True), disable=not progress, transient=False) as bar:
+            task = bar.add_task("", total=len(pairs) * len(gates))
+            for candidate, prompt_id, seed in pairs:
+                pair = PairRef(baseline=manifest.baseline, candidate=candidate, prompt_id=prompt_id, seed=seed)
+                _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task)
+    finally:
+        media_cache.clear()
+    logger.info(
+        "gates %s over %d pairs: %d computed, %d resumed, %d errors",
+        ",".join(names), len(pairs), sum(summary.scored.values()), sum(summary.resumed.values()), len(summary.errors),
+    )
+    return summary
+
+
+def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task) -> None:
+    side_error = None
+    base = cand = None
+    try:
+        base = sides.load(pair.baseline, pair.prompt_id, pair.seed, "baseline")
+        cand = sides.load(pair.candidate, pair.prompt_id, pair.seed, "candidate")
+    except StoreError as exc:
+        side_error = str(exc)
+
+    todo = []
+    for gate in gates:
+        path = result_path(store, gate.name, pair.candidate, pair.prompt_id, pair.seed)
+        gate_options = options_for(gate.name, options, getattr(gate, "option_names", None))
+        stamp = None if side_error else _inputs_stamp(sides.sha(base.mp4), sides.sha(cand.mp4), gate_options)
+        kept = None if force or side_error else load_valid_result(path, gate.name, pair, stamp)
+        if kept is not None:
+            summary.resumed[gate.name] += 1
+            _count(summary, gate.name, kept, path)
+            bar.advance(task)
+        else:
+            todo.append((gate, path, gate_options, stamp))
+    if not todo:
+        return
+
+    identical = (
+        base is not None and cand is not None
+        and bool(base.record.get("frames_sha256")) and bool(base.record.get("pcm_sha256"))
+        and base.record.get("frames_sha256") == cand.record.get("frames_sha256")
+        and base.record.get("pcm_sha256") == cand.record.get("pcm_sha256")
+    )
+    for gate, path, gate_options, stamp in todo:
+        bar.update(task, description=f"{gate.name} {pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}")
+        if side_error is not None:
+            result = _error_result(gate.name, pair, side_error)
+        else:
+            artifact_dir = path.parent
+            artifact_dir.mkdir(parents=True, exist_ok=True)
+            ctx = PairContext(
+                run_dir=store.root, pair=pair, baseline=base, candidate=cand, artifact_dir=artifact_dir,
+                device=device, options=gate_options,
+            )
+            result = evaluate_pair(gate, ctx, identical)
+            result.info[INPUTS_KEY] = stamp
+        atomic_write_json(path, result.model_dump(mode="json"))
+        summary.scored[gate.name] += 1
+        _count(summary, gate.name, result, path)
+        bar.advance(task)
+
+
+def _count(summary: GateRunSummary, gate: str, result: GateResult, path: Path) -> None:
+    if result.identical:
+        summary.identical[gate] += 1
+    if result.flagged:
+        summary.flagged[gate] += 1
+    if result.status == "not_applicable":
+        summary.not_applicable[gate] += 1
+    if result.status == "error" or result.error is not None:
+        summary.errors.append(
+            dict(gate=gate, candidate=result.pair.candidate, prompt_id=result.pair.prompt_id, seed=result.pair.seed,
+                 error=result.error, path=str(path))
+        )

@@ -1,0 +1,428 @@
+"""Signoff policies: which gate metrics decide a release, against which margins, with how many pairs.
+
+A policy is a TOML file (``gates/policies/*.toml``) read with :mod:`tomllib` into a strict pydantic schema: an
+unknown key anywhere is an error that names the key and its place. The gates only *report*; the policy decides.
+
+Shape (every key documented on the schema fields below)::
+
+    version = 1
+    name = "release"
+    confidence = 0.95          # two-sided CI level; non-inferiority uses its lower bound
+    min_pairs = 8
+    floor_file = "floor.json"  # optional; relative to the policy file (or given on the command line)
+
+    [speed]
+    min_speedup = 1.0
+    latency = "generation_side_latency_s"
+
+    [gates.integrity]
+    max_flagged = 0            # flag-based gate: no flagged pair allowed
+
+    [gates.fidelity.metrics.lpips_mean]
+    compare = "pair"           # the value compares the two clips (LPIPS, SSIM): tested against a threshold
+    direction = "lower_is_better"
+    max = {fraction_of_floor = 0.1}
+
+    [gates.vbench.metrics.overall_consistency]
+    compare = "sides"          # each clip scored on its own: per-pair delta, non-inferiority against `margin`
+    direction = "higher_is_better"
+    margin = 0.01
+
+    [[waivers]]
+    gate = "ghosting"
+    owner = "a.person@example.com"
+    reason = "known benign flicker on prompt 7, tracked in issue 42"
+    expires = 2026-12-31
+
+Three ways a gate metric is compared (``compare``):
+
+* ``pair``: the per-pair value already measures the pair (LPIPS, SSIM, PSNR, ghost score, audio distance). The
+  *mean* over pairs, with its BCa CI, is held against ``max`` (lower is better) or ``min`` (higher is better): the
+  CI bound on the bad side must stay inside the threshold. ``pair_limit`` additionally bounds every single pair.
+* ``sides``: the gate scored each clip on its own (VBench). It writes the candidate clip's score as ``<metric>``
+  and the baseline clip's as ``<metric>.baseline`` (change with ``baseline_metric``). Per-pair oriented deltas are
+  tested for non-inferiority: the CI's lower bound must stay above ``-margin``. ``binary = true`` (0/1 per clip,
+  VBench's ``dynamic_degree``) adds the exact McNemar test.
+* ``delta``: the gate wrote ``candidate - baseline`` itself; tested like ``sides``.
+
+Noise floors: any threshold (``max``, ``min``, ``margin``, ``pair_limit``) may be written as
+``{fraction_of_floor = f}``: ``f`` times the metric's new-seed noise floor, read from a floor file (JSON) that the
+policy's ``floor_file`` or the command line names. Floor file shape (written by ``h3eval floor`` through
+:func:`write_floor`)::
+
+    {
+      "version": 1,
+      "metrics": {"fidelity.lpips_mean": 0.41, "vbench.overall_consistency": 0.012, ...},
+      ...                                   # any other keys (provenance) are allowed and ignored here
+    }
+
+where each value is the metric's size between two clips of the *same* recipe and prompt made with *different
+seeds*: for a ``pair`` metric its mean over the floor run's pairs, for a per-clip score the mean absolute
+difference between seeds. Keys are ``<gate>.<metric>``. A fraction whose floor is missing makes that metric
+INCONCLUSIVE, never a pass.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import math
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from h3.atomic import sha256_file
+
+logger = logging.getLogger(__name__)
+
+POLICY_VERSION = 1
+FLOOR_VERSION = 1
+SPEED_GATE = "speed"
+"""Name under which the speed check appears in verdicts and waivers."""
+
+Direction = Literal["higher_is_better", "lower_is_better"]
+
+
+class PolicyError(ValueError):
+    """A policy or floor file that cannot be used; the message names the file and the key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FloorFraction(_Strict):
+    """A threshold stated as a fraction of the metric's new-seed noise floor."""
+
+    fraction_of_floor: float = Field(gt=0)
+    """Multiplier of the floor value (e.g. 0.1 = a tenth of what a new seed changes)."""
+
+
+Threshold = float | FloorFraction
+
+
+class MetricPolicy(_Strict):
+    """How one gate metric decides."""
+
+    compare: Literal["pair", "sides", "delta"] = "pair"
+    """``pair``: value measures the pair; ``sides``: each clip scored alone; ``delta``: gate wrote cand - base."""
+    direction: Direction
+    """Declared direction; must agree with the ``higher_is_better`` the gate writes, else INCONCLUSIVE."""
+    max: Threshold | None = None
+    """``pair``, lower is better: the mean's upper CI bound must be at most this."""
+    min: Threshold | None = None
+    """``pair``, higher is better: the mean's lower CI bound must be at least this."""
+    pair_limit: Threshold | None = None
+    """``pair``: no single pair may be worse than this (FAIL names the pairs)."""
+    margin: Threshold | None = None
+    """``sides`` / ``delta``: non-inferiority margin delta >= 0 in the metric's units (lower CI bound > -delta)."""
+    binary: bool = False
+    """0/1 per clip (``sides`` / ``delta``): adds the exact McNemar test; values other than 0/1 are an error."""
+    baseline_metric: str | None = None
+    """``sides``: the name of the baseline clip's score in the gate result (default ``<metric>.baseline``)."""
+    identical_value: float | None = None
+    """``pair``: the value of a bit-identical pair, used when the gate short-circuited one without a value."""
+    required: bool = True
+    """False: advisory, reported but not deciding."""
+    min_pairs: int | None = Field(default=None, ge=2)
+    """Overrides the gate's / policy's ``min_pairs`` for this metric."""
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "MetricPolicy":
+        if self.compare == "pair":
+            if self.margin is not None or self.binary or self.baseline_metric is not None:
+                raise ValueError("`margin`, `binary` and `baseline_metric` are for compare = 'sides' or 'delta'")
+            if self.direction == "lower_is_better" and self.min is not None:
+                raise ValueError("a lower-is-better metric takes `max`, not `min`")
+            if self.direction == "higher_is_better" and self.max is not None:
+                raise ValueError("a higher-is-better metric takes `min`, not `max`")
+            if self.max is None and self.min is None and self.pair_limit is None:
+                raise ValueError("a 'pair' metric needs `max` (lower is better) or `min` (higher), or `pair_limit`")
+        else:
+            if self.max is not None or self.min is not None or self.pair_limit is not None:
+                raise ValueError(f"compare = {self.compare!r} takes `margin`, not `max` / `min` / `pair_limit`")
+            if self.margin is None:
+                raise ValueError(f"compare = {self.compare!r} needs a non-inferiority `margin`")
+            if isinstance(self.margin, float) and self.margin < 0:
+                raise ValueError("`margin` must be >= 0 (it is how much worse the candidate may be)")
+            if self.identical_value is not None:
+                raise ValueError("`identical_value` is for compare = 'pair' (a bit-identical pair has delta 0)")
+        if self.compare != "sides" and self.baseline_metric is not None:
+            raise ValueError("`baseline_metric` is only for compare = 'sides'")
+        return self
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.direction == "higher_is_better"
+
+    def baseline_key(self, metric: str) -> str:
+        return self.baseline_metric or f"{metric}.baseline"
+
+
+class GatePolicy(_Strict):
+    """The policy of one gate."""
+
+    required: bool = True
+    """False: advisory; its outcome is reported but does not decide the candidate."""
+    min_pairs: int | None = Field(default=None, ge=1)
+    """Fewest usable pairs for a decision (default: the policy's ``min_pairs``); fewer gives INCONCLUSIVE."""
+    max_missing: int = Field(default=0, ge=0)
+    """Expected pairs (from run.json) that may lack a usable result; more gives INCONCLUSIVE."""
+    max_flagged: int | None = Field(default=None, ge=0)
+    """Flag-based check: more flagged pairs than this is a FAIL (None: flags are reported only)."""
+    metrics: dict[str, MetricPolicy] = Field(default_factory=dict)
+    """Metric name (as the gate writes it) -> how it decides."""
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _decides_something(self) -> "GatePolicy":
+        if not self.metrics and self.max_flagged is None:
+            raise ValueError("a gate policy needs `metrics` or `max_flagged`, else it can decide nothing")
+        return self
+
+
+class SpeedPolicy(_Strict):
+    """The speed check: paired per-request latency, warm-up excluded."""
+
+    min_speedup: float = Field(gt=0)
+    """The speedup's lower CI bound must be at least this (``mean(baseline) / mean(candidate)``)."""
+    latency: Literal["generation_side_latency_s", "request_to_file_latency_s"] = "generation_side_latency_s"
+    """Which latency definition: seed 000's generation side, or seed 002's request to file."""
+    min_pairs: int | None = Field(default=None, ge=2)
+    required: bool = True
+
+
+class Waiver(_Strict):
+    """A signed, dated exception: a FAIL or INCONCLUSIVE it covers counts as a pass until it expires."""
+
+    gate: str
+    """Gate name, or ``speed``."""
+    metric: str | None = None
+    """One metric of the gate (None: the whole gate)."""
+    candidate: str | None = None
+    """One candidate recipe (None: every candidate)."""
+    owner: str = Field(min_length=1)
+    """Who signed the waiver."""
+    reason: str = Field(min_length=1)
+    expires: dt.date
+    """Last day the waiver applies (UTC); from the next day on it no longer does."""
+
+    @field_validator("owner", "reason")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+    def active(self, today: dt.date) -> bool:
+        return today <= self.expires
+
+    def covers(self, gate: str, metric: str | None, candidate: str) -> bool:
+        if self.gate != gate or (self.candidate is not None and self.candidate != candidate):
+            return False
+        return self.metric is None or self.metric == metric
+
+
+class Policy(_Strict):
+    """A signoff policy."""
+
+    version: int = POLICY_VERSION
+    """Schema version of the policy file."""
+    name: str
+    description: str = ""
+    confidence: float = Field(default=0.95, gt=0.5, lt=1)
+    """Two-sided CI level; tests are one-sided at ``(1 - confidence) / 2``."""
+    power: float = Field(default=0.8, gt=0, lt=1)
+    """Power at which the minimum detectable effect is stated."""
+    n_resamples: int = Field(default=9999, ge=999)
+    seed: int = 20261129
+    """Seed of the bootstrap, so a verdict is reproducible bit for bit."""
+    min_pairs: int = Field(default=8, ge=2)
+    holm: bool = True
+    """Holm-adjust the decisive p-values across the metrics of one candidate."""
+    floor_file: str | None = None
+    """Noise-floor JSON, relative to the policy file; the command line's ``--floor`` overrides it."""
+    gates: dict[str, GatePolicy] = Field(default_factory=dict)
+    speed: SpeedPolicy | None = None
+    waivers: list[Waiver] = Field(default_factory=list)
+
+    @field_validator("version")
+    @classmethod
+    def _known_version(cls, value: int) -> int:
+        if value != POLICY_VERSION:
+            raise ValueError(f"unsupported policy version {value}; this h3eval reads version {POLICY_VERSION}")
+        return value
+
+    @model_validator(mode="after")
+    def _checks(self) -> "Policy":
+        if SPEED_GATE in self.gates:
+            raise ValueError(f"`{SPEED_GATE}` is reserved for the [speed] table, not a gate")
+        if not self.gates and self.speed is None:
+            raise ValueError("the policy names no gate and no [speed] check: it would decide nothing")
+        for i, w in enumerate(self.waivers):
+            if w.gate == SPEED_GATE and (self.speed is None or w.metric is not None):
+                raise ValueError(f"waivers[{i}]: a speed waiver needs a [speed] table and takes no `metric`")
+            if w.gate != SPEED_GATE and w.gate not in self.gates:
+                raise ValueError(f"waivers[{i}] names gate {w.gate!r}, which the policy does not check")
+            if w.metric is not None and w.gate != SPEED_GATE and w.metric not in self.gates[w.gate].metrics:
+                raise ValueError(f"waivers[{i}] names metric {w.metric!r}, not in gates.{w.gate}.metrics")
+        return self
+
+
+class LoadedPolicy(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    policy: Policy
+    path: Path
+    sha256: str
+
+
+def _format_validation_error(path: Path, exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "float", "FloorFraction")))
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key {err['loc'][-1]!r}"
+        lines.append(f"  {loc or '(top level)'}: {msg}")
+    # A union (float | FloorFraction) reports each branch; keep each message once.
+    return f"{path}: invalid policy:\n" + "\n".join(dict.fromkeys(lines))
+
+
+def parse_policy(data: Mapping[str, Any], source: str | Path = "<policy>") -> Policy:
+    try:
+        return Policy.model_validate(dict(data))
+    except ValidationError as exc:
+        raise PolicyError(_format_validation_error(Path(source), exc)) from None
+
+
+def load_policy(path: str | Path) -> LoadedPolicy:
+    """Read and validate a policy file; errors name the file and the offending key."""
+    path = Path(path)
+    if not path.is_file():
+        raise PolicyError(f"policy file {path} does not exist")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"{path}: not valid TOML: {exc}") from None
+    return LoadedPolicy(policy=parse_policy(data, path), path=path, sha256=sha256_file(path))
+
+
+def registry_problems(policy: Policy, gates: Mapping[str, Any]) -> list[str]:
+    """Mismatches between the policy and the gates' own declarations (for gates that are registered).
+
+    ``gates`` maps a registered gate name to its class. A gate class that declares ``metrics`` (a mapping of
+    metric name -> higher_is_better, or a list of names) has each policy metric checked against it; the baseline
+    side of a ``sides`` metric is not declared separately. Gates not in ``gates`` are handled by the verdict.
+    """
+    problems: list[str] = []
+    for gate_name, gate_policy in policy.gates.items():
+        cls = gates.get(gate_name)
+        declared = getattr(cls, "metrics", None) if cls is not None else None
+        if declared is None:
+            continue
+        directions = dict(declared) if isinstance(declared, Mapping) else {name: None for name in declared}
+        for metric, mp in gate_policy.metrics.items():
+            if metric not in directions:
+                problems.append(
+                    f"gates.{gate_name}.metrics.{metric}: gate {gate_name!r} has no metric {metric!r} "
+                    f"(it declares: {', '.join(sorted(directions)) or 'none'})"
+                )
+                continue
+            hib = directions[metric]
+            hib = getattr(hib, "higher_is_better", hib)
+            if isinstance(hib, bool) and hib != mp.higher_is_better:
+                problems.append(
+                    f"gates.{gate_name}.metrics.{metric}: policy says {mp.direction} but the gate declares "
+                    f"{'higher' if hib else 'lower'}_is_better"
+                )
+    return problems
+
+
+# -- noise floor ---------------------------------------------------------------------------------------------------
+class NoiseFloor(BaseModel):
+    """A floor file as read: ``metrics`` maps ``<gate>.<metric>`` to the metric's new-seed floor."""
+
+    model_config = ConfigDict(frozen=True)
+    path: Path
+    sha256: str
+    metrics: dict[str, float]
+
+
+def load_floor(path: str | Path) -> NoiseFloor:
+    path = Path(path)
+    if not path.is_file():
+        raise PolicyError(f"noise-floor file {path} does not exist")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PolicyError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
+        raise PolicyError(f"{path}: a noise-floor file needs a top-level object with a `metrics` object")
+    if data.get("version", FLOOR_VERSION) != FLOOR_VERSION:
+        raise PolicyError(f"{path}: unsupported floor version {data.get('version')!r} (reads {FLOOR_VERSION})")
+    metrics: dict[str, float] = {}
+    for key, value in data["metrics"].items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise PolicyError(f"{path}: metrics.{key} must be a finite number >= 0, got {value!r}")
+        metrics[key] = float(value)
+    return NoiseFloor(path=path, sha256=sha256_file(path), metrics=metrics)
+
+
+def write_floor(path: str | Path, metrics: Mapping[str, float], **provenance: Any) -> NoiseFloor:
+    """Write a noise-floor file in the shape :func:`load_floor` reads (for ``h3eval floor``), atomically.
+
+    ``metrics`` maps ``<gate>.<metric>`` to the floor value; ``provenance`` (run, n pairs, date...) is kept beside it.
+    """
+    from h3.atomic import atomic_write_json
+
+    if "metrics" in provenance or "version" in provenance:
+        raise PolicyError("`metrics` and `version` are set by write_floor itself")
+    path = Path(path)
+    for key, value in metrics.items():
+        if key.count(".") < 1:
+            raise PolicyError(f"floor key {key!r} must be '<gate>.<metric>'")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            # Checked before writing, so that a bad floor never reaches the disk.
+            raise PolicyError(f"{path}: metrics.{key} must be a finite number >= 0, got {value!r}")
+    atomic_write_json(path, {"version": FLOOR_VERSION, "metrics": {k: float(v) for k, v in metrics.items()},
+                             **provenance})
+    return load_floor(path)
+
+
+def resolve_floor_path(loaded: LoadedPolicy, override: str | Path | None) -> Path | None:
+    if override is not None:
+        return Path(override)
+    if loaded.policy.floor_file is None:
+        return None
+    return (loaded.path.parent / loaded.policy.floor_file).resolve()
+
+
+class ThresholdResolution(BaseModel):
+    value: float | None
+    """None when a fraction of the floor was asked and the floor is unknown."""
+    source: str
+    """``policy`` or ``0.1 x floor 0.41 (fidelity.lpips_mean from floor.json)``, or why it is unknown."""
+
+
+def resolve_threshold(threshold: Threshold, key: str, floor: NoiseFloor | None) -> ThresholdResolution:
+    if isinstance(threshold, FloorFraction):
+        if floor is None:
+            return ThresholdResolution(value=None, source=f"fraction {threshold.fraction_of_floor} of the floor of "
+                                                          f"{key}, but no noise-floor file was given")
+        if key not in floor.metrics:
+            return ThresholdResolution(value=None, source=f"fraction {threshold.fraction_of_floor} of the floor of "
+                                                          f"{key}, which {floor.path.name} does not have")
+        base = floor.metrics[key]
+        return ThresholdResolution(
+            value=threshold.fraction_of_floor * base,
+            source=f"{threshold.fraction_of_floor} x floor {base:.6g} ({key} from {floor.path.name})",
+        )
+    return ThresholdResolution(value=float(threshold), source="policy")
+
+
+def today_utc() -> dt.date:
+    return dt.datetime.now(dt.timezone.utc).date()

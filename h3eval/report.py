@@ -1,0 +1,515 @@
+"""Reports of a verdict: ``verdict.json``, ``report.md``, a self-contained ``report.html`` and ``junit.xml``.
+
+* ``report.md``: the signoff table (candidate x gate), each non-passing item's reasons, each metric's statistics.
+* ``report.html``: the same, with its images embedded as base64 PNGs so the one file can be mailed or attached to a
+  CI run: speed versus quality per candidate, the stage anatomy of each recipe (from the clip records), and
+  side-by-side strips of the worst pairs (the gate's own artifact PNGs where it wrote some, else baseline /
+  candidate / amplified-difference frames decoded from the MP4s). Links to the evidence are relative to the run.
+* ``junit.xml``: one ``testsuite`` per candidate and one ``testcase`` per (candidate, gate), plus one for speed, so
+  any CI system shows the signoff. FAIL is a ``<failure>``, INCONCLUSIVE an ``<error type="INCONCLUSIVE">`` (not a
+  pass, not a regression either); an advisory gate that does not pass is ``<skipped>`` with its outcome.
+
+Charts need matplotlib; without it the HTML says that the charts are left out (and logs it), never fails silently.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import logging
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from h3.atomic import atomic_write_text
+from h3.record import ClipRecord
+from h3eval.verdict import CandidateVerdict, GateVerdict, MetricVerdict, SpeedVerdict, Verdict, write_verdict
+
+logger = logging.getLogger(__name__)
+
+STRIP_FRAMES = 3
+"""Frames per side in a decoded strip (first, middle, last)."""
+STRIP_HEIGHT = 96
+DIFF_GAIN = 8.0
+"""Amplification of |baseline - candidate| in the strips: a faint ghost (seed 001) becomes visible."""
+MAX_STRIPS = 6
+
+_STAGES = ("text_encode", "denoise", "video_decode", "audio_decode", "frame_prep_d2h", "mux_save", "other")
+
+
+def _fmt(x: float | None, digits: int = 4) -> str:
+    return "n/a" if x is None else f"{x:.{digits}g}"
+
+
+def _iter_items(c: CandidateVerdict) -> Iterable[GateVerdict | SpeedVerdict]:
+    yield from c.gates
+    if c.speed is not None:
+        yield c.speed
+
+
+# -- markdown ------------------------------------------------------------------------------------------------------
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _waiver_text(item: Any) -> str:
+    w = getattr(item, "waiver", None)
+    if w is None:
+        return ""
+    return f" (waived {w.raw_outcome}: {w.owner}, until {w.expires.isoformat()}: {w.reason})"
+
+
+def _metric_row(m: MetricVerdict) -> str:
+    s = m.stats or {}
+    signs = s.get("signs", {}).get("describe", "")
+    wil = s.get("wilcoxon", {}).get("pvalue")
+    tost = s.get("noninferiority", {}).get("tost_p") if m.compare != "pair" else None
+    mcn = (s.get("mcnemar") or {}).get("pvalue")
+    kind = "mean value" if m.compare == "pair" else "mean delta"
+    limit = m.threshold if m.threshold is not None else m.pair_limit
+    return (
+        f"| {m.gate}.{m.metric}{'' if m.required else ' (advisory)'} | {m.outcome}{_waiver_text(m)} | {m.compare} | "
+        f"{kind} {_fmt(m.mean_value)} [{_fmt(m.ci_low)}, {_fmt(m.ci_high)}] | {_fmt(limit)} | {m.n_pairs}/"
+        f"{m.n_expected} | {signs} | {_fmt(wil, 3)} | {_fmt(m.p_holm if m.p_holm is not None else m.p_value, 3)} | "
+        f"{_fmt(tost, 3)} | {_fmt(mcn, 3)} | {_fmt(s.get('mde'), 3)} |"
+    )
+
+
+def render_markdown(verdict: Verdict) -> str:
+    conf = int(verdict.settings.confidence * 100)
+    out = [
+        f"# h3eval signoff: {verdict.outcome}",
+        "",
+        f"- policy: `{verdict.policy_name}` ({verdict.inputs.policy.path}, "
+        f"sha256 `{verdict.inputs.policy.sha256[:12]}`)",
+        f"- run: `{verdict.run_dir}`; baseline `{verdict.baseline}`",
+        f"- {conf}% paired BCa CIs; one-sided tests at {verdict.settings.alpha_one_sided:g}; Holm "
+        f"{'on' if verdict.settings.holm else 'off'}; waivers checked on {verdict.settings.today.isoformat()}",
+        f"- exit code {verdict.exit_code} (0 PASS, 1 FAIL, 2 INCONCLUSIVE)",
+        "",
+        "## Signoff",
+        "",
+    ]
+    gates = list(dict.fromkeys(g.gate for c in verdict.candidates for g in c.gates))
+    has_speed = any(c.speed is not None for c in verdict.candidates)
+    header = ["candidate", "overall", *gates, *(["speed"] if has_speed else [])]
+    out.append("| " + " | ".join(header) + " |")
+    out.append("|" + "---|" * len(header))
+    for c in verdict.candidates:
+        cells = [c.candidate, f"**{c.outcome}**"]
+        by_gate = {g.gate: g for g in c.gates}
+        for gate in gates:
+            g = by_gate.get(gate)
+            cells.append("" if g is None else g.outcome + ("" if g.required else " (adv.)") + ("*" if g.waiver else ""))
+        if has_speed:
+            sp = c.speed
+            cells.append("" if sp is None else f"{sp.outcome} {_fmt(sp.speedup, 3)}x" + ("*" if sp.waiver else ""))
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", "`*` waived; `(adv.)` advisory.", ""]
+    if verdict.warnings:
+        out += ["## Warnings", ""] + [f"- {_md_escape(w)}" for w in verdict.warnings] + [""]
+
+    for c in verdict.candidates:
+        out += [f"## {c.candidate}: {c.outcome}", ""]
+        out += [f"- {_md_escape(r)}" for r in c.reasons] + ([""] if c.reasons else [])
+        for item in _iter_items(c):
+            if isinstance(item, SpeedVerdict):
+                out += [f"### speed: {item.outcome}{_waiver_text(item)}", ""]
+                out += [f"- {_md_escape(r)}" for r in item.reasons]
+                out += [f"- warning: {_md_escape(w)}" for w in item.warnings]
+                if item.speedup is not None:
+                    out.append(f"- {item.latency}: geometric mean of per-request ratios "
+                               f"{_fmt(item.geometric_mean_ratio)}x, "
+                               f"median {_fmt(item.median_ratio)}x; {item.n_pairs} pairs, {item.excluded_warmup} "
+                               "warm-up pair(s) excluded")
+                out.append("")
+                continue
+            g = item
+            out += [f"### {g.gate}{'' if g.required else ' (advisory)'}: {g.outcome}{_waiver_text(g)}", ""]
+            out.append(f"- results: {g.n_usable} usable of {g.n_expected} expected pairs ({g.n_results} files); "
+                       f"evidence: [{g.evidence[0]}]({g.evidence[0]})")
+            out += [f"- {_md_escape(r)}" for r in g.reasons]
+            out += [f"- warning: {_md_escape(w)}" for w in g.warnings]
+            if g.flagged:
+                out += [f"- flagged: {_md_escape(f)}" for f in g.flagged[:10]]
+            if g.metrics:
+                out += [
+                    "",
+                    f"| metric | outcome | compare | estimate [{conf}% CI] | threshold | pairs | signs | Wilcoxon p | "
+                    "decisive p (Holm) | TOST p | McNemar p | MDE |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|",
+                ]
+                out += [_metric_row(m) for m in g.metrics]
+                out.append("")
+                for m in g.metrics:
+                    for line in m.reasons:
+                        out.append(f"- {m.metric}: {_md_escape(line)}")
+                    for line in m.warnings:
+                        out.append(f"- {m.metric}: warning: {_md_escape(line)}")
+                    if m.worst:
+                        links = ", ".join(f"[{p.prompt_id}-s{p.seed}]({p.file})" for p in m.worst)
+                        out.append(f"- {m.metric}: worst pairs: {links}")
+            out.append("")
+    out += ["## Inputs", "", f"- run.json sha256 `{verdict.inputs.run_manifest.sha256}`"]
+    if verdict.inputs.prompts:
+        out.append(f"- prompts `{verdict.inputs.prompts.path}` sha256 `{verdict.inputs.prompts.sha256}`")
+    out += [f"- recipe `{k}` sha256 `{v}`" for k, v in verdict.inputs.recipes.items()]
+    out.append(f"- {len(verdict.inputs.clips)} clip records and {len(verdict.inputs.gate_results)} gate results "
+               "hashed in verdict.json")
+    if verdict.inputs.floor:
+        out.append(f"- noise floor `{verdict.inputs.floor.path}` sha256 `{verdict.inputs.floor.sha256}`")
+    return "\n".join(out) + "\n"
+
+
+# -- junit ---------------------------------------------------------------------------------------------------------
+def render_junit(verdict: Verdict) -> str:
+    root = ET.Element("testsuites", name=f"h3eval {verdict.policy_name}")
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for c in verdict.candidates:
+        suite = ET.SubElement(root, "testsuite", name=f"h3eval.{verdict.policy_name}.{c.candidate}",
+                              timestamp=verdict.created_at.replace("+00:00", ""))
+        props = ET.SubElement(suite, "properties")
+        for name, value in (("outcome", c.outcome), ("baseline", verdict.baseline), ("candidate", c.candidate),
+                            ("policy", verdict.policy_name), ("policy_sha256", verdict.inputs.policy.sha256)):
+            ET.SubElement(props, "property", name=name, value=value)
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        for item in _iter_items(c):
+            name = "speed" if isinstance(item, SpeedVerdict) else item.gate
+            case = ET.SubElement(suite, "testcase", name=name, classname=f"h3eval.{c.candidate}", time="0")
+            counts["tests"] += 1
+            details = "\n".join([*item.reasons, *(f"warning: {w}" for w in item.warnings),
+                                 *(f"evidence: {e}" for e in item.evidence[:10])])
+            message = f"{item.outcome}: {item.reasons[0] if item.reasons else ''}"[:500]
+            if not item.required and item.outcome != "PASS":
+                ET.SubElement(case, "skipped", message=f"advisory {message}")
+                counts["skipped"] += 1
+            elif item.outcome == "FAIL":
+                ET.SubElement(case, "failure", message=message, type="FAIL").text = details
+                counts["failures"] += 1
+            elif item.outcome == "INCONCLUSIVE":
+                ET.SubElement(case, "error", message=message, type="INCONCLUSIVE").text = details
+                counts["errors"] += 1
+            ET.SubElement(case, "system-out").text = details + _waiver_text(item)
+        for key, value in counts.items():
+            suite.set(key, str(value))
+            totals[key] += value
+    for key, value in totals.items():
+        root.set(key, str(value))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+# -- images --------------------------------------------------------------------------------------------------------
+def _png_b64(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        return plt
+    except ImportError:
+        logger.warning("matplotlib is not installed: report.html is written without charts")
+        return None
+
+
+def speed_quality_chart(verdict: Verdict) -> str | None:
+    """Base64 PNG: per gate metric, each candidate's speedup (x, CI bars) against its metric estimate (y, CI)."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    metrics = list(dict.fromkeys((m.gate, m.metric) for c in verdict.candidates for g in c.gates for m in g.metrics
+                                 if m.mean_value is not None))[:6]
+    if not metrics or not any(c.speed and c.speed.speedup for c in verdict.candidates):
+        return None
+    cols = min(3, len(metrics))
+    rows = (len(metrics) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+    for ax, (gate, metric) in zip(axes.flat, metrics):
+        for c in verdict.candidates:
+            sp = c.speed
+            mv = next((m for g in c.gates for m in g.metrics if (m.gate, m.metric) == (gate, metric)), None)
+            if sp is None or sp.speedup is None or mv is None or mv.mean_value is None:
+                continue
+            xerr = [[sp.speedup - (sp.ci_low or sp.speedup)], [(sp.ci_high or sp.speedup) - sp.speedup]]
+            yerr = [[mv.mean_value - (mv.ci_low if mv.ci_low is not None else mv.mean_value)],
+                    [(mv.ci_high if mv.ci_high is not None else mv.mean_value) - mv.mean_value]]
+            color = {"PASS": "tab:green", "FAIL": "tab:red"}.get(mv.outcome, "tab:orange")
+            ax.errorbar([sp.speedup], [mv.mean_value], xerr=xerr, yerr=yerr, fmt="o", color=color, capsize=3)
+            ax.annotate(c.candidate, (sp.speedup, mv.mean_value), textcoords="offset points", xytext=(5, 5),
+                        fontsize=8)
+            if mv.threshold is not None:
+                line = mv.threshold if mv.compare == "pair" else -mv.threshold
+                ax.axhline(line, color="grey", linestyle="--", linewidth=0.8)
+        mv0 = next(m for c in verdict.candidates for g in c.gates for m in g.metrics
+                   if (m.gate, m.metric) == (gate, metric))
+        ax.set_title(f"{gate}.{metric}", fontsize=9)
+        ax.set_xlabel("speedup (x)")
+        ax.set_ylabel("mean value" if mv0.compare == "pair" else "mean delta (+ = better)")
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.axis("off")
+    fig.tight_layout()
+    data = _png_b64(fig)
+    plt.close(fig)
+    return data
+
+
+def _mean_anatomy(run_dir: Path, recipe: str) -> tuple[dict[str, float], int]:
+    sums = {k: 0.0 for k in _STAGES}
+    n = 0
+    directory = run_dir / "clips" / recipe
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        if path.name.endswith(".error.json"):
+            continue
+        try:
+            rec = ClipRecord.model_validate_json(path.read_text(encoding="utf-8"))
+        except ValueError:
+            continue
+        if rec.extra.get("warmup") is True:
+            continue
+        anatomy = rec.timings.stage_anatomy
+        for k in _STAGES:
+            sums[k] += float(getattr(anatomy, k))
+        n += 1
+    return ({k: v / n for k, v in sums.items()} if n else {}), n
+
+
+def stage_anatomy_chart(verdict: Verdict, run_dir: Path) -> str | None:
+    """Base64 PNG: mean stage anatomy per recipe (stacked horizontal bars, seconds), warm-up excluded."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    recipes = [verdict.baseline, *(c.candidate for c in verdict.candidates)]
+    rows = [(r, *_mean_anatomy(run_dir, r)) for r in recipes]
+    rows = [(r, a, n) for r, a, n in rows if n]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.4))
+    colors = plt.get_cmap("tab10").colors
+    for i, (recipe, anatomy, n) in enumerate(rows):
+        left = 0.0
+        for j, stage in enumerate(_STAGES):
+            width = anatomy[stage]
+            ax.barh(i, width, left=left, color=colors[j % len(colors)], label=stage if i == 0 else None)
+            left += width
+        ax.text(left, i, f" {left:.3g} s (n={n})", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [r for r, _, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("mean seconds per request")
+    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.35))
+    fig.tight_layout()
+    data = _png_b64(fig)
+    plt.close(fig)
+    return data
+
+
+def _sample_frames(path: Path, count: int, num_frames: int | None) -> list[np.ndarray]:
+    """``count`` frames spread over the clip (first, middle, last), decoding once and keeping only those.
+
+    ``num_frames`` comes from the clip record; without it every frame is decoded and kept (small clips only).
+    """
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        if not num_frames:
+            frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+            idx = np.linspace(0, len(frames) - 1, count).round().astype(int)
+            return [frames[i] for i in idx]
+        wanted = set(np.linspace(0, num_frames - 1, count).round().astype(int).tolist())
+        return [f.to_ndarray(format="rgb24") for i, f in enumerate(container.decode(stream)) if i in wanted]
+
+
+def _resize(img: np.ndarray, height: int) -> np.ndarray:
+    from PIL import Image
+
+    h, w = img.shape[:2]
+    return np.asarray(Image.fromarray(img).resize((max(1, round(w * height / h)), height)))
+
+
+def decoded_strip(run_dir: Path, baseline: str, candidate: str, prompt_id: str, seed: int) -> str | None:
+    """Base64 PNG: rows baseline / candidate / amplified |difference| at the first, middle and last frame."""
+    from PIL import Image
+
+    base_mp4 = run_dir / "clips" / baseline / f"{prompt_id}-s{seed}.mp4"
+    cand_mp4 = run_dir / "clips" / candidate / f"{prompt_id}-s{seed}.mp4"
+    if not (base_mp4.exists() and cand_mp4.exists()):
+        return None
+    num_frames = None
+    try:
+        record = ClipRecord.model_validate_json(base_mp4.with_suffix(".json").read_text(encoding="utf-8"))
+        num_frames = record.shape.num_frames
+    except (OSError, ValueError):
+        pass  # no record: decode every frame of the (then presumably small) clip
+    try:
+        base = _sample_frames(base_mp4, STRIP_FRAMES, num_frames)
+        cand = _sample_frames(cand_mp4, STRIP_FRAMES, num_frames)
+    except Exception as exc:  # noqa: BLE001 - a clip that does not decode is the integrity gate's finding
+        logger.warning("strip for %s/%s-s%s not made: %s", candidate, prompt_id, seed, exc)
+        return None
+    if len(base) != len(cand) or not base or base[0].shape != cand[0].shape:
+        return None
+    rows = []
+    for frames in (base, cand):
+        rows.append(np.concatenate([_resize(f, STRIP_HEIGHT) for f in frames], axis=1))
+    diffs = [np.clip(np.abs(b.astype(np.float32) - c.astype(np.float32)) * DIFF_GAIN, 0, 255).astype(np.uint8)
+             for b, c in zip(base, cand)]
+    rows.append(np.concatenate([_resize(d, STRIP_HEIGHT) for d in diffs], axis=1))
+    buf = io.BytesIO()
+    Image.fromarray(np.concatenate(rows, axis=0)).save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _worst_pairs(verdict: Verdict) -> list[tuple[CandidateVerdict, MetricVerdict, Any]]:
+    """Worst pair of each metric, non-passing metrics first."""
+    items = []
+    for c in verdict.candidates:
+        for g in c.gates:
+            for m in g.metrics:
+                if m.worst:
+                    items.append((c, m, m.worst[0]))
+    items.sort(key=lambda t: {"FAIL": 0, "INCONCLUSIVE": 1, "PASS": 2}[t[1].outcome])
+    seen: set[tuple[str, str, int]] = set()
+    out = []
+    for c, m, p in items:
+        key = (c.candidate, p.prompt_id, p.seed)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append((c, m, p))
+    return out[:MAX_STRIPS]
+
+
+# -- html ----------------------------------------------------------------------------------------------------------
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+table{border-collapse:collapse;margin:.5em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}
+.PASS{background:#d9f2d9}.FAIL{background:#f8d0d0}.INCONCLUSIVE{background:#fbe8c0}
+code{font-size:12px}img{max-width:100%;border:1px solid #ddd}.warn{color:#8a5a00}
+"""
+
+
+def _cell(outcome: str, text: str | None = None) -> str:
+    return f'<td class="{outcome}">{html.escape(text or outcome)}</td>'
+
+
+def render_html(verdict: Verdict, run_dir: str | Path) -> str:
+    run_dir = Path(run_dir)
+    e = html.escape
+    parts = [
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>",
+        f"<title>h3eval signoff {e(verdict.outcome)}: {e(verdict.policy_name)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>h3eval signoff: <span class='{e(verdict.outcome)}'>{e(verdict.outcome)}</span></h1>",
+        f"<p>policy <code>{e(verdict.policy_name)}</code> &middot; "
+        f"baseline <code>{e(verdict.baseline)}</code> &middot; "
+        f"run <code>{e(verdict.run_dir)}</code> &middot; {int(verdict.settings.confidence * 100)}% paired BCa CIs, "
+        f"Holm {'on' if verdict.settings.holm else 'off'} &middot; exit code {verdict.exit_code}</p>",
+    ]
+    gates = list(dict.fromkeys(g.gate for c in verdict.candidates for g in c.gates))
+    parts.append("<h2>Signoff</h2><table><tr><th>candidate</th><th>overall</th>"
+                 + "".join(f"<th>{e(g)}</th>" for g in gates) + "<th>speed</th></tr>")
+    for c in verdict.candidates:
+        by_gate = {g.gate: g for g in c.gates}
+        row = f"<tr><td>{e(c.candidate)}</td>{_cell(c.outcome)}"
+        for gate in gates:
+            g = by_gate.get(gate)
+            row += "<td></td>" if g is None else _cell(g.outcome, g.outcome + ("" if g.required else " (adv.)")
+                                                       + (" *waived" if g.waiver else ""))
+        sp = c.speed
+        row += "<td></td>" if sp is None else _cell(sp.outcome, f"{sp.outcome} {_fmt(sp.speedup, 3)}x")
+        parts.append(row + "</tr>")
+    parts.append("</table>")
+    for w in verdict.warnings:
+        parts.append(f"<p class='warn'>warning: {e(w)}</p>")
+
+    charts = [("Speed versus quality", speed_quality_chart(verdict)),
+              ("Stage anatomy", stage_anatomy_chart(verdict, run_dir))]
+    for title, data in charts:
+        parts.append(f"<h2>{e(title)}</h2>")
+        if data:
+            parts.append(f"<img alt='{e(title)}' src='data:image/png;base64,{data}'>")
+        else:
+            parts.append("<p class='warn'>not available (matplotlib missing, or no data for it in this run)</p>")
+
+    parts.append("<h2>Worst pairs</h2>")
+    worst = _worst_pairs(verdict)
+    if not worst:
+        parts.append("<p>no per-pair metric values in this verdict</p>")
+    for c, m, p in worst:
+        caption = (f"{c.candidate} &middot; {e(m.gate)}.{e(m.metric)} {e(m.outcome)} &middot; "
+                   f"{e(p.prompt_id)}-s{p.seed}: value {_fmt(p.value)}, delta {_fmt(p.delta)} &middot; "
+                   f"<a href='{e(p.file)}'>{e(p.file)}</a>")
+        images = []
+        for art in p.artifacts:
+            art_path = run_dir / art
+            if art_path.suffix.lower() == ".png" and art_path.is_file():
+                images.append(base64.b64encode(art_path.read_bytes()).decode("ascii"))
+        if not images:
+            strip = decoded_strip(run_dir, verdict.baseline, c.candidate, p.prompt_id, p.seed)
+            if strip:
+                images.append(strip)
+                caption += " &middot; rows: baseline, candidate, |difference| x" + f"{DIFF_GAIN:g}"
+        parts.append(f"<p>{caption}</p>")
+        parts += [f"<img alt='strip' src='data:image/png;base64,{img}'>" for img in images]
+        if not images:
+            parts.append("<p class='warn'>no strip: neither artifacts nor decodable clips for this pair</p>")
+
+    for c in verdict.candidates:
+        parts.append(f"<h2>{e(c.candidate)}: <span class='{c.outcome}'>{c.outcome}</span></h2>")
+        for item in _iter_items(c):
+            name = "speed" if isinstance(item, SpeedVerdict) else item.gate
+            parts.append(f"<h3>{e(name)}{'' if item.required else ' (advisory)'}: "
+                         f"<span class='{item.outcome}'>{item.outcome}</span>{e(_waiver_text(item))}</h3><ul>")
+            parts += [f"<li>{e(r)}</li>" for r in item.reasons]
+            parts += [f"<li class='warn'>warning: {e(w)}</li>" for w in item.warnings]
+            parts += [f"<li>evidence: <a href='{e(x)}'>{e(x)}</a></li>" for x in item.evidence[:5]]
+            parts.append("</ul>")
+            if isinstance(item, GateVerdict) and item.metrics:
+                parts.append("<table><tr><th>metric</th><th>outcome</th><th>estimate</th><th>CI</th><th>threshold</th>"
+                             "<th>pairs</th><th>signs</th><th>Wilcoxon p</th><th>decisive p (Holm)</th><th>MDE</th>"
+                             "<th>reasons</th></tr>")
+                for m in item.metrics:
+                    s = m.stats or {}
+                    parts.append(
+                        f"<tr><td>{e(m.metric)}{'' if m.required else ' (adv.)'}</td>{_cell(m.outcome)}"
+                        f"<td>{_fmt(m.mean_value)}</td><td>[{_fmt(m.ci_low)}, {_fmt(m.ci_high)}]</td>"
+                        f"<td>{_fmt(m.threshold if m.threshold is not None else m.pair_limit)}</td>"
+                        f"<td>{m.n_pairs}/{m.n_expected}</td><td>{e(s.get('signs', {}).get('describe', ''))}</td>"
+                        f"<td>{_fmt(s.get('wilcoxon', {}).get('pvalue'), 3)}</td>"
+                        f"<td>{_fmt(m.p_holm if m.p_holm is not None else m.p_value, 3)}</td>"
+                        f"<td>{_fmt(s.get('mde'), 3)}</td><td>{e('; '.join(m.reasons + m.warnings))}</td></tr>"
+                    )
+                parts.append("</table>")
+    parts.append("<h2>Inputs</h2><ul>")
+    parts.append(f"<li>run.json sha256 <code>{e(verdict.inputs.run_manifest.sha256)}</code></li>")
+    parts.append(f"<li>policy {e(verdict.inputs.policy.path)} "
+                 f"sha256 <code>{e(verdict.inputs.policy.sha256)}</code></li>")
+    parts.append(f"<li>{len(verdict.inputs.clips)} clip records, {len(verdict.inputs.gate_results)} gate results: "
+                 "hashes in <a href='verdict.json'>verdict.json</a></li></ul>")
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+# -- all of them ---------------------------------------------------------------------------------------------------
+def write_reports(verdict: Verdict, run_dir: str | Path) -> dict[str, Path]:
+    """Write verdict.json, report.md, report.html and junit.xml into ``run_dir`` (each atomically)."""
+    run_dir = Path(run_dir)
+    paths = {"verdict": write_verdict(verdict, run_dir)}
+    for key, name, text in (
+        ("markdown", "report.md", render_markdown(verdict)),
+        ("html", "report.html", render_html(verdict, run_dir)),
+        ("junit", "junit.xml", render_junit(verdict)),
+    ):
+        atomic_write_text(run_dir / name, text)
+        paths[key] = run_dir / name
+    return paths

@@ -1,0 +1,201 @@
+"""Fill a run: generate every (recipe, prompt, seed) clip, resumably.
+
+Everything is validated before the run directory is touched. A rerun of the same command after a kill keeps every
+finished clip whose MP4 hash matches its record and generates only the rest; a rerun with different inputs is
+refused, so one run directory never mixes two experiments.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from h3 import provenance
+from h3.recipe import Recipe
+from h3.runtime import FULL_DEFAULT_SIZE, check_checkpoint_dir, TINY_DEFAULT_SIZE, GenerateRequest, H3Runtime, RequestError, resolve_request
+from h3eval.prompts import PromptSuite
+from h3eval.store import PromptSuiteRef, RunManifest, RunStore, StoreError, utc_now
+
+logger = logging.getLogger(__name__)
+
+
+class RunError(ValueError):
+    """A run cannot start (bad inputs, or the directory holds a different run)."""
+
+
+@dataclass
+class RequestShape:
+    """The shape every request of a run asks for."""
+
+    seconds: float | None = None
+    num_frames: int | None = None
+    height: int | None = None
+    width: int | None = None
+
+    def request(self, prompt_id: str, prompt: str, seed: int) -> GenerateRequest:
+        return GenerateRequest(prompt=prompt, seed=seed, prompt_id=prompt_id, seconds=self.seconds,
+                               num_frames=self.num_frames, height=self.height, width=self.width)
+
+
+@dataclass
+class RunPlan:
+    out: Path
+    model: str
+    recipes: list[Recipe]
+    prompts: PromptSuite
+    seeds: list[int]
+    shape: RequestShape = field(default_factory=RequestShape)
+    baseline: str | None = None
+    kind: str = "generate"
+    backend: str = "inprocess"
+    device: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    trajectory: bool = False
+    """Record each request's latent trajectory next to its clip (for the trajectory gate)."""
+
+    @property
+    def candidates(self) -> list[str]:
+        return [r.name for r in self.recipes if r.name != self.baseline] if self.baseline else []
+
+    def jobs(self) -> Iterable[tuple[Recipe, str, int]]:
+        """Every (recipe, prompt id, seed), recipes interleaved per prompt so machine drift hits all sides alike."""
+        for prompt in self.prompts.prompts:
+            for seed in self.seeds:
+                for recipe in self.recipes:
+                    yield recipe, prompt.id, seed
+
+
+RuntimeFactory = Callable[[str, Recipe, str | None], Any]
+
+
+def validate_plan(plan: RunPlan) -> None:
+    names = [r.name for r in plan.recipes]
+    if len(set(names)) != len(names):
+        raise RunError(f"recipe names must be distinct within a run, got {names}")
+    if plan.baseline is not None and plan.baseline not in names:
+        raise RunError(f"baseline {plan.baseline!r} is not among the run's recipes {names}")
+    for seed in plan.seeds:
+        if not isinstance(seed, int) or seed < 0:
+            raise RunError(f"seeds must be non-negative integers, got {seed!r}")
+    if plan.model != "tiny":
+        check_checkpoint_dir(plan.model)
+    default_size = TINY_DEFAULT_SIZE if plan.model == "tiny" else FULL_DEFAULT_SIZE
+    try:
+        resolve_request(plan.shape.request(plan.prompts.prompts[0].id, plan.prompts.prompts[0].prompt, plan.seeds[0]),
+                        default_size)
+    except RequestError as exc:
+        raise RunError(str(exc)) from None
+
+
+def _new_manifest(plan: RunPlan) -> RunManifest:
+    now = utc_now()
+    return RunManifest(
+        kind=plan.kind, created_at=now, updated_at=now, model=plan.model, backend=plan.backend,
+        baseline=plan.baseline, candidates=plan.candidates,
+        recipes={r.name: r.resolved() for r in plan.recipes},
+        recipe_sha256={r.name: r.sha256() for r in plan.recipes},
+        prompts=PromptSuiteRef(path=str(plan.prompts.path), sha256=plan.prompts.sha256, ids=plan.prompts.ids),
+        seeds=list(plan.seeds), args=dict(plan.args), versions=provenance.versions(),
+        hardware=provenance.hardware(plan.device or "cpu"), git=provenance.git_state(Path(__file__).parent),
+    )
+
+
+def _check_same_run(existing: RunManifest, fresh: RunManifest, root: Path) -> None:
+    diffs = []
+    for key in ("kind", "model", "baseline", "recipe_sha256", "seeds"):
+        if getattr(existing, key) != getattr(fresh, key):
+            diffs.append(key)
+    if (existing.prompts and existing.prompts.sha256) != (fresh.prompts and fresh.prompts.sha256):
+        diffs.append("prompts")
+    if diffs:
+        raise RunError(
+            f"{root} already holds a different run (differs in: {', '.join(diffs)}); choose a new --out directory "
+            "(nothing was changed)"
+        )
+
+
+def open_run(plan: RunPlan) -> tuple[RunStore, RunManifest]:
+    """Create the run directory, or reopen it for resuming when it holds the same run."""
+    validate_plan(plan)
+    store = RunStore(plan.out)
+    fresh = _new_manifest(plan)
+    if store.exists():
+        existing = store.read_manifest()
+        _check_same_run(existing, fresh, plan.out)
+        existing.status = "running"
+        existing.errors = []
+        store.write_manifest(existing)
+        return store, existing
+    if plan.out.exists() and any(plan.out.iterdir()):
+        raise RunError(f"{plan.out} exists and is not an h3eval run directory (no run.json); choose a new --out")
+    store.write_manifest(fresh)
+    return store, fresh
+
+
+def default_runtime_factory(model: str, recipe: Recipe, device: str | None) -> H3Runtime:
+    return H3Runtime.load(model, recipe, device)
+
+
+def fill_run(
+    plan: RunPlan,
+    runtime_factory: RuntimeFactory = default_runtime_factory,
+    progress: bool = True,
+    on_clip: Callable[[str, str, int, Any], None] | None = None,
+) -> RunManifest:
+    """Generate every missing clip of the plan; returns the final manifest (status complete or partial)."""
+    store, manifest = open_run(plan)
+    runtimes: dict[str, Any] = {}
+    jobs = list(plan.jobs())
+    todo = [(r, pid, seed) for r, pid, seed in jobs if store.read_record(r.name, pid, seed) is None]
+    logger.info("%d of %d clips to generate in %s", len(todo), len(jobs), plan.out)
+    bar = _progress(progress, len(jobs), len(jobs) - len(todo))
+    errors = []
+    try:
+        for recipe, pid, seed in todo:
+            prompt = plan.prompts.by_id(pid)
+            out = store.clip_path(recipe.name, pid, seed)
+            try:
+                if recipe.name not in runtimes:
+                    runtimes[recipe.name] = runtime_factory(plan.model, recipe, plan.device)
+                request = plan.shape.request(pid, prompt.prompt, seed)
+                if plan.trajectory:
+                    record = runtimes[recipe.name].generate(request, out, trajectory=True)
+                else:
+                    record = runtimes[recipe.name].generate(request, out)
+                store.clear_clip_error(recipe.name, pid, seed)
+                if on_clip is not None:
+                    on_clip(recipe.name, pid, seed, record)
+            except (RequestError, StoreError, RuntimeError, ValueError, OSError) as exc:
+                message = f"{type(exc).__name__}: {exc}"
+                logger.error("%s/%s-s%d failed: %s", recipe.name, pid, seed, message)
+                errors.append(store.write_clip_error(recipe.name, pid, seed, message))
+            bar.advance()
+    finally:
+        bar.close()
+    manifest.errors = errors
+    manifest.status = "complete" if not errors else "partial"
+    store.write_manifest(manifest)
+    return manifest
+
+
+class _progress:
+    """A rich progress bar on a terminal, quiet otherwise."""
+
+    def __init__(self, enabled: bool, total: int, done: int):
+        self._progress = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("clips"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            self._progress.start()
+            self._task = self._progress.add_task("clips", total=total, completed=done)
+
+    def advance(self) -> None:
+        if self._progress is not None:
+            self._progress.advance(self._task)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()

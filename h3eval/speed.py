@@ -1,0 +1,185 @@
+"""Speed summary of an A/B run: latency quantiles, stage anatomy, memory, real-time factor, cost, speedup, recompiles.
+
+Definitions (every number in ``speed.json`` uses exactly these):
+
+- **Quantiles** (p50, p90): numpy's ``quantile(method="linear")``, Hyndman & Fan type 7 (linear interpolation
+  between order statistics ``(n - 1) * q``), over the non-warm-up requests of one recipe.
+- **generation-side latency**: seed 000's definition (text encode, DiT, both decodes, frame prep and D2H; no MP4
+  mux/save, no network). For a foreign server: its ``inference_time_s``.
+- **request-to-file latency**: seed 002's definition, request in to finished file on disk (for ``http``: the
+  client's wall time from submit to file, queueing and transfer included).
+- **RTF** (real-time factor): generation-side latency / clip duration (seed 000: "generation-side latency divided
+  by the actual video duration"); below 1 is faster than playback. Reported as the p50 over requests.
+- **$/clip**: p50 request-to-file seconds × hourly rate / 3600 (seed 001 prices GPU time per clip at the pod's
+  hourly rate). Only when ``--gpu-hourly-rate`` is given.
+- **speedup vs baseline**: ratio of mean generation-side latencies over pairs (same request index: same prompt and
+  seed), baseline / candidate, i.e. the time saved over the whole paired workload. 95 % percentile-bootstrap CI,
+  resampling pairs with replacement, B = 2000, numpy ``default_rng(0)``.
+- **recompile flag**: see :func:`detect_recompiles`.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from h3.record import ClipRecord
+
+logger = logging.getLogger(__name__)
+
+QUANTILE_METHOD = "linear"
+BOOTSTRAP_B = 2000
+BOOTSTRAP_SEED = 0
+CI_LEVEL = 0.95
+# Recompile margin. Seed 001: a per-shape JIT compile cost 12-14 s on requests of ~28 s steady state, i.e. a first
+# request about 1.43-1.5x the steady state; a 1.5x ratio would miss that very case, so the ratio is 1.25x. The
+# absolute floor (+0.5 s) keeps scheduler jitter on sub-second tiny-preset requests from being flagged.
+RECOMPILE_RATIO = 1.25
+RECOMPILE_MARGIN_S = 0.5
+ANATOMY_STAGES = ("text_encode", "denoise", "video_decode", "audio_decode", "frame_prep_d2h", "mux_save", "other")
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    return float(np.quantile(np.asarray(values, dtype=np.float64), q, method=QUANTILE_METHOD))
+
+
+def _unreported(record: ClipRecord, field: str) -> bool:
+    return field in (record.extra or {}).get("unreported", [])
+
+
+def summarize(records: Sequence[ClipRecord], gpu_hourly_rate: float | None = None) -> dict[str, Any]:
+    """Per-recipe summary over non-warm-up requests."""
+    records = [r for r in records if not (r.extra or {}).get("warmup")]
+    if not records:
+        return {"n": 0}
+    gen = [r.timings.generation_side_latency_s for r in records]
+    rtf_s = [r.timings.request_to_file_latency_s for r in records]
+    out: dict[str, Any] = {"n": len(records)}
+    gen_known = [g for g, r in zip(gen, records) if not _unreported(r, "timings.generation_side_latency_s")]
+    if gen_known:
+        out["generation_side_latency_s"] = {"p50": quantile(gen_known, 0.5), "p90": quantile(gen_known, 0.9),
+                                            "mean": float(np.mean(gen_known)), "n": len(gen_known)}
+        rtf = [r.timings.generation_side_latency_s / r.shape.duration_s for r in records
+               if not _unreported(r, "timings.generation_side_latency_s") and r.shape.duration_s > 0]
+        out["real_time_factor_p50"] = quantile(rtf, 0.5) if rtf else None
+    else:
+        out["generation_side_latency_s"] = None
+        out["real_time_factor_p50"] = None
+    out["request_to_file_latency_s"] = {"p50": quantile(rtf_s, 0.5), "p90": quantile(rtf_s, 0.9),
+                                        "mean": float(np.mean(rtf_s))}
+    anatomy_records = [r for r in records if not _unreported(r, "stage_anatomy")]
+    if anatomy_records:
+        anatomy = {stage: statistics.median(getattr(r.timings.stage_anatomy, stage) for r in anatomy_records)
+                   for stage in ANATOMY_STAGES}
+        steps = [s for r in anatomy_records for s in r.timings.stage_anatomy.denoise_steps]
+        anatomy["denoise_step"] = statistics.median(steps) if steps else None
+        out["stage_anatomy_median_s"] = anatomy
+    else:
+        out["stage_anatomy_median_s"] = None
+    peaks = [r.peak_memory_bytes for r in records if r.peak_memory_bytes is not None]
+    out["peak_memory_bytes"] = max(peaks) if peaks else None
+    out["usd_per_clip"] = (out["request_to_file_latency_s"]["p50"] * gpu_hourly_rate / 3600.0
+                           if gpu_hourly_rate is not None else None)
+    return out
+
+
+def speedup(baseline: Sequence[float], candidate: Sequence[float], b: int = BOOTSTRAP_B, seed: int = BOOTSTRAP_SEED,
+            level: float = CI_LEVEL) -> dict[str, Any]:
+    """Ratio of means baseline/candidate over pairs, with a percentile-bootstrap CI over resampled pairs."""
+    base = np.asarray(baseline, dtype=np.float64)
+    cand = np.asarray(candidate, dtype=np.float64)
+    if base.shape != cand.shape or base.ndim != 1:
+        raise ValueError(f"speedup needs paired latencies of equal length, got {base.shape} and {cand.shape}")
+    n = base.size
+    if n == 0:
+        return {"n_pairs": 0, "speedup": None, "ci_low": None, "ci_high": None}
+    point = float(base.mean() / cand.mean())
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(b, n))
+    ratios = base[idx].mean(axis=1) / cand[idx].mean(axis=1)
+    alpha = (1.0 - level) / 2.0
+    return {"n_pairs": int(n), "speedup": point, "ci_low": quantile(ratios, alpha), "ci_high": quantile(ratios, 1 - alpha),
+            "ci_level": level, "bootstrap": {"method": "percentile", "B": b, "seed": seed},
+            "warning": "fewer than 5 pairs: the CI is not informative" if n < 5 else None}
+
+
+def shape_key(record: ClipRecord) -> str:
+    """The sequence shape a shape-keyed kernel cache would see: packed DiT rows and text tokens."""
+    return f"seq{record.shape.sequence_length}-txt{record.shape.num_text_tokens}"
+
+
+def detect_recompiles(records: Iterable[ClipRecord], ratio: float = RECOMPILE_RATIO,
+                      margin_s: float = RECOMPILE_MARGIN_S) -> dict[str, Any]:
+    """Flag sequence shapes whose first request in a process was slower than the recipe's steady state.
+
+    Requests are replayed in the order one process ran them (``extra["session"]``, ``extra["seq"]``): a shape is
+    *new* at its first request in a session (warm-up requests count as having seen their shape; a resumed run is a
+    new process and pays again). The steady state is the median generation-side latency of every non-warm-up request
+    that was not first at its shape. A first request is flagged when it exceeds the steady state by more than both
+    ``ratio`` (×) and ``margin_s`` (s).
+    """
+    records = list(records)
+    if any(_unreported(r, "shape.sequence_length") for r in records):
+        return {"available": False, "reason": "the server does not report sequence shapes"}
+    by_session: dict[str, list[ClipRecord]] = {}
+    for r in records:
+        by_session.setdefault(str((r.extra or {}).get("session", "")), []).append(r)
+    firsts, steady = [], []
+    for session, items in by_session.items():
+        seen: set[str] = set()
+        for r in sorted(items, key=lambda x: (x.extra or {}).get("seq", 0)):
+            key = shape_key(r)
+            warm = bool((r.extra or {}).get("warmup"))
+            if not warm:
+                (firsts if key not in seen else steady).append((key, r))
+            seen.add(key)
+    if not steady:
+        return {"available": False, "reason": "no steady-state request (every timed request was first at its shape)"}
+    steady_s = statistics.median(r.timings.generation_side_latency_s for _, r in steady)
+    threshold = max(steady_s * ratio, steady_s + margin_s)
+    flagged = []
+    for key, r in firsts:
+        latency = r.timings.generation_side_latency_s
+        if latency > threshold:
+            flagged.append({"shape": key, "latency_s": latency, "excess_s": latency - steady_s,
+                            "request": (r.extra or {}).get("request_name"), "session": (r.extra or {}).get("session")})
+    return {"available": True, "steady_state_s": steady_s, "threshold_s": threshold, "ratio": ratio,
+            "margin_s": margin_s, "first_at_shape": len(firsts), "steady_requests": len(steady),
+            "flagged": bool(flagged), "shapes": flagged}
+
+
+def render_markdown(speed: dict[str, Any]) -> str:
+    lines = [f"# Speed summary: {speed.get('run', '')}", ""]
+    lines.append(f"Baseline: `{speed['baseline']}`. Quantiles: {speed['definitions']['quantile']}. "
+                 f"Speedup: {speed['definitions']['speedup']}.")
+    for section, per_recipe in speed["protocols"].items():
+        lines += ["", f"## {section}", "",
+                  "| recipe | n | gen p50 (s) | gen p90 (s) | r2f p50 (s) | r2f p90 (s) | RTF p50 | peak MiB | $/clip | "
+                  "speedup [95% CI] | recompiles |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for name, s in per_recipe.items():
+            if s.get("status") != "ok":
+                lines.append(f"| {name} | - | {s.get('status')}: {s.get('reason', '')} |||||||||")
+                continue
+            g, f = s.get("generation_side_latency_s") or {}, s["request_to_file_latency_s"]
+            sp = s.get("speedup") or {}
+            sp_text = (f"{sp['speedup']:.2f}× [{sp['ci_low']:.2f}, {sp['ci_high']:.2f}]" if sp.get("speedup")
+                       else "-")
+            if sp.get("warning"):
+                sp_text += f" (n={sp['n_pairs']}: CI not informative)"
+            rc = s.get("recompiles") or {}
+            rc_text = ("n/a" if not rc.get("available") else
+                       ", ".join(x["shape"] for x in rc["shapes"]) if rc["flagged"] else "none")
+            peak = f"{s['peak_memory_bytes'] / 2**20:.0f}" if s.get("peak_memory_bytes") else "-"
+            usd = f"{s['usd_per_clip']:.4f}" if s.get("usd_per_clip") is not None else "-"
+            rtf = f"{s['real_time_factor_p50']:.3f}" if s.get("real_time_factor_p50") is not None else "-"
+            lines.append(f"| {name} | {s['n']} | {g.get('p50', float('nan')):.3f} | {g.get('p90', float('nan')):.3f} | "
+                         f"{f['p50']:.3f} | {f['p90']:.3f} | {rtf} | {peak} | {usd} | {sp_text} | {rc_text} |")
+    if "repeated_vs_mixed" in speed:
+        lines += ["", "## repeated vs mixed (p50 generation-side, mixed / repeated)", ""]
+        for name, v in speed["repeated_vs_mixed"].items():
+            lines.append(f"- {name}: {v['mixed_p50_s']:.3f} s / {v['repeated_p50_s']:.3f} s = {v['ratio']:.3f}")
+    return "\n".join(lines) + "\n"

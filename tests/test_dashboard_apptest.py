@@ -1,0 +1,267 @@
+"""Every dashboard page rendered with streamlit.testing's AppTest over a review run of known content; the values
+shown are checked against the same numbers computed independently (float64 loops, the demo's written values)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from dashboard.data import amplified_difference
+from dashboard.demo import BASELINE, ghost_series, latency, lpips_series, make_review_run
+from h3.media import decode_audio, decode_video
+from h3eval.store import RunStore
+
+APP = str(Path(__file__).resolve().parent.parent / "dashboard" / "app.py")
+PROMPTS = ("p-cat", "p-car")
+SEEDS = (0, 1)
+ERROR_PAIR = ("fast", "p-cat", 0)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("apptest")
+    full = base / "full"
+    make_review_run(full, prompt_ids=PROMPTS, seeds=SEEDS, error_pair=ERROR_PAIR)
+    bare = base / "bare"  # clips only: no gates, no verdict, no rate
+    make_review_run(bare, candidates=("fast",), prompt_ids=("p-cat",), seeds=(0,), gates=False, verdict=False,
+                    hourly_rate=None)
+    return {"full": full, "bare": bare}
+
+
+def app(monkeypatch, *roots: Path, **query) -> AppTest:
+    monkeypatch.setenv("H3EVAL_DASHBOARD_RUNS", os.pathsep.join(str(r) for r in roots))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.query_params.update({k: str(v) for k, v in query.items()})
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def frame_with(at: AppTest, column: str):
+    """The first table on the page that has ``column`` (AppTest does not expose a dataframe's key)."""
+    matches = [d.value for d in at.dataframe if column in d.value.columns]
+    assert matches, f"no table with a {column!r} column; tables: {[list(d.value.columns) for d in at.dataframe]}"
+    return matches[0]
+
+
+def gen_latency(recipe: str, pid: str, seed: int) -> float:
+    return 0.95 * latency(recipe, pid, seed)  # synth's generation-side share of the request
+
+
+def test_overview_shows_speed_quality_and_verdict(monkeypatch, runs):
+    at = app(monkeypatch, runs["full"])
+    assert at.title[0].value == "Overview"
+    speed = at.dataframe[0].value.set_index("recipe")
+    for cand in ("fast", "faster"):
+        b = [gen_latency(BASELINE, p, s) for p in PROMPTS for s in SEEDS]
+        c = [gen_latency(cand, p, s) for p in PROMPTS for s in SEEDS]
+        assert speed.loc[cand, "speedup"] == pytest.approx(sum(b) / sum(c), rel=1e-9)
+        assert speed.loc[cand, "dollars_per_clip"] == pytest.approx(np.mean(c) * 13.16 / 3600, rel=1e-9)
+        lo, hi = (float(x) for x in speed.loc[cand, "speedup_95ci"].strip("[]").split(","))
+        assert lo <= speed.loc[cand, "speedup"] <= hi
+    assert speed.loc["fast", "verdict"] == "PASS" and speed.loc["faster", "verdict"] == "FAIL"
+    assert speed.loc[BASELINE, "speedup"] == 1.0
+
+    assert at.selectbox(key="overview_metric").value == "lpips · lpips_mean"
+    quality = at.dataframe[1].value.set_index("recipe")
+    fast_mean = np.mean([np.mean(lpips_series("fast", p, s, 24)) for p in PROMPTS for s in SEEDS
+                         if ("fast", p, s) != ERROR_PAIR])
+    assert quality.loc["fast", "quality"] == pytest.approx(fast_mean, rel=1e-9)
+    assert quality.loc["fast", "n_missing"] == 1
+    # fast: slower but better; faster: faster but worse -> both on the front
+    assert quality["pareto"].tolist() == [True, True]
+
+    at.selectbox(key="overview_metric").set_value("ghosting · ghost_score_max").run()
+    quality = at.dataframe[1].value.set_index("recipe")
+    assert quality.loc["faster", "quality"] == pytest.approx(max(ghost_series("faster", 24)))
+
+
+def test_overview_across_runs_and_missing_pieces(monkeypatch, runs):
+    at = app(monkeypatch, runs["full"], runs["bare"])
+    speed = at.dataframe[0].value
+    assert sorted(set(speed["run"])) == ["bare", "full"]
+    bare = speed[speed["run"] == "bare"].set_index("recipe")
+    assert bare.loc["fast", "verdict"] == "no verdict yet"
+    assert bare.loc["fast", "speedup_95ci"] == "n/a (fewer than 2 pairs)"
+    assert bare["dollars_per_clip"].isna().all()  # no rate: shown missing, never 0
+    # typing a rate fills in $/clip for the run without one, and only for it
+    at.number_input(key="hourly_rate").set_value(3600.0).run()
+    bare = at.dataframe[0].value.set_index(["run", "recipe"])
+    assert bare.loc[("bare", "fast"), "dollars_per_clip"] == pytest.approx(gen_latency("fast", "p-cat", 0))
+    full_fast = [gen_latency("fast", p, s) for p in PROMPTS for s in SEEDS]
+    assert bare.loc[("full", "fast"), "dollars_per_clip"] == pytest.approx(np.mean(full_fast) * 13.16 / 3600)
+
+
+def test_overview_without_gates_says_so(monkeypatch, runs):
+    at = app(monkeypatch, runs["bare"])
+    assert any("No gate results in these runs yet" in i.value for i in at.info)
+
+
+def test_anatomy_stage_means(monkeypatch, runs):
+    at = app(monkeypatch, runs["full"], page="anatomy")
+    table = at.dataframe[0].value.set_index("recipe")
+    mean_lat = np.mean([latency("faster", p, s) for p in PROMPTS for s in SEEDS])
+    # synth's split of a request: 2% text encode, 85% denoise, 8% video decode, 1% audio, 4% prep, 5% mux
+    for stage, share in (("text_encode", 0.02), ("denoise", 0.85), ("video_decode", 0.08), ("audio_decode", 0.01),
+                         ("frame_prep_d2h", 0.04), ("mux_save", 0.05)):
+        assert table.loc["faster", stage] == pytest.approx(share * mean_lat, rel=1e-9)
+    assert table.loc["faster", "denoise_share"] == pytest.approx(0.85 / 1.05)
+
+
+def test_viewer_pair_from_link(monkeypatch, runs):
+    at = app(monkeypatch, runs["full"], page="viewer", candidate="faster", prompt="p-cat", seed=0)
+    assert [s.value for s in at.selectbox][:3] == ["faster", "p-cat", 0]
+    gates = frame_with(at, "gate").set_index("gate")
+    assert bool(gates.loc["ghosting", "flagged"]) is True
+    assert gates.loc["ghosting", "flags"] == "ghost_score above 0.4 on 24 frames"
+    assert gates.loc["lpips", "lpips_mean"] == pytest.approx(np.mean(lpips_series("faster", "p-cat", 0, 24)))
+    frame = at.slider(key="viewer_frame")
+    assert (frame.min, frame.max) == (0, 23)
+    captions = [c for img in at.get("image") for c in img.captions]
+    # opens on the ghosting gate's worst frame (3); the nearest heatmap the gate drew at or before it is frame 0's
+    assert "baseline · frame 3" in captions and "candidate · frame 3" in captions
+    assert "ghosting heatmap · p-cat-s0_heatmap_f0000.png" in captions
+    assert frame.value == 3
+    assert "Ghosting gate's worst frames: 3 (ghost_score 0.630, copy of frame t-0 shifted (0, 6) px)" in [
+        c.value for c in at.caption]
+
+    store = RunStore(runs["full"])
+    a = decode_video(store.clip_path(BASELINE, "p-cat", 0))[0]
+    b = decode_video(store.clip_path("faster", "p-cat", 0))[0]
+    diff = amplified_difference(a[12], b[12], 8)
+    at.slider(key="viewer_frame").set_value(12).run()
+    captions = [c for img in at.get("image") for c in img.captions]
+    assert "ghosting heatmap · p-cat-s0_heatmap_f0012.png" in captions and "candidate · frame 12" in captions
+    assert f"amplified difference: mean {diff.mean():.2f}, max {int(diff.max())} (of 255)" in [
+        c.value for c in at.caption]
+    assert diff.mean() > 2  # the planted ghost is there to see
+    timeline = next(c.value for c in at.caption if c.value.startswith("Per-frame gate series"))
+    assert "flagged frames: " + ", ".join(str(i) for i in range(24)) in timeline and "current frame 12" in timeline
+
+    wa, _ = decode_audio(store.clip_path(BASELINE, "p-cat", 0))
+    wb, _ = decode_audio(store.clip_path("faster", "p-cat", 0))
+    n = min(wa.shape[1], wb.shape[1])
+    rms = np.sqrt(np.mean((wb[:, :n].astype(np.float64).mean(0) - wa[:, :n].astype(np.float64).mean(0)) ** 2))
+    assert any(c.value.startswith(f"RMS of the waveform difference: {rms:.5f}.") for c in at.caption)
+    assert len(at.get("video")) == 2
+
+
+def test_viewer_missing_clip_and_missing_gates(monkeypatch, runs, tmp_path):
+    root = tmp_path / "gap"
+    make_review_run(root, candidates=("fast",), prompt_ids=("p-cat",), seeds=(0, 1), gates=False, verdict=False)
+    RunStore(root).clip_path("fast", "p-cat", 1).unlink()
+    at = app(monkeypatch, root, page="viewer", candidate="fast", prompt="p-cat", seed=1)
+    infos = [i.value for i in at.info]
+    assert "No gate results for this pair yet." in infos
+    assert any(i.startswith("Clip missing for fast") for i in infos)
+    at = app(monkeypatch, root, page="viewer", candidate="fast", prompt="p-cat", seed=0)
+    assert "No ghosting result for this pair yet." in [i.value for i in at.info]
+
+
+def test_gates_worst_first_with_links(monkeypatch, runs):
+    at = app(monkeypatch, runs["full"], page="gates")
+    assert at.selectbox(key="gates_gate").value == "ghosting"
+    counts = frame_with(at, "ok").set_index("candidate")
+    assert counts.loc["faster", "flagged"] == 4 and counts.loc["fast", "flagged"] == 0
+    table = frame_with(at, "view")
+    assert list(table["candidate"][:4]) == ["faster"] * 4  # highest ghost score first
+    assert list(table.columns).count("metric:ghost_score_max") == 1 and "metric:lpips_mean" not in table.columns
+    first = table.iloc[0]
+    assert first["view"] == f"?page=viewer&run=0&candidate=faster&prompt={first['prompt_id']}&seed={first['seed']}"
+
+    at.selectbox(key="gates_gate").set_value("lpips").run()
+    assert any("fast/p-cat-s0 (error: decode failed: candidate clip truncated at frame 7)" in w.value
+               for w in at.warning)
+    table = frame_with(at, "view")
+    assert (table.iloc[0]["candidate"], table.iloc[0]["prompt_id"], table.iloc[0]["seed"]) == ERROR_PAIR
+    assert np.isnan(table.iloc[0]["metric:lpips_mean"])
+    values = table["metric:lpips_mean"].iloc[1:].tolist()
+    assert values == sorted(values, reverse=True)  # lower is better: worst (highest) first
+
+
+def test_gates_and_trajectory_and_verdict_absent(monkeypatch, runs):
+    at = app(monkeypatch, runs["bare"], page="gates")
+    assert any("No gate results in bare yet" in i.value for i in at.info)
+    at = app(monkeypatch, runs["bare"], page="trajectory")
+    assert any(i.value.startswith("No trajectory in this run") for i in at.info)
+    at = app(monkeypatch, runs["bare"], page="verdict")
+    assert any(i.value.startswith("No verdict yet for bare") for i in at.info)
+
+
+def test_trajectory_curves(monkeypatch, runs):
+    at = app(monkeypatch, runs["full"], page="trajectory")
+    assert at.selectbox(key="trajectory_series").options == ["x0_rel_l2", "x_t_rel_l2"]
+    table = frame_with(at, "last step").set_index("candidate")
+    assert table.loc["faster", "median x0_rel_l2 at last step"] == pytest.approx(0.03 * 8 * 1.5)
+    pairs = frame_with(at, "first divergent step")
+    assert len(pairs) == 2 * len(PROMPTS) * len(SEEDS)
+    row = pairs[(pairs.candidate == "faster") & (pairs.prompt_id == "p-car") & (pairs.seed == 1)].iloc[0]
+    assert row["x0_rel_l2 at last step"] == pytest.approx(0.03 * 8 * 1.5)
+    assert row["view"] == "?page=viewer&run=0&candidate=faster&prompt=p-car&seed=1"
+    at.selectbox(key="trajectory_series").set_value("x_t_rel_l2").run()
+    table = frame_with(at, "last step").set_index("candidate")
+    assert table.loc["fast", "median x_t_rel_l2 at last step"] == pytest.approx(0.01 * 8)
+
+
+def test_verdict_page(monkeypatch, runs):
+    at = app(monkeypatch, runs["full"], page="verdict")
+    assert at.metric[0].label == "Overall" and at.metric[0].value == "FAIL"
+    assert "- faster: ghosting flagged" in at.markdown[0].value
+    assert "too few to detect a 0.01 LPIPS margin" in at.warning[0].value
+    rows = frame_with(at, "scope").set_index("scope")
+    assert rows.loc["faster", "status"] == "FAIL"
+    assert rows.loc["faster / ghosting", "reasons"] == "ghost_score_max above 0.4 on 4 of 4 pairs"
+    assert rows.loc["fast / lpips", "status"] == "PASS"
+    assert rows.loc["fast / speed", "status"] == "PASS"
+
+
+def test_unreadable_files_listed_in_sidebar(monkeypatch, tmp_path):
+    root = tmp_path / "broken"
+    make_review_run(root, candidates=("fast",), prompt_ids=("p-cat",), seeds=(0,), trajectory=False)
+    (root / "gates" / "lpips" / "fast" / "p-cat-s0.json").write_text("{ truncated")
+    at = app(monkeypatch, root, page="gates")
+    at.selectbox(key="gates_gate").set_value("lpips").run()
+    assert any("fast/p-cat-s0 (unreadable: p-cat-s0.json could not be read)" in w.value for w in at.warning)
+    assert any("p-cat-s0.json: unreadable JSON" in c.value for c in at.sidebar.caption)
+
+
+@pytest.mark.parametrize("page", ["overview", "anatomy", "viewer", "gates", "trajectory", "verdict"])
+def test_not_a_run_directory_is_shown_not_raised(monkeypatch, tmp_path, page):
+    at = app(monkeypatch, tmp_path / "typo", page=page)
+    assert any("run.json: missing (not a run directory?)" in c.value for c in at.sidebar.caption)
+    assert at.info, f"{page}: says nothing about the empty run"
+
+
+def test_viewer_with_the_ghosting_gates_strip(monkeypatch, tmp_path):
+    """The ghosting gate's own result shape: a strip PNG for the pair, flagged frames in info.ghost_frame_indices."""
+    from PIL import Image
+
+    from gates.base import GateResult, Metric, PairRef
+    from h3.atomic import atomic_write_json
+
+    root = tmp_path / "strip"
+    make_review_run(root, candidates=("fast",), prompt_ids=("p-cat",), seeds=(0,), gates=False, verdict=False)
+    rel = "gates/ghosting/fast/p-cat-s0-ghosting-strip.png"
+    (root / rel).parent.mkdir(parents=True)
+    Image.fromarray(np.full((32, 96, 3), 200, dtype=np.uint8)).save(root / rel)
+    result = GateResult(
+        gate="ghosting", pair=PairRef(baseline=BASELINE, candidate="fast", prompt_id="p-cat", seed=0),
+        metrics={"ghost_score_max": Metric(value=0.05, higher_is_better=False)},
+        series={"ghost_score": [0.01] * 20 + [0.05] * 4}, flagged=True, flags=["ghosting: 4 of 24 frames"],
+        artifacts=[rel],
+        info={"config": {"frame_threshold": 0.03}, "ghost_frame_indices": [20, 21, 22, 23],
+              "worst_frames": [{"frame": 22, "ghost_score": 0.05, "lag": 1, "dy": 0, "dx": 3}]},
+    )
+    atomic_write_json(root / "gates/ghosting/fast/p-cat-s0.json", result.model_dump(mode="json"))
+    at = app(monkeypatch, root, page="viewer")
+    captions = [c for img in at.get("image") for c in img.captions]
+    assert "ghosting · p-cat-s0-ghosting-strip.png" in captions
+    assert "The ghosting gate drew its heatmaps as a strip of its worst frames: below." in [i.value for i in at.info]
+    assert at.slider(key="viewer_frame").value == 22
+    timeline = next(c.value for c in at.caption if c.value.startswith("Per-frame gate series"))
+    assert "flagged frames: 20, 21, 22, 23;" in timeline

@@ -1,0 +1,129 @@
+"""Integrity gate: planted defects of known size in real MP4s (black frames, frozen runs, silence, clipping...)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _gate_clips import FPS, NUM_FRAMES, RATE, SIZE, make_run, moving_square_frames, noise_pcm, pair_context, rewrite_clip
+
+from gates.base import get_gate
+from gates.integrity import IntegrityThresholds, check_clip
+from h3.media import decode_audio, encode_mp4
+
+
+def _clip(tmp_path, frames=None, pcm="noise", name="clip.mp4"):
+    frames = moving_square_frames(NUM_FRAMES, SIZE, 0) if frames is None else frames
+    pcm = noise_pcm() if isinstance(pcm, str) else pcm
+    path = tmp_path / name
+    encode_mp4(path, frames, pcm)
+    return path
+
+
+def test_good_clip_has_no_problems(tmp_path):
+    result = check_clip(_clip(tmp_path))
+    assert result.ok, result.problems
+    assert (result.num_frames, result.height, result.width, result.fps) == (NUM_FRAMES, SIZE, SIZE, FPS)
+    assert (result.audio_sample_rate, result.audio_channels) == (RATE, 2)
+    assert abs(result.num_audio_samples - RATE * NUM_FRAMES / FPS) <= RATE / FPS
+    assert result.black_frames == [] and result.frozen_runs == [] and result.nonfinite_samples == 0
+
+
+def test_black_frames_are_found_by_index(tmp_path):
+    frames = moving_square_frames(NUM_FRAMES, SIZE, 0).copy()
+    frames[[5, 6, 17]] = 0
+    result = check_clip(_clip(tmp_path, frames))
+    assert result.black_frames == [5, 6, 17]
+    assert any("3 all-black frame(s)" in p for p in result.problems)
+
+
+def test_frozen_run_is_found_with_its_length(tmp_path):
+    frames = moving_square_frames(NUM_FRAMES, SIZE, 0).copy()
+    frames[8:22] = frames[8]  # frames 8..21 show the same picture: 14 frames
+    result = check_clip(_clip(tmp_path, frames))
+    assert result.frozen_runs == [[8, 14]]
+    assert result.frame_diff[0] is None and max(result.frame_diff[9:22]) <= 0.25
+    # A shorter still than the threshold is not a frozen run.
+    assert check_clip(_clip(tmp_path, frames, name="b.mp4"), thresholds=IntegrityThresholds(frozen_min_frames=15)).frozen_runs == []
+
+
+def test_silent_track_and_silent_channel(tmp_path):
+    silent = check_clip(_clip(tmp_path, pcm=np.zeros((RATE, 2), np.int16)))
+    assert any(p.startswith("silent audio track") for p in silent.problems)
+    pcm = noise_pcm()
+    pcm[:, 1] = 0
+    one = check_clip(_clip(tmp_path, pcm=pcm, name="one.mp4"))
+    assert [p for p in one.problems if "silent" in p] == ["silent audio channel 1 (RMS -inf dBFS < -60.0 dBFS)"]
+    assert one.audio_rms_dbfs[0] == pytest.approx(20 * np.log10(0.1), abs=0.5)
+
+
+def test_clipping_fraction_matches_the_decoded_samples(tmp_path):
+    t = np.arange(RATE) / RATE
+    x = np.clip(1.6 * np.sin(2 * np.pi * 220 * t), -1, 1)
+    pcm = np.rint(np.stack([x, x], 1) * 32767).astype(np.int16)
+    path = _clip(tmp_path, pcm=pcm)
+    result = check_clip(path)
+    decoded, _ = decode_audio(path)
+    assert result.clipped_fraction == pytest.approx(float(np.mean(np.abs(decoded) >= 0.99)), rel=1e-12)
+    assert result.clipped_fraction > 0.2  # a sine driven 4 dB over full scale sits at full scale a third of the time
+    assert any(p.startswith("clipping") for p in result.problems)
+    quiet = check_clip(_clip(tmp_path, name="quiet.mp4"))
+    assert quiet.clipped_fraction == 0.0
+
+
+def test_no_audio_and_short_audio(tmp_path):
+    none = check_clip(_clip(tmp_path, pcm=None))
+    assert "no audio stream" in none.problems and none.decode_error is None
+    short = check_clip(_clip(tmp_path, pcm=noise_pcm(seconds=0.5), name="short.mp4"))
+    assert any("more than one frame apart" in p for p in short.problems)
+
+
+def test_truncated_mp4_is_a_decode_error_naming_the_file(tmp_path):
+    path = _clip(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    result = check_clip(path)
+    assert result.decode_error is not None and str(path) in result.decode_error
+
+
+def test_record_mismatch_is_reported(tmp_path):
+    path = _clip(tmp_path)
+    record = {"shape": {"num_frames": 30, "height": SIZE, "width": 2 * SIZE, "fps": 25, "audio_sample_rate": RATE,
+                        "duration_s": 1.25, "num_audio_samples": 40000}}
+    problems = check_clip(path, record).problems
+    assert "duration 1.000 s in the MP4, 1.250 s in its record" in problems
+    decoded = decode_audio(path)[0].shape[1]
+    assert f"{decoded} audio samples in the MP4, 40000 in its record ({(40000 - decoded) / 32:.1f} ms apart, more than one frame)" in problems
+    assert "num_frames 24 in the MP4, 30 in its record" in problems
+    assert "width 64 in the MP4, 128 in its record" in problems
+    assert "fps 24 in the MP4, 25 in its record" in problems
+
+
+def test_gate_judges_both_sides(tmp_path):
+    store = make_run(tmp_path / "run")
+    frames = moving_square_frames(NUM_FRAMES, SIZE, 0).copy()
+    frames[3] = 0
+    rewrite_clip(store, "candidate", "p0", 0, frames, noise_pcm())
+    result = get_gate("integrity").evaluate(pair_context(store, gate="integrity"))
+    m = {k: v.value for k, v in result.metrics.items()}
+    assert m["candidate_black_frames"] == 1 and m["baseline_black_frames"] == 0
+    assert m["candidate_problems"] == 1 and m["baseline_problems"] == 0
+    assert result.flagged and result.flags == ["candidate: 1 all-black frame(s) (mean luma <= 4.0): 3"]
+    assert result.error is None and result.status == "ok"
+    assert json.loads(result.model_dump_json())["info"]["candidate"]["black_frames"] == [3]
+
+
+def test_gate_flags_a_pair_mismatch_and_errors_on_undecodable_side(tmp_path):
+    store = make_run(tmp_path / "run")
+    rewrite_clip(store, "candidate", "p0", 0, moving_square_frames(NUM_FRAMES + 3, SIZE, 0), noise_pcm())
+    result = get_gate("integrity").evaluate(pair_context(store, gate="integrity"))
+    assert "pair: num_frames differs (baseline 24, candidate 27)" in result.flags
+    assert "candidate: num_frames 27 in the MP4, 24 in its record" in result.flags
+
+    mp4 = store.clip_path("candidate", "p0", 0)
+    mp4.write_bytes(mp4.read_bytes()[:200])
+    broken = get_gate("integrity").evaluate(pair_context(store, gate="integrity"))
+    assert broken.status == "error" and broken.error.startswith("candidate: ") and str(mp4) in broken.error
+    assert broken.metrics["candidate_black_frames"].value is None  # not measured, never zero-filled
+    assert broken.metrics["baseline_problems"].value == 0

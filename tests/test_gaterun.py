@@ -1,0 +1,201 @@
+"""The gate runner and `h3eval gate`: result files, identical pairs, resume, per-pair errors and exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from _gate_clips import NUM_FRAMES, SIZE, make_run, moving_square_frames, noise_pcm, rewrite_clip
+from typer.testing import CliRunner
+
+from gates.base import GateResult, get_gate
+from gates.common import GateInputError
+from gates.fidelity import PSNR_CAP_DB
+from h3eval.commands import gate as gate_command
+from h3eval.gaterun import GateRunError, options_for, parse_options, result_path, run_gates
+
+GATES = ["integrity", "fidelity", "audio"]
+RAND = {"lpips_trunk": "rand"}
+
+
+def _frames(recipe, pid, seed):
+    # "same" reproduces the baseline bit for bit; "drift" changes the content.
+    return moving_square_frames(NUM_FRAMES, SIZE, seed + (7 if recipe == "drift" else 0))
+
+
+def _audio(recipe, pid, seed):
+    return noise_pcm(seed=seed + (3 if recipe == "drift" else 0))
+
+
+@pytest.fixture
+def run(tmp_path):
+    return make_run(tmp_path / "run", candidates=("same", "drift"), prompt_ids=("p0", "p1"), frames_fn=_frames,
+                    audio_fn=_audio)
+
+
+def _read(store, gate, cand, pid, seed=0) -> GateResult:
+    return GateResult.model_validate_json(result_path(store, gate, cand, pid, seed).read_text())
+
+
+def test_results_for_every_gate_and_pair(run):
+    summary = run_gates(run.root, GATES, options=RAND, progress=False)
+    assert not summary.failed and summary.pairs == 4
+    assert summary.scored == {"integrity": 4, "fidelity": 4, "audio": 4}
+    for gate in GATES:
+        for cand in ("same", "drift"):
+            for pid in ("p0", "p1"):
+                result = _read(run, gate, cand, pid)
+                assert result.gate == gate and result.pair.candidate == cand and result.pair.prompt_id == pid
+                assert result.pair.baseline == "baseline" and result.error is None
+                assert result.identical is (cand == "same")
+    # Identical pairs: exactly zero difference, without decoding.
+    same_fid = _read(run, "fidelity", "same", "p0")
+    assert {k: v.value for k, v in same_fid.metrics.items()} == {
+        "lpips_mean": 0.0, "lpips_p95": 0.0, "lpips_worst": 0.0, "ssim_mean": 1.0, "ssim_worst": 1.0,
+        "psnr_mean": PSNR_CAP_DB, "psnr_worst": PSNR_CAP_DB}
+    same_audio = _read(run, "audio", "same", "p1")
+    assert {k: v.value for k, v in same_audio.metrics.items()} == {
+        "stft_distance": 0.0, "logmel_distance": 0.0, "lufs_delta": 0.0, "offset_ms": 0.0}
+    # The integrity gate still looks at both clips of an identical pair.
+    assert _read(run, "integrity", "same", "p0").info["candidate"]["num_frames"] == NUM_FRAMES
+    # A different pair scores a difference, with its artifact stored relative to the run.
+    drift = _read(run, "fidelity", "drift", "p0")
+    assert drift.metrics["lpips_mean"].value > 0 and drift.metrics["psnr_mean"].value < PSNR_CAP_DB
+    [png] = drift.artifacts
+    assert not png.startswith("/") and (run.root / png).is_file()
+    assert png.startswith("gates/fidelity/drift/")
+
+
+def test_resume_keeps_valid_results_and_redoes_missing_or_broken(run):
+    run_gates(run.root, ["audio"], progress=False)
+    kept = result_path(run, "audio", "drift", "p0", 0)
+    before = kept.read_bytes()
+    missing = result_path(run, "audio", "drift", "p1", 0)
+    missing.unlink()
+    broken = result_path(run, "audio", "same", "p0", 0)
+    broken.write_text("{ half a file")
+    summary = run_gates(run.root, ["audio"], progress=False)
+    assert summary.scored == {"audio": 2} and summary.resumed == {"audio": 2}
+    assert kept.read_bytes() == before
+    assert GateResult.model_validate_json(missing.read_text()).error is None
+    assert GateResult.model_validate_json(broken.read_text()).identical is True
+    forced = run_gates(run.root, ["audio"], progress=False, force=True)
+    assert forced.scored == {"audio": 4} and forced.resumed == {"audio": 0}
+    # Other options, other results: recomputed; options of another gate do not matter.
+    assert run_gates(run.root, ["audio"], options={"fidelity.lpips_stride": "2"}, progress=False).resumed == {"audio": 4}
+    changed = run_gates(run.root, ["audio"], options={"max_offset_ms": "100"}, progress=False)
+    assert changed.scored == {"audio": 4}
+    assert _read(run, "audio", "drift", "p0").info["inputs"]["options"] == {"max_offset_ms": "100"}
+
+
+def test_truncated_clip_errors_one_pair_and_the_rest_is_scored(run):
+    mp4 = run.clip_path("drift", "p1", 0)
+    mp4.write_bytes(mp4.read_bytes()[:1000])
+    summary = run_gates(run.root, GATES, options=RAND, progress=False)
+    assert summary.failed
+    assert sorted((e["gate"], e["candidate"], e["prompt_id"]) for e in summary.errors) == [
+        (g, "drift", "p1") for g in sorted(GATES)]
+    err = _read(run, "fidelity", "drift", "p1")
+    assert err.status == "error" and err.metrics == {}
+    assert str(mp4) in err.error and "does not match the mp4_sha256" in err.error
+    assert _read(run, "fidelity", "drift", "p0").error is None
+    # The errored pair is tried again on resume (and still fails); the good ones are kept.
+    again = run_gates(run.root, GATES, options=RAND, progress=False)
+    assert again.scored == dict.fromkeys(GATES, 1) and len(again.errors) == 3
+
+
+def test_corrupt_clip_with_matching_hash_gives_decode_errors(run):
+    # An imported clip whose record was written over an already-corrupt file: the gates see it and say so.
+    rewrite_clip(run, "drift", "p0", 0, moving_square_frames(NUM_FRAMES, SIZE, 1), noise_pcm())
+    mp4 = run.clip_path("drift", "p0", 0)
+    mp4.write_bytes(mp4.read_bytes()[:300])
+    record_path = run.record_path("drift", "p0", 0)
+    record = json.loads(record_path.read_text())
+    from h3.atomic import sha256_file
+
+    record["mp4_sha256"] = sha256_file(mp4)
+    record_path.write_text(json.dumps(record))
+    summary = run_gates(run.root, GATES, options=RAND, progress=False)
+    assert {e["gate"] for e in summary.errors} == set(GATES)
+    for gate in GATES:
+        assert str(mp4) in _read(run, gate, "drift", "p0").error
+
+
+def test_missing_clip_and_mismatched_resolution(run):
+    run.record_path("drift", "p1", 0).unlink()
+    rewrite_clip(run, "drift", "p0", 0, moving_square_frames(NUM_FRAMES, SIZE + 32, 0), noise_pcm())
+    summary = run_gates(run.root, ["fidelity", "integrity"], options=RAND, progress=False)
+    missing = _read(run, "fidelity", "drift", "p1")
+    assert "candidate clip drift/p1-s0 is not finished" in missing.error
+    mismatch = _read(run, "fidelity", "drift", "p0")
+    assert "resolution 64x64 vs 96x96" in mismatch.error
+    assert "pair: width differs (baseline 64, candidate 96)" in _read(run, "integrity", "drift", "p0").flags
+    assert summary.failed
+
+
+def test_missing_lpips_weights_errors_per_pair_and_other_gates_still_score(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "empty-torch-home"))
+    monkeypatch.delenv("H3EVAL_LPIPS_TRUNK", raising=False)
+    summary = run_gates(run.root, ["fidelity", "audio"], progress=False)
+    fid_errors = [e for e in summary.errors if e["gate"] == "fidelity"]
+    # Identical pairs need no model; both "drift" pairs do.
+    assert sorted(e["prompt_id"] for e in fid_errors) == ["p0", "p1"] and {e["candidate"] for e in fid_errors} == {"drift"}
+    assert "alexnet-owt-7be5be79.pth" in fid_errors[0]["error"]
+    assert not [e for e in summary.errors if e["gate"] == "audio"]
+
+
+def test_options_are_scoped_and_validated(run):
+    options = parse_options(["lpips_trunk=rand", "fidelity.lpips_stride=2", "audio.max_offset_ms=100"])
+    fidelity, audio = get_gate("fidelity"), get_gate("audio")
+    assert options_for("fidelity", options, fidelity.option_names) == {"lpips_trunk": "rand", "lpips_stride": "2"}
+    assert options_for("audio", options, audio.option_names) == {"max_offset_ms": "100"}
+    assert options_for("other", options) == {"lpips_trunk": "rand"}  # a gate that does not declare its options
+    with pytest.raises(GateRunError, match="not KEY=VALUE"):
+        parse_options(["stride"])
+    # A typo fails before anything runs, with the known names.
+    with pytest.raises(GateRunError, match=r"option 'lpips_strid' is not an option of the chosen gates.*lpips_stride"):
+        run_gates(run.root, ["fidelity", "audio"], options={"lpips_strid": "2"}, progress=False)
+    with pytest.raises(GateRunError, match=r"gate audio has no option 'lpips_trunk'"):
+        run_gates(run.root, ["audio"], options={"audio.lpips_trunk": "rand"}, progress=False)
+    assert not (run.root / "gates").exists()
+    # Options scoped to a gate that is not chosen are ignored; an unscoped one goes only to the gates that know it.
+    summary = run_gates(run.root, ["audio"], options={"fidelity.lpips_trunk": "rand"}, progress=False)
+    assert not summary.failed
+
+
+def test_gate_rejects_unknown_options_itself(run):
+    from _gate_clips import pair_context
+
+    ctx = pair_context(run, candidate="drift", gate="audio", options={"max_ofset_ms": "3"})
+    with pytest.raises(GateInputError, match=r"unknown audio option\(s\) \['max_ofset_ms'\]; known: \['max_offset_ms'\]"):
+        get_gate("audio").evaluate(ctx)
+
+
+def test_bad_run_dir_and_unknown_gate(tmp_path, run):
+    with pytest.raises(GateRunError, match="run.json is missing"):
+        run_gates(tmp_path / "nowhere", ["audio"], progress=False)
+    with pytest.raises(KeyError, match="unknown gate 'nope'; known gates: .*audio.*fidelity.*integrity"):
+        run_gates(run.root, ["audio", "nope"], progress=False)
+    assert not (run.root / "gates").exists()  # nothing ran
+
+
+def _app():
+    app = typer.Typer()
+    gate_command.register(app)
+    return app
+
+
+def test_command_exit_codes(run):
+    runner = CliRunner()
+    ok = runner.invoke(_app(), [str(run.root), "--gates", "audio,integrity", "--no-progress"])
+    assert ok.exit_code == 0, ok.output
+    assert "audio: 4 pairs, 4 computed, 0 resumed, 2 identical" in ok.output
+    unknown = runner.invoke(_app(), [str(run.root), "--gates", "audio,ghostly", "--no-progress"])
+    assert unknown.exit_code == 3 and "known gates:" in unknown.output
+    mp4 = run.clip_path("drift", "p0", 0)
+    mp4.write_bytes(mp4.read_bytes()[:500])
+    failed = runner.invoke(_app(), [str(run.root), "--gates", "audio", "-o", "max_offset_ms=200", "--no-progress"])
+    assert failed.exit_code == 1 and "error: audio drift/p0-s0:" in failed.output
+    bad_device = runner.invoke(_app(), [str(run.root), "--gates", "audio", "--device", "tpu", "--no-progress"])
+    assert bad_device.exit_code == 3 and "use cpu or cuda" in bad_device.output

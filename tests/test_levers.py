@@ -1,0 +1,613 @@
+"""The levers on the tiny preset on the CPU: each switchable from a recipe, each exact or within a stated tolerance,
+each reporting what it ran. GPU-only paths are marked ``gpu``.
+
+Transformer-level tests call the tiny transformer with the keyword arguments the pipeline really passed (captured
+from one generated clip), so they cost a forward (~0.2 s) instead of a clip (~12 s on 2 shared cores).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import tomllib
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from h3.levers import LEVERS, LeverError
+from h3.recipe import RECIPES_DIR, known_recipes, load_recipe, recipe_from_dict
+from h3.runtime import GenerateRequest, H3Runtime
+
+from conftest import FAST_RECIPE
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (this machine has none)")
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, what: str) -> float:
+    """Relative max error of ``actual`` against ``expected``; the message names the worst index."""
+    actual, expected = actual.detach().double(), expected.detach().double()
+    diff = (actual - expected).abs()
+    rel = float(diff.max() / expected.abs().max().clamp(min=1e-30))
+    worst = tuple(int(i) for i in torch.unravel_index(diff.argmax(), diff.shape))
+    assert rel <= rtol, f"{what}: relative max error {rel:.3e} > {rtol:.1e} (worst at {worst})"
+    return rel
+
+
+# -- shared fixtures -------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """A runtime with every lever off, one clip, and the transformer calls of that clip."""
+    runtime = H3Runtime.load("tiny", recipe_from_dict(FAST_RECIPE), "cpu")
+    calls = []
+
+    def capture(_m, _a, kwargs):
+        calls.append({k: (v.clone() if torch.is_tensor(v) else v) for k, v in kwargs.items()})
+
+    hook = runtime.pipe.transformer.register_forward_pre_hook(capture, with_kwargs=True)
+    out = tmp_path_factory.mktemp("base") / "clip.mp4"
+    record = runtime.generate(GenerateRequest(prompt="A person is squat", seed=3), out)
+    hook.remove()
+    with torch.no_grad():
+        outputs = [runtime.pipe.transformer(**c) for c in calls]
+    return SimpleNamespace(runtime=runtime, record=record, calls=calls, outputs=outputs)
+
+
+def fresh_transformer(base):
+    return copy.deepcopy(base.runtime.pipe.transformer)
+
+
+@torch.no_grad()
+def forward_all(transformer, calls):
+    return [transformer(**c) for c in calls]
+
+
+# -- recipes -------------------------------------------------------------------------------------------------------
+
+REQUIRED = ["baseline", "turbo4", "turbo4-int8", "turbo4-fp8", "turbo4-fp8-sage", "turbo4-sparse", "fbc-cache",
+            "offload-int8-adaln", "identity"]
+
+
+def test_shipped_recipes_validate():
+    assert set(REQUIRED) <= set(known_recipes())
+    for name in known_recipes():
+        assert load_recipe(name).name == name
+
+
+def test_identity_names_every_lever_off_and_matches_baseline():
+    raw = tomllib.loads((RECIPES_DIR / "identity.toml").read_text())
+    sections = {"lora", "adaln", "quant", "sparse_attention", "bucketing", "cache", "compile", "offload", "attention",
+                "vae"}
+    assert sections <= set(raw), f"identity.toml does not name {sections - set(raw)}"
+    identity, baseline = load_recipe("identity").resolved(), load_recipe("baseline").resolved()
+    for key in ("name", "description"):
+        identity.pop(key), baseline.pop(key)
+    assert identity == baseline
+
+
+def test_identity_clip_is_byte_identical_to_baseline(base, tmp_path):
+    identity = load_recipe("identity").model_dump()
+    identity.update(steps=FAST_RECIPE["steps"], dtype=FAST_RECIPE["dtype"])
+    runtime = H3Runtime.load("tiny", recipe_from_dict(identity), "cpu")
+    record = runtime.generate(GenerateRequest(prompt="A person is squat", seed=3), tmp_path / "clip.mp4")
+    assert record.frames_sha256 == base.record.frames_sha256
+    assert record.pcm_sha256 == base.record.pcm_sha256
+    assert record.mp4_sha256 == base.record.mp4_sha256
+    assert set(record.executed.levers) == set(LEVERS)
+    assert [n for n, t in record.executed.levers.items() if t["applied"]] == []
+
+
+SHIPPED_ON_CPU = {
+    "baseline": None, "identity": None, "fbc-cache": None, "turbo4-tinydemo": None,
+    "turbo4": "environment variable that is not set", "turbo4-int8": "environment variable that is not set",
+    "turbo4-sparse": "environment variable that is not set",
+    "turbo4-fp8": "fp8_w8a8' needs a GPU", "turbo4-fp8-sage": "'sage' needs a CUDA GPU",
+    "offload-int8-adaln": "use_stream .* needs a CUDA GPU",
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_ON_CPU))
+def test_every_shipped_recipe_runs_or_refuses_clearly_on_the_cpu(name, monkeypatch):
+    """On the tiny preset (2 steps, float32) each shipped recipe either loads with its levers applied, or is refused
+    before any weight loads with the reason named."""
+    monkeypatch.delenv("H3_LORA_DIR", raising=False)
+    data = load_recipe(name).model_dump()
+    data.update(steps=2, dtype="float32")
+    data["vae"]["tiles"] = {}
+    recipe = recipe_from_dict(data)
+    if SHIPPED_ON_CPU[name] is None:
+        runtime = H3Runtime.load("tiny", recipe, "cpu")
+        applied = {n for n, h in runtime.levers.items() if h.telemetry()["applied"]}
+        expected = {"lora": recipe.lora.enabled, "adaln": recipe.adaln.precompute, "quant": recipe.quant.mode != "none",
+                    "cache": recipe.cache.kind != "none", "sparse_attention": recipe.sparse_attention.enabled,
+                    "bucketing": recipe.bucketing.enabled}
+        assert applied == {n for n, on in expected.items() if on}
+    else:
+        with pytest.raises(LeverError, match=SHIPPED_ON_CPU[name]):
+            H3Runtime.load("tiny", recipe, "cpu")
+
+
+# -- step distillation (LoRA) -----------------------------------------------------------------------------------------
+
+def lora_runtime(**lora):
+    return H3Runtime.load("tiny", recipe_from_dict({**FAST_RECIPE, "lora": {"enabled": True, **lora}}), "cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_lora_file(base, tmp_path_factory):
+    from h3.levers.lora import write_tiny_lora
+
+    return write_tiny_lora(tmp_path_factory.mktemp("lora") / "tiny.safetensors", base.runtime.pipe.transformer)
+
+
+@pytest.mark.parametrize("scale, expected_scaling", [(None, 0.5), (3.0, 1.5)])
+def test_lora_honours_metadata_alpha_and_scale(base, tiny_lora_file, scale, expected_scaling):
+    """The file records alpha 2 at rank 4 (scale 0.5); seed 001's loader applied a scale 16x too strong."""
+    from safetensors.torch import load_file
+
+    runtime = lora_runtime(path=str(tiny_lora_file), scale=scale)
+    telemetry = runtime.levers["lora"].telemetry()
+    assert telemetry["matched_modules"] == telemetry["file_modules"] == 14  # 7 Linears x 2 blocks
+    assert telemetry["scaling"] == [expected_scaling]
+    state = load_file(str(tiny_lora_file))
+    name = "transformer_blocks.1.ff.net.2"
+    base_linear = base.runtime.pipe.transformer.get_submodule(name)
+    a, b = state[f"transformer.{name}.lora_A.weight"].double(), state[f"transformer.{name}.lora_B.weight"].double()
+    x = torch.randn(7, base_linear.in_features, generator=torch.Generator().manual_seed(0))
+    expected = x.double() @ (base_linear.weight.double() + expected_scaling * (b @ a)).T
+    with torch.no_grad():
+        actual = runtime.pipe.transformer.get_submodule(name)(x)
+    assert_close(actual, expected, 1e-6, "LoRA linear vs float64 W + scale * B @ A")
+
+
+def test_lora_fused_matches_unfused(base):
+    unfused, fused = lora_runtime(path="@tiny"), lora_runtime(path="@tiny", fuse=True)
+    assert fused.levers["lora"].telemetry()["fused"] is True
+    out_u = forward_all(unfused.pipe.transformer, base.calls)
+    out_f = forward_all(fused.pipe.transformer, base.calls)
+    for (vu, au), (vf, af), (vb, _) in zip(out_u, out_f, base.outputs):
+        # Fusing reorders float32 sums: W x + s B (A x) vs (W + s B A) x. Stated tolerance 1e-5 relative.
+        assert_close(vf, vu, 1e-5, "fused vs unfused video velocity")
+        assert_close(af, au, 1e-5, "fused vs unfused audio velocity")
+        assert (vu - vb).abs().max() > 1e-3, "the LoRA changed nothing"
+    # 14 LoRA layers ran per forward unfused; fused, the factors are gone from the model.
+    assert unfused.levers["lora"].telemetry()["lora_layer_calls"] == 14 * len(base.calls)
+    assert fused.levers["lora"].telemetry()["lora_layer_calls"] == 0
+    assert not any("lora_" in n for n, _ in fused.pipe.transformer.named_parameters())
+
+
+def test_lora_matching_no_module_is_refused(base, tmp_path):
+    from h3.levers.lora import write_tiny_lora
+
+    bad = write_tiny_lora(tmp_path / "misnamed.safetensors", base.runtime.pipe.transformer, misnamed=True)
+    with pytest.raises(LeverError, match=r"matches 0 of its 14 modules"):
+        lora_runtime(path=str(bad))
+
+
+def test_missing_lora_file_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("H3_LORA_DIR", str(tmp_path))
+    recipe = load_recipe("turbo4").model_dump()
+    recipe.update(dtype="float32", steps=2, vae={**recipe["vae"], "tiles": {}})
+    with pytest.raises(LeverError, match=r"minimax-h3-turbo-4step\.safetensors.*does not exist"):
+        H3Runtime.load("tiny", recipe_from_dict(recipe), "cpu")
+    monkeypatch.delenv("H3_LORA_DIR")
+    with pytest.raises(LeverError, match=r"environment variable that is not set"):
+        H3Runtime.load("tiny", recipe_from_dict(recipe), "cpu")
+
+
+# -- AdaLN precompute -----------------------------------------------------------------------------------------------
+
+def adaln_pipe(base, transformer):
+    pipe = base.runtime.pipe
+    return SimpleNamespace(transformer=transformer, scheduler=pipe.scheduler, audio_scheduler=pipe.audio_scheduler,
+                           keyframe_noise_aug=pipe.keyframe_noise_aug)
+
+
+def test_adaln_precompute_is_bit_identical_and_cached(base, tmp_path):
+    from h3.levers.adaln import AdalnPrecomputeConfig, apply_adaln_precompute
+
+    transformer = fresh_transformer(base)
+    expected_params = sum(p.numel() for b in transformer.transformer_blocks for p in b.adaln_proj.parameters())
+    config = AdalnPrecomputeConfig(num_inference_steps=FAST_RECIPE["steps"] + 1, model_sha256="t" * 64,
+                                   cache_dir=tmp_path)
+    handle = apply_adaln_precompute(adaln_pipe(base, transformer), config)
+    assert not any("adaln_proj.linear" in n for n, _ in transformer.named_parameters())
+    for (v, a), (vb, ab) in zip(forward_all(transformer, base.calls), base.outputs):
+        assert torch.equal(v, vb) and torch.equal(a, ab)
+    telemetry = handle.telemetry()
+    assert telemetry["params_dropped"] == expected_params
+    assert telemetry["table_lookups"] == len(base.calls) == telemetry["schedule_steps"]
+    assert telemetry["disk_cache"] == "miss"
+    with pytest.raises(LeverError, match="already applied"):
+        apply_adaln_precompute(adaln_pipe(base, transformer), config)
+    handle.remove()
+    again = apply_adaln_precompute(adaln_pipe(base, transformer), config)
+    assert again.telemetry()["disk_cache"] == "hit"
+    for (v, _), (vb, _) in zip(forward_all(transformer, base.calls), base.outputs):
+        assert torch.equal(v, vb)
+    off_schedule = dict(base.calls[1], timestep=base.calls[1]["timestep"] * 0.5)
+    with pytest.raises(LeverError, match="not in the precomputed schedule"):
+        transformer(**off_schedule)
+
+
+# -- quantization ---------------------------------------------------------------------------------------------------
+
+def _reference(linear, x, mode):
+    """float64 simulation of the same quantization scheme, and the unquantized float64 result."""
+    from h3.levers.quantization import FP8, FP8_MAX, INT8_MAX, quantize_per_channel, quantize_per_token
+
+    w, x64 = linear.weight.double(), x.double()
+    exact = x64 @ w.T + linear.bias.double()
+    qdtype, qmax = (FP8, FP8_MAX) if mode == "fp8_w8a8" else (torch.int8, INT8_MAX)
+    q, s = quantize_per_channel(linear.weight, qmax, qdtype)
+    wq = q.double() * s.double()[:, None]
+    if mode == "int8_weight_only":
+        xq = x64
+    else:
+        qx, sx = quantize_per_token(x, qmax, qdtype)
+        xq = qx.double() * sx.double()
+    return xq @ wq.T + linear.bias.double(), exact
+
+
+# Stated tolerances (relative max error vs float64 with unquantized weights); measured on this layer 6.6e-3 (INT8
+# weight-only), 6.6e-3 (INT8 W8A8), 3.6e-2 (FP8 W8A8): bench/results/levers_cpu_tolerances.md.
+QUANT_TOLERANCE = {"int8_weight_only": 0.01, "int8_w8a8": 0.02, "fp8_w8a8": 0.06}
+
+
+@pytest.mark.parametrize("mode", ["int8_weight_only", "int8_w8a8", "fp8_w8a8"])
+def test_quantized_linear_error(mode):
+    from h3.levers.quantization import QuantizedLinear
+
+    gen = torch.Generator().manual_seed(1)
+    linear = torch.nn.Linear(64, 48)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(48, 64, generator=gen) / 8)
+        linear.bias.copy_(torch.randn(48, generator=gen) / 8)
+    x = torch.randn(3, 37, 64, generator=gen)
+    with torch.no_grad():
+        actual = QuantizedLinear(linear, mode)(x).reshape(-1, 48)
+    simulated, exact = _reference(linear, x.reshape(-1, 64), mode)
+    # The kernel computes exactly the quantized product (float32 accumulation / scaling rounding only).
+    assert_close(actual, simulated, 2e-6, f"{mode} kernel vs float64 simulation of the same quantization")
+    rel = assert_close(actual, exact, QUANT_TOLERANCE[mode], f"{mode} vs float64 unquantized")
+    assert rel > 1e-5, "quantization had no effect at all"
+
+
+def test_quantization_on_transformer_reports_what_ran(base):
+    from h3.levers.quantization import QuantizationConfig, QuantizedLinear, apply_quantization
+
+    transformer = fresh_transformer(base)
+    linears = {n for n, m in transformer.named_modules() if isinstance(m, torch.nn.Linear)}
+    handle = apply_quantization(transformer, QuantizationConfig(mode="int8_w8a8", exclude=load_recipe(
+        "turbo4-int8").quant.exclude))
+    quantized = {n for n, m in transformer.named_modules() if isinstance(m, QuantizedLinear)}
+    excluded = {"proj_in", "audio_proj_in", "proj_out", "audio_proj_out", "norm_out.linear",
+                "time_embedder.linear_1", "time_embedder.linear_2"}
+    assert quantized == linears - excluded
+    handle.begin_request()
+    outputs = forward_all(transformer, base.calls)
+    telemetry = handle.telemetry()
+    assert telemetry["quantized_modules"] == len(quantized) and telemetry["excluded_modules"] == len(excluded)
+    assert telemetry["quantized_linear_calls"] == len(quantized) * len(base.calls)
+    for (v, _), (vb, _) in zip(outputs, base.outputs):
+        assert_close(v, vb, 0.05, "int8 W8A8 transformer vs float32")
+    with pytest.raises(LeverError, match="already applied"):
+        apply_quantization(transformer, QuantizationConfig(mode="int8_w8a8"))
+
+
+def test_fp8_and_sage_are_refused_on_the_cpu():
+    for name, pattern in [("turbo4-fp8", "fp8_w8a8' needs a GPU"), ("turbo4-fp8-sage", "'sage' needs a CUDA GPU")]:
+        recipe = load_recipe(name)
+        with pytest.raises(LeverError, match=pattern):
+            H3Runtime.load("tiny", recipe, "cpu")
+    offload = load_recipe("offload-int8-adaln")
+    with pytest.raises(LeverError, match="use_stream.*needs a CUDA GPU"):
+        H3Runtime.load("tiny", offload, "cpu")
+
+
+# -- attention: block-sparse and bucketing -------------------------------------------------------------------------
+
+def _qkv(seq=150, heads=2, dim=16, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, seq, heads, dim, generator=gen, dtype=dtype) for _ in range(3)]
+
+
+def _dense(q, k, v, mask=None):
+    out = torch.nn.functional.scaled_dot_product_attention(*(x.permute(0, 2, 1, 3) for x in (q, k, v)),
+                                                           attn_mask=mask)
+    return out.permute(0, 2, 1, 3)
+
+
+def test_block_sparse_at_sparsity_zero_is_dense():
+    from h3.levers.sparse_attention import block_sparse_attention, route_blocks
+
+    q, k, v = _qkv()
+    kv_num, kv_idx = route_blocks(q, k, 32, 0.0)
+    assert int(kv_num.min()) == kv_idx.shape[-1] == 5
+    assert_close(block_sparse_attention(q, k, v, kv_num, kv_idx, 32), _dense(q, k, v), 1e-12, "sparsity 0 vs dense")
+
+
+def test_block_sparse_routing_and_values_match_a_reference():
+    from h3.levers.sparse_attention import block_sparse_attention, kept_block_mask, route_blocks
+
+    q, k, v = _qkv(seq=150)
+    block, sparsity, valid = 32, 0.5, 140
+    kv_num, kv_idx = route_blocks(q, k, block, sparsity, valid_len=valid)
+    kept = kept_block_mask(kv_num, kv_idx)[0]  # (H, nQ, nK)
+    # Slow reference routing: mean-pool the valid rows of each block, keep the ceil(0.5 * 5) = 3 best key blocks.
+    n = 5
+    for h in range(2):
+        pooled = lambda x: torch.stack([x[0, i * block:min((i + 1) * block, valid), h].mean(0) for i in range(n)])
+        scores = pooled(q) @ pooled(k).T
+        for i in range(n):
+            best = set(torch.topk(scores[i], 3).indices.tolist())
+            assert {j for j in range(n) if kept[h, i, j]} == best
+    token_mask = kept.repeat_interleave(block, 1).repeat_interleave(block, 2)[:, :150, :150]
+    token_mask = token_mask & (torch.arange(150) < valid)
+    expected = _dense(q, k, v, token_mask[None])
+    actual = block_sparse_attention(q, k, v, kv_num, kv_idx, block, valid_len=valid)
+    assert_close(actual, expected, 1e-12, "block-sparse vs dense attention under the same block mask")
+
+
+def test_sparse_lever_on_transformer(base):
+    from h3.levers.sparse_attention import SparseAttentionConfig, apply_sparse_attention
+
+    transformer = fresh_transformer(base)
+    handle = apply_sparse_attention(transformer, SparseAttentionConfig(block_size=64, sparsity=0.0, dense_steps=1))
+    outputs = forward_all(transformer, base.calls)
+    telemetry = handle.telemetry()
+    assert telemetry["dense_calls"] == 2 and telemetry["sparse_calls"] == 2  # 2 blocks x (1 dense + 1 sparse step)
+    assert telemetry["realized_sparsity"] == 0.0
+    assert torch.equal(outputs[0][0], base.outputs[0][0])  # the dense first step is the baseline's computation
+    assert_close(outputs[1][0], base.outputs[1][0], 1e-5, "sparsity-0 flex vs SDPA, whole transformer")
+    handle.remove()
+    handle = apply_sparse_attention(transformer, SparseAttentionConfig(block_size=64, sparsity=0.7, dense_steps=0))
+    forward_all(transformer, base.calls[:1])
+    blocks = -(-base.calls[0]["position_ids"].shape[0] // 64)
+    assert handle.telemetry()["realized_sparsity"] == pytest.approx(1 - math.ceil(round(0.3 * blocks, 9)) / blocks)
+
+
+def test_padding_contributes_exactly_zero(base):
+    from h3.levers.bucketing import BucketingConfig, apply_bucketing
+
+    results = {}
+    for pad in (0, 7):
+        transformer = fresh_transformer(base)
+        handle = apply_bucketing(transformer, BucketingConfig(multiple=64, pad_position=pad, pad_tag=pad % 3))
+        results[pad] = forward_all(transformer, base.calls)
+        telemetry = handle.telemetry()
+        seq = base.calls[0]["position_ids"].shape[0]
+        bucket = -(-seq // 64) * 64
+        assert bucket > seq, "the test needs a prompt whose sequence is not already a multiple of 64"
+        assert telemetry["buckets"] == [bucket] and telemetry["valid_lengths"] == [seq]
+        assert telemetry["padded_rows"] == (bucket - seq) * len(base.calls)
+    for (v0, a0), (v7, a7), (vb, ab) in zip(results[0], results[7], base.outputs):
+        # Different padding content, same bucket: bit-identical outputs, so the padding contributes exactly zero.
+        assert torch.equal(v0, v7) and torch.equal(a0, a7)
+        assert_close(v0, vb, 1e-5, "bucketed vs unpadded (more rows change SDPA's summation blocking)")
+
+
+def test_masked_processor_ignores_padding_values():
+    from h3.levers.bucketing import PaddingState
+
+    q, k, v = _qkv(seq=64, dtype=torch.float32)
+    state = PaddingState(valid_len=50, padded_len=64, mask=(torch.arange(64) < 50).view(1, 1, 1, 64))
+    mask = state.key_mask(64, 1, q.device)
+    assert mask.shape == (1, 1, 1, 64) and int(mask.sum()) == 50
+    k2, v2 = k.clone(), v.clone()
+    k2[:, 50:], v2[:, 50:] = 1e4, -1e4
+    out1, out2 = _dense(q, k, v, mask), _dense(q, k2, v2, mask)
+    assert torch.equal(out1, out2)
+    assert_close(out1[:, :50], _dense(q[:, :50], k[:, :50], v[:, :50]), 1e-6, "masked vs truncated")
+
+
+def test_bucketing_needs_a_masking_backend():
+    recipe = recipe_from_dict({**FAST_RECIPE, "attention": {"backend": "sage"}, "bucketing": {"enabled": True}})
+    from h3.levers import preflight
+
+    with pytest.raises(LeverError, match="takes no mask"):
+        preflight(recipe, "cuda")
+
+
+# -- step caches ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("threshold, cached", [(0.0, 0), (1e9, 1)])
+def test_first_block_cache(base, threshold, cached):
+    from h3.levers.step_cache import StepCacheConfig, apply_step_cache
+
+    transformer = fresh_transformer(base)
+    handle = apply_step_cache(transformer, StepCacheConfig(kind="fbc", threshold=threshold))
+    handle.begin_request()
+    outputs = forward_all(transformer, base.calls)
+    telemetry = handle.telemetry()
+    assert (telemetry["forwards"], telemetry["cached_steps"]) == (2, cached)
+    assert torch.equal(outputs[0][0], base.outputs[0][0])  # the first step always computes
+    assert torch.equal(outputs[1][0], base.outputs[1][0]) == (cached == 0)
+    handle.begin_request()  # a new request resets the cache: its first step computes again
+    forward_all(transformer, base.calls[:1])
+    assert handle.telemetry()["cached_steps"] == 0
+
+
+def test_taylorseer_and_magcache(base):
+    from h3.levers.step_cache import StepCacheConfig, apply_step_cache
+
+    transformer = fresh_transformer(base)
+    calls = base.calls + [base.calls[1]] * 2  # four steps
+    handle = apply_step_cache(transformer, StepCacheConfig(kind="taylorseer", cache_interval=2,
+                                                           disable_cache_before_step=1, max_order=1))
+    handle.begin_request()
+    forward_all(transformer, calls)
+    # diffusers' rule: a step computes in the warm-up or when (step - disable_cache_before_step - 1) % interval == 0.
+    computed = sum(1 for s in range(4) if s < 1 or (s - 1 - 1) % 2 == 0)
+    t = handle.telemetry()
+    assert (t["forwards"], t["computed_steps"], t["cached_steps"]) == (4, computed, 4 - computed) == (4, 2, 2)
+    with pytest.raises(LeverError, match="mag_ratios"):
+        apply_step_cache(fresh_transformer(base), StepCacheConfig(kind="mag"))
+    transformer = fresh_transformer(base)
+    handle = apply_step_cache(transformer, StepCacheConfig(kind="mag", calibrate=True, num_inference_steps=2))
+    handle.begin_request()
+    outputs = forward_all(transformer, base.calls)
+    assert handle.telemetry()["cached_steps"] == 0  # calibration never skips
+    assert all(torch.equal(o[0], b[0]) for o, b in zip(outputs, base.outputs))
+
+
+# -- compile, offload, VAE ---------------------------------------------------------------------------------------------
+
+def test_compile_repeated_blocks_counts_graphs(base):
+    from h3.levers.compile import CompileConfig, apply_compile
+
+    torch._dynamo.reset()
+    transformer = fresh_transformer(base)
+    handle = apply_compile(transformer, CompileConfig(backend="eager"))
+    assert handle.telemetry()["compiled_regions"] == 3  # 2 transformer blocks + 1 token refiner block
+    handle.begin_request()
+    outputs = forward_all(transformer, base.calls)
+    first = handle.telemetry()
+    assert first["graphs_compiled_this_request"] >= 1
+    for (v, _), (vb, _) in zip(outputs, base.outputs):
+        assert_close(v, vb, 1e-6, "compiled (eager backend) vs eager")
+    handle.begin_request()
+    forward_all(transformer, base.calls)
+    assert handle.telemetry()["graphs_compiled_this_request"] == 0  # same shapes: no new graph
+    torch._dynamo.reset()
+
+
+def test_offload_without_streams_on_cpu(base):
+    from h3.levers.offload import OffloadConfig, apply_offload
+
+    transformer = fresh_transformer(base)
+    pipe = SimpleNamespace(transformer=transformer, text_encoder=None)
+    with pytest.raises(LeverError, match="needs a CUDA GPU"):
+        apply_offload(pipe, OffloadConfig(onload_device="cpu", use_stream=True))
+    handle = apply_offload(pipe, OffloadConfig(onload_device="cpu", use_stream=False))
+    outputs = forward_all(transformer, base.calls)
+    telemetry = handle.telemetry()
+    assert telemetry["groups"]["transformer"] >= len(transformer.transformer_blocks)
+    assert telemetry["group_onloads"] >= telemetry["groups"]["transformer"] * len(base.calls)
+    for (v, _), (vb, _) in zip(outputs, base.outputs):
+        assert torch.equal(v, vb)
+
+
+def test_vae_tile_per_resolution(base):
+    from h3.levers.vae import VaeTilingConfig, apply_vae
+
+    vae = base.runtime.pipe.vae
+    z = torch.randn(1, 24, 5, 6, 6, generator=torch.Generator().manual_seed(0))  # 17 frames of 96x96
+    pipe = SimpleNamespace(vae=copy.deepcopy(vae), audio_vae=None)
+    vae_ref = copy.deepcopy(vae)
+    vae_ref.enable_tiling(tile_sample_min_height=80, tile_sample_min_width=80)
+    handle = apply_vae(pipe, VaeTilingConfig(tiles={"96x96": [80, 80]}))
+    with torch.no_grad():
+        out = pipe.vae.decode(z).sample
+        ref = vae_ref.decode(z).sample
+        default = vae.decode(z).sample
+    assert handle.telemetry()["tiles_used"] == [[80, 80]]
+    assert torch.equal(out, ref)
+    assert (pipe.vae.tile_sample_min_height, pipe.vae.tile_sample_min_width) == (80, 80)
+    assert_close(out, default, 1e-4, "80 px tiles vs one 256 px tile (the tiny decoder is local: tiling is near-exact)")
+    with torch.no_grad():
+        pipe.vae.decode(z[..., :4, :4])  # 64x64: not configured, so the recipe's default tile
+    assert handle.telemetry()["tiles_used"][-1] == [vae.tile_sample_min_height, vae.tile_sample_min_width]
+
+
+# -- end to end: telemetry in the clip record ---------------------------------------------------------------------------
+
+def test_tinydemo_recipe_reports_what_ran(tmp_path):
+    recipe = load_recipe("turbo4-tinydemo").model_dump()
+    recipe["steps"] = 2
+    runtime = H3Runtime.load("tiny", recipe_from_dict(recipe), "cpu")
+    record = runtime.generate(GenerateRequest(prompt="A person is squat", seed=3), tmp_path / "clip.mp4")
+    levers = record.executed.levers
+    assert [n for n in LEVERS if levers[n]["applied"]] == ["lora", "adaln", "quant", "bucketing", "sparse_attention"]
+    assert levers["lora"]["matched_modules"] == 14 and levers["lora"]["scaling"] == [0.5]
+    # adaln_proj's LoRA is baked into the tables: 12 LoRA layers x 2 steps ran.
+    assert levers["lora"]["lora_layer_calls"] == 12 * 2
+    assert levers["adaln"]["table_lookups"] == 2 == record.executed.forward_passes
+    assert levers["bucketing"]["bucketed_forwards"] == 2
+    assert levers["bucketing"]["buckets"] == [-(-record.shape.sequence_length // 64) * 64]
+    assert (levers["sparse_attention"]["dense_calls"], levers["sparse_attention"]["sparse_calls"]) == (2, 2)
+    assert levers["quant"]["quantized_linear_calls"] == levers["quant"]["quantized_modules"] * 2
+    assert levers["attention"]["dispatched"] == ["native"]
+
+
+# -- GPU ------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("mode", ["int8_weight_only", "int8_w8a8", "fp8_w8a8"])
+def test_quantized_linear_error_on_gpu(mode):
+    from h3.levers.quantization import QuantizedLinear
+
+    if mode == "fp8_w8a8" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 needs compute capability 8.9+")
+    gen = torch.Generator().manual_seed(1)
+    linear = torch.nn.Linear(256, 512)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(512, 256, generator=gen) / 16)
+    x = torch.randn(300, 256, generator=gen)
+    simulated, exact = _reference(linear, x, mode)
+    layer = QuantizedLinear(linear.cuda().bfloat16(), mode)
+    with torch.no_grad():
+        actual = layer(x.cuda().bfloat16()).float().cpu()
+    assert_close(actual, exact, QUANT_TOLERANCE[mode] + 0.02, f"{mode} on GPU (bf16) vs float64 unquantized")
+
+
+@pytest.mark.gpu
+@cuda
+def test_offload_with_streams_on_gpu(base):
+    from h3.levers.offload import OffloadConfig, apply_offload
+
+    transformer = fresh_transformer(base)
+    handle = apply_offload(SimpleNamespace(transformer=transformer, text_encoder=None),
+                           OffloadConfig(onload_device="cuda", use_stream=True))
+    calls = [{k: (v.cuda() if torch.is_tensor(v) else v) for k, v in c.items()} for c in base.calls]
+    outputs = forward_all(transformer, calls)
+    assert handle.telemetry()["pinned_memory"] is True
+    for (v, _), (vb, _) in zip(outputs, base.outputs):
+        assert_close(v.cpu(), vb, 1e-4, "offloaded GPU vs CPU")
+
+
+def test_compile_marks_counters_it_freezes():
+    recipe = recipe_from_dict({**FAST_RECIPE, "quant": {"mode": "int8_weight_only"},
+                               "compile": {"enabled": True, "backend": "eager"}})
+    runtime = H3Runtime.load("tiny", recipe, "cpu")
+    telemetry = runtime.levers["quant"].telemetry()
+    assert telemetry["quantized_modules"] > 0 and telemetry["quantized_linear_calls"] is None
+    assert runtime.levers["compile"].telemetry()["compiled_regions"] == 3
+    torch._dynamo.reset()
+
+
+def test_exact_levers_keep_the_clip_byte_identical(base, tmp_path):
+    """AdaLN precompute, offload without streams (transformer and text encoder), parked VAEs and a per-resolution tile
+    equal to the default change where the work happens, not its arithmetic: the clip must be baseline's, bit for bit."""
+    recipe = recipe_from_dict({
+        **FAST_RECIPE,
+        "adaln": {"precompute": True, "disk_cache": False},
+        "offload": {"enabled": True, "use_stream": False, "text_encoder": True},
+        "vae": {**FAST_RECIPE["vae"], "tiles": {"64x64": [256, 256]}, "resident": False},
+    })
+    runtime = H3Runtime.load("tiny", recipe, "cpu")
+    record = runtime.generate(GenerateRequest(prompt="A person is squat", seed=3), tmp_path / "clip.mp4")
+    assert (record.frames_sha256, record.pcm_sha256) == (base.record.frames_sha256, base.record.pcm_sha256)
+    levers = record.executed.levers
+    assert [n for n in LEVERS if levers[n]["applied"]] == ["adaln", "offload", "vae"]
+    assert levers["adaln"]["table_lookups"] == 2 and levers["adaln"]["disk_cache"] == "off"
+    assert levers["offload"]["modules"] == ["text_encoder", "transformer"]
+    assert levers["offload"]["group_onloads"] > 0 and levers["offload"]["streamed_groups"] == 0
+    assert levers["vae"]["tiles_used"] == [[256, 256]]
+    assert levers["vae"]["vae_moves"] == 4  # video VAE and audio VAE: onto the device and back, once each
+
+
+def test_fused_lora_saved_offline_loads_as_plain_weights(base, tmp_path):
+    from h3.levers.lora import save_fused_checkpoint
+
+    fused = lora_runtime(path="@tiny", fuse=True)
+    save_fused_checkpoint(fused, tmp_path / "fused")
+    plain = H3Runtime.load(str(tmp_path / "fused"), recipe_from_dict(FAST_RECIPE), "cpu")
+    assert plain.levers == {}
+    for (v, a), (vf, af) in zip(forward_all(plain.pipe.transformer, base.calls),
+                                forward_all(fused.pipe.transformer, base.calls)):
+        assert torch.equal(v, vf) and torch.equal(a, af)
+    with pytest.raises(LeverError, match="fuses a LoRA"):
+        save_fused_checkpoint(lora_runtime(path="@tiny"), tmp_path / "unfused")

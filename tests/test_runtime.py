@@ -1,0 +1,151 @@
+"""The runtime on the tiny preset: streams of a generated clip, determinism, save/load round trip, records."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from h3.media import decode_audio, decode_video, probe
+from h3.record import ClipRecord
+from h3.runtime import (
+    CheckpointError,
+    GenerateRequest,
+    H3Runtime,
+    RequestError,
+    check_checkpoint_dir,
+    resolve_request,
+    snap_num_frames,
+)
+
+
+@pytest.fixture(scope="module")
+def clip(tiny_runtime, tmp_path_factory):
+    out = tmp_path_factory.mktemp("clip") / "a.mp4"
+    record = tiny_runtime.generate(GenerateRequest(prompt="A person is squat", seed=0, prompt_id="squat"), out)
+    return out, record
+
+
+def test_tiny_clip_streams(clip):
+    out, record = clip
+    info = probe(out)
+    # 5 s is the shortest H3 request: 120 frames snap up to 17*7+5 = 124.
+    assert info["num_frames"] == 124 == record.shape.num_frames
+    assert info["fps"] == 24.0
+    assert (info["height"], info["width"]) == (128, 128)
+    assert info["audio_sample_rate"] == 32000 and info["audio_channels"] == 2
+    assert abs(info["duration_s"] - 124 / 24) < 1e-9
+    # Audio length matches the video within one frame (AAC pads to whole 1024-sample frames).
+    assert abs(info["num_audio_samples"] - 32000 * 124 / 24) <= 32000 / 24
+    # The generated PCM is 40 audio latents per second at a hop of 800 samples.
+    assert record.shape.num_audio_samples == record.shape.num_audio_latents * 800
+    assert record.shape.num_audio_latents == round(124 / 24 * 40)
+
+
+def test_record_matches_file(clip):
+    out, record = clip
+    on_disk = ClipRecord.model_validate_json(out.with_suffix(".json").read_text())
+    assert on_disk == record
+    assert on_disk.mp4_sha256 == hashlib.sha256(out.read_bytes()).hexdigest()
+    assert on_disk.mp4_bytes == out.stat().st_size
+    assert on_disk.request.seed == 0 and on_disk.request.prompt_id == "squat"
+
+
+def test_stage_anatomy_is_consistent(clip):
+    _, record = clip
+    anatomy, timings = record.timings.stage_anatomy, record.timings
+    assert len(anatomy.denoise_steps) == record.executed.forward_passes == 2
+    assert anatomy.denoise >= sum(anatomy.denoise_steps)
+    stages = anatomy.text_encode + anatomy.denoise + anatomy.video_decode + anatomy.audio_decode
+    assert all(v > 0 for v in (anatomy.text_encode, anatomy.video_decode, anatomy.audio_decode, anatomy.mux_save))
+    # Generation side excludes mux/save; request-to-file includes it.
+    assert stages + anatomy.frame_prep_d2h <= timings.generation_side_latency_s + 1e-6
+    assert timings.generation_side_latency_s + anatomy.mux_save <= timings.request_to_file_latency_s + 1e-6
+    assert record.executed.attention_backends == ["native"]
+    assert record.executed.torch_dtype == "float32"
+
+
+def test_decoded_frames_are_close_to_the_hashed_raw_frames(clip, tiny_runtime, tmp_path):
+    """The MP4 is a faithful encoding of the raw frames the record hashes (codec noise only)."""
+    out, record = clip
+    frames, _ = decode_video(out)
+    audio, rate = decode_audio(out)
+    assert frames.shape == (124, 128, 128, 3) and rate == 32000 and audio.shape[0] == 2
+
+
+def test_same_request_is_byte_identical(tiny_runtime, tmp_path, clip):
+    out, record = clip
+    again = tiny_runtime.generate(GenerateRequest(prompt="A person is squat", seed=0, prompt_id="squat"),
+                                  tmp_path / "b.mp4")
+    assert (tmp_path / "b.mp4").read_bytes() == out.read_bytes()
+    assert (again.frames_sha256, again.pcm_sha256) == (record.frames_sha256, record.pcm_sha256)
+    other = tiny_runtime.generate(GenerateRequest(prompt="A person is squat", seed=1), tmp_path / "c.mp4")
+    assert other.frames_sha256 != record.frames_sha256 and other.pcm_sha256 != record.pcm_sha256
+
+
+def test_save_load_round_trip_is_byte_identical(tiny_runtime, fast_recipe, tmp_path, clip):
+    out, _ = clip
+    tiny_runtime.save_pretrained(tmp_path / "ckpt")
+    for name in ("transformer", "vae", "audio_vae", "text_encoder", "tokenizer", "processor", "scheduler",
+                 "audio_scheduler"):
+        assert (tmp_path / "ckpt" / name).is_dir()
+    reloaded = H3Runtime.from_pretrained(tmp_path / "ckpt", fast_recipe, "cpu", _default_size=(128, 128))
+    reloaded.generate(GenerateRequest(prompt="A person is squat", seed=0, prompt_id="squat"), tmp_path / "r.mp4")
+    assert (tmp_path / "r.mp4").read_bytes() == out.read_bytes()
+
+
+def test_missing_checkpoint_file_is_named(tiny_runtime, fast_recipe, tmp_path):
+    tiny_runtime.save_pretrained(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "vae" / "diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"vae/diffusion_pytorch_model\.safetensors"):
+        H3Runtime.from_pretrained(tmp_path / "ckpt", fast_recipe, "cpu")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        check_checkpoint_dir(tmp_path / "nowhere")
+
+
+def test_sharded_checkpoint_names_missing_shard(tiny_runtime, tmp_path):
+    tiny_runtime.save_pretrained(tmp_path / "ckpt")
+    folder = tmp_path / "ckpt" / "transformer"
+    (folder / "diffusion_pytorch_model.safetensors").rename(folder / "part-00001.safetensors")
+    (folder / "diffusion_pytorch_model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"a": "part-00001.safetensors", "b": "part-00002.safetensors"}}))
+    with pytest.raises(CheckpointError, match="part-00002.safetensors") as excinfo:
+        check_checkpoint_dir(tmp_path / "ckpt")
+    assert "part-00001" not in str(excinfo.value)
+
+
+@pytest.mark.parametrize("num_frames,expected", [(1, None), (120, 124), (124, 124), (125, 141), (345, 345), (346, None)])
+def test_frame_snapping_and_duration_limits(num_frames, expected):
+    request = GenerateRequest(prompt="x", seed=0, num_frames=num_frames)
+    if expected is None:
+        with pytest.raises(RequestError, match="5 to 15 s"):
+            resolve_request(request, (64, 64))
+    else:
+        assert resolve_request(request, (64, 64))[0] == expected == snap_num_frames(num_frames)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(seed=-1), "non-negative"),
+        (dict(height=70, width=64), "multiple of 32"),
+        (dict(height=64, width=0), "multiple of 32"),
+        (dict(height=64), "together"),
+        (dict(seconds=3.0), "5 to 15 s"),
+        (dict(seconds=16.0), "5 to 15 s"),
+        (dict(seconds=5.0, num_frames=124), "not both"),
+        (dict(height=32, width=256), "aspect ratio"),
+    ],
+)
+def test_bad_requests(kwargs, match):
+    base = dict(prompt="x", seed=0)
+    base.update(kwargs)
+    with pytest.raises(RequestError, match=match):
+        resolve_request(GenerateRequest(**base), (64, 64))
+
+
+def test_seconds_resolve_like_frames():
+    # 10 s -> 240 frames -> 17*14+5 = 243.
+    assert resolve_request(GenerateRequest(prompt="x", seed=0, seconds=10.0), (64, 64))[0] == 243
