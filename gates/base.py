@@ -134,6 +134,7 @@ BUILTIN_GATE_MODULES: list[str] = [
     "gates.trajectory",
     "gates.vbench",
     "gates.opcheck",
+    "gates.ghosting",
 ]
 
 

