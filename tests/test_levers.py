@@ -611,3 +611,15 @@ def test_fused_lora_saved_offline_loads_as_plain_weights(base, tmp_path):
         assert torch.equal(v, vf) and torch.equal(a, af)
     with pytest.raises(LeverError, match="fuses a LoRA"):
         save_fused_checkpoint(lora_runtime(path="@tiny"), tmp_path / "unfused")
+
+
+@pytest.mark.parametrize("mode", ["int8_weight_only", "int8_w8a8", "fp8_w8a8"])
+def test_quantized_linear_reports_its_compute_dtype(mode):
+    """diffusers casts an AdaLN projection's input to get_parameter_dtype(linear): it must be the compute dtype,
+    not float8 read off an FP8 weight (found on the H200: the cast crashed _scaled_mm at full size)."""
+    from diffusers.models.modeling_utils import get_parameter_dtype
+
+    from h3.levers.quantization import QuantizedLinear
+
+    linear = torch.nn.Linear(32, 48).to(torch.bfloat16)
+    assert get_parameter_dtype(QuantizedLinear(linear, mode)) == torch.bfloat16

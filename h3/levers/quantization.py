@@ -79,6 +79,10 @@ class QuantizedLinear(nn.Module):
             raise LeverError(f"unknown quantization mode {mode!r}; one of {', '.join(MODES)}")
         self.mode, self.in_features, self.out_features = mode, linear.in_features, linear.out_features
         self.compute_dtype = linear.weight.dtype
+        # First floating tensor of the module, so diffusers' get_parameter_dtype(module) reports the compute dtype:
+        # MiniMax-H3 casts an AdaLN projection's input to that dtype, and would otherwise read float8 off the FP8
+        # weight (a lossy cast before quantization, and an FP8 output dtype _scaled_mm rejects on the H200).
+        self.register_buffer("dtype_anchor", torch.empty(0, dtype=self.compute_dtype), persistent=False)
         qdtype, qmax = (FP8, FP8_MAX) if mode == "fp8_w8a8" else (torch.int8, INT8_MAX)
         q, scale = quantize_per_channel(linear.weight, qmax, qdtype)
         self.register_buffer("qweight", q)
@@ -112,10 +116,12 @@ class QuantizedLinear(nn.Module):
             xq, xs = quantize_per_token(x2, FP8_MAX, FP8)
             xq, rows = _pad_rows(xq, 16, 16)
             xs_p, _ = _pad_rows(xs, 16, 16)
+            # Row-wise scaled FP8 GEMM outputs bf16 on Hopper; float32 only where the module computes in float32.
+            out_dtype = torch.float32 if self.compute_dtype == torch.float32 else torch.bfloat16
             y = torch._scaled_mm(
                 xq, self.qweight.t(), scale_a=xs_p.contiguous(), scale_b=self.weight_scale[None, :].contiguous(),
-                out_dtype=torch.float32 if x.dtype == torch.float32 else x.dtype,
-            )[:rows].to(x.dtype)
+                out_dtype=out_dtype,
+            )[:rows].to(self.compute_dtype)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*shape[:-1], self.out_features)
