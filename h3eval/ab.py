@@ -24,7 +24,6 @@ candidate (every lever as the baseline's) must reproduce the baseline's frames a
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import uuid
@@ -33,9 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal
 
-from pydantic import ValidationError
-
-from h3.atomic import atomic_write_json, atomic_write_text, sha256_file
+from h3.atomic import atomic_write_json, atomic_write_text
 from h3.media import MediaError
 from h3.record import ClipRecord
 from h3.recipe import Recipe, recipe_from_dict
@@ -43,7 +40,7 @@ from h3.runtime import GenerateRequest, RequestError
 from h3eval import speed as speedmod
 from h3eval.backends import Backend, BackendError, remove_clip
 from h3eval.runner import RunPlan, open_run
-from h3eval.store import ClipError, RunManifest, RunStore, StoreError, utc_now
+from h3eval.store import ClipError, RunManifest, RunStore, StoreError, read_finished_record, utc_now
 
 logger = logging.getLogger(__name__)
 
@@ -245,16 +242,8 @@ def sweep_partial_files(root: Path) -> list[Path]:
     return removed
 
 
-def read_valid_record(out: Path) -> ClipRecord | None:
-    """The record next to ``out`` when the clip is finished (record parses, MP4 hash matches), else None."""
-    json_path = out.with_suffix(".json")
-    if not json_path.exists() or not out.exists():
-        return None
-    try:
-        record = ClipRecord.model_validate_json(json_path.read_text())
-    except (ValidationError, json.JSONDecodeError, UnicodeDecodeError):
-        return None
-    return record if sha256_file(out) == record.mp4_sha256 else None
+# The store's own definition of a finished clip, for clips outside clips/ (warm-up and speed requests).
+read_valid_record = read_finished_record
 
 
 def speed_jobs(plan: AbPlan, store: RunStore, protocol: str) -> list[Job]:

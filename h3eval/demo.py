@@ -51,6 +51,7 @@ def lpips_trunk() -> str:
 
 def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEEDS, prompts: str = "smoke",
              policy: str = "release") -> DemoResult:
+    from h3eval.ab import off_identity
     from h3eval.commands.ab import run_ab_command
     from h3eval.commands.report import run_report
     from h3eval.floor import newseed_floor_from_run
@@ -78,14 +79,8 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
     summary = run_gates(run_dir, list(CPU_GATES), device="cpu", options=options, progress=progress)
 
     store = RunStore(run_dir)
-    identical = {}
-    for candidate in DEMO_RECIPES[1:]:
-        same = []
-        for pid in suite.ids:
-            for seed in seeds:
-                a, b = store.read_record(DEMO_RECIPES[0], pid, seed), store.read_record(candidate, pid, seed)
-                same.append(a is not None and b is not None and (a.frames_sha256, a.pcm_sha256) == (b.frames_sha256, b.pcm_sha256))
-        identical[candidate] = bool(same) and all(same)
+    identical = {cand: off_identity(store, DEMO_RECIPES[0], cand, suite.ids, list(seeds))["passed"]
+                 for cand in DEMO_RECIPES[1:]}
     floor = newseed_floor_from_run(run_dir, DEMO_RECIPES[0], floor_dir, gates=FLOOR_GATES, device="cpu",
                                    gate_options=options, progress=progress,
                                    determinism={"pairs": len(suite.ids) * len(seeds),

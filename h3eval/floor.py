@@ -23,7 +23,6 @@ from typing import Any
 
 from h3.atomic import atomic_write_json
 from h3.recipe import Recipe
-from h3.record import ClipRecord
 from h3eval.prompts import PromptSuite
 from h3eval.runner import RequestShape, RunError, RunPlan, fill_run
 from h3eval.store import RunStore
@@ -35,6 +34,18 @@ DEFAULT_FLOOR_GATES = ("fidelity", "audio", "ghosting")
 
 def _newseed_name(recipe: Recipe) -> str:
     return f"{recipe.name}-newseed"
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Put ``src`` at ``dst`` atomically: a hard link where the filesystem allows, a copy otherwise."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.linktmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        tmp.hardlink_to(src)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    tmp.replace(dst)
 
 
 def _file_newseed_view(store: RunStore, recipe: Recipe, prompts: PromptSuite, seeds: list[int]) -> int:
@@ -53,14 +64,10 @@ def _file_newseed_view(store: RunStore, recipe: Recipe, prompts: PromptSuite, se
             if existing is not None and existing.mp4_sha256 == record.mp4_sha256:
                 made += 1
                 continue
-            dst_mp4.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dst_mp4.with_suffix(".mp4.linktmp")
-            tmp.unlink(missing_ok=True)
-            try:
-                tmp.hardlink_to(src_mp4)
-            except OSError:
-                shutil.copyfile(src_mp4, tmp)
-            tmp.replace(dst_mp4)
+            _link_or_copy(src_mp4, dst_mp4)
+            # The trajectory gate reads <clip>.traj.npz of both sides.
+            if src_mp4.with_suffix(".traj.npz").exists():
+                _link_or_copy(src_mp4.with_suffix(".traj.npz"), dst_mp4.with_suffix(".traj.npz"))
             copied = record.model_copy(deep=True)
             copied.extra = {**copied.extra, "floor_source_seed": source_seed, "floor_view": "newseed"}
             atomic_write_json(store.record_path(target, prompt.id, seed), copied.model_dump(mode="json"))
@@ -69,17 +76,13 @@ def _file_newseed_view(store: RunStore, recipe: Recipe, prompts: PromptSuite, se
 
 
 def determinism_check(store: RunStore, recipe: Recipe, prompts: PromptSuite, seeds: list[int]) -> dict[str, Any]:
-    repeat = f"{recipe.name}-repeat"
-    mismatches, compared = [], 0
-    for prompt in prompts.prompts:
-        for seed in seeds:
-            a, b = store.read_record(recipe.name, prompt.id, seed), store.read_record(repeat, prompt.id, seed)
-            if a is None or b is None:
-                continue
-            compared += 1
-            if (a.frames_sha256, a.pcm_sha256) != (b.frames_sha256, b.pcm_sha256):
-                mismatches.append(f"{prompt.id}-s{seed}")
-    return {"pairs": compared, "identical": compared > 0 and not mismatches, "mismatches": mismatches}
+    """``R`` against ``R-repeat``: the same recipe, request and seed must give identical raw frames and PCM."""
+    from h3eval.ab import off_identity
+
+    result = off_identity(store, recipe.name, f"{recipe.name}-repeat", prompts.ids, seeds)
+    return {"pairs": result["identical"] + len(result["differing"]),
+            "identical": result["identical"] > 0 and not result["differing"],
+            "mismatches": [d["pair"] for d in result["differing"]]}
 
 
 def floor_from_results(store: RunStore, recipe: Recipe, gates: list[str]) -> tuple[dict[str, float], dict[str, int]]:
@@ -161,7 +164,7 @@ def newseed_floor_from_run(
     if len(manifest.seeds) < 2:
         raise RunError("a new-seed floor needs at least two seeds in the source run")
     store = RunStore(out)
-    recipe = Recipe.model_validate({k: v for k, v in manifest.recipes[recipe_name].items()})
+    recipe = Recipe.model_validate(manifest.recipes[recipe_name])
     prompts = PromptSuite(path=Path(manifest.prompts.path), sha256=manifest.prompts.sha256,
                           prompts=[Prompt(id=i, prompt="") for i in manifest.prompts.ids])
     for pid in manifest.prompts.ids:
@@ -170,25 +173,10 @@ def newseed_floor_from_run(
             if source.read_record(recipe_name, pid, seed) is None:
                 continue
             dst = store.clip_path(recipe_name, pid, seed)
-            if not dst.exists():
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                try:
-                    dst.hardlink_to(src)
-                except OSError:
-                    shutil.copyfile(src, dst)
-            record_dst = store.record_path(recipe_name, pid, seed)
-            if not record_dst.exists():
-                shutil.copyfile(source.record_path(recipe_name, pid, seed), record_dst)
-            traj = src.with_suffix(".traj.npz")
-            if traj.exists() and not dst.with_suffix(".traj.npz").exists():
-                shutil.copyfile(traj, dst.with_suffix(".traj.npz"))
+            for suffix in (".mp4", ".traj.npz", ".json"):  # the record last: it marks the clip finished
+                if src.with_suffix(suffix).exists() and not dst.with_suffix(suffix).exists():
+                    _link_or_copy(src.with_suffix(suffix), dst.with_suffix(suffix))
     _file_newseed_view(store, recipe, prompts, list(manifest.seeds))
-    for pid in manifest.prompts.ids:  # the trajectory gate reads <clip>.traj.npz of both sides
-        for i, seed in enumerate(manifest.seeds):
-            src = store.clip_path(recipe_name, pid, manifest.seeds[(i + 1) % len(manifest.seeds)]).with_suffix(".traj.npz")
-            dst = store.clip_path(_newseed_name(recipe), pid, seed).with_suffix(".traj.npz")
-            if src.exists() and not dst.exists():
-                shutil.copyfile(src, dst)
     now = utc_now()
     newseed = _newseed_name(recipe)
     store.write_manifest(RunManifest(

@@ -98,6 +98,19 @@ class RunManifest(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
+def read_finished_record(mp4: str | Path) -> ClipRecord | None:
+    """The record next to ``mp4`` when the clip is finished (record parses, MP4 hash matches), else None."""
+    mp4 = Path(mp4)
+    record_path = mp4.with_suffix(".json")
+    if not record_path.exists() or not mp4.exists():
+        return None
+    try:
+        record = ClipRecord.model_validate_json(record_path.read_text())
+    except (ValidationError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return record if sha256_file(mp4) == record.mp4_sha256 else None
+
+
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -148,17 +161,7 @@ class RunStore:
     # -- clips -------------------------------------------------------------------------------------------------
     def read_record(self, recipe: str, prompt_id: str, seed: int) -> ClipRecord | None:
         """The clip's record, or None when the clip is not finished (no record, unreadable, or hash mismatch)."""
-        record_path = self.record_path(recipe, prompt_id, seed)
-        clip_path = self.clip_path(recipe, prompt_id, seed)
-        if not record_path.exists() or not clip_path.exists():
-            return None
-        try:
-            record = ClipRecord.model_validate_json(record_path.read_text())
-        except (ValidationError, json.JSONDecodeError, UnicodeDecodeError):
-            return None
-        if sha256_file(clip_path) != record.mp4_sha256:
-            return None
-        return record
+        return read_finished_record(self.clip_path(recipe, prompt_id, seed))
 
     def load_record(self, recipe: str, prompt_id: str, seed: int) -> ClipRecord:
         record_path = self.record_path(recipe, prompt_id, seed)
