@@ -68,15 +68,62 @@ class StageClock:
         return max(ends) if ends else None
 
 
-class _MethodTimer:
-    """Wraps a bound method (e.g. ``vae.decode``) as an instance attribute; ``remove`` restores it."""
+class _Removable:
+    def __init__(self, remove: Callable[[], None]):
+        self.remove = remove
 
-    def __init__(self, owner: Any, attr: str, clock_getter: Callable[[], StageClock | None], stage: str):
-        self.owner, self.attr, self.stage = owner, attr, stage
-        self.original = getattr(owner, attr)
-        self.had_instance_attr = attr in vars(owner)
-        original = self.original
 
+def wrap_method(owner: Any, attr: str, make_wrapper: Callable[[Callable], Callable]) -> _Removable:
+    """Replace ``owner.attr`` (e.g. ``vae.decode``) by ``make_wrapper(original)`` as an instance attribute.
+
+    The returned handle's ``remove()`` restores exactly what was there (an instance attribute, or the class's method).
+    """
+    original = getattr(owner, attr)
+    had_instance_attr = attr in vars(owner)
+    setattr(owner, attr, make_wrapper(original))
+
+    def remove() -> None:
+        if had_instance_attr:
+            setattr(owner, attr, original)
+        else:
+            delattr(owner, attr)
+
+    return _Removable(remove)
+
+
+def observe_attention_dispatch(observer: Callable[[str, dict], None]) -> _Removable:
+    """Call ``observer(backend_name, kwargs)`` before every attention call diffusers' dispatcher makes.
+
+    Wraps every entry of diffusers' attention backend registry, so what is observed is the backend that actually
+    ran, not the one configured. ``remove()`` restores the entries it wrapped (and only those still its own).
+    """
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    registry = _AttentionBackendRegistry._backends
+    originals = dict(registry)
+
+    def make(name, fn):
+        label = str(getattr(name, "value", name))
+
+        def probe(*args, **kwargs):
+            observer(label, kwargs)
+            return fn(*args, **kwargs)
+
+        return probe
+
+    wrappers = {name: make(name, fn) for name, fn in originals.items()}
+    registry.update(wrappers)
+
+    def remove() -> None:
+        for name, fn in originals.items():
+            if registry.get(name) is wrappers[name]:
+                registry[name] = fn
+
+    return _Removable(remove)
+
+
+def _timed(clock_getter: Callable[[], "StageClock | None"], stage: str) -> Callable[[Callable], Callable]:
+    def make_wrapper(original: Callable) -> Callable:
         def timed(*args, **kwargs):
             clock = clock_getter()
             if clock is None:
@@ -84,13 +131,9 @@ class _MethodTimer:
             with clock.stage(stage):
                 return original(*args, **kwargs)
 
-        setattr(owner, attr, timed)
+        return timed
 
-    def remove(self) -> None:
-        if self.had_instance_attr:
-            setattr(self.owner, self.attr, self.original)
-        else:
-            delattr(self.owner, self.attr)
+    return make_wrapper
 
 
 class StageHooks:
@@ -104,9 +147,9 @@ class StageHooks:
         text_model = getattr(pipe.text_encoder, "model", pipe.text_encoder)
         self._handles.append(self._module_timer(text_model, "text_encode"))
         self._handles.append(self._module_timer(pipe.transformer, "denoise_step"))
-        self._handles.append(_MethodTimer(pipe.vae, "decode", getter, "video_decode"))
-        self._handles.append(_MethodTimer(pipe.audio_vae, "decode", getter, "audio_decode"))
-        self._install_attention_probe()
+        self._handles.append(wrap_method(pipe.vae, "decode", _timed(getter, "video_decode")))
+        self._handles.append(wrap_method(pipe.audio_vae, "decode", _timed(getter, "audio_decode")))
+        self._handles.append(observe_attention_dispatch(self._count_attention))
 
     def _module_timer(self, module: torch.nn.Module, stage: str):
         def pre(_module, _args, _kwargs):
@@ -127,30 +170,10 @@ class StageHooks:
 
         return _Pair()
 
-    def _install_attention_probe(self) -> None:
-        """Count which attention backend functions diffusers' dispatcher actually called, per stage."""
-        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
-
-        registry = _AttentionBackendRegistry._backends
-        originals = dict(registry)
-
-        def make(name, fn):
-            def probe(*args, **kwargs):
-                if self.clock is not None:
-                    self.clock.attention_calls[(self.clock.active or "other", str(getattr(name, "value", name)))] += 1
-                return fn(*args, **kwargs)
-
-            return probe
-
-        for name, fn in originals.items():
-            registry[name] = make(name, fn)
-
-        class _Restore:
-            def remove(self_inner):
-                for name, fn in originals.items():
-                    registry[name] = fn
-
-        self._handles.append(_Restore())
+    def _count_attention(self, backend: str, _kwargs: dict) -> None:
+        """Which attention backend diffusers' dispatcher actually called, per stage."""
+        if self.clock is not None:
+            self.clock.attention_calls[(self.clock.active or "other", backend)] += 1
 
     @contextmanager
     def request(self, device: torch.device) -> Iterator[StageClock]:

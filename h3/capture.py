@@ -198,35 +198,18 @@ class OpCapture:
         self._handles.append(module.register_forward_hook(post, always_call=True))
 
     def _wrap_dispatcher(self) -> None:
-        """Wrap every backend of diffusers' attention registry (as h3.anatomy's probe does); restored on detach."""
-        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+        """Observe every attention call diffusers' dispatcher makes (h3.anatomy); restored on detach."""
+        from h3.anatomy import observe_attention_dispatch
 
-        registry = _AttentionBackendRegistry._backends
-        originals = dict(registry)
+        def capture(backend: str, kwargs: dict) -> None:
+            current = self._attention_module
+            if current is not None and self._step_layer_ok(current[1]):
+                tensors = {k: kwargs[k] for k in ("query", "key", "value") if isinstance(kwargs.get(k), torch.Tensor)}
+                if len(tensors) == 3:
+                    self._record("attention", current[0], tensors, self.step, backend=backend,
+                                 scale=kwargs.get("scale"), has_mask=kwargs.get("attn_mask") is not None)
 
-        def make(backend, fn):
-            def capture(*args, **kwargs):
-                current = self._attention_module
-                if current is not None and self._step_layer_ok(current[1]):
-                    tensors = {k: kwargs[k] for k in ("query", "key", "value") if isinstance(kwargs.get(k), torch.Tensor)}
-                    if len(tensors) == 3:
-                        self._record("attention", current[0], tensors, self.step,
-                                     backend=str(getattr(backend, "value", backend)),
-                                     scale=kwargs.get("scale"), has_mask=kwargs.get("attn_mask") is not None)
-                return fn(*args, **kwargs)
-
-            return capture
-
-        wrappers = {name: make(name, fn) for name, fn in originals.items()}
-        registry.update(wrappers)
-
-        class _Restore:
-            def remove(self_inner):
-                for name, fn in originals.items():
-                    if registry.get(name) is wrappers[name]:
-                        registry[name] = fn
-
-        self._handles.append(_Restore())
+        self._handles.append(observe_attention_dispatch(capture))
 
     def _linear_hook(self, name: str, module: torch.nn.Linear) -> None:
         layer = layer_of(name)

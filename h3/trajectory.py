@@ -22,6 +22,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from h3.anatomy import wrap_method
 from h3.atomic import atomic_write_bytes
 
 # Keep at most this many rows per step and modality on disk (a 5 s 768x1344 request has ~37k video rows: 830 MB of
@@ -35,26 +36,18 @@ class TrajectoryRecorder:
         self.steps: dict[str, list[dict[str, np.ndarray | float]]] = {"video": [], "audio": []}
 
     def _wrap(self, scheduler: Any, modality: str):
-        original = scheduler.step
-        had_attr = "step" in vars(scheduler)
+        def make_wrapper(original):
+            def step(model_output, timestep, sample, *args, **kwargs):
+                # copies: on the CPU .numpy() shares memory with `sample`, which the pipeline overwrites in place
+                t = float(timestep) if not isinstance(timestep, torch.Tensor) else float(timestep.float().item())
+                x0 = sample.float() + (1.0 - t) * model_output.float()
+                self.steps[modality].append({"t": t, "xt": sample.detach().float().cpu().numpy().copy(),
+                                             "x0": x0.detach().cpu().numpy().copy()})
+                return original(model_output, timestep, sample, *args, **kwargs)
 
-        def step(model_output, timestep, sample, *args, **kwargs):
-            # copies: on the CPU .numpy() shares memory with `sample`, which the pipeline overwrites in place
-            t = float(timestep) if not isinstance(timestep, torch.Tensor) else float(timestep.float().item())
-            x0 = sample.float() + (1.0 - t) * model_output.float()
-            self.steps[modality].append({"t": t, "xt": sample.detach().float().cpu().numpy().copy(),
-                                         "x0": x0.detach().cpu().numpy().copy()})
-            return original(model_output, timestep, sample, *args, **kwargs)
+            return step
 
-        scheduler.step = step
-
-        def remove():
-            if had_attr:
-                scheduler.step = original
-            else:
-                del scheduler.step
-
-        return remove
+        return wrap_method(scheduler, "step", make_wrapper).remove
 
     @contextmanager
     def attach(self, pipe: Any) -> Iterator["TrajectoryRecorder"]:
