@@ -1,12 +1,28 @@
-"""Full-size DiT forward with the runtime's levers, side by side with stock diffusers, in one process on one GPU.
+"""Full-size DiT forward for stock diffusers and each optimized recipe, side by side, in one process on one GPU.
 
-    python bench/h200_recipes_speed.py --out $OUT/h200_recipes.json [--shape 5s-768x1344] [--repeats 2]
-                                       [--variants stock,compile,fp8+compile,sparse85+fp8+compile]
+    python bench/h200_recipes_speed.py --out $OUT/recipes.json --shapes 5s-544x960,5s-768x1344 [--repeats 2]
+        [--variants stock,turbo4+compile,turbo4-int8,turbo4-int8+compile,turbo4-fp8,turbo4-sparse,turbo4-sparse+sparse85+fp8]
 
-Seeded random weights (no MiniMax-H3 weights here; speed does not depend on weight values). Each variant applies the
-levers of h3/levers to the same full-size transformer (default config), times one DiT forward on the packed sequence
-of the shape (warm-up, which pays compilation, excluded and reported separately), then removes them again, so the
-variants are measured side by side. Partial results are written after every variant.
+A variant is a shipped recipe (``h3/recipes/<name>.toml``) or ``stock`` (bf16, eager, native SDPA: what diffusers does
+out of the box), optionally followed by modifiers joined with ``+``:
+
+* ``compile``  — the recipe's ``[compile]`` section switched on (regional ``compile_repeated_blocks``, inductor);
+* ``fp8`` / ``int8`` — ``quant.mode`` set to FP8 / INT8 W8A8;
+* ``sage`` / ``cudnn`` — ``attention.backend`` set to ``sage`` / ``_native_cudnn``;
+* ``sparseNN`` — block-sparse attention at NN % sparsity (128-token blocks, dense first step, 128-row buckets).
+
+The recipe's levers are applied by the runtime's own :func:`h3.levers.apply_recipe_levers` to a full-size
+``MiniMaxH3Transformer3DModel`` (default config, seeded random weights: speed does not depend on weight values), so
+what is timed is the code that generates clips. Sections that do not touch the DiT forward are set aside and said so
+in the result: the LoRA (a fused LoRA leaves the weights' shapes and the forward's work unchanged; no LoRA file exists
+here), the VAE tiles (timed by bench/h200_speed.py), offload (bench/h200_offload.py).
+
+Per variant and shape: the first call (which pays compilation) is excluded and reported; then the median of
+``--repeats`` forwards. A recipe with a dense first step (block-sparse) is timed on both kinds of forward: the dense
+one and the sparse one, so a request of ``steps`` forwards is ``dense_steps`` dense ones and the rest sparse. The
+levers' telemetry and the attention backends the dispatcher actually called are recorded per variant (the
+configured-versus-executed evidence). Every variant is removed again before the next (compile caches reset), and
+partial results are written after every variant, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -18,6 +34,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -25,93 +42,190 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.h200_speed import SHAPES, build_transformer, count_flops, cuda_time, dit_inputs, latent_geometry  # noqa: E402
 
+DEFAULT_VARIANTS = ("stock,turbo4+compile,turbo4-int8,turbo4-int8+compile,turbo4-fp8,turbo4-fp8+compile,"
+                    "turbo4-fp8+cudnn+compile,turbo4-sparse,turbo4-sparse+compile,turbo4-sparse+sparse85+fp8+compile")
 
-def apply_variant(model, name: str) -> list:
-    """Apply the levers of a variant; returns handles to remove (last applied first)."""
-    from h3.levers.compile import CompileConfig, apply_compile
-    from h3.levers.quantization import QuantizationConfig, apply_quantization
-    from h3.levers.sparse_attention import SparseAttentionConfig, apply_sparse_attention
 
-    handles = []
-    parts = name.split("+")
-    for part in parts:
-        if part == "stock":
-            continue
-        if part.startswith("sparse"):
-            sparsity = int(part[len("sparse"):]) / 100.0
-            handles.append(apply_sparse_attention(model, SparseAttentionConfig(block_size=128, sparsity=sparsity,
-                                                                              dense_steps=0)))
-        elif part in ("fp8", "int8"):
-            mode = "fp8_w8a8" if part == "fp8" else "int8_w8a8"
-            # The float32 projections, time embedder and norms stay in floating point (the lever's defaults).
-            from h3.recipe import QuantConfig
+def variant_recipe(variant: str):
+    """The Recipe a variant names, with the sections that do not touch the DiT forward set aside (returned)."""
+    from h3.recipe import load_recipe
 
-            handles.append(apply_quantization(model, QuantizationConfig(mode=mode, exclude=list(QuantConfig().exclude),
-                                                                        keep_originals=True)))
-        elif part == "compile":
-            handles.append(apply_compile(model, CompileConfig()))
+    base, *mods = variant.split("+")
+    recipe = load_recipe("baseline" if base == "stock" else base)
+    if base == "stock":
+        recipe = recipe.model_copy(update={"name": "stock"})
+    update: dict = {}
+    for mod in mods:
+        if mod == "compile":
+            update["compile"] = recipe.compile.model_copy(update={"enabled": True})
+        elif mod in ("fp8", "int8"):
+            update["quant"] = recipe.quant.model_copy(update={"mode": f"{mod}_w8a8"})
+        elif mod in ("sage", "cudnn"):
+            update["attention"] = recipe.attention.model_copy(
+                update={"backend": "sage" if mod == "sage" else "_native_cudnn"})
+        elif mod.startswith("sparse") and mod[len("sparse"):].isdigit():
+            update["sparse_attention"] = recipe.sparse_attention.model_copy(update={
+                "enabled": True, "block_size": 128, "sparsity": int(mod[len("sparse"):]) / 100.0, "dense_steps": 1})
+            update["bucketing"] = recipe.bucketing.model_copy(update={"enabled": True, "multiple": 128})
         else:
-            raise ValueError(f"unknown variant part {part!r}")
-    return handles
+            raise ValueError(f"unknown modifier {mod!r} in variant {variant!r}")
+    set_aside = {"lora": recipe.lora.enabled, "vae_tiles": dict(recipe.vae.tiles), "offload": recipe.offload.enabled,
+                 "adaln_precompute": recipe.adaln.precompute, "cache": recipe.cache.kind}
+    from h3.recipe import VaeConfig
+
+    update.update(lora=recipe.lora.model_copy(update={"enabled": False}), vae=VaeConfig(),
+                  offload=recipe.offload.model_copy(update={"enabled": False}),
+                  adaln=recipe.adaln.model_copy(update={"precompute": False}))
+    return recipe.model_copy(update=update), set_aside
+
+
+def begin_request(handles: dict) -> None:
+    for handle in handles.values():
+        if hasattr(handle, "begin_request"):
+            handle.begin_request()
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure_variant(model, inputs: dict, variant: str, repeats: int, device: str = "cuda",
+                    count: bool = False) -> dict:
+    """``count``: count the FLOPs of the first call (only for a variant whose modules are stock nn.Linear)."""
+    from h3.anatomy import observe_attention_dispatch
+    from h3.levers import apply_recipe_levers, lever_telemetry
+
+    recipe, set_aside = variant_recipe(variant)
+    row: dict = {"recipe": recipe.name, "set_aside": set_aside, "steps": recipe.steps,
+                 "configured": {"quant": recipe.quant.mode, "attention": recipe.attention.backend,
+                                "sparse_attention": recipe.sparse_attention.sparsity
+                                if recipe.sparse_attention.enabled else None,
+                                "dense_steps": recipe.sparse_attention.dense_steps
+                                if recipe.sparse_attention.enabled else None,
+                                "bucketing": recipe.bucketing.multiple if recipe.bucketing.enabled else None,
+                                "compile": recipe.compile.enabled}}
+    pipe = SimpleNamespace(transformer=model, text_encoder=None, vae=None, audio_vae=None)
+    handles = apply_recipe_levers(pipe, recipe, device=device, model_sha256="seeded-random", is_tiny=False,
+                                  reversible=True)
+    dispatched: list[str] = []
+    probe = observe_attention_dispatch(lambda name, kw: dispatched.append(name))
+    try:
+        sparse = "sparse_attention" in handles
+        with torch.no_grad():
+            begin_request(handles)
+            _sync(device)
+            t0 = time.perf_counter()
+            if count:
+                row["flops"] = count_flops(model, lambda: model(**inputs))
+            else:
+                model(**inputs)  # the dense first step of a sparse recipe, the only step kind of the others
+            if sparse:
+                model(**inputs)  # and the first sparse step: both paths compiled before timing
+            _sync(device)
+            row["first_call_s"] = time.perf_counter() - t0
+            row["dispatched_first_call"] = sorted(set(dispatched))
+            if device.startswith("cuda"):
+                torch.cuda.reset_peak_memory_stats()
+            if sparse:
+                state = handles["sparse_attention"]
+
+                def dense_forward():
+                    begin_request(handles)  # step 0: dense
+                    model(**inputs)
+
+                def sparse_forward():
+                    state.step, state.dense_step = 1, False
+                    model(**inputs)
+
+                times = cuda_time(dense_forward, repeats, warmup=0)
+                row["dense_forward_s"], row["dense_forward_s_all"] = statistics.median(times), times
+                times = cuda_time(sparse_forward, repeats, warmup=0)
+                row["forward_s"], row["forward_s_all"] = statistics.median(times), times
+            else:
+                times = cuda_time(lambda: model(**inputs), repeats, warmup=0)
+                row["forward_s"], row["forward_s_all"] = statistics.median(times), times
+                row["dense_forward_s"] = row["forward_s"]
+            if device.startswith("cuda"):
+                row["peak_memory_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+            row["dispatched"] = sorted(set(dispatched))
+            row["telemetry"] = {k: v for k, v in lever_telemetry(handles).items() if v.get("applied")}
+    finally:
+        probe.remove()
+        for handle in reversed(list(handles.values())):
+            handle.remove()
+        torch._dynamo.reset()
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--shape", default="5s-768x1344")
+    parser.add_argument("--shapes", default="5s-768x1344")
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--variants", default="stock,compile,fp8+compile,sparse85+fp8+compile")
+    parser.add_argument("--variants", default=DEFAULT_VARIANTS)
+    parser.add_argument("--shape-variants", action="append", default=[], metavar="SHAPE=V1,V2",
+                        help="the variants for one shape instead of --variants (repeatable)")
+    parser.add_argument("--shape-repeats", action="append", default=[], metavar="SHAPE=N",
+                        help="--repeats for one shape (repeatable)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a smoke run of this script on the CPU: the tiny preset's DiT config, float32")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    result = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "device": torch.cuda.get_device_name(), "torch": torch.__version__, "shape": args.shape,
-              "weights": "seeded random (speed does not depend on weight values)", "variants": {}}
-    model, _ = build_transformer()
-    geo = latent_geometry(*SHAPES[args.shape])
-    inputs = dit_inputs(geo, model.config)
-    result["sequence_length"] = geo["text_rows"] + geo["audio_rows"] + geo["video_rows"]
-    with torch.no_grad():
-        result["flops_dense"] = count_flops(model, lambda: model(**inputs))
-    for name in [v for v in args.variants.split(",") if v]:
-        row: dict = {}
-        handles = []
-        try:
-            handles = apply_variant(model, name)
+    device = "cpu" if args.smoke else "cuda"
+    import diffusers
+
+    result = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke run)", "torch": torch.__version__, "cuda": torch.version.cuda,
+              "diffusers": diffusers.__version__,
+              "weights": "seeded random (speed does not depend on weight values)", "shapes": {}}
+    try:
+        import sageattention  # noqa: F401
+        from importlib.metadata import version
+
+        result["sageattention"] = version("sageattention")
+    except ImportError:
+        result["sageattention"] = None
+    out = Path(args.out)
+    model, _ = build_transformer(dtype=torch.float32 if args.smoke else torch.bfloat16, tiny=args.smoke, device=device)
+    result["params"] = sum(p.numel() for p in model.parameters())
+    result["num_layers"] = model.config.num_layers
+    shape_variants = dict(item.split("=", 1) for item in args.shape_variants)
+    shape_repeats = {k: int(v) for k, v in (item.split("=", 1) for item in args.shape_repeats)}
+    for shape in [s for s in args.shapes.split(",") if s]:
+        variants = [v for v in shape_variants.get(shape, args.variants).split(",") if v]
+        repeats = shape_repeats.get(shape, args.repeats)
+        geo = latent_geometry(*SHAPES[shape])
+        inputs = dit_inputs(geo, model.config, device=device,
+                            dtype=torch.float32 if args.smoke else torch.bfloat16)
+        entry = result["shapes"].setdefault(shape, {"variants": {}})
+        entry["sequence_length"] = geo["text_rows"] + geo["audio_rows"] + geo["video_rows"]
+        if variants[0] != "stock":  # otherwise stock's first call counts them
             with torch.no_grad():
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                model(**inputs)
-                torch.cuda.synchronize()
-                row["first_call_s"] = time.perf_counter() - t0  # pays compilation, excluded from the timing
-                torch.cuda.reset_peak_memory_stats()
-                times = cuda_time(lambda: model(**inputs), args.repeats, warmup=1)
-            row.update(forward_s=statistics.median(times), forward_s_all=times,
-                       peak_memory_GiB=torch.cuda.max_memory_allocated() / 2**30,
-                       telemetry={type(h).__name__: (h.telemetry() if hasattr(h, "telemetry") else None)
-                                  for h in handles})
-            row["dense_equivalent_tflops"] = result["flops_dense"]["total"] / row["forward_s"] / 1e12
-        except Exception as exc:  # report the failing variant, keep measuring the others
-            row["error"] = f"{type(exc).__name__}: {exc}"
-            row["traceback"] = traceback.format_exc()[-1500:]
-        finally:
-            for handle in reversed(handles):
-                try:
-                    handle.remove()
-                except Exception as exc:  # a handle that cannot be removed leaves the model unusable: stop
-                    row["remove_error"] = f"{type(exc).__name__}: {exc}"
-            torch._dynamo.reset()
-        result["variants"][name] = row
-        print(json.dumps({name: {k: v for k, v in row.items() if k in ("forward_s", "first_call_s", "error")}}),
-              flush=True)
-        Path(args.out).write_text(json.dumps(result, indent=2, default=str))
-        if "remove_error" in row:
-            break
-    stock = result["variants"].get("stock", {}).get("forward_s")
-    for name, row in result["variants"].items():
-        if stock and row.get("forward_s"):
-            row["speedup_vs_stock"] = stock / row["forward_s"]
-    Path(args.out).write_text(json.dumps(result, indent=2, default=str))
-    print("wrote", args.out)
+                entry["flops_dense"] = count_flops(model, lambda: model(**inputs))
+        for i, name in enumerate(variants):
+            try:
+                row = measure_variant(model, inputs, name, repeats, device, count=(i == 0 and name == "stock"))
+                if "flops" in row:
+                    entry["flops_dense"] = row.pop("flops")
+                row["dense_equivalent_tflops"] = entry["flops_dense"]["total"] / row["forward_s"] / 1e12
+            except Exception as exc:  # report the failing variant, keep measuring the others
+                row = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2500:]}
+                torch._dynamo.reset()
+            entry["variants"][name] = row
+            print(json.dumps({shape: {name: {k: row.get(k) for k in ("forward_s", "dense_forward_s", "first_call_s",
+                                                                      "dispatched", "error")}}}), flush=True)
+            stock = entry["variants"].get("stock", {}).get("forward_s")
+            for r in entry["variants"].values():
+                if stock and r.get("forward_s"):
+                    r["speedup_vs_stock"] = stock / r["forward_s"]
+            tmp = out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(result, indent=2, default=str))
+            tmp.replace(out)
+        del inputs
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    print("wrote", out)
 
 
 if __name__ == "__main__":

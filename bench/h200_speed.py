@@ -38,12 +38,23 @@ SHAPES = {
     "5s-544x960": (124, 544, 960),
     "5s-768x1344": (124, 768, 1344),
     "15s-768x1344": (362, 768, 1344),
+    # Smoke runs of the scripts on a CPU with the tiny preset's config (not a production shape).
+    "smoke-64x64": (22, 64, 64),
 }
 TEXT_TOKENS = 256
 STEPS = {"baseline": 29, "turbo4": 4}
 
 
 def cuda_time(fn, repeats: int, warmup: int = 1) -> list[float]:
+    if not torch.cuda.is_available():  # smoke runs on a CPU: wall clock
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return times
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -147,12 +158,21 @@ def count_flops(model: torch.nn.Module, run) -> dict:
     return counts
 
 
-def build_transformer(dtype=torch.bfloat16):
+def build_transformer(dtype=torch.bfloat16, num_layers: int | None = None, tiny: bool = False, device: str = "cuda"):
+    """The full-size MiniMax-H3 DiT (diffusers' default config) with seeded random weights; ``num_layers`` and
+    ``tiny`` (the tiny preset's config) are for smoke runs of the scripts only."""
     from diffusers import MiniMaxH3Transformer3DModel
 
+    config = {}
+    if tiny:
+        from h3.tiny import TRANSFORMER_CONFIG
+
+        config.update(TRANSFORMER_CONFIG)
+    if num_layers is not None:
+        config["num_layers"] = num_layers
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = MiniMaxH3Transformer3DModel()
+    with torch.device(device):
+        model = MiniMaxH3Transformer3DModel(**config)
     model = model.to(dtype).eval()
     keep = getattr(model, "_keep_in_fp32_modules", None) or []
     for name, module in model.named_modules():

@@ -136,16 +136,23 @@ def detect_recompiles(records: Iterable[ClipRecord], ratio: float = RECOMPILE_RA
             if not warm:
                 (firsts if key not in seen else steady).append((key, r))
             seen.add(key)
+    return flag_first_at_shape(
+        [(key, r.timings.generation_side_latency_s,
+          {"request": (r.extra or {}).get("request_name"), "session": (r.extra or {}).get("session")})
+         for key, r in firsts],
+        [r.timings.generation_side_latency_s for _, r in steady], ratio, margin_s)
+
+
+def flag_first_at_shape(firsts: Sequence[tuple[str, float, dict]], steady: Sequence[float],
+                        ratio: float = RECOMPILE_RATIO, margin_s: float = RECOMPILE_MARGIN_S) -> dict[str, Any]:
+    """The recompile rule on latencies: ``firsts`` are (shape, latency, info) of each shape's first request in a
+    process, ``steady`` the latencies of requests that were not first at their shape."""
     if not steady:
         return {"available": False, "reason": "no steady-state request (every timed request was first at its shape)"}
-    steady_s = statistics.median(r.timings.generation_side_latency_s for _, r in steady)
+    steady_s = statistics.median(steady)
     threshold = max(steady_s * ratio, steady_s + margin_s)
-    flagged = []
-    for key, r in firsts:
-        latency = r.timings.generation_side_latency_s
-        if latency > threshold:
-            flagged.append({"shape": key, "latency_s": latency, "excess_s": latency - steady_s,
-                            "request": (r.extra or {}).get("request_name"), "session": (r.extra or {}).get("session")})
+    flagged = [{"shape": key, "latency_s": latency, "excess_s": latency - steady_s, **info}
+               for key, latency, info in firsts if latency > threshold]
     return {"available": True, "steady_state_s": steady_s, "threshold_s": threshold, "ratio": ratio,
             "margin_s": margin_s, "first_at_shape": len(firsts), "steady_requests": len(steady),
             "flagged": bool(flagged), "shapes": flagged}

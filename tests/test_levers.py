@@ -568,6 +568,64 @@ def test_offload_with_streams_on_gpu(base):
         assert_close(v.cpu(), vb, 1e-4, "offloaded GPU vs CPU")
 
 
+def _dit_calls(model, rows: int) -> list[dict]:
+    """Two DiT calls (two noise levels) on a packed sequence of ``rows`` rows: text, stereo audio, video."""
+    from bench.h200_speed import dit_inputs
+
+    geo = {"text_rows": 64, "audio_rows": 64, "video_rows": rows - 128}
+    first = dit_inputs(geo, model.config, device="cpu", dtype=torch.float32)
+    second = {**first, "timestep": torch.tensor([0.9, 0.7])}
+    return [first, second]
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("backend,rel_l2_max", [("_native_cudnn", 0.01), ("sage", 0.05)])
+def test_attention_backend_lever_runs_and_reports_on_gpu(backend, rel_l2_max):
+    """A MiniMax-H3 DiT with 128-wide heads (the full model's; Sage's kernels take 64 or 128) on the GPU in bf16: the
+    lever's backend is the one the dispatcher called, and the output is within the backend's error of the float64
+    forward (Sage quantizes Q/K to INT8 and P/V to FP8, so its bound is looser; it must not be bit-identical to native
+    SDPA either, which would mean it never ran)."""
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from h3.anatomy import observe_attention_dispatch
+    from h3.levers.attention_backend import AttentionBackendConfig, apply_attention_backend
+    from h3.tiny import TRANSFORMER_CONFIG
+
+    if backend == "sage":
+        pytest.importorskip("sageattention", reason="needs the sageattention package built for this GPU")
+    torch.manual_seed(0)
+    config = {**TRANSFORMER_CONFIG, "num_attention_heads": 2, "attention_head_dim": 128, "hidden_size": 256,
+              "ffn_dim": 512}
+    model = MiniMaxH3Transformer3DModel(**config).eval()
+    calls = [{k: (v.cuda() if torch.is_tensor(v) else v) for k, v in c.items()} for c in _dit_calls(model, rows=640)]
+    exact = forward_all(copy.deepcopy(model).double().cuda(), [
+        {k: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in c.items()} for c in calls])
+    model = model.cuda().bfloat16()
+    native = forward_all(model, calls)
+    handle = apply_attention_backend(model, AttentionBackendConfig(backend))
+    seen = []
+    probe = observe_attention_dispatch(lambda name, kw: seen.append(name))
+    try:
+        outputs = forward_all(model, calls)
+    finally:
+        probe.remove()
+    assert set(seen) == {backend} and handle.telemetry() == {"applied": True, "backend": backend}
+    for (v, _), (vn, _), (ve, _) in zip(outputs, native, exact):
+        err = ((v.double() - ve).norm() / ve.norm()).item()
+        assert err <= rel_l2_max, f"{backend}: rel L2 {err:.3g} vs float64"
+        if backend == "sage":
+            assert not torch.equal(v, vn)
+    handle.remove()
+    seen.clear()
+    probe = observe_attention_dispatch(lambda name, kw: seen.append(name))
+    try:
+        forward_all(model, calls[:1])
+    finally:
+        probe.remove()
+    assert set(seen) == {"native"}
+
+
 def test_compile_marks_counters_it_freezes():
     recipe = recipe_from_dict({**FAST_RECIPE, "quant": {"mode": "int8_weight_only"},
                                "compile": {"enabled": True, "backend": "eager"}})

@@ -69,8 +69,11 @@ def preflight(recipe, device) -> None:
             raise LeverError(f"recipe {recipe.name!r}: {exc}") from None
 
 
-def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: bool) -> dict[str, LeverHandle]:
-    """Apply every lever ``recipe`` switches on to ``pipe``; returns the handles by lever name."""
+def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: bool,
+                        reversible: bool = False) -> dict[str, LeverHandle]:
+    """Apply every lever ``recipe`` switches on to ``pipe``; returns the handles by lever name. ``reversible`` keeps
+    the float weights that quantization and the AdaLN precompute would drop, so that removing the handles restores
+    the model (benchmarks that measure several recipes on one model); the runtime drops them to save memory."""
     preflight(recipe, device)
     handles: dict[str, LeverHandle] = {}
     transformer = pipe.transformer
@@ -98,14 +101,14 @@ def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: boo
                     weights_tag=weights_tag, cache_dir=_cache_dir() / "adaln" if recipe.adaln.disk_cache else None,
                     compute_device=device,
                 ),
-                keep_originals=False,
+                keep_originals=reversible,
             )
         if recipe.quant.mode != "none":
             from h3.levers.quantization import QuantizationConfig, apply_quantization
 
             handles["quant"] = apply_quantization(
                 transformer, QuantizationConfig(mode=recipe.quant.mode, exclude=list(recipe.quant.exclude),
-                                                keep_originals=False, compute_device=device),
+                                                keep_originals=reversible, compute_device=device),
             )
         backend = recipe.attention.backend
         if backend != "native":
