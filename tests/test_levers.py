@@ -626,6 +626,40 @@ def test_attention_backend_lever_runs_and_reports_on_gpu(backend, rel_l2_max):
     assert set(seen) == {"native"}
 
 
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_compiled_blocks_do_not_recompile_under_the_dispatch_probe(base, backend):
+    """The runtime observes every attention call (executed.attention_backends). Inside a compiled block the probe
+    must not be traced: dynamo would guard on the observer's growing list and recompile at every forward (on the H200
+    this pushed compiled recipes past the recompile limit, back to eager). Four forwards: graphs only at the first,
+    no recompiles, every call still observed, outputs equal to the uncompiled ones."""
+    from h3.anatomy import observe_attention_dispatch
+    from h3.levers.compile import CompileConfig, apply_compile
+
+    transformer = fresh_transformer(base)
+    call = base.calls[0]
+    with torch.no_grad():
+        expected = transformer(**call)
+    handle = apply_compile(transformer, CompileConfig(backend=backend))
+    seen: list[str] = []
+    probe = observe_attention_dispatch(lambda name, kw: seen.append(name))
+    graphs = []
+    try:
+        with torch.no_grad():
+            for _ in range(4):
+                out = transformer(**call)
+                graphs.append(handle.telemetry()["graphs_compiled_total"])
+    finally:
+        probe.remove()
+    telemetry = handle.telemetry()
+    handle.remove()
+    torch._dynamo.reset()
+    layers = len(transformer.transformer_blocks) + len(getattr(transformer, "refiner_blocks", None) or [])
+    assert graphs[0] > 0 and graphs == [graphs[0]] * 4, graphs
+    assert telemetry["recompiles_total"] == 0
+    assert seen == ["native"] * (4 * (len(seen) // 4)) and len(seen) >= 4 * len(transformer.transformer_blocks)
+    torch.testing.assert_close(out[0], expected[0], rtol=1e-4, atol=1e-5)
+
+
 def test_compile_marks_counters_it_freezes():
     recipe = recipe_from_dict({**FAST_RECIPE, "quant": {"mode": "int8_weight_only"},
                                "compile": {"enabled": True, "backend": "eager"}})
