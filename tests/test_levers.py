@@ -660,6 +660,43 @@ def test_compiled_blocks_do_not_recompile_under_the_dispatch_probe(base, backend
     torch.testing.assert_close(out[0], expected[0], rtol=1e-4, atol=1e-5)
 
 
+def test_attention_backend_stays_on_its_transformer(base):
+    """diffusers' set_attention_backend also switches the process-wide default backend, and its reset does not switch
+    it back: the baseline runtime beside a candidate in one A/B process would silently run the candidate's attention.
+    The lever keeps the backend on its own transformer, and removing it leaves nothing behind."""
+    from h3.anatomy import observe_attention_dispatch
+    from h3.levers.attention_backend import AttentionBackendConfig, apply_attention_backend
+
+    candidate, baseline = fresh_transformer(base), fresh_transformer(base)
+    handle = apply_attention_backend(candidate, AttentionBackendConfig("_native_math"))
+    seen: list[str] = []
+    probe = observe_attention_dispatch(lambda name, kw: seen.append(name))
+    try:
+        forward_all(candidate, base.calls[:1])
+        on_candidate, seen[:] = set(seen), []
+        forward_all(baseline, base.calls[:1])
+        on_baseline, seen[:] = set(seen), []
+        handle.remove()
+        forward_all(candidate, base.calls[:1])
+        after_remove = set(seen)
+    finally:
+        probe.remove()
+    assert (on_candidate, on_baseline, after_remove) == ({"_native_math"}, {"native"}, {"native"})
+
+
+def test_quantization_remove_restores_float_weights_on_their_device(base):
+    from h3.levers.quantization import QuantizationConfig, apply_quantization
+
+    transformer = fresh_transformer(base)
+    before = {n: (p.device, p.dtype, p.clone()) for n, p in transformer.named_parameters()}
+    handle = apply_quantization(transformer, QuantizationConfig(mode="int8_weight_only", keep_originals=True))
+    handle.remove()
+    after = dict(transformer.named_parameters())
+    assert set(after) == set(before)
+    for name, (device, dtype, value) in before.items():
+        assert (after[name].device, after[name].dtype) == (device, dtype) and torch.equal(after[name], value), name
+
+
 def test_compile_marks_counters_it_freezes():
     recipe = recipe_from_dict({**FAST_RECIPE, "quant": {"mode": "int8_weight_only"},
                                "compile": {"enabled": True, "backend": "eager"}})

@@ -53,9 +53,17 @@ def apply_attention_backend(transformer, config: AttentionBackendConfig,
             raise LeverError(f"attention backend {backend!r} needs the {package!r} package, which is not installed")
     mark_applied(transformer, "attention")
     if backend != "native":
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+        process_default = _AttentionBackendRegistry._active_backend
         try:
             transformer.set_attention_backend(backend)
+            # diffusers' set_attention_backend also makes the backend the *process-wide* default, and its
+            # reset_attention_backend does not undo that: every other model in the process (the baseline beside a
+            # candidate in one A/B process) would silently run this backend. Keep it on this transformer's processors.
+            _AttentionBackendRegistry.set_active_backend(process_default)
         except Exception as exc:  # diffusers raises several types for an unavailable backend
+            _AttentionBackendRegistry.set_active_backend(process_default)
             unmark_applied(transformer, "attention")
             raise LeverError(
                 f"attention backend {backend!r} cannot run here ({type(exc).__name__}: {exc}); refusing to fall back "

@@ -164,7 +164,8 @@ class QuantizationHandle(LeverHandle):
         if len(self.originals) != len(self.replaced):
             raise LeverError("quantization dropped the float weights (keep_originals=False); reload the model")
         for name, original in self.originals.items():
-            _set_submodule(self.root, name, original)
+            # Back where the quantized layer computed (the float copy was parked on the CPU).
+            _set_submodule(self.root, name, original.to(self.replaced[name].weight_scale.device))
         unmark_applied(self.root, "quant")
 
 
