@@ -91,12 +91,16 @@ class GhostingConfig:
     (field report 001: "on every frame"); codec noise is not, so summing the frames' normal equations for one shared
     (lag, dy, dx) cuts the noise about 4x over 16 frames and removes most of the per-frame selection bias of taking
     the best of ~400 displacements. Longer clips are covered by several windows (:func:`pool_windows`)."""
-    threshold: float = 0.03
+    threshold: float = 0.0364
     """A clip is flagged when the pooled strength of any of its windows reaches this. Chosen by
-    bench/ghosting_calibration.py (bench/results/ghosting_calibration.md) on 16-frame windows."""
-    frame_threshold: float = 0.015
+    bench/ghosting_calibration.py on 16-frame windows of real footage (bench/results/ghosting_calibration.md): the
+    midpoint of the benign tail (0.026, the window ranked past the 1% allowed) and the 10th percentile of planted
+    alpha = 0.05 ghosts (0.047); there 100% of planted ghosts at alpha 0.05 and >= 0.10 (98.6% at 0.07) and 1 of 138
+    benign windows (0.72%, a CRF 28 re-encode) are flagged."""
+    frame_threshold: float = 0.0182
     """In a flagged window, the frames whose own strength at the window's copy reaches this are listed as ghost
-    frames (reporting only; the flag is the window's). Half the calibrated ``threshold``."""
+    frames (reporting only; the flag is the window's). Half the calibrated ``threshold``: 99% of the frames that can
+    hold a planted copy are listed in the calibration."""
 
 
 @dataclass
