@@ -103,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         "decode_both": {"wall_s": decode_wall, "cpu_s": decode_cpu},
         "ghost_scores": {"wall_s": score_wall, "cpu_s": score_cpu},
         "budget_s": 15.0,
-        "result": {"flagged": result.flagged, "ghost_score_max": result.metrics["ghost_score_max"].value,
+        "result": {"flagged": result.flagged, "ghost_strength": result.metrics["ghost_strength"].value,
+                   "ghost_score_max": result.metrics["ghost_score_max"].value,
                    "ghost_frames": result.metrics["ghost_frames"].value,
                    "median_score": float(np.median(fs.score[fs.scored]))},
     }
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         f"| decode both clips | {decode_wall:.2f} | {decode_cpu:.2f} |",
         f"| ghost_scores | {score_wall:.2f} | {score_cpu:.2f} |", "",
         f"Budget: 15 s. Planted ghost (alpha 0.10, lag 1): flagged={result.flagged}, "
-        f"median frame score {report['result']['median_score']:.4f}.", "",
+        f"pooled strength {report['result']['ghost_strength']:.4f}, median frame score "
+        f"{report['result']['median_score']:.4f}, {report['result']['ghost_frames']:.0f} ghost frames listed.", "",
     ]
     atomic_write_text(RESULTS / "ghosting_speed.md", "\n".join(md))
     print("\n".join(md))

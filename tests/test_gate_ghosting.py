@@ -11,7 +11,7 @@ import pytest
 from scipy import ndimage
 
 from gates.base import PairContext, PairRef, ClipSide, get_gate
-from gates.ghosting import GhostingConfig, clip_evidence, frames_flagged, ghost_scores, required_frames
+from gates.ghosting import GhostingConfig, clip_evidence, ghost_frames, ghost_scores, is_flagged, pool_windows
 from h3.media import decode_video, encode_mp4
 
 # The calibrated defaults (bench/results/ghosting_calibration.md), scoring every frame as the calibration does.
@@ -70,6 +70,7 @@ def clip(tmp_path_factory) -> dict[str, np.ndarray]:
         "base": base_src,
         "ghost_lag1": plant(src, 0.10, lag=1),
         "ghost_lag2_shift": plant(src, 0.10, lag=2, dy=1, dx=-2),
+        "ghost_005_lag3": plant(src, 0.05, lag=3),
         "noise": noisy,
         "gamma": gamma,
         "crf28": roundtrip(tmp, base_src, 28, "crf28"),
@@ -77,45 +78,61 @@ def clip(tmp_path_factory) -> dict[str, np.ndarray]:
     return {name: roundtrip(tmp, frames, 18, name) for name, frames in raw.items()}
 
 
-@pytest.mark.parametrize("name", ["ghost_lag1", "ghost_lag2_shift"])
-def test_planted_ghost_alpha_010_is_flagged_with_its_strength(clip, name):
+@pytest.mark.parametrize("name, alpha, lag, dy, dx", [
+    ("ghost_lag1", 0.10, 1, 0, 0), ("ghost_lag2_shift", 0.10, 2, 1, -2), ("ghost_005_lag3", 0.05, 3, 0, 0)])
+def test_planted_ghost_is_flagged_with_its_strength_copy_and_frames(clip, name, alpha, lag, dy, dx):
     fs = ghost_scores(clip["base"], clip[name], CONFIG)
-    ghost_frames, flagged = frames_flagged(fs.score, CONFIG)
-    assert flagged, (name, fs.score)
-    # The score estimates alpha: frames whose copy lies inside the clip recover 0.10 within the codec's blur.
-    inside = fs.score[4:]
-    assert np.median(inside) == pytest.approx(0.10, abs=0.02)
-    expected_lag = 1 if name == "ghost_lag1" else 2
-    assert np.all(fs.lag[4:] == expected_lag)
-    if name == "ghost_lag2_shift":
-        assert np.all((fs.dy[4:] == 1) & (fs.dx[4:] == -2))
+    (win,) = fs.windows  # 12 frames <= pool_frames: one pooled fit
+    assert is_flagged(fs, CONFIG) and clip_evidence(fs) == win.score
+    # The pooled fit recovers the planted copy and its strength within the codec's blur.
+    assert (win.lag, win.dy, win.dx) == (lag, dy, dx)
+    assert win.score == pytest.approx(alpha, abs=0.01)
+    # Frames t >= lag can hold the copy and carry it at the planted strength; earlier ones cannot be fitted at lag.
+    np.testing.assert_allclose(fs.score[lag:], alpha, atol=0.02)
+    assert np.all(fs.score[:lag] == 0.0) and np.all(fs.lag[:lag] == -1) and np.all(fs.lag[lag:] == lag)
+    assert ghost_frames(fs, CONFIG) == list(range(lag, len(fs.score)))
 
 
 @pytest.mark.parametrize("name", ["noise", "gamma", "crf28"])
 def test_benign_differences_are_not_flagged(clip, name):
     fs = ghost_scores(clip["base"], clip[name], CONFIG)
-    ghost_frames, flagged = frames_flagged(fs.score, CONFIG)
-    assert not flagged, (name, fs.score)
-    assert ghost_frames == 0
-    assert fs.score.max() < CONFIG.frame_threshold
+    assert not is_flagged(fs, CONFIG), (name, fs.windows)
+    assert clip_evidence(fs) < CONFIG.threshold
+    assert ghost_frames(fs, CONFIG) == []
 
 
 def test_identical_pair_scores_exactly_zero(clip):
     fs = ghost_scores(clip["base"], clip["base"].copy(), CONFIG)
-    assert np.all(fs.score == 0.0)
-    assert clip_evidence(fs.score, CONFIG) == 0.0
+    assert np.all(fs.score == 0.0) and np.all(fs.lag == -1)
+    assert clip_evidence(fs) == 0.0 and [w.score for w in fs.windows] == [0.0]
 
 
-@pytest.mark.parametrize("num_scored, expected", [(5, 3), (16, 3), (30, 3), (31, 4), (124, 13)])
-def test_clip_rule_counts_frames(num_scored, expected):
-    assert required_frames(num_scored, CONFIG) == expected
-    scores = np.zeros(num_scored)
-    scores[: expected - 1] = 1.0
-    assert frames_flagged(scores, CONFIG) == (expected - 1, False)
-    assert clip_evidence(scores, CONFIG) == 0.0
-    scores[expected - 1] = CONFIG.frame_threshold
-    assert frames_flagged(scores, CONFIG) == (expected, True)
-    assert clip_evidence(scores, CONFIG) == CONFIG.frame_threshold
+@pytest.mark.parametrize("n, pool, expected", [
+    (0, 16, []), (5, 16, [(0, 5)]), (16, 16, [(0, 16)]), (17, 16, [(0, 16), (1, 17)]),
+    (62, 16, [(0, 16), (15, 31), (31, 47), (46, 62)]), (64, 16, [(0, 16), (16, 32), (32, 48), (48, 64)])])
+def test_pool_windows_cover_every_scored_frame_with_full_windows(n, pool, expected):
+    frames = list(range(0, 2 * n, 2))  # scored frames at stride 2
+    windows = pool_windows(frames, pool)
+    assert windows == [frames[a:b] for a, b in expected]
+    assert sorted({t for w in windows for t in w}) == frames
+
+
+def test_ghost_in_part_of_a_long_clip_flags_only_its_windows_and_frames(tmp_path):
+    """A 40-frame clip whose frames 24.. carry a lag-1 copy: windows of 12 frames, only those over the ghost flag."""
+    src = moving_texture(num_frames=40, height=128, width=224, seed=2)
+    base = src[4:]
+    cand = base.copy()
+    cand[24:] = plant(src, 0.10, lag=1)[24:]
+    base, cand = (roundtrip(tmp_path, f, 18, n) for f, n in ((base, "b"), (cand, "c")))
+    config = dataclasses.replace(CONFIG, pool_frames=12)
+    fs = ghost_scores(base, cand, config)
+    assert [w.frames[0] for w in fs.windows] == [0, 9, 19, 28]
+    flagged_windows = [w for w in fs.windows if w.score >= config.threshold]
+    assert [w.frames[0] for w in flagged_windows] == [19, 28]
+    assert all(w.lag == 1 and (w.dy, w.dx) == (0, 0) for w in flagged_windows)
+    # 12 of 12 frames of the last window carry the copy, 7 of 12 of the one before: pooled 0.10 and about 7/12 of it.
+    assert flagged_windows[-1].score == pytest.approx(0.10, abs=0.01)
+    assert ghost_frames(fs, config) == list(range(24, 40))
 
 
 def test_shape_mismatch_is_an_error(clip):
@@ -126,12 +143,14 @@ def test_shape_mismatch_is_an_error(clip):
 # --- slow readable reference --------------------------------------------------------------------------------------
 
 
-def reference_scores(frames_base, frames_cand, config: GhostingConfig, factor: int) -> np.ndarray:
-    """Exhaustive float64 definition. Per frame: luma, block mean by ``factor``, Gaussian blur; nuisance regressors
-    1, base, base^2 and base shifted by one pixel; for every lag, the shift whose ridge least-squares fit (residual
-    and copy both projected off the nuisance) explains most residual energy; for that copy, the ridge fit per block,
-    blocks above ``block_alpha_max`` dropped, and the energy-weighted median of the rest; the frame score is the
-    largest of these over lags, and at least 0."""
+def reference_pooled(frames_base, frames_cand, config: GhostingConfig, factor: int):
+    """Exhaustive float64 definition of one pooled window over all frames. Per frame: luma, block mean by
+    ``factor``, Gaussian blur; nuisance regressors 1, base, base^2 and base shifted by one pixel; residual and copy
+    projected off them. For every lag, the shift whose pooled ridge least-squares fit (numerators and energies summed
+    over the frames t >= lag, ridge per frame) explains most residual energy; for that copy, the ridge fit per block
+    of every frame, blocks above ``block_alpha_max`` dropped, and the energy-weighted median of the rest; the window
+    score is the largest of these over lags (at least 0), and each frame's score the same median over its own blocks
+    at the winning copy. Returns (score, (lag, dy, dx) at working resolution, per-frame scores)."""
     weights = np.array([0.299, 0.587, 0.114])
 
     def luma(frames):
@@ -155,68 +174,84 @@ def reference_scores(frames_base, frames_cand, config: GhostingConfig, factor: i
         return pairs[-1][0]
 
     base, cand = luma(frames_base), luma(frames_cand)
-    _, h, w = base.shape
+    n, h, w = base.shape
     m = config.max_shift + 1
     inner = (slice(m, h - m), slice(m, w - m))
     ih, iw = h - 2 * m, w - 2 * m
     bs = config.block if ih >= config.block and iw >= config.block else None
-    out = np.zeros(len(base))
-    for t in range(len(base)):
+    designs = []
+    for t in range(n):
         b = base[t]
         nuisance = [np.ones((ih, iw)), b[inner], b[inner] ** 2]
         for ey, ex in [(-1, 0), (1, 0), (0, -1), (0, 1)]:
             nuisance.append(np.roll(b, (ey, ex), axis=(0, 1))[inner])
-        design = np.stack([n.ravel() for n in nuisance], axis=1)
+        designs.append(np.stack([c.ravel() for c in nuisance], axis=1))
 
-        def perp(v):
-            coef, *_ = np.linalg.lstsq(design, v, rcond=None)
-            return v - design @ coef
+    def perp(t, v):
+        coef, *_ = np.linalg.lstsq(designs[t], v, rcond=None)
+        return v - designs[t] @ coef
 
-        r = perp((cand[t] - b)[inner].ravel())
-        for lag in range(0, min(config.max_lag, t) + 1):
-            best_energy, best_copy = 0.0, None
-            for dy in range(-config.max_shift, config.max_shift + 1):
-                for dx in range(-config.max_shift, config.max_shift + 1):
-                    if lag == 0 and max(abs(dy), abs(dx)) < config.min_lag0_shift:
-                        continue
-                    s = perp(np.roll(base[t - lag], (dy, dx), axis=(0, 1))[inner].ravel())
-                    num = float(r @ s)
-                    den = float(s @ s) + ih * iw * config.ridge_rms**2
-                    if num > 0 and num * num / den > best_energy:
-                        best_energy, best_copy = num * num / den, s
-            if best_copy is None:
-                continue
-            rr, ss = r.reshape(ih, iw), best_copy.reshape(ih, iw)
-            blocks = []
-            if bs is None:
-                blocks.append((rr, ss))
-            else:
-                for by in range(ih // bs):
-                    for bx in range(iw // bs):
-                        sl = (slice(by * bs, (by + 1) * bs), slice(bx * bs, (bx + 1) * bs))
-                        blocks.append((rr[sl], ss[sl]))
-            alphas, energies = [], []
-            for rb, sb in blocks:
-                energy = float(np.sum(sb * sb))
-                alpha = float(np.sum(rb * sb)) / (energy + rb.size * config.ridge_rms**2)
-                if alpha <= config.block_alpha_max:
-                    alphas.append(alpha)
-                    energies.append(energy)
-            out[t] = max(out[t], lower_weighted_median(alphas, energies))
-    return out
+    residuals = [perp(t, (cand[t] - base[t])[inner].ravel()) for t in range(n)]
+
+    def copy(t, key):
+        lag, dy, dx = key
+        return perp(t, np.roll(base[t - lag], (dy, dx), axis=(0, 1))[inner].ravel())
+
+    def block_alphas(t, s):
+        rr, ss = residuals[t].reshape(ih, iw), s.reshape(ih, iw)
+        if bs is None:
+            blocks = [(rr, ss)]
+        else:
+            cells = [(slice(by * bs, (by + 1) * bs), slice(bx * bs, (bx + 1) * bs))
+                     for by in range(ih // bs) for bx in range(iw // bs)]
+            blocks = [(rr[cell], ss[cell]) for cell in cells]
+        out = []
+        for rb, sb in blocks:
+            energy = float(np.sum(sb * sb))
+            alpha = float(np.sum(rb * sb)) / (energy + rb.size * config.ridge_rms**2)
+            if alpha <= config.block_alpha_max:
+                out.append((alpha, energy))
+        return out
+
+    best = (0.0, None)
+    for lag in range(0, min(config.max_lag, n - 1) + 1):
+        best_energy, best_key = 0.0, None
+        for dy in range(-config.max_shift, config.max_shift + 1):
+            for dx in range(-config.max_shift, config.max_shift + 1):
+                if lag == 0 and max(abs(dy), abs(dx)) < config.min_lag0_shift:
+                    continue
+                num = den = 0.0
+                for t in range(lag, n):
+                    s = copy(t, (lag, dy, dx))
+                    num += float(residuals[t] @ s)
+                    den += float(s @ s) + ih * iw * config.ridge_rms**2
+                if num > 0 and num * num / den > best_energy:
+                    best_energy, best_key = num * num / den, (lag, dy, dx)
+        if best_key is None:
+            continue
+        pairs = [p for t in range(lag, n) for p in block_alphas(t, copy(t, best_key))]
+        alpha = max(0.0, lower_weighted_median([p[0] for p in pairs], [p[1] for p in pairs]))
+        if best[1] is None or alpha > best[0]:
+            best = (alpha, best_key)
+    alpha, key = best
+    frame_scores = np.zeros(n)
+    for t in range(key[0], n):
+        pairs = block_alphas(t, copy(t, key))
+        frame_scores[t] = max(0.0, lower_weighted_median([p[0] for p in pairs], [p[1] for p in pairs]))
+    return alpha, key, frame_scores
 
 
 @pytest.mark.parametrize(
     "height, width, work_long_side, top_k",
     [
         # On frames this small the ranking's edge approximations can miss the best shift, so the tiny cases fit
-        # every shift exactly (checking the fit, blocks and median); the 40x56-working case runs the default search.
+        # every shift exactly (checking the pooled fit, blocks and median); the 80x112 case runs the default search.
         (40, 56, 64, 10_000),  # working resolution = full
         (80, 112, 64, CONFIG.top_k),  # 2x2 box-downsampled; default (ranked + hill-climbing) search
         (40, 56, 32, 10_000),  # 2x2 box-downsampled to 20x28
     ],
 )
-def test_fast_search_agrees_with_exhaustive_reference(height, width, work_long_side, top_k):
+def test_pooled_fit_agrees_with_exhaustive_float64_reference(height, width, work_long_side, top_k):
     src = moving_texture(num_frames=6, height=height, width=width, seed=3)
     cand = plant(src, 0.12, lag=1, dy=1, dx=2) if height == 40 else plant(src, 0.12, lag=1, dy=2, dx=4)
     rng = np.random.default_rng(5)
@@ -225,18 +260,23 @@ def test_fast_search_agrees_with_exhaustive_reference(height, width, work_long_s
     config = dataclasses.replace(CONFIG, work_long_side=work_long_side, top_k=top_k)
     fs = ghost_scores(base, cand, config)
     assert fs.factor == -(-max(height, width) // work_long_side)
-    ref = reference_scores(base, cand, config, fs.factor)
-    np.testing.assert_allclose(fs.score, ref, rtol=1e-4, atol=1e-5)
-    assert ref.max() > 0.05  # the reference sees the planted copy: the comparison is not 0 == 0
+    ref_score, ref_key, ref_frames = reference_pooled(base, cand, config, fs.factor)
+    (win,) = fs.windows
+    assert (win.lag, win.dy // fs.factor, win.dx // fs.factor) == ref_key
+    assert win.score == pytest.approx(ref_score, rel=1e-4, abs=1e-5)
+    np.testing.assert_allclose(fs.score, ref_frames, rtol=1e-4, atol=1e-5)
+    assert ref_score > 0.05  # the reference sees the planted copy: the comparison is not 0 == 0
 
 
-def test_frame_stride_leaves_unscored_frames_unscored(clip):
+def test_frame_stride_pools_only_scored_frames(clip):
     config = dataclasses.replace(CONFIG, frame_stride=2)
     fs = ghost_scores(clip["base"], clip["ghost_lag1"], config)
-    full = ghost_scores(clip["base"], clip["ghost_lag1"], CONFIG)
     assert fs.scored.tolist() == [t % 2 == 0 for t in range(len(fs.score))]
-    np.testing.assert_allclose(fs.score[fs.scored], full.score[fs.scored], rtol=1e-12)
-    assert np.all(fs.score[~fs.scored] == 0.0)
+    assert [w.frames for w in fs.windows] == [list(range(0, 12, 2))]
+    assert np.all(fs.score[~fs.scored] == 0.0) and np.all(fs.lag[~fs.scored] == -1)
+    # Pooled over 6 frames instead of 12, same copy, same strength within the codec's blur.
+    assert (fs.windows[0].lag, fs.windows[0].dy, fs.windows[0].dx) == (1, 0, 0)
+    assert fs.windows[0].score == pytest.approx(0.10, abs=0.01)
 
 
 # --- the gate ------------------------------------------------------------------------------------------------------
@@ -267,10 +307,15 @@ def test_gate_flags_ghost_and_writes_strip(tmp_path):
     result = get_gate("ghosting").evaluate(ctx)
     assert result.status == "ok" and result.error is None
     assert result.flagged and result.flags
-    assert result.metrics["ghost_score_max"].value == pytest.approx(0.10, abs=0.03)
-    assert result.metrics["ghost_score_max"].higher_is_better is False
-    assert result.metrics["ghost_frames"].value >= CONFIG.clip_min_frames
-    assert len(result.info["ghost_frame_indices"]) == result.metrics["ghost_frames"].value
+    assert result.metrics["ghost_strength"].value == pytest.approx(0.10, abs=0.01)
+    assert result.metrics["ghost_strength"].higher_is_better is False
+    assert result.metrics["ghost_score_max"].value == pytest.approx(0.10, abs=0.02)
+    # default frame_stride 2: frames 2, 4, .., 10 can hold the lag-1 copy (frame 0's copy lies before the clip)
+    assert result.info["ghost_frame_indices"] == [2, 4, 6, 8, 10]
+    assert result.metrics["ghost_frames"].value == 5
+    (window,) = result.info["windows"]
+    assert (window["lag"], window["dy"], window["dx"], window["first_frame"], window["last_frame"]) == (1, 0, 0, 0, 10)
+    assert "frames 0-10" in result.flags[0] and "t-1" in result.flags[0]
     assert len(result.series["ghost_score"]) == 12
     assert len(result.artifacts) == 1 and not Path(result.artifacts[0]).is_absolute()
     png = cv2.imread(str(ctx.run_dir / result.artifacts[0]))
@@ -281,8 +326,8 @@ def test_gate_identical_pair_is_zero_and_not_flagged(tmp_path):
     src = moving_texture()
     result = get_gate("ghosting").evaluate(make_ctx(tmp_path, src[4:], src[4:]))
     assert not result.flagged
-    assert result.metrics["ghost_score_max"].value == 0.0
-    assert result.metrics["ghost_frames"].value == 0.0
+    assert result.metrics["ghost_score_max"].value == 0.0 and result.metrics["ghost_strength"].value == 0.0
+    assert result.metrics["ghost_frames"].value == 0.0 and result.info["ghost_frame_indices"] == []
     assert result.artifacts == []
 
 
@@ -314,8 +359,10 @@ def test_gate_corrupt_clip_is_a_per_pair_error_naming_the_file(tmp_path):
 def test_gate_options_arrive_as_strings_from_the_cli(tmp_path):
     src = moving_texture()
     ghost = plant(src, 0.10, lag=1)
-    strict = get_gate("ghosting").evaluate(make_ctx(tmp_path / "a", src[4:], ghost, {"frame_threshold": "0.5"}))
+    strict = get_gate("ghosting").evaluate(make_ctx(tmp_path / "a", src[4:], ghost, {"threshold": "0.5"}))
     assert strict.status == "ok" and not strict.flagged
-    assert strict.info["config"]["frame_threshold"] == 0.5
+    assert strict.info["config"]["threshold"] == 0.5 and strict.info["ghost_frame_indices"] == []
     bad = get_gate("ghosting").evaluate(make_ctx(tmp_path / "b", src[4:], ghost, {"frame_stride": "two"}))
     assert bad.status == "error" and "frame_stride" in bad.error
+    zero = get_gate("ghosting").evaluate(make_ctx(tmp_path / "c", src[4:], ghost, {"pool_frames": "0"}))
+    assert zero.status == "error" and "pool_frames" in zero.error
