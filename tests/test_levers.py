@@ -358,7 +358,16 @@ def test_sparse_lever_on_transformer(base):
     outputs = forward_all(transformer, base.calls)
     telemetry = handle.telemetry()
     assert telemetry["dense_calls"] == 2 and telemetry["sparse_calls"] == 2  # 2 blocks x (1 dense + 1 sparse step)
+    assert (telemetry["dense_forwards"], telemetry["sparse_forwards"]) == (1, 1)
     assert telemetry["realized_sparsity"] == 0.0
+    # Compiled blocks freeze the per-call counters (they run inside the graph): reported unknown, not 0, while the
+    # per-forward counts, kept on the uncompiled transformer, still say which kind of step ran.
+    handle.compiled = True
+    handle.begin_request()
+    forward_all(transformer, base.calls)
+    compiled = handle.telemetry()
+    assert (compiled["dense_calls"], compiled["sparse_calls"], compiled["realized_sparsity"]) == (None, None, None)
+    assert (compiled["dense_forwards"], compiled["sparse_forwards"]) == (1, 1)
     assert torch.equal(outputs[0][0], base.outputs[0][0])  # the dense first step is the baseline's computation
     assert_close(outputs[1][0], base.outputs[1][0], 1e-5, "sparsity-0 flex vs SDPA, whole transformer")
     handle.remove()

@@ -156,7 +156,7 @@ def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: boo
                 transformer, CompileConfig(backend=cc.backend, mode=cc.mode, fullgraph=cc.fullgraph, dynamic=cc.dynamic)
             )
             # Call counters inside compiled blocks stay frozen (see QuantizedLinear.forward); say so, not "0 calls".
-            for name in ("quant", "lora"):
+            for name in ("quant", "lora", "sparse_attention"):
                 if name in handles:
                     handles[name].compiled = True
         if recipe.vae.tiles or not recipe.vae.resident:

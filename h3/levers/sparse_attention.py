@@ -174,13 +174,20 @@ class SparseAttentionHandle(LeverHandle):
         self.step = 0
         self.dense_step = config.dense_steps > 0
         self.dense_calls = self.sparse_calls = 0
+        self.dense_forwards = self.sparse_forwards = 0
         self.kept_fraction_sum = 0.0
+        self.compiled = False  # set by apply_recipe_levers when the blocks are compiled: per-call counters freeze
         for i, (block, prev) in enumerate(zip(transformer.transformer_blocks, previous)):
             block.attn.set_processor(BlockSparseAttnProcessor(self, i, prev))
         self._forwards = 0
         self._post = transformer.register_forward_hook(self._advance, always_call=True)
 
     def _advance(self, *_):
+        # Counted on the (never compiled) transformer, so they hold under regional compilation too.
+        if self.dense_step:
+            self.dense_forwards += 1
+        else:
+            self.sparse_forwards += 1
         self.step += 1
         self.dense_step = self.step < self.config.dense_steps
 
@@ -188,6 +195,7 @@ class SparseAttentionHandle(LeverHandle):
         self.step = 0
         self.dense_step = self.config.dense_steps > 0
         self.dense_calls = self.sparse_calls = 0
+        self.dense_forwards = self.sparse_forwards = 0
         self.kept_fraction_sum = 0.0
 
     def telemetry(self) -> dict[str, Any]:
@@ -195,9 +203,13 @@ class SparseAttentionHandle(LeverHandle):
             "applied": not self.removed,
             "block_size": self.config.block_size,
             "target_sparsity": self.config.sparsity,
-            "sparse_calls": self.sparse_calls,
-            "dense_calls": self.dense_calls,
-            "realized_sparsity": (1.0 - self.kept_fraction_sum / self.sparse_calls) if self.sparse_calls else None,
+            "dense_forwards": self.dense_forwards,
+            "sparse_forwards": self.sparse_forwards,
+            # Per attention call, counted inside the blocks: unknown (None), not 0, when the blocks are compiled.
+            "sparse_calls": None if self.compiled else self.sparse_calls,
+            "dense_calls": None if self.compiled else self.dense_calls,
+            "realized_sparsity": None if self.compiled or not self.sparse_calls
+            else 1.0 - self.kept_fraction_sum / self.sparse_calls,
         }
 
     def _remove(self) -> None:
