@@ -461,6 +461,49 @@ def test_taylorseer_and_magcache(base):
     assert all(torch.equal(o[0], b[0]) for o, b in zip(outputs, base.outputs))
 
 
+def _magcache_reference(ratios, threshold, max_skip, retention_ratio):
+    """The documented MagCache rule (diffusers.hooks.mag_cache), replayed step by step in plain Python: a step at or
+    after the retention steps is skipped while the accumulated error of the magnitude ratios stays under the
+    threshold and at most ``max_skip`` steps in a row are skipped."""
+    n = len(ratios)
+    retention = int(retention_ratio * n + 0.5)
+    computed, acc_ratio, acc_err, acc_steps = [], 1.0, 0.0, 0
+    for step, ratio in enumerate(ratios):
+        compute = True
+        if step >= retention:
+            acc_ratio *= ratio
+            acc_steps += 1
+            acc_err += abs(1.0 - acc_ratio)
+            if step > 0 and acc_err <= threshold and acc_steps <= max_skip:
+                compute = False
+            else:
+                acc_ratio, acc_err, acc_steps = 1.0, 0.0, 0
+        computed.append(compute)
+    return computed
+
+
+def test_magcache_skips_steps_by_its_rule(base):
+    """MagCache with a checkpoint's ratios (not calibration): the steps it skips are the ones its rule picks, a
+    skipped step reuses the previous residual (so its output differs from computing it), and telemetry counts both."""
+    from h3.levers.step_cache import StepCacheConfig, apply_step_cache
+
+    ratios = [1.0, 1.0, 0.99, 1.0, 0.97, 1.0]
+    calls = [base.calls[0]] + [base.calls[1]] * 5
+    expected = _magcache_reference(ratios, threshold=0.05, max_skip=2, retention_ratio=0.2)
+    assert expected == [True, False, False, True, False, True]  # the rule, worked by hand for these ratios
+    transformer = fresh_transformer(base)
+    plain = forward_all(fresh_transformer(base), calls)
+    handle = apply_step_cache(transformer, StepCacheConfig(kind="mag", mag_ratios=ratios, threshold=0.05,
+                                                           max_skip_steps=2, retention_ratio=0.2,
+                                                           num_inference_steps=len(ratios)))
+    handle.begin_request()
+    outputs = forward_all(transformer, calls)
+    t = handle.telemetry()
+    assert (t["forwards"], t["computed_steps"], t["cached_steps"]) == (6, sum(expected), 6 - sum(expected))
+    assert torch.equal(outputs[0][0], plain[0][0])  # step 0 always computes
+    assert not torch.equal(outputs[1][0], plain[1][0])  # step 1 was skipped: previous residual, not a new forward
+
+
 # -- compile, offload, VAE ---------------------------------------------------------------------------------------------
 
 def test_compile_repeated_blocks_counts_graphs(base):
