@@ -49,6 +49,28 @@ def module_bytes(module: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in list(module.parameters()) + list(module.buffers()))
 
 
+def profile_copies(run) -> dict:
+    """CUDA time per memcpy kind and in compute kernels over one call of ``run`` (torch.profiler, CUDA activity).
+
+    A copy from pageable host memory shows as ``Memcpy HtoD (Pageable -> Device)`` and runs at a fraction of the pinned
+    rate; copies that do not overlap kernels leave the GPU idle. This is what to read when streaming is slow."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        run()
+        torch.cuda.synchronize()
+    kinds: dict[str, dict] = {}
+    kernels_us = 0.0
+    for evt in prof.key_averages():
+        device_us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        if evt.key.startswith("Memcpy") or evt.key.startswith("Memset"):
+            kinds[evt.key] = {"count": evt.count, "device_ms": device_us / 1000.0}
+        elif getattr(evt, "device_type", None) is not None and "CUDA" in str(evt.device_type):
+            kernels_us += device_us
+    return {"copies": kinds, "kernels_device_ms": kernels_us / 1000.0,
+            "top_cpu": prof.key_averages().table(sort_by="cpu_time_total", row_limit=15)}
+
+
 def main() -> None:
     from diffusers import MiniMaxH3Scheduler
 
@@ -61,6 +83,9 @@ def main() -> None:
     parser.add_argument("--shape", default="5s-544x960")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--recipe", default="offload-int8-adaln")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile one transfer-bound offloaded request: host-to-device copies by kind "
+                             "(pinned or pageable source), their time, and the compute kernels' time")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     import diffusers
@@ -139,6 +164,8 @@ def main() -> None:
                     cuda_time(lambda: request(calls), args.repeats, 0))
                 timings[label]["offloaded_peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
         result["offload_telemetry"] = handles["offload"].telemetry()
+        if args.profile:
+            result["profile"] = profile_copies(lambda: request(inputs_for(geos["transfer_bound"])))
         steps = len(timesteps)
         tb = timings["transfer_bound"]
         achieved = result["bytes_per_forward"] * steps / tb["offloaded_request_s"] / 1e9

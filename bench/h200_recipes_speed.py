@@ -7,6 +7,7 @@ A variant is a shipped recipe (``h3/recipes/<name>.toml``) or ``stock`` (bf16, e
 out of the box), optionally followed by modifiers joined with ``+``:
 
 * ``compile``  — the recipe's ``[compile]`` section switched on (regional ``compile_repeated_blocks``, inductor);
+* ``dynamic``  — the same with ``compile.dynamic = true`` (shape-generic graphs: no recompile per prompt length);
 * ``fp8`` / ``int8`` — ``quant.mode`` set to FP8 / INT8 W8A8;
 * ``sage`` / ``cudnn`` — ``attention.backend`` set to ``sage`` / ``_native_cudnn``;
 * ``sparseNN`` — block-sparse attention at NN % sparsity (128-token blocks, dense first step, 128-row buckets).
@@ -57,7 +58,10 @@ def variant_recipe(variant: str):
     update: dict = {}
     for mod in mods:
         if mod == "compile":
-            update["compile"] = recipe.compile.model_copy(update={"enabled": True})
+            update["compile"] = update.get("compile", recipe.compile).model_copy(update={"enabled": True})
+        elif mod == "dynamic":  # compile with dynamic shapes: one graph for every prompt length
+            update["compile"] = update.get("compile", recipe.compile).model_copy(update={"enabled": True,
+                                                                                          "dynamic": True})
         elif mod in ("fp8", "int8"):
             update["quant"] = recipe.quant.model_copy(update={"mode": f"{mod}_w8a8"})
         elif mod in ("sage", "cudnn"):
