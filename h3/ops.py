@@ -352,12 +352,10 @@ class RecipeOps:
 
 
 def _quant_shape_ok(record: dict[str, Any], mode: str) -> bool:
-    # Mirrors h3.levers.quantization._kernel_shape_ok: the lever leaves other shapes in floating point.
-    if mode == "int8_weight_only":
-        return True
-    multiple = 16 if mode == "fp8_w8a8" else 8
-    features = record.get("features") or (None, None)
-    return all(f is not None and f % multiple == 0 for f in features)
+    # The lever's own rule: it leaves other shapes in floating point.
+    from h3.levers.quantization import kernel_shape_ok
+
+    return kernel_shape_ok(*(record.get("features") or (None, None)), mode)
 
 
 def ops_for_recipe(recipe: Any) -> RecipeOps:

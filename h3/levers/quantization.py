@@ -127,12 +127,17 @@ class QuantizedLinear(nn.Module):
         return y.reshape(*shape[:-1], self.out_features)
 
 
-def _kernel_shape_ok(linear: nn.Linear, mode: str) -> bool:
-    # int8 GEMM and FP8 GEMM need K and N multiples of 8 / 16 respectively.
-    multiple = 16 if mode == "fp8_w8a8" else 8
+def kernel_shape_ok(in_features: int | None, out_features: int | None, mode: str) -> bool:
+    """Whether the lever quantizes a Linear of this shape (others stay in floating point): int8 GEMM and FP8 GEMM
+    need K and N multiples of 8 / 16 respectively; weight-only int8 takes any shape."""
     if mode == "int8_weight_only":
         return True
-    return linear.in_features % multiple == 0 and linear.out_features % multiple == 0
+    multiple = 16 if mode == "fp8_w8a8" else 8
+    return all(f is not None and f % multiple == 0 for f in (in_features, out_features))
+
+
+def _kernel_shape_ok(linear: nn.Linear, mode: str) -> bool:
+    return kernel_shape_ok(linear.in_features, linear.out_features, mode)
 
 
 class QuantizationHandle(LeverHandle):
