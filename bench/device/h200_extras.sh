@@ -6,10 +6,8 @@
 set -u
 out=$1
 mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 H3_CACHE_DIR=/tmp/h3cache
-deadline=$((SECONDS + ${BUDGET_S:-400}))
-left() { local l=$((deadline - SECONDS)); [ $l -lt 5 ] && l=5; echo $l; }
+BUDGET_S=${BUDGET_S:-400}
+source bench/device/common.sh
 (
   CUDA_VISIBLE_DEVICES=0 timeout $(left) python3 bench/h200_offload.py --out "$out/offload.json" 2>&1 \
     | sed 's/^/[offload] /'

@@ -4,10 +4,8 @@
 #   bash bench/device/h200_last.sh OUTDIR
 set -u
 out=$1; mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
-export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 H3_CACHE_DIR=/tmp/h3cache
-deadline=$((SECONDS + ${BUDGET_S:-230}))
-left() { local l=$((deadline - SECONDS)); [ $l -lt 5 ] && l=5; echo $l; }
+BUDGET_S=${BUDGET_S:-230}
+source bench/device/common.sh
 ( CUDA_VISIBLE_DEVICES=0 timeout $(left) python3 bench/h200_recipes_speed.py --out "$out/recipes_768_sparse.json" \
     --shapes 5s-768x1344 --variants turbo4-sparse+sparse85+fp8+compile 2>&1 | grep -v "W1" | sed 's/^/[gpu0] /' ) >>"$out/run.log" &
 ( CUDA_VISIBLE_DEVICES=1 timeout $(left) python3 -m pytest -m gpu -p no:cacheprovider -q -rs \

@@ -11,10 +11,8 @@
 set -u
 phase=$1; out=$2
 mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl 2>/dev/null || exit 1
-export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 H3_CACHE_DIR=/tmp/h3cache
-deadline=$((SECONDS + ${BUDGET_S:-540}))
-left() { local l=$((deadline - SECONDS)); [ $l -lt 5 ] && l=5; echo $l; }
+BUDGET_S=${BUDGET_S:-540}
+source bench/device/common.sh
 R="python3 bench/h200_recipes_speed.py"
 case $phase in
 a)

@@ -12,10 +12,8 @@
 set -u
 out=$1
 mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:. PYTHONUNBUFFERED=1 H3_CACHE_DIR=/tmp/h3cache
-deadline=$((SECONDS + ${BUDGET_S:-560}))
-left() { local l=$((deadline - SECONDS)); [ $l -lt 5 ] && l=5; echo $l; }
+BUDGET_S=${BUDGET_S:-560}
+source bench/device/common.sh
 
 V=stock,turbo4+compile,turbo4-fp8+compile,turbo4-fp8-sage+compile,turbo4-fp8+cudnn+compile,turbo4-sparse+sparse85+fp8+compile,turbo4-sparse+compile,turbo4-int8+compile
 (
