@@ -189,9 +189,10 @@ def _write_gates(store: RunStore, cand: str, pid: str, seed: int, num_frames: in
         growth = {"fast": 0.01, "faster": 0.03, "fastest": 0.05}[cand]
         traj = GateResult(
             gate="trajectory", pair=pair,
-            metrics={"x0_rel_l2_final": Metric(value=growth * steps, higher_is_better=False)},
-            series={"x_t_rel_l2": [round(growth * (s + 1), 6) for s in range(steps)],
-                    "x0_rel_l2": [round(growth * (s + 1) * 1.5, 6) for s in range(steps)]},
+            # The trajectory gate's own names (gates/trajectory.py), so the page is tested on what it will show.
+            metrics={"video_x0_rel_l2_final": Metric(value=growth * steps * 1.5, higher_is_better=False)},
+            series={"video_xt_rel_l2": [round(growth * (s + 1), 6) for s in range(steps)],
+                    "video_x0_rel_l2": [round(growth * (s + 1) * 1.5, 6) for s in range(steps)]},
         )
         atomic_write_json(store.gate_dir("trajectory") / cand / f"{stem}.json", traj.model_dump(mode="json"))
 

@@ -195,17 +195,17 @@ def test_gates_and_trajectory_and_verdict_absent(monkeypatch, runs):
 
 def test_trajectory_curves(monkeypatch, runs):
     at = app(monkeypatch, runs["full"], page="trajectory")
-    assert at.selectbox(key="trajectory_series").options == ["x0_rel_l2", "x_t_rel_l2"]
+    assert at.selectbox(key="trajectory_series").options == ["video_x0_rel_l2", "video_xt_rel_l2"]
     table = frame_with(at, "last step").set_index("candidate")
-    assert table.loc["faster", "median x0_rel_l2 at last step"] == pytest.approx(0.03 * 8 * 1.5)
+    assert table.loc["faster", "median video_x0_rel_l2 at last step"] == pytest.approx(0.03 * 8 * 1.5)
     pairs = frame_with(at, "first divergent step")
     assert len(pairs) == 2 * len(PROMPTS) * len(SEEDS)
     row = pairs[(pairs.candidate == "faster") & (pairs.prompt_id == "p-car") & (pairs.seed == 1)].iloc[0]
-    assert row["x0_rel_l2 at last step"] == pytest.approx(0.03 * 8 * 1.5)
+    assert row["video_x0_rel_l2 at last step"] == pytest.approx(0.03 * 8 * 1.5)
     assert row["view"] == "?page=viewer&run=0&candidate=faster&prompt=p-car&seed=1"
-    at.selectbox(key="trajectory_series").set_value("x_t_rel_l2").run()
+    at.selectbox(key="trajectory_series").set_value("video_xt_rel_l2").run()
     table = frame_with(at, "last step").set_index("candidate")
-    assert table.loc["fast", "median x_t_rel_l2 at last step"] == pytest.approx(0.01 * 8)
+    assert table.loc["fast", "median video_xt_rel_l2 at last step"] == pytest.approx(0.01 * 8)
 
 
 def test_verdict_page(monkeypatch, runs):

@@ -256,7 +256,7 @@ def test_pair_series_and_trajectory_table(run):
     assert lp == lpips_series("fast", "p-car", 1, 24)
     assert "trajectory" not in set(series.gate)
     traj = data.trajectory_table(run)
-    x0 = traj[(traj.candidate == "faster") & (traj.series == "x0_rel_l2") & (traj.pair == "p-cat-s0")]
+    x0 = traj[(traj.candidate == "faster") & (traj.series == "video_x0_rel_l2") & (traj.pair == "p-cat-s0")]
     assert x0["value"].tolist() == pytest.approx([0.03 * (s + 1) * 1.5 for s in range(8)])
 
 
