@@ -184,10 +184,13 @@ NOTES = [
     "`+cudnn` (diffusers' `_native_cudnn`) is no faster than the default SDPA kernel here (5.25 vs 5.16 s).",
     "Sage (INT8 Q/K, FP8 P/V) is the largest single gain: 5.16 → 4.21 s at 768×1344 on top of FP8 + compile; its "
     "accuracy is gated separately (seed 002: it 'dropped overall consistency on every eligible clip').",
-    "Offload streams at 19 % of the pinned ceiling with 4 % hidden behind compute, far from the target; telemetry "
-    "says 50 of 51 groups streamed from pinned memory. Not diagnosed for want of device time; next step: an "
-    "nsys trace of one offloaded forward (per-group copy size and whether the prefetch stream waits on the compute "
-    "stream).",
+    "Offload streams at 19 % of the pinned ceiling with 4 % hidden behind compute, far from the target, and the "
+    "offloaded forward peaked at 20 GiB, the whole INT8 model. Found after the run, by reading diffusers 0.42.1: its "
+    "stream offload swaps a group's parameters back to their pinned CPU copies but not the modules' buffers, and the "
+    "quantization lever keeps its weights in buffers, so they stayed on the GPU and were copied again at every "
+    "onload. The offload lever now releases them itself (`h3.levers.offload.release_module_buffers`; CPU test, and a "
+    "GPU test that no INT8 weight stays on the GPU). Not re-measured: `bench/h200_offload.py --profile` is the next "
+    "run (it splits the copies by pinned or pageable source).",
     "The mixed-prompt protocol shows what seed 001 saw: every new prompt length recompiles the compiled blocks "
     "(8 graphs at the first new length, 3 at the next), so mixed p50 is 2× repeated. Sage takes no mask, so the "
     "Sage recipe cannot use shape buckets; a dynamic-shape compile (`compile.dynamic = true`) is the lever to try.",

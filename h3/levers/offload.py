@@ -42,6 +42,25 @@ def _groups(module: torch.nn.Module) -> list[Any]:
     return groups
 
 
+def release_module_buffers(group: Any) -> int:
+    """Put a streamed group's module buffers back on their pinned CPU copies; returns how many were still elsewhere.
+
+    diffusers 0.42.1's stream path of ``ModuleGroup._offload_to_memory`` swaps the group modules' *parameters* back to
+    their pinned CPU copies but not their *buffers*, although ``onload_`` copies both to the device. Weights held in
+    buffers — the INT8/FP8 ``QuantizedLinear`` of the quantization lever, the AdaLN tables — then stay on the device
+    after their block ran: on the H200 the offloaded ``offload-int8-adaln`` forward peaked at 20 GiB, the whole INT8
+    model, which defeats offloading. Called after diffusers' own ``offload_``.
+    """
+    released = 0
+    for module in group.modules:
+        for buffer in module.buffers():
+            pinned = group.cpu_param_dict.get(buffer)
+            if pinned is not None and buffer.data_ptr() != pinned.data_ptr():
+                buffer.data = pinned
+                released += 1
+    return released
+
+
 class OffloadHandle(LeverHandle):
     name = "offload"
 
@@ -49,6 +68,7 @@ class OffloadHandle(LeverHandle):
         super().__init__()
         self.modules, self.config = modules, config
         self.onloads = 0
+        self.buffers_released = 0
         self.groups = {name: _groups(m) for name, m in modules.items()}
         for groups in self.groups.values():
             for group in groups:
@@ -59,9 +79,19 @@ class OffloadHandle(LeverHandle):
                     return _original(*args, **kwargs)
 
                 group.onload_ = counted
+                if group.stream is not None:
+                    offload = group.offload_
+
+                    def offload_with_buffers(*args, _offload=offload, _group=group, **kwargs):
+                        result = _offload(*args, **kwargs)
+                        self.buffers_released += release_module_buffers(_group)
+                        return result
+
+                    group.offload_ = offload_with_buffers
 
     def begin_request(self) -> None:
         self.onloads = 0
+        self.buffers_released = 0
 
     def telemetry(self) -> dict[str, Any]:
         groups = [g for gs in self.groups.values() for g in gs]
@@ -74,6 +104,8 @@ class OffloadHandle(LeverHandle):
             "streamed_groups": sum(1 for g in groups if g.stream is not None),
             "pinned_memory": any(g.stream is not None and not g.low_cpu_mem_usage for g in groups),
             "group_onloads": self.onloads,
+            # Buffers diffusers left on the device that this lever moved back (see release_module_buffers).
+            "buffers_released": self.buffers_released,
         }
 
     def _remove(self) -> None:
