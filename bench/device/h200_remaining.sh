@@ -5,7 +5,7 @@
 #
 #   bash bench/device/h200_remaining.sh a OUTDIR   # GPU0: the 5 s 768x1344 variants not yet measured; GPU1: 15 s
 #   bash bench/device/h200_remaining.sh b OUTDIR   # GPU0: the protocol (compiled, dynamic-shape, block-sparse);
-#                                                  # GPU1: the 544x960 variants not yet measured, offload profiled
+#                                                  # GPU1: the gpu-marked tests, offload profiled, the 544x960 variants not yet measured
 # Then copy the JSONs into bench/results/ (h200_recipes_*.json, h200_protocol.json, h200_offload.json) and render
 # the table with `python bench/h200_recipes_table.py > bench/results/h200_recipes_speed.md`.
 set -u
@@ -27,7 +27,10 @@ b)
   ( CUDA_VISIBLE_DEVICES=0 timeout $(left) python3 bench/h200_protocol.py --out "$out/h200_protocol.json" \
       --shape 5s-544x960 --requests 4 --variants turbo4-fp8-sage+dynamic,turbo4+compile,turbo4-sparse+compile \
       2>&1 | grep -v "W1" | sed 's/^/[gpu0] /' ) >>"$out/run.log" &
-  ( CUDA_VISIBLE_DEVICES=1 timeout $(left) python3 bench/h200_offload.py --out "$out/h200_offload.json" --profile \
+  ( CUDA_VISIBLE_DEVICES=1 timeout $(left) python3 -m pytest -m gpu -p no:cacheprovider -q -rs \
+      --junitxml="$out/gpu_tests.xml" tests/test_levers.py tests/test_opcheck.py tests/test_gate_fidelity.py 2>&1 \
+      | tail -8 | sed 's/^/[pytest] /'
+    CUDA_VISIBLE_DEVICES=1 timeout $(left) python3 bench/h200_offload.py --out "$out/h200_offload.json" --profile \
       2>&1 | grep -v "W1" | sed 's/^/[offload] /'
     CUDA_VISIBLE_DEVICES=1 timeout $(left) $R --out "$out/h200_recipes_544_more.json" --shapes 5s-544x960 \
       --variants stock,turbo4-fp8-sage+dynamic,turbo4-sparse+compile,turbo4-int8+compile,turbo4-fp8-sage,turbo4-sparse \
