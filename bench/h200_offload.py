@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from h3.atomic import atomic_write_json  # noqa: E402
 from bench.h200_speed import SHAPES, build_transformer, cuda_time, dit_inputs, latent_geometry  # noqa: E402
 
 
@@ -72,11 +73,10 @@ def profile_copies(run) -> dict:
 
 
 def main() -> None:
-    from diffusers import MiniMaxH3Scheduler
-
     from h3.levers import apply_recipe_levers, lever_telemetry
     from h3.levers.adaln import schedule_timesteps
     from h3.recipe import load_recipe
+    from h3.tiny import schedulers
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
@@ -97,20 +97,14 @@ def main() -> None:
                     "weights": "seeded random (speed does not depend on weight values)"}
     out = Path(args.out)
 
-    def save():
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=2, default=str))
-        tmp.replace(out)
-
     try:
         result["pinned_h2d_GBps"] = pinned_h2d_GBps()
         recipe = load_recipe(args.recipe)
         result["set_aside"] = {"lora": recipe.lora.enabled}
         recipe = recipe.model_copy(update={"lora": recipe.lora.model_copy(update={"enabled": False})})
         model, _ = build_transformer()
-        # The same schedulers as the pipeline (the tiny preset's configs are MiniMax-H3's: shift 12 video, 3 audio).
-        pipe = SimpleNamespace(transformer=model, text_encoder=None, vae=None, audio_vae=None,
-                               scheduler=MiniMaxH3Scheduler(shift=12.0), audio_scheduler=MiniMaxH3Scheduler(shift=3.0),
+        # The pipeline's own schedulers, as the tiny preset builds them (MiniMax-H3's shifts).
+        pipe = SimpleNamespace(transformer=model, text_encoder=None, vae=None, audio_vae=None, **schedulers(),
                                keyframe_noise_aug=0.999)
         timesteps = schedule_timesteps(pipe, recipe.num_inference_steps, torch.device("cuda"))[: recipe.steps]
         resident_recipe = recipe.model_copy(update={"offload": recipe.offload.model_copy(update={"enabled": False})})
@@ -181,7 +175,7 @@ def main() -> None:
     except Exception as exc:  # report what failed with what was measured before it
         result["error"] = f"{type(exc).__name__}: {exc}"
         result["traceback"] = traceback.format_exc()[-2500:]
-    save()
+    atomic_write_json(out, result)
     print(json.dumps({k: result.get(k) for k in ("pinned_h2d_GBps", "achieved_stream_GBps", "fraction_of_pinned_ceiling",
                                                    "production", "error")}), flush=True)
 

@@ -29,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.h200_recipes_speed import begin_request, variant_recipe  # noqa: E402
+from h3.atomic import atomic_write_json  # noqa: E402
 from bench.h200_speed import SHAPES, build_transformer, dit_inputs, latent_geometry  # noqa: E402
 
 
@@ -137,9 +138,7 @@ def main() -> None:
         result["variants"][variant] = row
         print(json.dumps({variant: {k: row.get(k) for k in ("repeated_p50_s", "mixed_p50_s", "mixed_over_repeated_p50",
                                                             "error")}}), flush=True)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=2, default=str))
-        tmp.replace(out)
+        atomic_write_json(out, result)
     print("wrote", out)
 
 

@@ -41,6 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from h3.atomic import atomic_write_json  # noqa: E402
 from bench.h200_speed import SHAPES, build_transformer, count_flops, cuda_time, dit_inputs, latent_geometry  # noqa: E402
 
 DEFAULT_VARIANTS = ("stock,turbo4+compile,turbo4-int8,turbo4-int8+compile,turbo4-fp8,turbo4-fp8+compile,"
@@ -223,9 +224,7 @@ def main() -> None:
             for r in entry["variants"].values():
                 if stock and r.get("forward_s"):
                     r["speedup_vs_stock"] = stock / r["forward_s"]
-            tmp = out.with_suffix(".tmp")
-            tmp.write_text(json.dumps(result, indent=2, default=str))
-            tmp.replace(out)
+            atomic_write_json(out, result)
         del inputs
         if device == "cuda":
             torch.cuda.empty_cache()

@@ -25,24 +25,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.h200_speed import cuda_time  # noqa: E402
+
 from h3.levers.quantization import QuantizedLinear  # noqa: E402
 from h3.levers.sparse_attention import block_sparse_attention, kept_block_mask, route_blocks  # noqa: E402
 
 
 def timed(fn, warmup=3, reps=10) -> float:
-    """Median milliseconds of ``reps`` CUDA-event-timed calls after ``warmup``."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    """Median milliseconds (upper middle) of ``reps`` CUDA-event-timed calls after ``warmup``."""
+    times = cuda_time(fn, reps, warmup)
+    return sorted(times)[len(times) // 2] * 1000.0
 
 
 def rel(actual, expected) -> dict[str, float]:

@@ -134,7 +134,6 @@ def tiny_components() -> dict:
     from diffusers import (
         AutoencoderKLMiniMaxH3,
         AutoencoderKLMiniMaxH3Audio,
-        MiniMaxH3Scheduler,
         MiniMaxH3Transformer3DModel,
     )
     from transformers import Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor
@@ -175,9 +174,15 @@ def tiny_components() -> dict:
         text_encoder=text_encoder,
         tokenizer=tokenizer,
         processor=processor,
-        scheduler=MiniMaxH3Scheduler(shift=12.0),
-        audio_scheduler=MiniMaxH3Scheduler(shift=3.0),
+        **schedulers(),
     )
+
+
+def schedulers() -> dict:
+    """The video and audio flow-matching schedulers (MiniMax-H3's shifts: 12 for video, 3 for audio)."""
+    from diffusers import MiniMaxH3Scheduler
+
+    return dict(scheduler=MiniMaxH3Scheduler(shift=12.0), audio_scheduler=MiniMaxH3Scheduler(shift=3.0))
 
 
 def tiny_identity() -> str:
