@@ -136,9 +136,6 @@ def kernel_shape_ok(in_features: int | None, out_features: int | None, mode: str
     return all(f is not None and f % multiple == 0 for f in (in_features, out_features))
 
 
-def _kernel_shape_ok(linear: nn.Linear, mode: str) -> bool:
-    return kernel_shape_ok(linear.in_features, linear.out_features, mode)
-
 
 class QuantizationHandle(LeverHandle):
     name = "quant"
@@ -205,7 +202,7 @@ def apply_quantization(module: nn.Module, config: QuantizationConfig) -> Quantiz
         if any(p.search(name) for p in patterns):
             excluded.append(name)
             continue
-        if not _kernel_shape_ok(child, config.mode):
+        if not kernel_shape_ok(child.in_features, child.out_features, config.mode):
             skipped.append(name)
             continue
         quantized = QuantizedLinear(child, config.mode).to(device)

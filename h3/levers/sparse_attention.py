@@ -179,7 +179,6 @@ class SparseAttentionHandle(LeverHandle):
         self.compiled = False  # set by apply_recipe_levers when the blocks are compiled: per-call counters freeze
         for i, (block, prev) in enumerate(zip(transformer.transformer_blocks, previous)):
             block.attn.set_processor(BlockSparseAttnProcessor(self, i, prev))
-        self._forwards = 0
         self._post = transformer.register_forward_hook(self._advance, always_call=True)
 
     def _advance(self, *_):
