@@ -72,8 +72,9 @@ def render() -> str:
              "values)",
              "- commands (one per GPU of a 2-GPU H200 machine, in one call): `bash bench/device/h200_speed_table.sh "
              "$OUT` and `bash bench/device/h200_last.sh $OUT`; then `python bench/h200_recipes_table.py`", ""]
-    for fname, d in results:
-        lines.append(f"- `{fname}`: `{d['command']}` ({d['date']})")
+    for fname, d in results + [(n, x) for n, x in (("h200_protocol.json", protocol), ("h200_offload.json", offload))
+                                if x]:
+        lines.append(f"- `{fname}`: `{d['command']}` ({d['date']}, {d['device']})")
     lines += ["", "Each variant is a shipped recipe applied by the runtime's own `apply_recipe_levers` to the full-size "
               "DiT; `+compile` switches its `[compile]` section on, `+sparse85` sets block-sparse attention to 85 % "
               "(128-token blocks, dense first step, 128-row buckets), `+sage`/`+cudnn`/`+fp8` override the attention "
