@@ -6,11 +6,13 @@
 A variant is a shipped recipe (``h3/recipes/<name>.toml``) or ``stock`` (bf16, eager, native SDPA: what diffusers does
 out of the box), optionally followed by modifiers joined with ``+``:
 
-* ``compile``  — the recipe's ``[compile]`` section switched on (regional ``compile_repeated_blocks``, inductor);
+* ``compile``  — the recipe's ``[compile]`` section switched on (regional: one region per DiT block, inductor);
 * ``dynamic``  — the same with ``compile.dynamic = true`` (shape-generic graphs: no recompile per prompt length);
 * ``fp8`` / ``int8`` — ``quant.mode`` set to FP8 / INT8 W8A8;
 * ``sage`` / ``cudnn`` — ``attention.backend`` set to ``sage`` / ``_native_cudnn``;
-* ``sparseNN`` — block-sparse attention at NN % sparsity (128-token blocks, dense first step, 128-row buckets).
+* ``sparseNN`` — block-sparse attention at NN % sparsity (128-token blocks, dense first step, 128-row buckets);
+* ``bucket`` — shape bucketing switched on (128-row buckets: one set of compiled graphs for every prompt length in a
+  bucket, attention on the real rows only).
 
 The recipe's levers are applied by the runtime's own :func:`h3.levers.apply_recipe_levers` to a full-size
 ``MiniMaxH3Transformer3DModel`` (default config, seeded random weights: speed does not depend on weight values), so
@@ -68,6 +70,8 @@ def variant_recipe(variant: str):
         elif mod in ("sage", "cudnn"):
             update["attention"] = recipe.attention.model_copy(
                 update={"backend": "sage" if mod == "sage" else "_native_cudnn"})
+        elif mod == "bucket":
+            update["bucketing"] = recipe.bucketing.model_copy(update={"enabled": True, "multiple": 128})
         elif mod.startswith("sparse") and mod[len("sparse"):].isdigit():
             update["sparse_attention"] = recipe.sparse_attention.model_copy(update={
                 "enabled": True, "block_size": 128, "sparsity": int(mod[len("sparse"):]) / 100.0, "dense_steps": 1})

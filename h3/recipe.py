@@ -119,7 +119,7 @@ class SparseAttentionConfig(_Section):
 
 
 class BucketingConfig(_Section):
-    """Shape bucketing: pad the packed sequence to a multiple of ``multiple`` rows, padding masked out exactly."""
+    """Shape bucketing: pad the packed sequence to a multiple of ``multiple`` rows; attention runs on the real rows only."""
 
     enabled: bool = False
     multiple: int = Field(default=64, ge=1)
@@ -145,7 +145,7 @@ class CacheConfig(_Section):
 
 
 class CompileConfig(_Section):
-    """torch.compile of the repeated blocks (diffusers' ``compile_repeated_blocks``)."""
+    """Regional torch.compile of the DiT blocks (one region per block; see h3/levers/compile.py)."""
 
     enabled: bool = False
     backend: str = "inductor"

@@ -360,14 +360,19 @@ def test_sparse_lever_on_transformer(base):
     assert telemetry["dense_calls"] == 2 and telemetry["sparse_calls"] == 2  # 2 blocks x (1 dense + 1 sparse step)
     assert (telemetry["dense_forwards"], telemetry["sparse_forwards"]) == (1, 1)
     assert telemetry["realized_sparsity"] == 0.0
-    # Compiled blocks freeze the per-call counters (they run inside the graph): reported unknown, not 0, while the
-    # per-forward counts, kept on the uncompiled transformer, still say which kind of step ran.
-    handle.compiled = True
+    # The attention call runs outside the compiled graphs, so the per-call counters hold under torch.compile too.
+    from h3.levers.compile import CompileConfig, apply_compile
+
+    compiled = apply_compile(transformer, CompileConfig(backend="eager"))
     handle.begin_request()
-    forward_all(transformer, base.calls)
-    compiled = handle.telemetry()
-    assert (compiled["dense_calls"], compiled["sparse_calls"], compiled["realized_sparsity"]) == (None, None, None)
-    assert (compiled["dense_forwards"], compiled["sparse_forwards"]) == (1, 1)
+    try:
+        compiled_outputs = forward_all(transformer, base.calls)
+    finally:
+        compiled.remove()
+        torch._dynamo.reset()
+    assert handle.telemetry() == telemetry
+    for (v, a), (ve, ae) in zip(compiled_outputs, outputs):
+        torch.testing.assert_close(v, ve, rtol=1e-5, atol=1e-6)
     assert torch.equal(outputs[0][0], base.outputs[0][0])  # the dense first step is the baseline's computation
     assert_close(outputs[1][0], base.outputs[1][0], 1e-5, "sparsity-0 flex vs SDPA, whole transformer")
     handle.remove()
@@ -397,26 +402,51 @@ def test_padding_contributes_exactly_zero(base):
         assert_close(v0, vb, 1e-5, "bucketed vs unpadded (more rows change SDPA's summation blocking)")
 
 
-def test_masked_processor_ignores_padding_values():
-    from h3.levers.bucketing import PaddingState
+def test_attend_valid_rows_leaves_the_padding_out():
+    from h3.levers.bucketing import PaddingState, attend_valid_rows
 
-    q, k, v = _qkv(seq=64, dtype=torch.float32)
-    state = PaddingState(valid_len=50, padded_len=64, mask=(torch.arange(64) < 50).view(1, 1, 1, 64))
-    mask = state.key_mask(64, 1, q.device)
-    assert mask.shape == (1, 1, 1, 64) and int(mask.sum()) == 50
-    k2, v2 = k.clone(), v.clone()
-    k2[:, 50:], v2[:, 50:] = 1e4, -1e4
-    out1, out2 = _dense(q, k, v, mask), _dense(q, k2, v2, mask)
-    assert torch.equal(out1, out2)
-    assert_close(out1[:, :50], _dense(q[:, :50], k[:, :50], v[:, :50]), 1e-6, "masked vs truncated")
+    q, k, v = _qkv(seq=64)
+    state = PaddingState(valid_len=50, padded_len=64)
+    out = attend_valid_rows(q, k, v, state)
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()
+    q2[:, 50:], k2[:, 50:], v2[:, 50:] = 1e4, 1e4, -1e4
+    assert torch.equal(attend_valid_rows(q2, k2, v2, state), out)  # padding content never reaches a real row
+    assert out.shape == q.shape and not out[:, 50:].any()  # padding rows of the output are zero
+    assert_close(out[:, :50], _dense(q[:, :50], k[:, :50], v[:, :50]), 1e-12, "real rows vs truncated")
+    key_mask = (torch.arange(64) < 50).view(1, 1, 1, 64)
+    assert_close(out[:, :50], _dense(q, k, v, key_mask)[:, :50], 1e-12, "real rows vs key-padding mask")
+    # No padding (no state, or a sequence that is not the bucketed one): plain attention over every row.
+    assert_close(attend_valid_rows(q, k, v, None), _dense(q, k, v), 1e-12, "no padding")
+    assert_close(attend_valid_rows(q, k, v, PaddingState(50, 96)), _dense(q, k, v), 1e-12, "another length")
 
 
-def test_bucketing_needs_a_masking_backend():
-    recipe = recipe_from_dict({**FAST_RECIPE, "attention": {"backend": "sage"}, "bucketing": {"enabled": True}})
+def test_bucketing_hands_any_backend_the_real_rows_and_no_mask(base):
+    """Bucketing no longer needs a masking backend (a key-padding mask keeps SDPA off flash; Sage takes none): the
+    dispatcher gets the real rows only and no mask, through whichever backend the recipe set."""
+    from h3.anatomy import observe_attention_dispatch
     from h3.levers import preflight
+    from h3.levers.attention_backend import AttentionBackendConfig, apply_attention_backend
+    from h3.levers.bucketing import BucketingConfig, apply_bucketing
 
-    with pytest.raises(LeverError, match="takes no mask"):
-        preflight(recipe, "cuda")
+    preflight(recipe_from_dict({**FAST_RECIPE, "attention": {"backend": "sage"}, "bucketing": {"enabled": True}}),
+              "cuda")  # accepted
+    transformer = fresh_transformer(base)
+    backend = apply_attention_backend(transformer, AttentionBackendConfig("_native_math"))
+    apply_bucketing(transformer, BucketingConfig(multiple=64))
+    seen = []
+    probe = observe_attention_dispatch(lambda name, kw: seen.append((name, kw["query"].shape[1], kw.get("attn_mask"))))
+    try:
+        outputs = forward_all(transformer, base.calls[:1])
+    finally:
+        probe.remove()
+    seq = base.calls[0]["position_ids"].shape[0]
+    assert seq % 64, "the test needs a prompt whose sequence is not already a multiple of 64"
+    bucket = -(-seq // 64) * 64
+    # Every DiT block hands over the real rows, unmasked (the text refiner's own short calls are not bucketed).
+    assert seen.count(("_native_math", seq, None)) == len(transformer.transformer_blocks)
+    assert all(name == "_native_math" and mask is None and rows != bucket for name, rows, mask in seen), seen
+    assert_close(outputs[0][0], base.outputs[0][0], 1e-5, "bucketed _native_math vs unpadded native")
+    backend.remove()
 
 
 # -- step caches ----------------------------------------------------------------------------------------------------
@@ -506,13 +536,17 @@ def test_magcache_skips_steps_by_its_rule(base):
 
 # -- compile, offload, VAE ---------------------------------------------------------------------------------------------
 
-def test_compile_repeated_blocks_counts_graphs(base):
+def test_compile_dit_blocks_counts_graphs(base):
     from h3.levers.compile import CompileConfig, apply_compile
 
     torch._dynamo.reset()
     transformer = fresh_transformer(base)
     handle = apply_compile(transformer, CompileConfig(backend="eager"))
-    assert handle.telemetry()["compiled_regions"] == 3  # 2 transformer blocks + 1 token refiner block
+    # The 2 DiT blocks; not the token refiner's block, which sees the prompt's text rows alone.
+    assert handle.telemetry()["compiled_regions"] == len(transformer.transformer_blocks) == 2
+    refiner = transformer.token_refiner.refiner_blocks[0]
+    assert getattr(refiner, "_compiled_call_impl", None) is None
+    assert all(b._compiled_call_impl is not None for b in transformer.transformer_blocks)
     handle.begin_request()
     outputs = forward_all(transformer, base.calls)
     first = handle.telemetry()
@@ -780,6 +814,63 @@ def test_compile_dynamic_shares_one_graph_across_prompt_lengths(base):
         torch.testing.assert_close(v, ve, rtol=1e-5, atol=1e-6)
 
 
+def test_bucketed_sparse_recipe_compiles_once_per_bucket(base, monkeypatch):
+    """The block-sparse recipe under static-shape compile, three prompt lengths in one 128-row bucket, two forwards
+    each (the dense first step, then a sparse one): the blocks compile at the first length only, and so does the
+    separately compiled flex kernel (here compiled with dynamo's eager backend on the CPU, as inductor compiles it on
+    CUDA). Before, the blocks read the real length and the kernel's mask closed over it: one new graph per length.
+    Outputs equal the uncompiled levers' at every length."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from bench.h200_speed import dit_inputs
+    from h3.levers import sparse_attention as sparse
+    from h3.levers.bucketing import BucketingConfig, apply_bucketing
+    from h3.levers.compile import CompileConfig, apply_compile
+
+    flex_graphs = []
+
+    def counting(gm, example_inputs):
+        flex_graphs.append(gm)
+        return gm.forward
+
+    kernel = torch.compile(flex_attention, backend=counting, dynamic=False)
+    monkeypatch.setattr(sparse, "flex_kernel", lambda device: kernel)
+    transformer = fresh_transformer(base)
+    calls = [dit_inputs({"text_rows": text, "audio_rows": 64, "video_rows": 256}, transformer.config, device="cpu",
+                        dtype=torch.float32) for text in (17, 29, 59)]  # 337, 349 and 379 rows: one 384-row bucket
+    bucketing = apply_bucketing(transformer, BucketingConfig(multiple=128))
+    handle = sparse.apply_sparse_attention(transformer, sparse.SparseAttentionConfig(block_size=128, sparsity=0.5,
+                                                                                     dense_steps=1))
+    expected = []
+    for call in calls:
+        handle.begin_request()
+        expected.append(forward_all(transformer, [call, call]))
+    torch._dynamo.reset()
+    flex_graphs.clear()
+    compiled = apply_compile(transformer, CompileConfig(backend="eager"))
+    graphs, flex = [], []
+    try:
+        outputs = []
+        for call in calls:
+            handle.begin_request()
+            compiled.begin_request()
+            outputs.append(forward_all(transformer, [call, call]))
+            graphs.append(compiled.telemetry()["graphs_compiled_this_request"])
+            flex.append(len(flex_graphs))
+        telemetry = compiled.telemetry()
+    finally:
+        compiled.remove()
+        torch._dynamo.reset()
+    assert bucketing.telemetry()["buckets"] == [384]
+    assert graphs[0] > 0 and graphs[1:] == [0, 0], graphs
+    assert flex == [1, 1, 1], flex
+    assert telemetry["recompiles_total"] == 0
+    assert (handle.telemetry()["dense_calls"], handle.telemetry()["sparse_calls"]) == (2, 2)
+    for got, want in zip(outputs, expected):
+        for (v, a), (ve, ae) in zip(got, want):
+            torch.testing.assert_close(v, ve, rtol=1e-5, atol=1e-6)
+
+
 def test_offload_releases_buffers_diffusers_keeps_on_the_device():
     """diffusers' stream offload swaps parameters back to their pinned copies but not module buffers, where the
     quantization lever keeps its weights: the lever puts them back (here the 'device copy' is a second CPU tensor,
@@ -825,7 +916,7 @@ def test_compile_marks_counters_it_freezes():
     runtime = H3Runtime.load("tiny", recipe, "cpu")
     telemetry = runtime.levers["quant"].telemetry()
     assert telemetry["quantized_modules"] > 0 and telemetry["quantized_linear_calls"] is None
-    assert runtime.levers["compile"].telemetry()["compiled_regions"] == 3
+    assert runtime.levers["compile"].telemetry()["compiled_regions"] == 2  # the DiT blocks
     torch._dynamo.reset()
 
 

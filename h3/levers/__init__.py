@@ -44,7 +44,6 @@ def preflight(recipe, device) -> None:
     """Refuse, before any weight loads, a recipe whose levers cannot run on ``device`` (no silent fallback) or whose
     LoRA file is missing."""
     from h3.levers.attention_backend import CUDA_ONLY
-    from h3.levers.bucketing import MASKING_BACKENDS
 
     on_cuda = str(device).startswith("cuda")
     problems = []
@@ -54,9 +53,6 @@ def preflight(recipe, device) -> None:
         problems.append(f"attention.backend = {recipe.attention.backend!r} needs a CUDA GPU")
     if recipe.offload.enabled and recipe.offload.use_stream and not on_cuda:
         problems.append("offload.use_stream (prefetch on a side CUDA stream) needs a CUDA GPU")
-    if recipe.bucketing.enabled and recipe.attention.backend not in MASKING_BACKENDS:
-        problems.append(f"bucketing masks padding; attention.backend {recipe.attention.backend!r} takes no mask "
-                        f"(use one of {', '.join(MASKING_BACKENDS)})")
     if problems:
         raise LeverError(f"recipe {recipe.name!r} cannot run on {device}: " + "; ".join(problems)
                          + ". Refusing to fall back silently.")
@@ -118,8 +114,7 @@ def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: boo
         if recipe.bucketing.enabled:
             from h3.levers.bucketing import BucketingConfig, apply_bucketing
 
-            handles["bucketing"] = apply_bucketing(transformer, BucketingConfig(multiple=recipe.bucketing.multiple),
-                                                   backend)
+            handles["bucketing"] = apply_bucketing(transformer, BucketingConfig(multiple=recipe.bucketing.multiple))
         if recipe.sparse_attention.enabled:
             from h3.levers.sparse_attention import SparseAttentionConfig, apply_sparse_attention
 
@@ -127,7 +122,6 @@ def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: boo
             handles["sparse_attention"] = apply_sparse_attention(
                 transformer, SparseAttentionConfig(block_size=sa.block_size, sparsity=sa.sparsity,
                                                    dense_steps=sa.dense_steps, dense_layers=list(sa.dense_layers)),
-                backend,
             )
         if recipe.cache.kind != "none":
             from h3.levers.step_cache import StepCacheConfig, apply_step_cache
@@ -156,7 +150,7 @@ def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: boo
                 transformer, CompileConfig(backend=cc.backend, mode=cc.mode, fullgraph=cc.fullgraph, dynamic=cc.dynamic)
             )
             # Call counters inside compiled blocks stay frozen (see QuantizedLinear.forward); say so, not "0 calls".
-            for name in ("quant", "lora", "sparse_attention"):
+            for name in ("quant", "lora"):
                 if name in handles:
                     handles[name].compiled = True
         if recipe.vae.tiles or not recipe.vae.resident:

@@ -1,6 +1,5 @@
 """Shape bucketing: pad MiniMax-H3's packed sequence up to a multiple of ``multiple`` rows so that prompts of
-different lengths share one set of compiled kernels, and mask the padding out of attention so it contributes exactly
-zero.
+different lengths share one set of compiled kernels, while the padding contributes exactly zero.
 
 Seed 001: a kernel JIT-compiled per exact token count cost 12-14 s per new prompt length in a real server; the fix was
 SGLang's 64-token-aligned length plus "an existing masking path ... so the padding contributes exactly zero instead of
@@ -9,8 +8,11 @@ merely a small amount".
 How: a pre-hook on the transformer appends padding rows to the layout tensors (``position_ids``, ``token_tags``,
 ``timestep_indices``); the model builds its packed buffer from their length, so the padding rows exist from the first
 block on, while ``video_indices``/``audio_indices``/``text_indices`` keep addressing only the real rows, so no output
-reads a padding row. Every block's attention gets a boolean key mask: a masked score is -inf before the softmax, its
-weight exp(-inf) = 0 exactly, so no padding row reaches a real row. Padding rows as queries compute values nobody reads.
+reads a padding row. Attention, the only place where rows meet, runs on the real rows alone: the call is cut out of
+the compiled graph (:func:`attend_valid_rows`, a graph break like the runtime's dispatch probe), slices query, key and
+value to the request's real length, and pads the output with zero rows. So no padding row reaches a real row, no
+mask is needed (a key-padding mask keeps SDPA off its flash kernel, and Sage takes none), every backend can be
+bucketed, and the compiled graphs around the attention see the bucket's length only.
 """
 
 from __future__ import annotations
@@ -24,10 +26,6 @@ import torch
 from h3.levers.base import LeverError, LeverHandle, mark_applied, unmark_applied
 
 logger = logging.getLogger(__name__)
-
-# Backends of diffusers' dispatcher that take a boolean attention mask.
-MASKING_BACKENDS = ("native", "_native_math", "_native_efficient", "flex")
-
 
 @dataclass
 class BucketingConfig:
@@ -43,14 +41,30 @@ class PaddingState:
 
     valid_len: int | None = None
     padded_len: int | None = None
-    mask: torch.Tensor | None = None
-    """(1, 1, 1, padded_len) bool, built outside the blocks: under torch.compile a tensor input is guarded on its
-    shape only, while an int such as ``valid_len`` read inside a block would recompile for every prompt length."""
 
-    def key_mask(self, seq_len: int, batch: int, device: torch.device) -> torch.Tensor | None:
-        if self.mask is None or self.mask.shape[-1] != seq_len:
+    def real_rows(self, seq_len: int) -> int | None:
+        """The real length when a sequence of ``seq_len`` rows carries padding, else None. Read only outside the
+        compiled graphs: an int read inside a compiled block would be guarded on and recompile at every length."""
+        if self.valid_len is None or self.padded_len != seq_len or self.valid_len == seq_len:
             return None
-        return self.mask.expand(batch, 1, 1, seq_len)
+        return self.valid_len
+
+
+@torch.compiler.disable
+def attend_valid_rows(query, key, value, padding: PaddingState | None, backend=None, parallel_config=None):
+    """Attention over the real rows of a bucketed sequence: query/key/value (B, S, H, D) -> (B, S, H, D), the
+    padding rows of the output zero (nobody reads them). Without padding, the plain dispatcher call."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    seq = query.shape[1]
+    valid = padding.real_rows(seq) if padding is not None else None
+    if valid is not None:
+        query, key, value = query[:, :valid], key[:, :valid], value[:, :valid]
+    out = dispatch_attention_fn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, backend=backend,
+                                parallel_config=parallel_config)
+    if valid is not None:
+        out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, seq - valid))
+    return out
 
 
 def project_qkv(attn, hidden_states, rotary_emb):
@@ -75,8 +89,8 @@ def output_projection(attn, hidden_states, query):
     return attn.to_out[1](attn.to_out[0](hidden_states))
 
 
-class MaskedAttnProcessor:
-    """MiniMax-H3 attention that masks the padding keys of a bucketed sequence."""
+class BucketedAttnProcessor:
+    """MiniMax-H3 attention that leaves the padding rows of a bucketed sequence out."""
 
     _attention_backend = None
     _parallel_config = None
@@ -87,12 +101,8 @@ class MaskedAttnProcessor:
         self._parallel_config = getattr(previous, "_parallel_config", None)
 
     def __call__(self, attn, hidden_states, rotary_emb=None, attention_mask=None):
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         query, key, value = project_qkv(attn, hidden_states, rotary_emb)
-        mask = self.padding.key_mask(key.shape[1], key.shape[0], key.device)
-        out = dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
-                                    backend=self._attention_backend, parallel_config=self._parallel_config)
+        out = attend_valid_rows(query, key, value, self.padding, self._attention_backend, self._parallel_config)
         return output_projection(attn, out, query)
 
 
@@ -111,7 +121,7 @@ class BucketingHandle(LeverHandle):
         transformer._h3_padding = self.padding
         self.previous = previous_processors
         for block, previous in zip(transformer.transformer_blocks, previous_processors):
-            block.attn.set_processor(MaskedAttnProcessor(self.padding, previous))
+            block.attn.set_processor(BucketedAttnProcessor(self.padding, previous))
         self.calls = 0
         self.buckets: set[int] = set()
         self.valid_lengths: set[int] = set()
@@ -131,8 +141,6 @@ class BucketingHandle(LeverHandle):
             kwargs["token_tags"] = _pad(kwargs["token_tags"], extra, self.config.pad_tag)
             kwargs["timestep_indices"] = _pad(kwargs["timestep_indices"], extra, 0)
         self.padding.valid_len, self.padding.padded_len = seq_len, padded
-        device = kwargs["position_ids"].device
-        self.padding.mask = (torch.arange(padded, device=device) < seq_len).view(1, 1, 1, padded) if extra else None
         self.calls += 1
         self.buckets.add(padded)
         self.valid_lengths.add(seq_len)
@@ -140,7 +148,7 @@ class BucketingHandle(LeverHandle):
         return args, kwargs
 
     def _clear(self, *_args, **_kwargs):
-        self.padding.valid_len = self.padding.padded_len = self.padding.mask = None
+        self.padding.valid_len = self.padding.padded_len = None
 
     def begin_request(self) -> None:
         self.calls, self.padded_rows = 0, 0
@@ -165,12 +173,7 @@ class BucketingHandle(LeverHandle):
         unmark_applied(self.transformer, "bucketing")
 
 
-def apply_bucketing(transformer, config: BucketingConfig, backend: str = "native") -> BucketingHandle:
-    if backend not in MASKING_BACKENDS:
-        raise LeverError(
-            f"bucketing masks the padding, and attention backend {backend!r} takes no mask; use one of "
-            f"{', '.join(MASKING_BACKENDS)}"
-        )
+def apply_bucketing(transformer, config: BucketingConfig) -> BucketingHandle:
     if config.multiple < 1:
         raise LeverError(f"bucketing.multiple must be >= 1, got {config.multiple}")
     mark_applied(transformer, "bucketing")

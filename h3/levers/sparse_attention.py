@@ -8,8 +8,11 @@ bucketed sequence excluded), score every (query block, key block) pair by the po
 sparse ran "only the first denoising step ... with full attention"). At sparsity 0 every block is kept, so the sparse
 path computes dense attention.
 
-On CUDA flex_attention is compiled (a fused kernel that skips the dropped blocks); on the CPU it runs eagerly, which
-computes the same values through the reference implementation.
+On CUDA flex_attention is compiled on its own (a fused kernel that skips the dropped blocks); on the CPU it runs
+eagerly, which computes the same values through the reference implementation. The whole attention call (routing, the
+kernel, the dense steps, the counters) runs outside the transformer's compiled graphs (:meth:`SparseAttentionHandle.
+attend`, a graph break), so the compiled blocks guard neither on the step nor on the request's real length, and the
+flex kernel's inputs are tensors whose shapes are the bucket's: one set of kernels for every prompt in a bucket.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 import torch
 
 from h3.levers.base import LeverError, LeverHandle, mark_applied, unmark_applied
-from h3.levers.bucketing import PaddingState, output_projection, project_qkv
+from h3.levers.bucketing import PaddingState, attend_valid_rows, output_projection, project_qkv
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +39,12 @@ class SparseAttentionConfig:
     sparsity: float = 0.5
     dense_steps: int = 1
     dense_layers: list[int] = field(default_factory=list)
+
+
+def keep_blocks(sparsity: float, n_valid: int) -> int:
+    """Key blocks kept per query block out of ``n_valid``. round() first: (1 - 0.7) * 10 is 3.0000000000000004 in
+    floating point, which must keep 3 blocks, not 4."""
+    return max(1, math.ceil(round((1.0 - sparsity) * n_valid, 9)))
 
 
 def route_blocks(query: torch.Tensor, key: torch.Tensor, block_size: int, sparsity: float,
@@ -58,8 +67,7 @@ def route_blocks(query: torch.Tensor, key: torch.Tensor, block_size: int, sparsi
     q_pool, k_pool = pool(query), pool(key)
     scores = torch.einsum("bqhd,bkhd->bhqk", q_pool, k_pool)
     scores[..., n_valid:] = float("-inf")  # key blocks made only of padding are never kept
-    # round() first: (1 - 0.7) * 10 is 3.0000000000000004 in floating point, which must keep 3 blocks, not 4.
-    keep = max(1, math.ceil(round((1.0 - sparsity) * n_valid, 9)))
+    keep = keep_blocks(sparsity, n_valid)
     top = scores.topk(keep, dim=-1).indices.sort(dim=-1).values
     rest = torch.arange(n_blocks, device=query.device).expand(batch, heads, n_blocks, n_blocks)
     chosen = torch.zeros(batch, heads, n_blocks, n_blocks, dtype=torch.bool, device=query.device)
@@ -88,20 +96,33 @@ def _as_kv_blocks(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return mask.sum(-1, dtype=torch.int32), indices
 
 
+def flex_kernel(device: torch.device):
+    """flex_attention compiled on its own on CUDA (a fused kernel, static shapes), eager elsewhere."""
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
+    return _COMPILED_FLEX
+
+
 def block_sparse_attention(query, key, value, kv_num_blocks, kv_indices, block_size, valid_len=None):
     """Attention over the kept key blocks. query/key/value (B, S, H, D) -> (B, S, H, D)."""
-    global _COMPILED_FLEX
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    from torch.nn.attention.flex_attention import BlockMask
 
     seq = query.shape[1]
     # The mask_mod states the kept blocks token by token as well: the compiled kernel skips the dropped blocks from
     # the block structure alone, but eager flex_attention (the CPU path) computes every score and applies only the
     # mask_mod, so both must say the same thing.
     kept = kept_block_mask(kv_num_blocks, kv_indices)
-    limit = seq if valid_len is None else valid_len
+    # The real keys as a tensor, not an int the mask_mod closes over: the compiled kernel is guarded on a closure's
+    # ints, and would recompile for every prompt length of a bucket.
+    real_key = torch.arange(seq, device=query.device) < (seq if valid_len is None else valid_len)
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return kept[b, h, q_idx // block_size, kv_idx // block_size] & (kv_idx < limit)
+        return kept[b, h, q_idx // block_size, kv_idx // block_size] & real_key[kv_idx]
 
     # Kept blocks holding no padding key are "full" (the compiled kernel skips the mask_mod there); the one kept block
     # that straddles the end of the real rows is "partial" (mask_mod applied).
@@ -115,11 +136,7 @@ def block_sparse_attention(query, key, value, kv_num_blocks, kv_indices, block_s
     full_num, full_idx = _as_kv_blocks(full)
     block_mask = BlockMask.from_kv_blocks(partial_num, partial_idx, full_num, full_idx, BLOCK_SIZE=block_size,
                                           mask_mod=mask_mod, seq_lengths=(seq, seq))
-    fn = flex_attention
-    if query.device.type == "cuda":
-        if _COMPILED_FLEX is None:
-            _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
-        fn = _COMPILED_FLEX
+    fn = flex_kernel(query.device)
     q, k, v = (x.permute(0, 2, 1, 3) for x in (query, key, value))
     with warnings.catch_warnings():
         # Eager flex on the CPU is deliberate (the reference path); its "use torch.compile" warning is noise here.
@@ -135,33 +152,15 @@ class BlockSparseAttnProcessor:
 
     def __init__(self, handle: "SparseAttentionHandle", layer: int, previous=None):
         self.handle, self.layer = handle, layer
-        # Bools, not the layer index or step number: compiled blocks guard on what they read, and two values per
-        # guard keep the graphs shared across the 50 blocks and all steps.
+        # A bool, not the layer index: compiled blocks guard on what they read, and two values per guard keep the
+        # graphs shared across the 50 blocks.
         self.dense_layer = layer in handle.config.dense_layers
         self._attention_backend = getattr(previous, "_attention_backend", None)
         self._parallel_config = getattr(previous, "_parallel_config", None)
 
     def __call__(self, attn, hidden_states, rotary_emb=None, attention_mask=None):
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
-        handle, config = self.handle, self.handle.config
         query, key, value = project_qkv(attn, hidden_states, rotary_emb)
-        padding: PaddingState | None = getattr(handle.transformer, "_h3_padding", None)
-        valid_len = padding.valid_len if padding is not None else None
-        dense = handle.dense_step or self.dense_layer
-        if dense:
-            mask = padding.key_mask(key.shape[1], key.shape[0], key.device) if padding is not None else None
-            out = dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
-                                        backend=self._attention_backend, parallel_config=self._parallel_config)
-            if not torch.compiler.is_compiling():
-                handle.dense_calls += 1
-        else:
-            kv_num, kv_idx = route_blocks(query, key, config.block_size, config.sparsity, valid_len)
-            out = block_sparse_attention(query, key, value, kv_num, kv_idx, config.block_size, valid_len)
-            if not torch.compiler.is_compiling():
-                n_valid = -(-(valid_len or key.shape[1]) // config.block_size)
-                handle.sparse_calls += 1
-                handle.kept_fraction_sum += float(kv_num[0, 0, 0]) / n_valid
+        out = self.handle.attend(query, key, value, self.dense_layer, self._attention_backend, self._parallel_config)
         return output_projection(attn, out, query)
 
 
@@ -176,10 +175,25 @@ class SparseAttentionHandle(LeverHandle):
         self.dense_calls = self.sparse_calls = 0
         self.dense_forwards = self.sparse_forwards = 0
         self.kept_fraction_sum = 0.0
-        self.compiled = False  # set by apply_recipe_levers when the blocks are compiled: per-call counters freeze
         for i, (block, prev) in enumerate(zip(transformer.transformer_blocks, previous)):
             block.attn.set_processor(BlockSparseAttnProcessor(self, i, prev))
         self._post = transformer.register_forward_hook(self._advance, always_call=True)
+
+    @torch.compiler.disable
+    def attend(self, query, key, value, dense_layer: bool, backend=None, parallel_config=None):
+        """One block's attention (B, S, H, D) -> (B, S, H, D), outside the compiled graphs: dense (through the
+        recipe's backend, on the real rows of a bucketed sequence) on the dense steps and layers, else block-sparse."""
+        padding: PaddingState | None = getattr(self.transformer, "_h3_padding", None)
+        if self.dense_step or dense_layer:
+            self.dense_calls += 1
+            return attend_valid_rows(query, key, value, padding, backend, parallel_config)
+        seq, block = query.shape[1], self.config.block_size
+        valid_len = padding.real_rows(seq) if padding is not None else None
+        kv_num, kv_idx = route_blocks(query, key, block, self.config.sparsity, valid_len)
+        n_valid = -(-(valid_len or seq) // block)
+        self.sparse_calls += 1
+        self.kept_fraction_sum += keep_blocks(self.config.sparsity, n_valid) / n_valid
+        return block_sparse_attention(query, key, value, kv_num, kv_idx, block, valid_len)
 
     def _advance(self, *_):
         # Counted on the (never compiled) transformer, so they hold under regional compilation too.
@@ -204,11 +218,10 @@ class SparseAttentionHandle(LeverHandle):
             "target_sparsity": self.config.sparsity,
             "dense_forwards": self.dense_forwards,
             "sparse_forwards": self.sparse_forwards,
-            # Per attention call, counted inside the blocks: unknown (None), not 0, when the blocks are compiled.
-            "sparse_calls": None if self.compiled else self.sparse_calls,
-            "dense_calls": None if self.compiled else self.dense_calls,
-            "realized_sparsity": None if self.compiled or not self.sparse_calls
-            else 1.0 - self.kept_fraction_sum / self.sparse_calls,
+            # Per attention call: counted outside the compiled graphs, so they hold under torch.compile too.
+            "sparse_calls": self.sparse_calls,
+            "dense_calls": self.dense_calls,
+            "realized_sparsity": 1.0 - self.kept_fraction_sum / self.sparse_calls if self.sparse_calls else None,
         }
 
     def _remove(self) -> None:
@@ -218,7 +231,7 @@ class SparseAttentionHandle(LeverHandle):
         unmark_applied(self.transformer, "sparse_attention")
 
 
-def apply_sparse_attention(transformer, config: SparseAttentionConfig, backend: str = "native") -> SparseAttentionHandle:
+def apply_sparse_attention(transformer, config: SparseAttentionConfig) -> SparseAttentionHandle:
     if not 0.0 <= config.sparsity < 1.0:
         raise LeverError(f"sparse_attention.sparsity must be in [0, 1), got {config.sparsity}")
     n_layers = len(transformer.transformer_blocks)
