@@ -27,12 +27,25 @@ def load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def rows(results: list[tuple[str, dict]]):
-    """(shape, variant, row, file) of every measured variant."""
+# Rows measured before a fix that changes them, kept in their files as the record and listed apart, never counted.
+SUPERSEDED = {
+    ("h200_recipes_544.json", "turbo4-sparse+sparse85+fp8+compile"):
+        "dense step with a key-padding mask (SDPA off flash); re-measured in `h200_recipes_544_sparse.json`",
+    ("h200_recipes_544.json", "turbo4-sparse+compile"):
+        "failed: quantization's remove() left float weights on the CPU (fixed); re-measured in "
+        "`h200_recipes_544_sparse.json`",
+    ("h200_recipes_768_sparse.json", "turbo4-sparse+sparse85+fp8+compile"):
+        "dense step with a key-padding mask (SDPA off flash); re-measured in `h200_recipes_sparse.json`",
+}
+
+
+def rows(results: list[tuple[str, dict]], superseded: bool = False):
+    """(shape, variant, row, file) of every measured variant (or of the superseded ones)."""
     for fname, d in results:
         for shape, entry in d.get("shapes", {}).items():
             for variant, row in entry.get("variants", {}).items():
-                yield shape, variant, row, fname, entry
+                if ((fname, variant) in SUPERSEDED) == superseded:
+                    yield shape, variant, row, fname, entry
 
 
 def project(shape: str, row: dict, stock: dict, tiles_304: bool) -> dict | None:
@@ -59,10 +72,33 @@ def verdict(value: float | None, target: float, lower_is_better: bool = True) ->
     return "**met**" if ok else "**missed**"
 
 
+SHAPE_ORDER = ("5s-544x960", "5s-768x1344", "15s-768x1344")
+
+
+def _telemetry_notes(tel: dict) -> str:
+    notes = []
+    if "quant" in tel:
+        notes.append(f"quant {tel['quant']['mode']} ×{tel['quant']['quantized_modules']}")
+    if "compile" in tel:
+        c = tel["compile"]
+        notes.append(f"compile {c['compiled_regions']} regions{' (dynamic)' if c.get('dynamic') else ''}, "
+                     f"{c['graphs_compiled_total']} graphs, {c['recompiles_total']} recompiles")
+    if "sparse_attention" in tel:
+        sa = tel["sparse_attention"]
+        realized = sa.get("realized_sparsity")
+        notes.append(f"sparse {sa['target_sparsity']:.2f}"
+                     + (f" (realized {realized:.3f}, {sa['dense_calls']} dense + {sa['sparse_calls']} sparse calls)"
+                        if realized is not None else ""))
+    if "bucketing" in tel:
+        notes.append(f"buckets {tel['bucketing'].get('buckets')}")
+    return "; ".join(notes)
+
+
 def render() -> str:
     stock = load("h200_speed_stock.json")
     results = [(p.name, json.loads(p.read_text())) for p in sorted(RESULTS.glob("h200_recipes_*.json"))]
-    protocol, offload = load("h200_protocol.json"), load("h200_offload.json")
+    protocols = [(p.name, json.loads(p.read_text())) for p in sorted(RESULTS.glob("h200_protocol*.json"))]
+    offload = load("h200_offload.json")
     first = results[0][1] if results else {}
     lines = ["# Speed at production shapes on one H200: stock diffusers versus the optimized recipes", "",
              f"- device: {first.get('device')}; torch {first.get('torch')} (CUDA {first.get('cuda')}), diffusers "
@@ -70,61 +106,54 @@ def render() -> str:
              "(built for sm_90 by bench/device/build_sageattention.sh)",
              "- weights: seeded random, full-size configs (no MiniMax-H3 weights here; speed does not depend on weight "
              "values)",
-             "- commands (one per GPU of a 2-GPU H200 machine, in one call): `bash bench/device/h200_speed_table.sh "
-             "$OUT` and `bash bench/device/h200_last.sh $OUT`; then `python bench/h200_recipes_table.py`", ""]
-    for fname, d in results + [(n, x) for n, x in (("h200_protocol.json", protocol), ("h200_offload.json", offload))
-                                if x]:
+             "- device calls (each GPU of a 2-GPU H200 machine runs its own process with its own full-size model): "
+             "`bash bench/device/h200_speed_table.sh $OUT`, `bash bench/device/h200_last.sh $OUT` (session 2), "
+             "`bash bench/device/h200_session3.sh c1|c2|c3 $OUT` (session 3); the JSONs they write are copied here, "
+             "then `python bench/h200_recipes_table.py > bench/results/h200_recipes_speed.md`", ""]
+    for fname, d in results + protocols + ([("h200_offload.json", offload)] if offload else []):
         lines.append(f"- `{fname}`: `{d['command']}` ({d['date']}, {d['device']})")
     lines += ["", "Each variant is a shipped recipe applied by the runtime's own `apply_recipe_levers` to the full-size "
-              "DiT; `+compile` switches its `[compile]` section on, `+sparse85` sets block-sparse attention to 85 % "
-              "(128-token blocks, dense first step, 128-row buckets), `+sage`/`+cudnn`/`+fp8` override the attention "
-              "backend / quantization. The LoRA is set aside in every turbo variant (fused, it changes no shape or "
-              "FLOP). Ratios are against `stock` measured in the same process (same file).", "",
+              "DiT; `+compile` switches its `[compile]` section on (`+dynamic`: with dynamic shapes), `+bucket` "
+              "switches 128-row shape buckets on, `+sparse85` sets block-sparse attention to 85 % (128-token blocks, "
+              "dense first step, 128-row buckets), `+sage`/`+cudnn`/`+fp8` override the attention backend / "
+              "quantization. The LoRA is set aside in every turbo variant (fused, it changes no shape or FLOP). Ratios "
+              "are against `stock` measured in the same process (same file). A turbo4 request is projected from the "
+              "anatomy: text encoding + 4 DiT forwards (a block-sparse recipe: its dense first step, then 3 sparse "
+              "ones) + video decode with the recipe's tiles + audio decode + frame download.", "",
               "## One DiT forward", "",
               "| shape | variant | s / forward | dense step (s) | vs stock | dense-equiv. TFLOP/s | of bf16 ceiling "
-              "| peak GiB | first call (s) | attention ran | telemetry | turbo4 request (s) | RTF |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| peak GiB | first call (s) | attention ran | telemetry | turbo4 request (s) | RTF | file |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ceiling = stock["ceilings"]["bf16_matmul_tflops"]
     best: dict[str, tuple[float, str]] = {}
     requests: dict[tuple[str, str], dict] = {}
-    for shape, variant, row, fname, entry in rows(results):
+    ordered = sorted(rows(results), key=lambda r: (SHAPE_ORDER.index(r[0]) if r[0] in SHAPE_ORDER else 9, r[3]))
+    for shape, variant, row, fname, entry in ordered:
         if "error" in row:
-            lines.append(f"| {shape} | {variant} | error: {row['error'][:120]} | | | | | | | | | | |")
+            lines.append(f"| {shape} | {variant} | error: {row['error'][:120]} | | | | | | | | | | | `{fname}` |")
             continue
         tiles = bool(row.get("set_aside", {}).get("vae_tiles")) and shape.endswith("768x1344")
         proj = project(shape, row, stock, tiles)
         requests[(shape, variant)] = proj or {}
-        tel = row.get("telemetry", {})
-        notes = []
-        if "quant" in tel:
-            notes.append(f"quant {tel['quant']['mode']} ×{tel['quant']['quantized_modules']}")
-        if "compile" in tel:
-            notes.append(f"compile {tel['compile']['compiled_regions']} regions, "
-                         f"{tel['compile']['graphs_compiled_total']} graphs, {tel['compile']['recompiles_total']} "
-                         "recompiles")
-        if "sparse_attention" in tel:
-            sa = tel["sparse_attention"]
-            notes.append(f"sparse {sa['target_sparsity']:.2f}")
-        if "bucketing" in tel:
-            notes.append(f"buckets {tel['bucketing'].get('buckets')}")
         tflops = row.get("dense_equivalent_tflops")
         lines.append(
             f"| {shape} | {variant} | {row['forward_s']:.2f} | {row['dense_forward_s']:.2f} "
             f"| {_ratio(row)} | {tflops:.0f} | {100 * tflops / ceiling:.0f}% "
             f"| {row.get('peak_memory_GiB', 0):.1f} | {row['first_call_s']:.1f} | {', '.join(row.get('dispatched', []))} "
-            f"| {'; '.join(notes)} | {proj['total_s']:.1f} | {proj['rtf']:.2f} |" if proj else
-            f"| {shape} | {variant} | {row['forward_s']:.2f} | | | | | | | | | | |")
+            f"| {_telemetry_notes(row.get('telemetry', {}))} | {proj['total_s']:.1f} | {proj['rtf']:.2f} "
+            f"| `{fname}` |" if proj else
+            f"| {shape} | {variant} | {row['forward_s']:.2f} | | | | | | | | | | | `{fname}` |")
         dense_only = row.get("configured", {}).get("sparse_attention") is None
         if dense_only and (shape not in best or row["forward_s"] < best[shape][0]):
             best[shape] = (row["forward_s"], variant)
-    # 15 s stock: from bench/h200_speed.py (the recipe runs did not reach that shape)
-    s15 = stock["dit"]["shapes"].get("15s-768x1344")
-    if s15 and not any(shape == "15s-768x1344" for shape, *_ in rows(results)):
-        lines.append(f"| 15s-768x1344 | stock (from `h200_speed_stock.json`) | {s15['forward_s']:.2f} | "
-                     f"{s15['forward_s']:.2f} | 1.00× | {s15['tflops']:.0f} | "
-                     f"{100 * s15['tflops'] / ceiling:.0f}% | {s15['peak_memory_GiB']:.1f} | | native | | | |")
-        lines.append("| 15s-768x1344 | every optimized variant | not measured: the session's device time ran out "
-                     "before GPU 1 reached this shape | | | | | | | | | | |")
+    old = list(rows(results, superseded=True))
+    if old:
+        lines += ["", "Superseded measurements (kept in their files, not counted above or below):", "",
+                  "| shape | variant | s / forward | dense step (s) | file | why |", "|---|---|---|---|---|---|"]
+        for shape, variant, row, fname, _ in old:
+            fwd = f"{row['forward_s']:.2f}" if "forward_s" in row else "error"
+            dense = f"{row['dense_forward_s']:.2f}" if "dense_forward_s" in row else ""
+            lines.append(f"| {shape} | {variant} | {fwd} | {dense} | `{fname}` | {SUPERSEDED[(fname, variant)]} |")
 
     lines += ["", "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     dense768 = best.get("5s-768x1344")
@@ -137,28 +166,35 @@ def render() -> str:
     sp = min(sparse) if sparse else None
     lines.append(f"| 85 % block-sparse forward ≤ 1.6 s at 5 s 768×1344 | "
                  + (f"{sp[0]:.2f} s (`{sp[1]}`, sparse step)" if sp else "—") + f" | {verdict(sp[0] if sp else None, 1.6)} |")
-    lines.append("| 15 s 768×1344 `turbo4-sparse` request ≤ 25 s generation-side | not measured (device time); "
-                 f"its video decode alone is {stock['vae']['shapes']['15s-768x1344']['video_decode_304x320_s']:.1f} s "
-                 "with 304×320 tiles | **not measured** |")
-    r544 = [(p["total_s"], v) for (shape, v), p in requests.items() if shape == "5s-544x960" and p]
-    b544 = min(r544) if r544 else None
-    lines.append("| 5 s 544×960 request faster than real time (≤ 5.2 s) | "
-                 + (f"{b544[0]:.1f} s (`{b544[1]}`, projected turbo4 request)" if b544 else "—")
-                 + f" | {verdict(b544[0] if b544 else None, 5.2)} |")
-    if protocol:
+    r15 = sorted((p["total_s"], v, p) for (shape, v), p in requests.items()
+                 if shape == "15s-768x1344" and p and v.startswith("turbo4-sparse"))
+    if r15:
+        total, v, p = r15[0]
+        lines.append(f"| 15 s 768×1344 `turbo4-sparse` request ≤ 25 s generation-side | {total:.1f} s (`{v}`, "
+                     f"projected: denoise {p['denoise_s']:.1f} s + video decode {p['video_decode_s']:.1f} s with "
+                     f"304×320 tiles + text, audio, frames) | {verdict(total, 25.0)} |")
+    else:
+        lines.append("| 15 s 768×1344 `turbo4-sparse` request ≤ 25 s generation-side | not measured | **not measured** |")
+    r544 = sorted((p["total_s"], v, p) for (shape, v), p in requests.items() if shape == "5s-544x960" and p)
+    if r544:
+        total, v, p = r544[0]
+        lines.append(f"| 5 s 544×960 request faster than real time (≤ 5.2 s) | {total:.1f} s (`{v}`, projected: "
+                     f"denoise {p['denoise_s']:.1f} s + video decode {p['video_decode_s']:.1f} s + text, audio, "
+                     f"frames) | {verdict(total, 5.2)} |")
+    for fname, protocol in protocols:
         for variant, p in protocol.get("variants", {}).items():
             if "mixed_over_repeated_p50" in p:
                 flag = p.get("recompile_flag", {})
                 lines.append(
-                    f"| mixed-prompt p50 within 3 % of repeated (`{variant}`, 5 s 544×960) | repeated "
-                    f"{p['repeated_p50_s']:.2f} s, mixed {p['mixed_p50_s']:.2f} s ({100 * (p['mixed_over_repeated_p50'] - 1):+.0f} %); "
-                    f"recompile flag: {len(flag.get('shapes', []))} of {flag.get('first_at_shape')} new shapes "
+                    f"| mixed-prompt p50 within 3 % of repeated (`{variant}`, {protocol['shape']}, `{fname}`) | "
+                    f"repeated {p['repeated_p50_s']:.2f} s, mixed {p['mixed_p50_s']:.2f} s "
+                    f"({100 * (p['mixed_over_repeated_p50'] - 1):+.1f} %); recompile flag: "
+                    f"{len(flag.get('shapes', []))} of {flag.get('first_at_shape')} new sequence lengths; graphs "
+                    f"compiled per mixed request {[m.get('graphs_compiled') for m in p.get('mixed', [])]} "
                     f"| {verdict(p['mixed_over_repeated_p50'], 1.03)} |")
             else:
-                lines.append(f"| mixed-prompt p50 within 3 % of repeated (`{variant}`) | "
+                lines.append(f"| mixed-prompt p50 within 3 % of repeated (`{variant}`, `{fname}`) | "
                              f"{p.get('error', 'not finished in the device time')} | **not measured** |")
-        if not any("sparse" in v for v in protocol.get("variants", {})):
-            lines.append("| mixed-prompt p50 for the block-sparse recipe | not run (device time) | **not measured** |")
     if offload and "fraction_of_pinned_ceiling" in offload:
         lines.append(f"| offload streaming ≥ 90 % of the pinned ceiling (`{offload['recipe']}`) | "
                      f"{offload['achieved_stream_GBps']:.1f} GB/s of {offload['pinned_h2d_GBps']:.1f} GB/s "

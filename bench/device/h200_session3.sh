@@ -2,11 +2,13 @@
 # Session 3's H200 calls (2-GPU machine, about 9 minutes each; carry .whl as h200_speed_table.sh says):
 #
 #   bash bench/device/h200_session3.sh c1 OUTDIR  # GPU0: 5 s 768x1344 variants not yet measured (eager fp8/sage/int8,
-#                                                 #       int8+compile, fp8-sage with dynamic-shape compile), offload;
+#                                                 #       int8+compile, fp8-sage with dynamic-shape compile), then
+#                                                 #       offload (did not fit);
 #                                                 # GPU1: the gpu-marked tests, then 15 s 768x1344 stock and fp8-sage
 #   bash bench/device/h200_session3.sh c2 OUTDIR  # GPU0: the mixed-vs-repeated protocol (dynamic, compiled, sparse);
 #                                                 # GPU1: the block-sparse variants at 5 s 768x1344 and 15 s
-#   bash bench/device/h200_session3.sh c3 OUTDIR  # GPU0: 5 s 544x960 variants not yet measured; GPU1: gpu tests
+#   bash bench/device/h200_session3.sh c3 OUTDIR  # GPU0: offload profiled; GPU1: the gpu-marked tests, then the
+#                                                 #       block-sparse variants at 5 s 544x960
 #
 # Then copy the JSONs into bench/results/ and render: python bench/h200_recipes_table.py > bench/results/h200_recipes_speed.md
 set -u
@@ -35,6 +37,14 @@ c2)
   ( CUDA_VISIBLE_DEVICES=1 timeout $(left) $R --out "$out/h200_recipes_sparse.json" --shapes 15s-768x1344,5s-768x1344 \
       --shape-repeats 15s-768x1344=1 --shape-variants 15s-768x1344=turbo4-sparse+compile \
       --variants turbo4-sparse+sparse85+fp8+compile,turbo4-sparse+compile \
+      2>&1 | grep -v "W1" | sed 's/^/[gpu1] /' ) >>"$out/run.log" &
+  ;;
+c3)
+  ( CUDA_VISIBLE_DEVICES=0 timeout $(left) python3 bench/h200_offload.py --out "$out/h200_offload.json" --profile \
+      2>&1 | grep -v "W1" | sed 's/^/[offload] /' ) >>"$out/run.log" &
+  ( CUDA_VISIBLE_DEVICES=1 timeout 90 $T 2>&1 | tail -8 | sed 's/^/[pytest] /'
+    CUDA_VISIBLE_DEVICES=1 timeout $(left) $R --out "$out/h200_recipes_544_sparse.json" --shapes 5s-544x960 \
+      --variants turbo4-sparse+sparse85+fp8+compile,turbo4-sparse+compile,turbo4-fp8-sage+compile+bucket \
       2>&1 | grep -v "W1" | sed 's/^/[gpu1] /' ) >>"$out/run.log" &
   ;;
 *) echo "phase must be c1, c2 or c3" >&2; exit 2 ;;

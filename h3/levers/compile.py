@@ -84,6 +84,7 @@ class CompileHandle(LeverHandle):
         return {
             "applied": not self.removed,
             "backend": self.config.backend,
+            "dynamic": self.config.dynamic,
             "compiled_regions": self.regions,
             "graphs_compiled_total": self.backend.graphs,
             "graphs_compiled_this_request": self.backend.graphs - self._graphs_at_start,
