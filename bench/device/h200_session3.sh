@@ -8,7 +8,8 @@
 #   bash bench/device/h200_session3.sh c2 OUTDIR  # GPU0: the mixed-vs-repeated protocol (dynamic, compiled, sparse);
 #                                                 # GPU1: the block-sparse variants at 5 s 768x1344 and 15 s
 #   bash bench/device/h200_session3.sh c3 OUTDIR  # GPU0: offload profiled; GPU1: the gpu-marked tests, then the
-#                                                 #       block-sparse variants at 5 s 544x960
+#                                                 #       block-sparse variants at 5 s 544x960, and at 768x1344 after
+#                                                 #       the routing's pooling stopped copying the sequence to float32
 #
 # Then copy the JSONs into bench/results/ and render: python bench/h200_recipes_table.py > bench/results/h200_recipes_speed.md
 set -u
@@ -43,8 +44,9 @@ c3)
   ( CUDA_VISIBLE_DEVICES=0 timeout $(left) python3 bench/h200_offload.py --out "$out/h200_offload.json" --profile \
       2>&1 | grep -v "W1" | sed 's/^/[offload] /' ) >>"$out/run.log" &
   ( CUDA_VISIBLE_DEVICES=1 timeout 90 $T 2>&1 | tail -8 | sed 's/^/[pytest] /'
-    CUDA_VISIBLE_DEVICES=1 timeout $(left) $R --out "$out/h200_recipes_544_sparse.json" --shapes 5s-544x960 \
+    CUDA_VISIBLE_DEVICES=1 timeout $(left) $R --out "$out/h200_recipes_544_sparse.json" --shapes 5s-544x960,5s-768x1344 \
       --variants turbo4-sparse+sparse85+fp8+compile,turbo4-sparse+compile,turbo4-fp8-sage+compile+bucket \
+      --shape-variants 5s-768x1344=turbo4-sparse+sparse85+fp8+compile,turbo4-fp8-sage+compile+bucket \
       2>&1 | grep -v "W1" | sed 's/^/[gpu1] /' ) >>"$out/run.log" &
   ;;
 *) echo "phase must be c1, c2 or c3" >&2; exit 2 ;;

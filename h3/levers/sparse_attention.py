@@ -55,14 +55,19 @@ def route_blocks(query: torch.Tensor, key: torch.Tensor, block_size: int, sparsi
     valid = seq if valid_len is None else valid_len
     n_blocks = -(-seq // block_size)
     n_valid = -(-valid // block_size)
-    pad = n_blocks * block_size - seq
-    weights = (torch.arange(n_blocks * block_size, device=query.device) < valid).to(torch.float32)
-    weights = weights.view(1, n_blocks, block_size, 1, 1)
 
     def pool(x):
-        x = torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 0, pad)).view(batch, n_blocks, block_size, heads, dim)
-        counts = weights.sum(dim=2).clamp(min=1.0)
-        return (x * weights).sum(dim=2) / counts  # (B, n_blocks, H, D)
+        """Mean of each block's real rows, accumulated in float32 while reading ``x`` once (no float32 copy of the
+        sequence: this runs eagerly, outside the compiled graphs). Blocks made only of padding pool to zero."""
+        full = valid // block_size
+        parts = [x[:, :full * block_size].unflatten(1, (full, block_size)).sum(dim=2, dtype=torch.float32)
+                 / block_size]
+        if valid % block_size:
+            parts.append(x[:, full * block_size:valid].sum(dim=1, keepdim=True, dtype=torch.float32)
+                         / (valid % block_size))
+        if n_blocks > n_valid:
+            parts.append(torch.zeros(batch, n_blocks - n_valid, heads, dim, dtype=torch.float32, device=x.device))
+        return torch.cat(parts, dim=1)  # (B, n_blocks, H, D)
 
     q_pool, k_pool = pool(query), pool(key)
     scores = torch.einsum("bqhd,bkhd->bhqk", q_pool, k_pool)
