@@ -148,7 +148,8 @@ def main() -> None:
         handles["offload"] = apply_offload(pipe, OffloadConfig(onload_device="cuda",
                                                                num_blocks_per_group=o.num_blocks_per_group,
                                                                use_stream=o.use_stream, record_stream=o.record_stream,
-                                                               text_encoder=False))
+                                                               text_encoder=False,
+                                                               resident_top_level=o.resident_top_level))
         with torch.no_grad():
             for label, geo in geos.items():
                 calls = inputs_for(geo)

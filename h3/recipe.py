@@ -164,6 +164,10 @@ class OffloadConfig(_Section):
     record_stream: bool = False
     text_encoder: bool = False
     """Also keep the text encoder on the CPU, onloaded only while it encodes."""
+    resident_top_level: bool = True
+    """Keep the transformer's modules outside its DiT blocks (token refiner, embedders, output norm: 0.84 B of 33 B
+    parameters) on the device; only the blocks stream. diffusers moves that group synchronously through pageable
+    memory at every forward (5.9 s of a 7.3 s transfer-bound request on the H200)."""
 
 
 class Recipe(_Section):

@@ -10,6 +10,7 @@
 #   bash bench/device/h200_session3.sh c3 OUTDIR  # GPU0: offload profiled; GPU1: the gpu-marked tests, then the
 #                                                 #       block-sparse variants at 5 s 544x960, and at 768x1344 after
 #                                                 #       the routing's pooling stopped copying the sequence to float32
+#   bash bench/device/h200_session3.sh c4 OUTDIR  # (one GPU) the gpu-marked tests again after the offload fix
 #
 # Then copy the JSONs into bench/results/ and render: python bench/h200_recipes_table.py > bench/results/h200_recipes_speed.md
 set -u
@@ -49,7 +50,10 @@ c3)
       --shape-variants 5s-768x1344=turbo4-sparse+sparse85+fp8+compile,turbo4-fp8-sage+compile+bucket \
       2>&1 | grep -v "W1" | sed 's/^/[gpu1] /' ) >>"$out/run.log" &
   ;;
-*) echo "phase must be c1, c2 or c3" >&2; exit 2 ;;
+c4)  # one GPU is enough: the gpu-marked tests after the offload lever kept the top-level group resident
+  timeout $(left) $T 2>&1 | tail -8 | sed 's/^/[pytest] /' >>"$out/run.log"
+  ;;
+*) echo "phase must be c1, c2, c3 or c4" >&2; exit 2 ;;
 esac
 wait
 echo "done at ${SECONDS}s" >>"$out/run.log"; grep -v "kept in float32\|experimental feature" "$out/run.log" | tail -40

@@ -140,7 +140,8 @@ def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: boo
             o = recipe.offload
             handles["offload"] = apply_offload(
                 pipe, OffloadConfig(onload_device=device, num_blocks_per_group=o.num_blocks_per_group,
-                                    use_stream=o.use_stream, record_stream=o.record_stream, text_encoder=o.text_encoder),
+                                    use_stream=o.use_stream, record_stream=o.record_stream, text_encoder=o.text_encoder,
+                                    resident_top_level=o.resident_top_level),
             )
         if recipe.compile.enabled:
             from h3.levers.compile import CompileConfig, apply_compile

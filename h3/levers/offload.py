@@ -25,6 +25,7 @@ class OffloadConfig:
     use_stream: bool = True
     record_stream: bool = False
     text_encoder: bool = False
+    resident_top_level: bool = True
 
 
 def _groups(module: torch.nn.Module) -> list[Any]:
@@ -61,6 +62,13 @@ def release_module_buffers(group: Any) -> int:
     return released
 
 
+def is_top_level_group(group: Any, module: torch.nn.Module) -> bool:
+    """Whether ``group`` is diffusers' group of ``module``'s own parameters and its children outside the ModuleLists
+    (block-level offloading; the one whose offload leader is the module itself): never streamed, moved with blocking
+    ``.to()`` through pageable host memory at every forward."""
+    return group.offload_leader is module
+
+
 class OffloadHandle(LeverHandle):
     name = "offload"
 
@@ -70,6 +78,13 @@ class OffloadHandle(LeverHandle):
         self.onloads = 0
         self.buffers_released = 0
         self.groups = {name: _groups(m) for name, m in modules.items()}
+        self.resident: list[Any] = []
+        if config.resident_top_level:
+            # Onloaded at the first forward as usual, then never offloaded again: later onloads find the tensors
+            # on the device already and copy nothing.
+            self.resident = [g for g in self.groups.get("transformer", []) if is_top_level_group(g, modules["transformer"])]
+            for group in self.resident:
+                group.offload_ = lambda *args, **kwargs: None
         for groups in self.groups.values():
             for group in groups:
                 original = group.onload_
@@ -104,6 +119,11 @@ class OffloadHandle(LeverHandle):
             "streamed_groups": sum(1 for g in groups if g.stream is not None),
             "pinned_memory": any(g.stream is not None and not g.low_cpu_mem_usage for g in groups),
             "group_onloads": self.onloads,
+            # The transformer's top-level group kept on the device (resident_top_level) and its parameter count.
+            "resident_groups": len(self.resident),
+            "resident_params": sum(p.numel() for p in {id(p): p for g in self.resident for p in
+                                                       [*g.parameters, *(q for m in g.modules for q in m.parameters())]
+                                                       }.values()),
             # Buffers diffusers left on the device that this lever moved back (see release_module_buffers).
             "buffers_released": self.buffers_released,
         }
