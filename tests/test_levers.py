@@ -103,6 +103,7 @@ SHIPPED_ON_CPU = {
     "turbo4": "environment variable that is not set", "turbo4-int8": "environment variable that is not set",
     "turbo4-sparse": "environment variable that is not set",
     "turbo4-fp8": "fp8_w8a8' needs a GPU", "turbo4-fp8-sage": "'sage' needs a CUDA GPU",
+    "turbo4-fp8-sage-compile": "'sage' needs a CUDA GPU",
     "offload-int8-adaln": "use_stream .* needs a CUDA GPU",
 }
 
