@@ -4,8 +4,9 @@ projected request latency, and every target reported met or missed with the meas
     python bench/h200_recipes_table.py > bench/results/h200_recipes_speed.md
 
 Inputs (bench/results/): ``h200_speed_stock.json`` (ceilings, VAE decode and text encoding at full size, from
-bench/h200_speed.py), ``h200_recipes_*.json`` (bench/h200_recipes_speed.py), ``h200_protocol.json``
-(bench/h200_protocol.py), ``h200_offload.json`` (bench/h200_offload.py). A turbo request is projected from the
+bench/h200_speed.py), ``h200_recipes_*.json`` (bench/h200_recipes_speed.py; rows re-measured after a fix are listed
+apart, see SUPERSEDED), ``h200_protocol*.json`` (bench/h200_protocol.py), ``h200_offload.json``
+(bench/h200_offload.py). A turbo request is projected from the
 anatomy as text encoding + the recipe's forwards (a block-sparse recipe: its dense first step, then sparse steps) +
 video decode with the recipe's tiles (304x320 at 768x1344 for the turbo recipes, seed 000; 256x256 otherwise) + audio
 decode + frame D2H at the measured pinned rate. Sections a variant sets aside (LoRA, VAE tiles, offload) are listed.
@@ -30,12 +31,14 @@ def load(name: str) -> dict | None:
 # Rows measured before a fix that changes them, kept in their files as the record and listed apart, never counted.
 SUPERSEDED = {
     ("h200_recipes_544.json", "turbo4-sparse+sparse85+fp8+compile"):
-        "dense step with a key-padding mask (SDPA off flash); re-measured in `h200_recipes_544_sparse.json`",
+        "dense step with a key-padding mask (SDPA off flash); re-measured in `h200_recipes_sparse_c3.json`",
     ("h200_recipes_544.json", "turbo4-sparse+compile"):
         "failed: quantization's remove() left float weights on the CPU (fixed); re-measured in "
-        "`h200_recipes_544_sparse.json`",
+        "`h200_recipes_sparse_c3.json`",
     ("h200_recipes_768_sparse.json", "turbo4-sparse+sparse85+fp8+compile"):
-        "dense step with a key-padding mask (SDPA off flash); re-measured in `h200_recipes_sparse.json`",
+        "dense step with a key-padding mask (SDPA off flash); re-measured in `h200_recipes_sparse_c3.json`",
+    ("h200_recipes_sparse_c2.json", "turbo4-sparse+sparse85+fp8+compile"):
+        "routing pooled through a float32 copy of Q and K (fixed); re-measured in `h200_recipes_sparse_c3.json`",
 }
 
 
@@ -73,6 +76,18 @@ def verdict(value: float | None, target: float, lower_is_better: bool = True) ->
 
 
 SHAPE_ORDER = ("5s-544x960", "5s-768x1344", "15s-768x1344")
+
+
+def _copy_profile(offload: dict) -> str:
+    """Device time of the transfer-bound request's copies by kind (bench/h200_offload.py --profile)."""
+    copies = offload.get("profile", {}).get("copies", {})
+    kinds = [(k.replace("Memcpy ", ""), v["device_ms"] / 1000) for k, v in copies.items() if k.startswith("Memcpy")
+             and v["device_ms"] >= 10]
+    if not kinds:
+        return ""
+    total = offload["timings"]["transfer_bound"]["offloaded_request_s"]
+    return (f"; profile of the transfer-bound request ({total:.2f} s): "
+            + ", ".join(f"{k} {t:.2f} s" for k, t in sorted(kinds, key=lambda x: -x[1])))
 
 
 def _telemetry_notes(tel: dict) -> str:
@@ -199,38 +214,67 @@ def render() -> str:
         lines.append(f"| offload streaming ≥ 90 % of the pinned ceiling (`{offload['recipe']}`) | "
                      f"{offload['achieved_stream_GBps']:.1f} GB/s of {offload['pinned_h2d_GBps']:.1f} GB/s "
                      f"({100 * offload['fraction_of_pinned_ceiling']:.0f} %); hidden behind compute at "
-                     f"{offload['shape']}: {100 * offload['production']['hidden_fraction']:.0f} % "
-                     f"| {verdict(offload['fraction_of_pinned_ceiling'], 0.9, lower_is_better=False)} |")
+                     f"{offload['shape']}: {100 * offload['production']['hidden_fraction']:.0f} %"
+                     + _copy_profile(offload)
+                     + f" | {verdict(offload['fraction_of_pinned_ceiling'], 0.9, lower_is_better=False)} |")
     lines += ["", "## What these runs found", ""] + [f"- {n}" for n in NOTES]
     return "\n".join(lines) + "\n"
 
 
 NOTES = [
-    "The first run of this session measured every compiled variant *slower* than eager (e.g. fp8 + compile 7.71 s vs "
-    "6.53 s eager at 768×1344): the runtime's attention-dispatch probe (`h3.anatomy.observe_attention_dispatch`, which "
-    "fills `executed.attention_backends`) was traced into the compiled blocks, dynamo guarded on its growing list, "
-    "recompiled at every forward and fell back to eager at its recompile limit. The probe is now "
-    "`torch.compiler.disable`d (a graph break around the attention call); the figures above are after the fix, with "
-    "0 recompiles in every compiled variant. Test: `test_compiled_blocks_do_not_recompile_under_the_dispatch_probe`.",
-    "`turbo4-sparse+compile` at 544×960 failed because quantization's `remove()` (keep_originals) put the float "
-    "weights back on the CPU, and this variant ran right after one with FP8; fixed after the run (they go back to the "
-    "device they computed on), not re-measured.",
-    "The dense first step of the block-sparse recipe (6.59 s at 768×1344) is slower than the same dense forward "
-    "without bucketing (5.16 s): the 128-row bucket adds a key-padding mask, and SDPA with a mask cannot use the "
-    "flash kernel. Sage (no mask support) cannot take that step either.",
+    # session 3
+    "**Bucketing without a mask (session 3).** Bucketing and block-sparse attention now run attention outside the "
+    "compiled graphs on the real rows only (`h3.levers.bucketing.attend_valid_rows`: slice to the request's length, "
+    "attend with the recipe's backend and no mask, pad the output with zero rows). The padded dense step no longer "
+    "drops SDPA off flash: the block-sparse recipe's dense step went from 6.59 to 5.25 s at 768×1344 and from 2.17 to "
+    "1.78 s at 544×960, level with the unbucketed FP8 + compile forward (5.16 / 1.77 s). Sage, which takes no mask, "
+    "can now be bucketed: `turbo4-fp8-sage+compile+bucket` 4.27 s at 768×1344 (4.21 s unbucketed in session 2) and "
+    "1.55 s at 544×960 (1.56 s).",
+    "**Mixed prompts (session 3).** With 128-row buckets the compiled recipes keep one set of graphs for every prompt "
+    "length in a bucket: mixed-prompt p50 is within 0.2 % of repeated for FP8 + Sage + compile and +2.4 % for the "
+    "block-sparse recipe (session 2, static shapes: +105 %). A prompt that lands in a new bucket still compiles (4 "
+    "graphs, +9.8 s on its first request, flagged by the recompile rule); a server compiles its buckets at start-up. "
+    "`compile.dynamic = true` also meets the p50 target (-0.1 %) but its warm-up took 76 s against 20 s, its forward "
+    "is 1.7 % slower (4.28 vs 4.21 s at 768×1344), and it still compiled 6 graphs at the 59-row prompt. Two causes of "
+    "per-length recompiles were removed on the way, both found on the CPU by "
+    "`test_bucketed_sparse_recipe_compiles_once_per_bucket`: the sparse processor read the request's real length "
+    "inside the compiled blocks, and the separately compiled flex kernel's mask closed over it as an int; and the "
+    "token refiner's two blocks, which see the prompt's text rows alone, were compiled (the compile lever now takes "
+    "the 50 DiT blocks only: '50 regions' in the rows of session 3, '52' before).",
+    "**Block-sparse telemetry under compile (session 3).** The attention call runs outside the compiled graphs, so "
+    "the lever's per-call counters hold under torch.compile: realized sparsity 0.848 at 85 % and 0.498 at 50 % "
+    "(768×1344), 1 dense + N sparse forwards per request as configured.",
+    "**Block-sparse routing cost.** Eager routing first pooled each block through a float32 copy of Q and K: the "
+    "85 % sparse step measured 2.79 s (c2, superseded); pooling with a float32 accumulator instead of a copy brought "
+    "it back to 2.57 s (c3; 2.58 s in session 2 with the routing inside the compiled graph). `turbo4-sparse+compile` "
+    "at 768×1344 and 15 s (`h200_recipes_sparse_c2.json`) was measured before that fix; its sparse steps are a little "
+    "slow for it (about 0.2 s per forward at 768×1344).",
+    "**Offload (session 3, after the buffer fix).** The offloaded forward's peak fell from 20 GiB to 2.7 GiB "
+    "(transfer-bound) and 5.6 GiB (544×960): the INT8 weights no longer stay on the GPU. Streaming still reached only "
+    "11.0 of 54.0 GB/s (20 %). The profile (`--profile`, in `h200_offload.json`) says why: the pinned host-to-device "
+    "copies of the 50 blocks took 1.45 s of the 7.35 s transfer-bound request (81 GB at about 56 GB/s, the pinned "
+    "ceiling), while diffusers' top-level group (token refiner, embedders, output norm: 0.84 B parameters), which it "
+    "never streams, went back to pageable memory and returned at every forward: 4.98 s device-to-pageable and 0.96 s "
+    "pageable-to-device. Fixed after the run: the offload lever keeps that group on the device "
+    "(`offload.resident_top_level`, default on; CPU test `test_offload_keeps_the_top_level_group_resident`, GPU test "
+    "extended). Not re-measured: the session's device time ran out.",
+    "**Eager FP8 gains nothing** (6.53 s vs 6.50 s stock at 768×1344): the activation quantization runs as separate "
+    "kernels; compiled, it fuses (5.16 s). Eager Sage on FP8 is 5.58 s; INT8 W8A8 + compile 5.62 s (FP8 is faster on "
+    "Hopper). At 15 s 768×1344 FP8 + Sage + compile is 26.2 s per forward against 39.0 s stock (1.49×).",
+    "**Why the targets are out of reach on one H200.** At 768×1344 FP8 + Sage + compile already runs at 839 dense-"
+    "equivalent TFLOP/s (108 % of the bf16 matmul ceiling); 3.3 s needs 1,070, i.e. attention (58 % of the FLOPs at "
+    "this length) and linears both near the FP8 ceiling. A 544×960 request cannot be real time while its video decode "
+    "alone takes 3.7 s (256×256 tiles; 2.8 s at 304×320), nor a 15 s 768×1344 request be 25 s while its decode takes "
+    "18.5 s and a dense step 26 s.",
+    # session 2
+    "The first run of session 2 measured every compiled variant *slower* than eager: the runtime's attention-dispatch "
+    "probe (`h3.anatomy.observe_attention_dispatch`) was traced into the compiled blocks, dynamo guarded on its "
+    "growing list and recompiled at every forward. The probe is now `torch.compiler.disable`d; every figure above is "
+    "after the fix (0 recompiles in every compiled variant). Test: "
+    "`test_compiled_blocks_do_not_recompile_under_the_dispatch_probe`.",
     "`+cudnn` (diffusers' `_native_cudnn`) is no faster than the default SDPA kernel here (5.25 vs 5.16 s).",
     "Sage (INT8 Q/K, FP8 P/V) is the largest single gain: 5.16 → 4.21 s at 768×1344 on top of FP8 + compile; its "
     "accuracy is gated separately (seed 002: it 'dropped overall consistency on every eligible clip').",
-    "Offload streams at 19 % of the pinned ceiling with 4 % hidden behind compute, far from the target, and the "
-    "offloaded forward peaked at 20 GiB, the whole INT8 model. Found after the run, by reading diffusers 0.42.1: its "
-    "stream offload swaps a group's parameters back to their pinned CPU copies but not the modules' buffers, and the "
-    "quantization lever keeps its weights in buffers, so they stayed on the GPU and were copied again at every "
-    "onload. The offload lever now releases them itself (`h3.levers.offload.release_module_buffers`; CPU test, and a "
-    "GPU test that no INT8 weight stays on the GPU). Not re-measured: `bench/h200_offload.py --profile` is the next "
-    "run (it splits the copies by pinned or pageable source).",
-    "The mixed-prompt protocol shows what seed 001 saw: every new prompt length recompiles the compiled blocks "
-    "(8 graphs at the first new length, 3 at the next), so mixed p50 is 2× repeated. Sage takes no mask, so the "
-    "Sage recipe cannot use shape buckets; a dynamic-shape compile (`compile.dynamic = true`) is the lever to try.",
 ]
 
 
