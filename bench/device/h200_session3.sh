@@ -15,11 +15,7 @@
 # Then copy the JSONs into bench/results/ and render: python bench/h200_recipes_table.py > bench/results/h200_recipes_speed.md
 set -u
 phase=$1; out=$2
-mkdir -p "$out"
-BUDGET_S=${BUDGET_S:-545}
 source bench/device/common.sh
-R="python3 bench/h200_recipes_speed.py"
-T="python3 -m pytest -m gpu -p no:cacheprovider -q -rs --junitxml=$out/gpu_tests.xml tests/test_levers.py tests/test_opcheck.py tests/test_gate_fidelity.py"
 case $phase in
 c1)
   ( CUDA_VISIBLE_DEVICES=0 timeout $(left) $R --out "$out/h200_recipes_768_eager.json" --shapes 5s-768x1344 \

@@ -14,10 +14,7 @@
 # `python bench/h200_recipes_table.py > bench/results/h200_recipes_speed.md`.
 set -u
 phase=$1; out=$2
-mkdir -p "$out"
-BUDGET_S=${BUDGET_S:-545}
 source bench/device/common.sh
-R="python3 bench/h200_recipes_speed.py"
 case $phase in
 a)
   ( CUDA_VISIBLE_DEVICES=0 timeout $(left) $R --out "$out/h200_recipes_544_shipped.json" --shapes 5s-544x960 \
