@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 RESULTS = Path(__file__).resolve().parent / "results"
 DURATION_S = {"5s-544x960": 124 / 24, "5s-768x1344": 124 / 24, "15s-768x1344": 362 / 24}
 TURBO_STEPS = 4
@@ -76,6 +78,48 @@ def verdict(value: float | None, target: float, lower_is_better: bool = True) ->
 
 
 SHAPE_ORDER = ("5s-544x960", "5s-768x1344", "15s-768x1344")
+
+# Shipped recipes whose DiT forward is another variant's: the fused LoRA changes no shape or FLOP, so turbo4's forward
+# is stock's; turbo4-fp8-sage-compile is the variant it was made from. Recipes that change only how many forwards run
+# (a step cache, fewer steps), offload (its own bench) and the tiny-only demo are covered by a sentence.
+SAME_FORWARD = {"baseline": "stock", "turbo4": "stock", "turbo4-fp8-sage-compile": "turbo4-fp8-sage+compile+bucket"}
+NOT_A_FORWARD = {
+    "identity": "every lever off: baseline's forward (`stock`)",
+    "fbc-cache": "stock's forward, fewer of them computed (the cache skips steps): not a forward-speed question",
+    "fewer-steps": "stock's forward, 8 of them instead of 29",
+    "offload-int8-adaln": "`bench/h200_offload.py` at 5 s 544×960 (target row below)",
+    "turbo4-tinydemo": "tiny preset only (its LoRA is the seeded '@tiny' one); not a full-size recipe",
+}
+
+
+def coverage(results: list[tuple[str, dict]]) -> list[str]:
+    """Per shipped recipe and shape: measured as shipped, or only in modified forms (which), or not at all."""
+    from h3.recipe import known_recipes
+
+    measured: dict[str, set[str]] = {}
+    for shape, variant, row, *_ in rows(results):
+        if "forward_s" in row:
+            measured.setdefault(shape, set()).add(variant)
+    lines = ["", "## Coverage: every shipped recipe at every shape", "",
+             "| recipe | " + " | ".join(SHAPE_ORDER) + " |", "|---|" + "---|" * len(SHAPE_ORDER)]
+    for name in sorted(known_recipes()):
+        if name in NOT_A_FORWARD:
+            lines.append(f"| `{name}` | {NOT_A_FORWARD[name]} |" + " |" * (len(SHAPE_ORDER) - 1))
+            continue
+        shipped = SAME_FORWARD.get(name, name)
+        cells = []
+        for shape in SHAPE_ORDER:
+            have = measured.get(shape, set())
+            forms = sorted(v for v in have if v != shipped and v.split("+")[0] == name)
+            if shipped in have:
+                cells.append("as shipped" + (f" (`{shipped}`)" if shipped != name else "")
+                             + (f"; also {', '.join(f'`{v}`' for v in forms)}" if forms else ""))
+            elif forms:
+                cells.append("**not as shipped**; measured as " + ", ".join(f"`{v}`" for v in forms))
+            else:
+                cells.append("**not measured**")
+        lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _copy_profile(offload: dict) -> str:
@@ -170,6 +214,7 @@ def render() -> str:
             dense = f"{row['dense_forward_s']:.2f}" if "dense_forward_s" in row else ""
             lines.append(f"| {shape} | {variant} | {fwd} | {dense} | `{fname}` | {SUPERSEDED[(fname, variant)]} |")
 
+    lines += coverage(results)
     lines += ["", "## Targets", "", "| target | measured | verdict |", "|---|---|---|"]
     dense768 = best.get("5s-768x1344")
     lines.append(f"| dense optimized forward ≤ 3.3 s at 5 s 768×1344 | "
