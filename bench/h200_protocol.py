@@ -63,6 +63,8 @@ def run_request(model, inputs: dict, handles: dict, steps: int, device: str) -> 
     if compile_handle is not None:
         tel = compile_handle.telemetry()
         row.update(graphs_compiled=tel["graphs_compiled_this_request"], recompiles=tel["recompiles_this_request"])
+    if "sparse_attention" in handles:  # the block-sparse kernel is compiled on its own: its graphs count too
+        row["flex_graphs_compiled"] = handles["sparse_attention"].telemetry()["flex_graphs_compiled_this_request"]
     return row
 
 

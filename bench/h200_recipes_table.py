@@ -147,7 +147,9 @@ def _telemetry_notes(tel: dict) -> str:
         realized = sa.get("realized_sparsity")
         notes.append(f"sparse {sa['target_sparsity']:.2f}"
                      + (f" (realized {realized:.3f}, {sa['dense_calls']} dense + {sa['sparse_calls']} sparse calls)"
-                        if realized is not None else ""))
+                        if realized is not None else "")
+                     + (f", flex kernel {sa['flex_graphs_compiled_total']} graphs" if "flex_graphs_compiled_total" in sa
+                        else ""))
     if "bucketing" in tel:
         notes.append(f"buckets {tel['bucketing'].get('buckets')}")
     return "; ".join(notes)

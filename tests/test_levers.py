@@ -821,21 +821,15 @@ def test_bucketed_sparse_recipe_compiles_once_per_bucket(base, monkeypatch):
     separately compiled flex kernel (here compiled with dynamo's eager backend on the CPU, as inductor compiles it on
     CUDA). Before, the blocks read the real length and the kernel's mask closed over it: one new graph per length.
     Outputs equal the uncompiled levers' at every length."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     from bench.h200_speed import dit_inputs
     from h3.levers import sparse_attention as sparse
     from h3.levers.bucketing import BucketingConfig, apply_bucketing
     from h3.levers.compile import CompileConfig, apply_compile
 
-    flex_graphs = []
-
-    def counting(gm, example_inputs):
-        flex_graphs.append(gm)
-        return gm.forward
-
-    kernel = torch.compile(flex_attention, backend=counting, dynamic=False)
-    monkeypatch.setattr(sparse, "flex_kernel", lambda device: kernel)
+    # The flex kernel compiled on the CPU too, with dynamo's eager backend; its graphs counted as on CUDA.
+    monkeypatch.setattr(sparse, "FLEX_COMPILED_ON", ("cuda", "cpu"))
+    monkeypatch.setattr(sparse, "FLEX_BACKEND", "eager")
+    monkeypatch.setattr(sparse, "_FLEX", None)
     transformer = fresh_transformer(base)
     calls = [dit_inputs({"text_rows": text, "audio_rows": 64, "video_rows": 256}, transformer.config, device="cpu",
                         dtype=torch.float32) for text in (17, 29, 59)]  # 337, 349 and 379 rows: one 384-row bucket
@@ -847,7 +841,7 @@ def test_bucketed_sparse_recipe_compiles_once_per_bucket(base, monkeypatch):
         handle.begin_request()
         expected.append(forward_all(transformer, [call, call]))
     torch._dynamo.reset()
-    flex_graphs.clear()
+    monkeypatch.setattr(sparse, "_FLEX", None)
     compiled = apply_compile(transformer, CompileConfig(backend="eager"))
     graphs, flex = [], []
     try:
@@ -857,14 +851,14 @@ def test_bucketed_sparse_recipe_compiles_once_per_bucket(base, monkeypatch):
             compiled.begin_request()
             outputs.append(forward_all(transformer, [call, call]))
             graphs.append(compiled.telemetry()["graphs_compiled_this_request"])
-            flex.append(len(flex_graphs))
+            flex.append(handle.telemetry()["flex_graphs_compiled_this_request"])
         telemetry = compiled.telemetry()
     finally:
         compiled.remove()
         torch._dynamo.reset()
     assert bucketing.telemetry()["buckets"] == [384]
     assert graphs[0] > 0 and graphs[1:] == [0, 0], graphs
-    assert flex == [1, 1, 1], flex
+    assert flex == [1, 0, 0] and handle.telemetry()["flex_graphs_compiled_total"] == 1, flex
     assert telemetry["recompiles_total"] == 0
     assert (handle.telemetry()["dense_calls"], handle.telemetry()["sparse_calls"]) == (2, 2)
     for got, want in zip(outputs, expected):

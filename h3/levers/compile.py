@@ -39,12 +39,13 @@ def _regions(transformer) -> list[torch.nn.Module]:
     return [m for m in transformer.modules() if m.__class__.__name__ in COMPILED_BLOCKS]
 
 
-class _CountingBackend:
+class CountingBackend:
     """A dynamo backend that counts the graphs it compiles and delegates to the configured backend."""
 
     def __init__(self, backend: str, mode: str | None):
         from torch._dynamo import lookup_backend
 
+        self.name = backend
         self.inner = lookup_backend(backend)
         self.mode = mode
         self.graphs = 0
@@ -69,7 +70,7 @@ def _recompiles() -> int:
 class CompileHandle(LeverHandle):
     name = "compile"
 
-    def __init__(self, transformer, config: CompileConfig, backend: _CountingBackend, regions: int):
+    def __init__(self, transformer, config: CompileConfig, backend: CountingBackend, regions: int):
         super().__init__()
         self.transformer, self.config, self.backend, self.regions = transformer, config, backend, regions
         self._graphs_at_start = 0
@@ -102,7 +103,7 @@ def apply_compile(transformer, config: CompileConfig) -> CompileHandle:
     if config.mode is not None and config.backend != "inductor":
         raise LeverError(f"compile.mode {config.mode!r} is an inductor option; backend is {config.backend!r}")
     try:
-        backend = _CountingBackend(config.backend, config.mode)
+        backend = CountingBackend(config.backend, config.mode)
     except Exception as exc:  # dynamo raises InvalidBackend with the list of known ones
         raise LeverError(f"compile.backend {config.backend!r} is not available: {exc}") from exc
     regions = _regions(transformer)

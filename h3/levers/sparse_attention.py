@@ -30,7 +30,10 @@ from h3.levers.bucketing import PaddingState, attend_valid_rows, output_projecti
 
 logger = logging.getLogger(__name__)
 
-_COMPILED_FLEX = None
+FLEX_COMPILED_ON = ("cuda",)
+"""Device types on which flex_attention is compiled (a test adds "cpu", with the eager backend)."""
+FLEX_BACKEND = "inductor"
+_FLEX = None  # (the compiled flex_attention, its graph-counting backend), shared by every handle in the process
 
 
 @dataclass
@@ -102,15 +105,24 @@ def _as_kv_blocks(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def flex_kernel(device: torch.device):
-    """flex_attention compiled on its own on CUDA (a fused kernel, static shapes), eager elsewhere."""
-    global _COMPILED_FLEX
+    """flex_attention compiled on its own on CUDA (a fused kernel, static shapes), eager elsewhere. The graphs its
+    compilation produces are counted (:func:`flex_graphs`): a new one after the first is a recompile."""
+    global _FLEX
     from torch.nn.attention.flex_attention import flex_attention
 
-    if device.type != "cuda":
+    from h3.levers.compile import CountingBackend
+
+    if device.type not in FLEX_COMPILED_ON:
         return flex_attention
-    if _COMPILED_FLEX is None:
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=False)
-    return _COMPILED_FLEX
+    if _FLEX is None or _FLEX[1].name != FLEX_BACKEND:
+        counter = CountingBackend(FLEX_BACKEND, None)
+        _FLEX = (torch.compile(flex_attention, backend=counter, dynamic=False), counter)
+    return _FLEX[0]
+
+
+def flex_graphs() -> int:
+    """Graphs compiled so far for the flex kernel, in this process."""
+    return _FLEX[1].graphs if _FLEX is not None else 0
 
 
 def block_sparse_attention(query, key, value, kv_num_blocks, kv_indices, block_size, valid_len=None):
@@ -180,6 +192,7 @@ class SparseAttentionHandle(LeverHandle):
         self.dense_calls = self.sparse_calls = 0
         self.dense_forwards = self.sparse_forwards = 0
         self.kept_fraction_sum = 0.0
+        self._flex_graphs_at_start = flex_graphs()
         for i, (block, prev) in enumerate(zip(transformer.transformer_blocks, previous)):
             block.attn.set_processor(BlockSparseAttnProcessor(self, i, prev))
         self._post = transformer.register_forward_hook(self._advance, always_call=True)
@@ -215,6 +228,7 @@ class SparseAttentionHandle(LeverHandle):
         self.dense_calls = self.sparse_calls = 0
         self.dense_forwards = self.sparse_forwards = 0
         self.kept_fraction_sum = 0.0
+        self._flex_graphs_at_start = flex_graphs()
 
     def telemetry(self) -> dict[str, Any]:
         return {
@@ -227,6 +241,9 @@ class SparseAttentionHandle(LeverHandle):
             "sparse_calls": self.sparse_calls,
             "dense_calls": self.dense_calls,
             "realized_sparsity": 1.0 - self.kept_fraction_sum / self.sparse_calls if self.sparse_calls else None,
+            # The separately compiled flex kernel (CUDA; eager on the CPU: 0): graphs in this process / this request.
+            "flex_graphs_compiled_total": flex_graphs(),
+            "flex_graphs_compiled_this_request": flex_graphs() - self._flex_graphs_at_start,
         }
 
     def _remove(self) -> None:
