@@ -22,13 +22,12 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.h200_recipes_speed import begin_request, variant_recipe  # noqa: E402
+from bench.h200_recipes_speed import begin_request, levers_applied, variant_recipe  # noqa: E402
 from h3.atomic import atomic_write_json  # noqa: E402
 from bench.h200_speed import SHAPES, build_transformer, dit_inputs, latent_geometry  # noqa: E402
 
@@ -69,20 +68,17 @@ def run_request(model, inputs: dict, handles: dict, steps: int, device: str) -> 
 
 
 def measure(model, variant: str, shape: str, lengths: list[int], requests: int, device: str, dtype) -> dict:
-    from h3.levers import apply_recipe_levers, lever_telemetry
+    from h3.levers import lever_telemetry
     from h3eval.speed import flag_first_at_shape, quantile
 
     recipe, set_aside = variant_recipe(variant)
-    pipe = SimpleNamespace(transformer=model, text_encoder=None, vae=None, audio_vae=None)
-    handles = apply_recipe_levers(pipe, recipe, device=device, model_sha256="seeded-random", is_tiny=False,
-                                  reversible=True)
     geo0 = latent_geometry(*SHAPES[shape])
 
     def inputs_for(text_rows: int) -> dict:
         return dit_inputs({**geo0, "text_rows": text_rows}, model.config, device=device, dtype=dtype)
 
     out: dict = {"recipe": recipe.name, "steps": recipe.steps, "set_aside": set_aside, "text_rows": lengths}
-    try:
+    with levers_applied(model, recipe, device) as handles:
         with torch.no_grad():
             out["warmup"] = run_request(model, inputs_for(lengths[0]), handles, recipe.steps, device)
             seen = {lengths[0]}
@@ -105,10 +101,6 @@ def measure(model, variant: str, shape: str, lengths: list[int], requests: int, 
             [(f"seq{r['sequence_length']}", r["latency_s"], {}) for r in mixed if r["first_at_shape"]],
             rep + [r["latency_s"] for r in mixed if not r["first_at_shape"]])
         out["telemetry"] = {k: v for k, v in lever_telemetry(handles).items() if v.get("applied")}
-    finally:
-        for handle in reversed(list(handles.values())):
-            handle.remove()
-        torch._dynamo.reset()
     return out
 
 

@@ -31,6 +31,7 @@ partial results are written after every variant, so a run cut short keeps what i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -99,11 +100,29 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+@contextlib.contextmanager
+def levers_applied(model, recipe, device: str):
+    """``recipe``'s levers on ``model`` through the runtime's own ``apply_recipe_levers`` (reversible: the float
+    weights are kept); on exit every lever is removed again and dynamo's caches reset, so the next variant starts
+    from the stock model."""
+    from h3.levers import apply_recipe_levers
+
+    pipe = SimpleNamespace(transformer=model, text_encoder=None, vae=None, audio_vae=None)
+    handles = apply_recipe_levers(pipe, recipe, device=device, model_sha256="seeded-random", is_tiny=False,
+                                  reversible=True)
+    try:
+        yield handles
+    finally:
+        for handle in reversed(list(handles.values())):
+            handle.remove()
+        torch._dynamo.reset()
+
+
 def measure_variant(model, inputs: dict, variant: str, repeats: int, device: str = "cuda",
                     count: bool = False) -> dict:
     """``count``: count the FLOPs of the first call (only for a variant whose modules are stock nn.Linear)."""
     from h3.anatomy import observe_attention_dispatch
-    from h3.levers import apply_recipe_levers, lever_telemetry
+    from h3.levers import lever_telemetry
 
     recipe, set_aside = variant_recipe(variant)
     row: dict = {"recipe": recipe.name, "set_aside": set_aside, "steps": recipe.steps,
@@ -114,56 +133,51 @@ def measure_variant(model, inputs: dict, variant: str, repeats: int, device: str
                                 if recipe.sparse_attention.enabled else None,
                                 "bucketing": recipe.bucketing.multiple if recipe.bucketing.enabled else None,
                                 "compile": recipe.compile.enabled}}
-    pipe = SimpleNamespace(transformer=model, text_encoder=None, vae=None, audio_vae=None)
-    handles = apply_recipe_levers(pipe, recipe, device=device, model_sha256="seeded-random", is_tiny=False,
-                                  reversible=True)
     dispatched: list[str] = []
-    probe = observe_attention_dispatch(lambda name, kw: dispatched.append(name))
-    try:
-        sparse = "sparse_attention" in handles
-        with torch.no_grad():
-            begin_request(handles)
-            _sync(device)
-            t0 = time.perf_counter()
-            if count:
-                row["flops"] = count_flops(model, lambda: model(**inputs))
-            else:
-                model(**inputs)  # the dense first step of a sparse recipe, the only step kind of the others
-            if sparse:
-                model(**inputs)  # and the first sparse step: both paths compiled before timing
-            _sync(device)
-            row["first_call_s"] = time.perf_counter() - t0
-            row["dispatched_first_call"] = sorted(set(dispatched))
-            if device.startswith("cuda"):
-                torch.cuda.reset_peak_memory_stats()
-            if sparse:
-                state = handles["sparse_attention"]
+    with levers_applied(model, recipe, device) as handles:
+        probe = observe_attention_dispatch(lambda name, kw: dispatched.append(name))
+        try:
+            sparse = "sparse_attention" in handles
+            with torch.no_grad():
+                begin_request(handles)
+                _sync(device)
+                t0 = time.perf_counter()
+                if count:
+                    row["flops"] = count_flops(model, lambda: model(**inputs))
+                else:
+                    model(**inputs)  # the dense first step of a sparse recipe, the only step kind of the others
+                if sparse:
+                    model(**inputs)  # and the first sparse step: both paths compiled before timing
+                _sync(device)
+                row["first_call_s"] = time.perf_counter() - t0
+                row["dispatched_first_call"] = sorted(set(dispatched))
+                if device.startswith("cuda"):
+                    torch.cuda.reset_peak_memory_stats()
+                if sparse:
+                    state = handles["sparse_attention"]
 
-                def dense_forward():
-                    begin_request(handles)  # step 0: dense
-                    model(**inputs)
+                    def dense_forward():
+                        begin_request(handles)  # step 0: dense
+                        model(**inputs)
 
-                def sparse_forward():
-                    state.step, state.dense_step = 1, False
-                    model(**inputs)
+                    def sparse_forward():
+                        state.step, state.dense_step = 1, False
+                        model(**inputs)
 
-                times = cuda_time(dense_forward, repeats, warmup=0)
-                row["dense_forward_s"], row["dense_forward_s_all"] = statistics.median(times), times
-                times = cuda_time(sparse_forward, repeats, warmup=0)
-                row["forward_s"], row["forward_s_all"] = statistics.median(times), times
-            else:
-                times = cuda_time(lambda: model(**inputs), repeats, warmup=0)
-                row["forward_s"], row["forward_s_all"] = statistics.median(times), times
-                row["dense_forward_s"] = row["forward_s"]
-            if device.startswith("cuda"):
-                row["peak_memory_GiB"] = torch.cuda.max_memory_allocated() / 2**30
-            row["dispatched"] = sorted(set(dispatched))
-            row["telemetry"] = {k: v for k, v in lever_telemetry(handles).items() if v.get("applied")}
-    finally:
-        probe.remove()
-        for handle in reversed(list(handles.values())):
-            handle.remove()
-        torch._dynamo.reset()
+                    times = cuda_time(dense_forward, repeats, warmup=0)
+                    row["dense_forward_s"], row["dense_forward_s_all"] = statistics.median(times), times
+                    times = cuda_time(sparse_forward, repeats, warmup=0)
+                    row["forward_s"], row["forward_s_all"] = statistics.median(times), times
+                else:
+                    times = cuda_time(lambda: model(**inputs), repeats, warmup=0)
+                    row["forward_s"], row["forward_s_all"] = statistics.median(times), times
+                    row["dense_forward_s"] = row["forward_s"]
+                if device.startswith("cuda"):
+                    row["peak_memory_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+                row["dispatched"] = sorted(set(dispatched))
+                row["telemetry"] = {k: v for k, v in lever_telemetry(handles).items() if v.get("applied")}
+        finally:
+            probe.remove()
     return row
 
 
