@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,13 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from h3.atomic import sha256_bytes  # noqa: E402
+from tests._serving import free_port  # noqa: E402
+
 FAST = 'name = "fast"\ndescription = "bench: 2 steps, float32"\nsteps = 2\ndtype = "float32"\n'
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def run_load(url: str, submissions: int, timeout_s: float) -> dict:
@@ -73,7 +68,7 @@ async def run_load(url: str, submissions: int, timeout_s: float) -> dict:
                 errors.append(f"{job_id}: failed: {job.get('error')}")
             else:
                 content = (await client.get(f"{url}/v1/videos/{job_id}/content")).content
-                if hashlib.sha256(content).hexdigest() != job["h3_record"]["mp4_sha256"]:
+                if sha256_bytes(content) != job["h3_record"]["mp4_sha256"]:
                     errors.append(f"{job_id}: downloaded clip differs from its record")
                 else:
                     completed += 1

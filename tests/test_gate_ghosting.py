@@ -13,6 +13,7 @@ from scipy import ndimage
 from gates.base import PairContext, PairRef, ClipSide, get_gate
 from gates.ghosting import GhostingConfig, clip_evidence, ghost_frames, ghost_scores, is_flagged, pool_windows
 from h3.media import decode_video, encode_mp4
+from bench.ghosting_calibration import plant_ghost
 
 # The calibrated defaults (bench/results/ghosting_calibration.md), scoring every frame as the calibration does.
 CONFIG = dataclasses.replace(GhostingConfig(), frame_stride=1)
@@ -38,17 +39,10 @@ def moving_texture(num_frames: int = 12, height: int = 96, width: int = 128, see
     return np.clip(np.rint(np.stack(frames)), 0, 255).astype(np.uint8)
 
 
-def shift(img: np.ndarray, dy: int, dx: int) -> np.ndarray:
-    h, w = img.shape[:2]
-    pad = np.pad(img, ((abs(dy), abs(dy)), (abs(dx), abs(dx)), (0, 0)), mode="edge")
-    return pad[abs(dy) - dy : abs(dy) - dy + h, abs(dx) - dx : abs(dx) - dx + w]
-
-
 def plant(src: np.ndarray, alpha: float, lag: int, dy: int = 0, dx: int = 0, start: int = 4) -> np.ndarray:
-    """Frames ``start..`` of ``src`` with a ghost of strength alpha: copy of frame t - lag shifted by (dy, dx)."""
-    base = src[start:].astype(np.float64)
-    copy = np.stack([shift(src[t - lag], dy, dx) for t in range(start, len(src))]).astype(np.float64)
-    return np.clip(np.rint((1 - alpha) * base + alpha * copy), 0, 255).astype(np.uint8)
+    """Frames ``start..`` of ``src`` with a ghost of strength alpha: copy of frame t - lag shifted by (dy, dx), planted
+    as the calibration plants it."""
+    return plant_ghost(src, start, len(src) - start, alpha, lag, dy, dx)
 
 
 def roundtrip(tmp_path: Path, frames: np.ndarray, crf: int, name: str) -> np.ndarray:
