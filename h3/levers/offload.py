@@ -82,9 +82,14 @@ class OffloadHandle(LeverHandle):
         if config.resident_top_level:
             # Onloaded at the first forward as usual, then never offloaded again: later onloads find the tensors
             # on the device already and copy nothing.
-            self.resident = [g for g in self.groups.get("transformer", []) if is_top_level_group(g, modules["transformer"])]
+            transformer = modules["transformer"]
+            self.resident = [g for g in self.groups["transformer"] if is_top_level_group(g, transformer)]
             for group in self.resident:
                 group.offload_ = lambda *args, **kwargs: None
+        # A group lists the top-level module's own parameters beside its child modules, which hold them too.
+        kept = {id(p): p for g in self.resident
+                for p in [*g.parameters, *(q for m in g.modules for q in m.parameters())]}
+        self.resident_params = sum(p.numel() for p in kept.values())
         for groups in self.groups.values():
             for group in groups:
                 original = group.onload_
@@ -121,9 +126,7 @@ class OffloadHandle(LeverHandle):
             "group_onloads": self.onloads,
             # The transformer's top-level group kept on the device (resident_top_level) and its parameter count.
             "resident_groups": len(self.resident),
-            "resident_params": sum(p.numel() for p in {id(p): p for g in self.resident for p in
-                                                       [*g.parameters, *(q for m in g.modules for q in m.parameters())]
-                                                       }.values()),
+            "resident_params": self.resident_params,
             # Buffers diffusers left on the device that this lever moved back (see release_module_buffers).
             "buffers_released": self.buffers_released,
         }
