@@ -11,6 +11,10 @@
 #                                                #       recipes and INT8 at 15 s 768x1344
 #   bash bench/device/h200_session4.sh c OUTDIR  # 15 s 768x1344 as shipped: GPU0 eager FP8 and FP8 + Sage, GPU1
 #                                                #       eager INT8 and block-sparse
+#   bash bench/device/h200_session4.sh d OUTDIR  # the mixed-vs-repeated protocol at 5 s 544x960 with the flex graph
+#                                                #       counter: GPU0 the block-sparse recipe compiled, GPU1 the
+#                                                #       shipped turbo4-fp8-sage-compile recipe
+#   bash bench/device/h200_session4.sh e OUTDIR  # the gpu-marked tests (JUnit XML into OUTDIR), one GPU
 #
 # Then copy the JSONs into bench/results/ (h200_recipes_*.json, h200_offload.json) and render the table with
 # `python bench/h200_recipes_table.py > bench/results/h200_recipes_speed.md`.
@@ -41,7 +45,18 @@ c)
   ( CUDA_VISIBLE_DEVICES=1 timeout $(left) $R --out "$out/h200_recipes_15s_eager_int8.json" --shapes 15s-768x1344 \
       --repeats 1 --variants turbo4-int8,turbo4-sparse 2>&1 | grep -v "W1" | sed 's/^/[gpu1] /' ) >>"$out/run.log" &
   ;;
-*) echo "phase must be a, b or c" >&2; exit 2 ;;
+d)
+  ( CUDA_VISIBLE_DEVICES=0 timeout $(left) python3 bench/h200_protocol.py --out "$out/h200_protocol_sparse.json" \
+      --shape 5s-544x960 --requests 4 --variants turbo4-sparse+compile \
+      2>&1 | grep -v "W1" | sed 's/^/[gpu0] /' ) >>"$out/run.log" &
+  ( CUDA_VISIBLE_DEVICES=1 timeout $(left) python3 bench/h200_protocol.py --out "$out/h200_protocol_shipped.json" \
+      --shape 5s-544x960 --requests 4 --variants turbo4-fp8-sage-compile \
+      2>&1 | grep -v "W1" | sed 's/^/[gpu1] /' ) >>"$out/run.log" &
+  ;;
+e)
+  timeout $(left) $T 2>&1 | tail -5 >>"$out/run.log"
+  ;;
+*) echo "phase must be a, b, c, d or e" >&2; exit 2 ;;
 esac
 wait
 echo "done at ${SECONDS}s" >>"$out/run.log"; grep -v "kept in float32\|experimental feature" "$out/run.log" | tail -40
