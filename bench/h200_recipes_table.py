@@ -41,6 +41,9 @@ SUPERSEDED = {
         "dense step with a key-padding mask (SDPA off flash); re-measured in `h200_recipes_sparse_c3.json`",
     ("h200_recipes_sparse_c2.json", "turbo4-sparse+sparse85+fp8+compile"):
         "routing pooled through a float32 copy of Q and K (fixed); re-measured in `h200_recipes_sparse_c3.json`",
+    ("h200_recipes_sparse_c2.json", "turbo4-sparse+compile"):
+        "routing pooled through a float32 copy of Q and K (fixed); re-measured in `h200_recipes_768_shipped.json` "
+        "and `h200_recipes_15s_sparse.json`",
 }
 
 
@@ -80,9 +83,9 @@ def verdict(value: float | None, target: float, lower_is_better: bool = True) ->
 SHAPE_ORDER = ("5s-544x960", "5s-768x1344", "15s-768x1344")
 
 # Shipped recipes whose DiT forward is another variant's: the fused LoRA changes no shape or FLOP, so turbo4's forward
-# is stock's; turbo4-fp8-sage-compile is the variant it was made from. Recipes that change only how many forwards run
+# is stock's. Recipes that change only how many forwards run
 # (a step cache, fewer steps), offload (its own bench) and the tiny-only demo are covered by a sentence.
-SAME_FORWARD = {"baseline": "stock", "turbo4": "stock", "turbo4-fp8-sage-compile": "turbo4-fp8-sage+compile+bucket"}
+SAME_FORWARD = {"baseline": "stock", "turbo4": "stock"}
 NOT_A_FORWARD = {
     "identity": "every lever off: baseline's forward (`stock`)",
     "fbc-cache": "stock's forward, fewer of them computed (the cache skips steps): not a forward-speed question",
@@ -169,7 +172,8 @@ def render() -> str:
              "values)",
              "- device calls (each GPU of a 2-GPU H200 machine runs its own process with its own full-size model): "
              "`bash bench/device/h200_speed_table.sh $OUT`, `bash bench/device/h200_last.sh $OUT` (session 2), "
-             "`bash bench/device/h200_session3.sh c1|c2|c3 $OUT` (session 3); the JSONs they write are copied here, "
+             "`bash bench/device/h200_session3.sh c1|c2|c3 $OUT` (session 3), `bash bench/device/h200_session4.sh a|b|c|d $OUT` "
+             "(session 4); the JSONs they write are copied here, "
              "then `python bench/h200_recipes_table.py > bench/results/h200_recipes_speed.md`", ""]
     for fname, d in results + protocols + ([("h200_offload.json", offload)] if offload else []):
         lines.append(f"- `{fname}`: `{d['command']}` ({d['date']}, {d['device']})")
@@ -247,13 +251,15 @@ def render() -> str:
         for variant, p in protocol.get("variants", {}).items():
             if "mixed_over_repeated_p50" in p:
                 flag = p.get("recompile_flag", {})
+                flex = [m.get("flex_graphs_compiled") for m in p.get("mixed", [])]
                 lines.append(
                     f"| mixed-prompt p50 within 3 % of repeated (`{variant}`, {protocol['shape']}, `{fname}`) | "
                     f"repeated {p['repeated_p50_s']:.2f} s, mixed {p['mixed_p50_s']:.2f} s "
                     f"({100 * (p['mixed_over_repeated_p50'] - 1):+.1f} %); recompile flag: "
                     f"{len(flag.get('shapes', []))} of {flag.get('first_at_shape')} new sequence lengths; graphs "
-                    f"compiled per mixed request {[m.get('graphs_compiled') for m in p.get('mixed', [])]} "
-                    f"| {verdict(p['mixed_over_repeated_p50'], 1.03)} |")
+                    f"compiled per mixed request {[m.get('graphs_compiled') for m in p.get('mixed', [])]}"
+                    + (f", flex-kernel graphs {flex}" if any(g is not None for g in flex) else "")
+                    + f" | {verdict(p['mixed_over_repeated_p50'], 1.03)} |")
             else:
                 lines.append(f"| mixed-prompt p50 within 3 % of repeated (`{variant}`, `{fname}`) | "
                              f"{p.get('error', 'not finished in the device time')} | **not measured** |")
@@ -269,6 +275,33 @@ def render() -> str:
 
 
 NOTES = [
+    # session 4
+    "**Every shipped recipe as shipped (session 4).** Side by side with stock in one process: at 544×960 (stock "
+    "2.46 s) `turbo4-fp8-sage-compile` 1.55 s (1.58×), `turbo4-int8` + compile 2.02 s (1.21×), eager `turbo4-fp8-sage` "
+    "2.28 s (1.08×), eager `turbo4-sparse` 2.34 s (1.05×; dense step 2.51 s), eager `turbo4-fp8` 2.50 s (0.98×), eager "
+    "`turbo4-int8` 3.43 s (0.72×); at 768×1344 (stock 6.59 s) `turbo4-fp8-sage-compile` 4.26 s (1.55×), "
+    "`turbo4-sparse` + compile 5.25 s (1.26×; dense step 6.02 s), eager `turbo4-sparse` 5.89 s (1.12×), eager "
+    "`turbo4-int8` 8.43 s (0.78×). At 15 s 768×1344 (no stock in those runs; session 3 measured it at 39.0 s): "
+    "`turbo4-fp8-sage-compile` 26.0 s, `turbo4-sparse` + compile 28.8 s (dense step 37.2 s), eager `turbo4-fp8-sage` "
+    "30.2 s, eager `turbo4-sparse` 30.6 s (dense step 39.0 s), `turbo4-int8` + compile 36.2 s, eager `turbo4-fp8` "
+    "39.1 s, eager `turbo4-int8` 44.1 s.",
+    "**Eager INT8 W8A8 is slower than stock bf16** (0.72× at 544×960, 0.78× at 768×1344): eager, each linear runs "
+    "the activation's quantization and the int8 matmul's rescale as separate kernels; compiled, they fuse (1.21× at "
+    "544×960). The shipped `turbo4-int8`, `turbo4-fp8`, `turbo4-fp8-sage` and `turbo4-sparse` recipes are eager; "
+    "`turbo4-fp8-sage-compile` is the one shipped with compile on.",
+    "**85 % block-sparse at 15 s (session 4).** With 85 % sparsity, FP8 and compile the sparse step is 11.9 s against "
+    "its dense first step's 34.9 s (2.9×; at 5 s 768×1344 it is 2.57 against 5.25 s, 2.0×: the longer the sequence, "
+    "the larger attention's share). The projected 15 s request is 89.3 s: the dense step (FP8, no Sage) and the video "
+    "decode (18.5 s) alone are 53 s of the 25 s target.",
+    "**Offload re-measured after the resident top-level group (session 4).** Streaming now runs at 54.4 of 55.4 GB/s "
+    "(98 % of the pinned ceiling; session 3: 20 %, kept in `h200_offload_session3.json`), and 90 % of the transfer is "
+    "hidden behind compute at 544×960: the offloaded request takes 10.56 s against 10.42 s with the model resident "
+    "(+1.4 %), with a 4.9 GiB peak. The profile of the transfer-bound request shows only the pinned block copies "
+    "(1.42 s of 1.49 s); the pageable copies that took 5.9 s are gone (0.2 ms).",
+    "**Mixed prompts on the shipped recipes (session 4).** `turbo4-fp8-sage-compile` as shipped: +0.3 %; "
+    "`turbo4-sparse` + compile: +0.4 % (session 3, before the routing-pooling fix: +2.4 %). The flex kernel's graph "
+    "counter ran on the H200 for the first time: 1 graph at warm-up, then 1 more only for the prompt that landed in a "
+    "new bucket (with the blocks' 4), none for the prompts within a bucket.",
     # session 3
     "**Bucketing without a mask (session 3).** Bucketing and block-sparse attention now run attention outside the "
     "compiled graphs on the real rows only (`h3.levers.bucketing.attend_valid_rows`: slice to the request's length, "
@@ -305,7 +338,7 @@ NOTES = [
     "never streams, went back to pageable memory and returned at every forward: 4.98 s device-to-pageable and 0.96 s "
     "pageable-to-device. Fixed after the run: the offload lever keeps that group on the device "
     "(`offload.resident_top_level`, default on; CPU test `test_offload_keeps_the_top_level_group_resident`, GPU test "
-    "extended). Not re-measured: the session's device time ran out.",
+    "extended). Re-measured in session 4 (above): 98 %.",
     "**Eager FP8 gains nothing** (6.53 s vs 6.50 s stock at 768×1344): the activation quantization runs as separate "
     "kernels; compiled, it fuses (5.16 s). Eager Sage on FP8 is 5.58 s; INT8 W8A8 + compile 5.62 s (FP8 is faster on "
     "Hopper). At 15 s 768×1344 FP8 + Sage + compile is 26.2 s per forward against 39.0 s stock (1.49×).",
