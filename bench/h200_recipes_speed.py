@@ -3,6 +3,9 @@
     python bench/h200_recipes_speed.py --out $OUT/recipes.json --shapes 5s-544x960,5s-768x1344 [--repeats 2]
         [--variants stock,turbo4+compile,turbo4-int8,turbo4-int8+compile,turbo4-fp8,turbo4-sparse,turbo4-sparse+sparse85+fp8]
 
+``--variants shipped`` (or ``shipped,<more>``) stands for ``stock`` and every shipped recipe with a DiT forward of its
+own, as shipped (see ``shipped_variants``).
+
 A variant is a shipped recipe (``h3/recipes/<name>.toml``) or ``stock`` (bf16, eager, native SDPA: what diffusers does
 out of the box), optionally followed by modifiers joined with ``+``:
 
@@ -49,6 +52,35 @@ from bench.h200_speed import SHAPES, build_transformer, count_flops, cuda_time, 
 
 DEFAULT_VARIANTS = ("stock,turbo4+compile,turbo4-int8,turbo4-int8+compile,turbo4-fp8,turbo4-fp8+compile,"
                     "turbo4-fp8+cudnn+compile,turbo4-sparse,turbo4-sparse+compile,turbo4-sparse+sparse85+fp8+compile")
+
+# Shipped recipes whose DiT forward is another variant's: the fused LoRA changes no shape or FLOP, so turbo4's forward
+# is stock's. Recipes that change only how many forwards run (a step cache, fewer steps), offload (its own bench) and
+# the tiny-only demo have no forward of their own to time; the speed table covers each with a sentence.
+SAME_FORWARD = {"baseline": "stock", "turbo4": "stock"}
+NOT_A_FORWARD = {
+    "identity": "every lever off: baseline's forward (`stock`)",
+    "fbc-cache": "stock's forward, fewer of them computed (the cache skips steps): not a forward-speed question",
+    "fewer-steps": "stock's forward, 8 of them instead of 29",
+    "offload-int8-adaln": "`bench/h200_offload.py` at 5 s 544×960 (target row below)",
+    "turbo4-tinydemo": "tiny preset only (its LoRA is the seeded '@tiny' one); not a full-size recipe",
+}
+
+
+def shipped_variants() -> list[str]:
+    """``stock`` and every shipped recipe with a DiT forward of its own, as shipped (no modifier)."""
+    from h3.recipe import known_recipes
+
+    return ["stock"] + sorted(n for n in known_recipes() if n not in SAME_FORWARD and n not in NOT_A_FORWARD)
+
+
+def expand_variants(spec: str) -> list[str]:
+    """The comma-separated variant list, with ``shipped`` standing for :func:`shipped_variants`; first use kept."""
+    out: list[str] = []
+    for item in (v.strip() for v in spec.split(",")):
+        for v in (shipped_variants() if item == "shipped" else [item] if item else []):
+            if v not in out:
+                out.append(v)
+    return out
 
 
 def variant_recipe(variant: str):
@@ -216,7 +248,7 @@ def main() -> None:
     shape_variants = dict(item.split("=", 1) for item in args.shape_variants)
     shape_repeats = {k: int(v) for k, v in (item.split("=", 1) for item in args.shape_repeats)}
     for shape in [s for s in args.shapes.split(",") if s]:
-        variants = [v for v in shape_variants.get(shape, args.variants).split(",") if v]
+        variants = expand_variants(shape_variants.get(shape, args.variants))
         repeats = shape_repeats.get(shape, args.repeats)
         geo = latent_geometry(*SHAPES[shape])
         inputs = dit_inputs(geo, model.config, device=device,

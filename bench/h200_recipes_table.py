@@ -2,6 +2,7 @@
 projected request latency, and every target reported met or missed with the measured number.
 
     python bench/h200_recipes_table.py > bench/results/h200_recipes_speed.md
+    python bench/h200_recipes_table.py --results OUTDIR > OUTDIR/h200_recipes_speed.md   # a run of h200_full.sh
 
 Inputs (bench/results/): ``h200_speed_stock.json`` (ceilings, VAE decode and text encoding at full size, from
 bench/h200_speed.py), ``h200_recipes_*.json`` (bench/h200_recipes_speed.py; rows re-measured after a fix are listed
@@ -14,6 +15,7 @@ decode + frame D2H at the measured pinned rate. Sections a variant sets aside (L
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,8 +27,8 @@ DURATION_S = {"5s-544x960": 124 / 24, "5s-768x1344": 124 / 24, "15s-768x1344": 3
 TURBO_STEPS = 4
 
 
-def load(name: str) -> dict | None:
-    path = RESULTS / name
+def load(results: Path, name: str) -> dict | None:
+    path = results / name
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -82,21 +84,9 @@ def verdict(value: float | None, target: float, lower_is_better: bool = True) ->
 
 SHAPE_ORDER = ("5s-544x960", "5s-768x1344", "15s-768x1344")
 
-# Shipped recipes whose DiT forward is another variant's: the fused LoRA changes no shape or FLOP, so turbo4's forward
-# is stock's. Recipes that change only how many forwards run
-# (a step cache, fewer steps), offload (its own bench) and the tiny-only demo are covered by a sentence.
-SAME_FORWARD = {"baseline": "stock", "turbo4": "stock"}
-NOT_A_FORWARD = {
-    "identity": "every lever off: baseline's forward (`stock`)",
-    "fbc-cache": "stock's forward, fewer of them computed (the cache skips steps): not a forward-speed question",
-    "fewer-steps": "stock's forward, 8 of them instead of 29",
-    "offload-int8-adaln": "`bench/h200_offload.py` at 5 s 544×960 (target row below)",
-    "turbo4-tinydemo": "tiny preset only (its LoRA is the seeded '@tiny' one); not a full-size recipe",
-}
-
-
 def coverage(results: list[tuple[str, dict]]) -> list[str]:
     """Per shipped recipe and shape: measured as shipped, or only in modified forms (which), or not at all."""
+    from bench.h200_recipes_speed import NOT_A_FORWARD, SAME_FORWARD
     from h3.recipe import known_recipes
 
     measured: dict[str, set[str]] = {}
@@ -158,11 +148,17 @@ def _telemetry_notes(tel: dict) -> str:
     return "; ".join(notes)
 
 
-def render() -> str:
-    stock = load("h200_speed_stock.json")
-    results = [(p.name, json.loads(p.read_text())) for p in sorted(RESULTS.glob("h200_recipes_*.json"))]
-    protocols = [(p.name, json.loads(p.read_text())) for p in sorted(RESULTS.glob("h200_protocol*.json"))]
-    offload = load("h200_offload.json")
+def render(results_dir: Path = RESULTS) -> str:
+    """The table from the JSONs in ``results_dir``; the committed results (the default) also get the record of the
+    device calls that made them and the notes explaining them."""
+    recorded = Path(results_dir).resolve() == RESULTS
+    stock = load(results_dir, "h200_speed_stock.json")
+    if stock is None:
+        raise FileNotFoundError(f"{results_dir / 'h200_speed_stock.json'} is missing: the ceilings, VAE decode and "
+                                "text encoding come from `python bench/h200_speed.py --out` that file")
+    results = [(p.name, json.loads(p.read_text())) for p in sorted(results_dir.glob("h200_recipes_*.json"))]
+    protocols = [(p.name, json.loads(p.read_text())) for p in sorted(results_dir.glob("h200_protocol*.json"))]
+    offload = load(results_dir, "h200_offload.json")
     first = results[0][1] if results else {}
     lines = ["# Speed at production shapes on one H200: stock diffusers versus the optimized recipes", "",
              f"- device: {first.get('device')}; torch {first.get('torch')} (CUDA {first.get('cuda')}), diffusers "
@@ -170,11 +166,13 @@ def render() -> str:
              "(built for sm_90 by bench/device/build_sageattention.sh)",
              "- weights: seeded random, full-size configs (no MiniMax-H3 weights here; speed does not depend on weight "
              "values)",
-             "- device calls (each GPU of a 2-GPU H200 machine runs its own process with its own full-size model): "
-             "`bash bench/device/h200_speed_table.sh $OUT`, `bash bench/device/h200_last.sh $OUT` (session 2), "
-             "`bash bench/device/h200_session3.sh c1|c2|c3 $OUT` (session 3), `bash bench/device/h200_session4.sh a|b|c|d $OUT` "
-             "(session 4); the JSONs they write are copied here, "
-             "then `python bench/h200_recipes_table.py > bench/results/h200_recipes_speed.md`", ""]
+             ("- device calls (each GPU of a 2-GPU H200 machine runs its own process with its own full-size model): "
+              "`bash bench/device/h200_speed_table.sh $OUT`, `bash bench/device/h200_last.sh $OUT` (session 2), "
+              "`bash bench/device/h200_session3.sh c1|c2|c3 $OUT` (session 3), `bash bench/device/h200_session4.sh "
+              "a|b|c|d $OUT` (session 4), each a slice of `bash bench/device/h200_full.sh OUTDIR` cut to the lending "
+              "machine's 10-minute calls; the JSONs they write are copied here, then "
+              "`python bench/h200_recipes_table.py > bench/results/h200_recipes_speed.md`" if recorded else
+              f"- results: `{results_dir}` (`bash bench/device/h200_full.sh OUTDIR`)"), ""]
     for fname, d in results + protocols + ([("h200_offload.json", offload)] if offload else []):
         lines.append(f"- `{fname}`: `{d['command']}` ({d['date']}, {d['device']})")
     lines += ["", "Each variant is a shipped recipe applied by the runtime's own `apply_recipe_levers` to the full-size "
@@ -270,7 +268,8 @@ def render() -> str:
                      f"{offload['shape']}: {100 * offload['production']['hidden_fraction']:.0f} %"
                      + _copy_profile(offload)
                      + f" | {verdict(offload['fraction_of_pinned_ceiling'], 0.9, lower_is_better=False)} |")
-    lines += ["", "## What these runs found", ""] + [f"- {n}" for n in NOTES]
+    if recorded:
+        lines += ["", "## What these runs found", ""] + [f"- {n}" for n in NOTES]
     return "\n".join(lines) + "\n"
 
 
@@ -359,5 +358,16 @@ NOTES = [
 ]
 
 
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="folder of the JSONs (default: the committed bench/results)")
+    args = parser.parse_args()
+    try:
+        sys.stdout.write(render(args.results))
+    except (FileNotFoundError, json.JSONDecodeError) as exc:
+        sys.exit(f"h200_recipes_table: {exc}")
+
+
 if __name__ == "__main__":
-    sys.stdout.write(render())
+    main()
