@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole speed table of the speed issue in one command, on a machine with one or two H200s and no time limit per
-# call (about 70 minutes on two GPUs):
+# call (about 50 minutes on two GPUs, 75 on one: an estimate from the slices' timings; it has not run whole here):
 #
 #   bash bench/device/h200_full.sh OUTDIR     # then read OUTDIR/h200_recipes_speed.md
 #
