@@ -15,16 +15,25 @@ from pathlib import Path
 import pytest
 
 from bench.h200_recipes_speed import NOT_A_FORWARD, SAME_FORWARD, expand_variants, shipped_variants
-from bench.h200_recipes_table import RESULTS, render
+from bench.h200_recipes_table import RESULTS, not_as_configured, render
 from h3.recipe import known_recipes
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def _row(forward: float, dense: float | None = None, sparsity: float | None = None) -> dict:
+    """A run that ran as configured: native attention, no quantization, no compile; block-sparse with its dense first
+    step and 128-row buckets when a sparsity is given."""
+    telemetry = {} if sparsity is None else {
+        "sparse_attention": {"applied": True, "target_sparsity": sparsity, "realized_sparsity": sparsity - 0.004,
+                             "dense_calls": 50, "sparse_calls": 150},
+        "bucketing": {"applied": True, "multiple": 128}}
     return {"forward_s": forward, "dense_forward_s": dense or forward, "first_call_s": 9.0, "peak_memory_GiB": 40.0,
-            "dense_equivalent_tflops": 500.0, "dispatched": ["native"], "telemetry": {},
-            "configured": {"sparse_attention": sparsity}, "set_aside": {"lora": True}}
+            "dense_equivalent_tflops": 500.0, "dispatched": ["native"], "telemetry": telemetry,
+            "configured": {"quant": "none", "attention": "native", "sparse_attention": sparsity,
+                           "dense_steps": None if sparsity is None else 1,
+                           "bucketing": None if sparsity is None else 128, "compile": False},
+            "set_aside": {"lora": True}}
 
 
 def _target(md: str, starts: str) -> str:
@@ -42,6 +51,8 @@ def planted(tmp_path: Path) -> Path:
         "stock": _row(6.0),
         "turbo4-fp8-sage-compile": _row(3.29),                      # dense target 3.3 s: met
         "turbo4-sparse+sparse85+fp8+compile": _row(1.61, 5.0, 0.85),  # sparse target 1.6 s: missed
+        # fastest of all, but Sage was configured and native SDPA ran: shown, flagged, counted for no target
+        "turbo4-fp8-sage+compile": {**_row(2.0), "configured": {**_row(2.0)["configured"], "attention": "sage"}},
     }}}}))
     sparse15 = {**_row(10.0, 30.0, 0.85), "set_aside": {"lora": True, "vae_tiles": {"768x1344": [304, 320]}}}
     (tmp_path / "h200_recipes_15s.json").write_text(json.dumps({**head, "shapes": {"15s-768x1344": {"variants": {
@@ -61,6 +72,8 @@ def planted(tmp_path: Path) -> Path:
 
 def test_speed_table_reports_each_target_met_or_missed_from_planted_figures(planted: Path):
     md = render(planted)
+    assert "ran as configured" in md and "**5 of 6**" in md
+    assert "| **no**: attention ran native, configured sage |" in _target(md, "5s-768x1344 | turbo4-fp8-sage+compile |")
     assert _target(md, "dense optimized forward").endswith("| 3.29 s (`turbo4-fp8-sage-compile`) | **met** |")
     assert "1.61 s" in _target(md, "85 % block-sparse") and _target(md, "85 % block-sparse").endswith("**missed** |")
     assert "(+2.8 %)" in _target(md, "mixed-prompt p50 within 3 % of repeated (`fast`")
@@ -120,3 +133,41 @@ def test_shipped_variants_are_every_recipe_with_a_forward_of_its_own():
     assert not set(shipped[1:]) & (set(SAME_FORWARD) | set(NOT_A_FORWARD))
     # "shipped" expands in place; a variant named twice runs once, at its first place.
     assert expand_variants("turbo4+compile,shipped,stock,,turbo4+compile") == ["turbo4+compile", *shipped]
+
+
+_SAGE_FP8_COMPILED = {
+    "dispatched": ["sage"],
+    "configured": {"quant": "fp8_w8a8", "attention": "sage", "sparse_attention": None, "dense_steps": None,
+                   "bucketing": 128, "compile": True},
+    "telemetry": {"quant": {"applied": True, "mode": "fp8_w8a8", "quantized_modules": 363},
+                  "compile": {"compiled_regions": 50}, "bucketing": {"multiple": 128}}}
+
+
+@pytest.mark.parametrize("change, expected", [
+    ({}, []),
+    ({"dispatched": ["sage", "native"]}, ["attention ran sage, native, configured sage"]),
+    ({"telemetry.quant": {"applied": True, "mode": "int8_w8a8", "quantized_modules": 363}},
+     ["quant int8_w8a8 on 363 modules, configured fp8_w8a8"]),
+    ({"telemetry.quant": {"applied": True, "mode": "fp8_w8a8", "quantized_modules": 0}},
+     ["quant fp8_w8a8 on 0 modules, configured fp8_w8a8"]),
+    ({"telemetry.compile": {"compiled_regions": 0}}, ["0 compiled regions, compile configured on"]),
+    ({"telemetry.bucketing": {}}, ["buckets of None rows, configured 128"]),
+    ({"telemetry.sparse_attention": {"applied": True, "target_sparsity": 0.5, "realized_sparsity": 0.5}},
+     ["block-sparse attention applied, configured off"]),
+])
+def test_a_run_is_checked_against_its_recipe(change: dict, expected: list[str]):
+    row = json.loads(json.dumps(_SAGE_FP8_COMPILED))
+    for key, value in change.items():
+        *path, last = key.split(".")
+        target = row
+        for part in path:
+            target = target[part]
+        target[last] = value
+    assert not_as_configured(row) == expected
+
+
+def test_a_sparse_run_is_checked_for_its_realized_sparsity_and_dense_step():
+    row = _row(2.5, 5.0, 0.85)
+    assert not_as_configured(row) == []
+    row["telemetry"]["sparse_attention"].update(realized_sparsity=0.80, dense_calls=0)
+    assert not_as_configured(row) == ["sparsity 0.8 realized, configured 0.85", "no dense step, configured 1"]
