@@ -250,11 +250,15 @@ def render(results_dir: Path = RESULTS) -> str:
     old = list(rows(results, superseded=True))
     if old:
         lines += ["", "Superseded measurements (kept in their files, not counted above or below):", "",
-                  "| shape | variant | s / forward | dense step (s) | file | why |", "|---|---|---|---|---|---|"]
+                  "| shape | variant | s / forward | dense step (s) | as configured | file | why |",
+                  "|---|---|---|---|---|---|---|"]
         for shape, variant, row, fname, _ in old:
             fwd = f"{row['forward_s']:.2f}" if "forward_s" in row else "error"
             dense = f"{row['dense_forward_s']:.2f}" if "dense_forward_s" in row else ""
-            lines.append(f"| {shape} | {variant} | {fwd} | {dense} | `{fname}` | {SUPERSEDED[(fname, variant)]} |")
+            off = not_as_configured(row) if "forward_s" in row else []
+            checked = "" if "forward_s" not in row else "yes" if not off else "**no**: " + "; ".join(off)
+            lines.append(f"| {shape} | {variant} | {fwd} | {dense} | {checked} | `{fname}` | "
+                         f"{SUPERSEDED[(fname, variant)]} |")
 
     lines += coverage(results)
     measured = sum(1 for *_, row, _f, _e in ordered if "forward_s" in row)
