@@ -49,12 +49,12 @@ SUPERSEDED = {
 }
 
 
-def rows(results: list[tuple[str, dict]], superseded: bool = False):
-    """(shape, variant, row, file) of every measured variant (or of the superseded ones)."""
+def rows(results: list[tuple[str, dict]], superseded: bool = False, retired: dict = SUPERSEDED):
+    """(shape, variant, row, file) of every measured variant (or of the superseded ones: those in ``retired``)."""
     for fname, d in results:
         for shape, entry in d.get("shapes", {}).items():
             for variant, row in entry.get("variants", {}).items():
-                if ((fname, variant) in SUPERSEDED) == superseded:
+                if ((fname, variant) in retired) == superseded:
                     yield shape, variant, row, fname, entry
 
 
@@ -84,13 +84,13 @@ def verdict(value: float | None, target: float, lower_is_better: bool = True) ->
 
 SHAPE_ORDER = ("5s-544x960", "5s-768x1344", "15s-768x1344")
 
-def coverage(results: list[tuple[str, dict]]) -> list[str]:
+def coverage(results: list[tuple[str, dict]], retired: dict = SUPERSEDED) -> list[str]:
     """Per shipped recipe and shape: measured as shipped, or only in modified forms (which), or not at all."""
     from bench.h200_recipes_speed import NOT_A_FORWARD, SAME_FORWARD
     from h3.recipe import known_recipes
 
     measured: dict[str, set[str]] = {}
-    for shape, variant, row, *_ in rows(results):
+    for shape, variant, row, *_ in rows(results, retired=retired):
         if "forward_s" in row:
             measured.setdefault(shape, set()).add(variant)
     lines = ["", "## Coverage: every shipped recipe at every shape", "",
@@ -183,6 +183,7 @@ def render(results_dir: Path = RESULTS) -> str:
     """The table from the JSONs in ``results_dir``; the committed results (the default) also get the record of the
     device calls that made them and the notes explaining them."""
     recorded = Path(results_dir).resolve() == RESULTS
+    retired = SUPERSEDED if recorded else {}  # the record's superseded rows; another folder's files may share names
     stock = load(results_dir, "h200_speed_stock.json")
     if stock is None:
         raise FileNotFoundError(f"{results_dir / 'h200_speed_stock.json'} is missing: the ceilings, VAE decode and "
@@ -223,7 +224,7 @@ def render(results_dir: Path = RESULTS) -> str:
     requests: dict[tuple[str, str], dict] = {}
     counted: list[tuple[str, str, dict]] = []
     configured_ok = 0
-    ordered = sorted(rows(results), key=lambda r: (SHAPE_ORDER.index(r[0]) if r[0] in SHAPE_ORDER else 9, r[3]))
+    ordered = sorted(rows(results, retired=retired), key=lambda r: (SHAPE_ORDER.index(r[0]) if r[0] in SHAPE_ORDER else 9, r[3]))
     for shape, variant, row, fname, entry in ordered:
         if "error" in row:
             lines.append(f"| {shape} | {variant} | error: {row['error'][:120]} |" + " |" * 12 + f" `{fname}` |")
@@ -247,7 +248,7 @@ def render(results_dir: Path = RESULTS) -> str:
         dense_only = row.get("configured", {}).get("sparse_attention") is None
         if dense_only and (shape not in best or row["forward_s"] < best[shape][0]):
             best[shape] = (row["forward_s"], variant)
-    old = list(rows(results, superseded=True))
+    old = list(rows(results, superseded=True, retired=retired))
     if old:
         lines += ["", "Superseded measurements (kept in their files, not counted above or below):", "",
                   "| shape | variant | s / forward | dense step (s) | as configured | file | why |",
@@ -258,9 +259,9 @@ def render(results_dir: Path = RESULTS) -> str:
             off = not_as_configured(row) if "forward_s" in row else []
             checked = "" if "forward_s" not in row else "yes" if not off else "**no**: " + "; ".join(off)
             lines.append(f"| {shape} | {variant} | {fwd} | {dense} | {checked} | `{fname}` | "
-                         f"{SUPERSEDED[(fname, variant)]} |")
+                         f"{retired[(fname, variant)]} |")
 
-    lines += coverage(results)
+    lines += coverage(results, retired)
     measured = sum(1 for *_, row, _f, _e in ordered if "forward_s" in row)
     lines += ["", "## Targets", "",
               f"Runs that ran as configured (the runtime's telemetry and the dispatched attention backends against "
