@@ -25,7 +25,6 @@ import gc
 import json
 import statistics
 import sys
-import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
@@ -35,7 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from h3.atomic import atomic_write_json  # noqa: E402
-from bench.h200_speed import SHAPES, build_transformer, cuda_time, dit_inputs, latent_geometry  # noqa: E402
+from bench.h200_speed import (  # noqa: E402
+    SHAPES, build_transformer, cuda_time, dit_inputs, latent_geometry, run_record)
 
 
 def pinned_h2d_GBps(nbytes: int = 2 * 1024**3) -> float:
@@ -88,13 +88,7 @@ def main() -> None:
                              "(pinned or pageable source), their time, and the compute kernels' time")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    import diffusers
-
-    result: dict = {"command": "python " + " ".join(sys.argv),
-                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                    "diffusers": diffusers.__version__, "shape": args.shape, "recipe": args.recipe,
-                    "weights": "seeded random (speed does not depend on weight values)"}
+    result: dict = {**run_record(), "shape": args.shape, "recipe": args.recipe}
     out = Path(args.out)
 
     try:

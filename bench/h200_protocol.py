@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.h200_recipes_speed import begin_request, levers_applied, variant_recipe  # noqa: E402
 from h3.atomic import atomic_write_json  # noqa: E402
-from bench.h200_speed import SHAPES, build_transformer, dit_inputs, latent_geometry  # noqa: E402
+from bench.h200_speed import SHAPES, build_transformer, dit_inputs, latent_geometry, run_record  # noqa: E402
 
 
 def prompt_text_rows(n: int) -> list[int]:
@@ -115,12 +115,7 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16
-    import diffusers
-
-    result = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke run)",
-              "torch": torch.__version__, "diffusers": diffusers.__version__, "shape": args.shape,
-              "weights": "seeded random (speed does not depend on weight values)", "variants": {}}
+    result = {**run_record(device), "shape": args.shape, "variants": {}}
     lengths = prompt_text_rows(args.requests + 1)
     model, _ = build_transformer(dtype=dtype, tiny=args.smoke, device=device)
     out = Path(args.out)

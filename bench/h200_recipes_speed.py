@@ -48,7 +48,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from h3.atomic import atomic_write_json  # noqa: E402
-from bench.h200_speed import SHAPES, build_transformer, count_flops, cuda_time, dit_inputs, latent_geometry  # noqa: E402
+from bench.h200_speed import (  # noqa: E402
+    SHAPES, build_transformer, count_flops, cuda_time, dit_inputs, latent_geometry, run_record)
 
 DEFAULT_VARIANTS = ("stock,turbo4+compile,turbo4-int8,turbo4-int8+compile,turbo4-fp8,turbo4-fp8+compile,"
                     "turbo4-fp8+cudnn+compile,turbo4-sparse,turbo4-sparse+compile,turbo4-sparse+sparse85+fp8+compile")
@@ -228,12 +229,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     device = "cpu" if args.smoke else "cuda"
-    import diffusers
-
-    result = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke run)", "torch": torch.__version__, "cuda": torch.version.cuda,
-              "diffusers": diffusers.__version__,
-              "weights": "seeded random (speed does not depend on weight values)", "shapes": {}}
+    result = {**run_record(device), "shapes": {}}
     try:
         import sageattention  # noqa: F401
         from importlib.metadata import version

@@ -45,6 +45,17 @@ TEXT_TOKENS = 256
 STEPS = {"baseline": 29, "turbo4": 4}
 
 
+def run_record(device: str = "cuda") -> dict:
+    """What the recipe, protocol and offload benches' results start with: the command, the UTC date, the device,
+    torch, CUDA and diffusers versions, and that the weights are seeded random."""
+    import diffusers
+
+    return {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke run)",
+            "torch": torch.__version__, "cuda": torch.version.cuda, "diffusers": diffusers.__version__,
+            "weights": "seeded random (speed does not depend on weight values)"}
+
+
 def cuda_time(fn, repeats: int, warmup: int = 1) -> list[float]:
     if not torch.cuda.is_available():  # smoke runs on a CPU: wall clock
         for _ in range(warmup):
