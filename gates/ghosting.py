@@ -378,17 +378,20 @@ def _fit_window(base, cand, frames, numerators, approxes, config: GhostingConfig
             cache[t] = _Frame(base, cand, t, m)
         return cache[t]
 
+    def by_frame(keys):
+        """(t, frame t, the keys whose lag frame t reaches) over the window's frames, one pass."""
+        for t in frames:
+            mine = [k for k in keys if t >= k[0]]
+            if mine:
+                yield t, frame(t), mine
+
     def evaluate(keys: set[tuple[int, int, int]]) -> None:
         """Exact pooled explained energy of ``keys``, one pass over the frames."""
         todo = {k for k in keys if k not in exact}
         if not todo:
             return
         energies = {k: 0.0 for k in todo}
-        for t in frames:
-            mine = [k for k in todo if t >= k[0]]
-            if not mine:
-                continue
-            fr = frame(t)
+        for _, fr, mine in by_frame(todo):
             for k in mine:
                 energies[k] += fr.exact_energy(base, m, k)
         for k in todo:
@@ -426,11 +429,7 @@ def _fit_window(base, cand, frames, numerators, approxes, config: GhostingConfig
     # Robust pooled strength of each finalist: energy-weighted median of the blockwise ridge fits over all blocks
     # of all frames of the window (see GhostingConfig.block_alpha_max), and the per-frame medians.
     blocks: dict[tuple[int, int, int], list[tuple[int, np.ndarray, np.ndarray]]] = {k: [] for k in finalists}
-    for t in frames:
-        mine = [k for k in finalists if t >= k[0]]
-        if not mine:
-            continue
-        fr = frame(t)
+    for t, fr, mine in by_frame(finalists):
         for k in mine:
             s_perp = fr.perp(fr.displacement(base, m, k))
             num, den = _block_sums(fr.r_perp, s_perp, ih, iw, config.block)
