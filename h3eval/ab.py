@@ -242,8 +242,6 @@ def sweep_partial_files(root: Path) -> list[Path]:
     return removed
 
 
-# The store's own definition of a finished clip, for clips outside clips/ (warm-up and speed requests).
-read_valid_record = read_finished_record
 
 
 def speed_jobs(plan: AbPlan, store: RunStore, protocol: str) -> list[Job]:
@@ -281,7 +279,7 @@ class _Session:
         self.errors: list[ClipError] = []
 
     def run(self, jobs: list[Job]) -> None:
-        todo = [j for j in jobs if read_valid_record(j.out) is None]
+        todo = [j for j in jobs if read_finished_record(j.out) is None]
         if self.backend.concurrency <= 1:
             for job in todo:
                 self.one(job)
@@ -332,7 +330,7 @@ class _Session:
 def _records(directory: Path) -> list[ClipRecord]:
     out = []
     for mp4 in sorted(directory.glob("*.mp4")):
-        record = read_valid_record(mp4)
+        record = read_finished_record(mp4)
         if record is not None:
             out.append(record)
     return out
@@ -435,7 +433,7 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     warm_done: set[str] = set()
 
     def warmups_for(jobs: list[Job]) -> list[Job]:
-        need = {j.recipe.name for j in jobs if read_valid_record(j.out) is None} - warm_done
+        need = {j.recipe.name for j in jobs if read_finished_record(j.out) is None} - warm_done
         first = plan.run.prompts.prompts[0]
         out = []
         for i in range(plan.warmup):

@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from h3.record import ClipRecord
 from h3.recipe import Recipe, recipe_from_dict
 from h3eval import speed as speedmod
-from h3eval.ab import check_executed, default_lever_check, lever_enabled, off_identity, read_valid_record
+from h3eval.ab import check_executed, default_lever_check, lever_enabled, off_identity
+from h3eval.store import read_finished_record
 from h3eval.commands.ab import register, run_ab_command
 from h3eval.store import RunStore
 from h3eval.synth import make_synthetic_run, moving_square_frames, synthetic_record, tone_pcm
@@ -237,13 +238,13 @@ def test_ab_run_killed_and_resumed(tmp_path, tiny_runtime):
     expected = ({out / "speed" / "mixed" / r / f"r{i:03d}-{'ab'[i % 2]}-s0.mp4" for r in ("fast", "sleepy")
                  for i in range(4)} | {out / "clips" / r / f"{p}-s0.mp4" for r in ("fast", "sleepy") for p in "ab"})
     assert len(timed) == len(set(timed)) and set(timed) == expected  # nothing generated twice, nothing lost
-    assert all(read_valid_record(p) is not None for p in expected)
+    assert all(read_finished_record(p) is not None for p in expected)
     assert not list(out.rglob("*.tmp")) and not list(out.rglob("*.error.json"))
     warm = sorted((out / "warmup" / "sleepy").glob("*.mp4"))
-    assert len(warm) == 2 and all(read_valid_record(p).extra["warmup"] for p in warm)  # one per process
+    assert len(warm) == 2 and all(read_finished_record(p).extra["warmup"] for p in warm)  # one per process
 
     speed = json.loads((out / "speed.json").read_text())
-    b_record = read_valid_record(out / "speed" / "mixed" / "sleepy" / "r001-b-s0.mp4")
+    b_record = read_finished_record(out / "speed" / "mixed" / "sleepy" / "r001-b-s0.mp4")
     rc = speed["recompiles"]["sleepy"]
     assert rc["flagged"] and [s["shape"] for s in rc["shapes"]] == [speedmod.shape_key(b_record)]
     assert rc["shapes"][0]["request"] == "r001-b-s0" and rc["shapes"][0]["excess_s"] > 4.0
@@ -251,7 +252,7 @@ def test_ab_run_killed_and_resumed(tmp_path, tiny_runtime):
     assert not speed["protocols"]["quality_clips"]["sleepy"]["recompiles"]["flagged"]
 
     fast = speed["protocols"]["mixed"]["fast"]
-    recs = [read_valid_record(out / "speed" / "mixed" / "fast" / f"r{i:03d}-{'ab'[i % 2]}-s0.mp4") for i in range(4)]
+    recs = [read_finished_record(out / "speed" / "mixed" / "fast" / f"r{i:03d}-{'ab'[i % 2]}-s0.mp4") for i in range(4)]
     gen = [r.timings.generation_side_latency_s for r in recs]
     r2f = [r.timings.request_to_file_latency_s for r in recs]
     assert fast["n"] == 4  # warm-ups excluded
@@ -263,7 +264,7 @@ def test_ab_run_killed_and_resumed(tmp_path, tiny_runtime):
     assert fast["usd_per_clip"] == pytest.approx(statistics.median(r2f) * 13.16 / 3600)
     assert fast["stage_anatomy_median_s"]["text_encode"] == pytest.approx(
         statistics.median(r.timings.stage_anatomy.text_encode for r in recs))
-    sleepy_recs = [read_valid_record(out / "speed" / "mixed" / "sleepy" / f"r{i:03d}-{'ab'[i % 2]}-s0.mp4")
+    sleepy_recs = [read_finished_record(out / "speed" / "mixed" / "sleepy" / f"r{i:03d}-{'ab'[i % 2]}-s0.mp4")
                    for i in range(4)]
     sp = speed["protocols"]["mixed"]["sleepy"]["speedup"]
     assert sp["n_pairs"] == 4 and sp["speedup"] == pytest.approx(
@@ -344,7 +345,7 @@ def test_sigkill_at_any_point_then_rerun_completes(tmp_path, tiny_runtime, fast_
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     out = tmp_path / "run"
-    finished = {p: p.read_bytes() for p in out.rglob("*.mp4") if read_valid_record(p) is not None}
+    finished = {p: p.read_bytes() for p in out.rglob("*.mp4") if read_finished_record(p) is not None}
     assert finished, "the process was killed before finishing any clip"
     calls: list = []
     result = run_ab_command(**{**kwargs, "prompts": prompts}, runtime_factory=view_factory(tiny_runtime, calls))
@@ -352,7 +353,7 @@ def test_sigkill_at_any_point_then_rerun_completes(tmp_path, tiny_runtime, fast_
     expected = {out / "speed" / "mixed" / r / f"r{i:03d}-{p}-s0.mp4" for r in ("fast", "fast-identity")
                 for i, p in enumerate("ab")} | {out / "clips" / r / f"{p}-s0.mp4" for r in ("fast", "fast-identity")
                                                for p in "ab"}
-    assert all(read_valid_record(p) is not None for p in expected)
+    assert all(read_finished_record(p) is not None for p in expected)
     assert not set(calls) & set(finished) and set(calls) | set(finished) == expected
     assert all(p.read_bytes() == data for p, data in finished.items())
     assert not list(out.rglob("*.tmp"))

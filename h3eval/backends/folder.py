@@ -24,7 +24,8 @@ from h3.media import MediaError
 from h3.record import ClipRecord, RequestSpec
 from h3eval.backends import foreign_record, write_record
 from h3eval.runner import RunError
-from h3eval.store import ClipError, PromptSuiteRef, RunManifest, RunStore, check_safe_name, utc_now
+from h3eval.store import (
+    ClipError, PromptSuiteRef, RunManifest, RunStore, check_safe_name, read_finished_record, utc_now)
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +129,6 @@ def _same_form(a: ClipRecord, b: ClipRecord) -> list[str]:
 
 def import_folders(baseline_dir: str, candidate_dirs: list[str], out: Path, manifest: Path | None = None) -> RunManifest:
     """Import folders of clips as an ``import`` run; resumable (finished clips are kept)."""
-    from h3eval.ab import read_valid_record
-
     base_name, base_dir = side_name(baseline_dir, "baseline")
     candidates = [side_name(c, f"candidate{i}") for i, c in enumerate(candidate_dirs)]
     names = [base_name] + [c[0] for c in candidates]
@@ -183,7 +182,7 @@ def import_folders(baseline_dir: str, candidate_dirs: list[str], out: Path, mani
         clip = by_side[side].get(key)
         if clip is None:
             return None
-        done = read_valid_record(store.clip_path(side, *key))
+        done = read_finished_record(store.clip_path(side, *key))
         if done is not None:
             return done
         try:
