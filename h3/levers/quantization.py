@@ -136,7 +136,6 @@ def kernel_shape_ok(in_features: int | None, out_features: int | None, mode: str
     return all(f is not None and f % multiple == 0 for f in (in_features, out_features))
 
 
-
 class QuantizationHandle(LeverHandle):
     name = "quant"
 
