@@ -314,21 +314,9 @@ class H3Runtime:
     def _apply_recipe(self) -> None:
         from h3.levers import apply_recipe_levers
 
-        recipe = self.recipe
-        vae = self.pipe.vae
-        if recipe.vae.tiling:
-            vae.enable_tiling(
-                tile_sample_min_height=recipe.vae.tile_height,
-                tile_sample_min_width=recipe.vae.tile_width,
-                tile_sample_min_overlap_height=recipe.vae.tile_overlap,
-                tile_sample_min_overlap_width=recipe.vae.tile_overlap,
-            )
-        else:
-            vae.disable_tiling()
-        # After the stock tiling, so that the VAE lever's per-resolution tiles fall back to the recipe's default tile.
         is_tiny = Path(self.model).name == f"tiny-{tiny_identity()[:16]}"
         self.levers = apply_recipe_levers(
-            self.pipe, recipe, device=self.device, model_sha256=self.model_sha256, is_tiny=is_tiny
+            self.pipe, self.recipe, device=self.device, model_sha256=self.model_sha256, is_tiny=is_tiny
         )
 
     # -- generation --------------------------------------------------------------------------------------------
@@ -396,9 +384,6 @@ class H3Runtime:
         accounted = anatomy.text_encode + anatomy.denoise + anatomy.video_decode + anatomy.audio_decode
         anatomy.other = max(0.0, (t_pipe_end - t0) - accounted)
         attention = sorted({backend for (stage, backend) in clock.attention_calls if stage == "denoise_step"})
-        levers = lever_telemetry(self.levers)
-        levers["attention"] = {**levers["attention"], "backend": self.recipe.attention.backend,
-                               "dispatched": attention}
         executed = Executed(
             forward_passes=len(steps),
             attention_backends=attention,
@@ -406,8 +391,8 @@ class H3Runtime:
             vae_tiling=bool(self.pipe.vae.use_tiling),
             vae_tile=[self.pipe.vae.tile_sample_min_height, self.pipe.vae.tile_sample_min_width]
             if self.pipe.vae.use_tiling else None,
-            levers=levers,
         )
+        executed.levers = lever_telemetry(self.levers, self.recipe, executed)
         latents = state.get("latents")
         num_text_tokens = int(state.get("prompt_embeds").shape[1])
         num_audio_latents = int(state.get("num_audio_latents") or 0)

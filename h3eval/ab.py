@@ -30,7 +30,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from h3.atomic import atomic_write_json, atomic_write_text
 from h3.media import MediaError
@@ -39,110 +39,13 @@ from h3.recipe import Recipe, recipe_from_dict
 from h3.runtime import GenerateRequest, RequestError
 from h3eval import speed as speedmod
 from h3eval.backends import Backend, BackendError, remove_clip
+from h3eval.executed import check_executed, is_unverified
 from h3eval.runner import RunPlan, open_run
 from h3eval.store import ClipError, RunManifest, RunStore, StoreError, read_finished_record, utc_now
 
 logger = logging.getLogger(__name__)
 
 Protocol = Literal["mixed", "repeated", "both"]
-# Sections of a recipe that are not levers: identity and the basic settings checked field by field below.
-BASE_KEYS = ("name", "description", "steps", "dtype", "attention", "vae")
-# A lever section counts as off when it says so in one of these ways (the levers' schemas are owned elsewhere).
-_OFF_VALUES = (None, False, "off", "none", "", 0)
-
-
-# -- configured versus executed -----------------------------------------------------------------------------------
-# The key that switches each lever of h3/recipe.py on; other keys of a section are settings (adaln.disk_cache = true
-# configures the precompute's cache, it does not switch the precompute on).
-LEVER_SWITCHES = {"lora": "enabled", "adaln": "precompute", "quant": "mode", "sparse_attention": "enabled",
-                  "bucketing": "enabled", "cache": "kind", "compile": "enabled", "offload": "enabled"}
-
-
-def lever_enabled(section: Any, name: str | None = None) -> bool:
-    """Whether a lever section of a resolved recipe asks for the lever.
-
-    ``enabled = false`` (or ``mode``/``kind``/``backend`` = "off"/"none") means off; a section with none of these
-    keys is on when any of its values is set (not None/False/0/"").
-    """
-    if not isinstance(section, dict):
-        return section not in _OFF_VALUES
-    if name in LEVER_SWITCHES:
-        return section.get(LEVER_SWITCHES[name]) not in _OFF_VALUES
-    for key in ("enabled", "mode", "kind", "backend"):
-        if key in section:
-            return section[key] not in _OFF_VALUES
-    return any(v not in _OFF_VALUES for v in section.values())
-
-
-LeverCheck = Callable[[dict, dict | None], list[str]]
-LEVER_CHECKS: dict[str, LeverCheck] = {}
-"""Lever-specific checks, by recipe section name: (recipe section, executed.levers[section] or None) -> problems.
-A lever without an entry gets :func:`default_lever_check`."""
-
-
-def register_lever_check(name: str) -> Callable[[LeverCheck], LeverCheck]:
-    def decorator(fn: LeverCheck) -> LeverCheck:
-        if name in LEVER_CHECKS:
-            raise ValueError(f"a lever check for {name!r} is already registered")
-        LEVER_CHECKS[name] = fn
-        return fn
-
-    return decorator
-
-
-def default_lever_check(section: dict, telemetry: dict | None, name: str | None = None) -> list[str]:
-    """An enabled lever must report ``applied: true``; a lever that is off must not report that it applied."""
-    enabled = lever_enabled(section, name)
-    applied = isinstance(telemetry, dict) and telemetry.get("applied") is True
-    if enabled and telemetry is None:
-        return ["is enabled in the recipe but reported no telemetry (did it run?)"]
-    if enabled and not applied:
-        return [f"is enabled in the recipe but reported applied={telemetry.get('applied')!r}: {telemetry}"]
-    if not enabled and applied:
-        return [f"is off in the recipe but reported that it applied: {telemetry}"]
-    return []
-
-
-def check_executed(recipe: Recipe, record: ClipRecord) -> list[str]:
-    """Every way ``record`` ran something other than ``recipe``; empty when what ran is what was configured.
-
-    Checks forward passes == ``recipe.steps``, the attention backend diffusers dispatched during denoising (one,
-    and the one asked for), the transformer dtype, VAE tiling and tile, and every lever section of the recipe
-    against ``executed.levers`` (:data:`LEVER_CHECKS`). A record whose producer did not report what ran (a foreign
-    server) gives one problem saying so: it is unverified, not verified.
-    """
-    if "executed" in (record.extra or {}).get("unreported", []):
-        return ["the backend did not report what executed (foreign server): configured-versus-executed unverified"]
-    ex = record.executed
-    problems = []
-    if record.recipe_name != recipe.name:
-        problems.append(f"record is of recipe {record.recipe_name!r}, not {recipe.name!r}")
-    if ex.forward_passes != recipe.steps:
-        problems.append(f"steps: recipe asks for {recipe.steps} DiT forward passes, {ex.forward_passes} ran")
-    wanted = recipe.attention.backend
-    if ex.attention_backends != [wanted]:
-        problems.append(f"attention.backend: recipe asks for {wanted!r}, the dispatcher ran {ex.attention_backends}")
-    if ex.torch_dtype != recipe.dtype:
-        problems.append(f"dtype: recipe asks for {recipe.dtype}, the transformer ran in {ex.torch_dtype}")
-    if ex.vae_tiling != recipe.vae.tiling:
-        problems.append(f"vae.tiling: recipe asks for {recipe.vae.tiling}, executed {ex.vae_tiling}")
-    elif recipe.vae.tiling and ex.vae_tile != [recipe.vae.tile_height, recipe.vae.tile_width]:
-        problems.append(f"vae tile: recipe asks for {[recipe.vae.tile_height, recipe.vae.tile_width]}, "
-                        f"executed {ex.vae_tile}")
-    resolved = recipe.resolved()
-    for name, section in resolved.items():
-        if name in BASE_KEYS:
-            continue
-        if name in LEVER_CHECKS:
-            found = LEVER_CHECKS[name](section, ex.levers.get(name))
-        else:
-            found = default_lever_check(section, ex.levers.get(name), name)
-        problems.extend(f"{name}: {p}" for p in found)
-    for name in ex.levers:
-        if name not in resolved:
-            problems.append(f"{name}: the runtime reported lever telemetry the recipe does not configure: "
-                            f"{ex.levers[name]}")
-    return problems
 
 
 # -- off-identity ---------------------------------------------------------------------------------------------------
@@ -308,8 +211,7 @@ class _Session:
             self.error(job, f"{type(exc).__name__}: {exc}")
             return
         problems = check_executed(job.recipe, record)
-        unverified = [p for p in problems if "unverified" in p]
-        if unverified and len(problems) == len(unverified):
+        if is_unverified(problems):
             return  # kept, and the speed summary marks the recipe unverified
         if problems:
             remove_clip(job.out)

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from h3.record import ClipRecord
 from h3.recipe import Recipe, recipe_from_dict
 from h3eval import speed as speedmod
-from h3eval.ab import check_executed, default_lever_check, lever_enabled, off_identity
+from h3eval.ab import check_executed, off_identity
 from h3eval.store import read_finished_record
 from h3eval.commands.ab import register, run_ab_command
 from h3eval.store import RunStore
@@ -126,36 +126,32 @@ def test_check_executed_field_by_field(mismatch_run):
         "vae tile: recipe asks for [128, 256], executed [256, 256]"]
 
 
-class LeverRecipe(Recipe):
-    """A recipe with lever sections, as the levers' own schema will add them."""
-
-    quantization: dict = {"enabled": True, "dtype": "int8"}
-    step_cache: dict = {"mode": "off"}
-
-
 def test_lever_sections_must_report_applied(mismatch_run):
+    """Each lever's own config checks its telemetry: on must report applied, off must not (h3/levers/base.py)."""
     out, _, _ = mismatch_run
     record = RunStore(out).read_record("fast", "a", 0)
-    recipe = LeverRecipe(**FAST_RECIPE)
-    problems = check_executed(recipe, record)
-    assert problems == ["quantization: is enabled in the recipe but reported no telemetry (did it run?)"]
+    recipe = recipe_from_dict({**FAST_RECIPE, "quant": {"mode": "int8_weight_only"}})
     applied = record.model_copy(deep=True)
-    applied.executed.levers = {"quantization": {"applied": True, "modules": 12}}
+    del applied.executed.levers["quant"]
+    problems = check_executed(recipe, applied)
+    assert problems == ["quant: is enabled in the recipe but reported no telemetry (did it run?)"]
+    applied.executed.levers["quant"] = {"applied": True, "modules": 12}
     assert check_executed(recipe, applied) == []
-    applied.executed.levers["quantization"]["applied"] = False
-    assert check_executed(recipe, applied)[0].startswith("quantization: is enabled in the recipe but reported applied=False")
-    applied.executed.levers = {"quantization": {"applied": True}, "step_cache": {"applied": True, "hits": 3}}
+    applied.executed.levers["quant"]["applied"] = False
+    assert check_executed(recipe, applied)[0].startswith("quant: is enabled in the recipe but reported applied=False")
+    applied.executed.levers.update(quant={"applied": True}, cache={"applied": True, "hits": 3})
     assert check_executed(recipe, applied) == [
-        "step_cache: is off in the recipe but reported that it applied: {'applied': True, 'hits': 3}"]
-    applied.executed.levers = {"quantization": {"applied": True}, "compile": {"applied": True}}
+        "cache: is off in the recipe but reported that it applied: {'applied': True, 'hits': 3}"]
+    applied.executed.levers.update(cache={"applied": False}, compile={"applied": True})
     assert check_executed(recipe, applied) == ["compile: is off in the recipe but reported that it applied: "
                                                "{'applied': True}"]
-    applied.executed.levers = {"quantization": {"applied": True}, "mystery_lever": {"applied": True}}
+    applied.executed.levers.update(compile={"applied": False}, mystery_lever={"applied": True})
     assert "mystery_lever: the runtime reported lever telemetry the recipe does not configure" in check_executed(
         recipe, applied)[0]
-    assert [lever_enabled(s) for s in ({"enabled": False, "x": 1}, {"backend": "sage"}, {"mode": "none"},
-                                       {"threshold": 0.0}, {"threshold": 0.1})] == [False, True, False, False, True]
-    assert default_lever_check({"enabled": False}, None) == []
+    assert [recipe_from_dict({**FAST_RECIPE, **section}).__getattribute__(name).is_on() for name, section in (
+        ("bucketing", {"bucketing": {"enabled": False, "multiple": 8}}), ("attention", {"attention": {"backend": "sage"}}),
+        ("quant", {"quant": {"mode": "none"}}), ("cache", {"cache": {"kind": "none", "threshold": 0.1}}),
+        ("cache", {"cache": {"kind": "fbc"}}))] == [False, True, False, False, True]
 
 
 # -- off-identity ----------------------------------------------------------------------------------------------------
