@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -21,9 +20,7 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from gates.base import GateResult
-from h3.record import ClipRecord
-from h3eval.store import RunManifest
+from h3eval.store import GateResultError, RecordError, RunManifest, RunStore, read_clip_record, read_gate_result
 
 logger = logging.getLogger(__name__)
 
@@ -174,29 +171,10 @@ def fingerprint(root: str | Path) -> tuple:
     """A cheap key that changes whenever a file of the run is added, removed or rewritten (names and mtimes).
 
     Used as the cache key so that a warm page does not re-parse the run, while a gate finishing in the background
-    shows up on the next rerun. Stats only the JSON and manifest files (the MP4s are keyed by their own mtime).
+    shows up on the next rerun. Stats only the JSON and manifest files (the MP4s are keyed by their own mtime); the
+    run store knows which (:meth:`h3eval.store.RunStore.fingerprint`).
     """
-    root = Path(root)
-    entries: list[tuple[str, int]] = []
-    for sub in ("", "clips", "gates"):
-        base = root / sub if sub else root
-        if not base.exists():
-            continue
-        if not sub:
-            for name in ("run.json", "verdict.json"):
-                p = root / name
-                if p.exists():
-                    entries.append((name, p.stat().st_mtime_ns))
-            continue
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                if name.endswith(".json"):
-                    p = os.path.join(dirpath, name)
-                    try:
-                        entries.append((p, os.stat(p).st_mtime_ns))
-                    except FileNotFoundError:  # replaced between walk and stat: the next rerun sees it
-                        continue
-    return tuple(sorted(entries))
+    return RunStore(root).fingerprint()
 
 
 def _read_json(path: Path, problems: list[str]) -> Any | None:
@@ -210,9 +188,10 @@ def _read_json(path: Path, problems: list[str]) -> Any | None:
 def load_run(root: str | Path, label: str | None = None) -> RunData:
     """Read one run directory: manifest, clip records, gate results and verdict. Never raises on a bad file."""
     root = Path(root)
+    store = RunStore(root)
     problems: list[str] = []
     manifest: dict[str, Any] | None = None
-    manifest_path = root / "run.json"
+    manifest_path = store.manifest_path
     if not manifest_path.exists():
         problems.append(f"{manifest_path}: missing (not a run directory?)")
     else:
@@ -223,10 +202,10 @@ def load_run(root: str | Path, label: str | None = None) -> RunData:
             except ValidationError as exc:
                 problems.append(f"{manifest_path}: not a valid run manifest ({exc.error_count()} errors)")
     label = label or root.name
-    clips = _load_clips(root, label, problems)
-    gates, results, directions = _load_gates(root, problems)
+    clips = _load_clips(store, label, problems)
+    gates, results, directions = _load_gates(store, problems)
     verdict = None
-    verdict_path = root / "verdict.json"
+    verdict_path = store.verdict_path
     if verdict_path.exists():
         raw = _read_json(verdict_path, problems)
         if isinstance(raw, dict):
@@ -246,41 +225,36 @@ def load_run(root: str | Path, label: str | None = None) -> RunData:
     )
 
 
-def _load_clips(root: Path, label: str, problems: list[str]) -> pd.DataFrame:
+def _load_clips(store: RunStore, label: str, problems: list[str]) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
-    clip_root = root / "clips"
-    if clip_root.exists():
-        for recipe_dir in sorted(p for p in clip_root.iterdir() if p.is_dir()):
-            for path in sorted(recipe_dir.glob("*.json")):
-                if path.name.endswith(".error.json") or not _CLIP_NAME.match(path.name):
-                    continue
-                raw = _read_json(path, problems)
-                if raw is None:
-                    continue
-                try:
-                    rec = ClipRecord.model_validate(raw)
-                except ValidationError as exc:
-                    problems.append(f"{path}: not a valid clip record ({exc.error_count()} errors)")
-                    continue
-                anatomy = rec.timings.stage_anatomy
-                row = {
-                    "run": label,
-                    "recipe": recipe_dir.name,
-                    "prompt_id": rec.request.prompt_id or _CLIP_NAME.match(path.name)["prompt"],
-                    "seed": rec.request.seed,
-                    "warmup": bool(rec.extra.get("warmup", False)),
-                    "generation_side_latency_s": rec.timings.generation_side_latency_s,
-                    "request_to_file_latency_s": rec.timings.request_to_file_latency_s,
-                    "duration_s": rec.shape.duration_s,
-                    "num_frames": rec.shape.num_frames,
-                    "fps": rec.shape.fps,
-                    "height": rec.shape.height,
-                    "width": rec.shape.width,
-                    "num_denoise_steps": len(anatomy.denoise_steps),
-                    **{stage: float(getattr(anatomy, stage)) for stage in STAGES},
-                    "mp4": str(path.with_suffix(".mp4")),
-                }
-                rows.append(row)
+    for recipe in store.clip_recipes():
+        for path in store.clip_record_paths(recipe):
+            if not _CLIP_NAME.match(path.name):
+                continue
+            try:
+                rec = read_clip_record(path)
+            except RecordError as exc:
+                problems.append(str(exc))
+                continue
+            anatomy = rec.timings.stage_anatomy
+            row = {
+                "run": label,
+                "recipe": recipe,
+                "prompt_id": rec.request.prompt_id or _CLIP_NAME.match(path.name)["prompt"],
+                "seed": rec.request.seed,
+                "warmup": bool(rec.extra.get("warmup", False)),
+                "generation_side_latency_s": rec.timings.generation_side_latency_s,
+                "request_to_file_latency_s": rec.timings.request_to_file_latency_s,
+                "duration_s": rec.shape.duration_s,
+                "num_frames": rec.shape.num_frames,
+                "fps": rec.shape.fps,
+                "height": rec.shape.height,
+                "width": rec.shape.width,
+                "num_denoise_steps": len(anatomy.denoise_steps),
+                **{stage: float(getattr(anatomy, stage)) for stage in STAGES},
+                "mp4": str(path.with_suffix(".mp4")),
+            }
+            rows.append(row)
     return pd.DataFrame(rows, columns=CLIP_COLUMNS)
 
 
@@ -289,23 +263,23 @@ GATE_COLUMNS = ["gate", "candidate", "baseline", "prompt_id", "seed", "status", 
 
 
 def _load_gates(
-    root: Path, problems: list[str]
+    store: RunStore, problems: list[str]
 ) -> tuple[pd.DataFrame, dict[tuple[str, str, str, int], dict[str, Any]], dict[str, dict[str, bool]]]:
     rows: list[dict[str, Any]] = []
     results: dict[tuple[str, str, str, int], dict[str, Any]] = {}
     directions: dict[str, dict[str, bool]] = {}
-    gate_root = root / "gates"
-    if not gate_root.exists():
+    gates = store.gates_present()
+    if not gates:
         return pd.DataFrame(columns=GATE_COLUMNS), results, directions
-    for gate_dir in sorted(p for p in gate_root.iterdir() if p.is_dir()):
-        for cand_dir in sorted(p for p in gate_dir.iterdir() if p.is_dir()):
-            for path in sorted(cand_dir.glob("*.json")):
+    for gate in gates:
+        for candidate in store.gate_candidates(gate):
+            for path in store.gate_result_files(gate, candidate):
                 m = _CLIP_NAME.match(path.name)
                 if not m:
                     continue  # not a per-pair result (e.g. a gate's summary file)
                 base_row = {
-                    "gate": gate_dir.name,
-                    "candidate": cand_dir.name,
+                    "gate": gate,
+                    "candidate": candidate,
                     "baseline": None,
                     "prompt_id": m["prompt"],
                     "seed": int(m["seed"]),
@@ -314,11 +288,10 @@ def _load_gates(
                     "identical": False,
                     "path": str(path),
                 }
-                raw = _read_json(path, problems)
                 try:
-                    result = GateResult.model_validate(raw) if raw is not None else None
-                except ValidationError as exc:
-                    problems.append(f"{path}: not a valid gate result ({exc.error_count()} errors)")
+                    result = read_gate_result(path)
+                except GateResultError as exc:
+                    problems.append(f"{path}: unreadable JSON ({exc.detail})" if exc.unreadable else str(exc))
                     result = None
                 if result is None:
                     rows.append({**base_row, "status": "unreadable", "error": f"{path.name} could not be read"})
@@ -336,9 +309,9 @@ def _load_gates(
                 }
                 for name, metric in result.metrics.items():
                     row[f"metric:{name}"] = metric.value
-                    directions.setdefault(gate_dir.name, {})[name] = metric.higher_is_better
+                    directions.setdefault(gate, {})[name] = metric.higher_is_better
                 rows.append(row)
-                results[(gate_dir.name, cand_dir.name, result.pair.prompt_id, result.pair.seed)] = result.model_dump(
+                results[(gate, candidate, result.pair.prompt_id, result.pair.seed)] = result.model_dump(
                     mode="json"
                 )
     frame = pd.DataFrame(rows)

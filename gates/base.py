@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -74,6 +74,21 @@ class ClipSide:
     record: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """What a gate may know of the run beyond one pair, handed over by the suite (from the run's manifest): gates
+    never open the suite's run store."""
+
+    model: str = ""
+    """``tiny`` or the checkpoint path the run's clips were made with."""
+    recipes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Recipe name -> the recipe as resolved (every lever explicit)."""
+    baseline: str | None = None
+    candidates: tuple[str, ...] = ()
+    prompt_ids: tuple[str, ...] = ()
+    seeds: tuple[int, ...] = ()
+
+
 @dataclass
 class PairContext:
     """Everything a gate may need for one pair."""
@@ -86,6 +101,33 @@ class PairContext:
     """Where this gate writes artifacts for this pair (exists); store paths relative to ``run_dir``."""
     device: str = "cpu"
     options: dict[str, Any] = field(default_factory=dict)
+    run: RunInfo = field(default_factory=RunInfo)
+
+
+@dataclass
+class RunClip:
+    """One clip a whole-run gate is asked to score: the finished clip, or why there is none."""
+
+    recipe: str
+    prompt_id: str
+    seed: int
+    side: ClipSide | None
+    """The finished clip (its record parses and matches the MP4's sha256); None when it is missing."""
+    missing: str | None = None
+    """Why there is no finished clip (not generated, generation failed with the reason, ...)."""
+
+
+@dataclass
+class RunContext:
+    """Everything a gate that scores a whole run at once needs (VBench loads each model once per run)."""
+
+    run_dir: Path
+    info: RunInfo
+    gate_dir: Path
+    """Where this gate writes (``<run>/gates/<gate>/``); per-pair results go to ``<candidate>/<prompt>-s<seed>.json``."""
+    clips: list[RunClip]
+    """Every clip of the run's recipes × prompts × seeds (baseline first), finished or not."""
+    pairs: list[PairRef]
 
 
 class Gate:
@@ -99,7 +141,7 @@ class Gate:
         raise NotImplementedError
 
 
-_REGISTRY: dict[str, Callable[[], Gate]] = {}
+_REGISTRY: dict[str, type[Gate]] = {}
 
 
 def register_gate(cls: type[Gate]) -> type[Gate]:
@@ -115,6 +157,14 @@ def register_gate(cls: type[Gate]) -> type[Gate]:
 def known_gates() -> list[str]:
     _import_builtin_gates()
     return sorted(_REGISTRY)
+
+
+def gate_class(name: str) -> type[Gate]:
+    """The class registered under ``name`` (not instantiated: a gate's constructor may load weights)."""
+    _import_builtin_gates()
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown gate {name!r}; known gates: {', '.join(sorted(_REGISTRY)) or '(none)'}")
+    return _REGISTRY[name]
 
 
 def get_gate(name: str) -> Gate:

@@ -377,8 +377,6 @@ class OpcheckGate(Gate):
 
     # -- gate --------------------------------------------------------------------------------------------------
     def evaluate(self, ctx: PairContext) -> GateResult:
-        from h3eval.store import RunStore
-
         result = GateResult(gate=self.name, pair=ctx.pair)
         options, ignored = _options(dict(ctx.options))
         if ignored:
@@ -388,13 +386,12 @@ class OpcheckGate(Gate):
         for dtype in ("float32", "bfloat16", "float16"):
             if f"floor_{dtype}" in options:
                 budget.floors[dtype] = float(options[f"floor_{dtype}"])
-        manifest = RunStore(ctx.run_dir).read_manifest()
         recipes = {}
         for side in (ctx.pair.baseline, ctx.pair.candidate):
-            if side not in manifest.recipes:
+            if side not in ctx.run.recipes:
                 result.status, result.error = "error", f"{ctx.run_dir / 'run.json'}: no resolved recipe {side!r}"
                 return result
-            recipes[side] = manifest.recipes[side]
+            recipes[side] = ctx.run.recipes[side]
         base_ops, cand_ops = ops_for_recipe(recipes[ctx.pair.baseline]), ops_for_recipe(recipes[ctx.pair.candidate])
         for kind in ("attention", "linear"):
             if options.get(f"{kind}_op"):
@@ -402,7 +399,7 @@ class OpcheckGate(Gate):
                 get_op(name)  # unknown names fail with the known ones
                 cand_ops.overrides[kind] = spec(name)
 
-        capture_dir = self.capture(ctx, manifest.model, recipes[ctx.pair.baseline], options)
+        capture_dir = self.capture(ctx, ctx.run.model, recipes[ctx.pair.baseline], options)
         rows, index = replay_capture(capture_dir, base_ops, cand_ops, ctx.device, budget)
         if _truthy(options.get("sweep", True)):
             rows += self._sweep(rows, index, base_ops, cand_ops, ctx.device, budget)

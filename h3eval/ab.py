@@ -129,22 +129,13 @@ class Job:
         return f"{self.kind}/{self.recipe.name}/{self.name}"
 
 
-def sweep_partial_files(root: Path) -> list[Path]:
-    """Remove the temporary files of atomic writes a killed process left behind (``.<name>.<random>.tmp``).
-
-    Only called once the run directory is opened by the one process that fills it; a finished file is never a
-    ``.tmp``, so nothing complete is touched.
-    """
-    removed = []
-    for sub in ("clips", "speed", "warmup"):
-        for path in (root / sub).rglob(".*.tmp") if (root / sub).exists() else ():
-            path.unlink(missing_ok=True)
-            removed.append(path)
+def sweep_partial_files(store: RunStore) -> list[Path]:
+    """Remove the temporary files of atomic writes a killed process left behind (the store's
+    :meth:`~h3eval.store.RunStore.sweep_partial_files`), and say so."""
+    removed = store.sweep_partial_files()
     if removed:
-        logger.warning("removed %d half-written file(s) of an interrupted run under %s", len(removed), root)
+        logger.warning("removed %d half-written file(s) of an interrupted run under %s", len(removed), store.root)
     return removed
-
-
 
 
 def speed_jobs(plan: AbPlan, store: RunStore, protocol: str) -> list[Job]:
@@ -155,7 +146,7 @@ def speed_jobs(plan: AbPlan, store: RunStore, protocol: str) -> list[Job]:
         prompt = prompts[i % len(prompts)] if protocol == "mixed" else prompts[0]
         name = f"r{i:03d}-{prompt.id}-s{seed}"
         for recipe in plan.run.recipes:
-            out = store.root / "speed" / protocol / recipe.name / f"{name}.mp4"
+            out = store.speed_path(protocol, recipe.name, name)
             jobs.append(Job(recipe, plan.run.shape.request(prompt.id, prompt.prompt, seed), out,
                             f"speed/{protocol}", name))
     return jobs
@@ -229,33 +220,24 @@ class _Session:
             self.errors.append(err)
 
 
-def _records(directory: Path) -> list[ClipRecord]:
-    out = []
-    for mp4 in sorted(directory.glob("*.mp4")):
-        record = read_finished_record(mp4)
-        if record is not None:
-            out.append(record)
-    return out
-
-
 def build_speed(plan: AbPlan, store: RunStore, refused: dict[str, list[str]]) -> dict[str, Any]:
     """speed.json's content, from the records on disk (so a resumed run counts every finished request)."""
     baseline = plan.run.baseline
     names = [r.name for r in plan.run.recipes]
     per_recipe_all: dict[str, list[ClipRecord]] = {}
     for name in names:
-        recs = _records(store.root / "warmup" / name)
+        recs = store.finished_records(store.warmup_dir(name))
         for protocol in plan.protocols:
-            recs += _records(store.root / "speed" / protocol / name)
-        recs += _records(store.clip_dir(name))
+            recs += store.finished_records(store.speed_dir(protocol, name))
+        recs += store.finished_records(store.clip_dir(name))
         per_recipe_all[name] = recs
     recompiles = {name: speedmod.detect_recompiles(per_recipe_all[name], plan.recompile_ratio,
                                                    plan.recompile_margin_s) for name in names}
     sections: dict[str, dict[str, Any]] = {}
     for section in [*plan.protocols, "quality_clips"]:
         directory = (lambda n: store.clip_dir(n)) if section == "quality_clips" else (
-            lambda n, s=section: store.root / "speed" / s / n)
-        records = {n: _records(directory(n)) for n in names}
+            lambda n, s=section: store.speed_dir(s, n))
+        records = {n: store.finished_records(directory(n)) for n in names}
         base_by_name = {(r.extra or {}).get("request_name") or f"{r.request.prompt_id}-s{r.request.seed}": r
                         for r in records[baseline]}
         out: dict[str, Any] = {}
@@ -330,7 +312,7 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     plan.validate()
     plan.run.kind = "ab"
     store, manifest = open_run(plan.run)
-    sweep_partial_files(store.root)
+    sweep_partial_files(store)
     session = _Session(plan, store, backend)
     warm_done: set[str] = set()
 
@@ -342,7 +324,7 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
             for recipe in plan.run.recipes:
                 if recipe.name in need:
                     out.append(Job(recipe, plan.run.shape.request(first.id, first.prompt, plan.run.seeds[0]),
-                                   store.root / "warmup" / recipe.name / f"{session.id}-w{i}.mp4", "warmup", f"w{i}"))
+                                   store.warmup_path(recipe.name, session.id, i), "warmup", f"w{i}"))
         warm_done.update(need)
         return out
 
@@ -361,8 +343,8 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     identity = {name: off_identity(store, baseline, name, plan.run.prompts.ids, plan.run.seeds)
                 for name in identity_names}
     speed = build_speed(plan, store, session.failed)
-    atomic_write_json(store.root / "speed.json", speed)
-    atomic_write_text(store.root / "speed.md", speedmod.render_markdown(speed))
+    atomic_write_json(store.speed_json_path, speed)
+    atomic_write_text(store.speed_md_path, speedmod.render_markdown(speed))
 
     manifest.errors = session.errors
     if session.failed or any(not v["passed"] for v in identity.values()):
@@ -377,3 +359,50 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     }
     store.write_manifest(manifest)
     return AbResult(manifest, speed, session.failed, identity)
+
+
+def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds="0", backend="inprocess", urls=(),
+                     api_key=None, warmup=1, speed_protocol="mixed", speed_rounds=2, gpu_hourly_rate=None,
+                     off_identity=False, trajectory=False, seconds=None, num_frames=None, height=None, width=None,
+                     timeout_s=1800.0, device=None, runtime_factory=None) -> AbResult:
+    """``h3eval ab`` as a function of its options (recipe names or paths, a prompt suite name, seeds as text): builds
+    the plan and the backend and runs (or resumes) the A/B run."""
+    from h3.recipe import load_recipe
+    from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE
+    from h3eval.prompts import load_prompts, parse_seeds
+    from h3eval.runner import RequestShape, RunError, RunPlan
+
+    base = load_recipe(baseline)
+    recipes = [base] + [load_recipe(c) for c in candidates]
+    if off_identity:
+        recipes.append(identity_recipe(base))
+    if backend not in ("inprocess", "http"):
+        raise RunError(f"--backend must be inprocess or http, got {backend!r} (clips from elsewhere: h3eval import)")
+    if backend == "http" and not urls:
+        raise RunError("--backend http needs at least one --url")
+    if backend == "inprocess" and urls:
+        raise RunError("--url is for --backend http; the inprocess backend runs the h3 runtime in this process")
+    plan = AbPlan(
+        run=RunPlan(
+            out=Path(out), model=model, recipes=recipes, prompts=load_prompts(prompts), seeds=parse_seeds(seeds),
+            shape=RequestShape(seconds=seconds, num_frames=num_frames, height=height, width=width),
+            baseline=base.name, kind="ab", backend=backend, device=device, trajectory=trajectory,
+            args=dict(command="ab", baseline=baseline, candidates=list(candidates), prompts=str(prompts), model=model,
+                      seeds=seeds, backend=backend, urls=list(urls), warmup=warmup, speed_protocol=speed_protocol,
+                      speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
+                      trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
+                      device=device),
+        ),
+        warmup=warmup, speed_protocol=speed_protocol, speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate,
+    )
+    plan.validate()
+    if backend == "http":
+        from h3eval.backends.http import HttpBackend
+
+        impl = HttpBackend(list(urls), TINY_DEFAULT_SIZE if model == "tiny" else FULL_DEFAULT_SIZE, api_key=api_key,
+                           timeout_s=timeout_s)
+    else:
+        from h3eval.backends.inprocess import InProcessBackend
+
+        impl = InProcessBackend(model, device, runtime_factory)
+    return run_ab(plan, impl)

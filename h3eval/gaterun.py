@@ -27,11 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from pydantic import ValidationError
 
-from gates.base import GATE_RESULT_VERSION, ClipSide, Gate, GateResult, PairContext, PairRef, get_gate
+from gates.base import (GATE_RESULT_VERSION, ClipSide, Gate, GateResult, PairContext, PairRef, RunClip, RunContext,
+                        RunInfo, get_gate)
 from h3.atomic import atomic_write_json, sha256_file
-from h3eval.store import RunStore, StoreError, check_safe_name, clip_stem
+from h3eval.store import (GateResultError, RecordError, RunManifest, RunStore, StoreError, clip_stem, read_clip_record,
+                          read_gate_result)
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +69,8 @@ class GateRunSummary:
 
 
 def result_path(store: RunStore, gate: str, candidate: str, prompt_id: str, seed: int) -> Path:
-    check_safe_name("prompt id", prompt_id)
-    return store.gate_dir(gate) / check_safe_name("recipe name", candidate) / f"{clip_stem(prompt_id, seed)}.json"
+    """Where the result of ``gate`` on one pair lives (the store's :meth:`~h3eval.store.RunStore.gate_result_path`)."""
+    return store.gate_result_path(gate, candidate, prompt_id, seed)
 
 
 def load_valid_result(path: Path, gate: str, pair: PairRef, inputs: dict[str, Any] | None = None) -> GateResult | None:
@@ -78,8 +79,8 @@ def load_valid_result(path: Path, gate: str, pair: PairRef, inputs: dict[str, An
     if not path.is_file():
         return None
     try:
-        result = GateResult.model_validate_json(path.read_text())
-    except (ValidationError, json.JSONDecodeError, UnicodeDecodeError, OSError):
+        result = read_gate_result(path)
+    except GateResultError:
         logger.info("recomputing %s: unreadable result file", path)
         return None
     if result.version != GATE_RESULT_VERSION or result.gate != gate or result.pair != pair:
@@ -158,7 +159,41 @@ def check_device(device: str) -> str:
     raise GateRunError(f"--device {device!r}: use cpu or cuda")
 
 
-class _Sides:
+def run_info(manifest: RunManifest) -> RunInfo:
+    """What a gate may know of the run (:class:`gates.base.RunInfo`), from its manifest."""
+    return RunInfo(model=manifest.model, recipes=dict(manifest.recipes), baseline=manifest.baseline,
+                   candidates=tuple(manifest.candidates),
+                   prompt_ids=tuple(manifest.prompts.ids) if manifest.prompts else (), seeds=tuple(manifest.seeds))
+
+
+def run_context(run_dir: str | Path, gate: str) -> RunContext:
+    """What a whole-run gate needs (:class:`gates.base.RunContext`): every clip of the run's recipes (baseline first),
+    finished or with why not, and every pair. Raises GateRunError when ``run_dir`` is not a run directory."""
+    store = RunStore(run_dir)
+    try:
+        manifest = store.read_manifest()
+    except StoreError as exc:
+        raise GateRunError(str(exc)) from exc
+    recipes = ([manifest.baseline] if manifest.baseline else []) + list(manifest.candidates)
+    if not recipes:
+        recipes = list(manifest.recipes)
+    clips = []
+    for recipe in recipes:
+        for pid in (manifest.prompts.ids if manifest.prompts else []):
+            for seed in manifest.seeds:
+                record = store.read_record(recipe, pid, seed)
+                if record is None:
+                    clips.append(RunClip(recipe, pid, seed, None, store.unfinished_reason(recipe, pid, seed)))
+                    continue
+                side = ClipSide(recipe=recipe, mp4=store.clip_path(recipe, pid, seed),
+                                record=record.model_dump(mode="json"))
+                clips.append(RunClip(recipe, pid, seed, side))
+    pairs = [PairRef(baseline=manifest.baseline, candidate=c, prompt_id=p, seed=s) for c, p, s in store.pairs()]
+    return RunContext(run_dir=store.root, info=run_info(manifest), gate_dir=store.gate_dir(gate), clips=clips,
+                      pairs=pairs)
+
+
+class ClipSides:
     """Loads and checks the clips of a run once each (the baseline clip appears in every candidate's pairs)."""
 
     def __init__(self, store: RunStore):
@@ -176,30 +211,22 @@ class _Sides:
         """The clip side, or StoreError naming the file and what is wrong with it."""
         store = self.store
         record_path = store.record_path(recipe, prompt_id, seed)
-        mp4 = store.clip_path(recipe, prompt_id, seed)
         name = f"{side} clip {recipe}/{clip_stem(prompt_id, seed)}"
-        if not record_path.is_file():
-            error_path = store.error_path(recipe, prompt_id, seed)
-            why = ""
-            if error_path.is_file():
-                try:
-                    why = f": generation failed: {json.loads(error_path.read_text()).get('error')}"
-                except (json.JSONDecodeError, OSError):
-                    why = f" (see {error_path})"
-            raise StoreError(f"{name} is not finished: {record_path} is missing{why}")
         try:
-            record = json.loads(record_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise StoreError(f"{name}: {record_path} is not valid JSON ({exc})") from exc
-        if not mp4.is_file():
-            raise StoreError(f"{name}: {mp4} is missing")
-        expected = record.get("mp4_sha256")
-        if expected and self.sha(mp4) != expected:
-            raise StoreError(
-                f"{name}: {mp4} does not match the mp4_sha256 of its record {record_path.name} "
-                "(truncated or modified after it was written)"
-            )
-        return ClipSide(recipe=recipe, mp4=mp4, record=record)
+            record = read_clip_record(record_path, mp4=store.clip_path(recipe, prompt_id, seed), sha256=self.sha)
+        except RecordError as exc:
+            if exc.problem == "missing":
+                error_path = store.error_path(recipe, prompt_id, seed)
+                why = ""
+                if error_path.is_file():
+                    try:
+                        why = f": generation failed: {json.loads(error_path.read_text()).get('error')}"
+                    except (json.JSONDecodeError, OSError):
+                        why = f" (see {error_path})"
+                raise StoreError(f"{name} is not finished: {record_path} is missing{why}") from None
+            raise StoreError(f"{name}: {exc}") from None
+        return ClipSide(recipe=recipe, mp4=store.clip_path(recipe, prompt_id, seed),
+                        record=record.model_dump(mode="json"))
 
 
 def _error_result(gate: str, pair: PairRef, message: str) -> GateResult:
@@ -269,7 +296,8 @@ def run_gates(
         scored=dict.fromkeys(names, 0), resumed=dict.fromkeys(names, 0), identical=dict.fromkeys(names, 0),
         flagged=dict.fromkeys(names, 0), not_applicable=dict.fromkeys(names, 0),
     )
-    sides = _Sides(store)
+    sides = ClipSides(store)
+    info = run_info(manifest)
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -285,7 +313,7 @@ def run_gates(
             task = bar.add_task("", total=len(pairs) * len(gates))
             for candidate, prompt_id, seed in pairs:
                 pair = PairRef(baseline=manifest.baseline, candidate=candidate, prompt_id=prompt_id, seed=seed)
-                _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task)
+                _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task, info)
     finally:
         media_cache.clear()
     logger.info(
@@ -295,7 +323,7 @@ def run_gates(
     return summary
 
 
-def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task) -> None:
+def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task, info) -> None:
     side_error = None
     base = cand = None
     try:
@@ -334,7 +362,7 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
             artifact_dir.mkdir(parents=True, exist_ok=True)
             ctx = PairContext(
                 run_dir=store.root, pair=pair, baseline=base, candidate=cand, artifact_dir=artifact_dir,
-                device=device, options=gate_options,
+                device=device, options=gate_options, run=info,
             )
             result = evaluate_pair(gate, ctx, identical)
             result.info[INPUTS_KEY] = stamp

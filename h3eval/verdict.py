@@ -25,7 +25,6 @@ Exit codes (:data:`EXIT_CODES`): 0 PASS, 1 FAIL, 2 INCONCLUSIVE, 3 a usage or in
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import math
 from dataclasses import asdict
@@ -35,7 +34,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gates.base import GateResult, known_gates
+from gates.base import GateResult, gate_class, known_gates
 from h3.atomic import atomic_write_json, sha256_file
 from h3.record import ClipRecord
 from h3eval import stats as S
@@ -48,12 +47,14 @@ from h3eval.policy import (
     PolicyError,
     Waiver,
     load_floor,
+    load_policy,
     registry_problems,
     resolve_floor_path,
     resolve_threshold,
     today_utc,
 )
-from h3eval.store import RunManifest, RunStore, StoreError, clip_stem
+from h3eval.store import (GateResultError, RecordError, RunManifest, RunStore, StoreError, clip_stem, read_clip_record,
+                          read_gate_result)
 
 logger = logging.getLogger(__name__)
 
@@ -275,21 +276,16 @@ class _LoadedResult:
         self.prompt_id, self.seed, self.rel, self.result, self.problem = prompt_id, seed, rel, result, problem
 
 
-def _rel(run: Path, path: Path) -> str:
-    return path.relative_to(run).as_posix()
-
-
 def _load_results(
-    run: Path, gate: str, candidate: str, baseline: str, expected: list[tuple[str, int]], hashes: dict[str, str]
+    store: RunStore, gate: str, candidate: str, baseline: str, expected: list[tuple[str, int]], hashes: dict[str, str]
 ) -> tuple[dict[tuple[str, int], _LoadedResult], list[str], int]:
     """Result of each expected pair (absent key = no file), stray-file warnings, and files found."""
-    directory = run / "gates" / gate / candidate
     out: dict[tuple[str, int], _LoadedResult] = {}
     warnings: list[str] = []
     expected_set = {clip_stem(p, s): (p, s) for p, s in expected}
-    files = sorted(directory.glob("*.json")) if directory.is_dir() else []
+    files = store.gate_result_files(gate, candidate)
     for path in files:
-        rel = _rel(run, path)
+        rel = store.relative(path)
         stem = path.stem
         if stem not in expected_set:
             warnings.append(f"{rel} is not a pair of this run's manifest; ignored")
@@ -297,12 +293,10 @@ def _load_results(
         prompt_id, seed = expected_set[stem]
         hashes[rel] = sha256_file(path)
         try:
-            # json.loads accepts NaN; GateResult keeps it so that the verdict can name it (never dropped).
-            result = GateResult.model_validate(json.loads(path.read_text(encoding="utf-8")))
-        except (ValidationError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-            first = str(exc).splitlines()[0]
+            result = read_gate_result(path)
+        except GateResultError as exc:
             out[(prompt_id, seed)] = _LoadedResult(
-                prompt_id, seed, rel, None, f"{rel} is not a valid gate result: {first}"
+                prompt_id, seed, rel, None, f"{rel} is not a valid gate result: {exc.detail}"
             )
             continue
         problem = None
@@ -620,13 +614,12 @@ def _decide_metric(work: _MetricWork, alpha: float) -> None:
 
 # -- speed ---------------------------------------------------------------------------------------------------------
 def _load_record(store: RunStore, recipe: str, prompt_id: str, seed: int) -> tuple[ClipRecord | None, str | None]:
-    path = store.record_path(recipe, prompt_id, seed)
-    if not path.exists():
-        return None, f"{recipe}/{clip_stem(prompt_id, seed)}: no clip record"
     try:
-        return ClipRecord.model_validate_json(path.read_text(encoding="utf-8")), None
-    except (ValidationError, UnicodeDecodeError) as exc:
-        return None, f"{_rel(store.root, path)} is not a valid clip record: {str(exc).splitlines()[0]}"
+        return store.load_record(recipe, prompt_id, seed), None
+    except RecordError as exc:
+        if exc.problem == "missing":
+            return None, f"{recipe}/{clip_stem(prompt_id, seed)}: no clip record"
+        return None, f"{store.relative(exc.path)}{str(exc).removeprefix(str(exc.path))}"
 
 
 def speed_verdict(
@@ -655,7 +648,7 @@ def speed_verdict(
             problems.append(f"{clip_stem(prompt_id, seed)}: latency not a positive number ({b}, {c})")
             continue
         sv.pairs.append(SpeedPair(prompt_id=prompt_id, seed=seed, baseline_s=b, candidate_s=c))
-        sv.evidence.append(_rel(store.root, store.record_path(candidate, prompt_id, seed)))
+        sv.evidence.append(store.relative(store.record_path(candidate, prompt_id, seed)))
     sv.n_pairs = len(sv.pairs)
     min_pairs = sp.min_pairs or loaded.policy.min_pairs
     reasons: list[str] = []
@@ -690,14 +683,7 @@ def speed_verdict(
 # -- the whole verdict ---------------------------------------------------------------------------------------------
 def _registered_gate_classes() -> dict[str, type]:
     """Registered gate classes by name, without instantiating them (a gate's constructor may load weights)."""
-    import gates.base as gates_base
-
-    names = known_gates()  # imports the built-in gate modules, which register themselves
-    lookup = getattr(gates_base, "gate_class", None)
-    if lookup is not None:
-        return {name: lookup(name) for name in names}
-    # gates.base has no public class lookup yet; its registry maps a name to the class itself.
-    return {name: gates_base._REGISTRY[name] for name in names}
+    return {name: gate_class(name) for name in known_gates()}
 
 
 def _input_hashes(store: RunStore, manifest: RunManifest, loaded: LoadedPolicy, floor: NoiseFloor | None,
@@ -706,13 +692,10 @@ def _input_hashes(store: RunStore, manifest: RunManifest, loaded: LoadedPolicy, 
     for recipe in [manifest.baseline, *manifest.candidates]:
         if recipe is None:
             continue
-        directory = store.root / "clips" / recipe
-        for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
-            if path.name.endswith(".error.json"):
-                continue
+        for path in store.clip_record_paths(recipe):
             try:
-                rec = ClipRecord.model_validate_json(path.read_text(encoding="utf-8"))
-            except (ValidationError, UnicodeDecodeError):
+                rec = read_clip_record(path)
+            except RecordError:
                 continue  # reported by the speed check where it matters; hashes list only readable records
             clips[f"{recipe}/{path.stem}"] = ClipHashes(
                 mp4_sha256=rec.mp4_sha256, frames_sha256=rec.frames_sha256, pcm_sha256=rec.pcm_sha256
@@ -774,8 +757,7 @@ def compute_verdict(
     expected = [(p, s) for p in manifest.prompts.ids for s in manifest.seeds]
     gate_hashes: dict[str, str] = {}
     warnings: list[str] = []
-    gates_root = store.root / "gates"
-    present = sorted(p.name for p in gates_root.iterdir() if p.is_dir()) if gates_root.is_dir() else []
+    present = store.gates_present()
     unchecked = [g for g in present if g not in policy.gates]
     if unchecked:
         warnings.append(f"gate results present but not checked by policy {policy.name!r}: {', '.join(unchecked)}")
@@ -800,7 +782,7 @@ def compute_verdict(
                 gate_level[gate].append("INCONCLUSIVE")
                 continue
             results, stray, n_files = _load_results(
-                store.root, gate, candidate, manifest.baseline, expected, gate_hashes
+                store, gate, candidate, manifest.baseline, expected, gate_hashes
             )
             gv.warnings.extend(stray)
             gv.n_results = n_files
@@ -911,7 +893,7 @@ def compute_verdict(
 
 
 def write_verdict(verdict: Verdict, run_dir: str | Path) -> Path:
-    path = Path(run_dir) / "verdict.json"
+    path = RunStore(run_dir).verdict_path
     atomic_write_json(path, verdict.dump())
     return path
 
@@ -942,3 +924,19 @@ def summary_lines(verdict: Verdict) -> list[str]:
     for w in verdict.warnings:
         lines.append(f"  warning: {w}")
     return lines
+
+
+def run_verdict(
+    run_dir: str | Path,
+    policy: str | Path,
+    *,
+    floor: str | Path | None = None,
+    write: bool = False,
+    today: dt.date | None = None,
+) -> Verdict:
+    """Judge ``run_dir`` under the policy file; optionally write ``verdict.json``. Raises on input errors."""
+    loaded = load_policy(policy)
+    verdict = compute_verdict(run_dir, loaded, floor_path=floor, today=today)
+    if write:
+        write_verdict(verdict, run_dir)
+    return verdict

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from gates.base import ClipSide, PairContext, PairRef, get_gate
+from h3eval.gaterun import run_info
 from gates.opcheck import Budget, check_op, error_stats, sweep_op
 from h3.ops import (NotApplicable, Op, OpOutput, attention_reference, get_op, ops_for_recipe, reference_op,
                     register_op, route_reference, spec, unregister_op)
@@ -366,7 +367,7 @@ def run(tiny_runtime, tmp_path_factory):
         art.mkdir(parents=True, exist_ok=True)
         ctx = PairContext(run_dir=root, pair=PairRef(baseline="fast", candidate=candidate, prompt_id="squat", seed=0),
                           baseline=side, candidate=ClipSide(candidate, clip, side.record), artifact_dir=art,
-                          options={"steps": "all", "layers": "all", **options})
+                          options={"steps": "all", "layers": "all", **options}, run=run_info(store.read_manifest()))
         return gate.evaluate(ctx)
 
     return root, evaluate, gate
