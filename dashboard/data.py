@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +18,7 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
+from h3eval import stats as S
 from h3eval.store import GateResultError, RecordError, RunManifest, RunStore, read_clip_record, read_gate_result
 
 logger = logging.getLogger(__name__)
@@ -41,48 +40,8 @@ _CLIP_NAME = re.compile(r"^(?P<prompt>.+)-s(?P<seed>\d+)\.json$")
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Statistics
+# Statistics (the numbers themselves are h3eval.stats': the dashboard, speed.json and the verdict share them)
 # ---------------------------------------------------------------------------------------------------------------
-def bootstrap_ci(
-    samples: Iterable[np.ndarray] | np.ndarray,
-    statistic: Callable[..., np.ndarray],
-    *,
-    n_resamples: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> tuple[float, float] | None:
-    """Percentile bootstrap confidence interval of ``statistic`` over paired samples.
-
-    ``samples`` is one array or a sequence of equally long arrays that are resampled *together* (the same indices
-    for each: pairs stay pairs). ``statistic(*resampled)`` receives arrays of shape (n_resamples, n) and returns
-    one value per resample (axis -1 reduced). Returns (low, high) at ``confidence``, or None with fewer than two
-    samples (no interval can be estimated from one pair).
-    """
-    arrays = [np.asarray(samples, dtype=np.float64)] if isinstance(samples, np.ndarray) else [
-        np.asarray(a, dtype=np.float64) for a in samples
-    ]
-    n = arrays[0].shape[0]
-    if any(a.shape != (n,) for a in arrays):
-        raise ValueError(f"bootstrap samples must be 1-D and equally long, got shapes {[a.shape for a in arrays]}")
-    if n < 2:
-        return None
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_resamples, n))
-    stats = np.asarray(statistic(*[a[idx] for a in arrays]), dtype=np.float64)
-    alpha = (1.0 - confidence) / 2.0
-    low, high = np.quantile(stats, [alpha, 1.0 - alpha])
-    return float(low), float(high)
-
-
-def speedup_of_means(baseline: np.ndarray, candidate: np.ndarray) -> np.ndarray:
-    """Speedup as the ratio of mean latencies over the same pairs (= total baseline time / total candidate time).
-
-    The ratio of means rather than the mean of per-pair ratios: it is what a server running this prompt mix sees
-    in throughput, and it is not dominated by one short clip with a large ratio.
-    """
-    return np.mean(baseline, axis=-1) / np.mean(candidate, axis=-1)
-
-
 def pareto_front(points: pd.DataFrame, x: str, y: str, higher_y_is_better: bool) -> pd.Series:
     """Boolean mask of the rows not dominated by another row: higher ``x`` is better, ``y`` as declared.
 
@@ -338,17 +297,6 @@ def paired_latencies(run: RunData, candidate: str, column: str = "generation_sid
     return merged.rename(columns={f"{column}_baseline": "baseline", f"{column}_candidate": "candidate"})
 
 
-def dollars_per_clip(latency_s: float | None, hourly_rate: float | None) -> float | None:
-    """Cost of one clip: mean generation-side seconds x the machine's $/hour / 3600.
-
-    The field's own figure: seed 001 prices its ~80 s baseline 5 s clip at $13.16/h as "about $0.29 of GPU time"
-    (80 x 13.16 / 3600 = 0.292), i.e. generation-side time times the whole machine's hourly rate.
-    """
-    if latency_s is None or hourly_rate is None or not math.isfinite(latency_s):
-        return None
-    return latency_s * hourly_rate / 3600.0
-
-
 SPEED_COLUMNS = [
     "run",
     "recipe",
@@ -365,15 +313,17 @@ SPEED_COLUMNS = [
 ]
 
 
-def speed_table(run: RunData, hourly_rate: float | None = None, *, n_resamples: int = 2000) -> pd.DataFrame:
+def speed_table(run: RunData, hourly_rate: float | None = None, *,
+                n_resamples: int = S.DEFAULT_RESAMPLES) -> pd.DataFrame:
     """One row per recipe of the run: speedup with its paired bootstrap CI, p50 latencies, RTF, $/clip, verdict.
 
     - ``role``: baseline, candidate, or recipe (a run without a baseline: no speedup).
     - ``n``: warm clips (baseline, recipe) or warm pairs (candidate) the row is computed from.
-    - ``speedup``: :func:`speedup_of_means` over the pairs; the baseline is 1 by definition.
+    - ``speedup``: :func:`h3eval.stats.speedup` over the pairs (ratio of mean generation-side latencies, paired BCa
+      CI; no CI from fewer than two pairs); the baseline is 1 by definition.
     - ``p50_latency_s``: median generation-side latency (seed 000's definition) of the recipe's warm clips.
     - ``real_time_factor``: median of generation-side latency / clip duration (below 1 is faster than real time).
-    - ``dollars_per_clip``: :func:`dollars_per_clip` of the mean generation-side latency; None without a rate.
+    - ``dollars_per_clip``: :func:`h3eval.stats.usd_per_clip` (p50 request-to-file × rate); None without a rate.
     """
     rate = hourly_rate if hourly_rate is not None else run.hourly_rate
     clips = warm_clips(run)
@@ -400,7 +350,7 @@ def speed_table(run: RunData, hourly_rate: float | None = None, *, n_resamples: 
             "real_time_factor": float(np.median(lat / mine["duration_s"].to_numpy(dtype=np.float64)))
             if len(lat)
             else None,
-            "dollars_per_clip": dollars_per_clip(float(np.mean(lat)), rate) if len(lat) else None,
+            "dollars_per_clip": S.usd_per_clip(mine["request_to_file_latency_s"].tolist(), rate),
             "verdict": candidate_verdict(run.verdict, recipe) if role == "candidate" else None,
         }
         if role == "baseline":
@@ -411,10 +361,10 @@ def speed_table(run: RunData, hourly_rate: float | None = None, *, n_resamples: 
             if len(pairs):
                 b = pairs["baseline"].to_numpy(dtype=np.float64)
                 c = pairs["candidate"].to_numpy(dtype=np.float64)
-                row["speedup"] = float(speedup_of_means(b, c))
-                ci = bootstrap_ci([b, c], speedup_of_means, n_resamples=n_resamples)
-                if ci is not None:
-                    row["speedup_ci_low"], row["speedup_ci_high"] = ci
+                row["speedup"] = float(b.mean() / c.mean())
+                if len(pairs) >= 2:
+                    ci = S.speedup(b, c, n_resamples=n_resamples).ci
+                    row["speedup_ci_low"], row["speedup_ci_high"] = ci.low, ci.high
         rows.append(row)
     return pd.DataFrame(rows, columns=SPEED_COLUMNS)
 
@@ -449,8 +399,9 @@ def metric_direction(runs: list[RunData], gate: str, metric: str) -> bool | None
     return None
 
 
-def quality_table(run: RunData, gate: str, metric: str, *, n_resamples: int = 2000) -> pd.DataFrame:
-    """Per candidate: mean of ``gate``'s ``metric`` over scored pairs with a bootstrap CI, and how many are missing.
+def quality_table(run: RunData, gate: str, metric: str, *, n_resamples: int = S.DEFAULT_RESAMPLES) -> pd.DataFrame:
+    """Per candidate: mean of ``gate``'s ``metric`` over scored pairs with :func:`h3eval.stats.mean_ci` (no CI from
+    fewer than two values), and how many are missing.
 
     Missing values (gate error, not applicable, None) are counted in ``n_missing`` and left out of the mean.
     """
@@ -463,7 +414,7 @@ def quality_table(run: RunData, gate: str, metric: str, *, n_resamples: int = 20
             pd.to_numeric(mine[col], errors="coerce").to_numpy(dtype=np.float64) if col in mine.columns else np.array([])
         )
         good = values[np.isfinite(values)]
-        ci = bootstrap_ci(good, lambda v: np.mean(v, axis=-1), n_resamples=n_resamples) if len(good) else None
+        ci = S.mean_ci(good, n_resamples=n_resamples) if len(good) >= 2 else None
         rows.append(
             {
                 "run": run.label,
@@ -471,8 +422,8 @@ def quality_table(run: RunData, gate: str, metric: str, *, n_resamples: int = 20
                 "n_scored": int(len(good)),
                 "n_missing": int(len(mine) - len(good)),
                 "quality": float(np.mean(good)) if len(good) else None,
-                "quality_ci_low": ci[0] if ci else None,
-                "quality_ci_high": ci[1] if ci else None,
+                "quality_ci_low": ci.low if ci else None,
+                "quality_ci_high": ci.high if ci else None,
             }
         )
     return pd.DataFrame(rows, columns=["run", "recipe", "n_scored", "n_missing", "quality", "quality_ci_low",

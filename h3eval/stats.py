@@ -30,6 +30,13 @@ one metric and return what the verdict reads:
 * **Speedup** (:func:`speedup`): ``mean(baseline latency) / mean(candidate latency)`` over paired requests (the
   ratio of total times, i.e. of throughput), with a paired BCa CI; also the geometric mean and median of the
   per-request ratios.
+* **Quantiles** (:func:`quantile`): numpy's ``method="linear"`` (Hyndman & Fan type 7).
+* **Cost per clip** (:func:`usd_per_clip`): p50 request-to-file latency × the machine's hourly rate / 3600.
+
+This module is the one home of these numbers: the verdict, the speed summary (``speed.json``, ``speed.md``) and the
+dashboard call these functions, so they cannot disagree on a run (the bootstrap is :func:`bootstrap_ci`, defined
+once; its resample count and seed are parameters, defaulting to :data:`DEFAULT_RESAMPLES` and
+:data:`DEFAULT_SEED`).
 
 The tests check each function against scipy / statsmodels and against a slow, readable loop of the definition.
 """
@@ -394,6 +401,29 @@ def pairs_needed(sd: float, effect: float, *, alpha: float = 0.025, power: float
 
 
 # -- speed ---------------------------------------------------------------------------------------------------------
+QUANTILE_METHOD = "linear"
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """numpy's ``quantile(method="linear")``: Hyndman & Fan type 7, linear interpolation between order statistics
+    at ``(n - 1) * q``."""
+    return float(np.quantile(np.asarray(values, dtype=np.float64), q, method=QUANTILE_METHOD))
+
+
+def usd_per_clip(request_to_file_latency_s: Sequence[float], hourly_rate: float | None) -> float | None:
+    """Cost of one clip: p50 request-to-file seconds × the machine's hourly rate / 3600; None without a rate or a
+    latency.
+
+    Request-to-file (seed 002's latency: request in to finished file on disk) is what a paying request occupies the
+    machine for, queueing and the MP4 mux included; the median keeps one slow first request from setting the price.
+    Seed 001 prices GPU time per clip the same way, at the pod's hourly rate ("about $0.29" for ~80 s at $13.16/h).
+    """
+    latencies = [float(v) for v in request_to_file_latency_s]
+    if hourly_rate is None or not latencies:
+        return None
+    return quantile(latencies, 0.5) * hourly_rate / 3600.0
+
+
 def _ratio_of_means(base, cand, axis=-1):
     return np.mean(base, axis=axis) / np.mean(cand, axis=axis)
 

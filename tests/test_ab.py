@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 from typer.testing import CliRunner
 
 from h3.record import ClipRecord
@@ -200,19 +201,22 @@ def test_detect_recompiles_against_a_hand_worked_case(tmp_path):
     assert [s["request"] for s in again["shapes"]] == ["r1", "r5"]
 
 
-def test_speedup_matches_a_readable_bootstrap_loop():
+def test_speedup_is_the_statistics_modules():
+    """speed.json's speedup is h3eval.stats.speedup (the verdict's and the dashboard's): the same paired BCa
+    bootstrap, which is scipy's with the same draws."""
     base = [10.0, 11.0, 9.5, 10.5, 12.0, 9.0]
     cand = [5.0, 5.2, 5.1, 4.8, 6.5, 4.4]
-    got = speedmod.speedup(base, cand, b=500, seed=7)
-    rng = np.random.default_rng(7)
-    idx = rng.integers(0, len(base), size=(500, len(base)))
-    ratios = []
-    for row in idx:  # one resample at a time, in plain Python
-        ratios.append(sum(base[i] for i in row) / sum(cand[i] for i in row))
+    got = speedmod.speedup(base, cand, n_resamples=500, seed=7)
+    ref = scipy.stats.bootstrap((np.array(base), np.array(cand)), lambda b, c, axis=-1: np.mean(b, axis=axis)
+                                / np.mean(c, axis=axis), paired=True, vectorized=True, n_resamples=500, method="BCa",
+                                rng=np.random.default_rng(7))
     assert got["speedup"] == pytest.approx(sum(base) / sum(cand))
-    assert got["ci_low"] == pytest.approx(float(np.percentile(ratios, 2.5)))
-    assert got["ci_high"] == pytest.approx(float(np.percentile(ratios, 97.5)))
+    assert got["ci_low"] == pytest.approx(ref.confidence_interval.low, rel=1e-12)
+    assert got["ci_high"] == pytest.approx(ref.confidence_interval.high, rel=1e-12)
+    assert got["bootstrap"] == {"method": "BCa", "B": 500, "seed": 7}
     assert got["ci_low"] < got["speedup"] < got["ci_high"]
+    one = speedmod.speedup([10.0], [5.0])
+    assert one["speedup"] == 2.0 and one["ci_low"] is None and "not informative" in one["warning"]
 
 
 # -- the full run: interleaving, warm-up, recompile flag, kill and resume --------------------------------------------
