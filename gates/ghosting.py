@@ -45,7 +45,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from gates.base import Gate, GateResult, Metric, PairContext, register_gate
+from pydantic import Field
+
+from gates.base import Gate, GateInputError, GateOptions, GateResult, Metric, MetricSpec, PairContext, register_gate
 
 logger = logging.getLogger(__name__)
 
@@ -579,8 +581,17 @@ def _png_bytes(rgb: np.ndarray) -> bytes:
     return buf.tobytes()
 
 
-_CONFIG_OPTIONS = ("threshold", "frame_threshold", "pool_frames", "frame_stride")
-_OPTION_KEYS = {*_CONFIG_OPTIONS, "strip_frames", "workers"}
+class GhostingOptions(GateOptions):
+    """The detector settings a run may change (defaults: :class:`GhostingConfig`'s, calibrated) and the strip."""
+
+    threshold: float = GhostingConfig.threshold
+    frame_threshold: float = GhostingConfig.frame_threshold
+    pool_frames: int = Field(default=GhostingConfig.pool_frames, ge=1)
+    frame_stride: int = Field(default=GhostingConfig.frame_stride, ge=1)
+    strip_frames: int = 3
+    """Worst frames shown in the strip artifact."""
+    workers: int = 1
+    """Threads of the displacement search."""
 
 
 @register_gate
@@ -595,31 +606,26 @@ class GhostingGate(Gate):
         "threshold, and lists the frames that carry the copy."
     )
 
-    option_names = frozenset(_OPTION_KEYS)
+    Options = GhostingOptions
+    metrics = {"ghost_strength": MetricSpec(higher_is_better=False, unit="alpha"),
+               "ghost_score_max": MetricSpec(higher_is_better=False, unit="alpha"),
+               "ghost_score_mean": MetricSpec(higher_is_better=False, unit="alpha"),
+               "ghost_frames": MetricSpec(higher_is_better=False, unit="frames")}
 
     def evaluate(self, ctx: PairContext) -> GateResult:
-        from gates.common import GateInputError, check_options, option_float, option_int, relative_to_run
+        from gates.common import relative_to_run
         from gates.media_cache import load_video
         from h3.atomic import atomic_write_bytes
         from h3.media import MediaError
 
-        defaults = GhostingConfig()
         try:
-            check_options(self.name, ctx.options, self.option_names)
-            config = dataclasses.replace(
-                defaults,
-                threshold=option_float(ctx.options, "threshold", defaults.threshold),
-                frame_threshold=option_float(ctx.options, "frame_threshold", defaults.frame_threshold),
-                pool_frames=option_int(ctx.options, "pool_frames", defaults.pool_frames),
-                frame_stride=option_int(ctx.options, "frame_stride", defaults.frame_stride),
-            )
-            if config.pool_frames < 1 or config.frame_stride < 1:
-                raise GateInputError(
-                    f"options pool_frames={config.pool_frames} and frame_stride={config.frame_stride} must be >= 1")
-            strip_frames = option_int(ctx.options, "strip_frames", 3)
-            workers = option_int(ctx.options, "workers", 1)
+            options = self.parse_options(ctx.options)
         except GateInputError as exc:
             return self._error(ctx, str(exc))
+        config = dataclasses.replace(GhostingConfig(), threshold=options.threshold,
+                                     frame_threshold=options.frame_threshold, pool_frames=options.pool_frames,
+                                     frame_stride=options.frame_stride)
+        strip_frames, workers = options.strip_frames, options.workers
         try:
             # Through the runner's per-pair cache: the other gates of this pair decode the same two files.
             base, _ = load_video(ctx.baseline.mp4)

@@ -11,9 +11,11 @@ and artifacts to the same folder. The loop is pair-major so that the gates of on
   bit-identical, and any difference after decoding would be codec noise. A gate with an ``identical_result(ctx)``
   method answers without decoding (exactly zero difference); other gates are run as usual and their result is
   marked ``identical``. The integrity gate has no such method: a clip can be broken on both sides.
-- **Options**: ``key=value`` goes to every chosen gate that knows ``key`` (a gate lists its ``option_names``; one
-  that does not gets them all), ``gate.key=value`` to that gate only. An option no chosen gate knows is an error
-  before anything runs.
+- **Options**: ``key=value`` goes to every chosen gate that knows ``key`` (each gate declares its option schema,
+  ``Gate.Options``), ``gate.key=value`` to that gate only. An option no chosen gate knows, or a value its schema
+  refuses, is an error before anything runs.
+- **Metrics**: a result whose metrics are not among those the gate declares (``Gate.metrics``: name, direction,
+  unit) is an error result: the verdict reads the declarations.
 - **Bad input**: a missing or unfinished clip, an MP4 whose sha256 no longer matches its record, or a gate that
   raises gives that pair (and gate) a result with ``status="error"`` and the message; the other pairs are still
   scored, and the summary says the run failed so that the command exits non-zero.
@@ -28,8 +30,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 
-from gates.base import (GATE_RESULT_VERSION, ClipSide, Gate, GateResult, PairContext, PairRef, RunClip, RunContext,
-                        RunInfo, get_gate)
+from gates.base import (GATE_RESULT_VERSION, ClipSide, Gate, GateInputError, GateResult, PairContext, PairRef,
+                        RunClip, RunContext, RunInfo, get_gate)
 from h3.atomic import atomic_write_json, sha256_file
 from h3eval.store import (GateResultError, RecordError, RunManifest, RunStore, StoreError, clip_stem, read_clip_record,
                           read_gate_result)
@@ -117,8 +119,8 @@ def parse_options(items: Iterable[str]) -> dict[str, str]:
 
 
 def options_for(gate: str, options: dict[str, Any], known: frozenset[str] | None = None) -> dict[str, Any]:
-    """The options one gate gets: unscoped ``key`` options it knows (all of them when the gate does not declare
-    ``option_names``), overridden by those scoped ``gate.key`` to it. Options scoped to other gates are dropped."""
+    """The options one gate gets: unscoped ``key`` options it knows (``known``: its ``option_names``; all of them
+    when None), overridden by those scoped ``gate.key`` to it. Options scoped to other gates are dropped."""
     resolved = {k: v for k, v in options.items() if "." not in k and (known is None or k in known)}
     prefix = f"{gate}."
     resolved.update({k[len(prefix) :]: v for k, v in options.items() if k.startswith(prefix)})
@@ -126,25 +128,28 @@ def options_for(gate: str, options: dict[str, Any], known: frozenset[str] | None
 
 
 def check_options(gates: list[Gate], options: dict[str, Any]) -> None:
-    """Fail before anything runs on an option no chosen gate knows (gates declare ``option_names``).
+    """Fail before anything runs on an option no chosen gate knows, or a value a gate's option schema refuses.
 
-    An unscoped ``key`` must be known to at least one chosen gate (unless some chosen gate does not declare its
-    options); a scoped ``gate.key`` for a chosen gate must be known to that gate. Scoped options of gates not chosen
-    are ignored, so that one option set can serve several runs.
+    Every gate declares its options (``Gate.Options``). An unscoped ``key`` must be known to at least one chosen gate;
+    a scoped ``gate.key`` for a chosen gate must be known to that gate. Scoped options of gates not chosen are
+    ignored, so that one option set can serve several runs. Then each chosen gate's share is parsed by its schema.
     """
-    declared = {g.name: getattr(g, "option_names", None) for g in gates}
+    declared = {g.name: g.option_names for g in gates}
     for key in options:
         name, dot, option = key.partition(".")
         if dot:
-            known = declared.get(name, None)
-            if name in declared and known is not None and option not in known:
-                raise GateRunError(f"option {key!r}: gate {name} has no option {option!r}; known: {sorted(known)}")
-        elif all(known is not None for known in declared.values()) and not any(
-            key in known for known in declared.values()
-        ):
+            if name in declared and option not in declared[name]:
+                raise GateRunError(f"option {key!r}: gate {name} has no option {option!r}; "
+                                   f"known: {sorted(declared[name])}")
+        elif not any(key in known for known in declared.values()):
             everything = sorted(set().union(*declared.values())) if declared else []
             raise GateRunError(f"option {key!r} is not an option of the chosen gates ({', '.join(declared)}); "
                                f"known: {everything}")
+    for gate in gates:
+        try:
+            gate.parse_options(options_for(gate.name, options, gate.option_names))
+        except GateInputError as exc:
+            raise GateRunError(str(exc)) from None
 
 
 def check_device(device: str) -> str:
@@ -234,7 +239,6 @@ def _error_result(gate: str, pair: PairRef, message: str) -> GateResult:
 
 
 def _describe(exc: BaseException) -> str:
-    from gates.common import GateInputError
     from h3.media import MediaError
 
     # Our own errors already say what is wrong with which file; anything else is a bug or an unforeseen input,
@@ -259,6 +263,9 @@ def evaluate_pair(gate: Gate, ctx: PairContext, identical: bool) -> GateResult:
         return _error_result(gate.name, ctx.pair, _describe(exc))
     if result.gate != gate.name or result.pair != ctx.pair:
         return _error_result(gate.name, ctx.pair, f"gate {gate.name} returned a result for another gate or pair")
+    broken = gate.declaration_problems(result)
+    if broken:
+        return _error_result(gate.name, ctx.pair, f"gate {gate.name} broke its declared metrics: " + "; ".join(broken))
     if result.error is not None:
         result.status = "error"
     return result
@@ -335,7 +342,7 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
     todo = []
     for gate in gates:
         path = result_path(store, gate.name, pair.candidate, pair.prompt_id, pair.seed)
-        gate_options = options_for(gate.name, options, getattr(gate, "option_names", None))
+        gate_options = options_for(gate.name, options, gate.option_names)
         stamp = None if side_error else _inputs_stamp(sides.sha(base.mp4), sides.sha(cand.mp4), gate_options)
         kept = None if force or side_error else load_valid_result(path, gate.name, pair, stamp)
         if kept is not None:

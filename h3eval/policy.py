@@ -314,16 +314,17 @@ def load_policy(path: str | Path) -> LoadedPolicy:
 def registry_problems(policy: Policy, gates: Mapping[str, Any]) -> list[str]:
     """Mismatches between the policy and the gates' own declarations (for gates that are registered).
 
-    ``gates`` maps a registered gate name to its class. A gate class that declares ``metrics`` (a mapping of
-    metric name -> higher_is_better, or a list of names) has each policy metric checked against it; the baseline
-    side of a ``sides`` metric is not declared separately. Gates not in ``gates`` are handled by the verdict.
+    ``gates`` maps a registered gate name to its class. Every gate class declares ``metrics``: a mapping of metric
+    name -> :class:`gates.base.MetricSpec` (or a plain ``higher_is_better`` bool). Each policy metric must be declared
+    by its gate, with the same direction; the baseline side of a ``sides`` metric is not declared separately. Gates
+    not in ``gates`` are handled by the verdict (no results: INCONCLUSIVE).
     """
     problems: list[str] = []
     for gate_name, gate_policy in policy.gates.items():
         cls = gates.get(gate_name)
-        declared = getattr(cls, "metrics", None) if cls is not None else None
-        if declared is None:
+        if cls is None or not gate_policy.metrics:
             continue
+        declared = getattr(cls, "metrics", None) or {}
         directions = dict(declared) if isinstance(declared, Mapping) else {name: None for name in declared}
         for metric, mp in gate_policy.metrics.items():
             if metric not in directions:

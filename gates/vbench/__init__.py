@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gates.base import ClipSide, Gate, GateResult, Metric, PairContext, PairRef, RunContext, register_gate
+from gates.base import (ClipSide, Gate, GateOptions, GateResult, Metric, MetricSpec, PairContext, PairRef, RunContext,
+                        register_gate)
 from h3.atomic import atomic_write_json, sha256_file
 from h3.names import clip_stem
 from h3.provenance import utc_now
@@ -348,6 +349,17 @@ def _read_previous(gate_dir: Path, clip: ClipInput, dims: list[str], provenance:
     return {d: scores[d] for d in dims}
 
 
+class VBenchOptions(GateOptions):
+    dimensions: str | list[str] | None = None
+    """Dimensions to score (comma-separated); default: every supported one."""
+    env: str | None = None
+    """The scoring environment (default ``$H3EVAL_VBENCH_ENV``, else ``~/.cache/h3eval/vbench-env``)."""
+    cache_dir: str | None = None
+    """VBench's checkpoint folder (default ``$VBENCH_CACHE_DIR``, else ``~/.cache/vbench``)."""
+    device: str | None = None
+    """Where VBench scores (default: the gate run's device)."""
+
+
 @register_gate
 class VBenchGate(Gate):
     """Pinned VBench scores of both clips of a pair (see the module docstring)."""
@@ -355,16 +367,22 @@ class VBenchGate(Gate):
     name: ClassVar[str] = GATE_NAME
     needs = ("video",)
     description: ClassVar[str] = "pinned VBench (custom-input mode) in its own environment, hash-verified, per clip"
+    Options = VBenchOptions
+    # The candidate's raw score and candidate minus baseline, per dimension, both in the dimension's direction.
+    metrics = {name: MetricSpec(higher_is_better=dim.higher_is_better) for key, dim in DIMENSIONS.items()
+               for name in (key, f"{key}_delta")}
 
     evaluate_run = staticmethod(evaluate_run)
 
     def evaluate(self, ctx: PairContext) -> GateResult:
-        dims = resolve_dimensions(ctx.options.get("dimensions"))
-        env = ctx.options.get("env")
-        report = require_verified(verify(Path(env) if env else default_env_path(), dims, ctx.options.get("cache_dir")))
+        options = self.parse_options(ctx.options)
+        # A string from the command line is one comma-separated list (resolve_dimensions takes a list of them).
+        dims = resolve_dimensions([options.dimensions] if isinstance(options.dimensions, str) else options.dimensions)
+        report = require_verified(verify(Path(options.env) if options.env else default_env_path(), dims,
+                                         options.cache_dir))
         clips = [self._clip_input(side, ctx) for side in (ctx.baseline, ctx.candidate)]
         with tempfile.TemporaryDirectory(prefix="vbench-pair-") as work:
-            result = run_scorer(clips, dims, report, Path(work), ctx.options.get("device", ctx.device))
+            result = run_scorer(clips, dims, report, Path(work), options.device or ctx.device)
         provenance = report.provenance()
         info = {"vbench_version": VBENCH_VERSION, "mode": VBENCH_MODE, "long_video_handling": LONG_VIDEO_HANDLING,
                 "source_pins_sha256": provenance["source_pins_sha256"],
