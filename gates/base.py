@@ -130,6 +130,10 @@ class RunContext:
     pairs: list[PairRef]
 
 
+class UnknownGateError(KeyError):
+    """No gate is registered under this name; the message lists the known ones."""
+
+
 class GateInputError(ValueError):
     """The pair cannot be scored by this gate (mismatched shapes, no audio stream, missing weights, a bad option...).
 
@@ -227,16 +231,14 @@ def gate_class(name: str) -> type[Gate]:
     """The class registered under ``name`` (not instantiated: a gate's constructor may load weights)."""
     _import_builtin_gates()
     if name not in _REGISTRY:
-        raise KeyError(f"unknown gate {name!r}; known gates: {', '.join(sorted(_REGISTRY)) or '(none)'}")
+        raise UnknownGateError(f"unknown gate {name!r}; known gates: {', '.join(sorted(_REGISTRY)) or '(none)'}")
     return _REGISTRY[name]
 
 
 def get_gate(name: str) -> Gate:
     """The gate registered under ``name``; unknown names fail with the list of known ones."""
     _import_builtin_gates()
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown gate {name!r}; known gates: {', '.join(sorted(_REGISTRY)) or '(none)'}")
-    return _REGISTRY[name]()
+    return gate_class(name)()
 
 
 # Gate modules register themselves on import; listed here so that `get_gate` finds them without the caller

@@ -32,6 +32,8 @@ def generate(
     device: Optional[str] = typer.Option(None, "--device", envvar="H3_DEVICE"),
 ) -> None:
     """Generate one clip (MP4, 24 fps, 32 kHz stereo) and its JSON record."""
+    from h3.levers import LeverError
+    from h3.media import MediaError
     from h3.recipe import RecipeError, load_recipe
     from h3.runtime import CheckpointError, GenerateRequest, H3Runtime, RequestError, resolve_request
     from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE
@@ -45,7 +47,7 @@ def generate(
         resolve_request(request, TINY_DEFAULT_SIZE if model == "tiny" else FULL_DEFAULT_SIZE)
         runtime = H3Runtime.load(model, load_recipe(recipe), device)
         record = runtime.generate(request, out)
-    except (RecipeError, CheckpointError, RequestError, RuntimeError, OSError) as exc:
+    except (RecipeError, CheckpointError, RequestError, LeverError, MediaError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(3)
     typer.echo(
@@ -68,6 +70,7 @@ def serve(
     device: Optional[str] = typer.Option(None, "--device", envvar="H3_DEVICE"),
 ) -> None:
     """Serve the OpenAI-style videos API (SGLang's field names) over one recipe."""
+    from h3.levers import LeverError
     from h3.recipe import RecipeError
     from h3.runtime import CheckpointError
     from h3.server import serve as run_server
@@ -79,7 +82,7 @@ def serve(
     try:
         run_server(model, recipe, host=host, port=port, api_key=api_key, max_queue=max_queue,
                    output_dir=output_dir, device=device)
-    except (RecipeError, CheckpointError, RuntimeError, OSError) as exc:
+    except (RecipeError, CheckpointError, LeverError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(3)
 
