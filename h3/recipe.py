@@ -17,11 +17,11 @@ import hashlib
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from h3.levers import REGISTRY
+from h3.levers import REGISTRY, LeverConfig
 from h3.names import is_safe_name
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -64,14 +64,20 @@ class _RecipeBase(BaseModel):
         return self.steps + 1
 
 
-Recipe = create_model(
-    "Recipe",
-    __base__=_RecipeBase,
-    __doc__="One configuration of the runtime: the base settings and one section per lever (``h3.levers.REGISTRY``, "
-            "in the order the levers apply).",
-    __module__=__name__,
-    **{config.name: (config, Field(default_factory=config)) for config in REGISTRY},
-)
+def compose_recipe(levers: Sequence[type[LeverConfig]] = REGISTRY) -> type[_RecipeBase]:
+    """The recipe schema for ``levers``: the base settings and one section per lever, named by the config's
+    ``name``, in the order the levers apply (every section defaults to the lever's own defaults: off)."""
+    return create_model(
+        "Recipe",
+        __base__=_RecipeBase,
+        __doc__="One configuration of the runtime: the base settings and one section per lever "
+                "(``h3.levers.REGISTRY``, in the order the levers apply).",
+        __module__=__name__,
+        **{config.name: (config, Field(default_factory=config)) for config in levers},
+    )
+
+
+Recipe = compose_recipe()
 
 
 def _format_validation_error(source: str, exc: ValidationError) -> str:

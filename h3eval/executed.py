@@ -9,7 +9,7 @@ the settings that are not levers here (name, steps, dtype), every lever through 
 
 from __future__ import annotations
 
-from h3.levers import LEVERS, lever_configs
+from h3.levers import lever_configs
 from h3.record import ClipRecord
 from h3.recipe import Recipe
 
@@ -35,10 +35,11 @@ def check_executed(recipe: Recipe, record: ClipRecord) -> list[str]:
         problems.append(f"steps: recipe asks for {recipe.steps} DiT forward passes, {ex.forward_passes} ran")
     if ex.torch_dtype != recipe.dtype:
         problems.append(f"dtype: recipe asks for {recipe.dtype}, the transformer ran in {ex.torch_dtype}")
-    for config in lever_configs(recipe):
+    configured = lever_configs(recipe)
+    for config in configured:
         problems.extend(config.check_executed(ex.levers.get(config.name), ex))
     for name in ex.levers:
-        if name not in LEVERS:
+        if name not in {config.name for config in configured}:
             problems.append(f"{name}: the runtime reported lever telemetry the recipe does not configure: "
                             f"{ex.levers[name]}")
     return problems

@@ -69,8 +69,9 @@ _check_registry()
 
 
 def lever_configs(recipe) -> list[LeverConfig]:
-    """The recipe's lever configs in registry order."""
-    return [getattr(recipe, config.name) for config in REGISTRY]
+    """The recipe's lever sections, in the order they apply (the recipe's field order: :data:`REGISTRY`'s)."""
+    return [value for value in (getattr(recipe, field) for field in type(recipe).model_fields)
+            if isinstance(value, LeverConfig)]
 
 
 def keeps_on_cpu(recipe, component: str) -> bool:
