@@ -3,6 +3,10 @@
 Pattern (diffusers' hooks): each lever module has an ``XConfig`` dataclass, ``apply_x(target, config) -> handle`` and
 the handle's ``remove()``; applying a lever twice to one module is an error. The handle's ``telemetry()`` is what the
 clip record reports under ``executed.levers[<lever>]``: at least ``applied`` plus counts of what actually ran.
+
+A lever documented as exact (AdaLN precompute, bucketing, offload, a step cache's computed steps, sparse attention's
+dense steps) gives the baseline's bits on one platform with MKL's reproducibility mode on, which importing ``h3``
+switches on (h3/determinism.py); across platforms the product promises no bits, and its byte checks say so.
 """
 
 from __future__ import annotations
