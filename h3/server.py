@@ -333,6 +333,8 @@ class RequestSchema:
 
     def resolve(self, body: dict[str, Any]) -> Resolved:
         body = self._merge_extra_body(body)
+        # JSON null for a field of this API means "not given" (SGLang's and OpenAI's optional fields).
+        body = {k: v for k, v in body.items() if not (v is None and (k in FIELDS or k in REFUSED))}
         errors: list[tuple[str, str]] = []
         values: dict[str, Any] = {}
 
