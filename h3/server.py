@@ -6,13 +6,13 @@ Endpoints: ``POST /v1/videos`` (JSON, multipart/form-data or a urlencoded form),
 (``variant`` = ``video`` MP4, ``thumbnail`` WebP, ``spritesheet`` JPEG), ``GET /v1/models``, ``GET /health``. Job
 status: ``queued``, ``in_progress``, ``completed``, ``failed``.
 
-Request fields (:data:`FIELDS`), each honoured or refused by name, never ignored:
+Request fields (:data:`h3.server_request.FIELDS`), each honoured or refused by name, never ignored:
 
 - OpenAI's: ``prompt``, ``model`` (the served model id or recipe name, both listed in ``/v1/models``), ``seconds``
   and ``size`` "WxH". Both are mapped onto the model's grid and the job reports what will be generated:
-  ``seconds`` snaps up to the next frame count ``17n+5`` the video VAE decodes (below MiniMax-H3's 5 s
-  minimum, the shortest clip; 15 s, 14.375 s; above 15 s, a 422), ``size`` snaps each side to the nearest multiple of the
-  canvas multiple (32). ``input_reference`` (an image to start from) is refused by name: the runtime generates
+  ``seconds`` snaps up to the next frame count ``17n+5`` the video VAE decodes (below MiniMax-H3's 5 s minimum,
+  the shortest clip; 15 s gives 14.375 s; above 15 s, a 422), ``size`` snaps each side to the nearest multiple of
+  the canvas multiple (32). ``input_reference`` (an image to start from) is refused by name: the runtime generates
   text-to-video+audio only so far.
 - SGLang's: ``seed``, ``num_frames``, ``fps`` (24 only), ``num_inference_steps`` (the recipe's own only),
   ``guidance_scale`` (1 only) and ``negative_prompt`` (empty only): MiniMax-H3 is guidance-distilled, one forward
@@ -410,7 +410,8 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
         return job
 
     def public(job: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in job.items() if k != "mp4_sha256" and not k.startswith("_")}
+        with store.lock:  # the worker adds keys to a job as it completes it
+            return {k: v for k, v in job.items() if k != "mp4_sha256" and not k.startswith("_")}
 
     def model_entry(name: str) -> dict[str, Any]:
         return {"id": name, "object": "model", "created": loaded_at, "owned_by": "h3", "model_path": runtime.model,

@@ -38,7 +38,7 @@ def _decode_frames(path: Path, wanted: set[int]) -> dict[int, Any]:
 
 
 def make_preview(variant: str, mp4: Path, layout: dict[str, Any]) -> bytes:
-    """The thumbnail (first frame, lossless WebP) or the spritesheet (JPEG grid of ``layout``: :func:`sprite_layout`)."""
+    """The thumbnail (first frame, lossless WebP) or the spritesheet (a JPEG grid: :func:`sprite_layout`)."""
     import io
 
     from PIL import Image

@@ -97,8 +97,8 @@ DEFAULT_MAX_PROMPT_TOKENS = 1024
 # Seed 000: the full-step 15 s 768x1344 baseline took 1545 s generation-side on one RTX 5090.
 CHECKPOINT_JOB_TIMEOUT_S = 3600.0
 TINY_JOB_TIMEOUT_S = 300.0
-# On a CPU a canvas of 4x the default area takes several times the default clip's time (the tiny preset: 128x128 a
-# few seconds, 512x512 about a minute on 2 cores, 1792x1024 minutes: issue 26); beyond that, raise --max-pixels.
+# On a CPU a canvas of 4x the default area takes a few times the default clip's time (the tiny preset on a shared
+# 2-core machine: 128x128 3-10 s, 256x256 15 s, 512x512 54 s; 1792x1024 minutes, issue 26). Raise --max-pixels.
 CPU_CANVAS_FACTOR = 4
 
 
@@ -116,7 +116,7 @@ def default_limits(runtime: Any, **overrides: Any) -> ServerLimits:
         basis["max_prompt_tokens"] = f"the text encoder's {positions} positions"
     else:
         tokens = DEFAULT_MAX_PROMPT_TOKENS
-        basis["max_prompt_tokens"] = "default: room for the longest prompt suites (issue 26: long prompts stall)"
+        basis["max_prompt_tokens"] = "default: room for the longest prompt suite (issue 26: long prompts stall)"
     try:
         budget = int(getattr(pipe.config, "canvas_max_pixels"))
     except (AttributeError, TypeError, ValueError):
@@ -128,12 +128,13 @@ def default_limits(runtime: Any, **overrides: Any) -> ServerLimits:
         basis["max_pixels"] = f"CPU: {CPU_CANVAS_FACTOR}x the default {width}x{height} canvas (model budget {budget})"
     else:
         pixels = budget
-        basis["max_pixels"] = f"the model's canvas budget ({budget} pixels, MiniMax-H3's 768x1344)"
+        basis["max_pixels"] = f"the model's canvas budget (canvas_max_pixels {budget}; MiniMax-H3: 768x1344)"
     pixels = max(pixels, height * width)
     if getattr(runtime, "model", None) == "tiny":
         timeout, basis["job_timeout_s"] = TINY_JOB_TIMEOUT_S, "tiny preset"
     else:
         timeout, basis["job_timeout_s"] = CHECKPOINT_JOB_TIMEOUT_S, "checkpoint: seed 000's 1545 s baseline x2.3"
+    basis["max_body_bytes"] = "default: room for a prompt at the token limit, not for image uploads"
     values = {"max_prompt_tokens": tokens, "max_pixels": pixels, "job_timeout_s": timeout}
     for name, value in overrides.items():
         if value is not None:
@@ -159,13 +160,16 @@ class RequestProblem(Exception):
     def response(self) -> JSONResponse:
         detail = [{"loc": [self.where] + ([f] if f else []), "msg": m, "type": "value_error"} for f, m in self.errors]
         field_name, message = self.errors[0]
-        text = f"{field_name}: {message}" if field_name else message
+        text = f"{field_name}: {message}" if field_name and not message.startswith(field_name) else message
         return JSONResponse(status_code=self.status, content=error_body(self.status, text, detail, field_name or None))
 
 
 def show(value: Any, limit: int = 60) -> str:
     """A value for an error message: repr, cut short (a refused 1 MB value is not echoed back)."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's 4300-digit conversion limit
+        return "<a number too long to show>"
     return text if len(text) <= limit else text[:limit] + "..."
 
 
@@ -294,7 +298,8 @@ class RequestSchema:
                     errors.append((name, str(exc)))
 
         for name in sorted(set(body) - set(FIELDS) - set(REFUSED)):
-            errors.append((name, f"unknown field {show(name, 40)}; this server takes: {', '.join(FIELDS)}"))
+            takes = ", ".join(n for n in FIELDS if n not in REFUSED)
+            errors.append((name, f"unknown field {show(name, 40)}; this server takes: {takes}"))
         for name, why in REFUSED.items():
             if name in body:
                 errors.append((name, why))

@@ -147,11 +147,14 @@ def test_limits_are_configurable_reported_and_the_edges_accepted(tiny_runtime, t
 def test_a_job_past_its_timeout_fails_with_that_reason_and_the_worker_moves_on(tiny_runtime, tmp_path):
     root = tmp_path / "srv"
     with serving(create_app(tiny_runtime, root, job_timeout_s=0.5)) as url, httpx.Client(timeout=60) as client:
-        jobs = [post(client, url, {"prompt": PROMPT, "seconds": 15, "seed": s}).json() for s in (0, 1)]
+        # the largest job this CPU server takes (15 s at 256x256): several seconds on any machine, against 0.5 s
+        jobs = [post(client, url, {"prompt": PROMPT, "seconds": 15, "size": "256x256", "seed": s}).json()
+                for s in (0, 1)]
         for job in jobs:
             done = wait_status(client, url, job["id"])
             assert done["status"] == "failed" and done["error"]["code"] == "timeout", done
-            assert "per-job timeout of 0.5 s" in done["error"]["message"] and "--job-timeout" in done["error"]["message"]
+            message = done["error"]["message"]
+            assert "per-job timeout of 0.5 s" in message and "--job-timeout" in message
             assert done["progress"] < 100 and "h3_record" not in done
         assert list((root / "videos").iterdir()) == []  # no clip, record or temporary file left behind
         assert client.get(f"{url}/health").json() == {"status": "ok", "queued": 0, "in_progress": 0, "max_queue": 8}
