@@ -80,9 +80,13 @@ def determinism_check(store: RunStore, recipe: Recipe, prompts: PromptSuite, see
     from h3eval.ab import off_identity
 
     result = off_identity(store, recipe.name, f"{recipe.name}-repeat", prompts.ids, seeds)
+    # None: no pair could be compared byte for byte (every repeat made on another platform), so nothing is claimed.
+    checked = result["identical"] > 0 or bool(result["differing"])
     return {"pairs": result["identical"] + len(result["differing"]),
-            "identical": result["identical"] > 0 and not result["differing"],
-            "mismatches": [d["pair"] for d in result["differing"]]}
+            "identical": (result["identical"] > 0 and not result["differing"]) if checked else None,
+            "mismatches": [d["pair"] for d in result["differing"]],
+            "not_comparable": result["not_comparable"], "compared": result["compared"],
+            "platform": result["platforms"].get(recipe.name)}
 
 
 def floor_from_results(store: RunStore, recipe: Recipe, gates: list[str]) -> tuple[dict[str, float], dict[str, int]]:

@@ -4,7 +4,8 @@ MiniMax-H3's 33.1 B parameters, seed 002) leave the device.
 
 The tables are computed by the model's own modules on the runtime's device, from the same ``timestep`` tensors the
 pipeline passes at each step, so the modulation values are bit-identical to the baseline's (seed 002 measured "AdaLN
-fusion ... bitwise-identical outputs"). A table is selected per forward by the exact timestep values of the call; a
+fusion ... bitwise-identical outputs"), on one platform with MKL's reproducibility mode on (h3/determinism.py: without
+it MKL rounds by operand alignment, and the precomputed tables sit at other addresses). A table is selected per forward by the exact timestep values of the call; a
 timestep outside the precomputed schedule is an error, never a silent recomputation.
 
 Tables are cached on disk under ``$H3_CACHE_DIR/adaln/``, keyed by the checkpoint hash, the LoRA that shaped the

@@ -13,6 +13,10 @@ defaults are written once, in the lever's own file, and the config says:
 Optional hooks (defaults do nothing): ``device_problems`` and ``check_inputs`` (refuse a recipe before any weight
 loads), ``keeps_on_cpu`` (a component the lever moves itself), ``prepare`` (a setting the recipe makes whether the
 lever is on or off) and ``telemetry`` (what the record reports under ``executed.levers[<name>]``).
+
+A lever documented as exact (AdaLN precompute, bucketing, offload, a step cache's computed steps, sparse attention's
+dense steps) gives the baseline's bits on one platform with MKL's reproducibility mode on, which importing ``h3``
+switches on (h3/determinism.py); across platforms the product promises no bits, and its byte checks say so.
 """
 
 from __future__ import annotations

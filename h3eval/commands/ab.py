@@ -53,7 +53,13 @@ def register(app: typer.Typer) -> None:
         for name, check in result.off_identity.items():
             if not check["passed"]:
                 typer.echo(f"  {name}: off-identity FAILED ({len(check['differing'])} differing, "
-                           f"{len(check['missing'])} missing of {check['pairs']})", err=True)
+                           f"{len(check['missing'])} missing of {check['pairs']}; {check['compared']})", err=True)
+            else:
+                typer.echo(f"  {name}: off-identity: {check['identical']} of {check['pairs']} pairs byte-identical "
+                           f"({check['compared']})")
+            if check["not_comparable"]:
+                typer.echo(f"  {name}: {len(check['not_comparable'])} pair(s) not comparable byte for byte: "
+                           f"{check['not_comparable'][0]['why']}", err=True)
         for err in manifest.errors:
             typer.echo(f"  {err.error}", err=True)
         if manifest.status != "complete":
