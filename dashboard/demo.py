@@ -182,7 +182,8 @@ def _write_gates(store: RunStore, cand: str, pid: str, seed: int, num_frames: in
         info={"threshold": GHOST_THRESHOLD, "flagged_frames": flagged_frames,
               "worst_frames": [{"frame": 3, "ghost_score": gs[3], "lag": 0, "dy": 0, "dx": 6}]},
     )
-    atomic_write_json(store.gate_result_path("ghosting", cand, pair.prompt_id, pair.seed), ghost.model_dump(mode="json"))
+    atomic_write_json(store.gate_result_path("ghosting", cand, pair.prompt_id, pair.seed),
+                      ghost.model_dump(mode="json"))
 
     if trajectory:
         steps = 8
@@ -194,7 +195,8 @@ def _write_gates(store: RunStore, cand: str, pid: str, seed: int, num_frames: in
             series={"video_xt_rel_l2": [round(growth * (s + 1), 6) for s in range(steps)],
                     "video_x0_rel_l2": [round(growth * (s + 1) * 1.5, 6) for s in range(steps)]},
         )
-        atomic_write_json(store.gate_result_path("trajectory", cand, pair.prompt_id, pair.seed), traj.model_dump(mode="json"))
+        atomic_write_json(store.gate_result_path("trajectory", cand, pair.prompt_id, pair.seed),
+                          traj.model_dump(mode="json"))
 
 
 def record_of(store: RunStore, recipe: str, pid: str, seed: int) -> ClipRecord:

@@ -124,7 +124,8 @@ class RunContext:
     run_dir: Path
     info: RunInfo
     gate_dir: Path
-    """Where this gate writes (``<run>/gates/<gate>/``); per-pair results go to ``<candidate>/<prompt>-s<seed>.json``."""
+    """Where this gate writes (``<run>/gates/<gate>/``); per-pair results go to
+    ``<candidate>/<prompt>-s<seed>.json``."""
     clips: list[RunClip]
     """Every clip of the run's recipes × prompts × seeds (baseline first), finished or not."""
     pairs: list[PairRef]

@@ -23,7 +23,7 @@ around multiples of 8) catches an op that is right on the captured shape and wro
 An op that cannot run on this device (a CUDA kernel on the CPU, a lever module this checkout lacks) makes its rows
 ``not_applicable`` with the reason, and the pair's status ``not_applicable`` — never a pass.
 
-Run it with ``h3eval gate RUNDIR --gates opcheck [--option opcheck.KEY=VALUE ...]`` (keys: :class:`OpcheckOptions`); it needs
+Run it with ``h3eval gate RUNDIR --gates opcheck [--option opcheck.KEY=VALUE ...]`` (:class:`OpcheckOptions`); it needs
 the in-process runtime and the model named in run.json. Per pair it writes the usual result plus
 ``<candidate>/tables/<prompt>-s<seed>.opcheck.{json,csv}``: one row per record (source capture or sweep, op kind,
 module, layer, step, shapes, both ops' errors, ratio, flip rate, reasons) and per-op / per-step / per-layer summaries.
@@ -319,8 +319,8 @@ class OpcheckGate(Gate):
                    "float64 (budget: factor x baseline error + dtype floor), plus a random-shape sweep")
     Options = OpcheckOptions
     metrics = {"records": MetricSpec(higher_is_better=True), "failed_records": MetricSpec(higher_is_better=False),
-               "worst_rel_l2_ratio": MetricSpec(higher_is_better=False), "worst_cosine": MetricSpec(higher_is_better=True),
-               "flip_rate_max": MetricSpec(higher_is_better=False),
+               "worst_rel_l2_ratio": MetricSpec(higher_is_better=False),
+               "worst_cosine": MetricSpec(higher_is_better=True), "flip_rate_max": MetricSpec(higher_is_better=False),
                "not_applicable_records": MetricSpec(higher_is_better=False)}
 
     def __init__(self) -> None:

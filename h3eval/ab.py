@@ -301,7 +301,8 @@ def build_speed(plan: AbPlan, store: RunStore, refused: dict[str, list[str]]) ->
             "real_time_factor": "generation-side latency / clip duration (seed 000), p50",
             "usd_per_clip": "p50 request-to-file s x gpu_hourly_rate / 3600",
             "speedup": (f"mean(baseline)/mean(candidate) generation-side latency over paired requests; "
-                        f"{int(speedmod.CI_LEVEL * 100)}% paired BCa bootstrap (h3eval.stats), B={speedmod.BOOTSTRAP_B}, "
+                        f"{int(speedmod.CI_LEVEL * 100)}% paired BCa bootstrap (h3eval.stats), "
+                        f"B={speedmod.BOOTSTRAP_B}, "
                         f"seed {speedmod.BOOTSTRAP_SEED}"),
             "recompile": f"first request at a sequence shape > max({plan.recompile_ratio}x, "
                          f"+{plan.recompile_margin_s} s) of the recipe's steady-state median",

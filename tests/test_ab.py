@@ -150,7 +150,8 @@ def test_lever_sections_must_report_applied(mismatch_run):
     assert "mystery_lever: the runtime reported lever telemetry the recipe does not configure" in check_executed(
         recipe, applied)[0]
     assert [recipe_from_dict({**FAST_RECIPE, **section}).__getattribute__(name).is_on() for name, section in (
-        ("bucketing", {"bucketing": {"enabled": False, "multiple": 8}}), ("attention", {"attention": {"backend": "sage"}}),
+        ("bucketing", {"bucketing": {"enabled": False, "multiple": 8}}),
+        ("attention", {"attention": {"backend": "sage"}}),
         ("quant", {"quant": {"mode": "none"}}), ("cache", {"cache": {"kind": "none", "threshold": 0.1}}),
         ("cache", {"cache": {"kind": "fbc"}}))] == [False, True, False, False, True]
 

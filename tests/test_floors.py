@@ -1,5 +1,5 @@
-"""The import floors: ``h3`` <- ``gates`` <- ``h3eval`` <- ``dashboard`` / ``bench``; nothing imports upward, and library
-code never imports a CLI module (BRIEFING, STYLE.md).
+"""The import floors: ``h3`` <- ``gates`` <- ``h3eval`` <- ``dashboard`` / ``bench``; nothing imports upward, and
+library code never imports a CLI module (BRIEFING, STYLE.md).
 
 The checker walks the AST of every module (imports inside functions included, and ``importlib.import_module`` of a
 literal name), so a lazy import cannot hide an upward dependency. It is itself tested on a planted tree: a checker

@@ -69,7 +69,8 @@ def pinned_source_paths(site_packages: Path) -> list[str]:
 
 
 def make_source_pins(site_packages: Path) -> dict[str, Any]:
-    """The manifest of the installed package (maintainer step; the result is committed as gates/vbench/vbench-pins.json)."""
+    """The manifest of the installed package (maintainer step; the result is committed as
+    gates/vbench/vbench-pins.json)."""
     site_packages = Path(site_packages)
     files = {}
     for rel in pinned_source_paths(site_packages):

@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, require_cuda, unmark_applied
+from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, require_cuda,
+                           unmark_applied)
 
 if TYPE_CHECKING:
     from h3.record import Executed
