@@ -14,44 +14,46 @@ ones before it:
 
 The recipe (:mod:`h3.recipe`) is composed from the same list: one section per lever, named by the config's
 ``name``. Every lever is named in ``executed.levers`` of each clip record: ``{"applied": false}`` when the recipe
-has it off. Adding a lever is one new file here plus one line in :data:`REGISTRY`.
+has it off. Adding a lever is one new file here plus one line in :data:`REGISTRY`
+(``tests/test_lever_registry.py`` shows it with a toy lever).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from h3.levers.adaln import AdalnConfig
-from h3.levers.attention_backend import AttentionBackendConfig
 from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle
-from h3.levers.bucketing import BucketingConfig
-from h3.levers.compile import CompileConfig
-from h3.levers.lora import LoraConfig
-from h3.levers.offload import OffloadConfig
-from h3.levers.quantization import QuantizationConfig
-from h3.levers.sparse_attention import SparseAttentionConfig
-from h3.levers.step_cache import StepCacheConfig
-from h3.levers.vae import VaeConfig
 
 if TYPE_CHECKING:
     from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
+
+def _config(module: str, name: str) -> type[LeverConfig]:
+    """The config class ``name`` of the lever file ``h3/levers/<module>.py``."""
+    config = getattr(importlib.import_module(f"h3.levers.{module}"), name)
+    if not (isinstance(config, type) and issubclass(config, LeverConfig)):
+        raise TypeError(f"h3.levers.{module}.{name} is not a LeverConfig")
+    return config
+
+
 REGISTRY: tuple[type[LeverConfig], ...] = (
-    LoraConfig,
-    AdalnConfig,
-    QuantizationConfig,
-    AttentionBackendConfig,
-    BucketingConfig,
-    SparseAttentionConfig,
-    StepCacheConfig,
-    OffloadConfig,
-    CompileConfig,
-    VaeConfig,
+    _config("lora", "LoraConfig"),
+    _config("adaln", "AdalnConfig"),
+    _config("quantization", "QuantizationConfig"),
+    _config("attention_backend", "AttentionBackendConfig"),
+    _config("bucketing", "BucketingConfig"),
+    _config("sparse_attention", "SparseAttentionConfig"),
+    _config("step_cache", "StepCacheConfig"),
+    _config("offload", "OffloadConfig"),
+    _config("compile", "CompileConfig"),
+    _config("vae", "VaeConfig"),
 )
-"""Every lever, in the order it is applied; each config's ``name`` is its recipe section."""
+"""Every lever, in the order it is applied, one line each (the lever's file and its config class); each config's
+``name`` is its recipe section."""
 
 LEVERS: tuple[str, ...] = tuple(config.name for config in REGISTRY)
 
