@@ -317,8 +317,12 @@ def test_ab_over_http_with_our_server(tmp_path, tiny_runtime, fast_recipe_file):
     base, ident = store.read_record("fast", "a", 0), store.read_record("fast-identity", "a", 0)
     assert base.extra["hash_source"] == ident.extra["hash_source"] == "raw"
     assert ident.extra["server_recipe_name"] == "fast" and ident.recipe_name == "fast-identity"
-    assert result.off_identity["fast-identity"] == {"candidate": "fast-identity", "pairs": 1, "identical": 1,
-                                                    "differing": [], "missing": [], "passed": True}
+    check = result.off_identity["fast-identity"]
+    assert {k: check[k] for k in ("candidate", "pairs", "identical", "differing", "missing", "not_comparable",
+                                  "passed")} == {"candidate": "fast-identity", "pairs": 1, "identical": 1,
+                                                 "differing": [], "missing": [], "not_comparable": [], "passed": True}
+    # Both sides ran on this machine, through the server: the check names the one platform it compared on.
+    assert check["platforms"]["fast"] == check["platforms"]["fast-identity"] == base.hardware["numerics"]
     assert base.timings.generation_side_latency_s == base.extra["inference_time_s"]
     assert result.speed["protocols"]["mixed"]["fast-identity"]["executed_verified"] is True
 
