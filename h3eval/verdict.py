@@ -618,6 +618,42 @@ def _decide_metric(work: _MetricWork, alpha: float) -> None:
     mv.raw_outcome = combine(outcomes)
 
 
+# -- run-level test of per-pair p-values (issue 19) ------------------------------------------------------------------
+def _run_test(gv: GateVerdict, gp: GatePolicy, usable: dict[tuple[str, int], _LoadedResult],
+              expected: list[tuple[str, int]], min_pairs: int) -> Outcome:
+    """FAIL when Benjamini-Hochberg over the pairs' p-values finds a discovery; INCONCLUSIVE when a p-value is absent
+    or not in [0, 1] (never read as a pass), pairs are missing or too few; else PASS."""
+    rt = gp.run_test
+    assert rt is not None
+    values, keys, bad = [], [], []
+    for (prompt_id, seed), lr in sorted(usable.items()):
+        m = lr.result.metrics.get(rt.metric) if lr.result is not None else None
+        v = None if m is None else m.value
+        if v is None or not math.isfinite(v) or not 0.0 <= v <= 1.0:
+            bad.append(f"{clip_stem(prompt_id, seed)}: {rt.metric} = {v} ({lr.rel})")
+            continue
+        values.append(v)
+        keys.append(lr)
+    test = S.ghost_run_test(values, rt.fdr)
+    named = [f"{clip_stem(keys[i].prompt_id, keys[i].seed)} (p {values[i]:.3g})" for i in test.discoveries]
+    text = f"{rt.metric}: Benjamini-Hochberg at FDR {rt.fdr} over {test.n} pairs, Simes p {test.run_p_value:.3g}"
+    if test.fail:
+        gv.flagged = named
+        gv.evidence.extend(keys[i].rel for i in test.discoveries)
+        gv.reasons.append(f"{text}: {len(named)} pair(s) are discoveries: " + ", ".join(named[:5]))
+        return "FAIL"
+    problems = bad[:5]
+    if len(expected) - len(usable) > gp.max_missing:
+        problems.append(f"{len(expected) - len(usable)} of {len(expected)} expected pairs have no usable result")
+    if len(values) < min_pairs:
+        problems.append(f"only {len(values)} pair(s) with a p-value; the policy needs at least {min_pairs}")
+    if problems or bad:
+        gv.reasons.append(f"{text}: no discovery, but " + "; ".join(problems))
+        return "INCONCLUSIVE"
+    gv.reasons.append(f"{text}: no discovery")
+    return "PASS"
+
+
 # -- speed ---------------------------------------------------------------------------------------------------------
 def _load_record(store: RunStore, recipe: str, prompt_id: str, seed: int) -> tuple[ClipRecord | None, str | None]:
     path = store.record_path(recipe, prompt_id, seed)
@@ -837,6 +873,8 @@ def compute_verdict(
                     gate_level[gate].append("INCONCLUSIVE")
                 else:
                     gate_level[gate].append("PASS")
+            if gp.run_test is not None:
+                gate_level[gate].append(_run_test(gv, gp, usable, expected, gp.min_pairs or policy.min_pairs))
             for metric, mp in gp.metrics.items():
                 work = _gather_metric(gate, metric, mp, candidate, gp, policy.min_pairs, expected, results, floor,
                                       settings)
