@@ -39,7 +39,8 @@ from h3eval.policy import (SPEED_GATE, LoadedPolicy, NoiseFloor, PolicyError, lo
                            registry_problems, resolve_floor_path, today_utc)
 from h3eval.store import RunManifest, RunStore, StoreError
 from h3eval.verdict.decide import (apply_waiver, candidate_outcome, combine, decide_gate, decide_metrics,
-                                   decide_speed, gate_level_checks, metric_statistics, waiver_for)
+                                   decide_speed, gate_level_checks, metric_statistics, run_test_outcome,
+                                   waiver_for)
 from h3eval.verdict.gather import (gather_metric, gather_speed, input_hashes, load_results, registered_gate_classes,
                                    versions)
 from h3eval.verdict.schema import (EXIT_CODES, EXIT_USAGE, VERDICT_SCHEMA, VERDICT_VERSION, WORST_SHOWN,
@@ -91,6 +92,8 @@ def _judge_candidate(store: RunStore, manifest: RunManifest, candidate: str, loa
         gv.warnings.extend(stray)
         gv.n_results = n_files
         gate_level[gate] = gate_level_checks(gv, gp, results, expected, policy.min_pairs)
+        if results and gp.run_test is not None:
+            gate_level[gate].append(run_test_outcome(gv, gp, results, expected, policy.min_pairs))
         if not results:
             continue
         for metric, mp in gp.metrics.items():

@@ -9,6 +9,7 @@ INCONCLUSIVE it covers into PASS and says so.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import asdict
 from typing import Any
 
@@ -300,6 +301,44 @@ def gate_level_checks(gv: GateVerdict, gp: GatePolicy, results: dict[tuple[str, 
     return outcomes
 
 
+def run_test_outcome(gv: GateVerdict, gp: GatePolicy, results: dict[tuple[str, int], LoadedResult],
+                     expected: list[tuple[str, int]], policy_min_pairs: int) -> Outcome:
+    """The run-level test of a per-pair p-value (issue 19): FAIL when Benjamini-Hochberg over the pairs' p-values
+    finds a discovery; INCONCLUSIVE when a p-value is absent or not in [0, 1] (never read as a pass), or pairs are
+    missing or too few; else PASS."""
+    rt = gp.run_test
+    assert rt is not None
+    usable = {k: r for k, r in results.items() if r.problem is None}
+    values, keys, bad = [], [], []
+    for (prompt_id, seed), lr in sorted(usable.items()):
+        m = lr.result.metrics.get(rt.metric) if lr.result is not None else None
+        v = None if m is None else m.value
+        if v is None or not math.isfinite(v) or not 0.0 <= v <= 1.0:
+            bad.append(f"{clip_stem(prompt_id, seed)}: {rt.metric} = {v} ({lr.rel})")
+            continue
+        values.append(v)
+        keys.append(lr)
+    test = S.ghost_run_test(values, rt.fdr)
+    named = [f"{clip_stem(keys[i].prompt_id, keys[i].seed)} (p {values[i]:.3g})" for i in test.discoveries]
+    text = f"{rt.metric}: Benjamini-Hochberg at FDR {rt.fdr} over {test.n} pairs, Simes p {test.run_p_value:.3g}"
+    if test.fail:
+        gv.flagged = named
+        gv.evidence.extend(keys[i].rel for i in test.discoveries)
+        gv.reasons.append(f"{text}: {len(named)} pair(s) are discoveries: " + ", ".join(named[:5]))
+        return "FAIL"
+    min_pairs = gp.min_pairs or policy_min_pairs
+    problems = bad[:5]
+    if len(expected) - len(usable) > gp.max_missing:
+        problems.append(f"{len(expected) - len(usable)} of {len(expected)} expected pairs have no usable result")
+    if len(values) < min_pairs:
+        problems.append(f"only {len(values)} pair(s) with a p-value; the policy needs at least {min_pairs}")
+    if problems:
+        gv.reasons.append(f"{text}: no discovery, but " + "; ".join(problems))
+        return "INCONCLUSIVE"
+    gv.reasons.append(f"{text}: no discovery")
+    return "PASS"
+
+
 def decide_metrics(works: list[_MetricWork], policy: Policy, settings: Settings, candidate: str) -> None:
     """Holm across the decisive p-values of the candidate's required metrics (advisory ones: their own family),
     then each metric's outcome, then its waiver."""
@@ -322,7 +361,7 @@ def decide_gate(gv: GateVerdict, gp: GatePolicy, gate_level: list[str], policy: 
     """A gate's outcome from its gate-level checks and its required metrics; then its waiver."""
     parts = list(gate_level)
     parts.extend(m.outcome for m in gv.metrics if m.required)
-    if gv.metrics and not any(m.required for m in gv.metrics) and gp.max_flagged is None:
+    if gv.metrics and not any(m.required for m in gv.metrics) and gp.max_flagged is None and gp.run_test is None:
         gv.warnings.append("every metric of this gate is advisory: the gate decides nothing")
         parts.append("PASS")
     # combine([]) is INCONCLUSIVE: a gate that checked nothing never passes silently.
