@@ -173,9 +173,11 @@ def compute_verdict(
 
 
 def write_verdict(verdict: Verdict, run_dir: str | Path) -> Path:
-    path = RunStore(run_dir).verdict_path
-    atomic_write_json(path, verdict.dump())
-    return path
+    """Write ``verdict.json`` holding the run's lock (StoreError while another process writes into the run)."""
+    store = RunStore(run_dir)
+    with store.lock("h3eval verdict"):
+        atomic_write_json(store.verdict_path, verdict.dump())
+    return store.verdict_path
 
 
 def read_verdict(path: str | Path) -> Verdict:
