@@ -10,6 +10,7 @@ schemas keeps the setting.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import ValidationError
@@ -86,3 +87,12 @@ def validation_problems(exc: ValidationError, data: Any = None) -> list[str]:
         else:
             lines.append(f"key '{key}': {why}" if key else why)
     return lines
+
+
+def non_finite_keys(data: Any, prefix: str = "") -> list[str]:
+    """The dotted keys of every NaN or infinite float in a parsed document (JSON's ``NaN``, ``Infinity``, ``1e400``),
+    for the free-form parts of a file that no typed field checks (a run manifest's ``extra``)."""
+    if isinstance(data, float):
+        return [] if math.isfinite(data) else [prefix or "(top level)"]
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    return [bad for key, value in items for bad in non_finite_keys(value, f"{prefix}.{key}" if prefix else str(key))]

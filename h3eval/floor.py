@@ -187,7 +187,8 @@ def newseed_floor_from_run(
             candidates=[newseed], recipes={recipe_name: manifest.recipes[recipe_name],
                                            newseed: {**manifest.recipes[recipe_name], "name": newseed}},
             recipe_sha256={recipe_name: manifest.recipe_sha256.get(recipe_name, "")},
-            prompts=PromptSuiteRef(path=manifest.prompts.path, sha256=manifest.prompts.sha256, ids=manifest.prompts.ids),
+            prompts=PromptSuiteRef(path=manifest.prompts.path, sha256=manifest.prompts.sha256,
+                                   ids=manifest.prompts.ids),
             seeds=list(manifest.seeds), status="complete", extra={"source_run": str(Path(source_run).resolve())},
         ))
         summary = run_gates(out, list(gates), device=device, options=gate_options or {}, progress=progress)

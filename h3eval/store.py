@@ -42,7 +42,7 @@ from h3.atomic import atomic_write_json, sha256_file
 from h3.names import clip_stem, is_safe_name
 from h3.provenance import utc_now
 from h3.record import ClipRecord
-from h3.schema import FINITE_NUMBERS, validation_problems
+from h3.schema import FINITE_NUMBERS, non_finite_keys, validation_problems
 
 logger = logging.getLogger(__name__)
 
@@ -428,6 +428,10 @@ class RunStore:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise StoreError(f"{path} is not valid JSON: {exc}") from None
+        bad = non_finite_keys(data)
+        if bad:
+            raise StoreError(f"{path} is not a valid run manifest:\n  "
+                             + "\n  ".join(f"key '{key}': not a finite number" for key in bad[:10]))
         try:
             return RunManifest.model_validate(data)
         except ValidationError as exc:

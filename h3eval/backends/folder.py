@@ -4,9 +4,10 @@ Clips are paired by name, ``<prompt_id>-s<seed>.mp4`` in the baseline and each c
 (JSONL, one object per clip: ``side`` ("baseline" or the candidate's name), ``file`` (relative to the manifest),
 ``prompt_id``, ``seed``, optional ``prompt``, ``generation_side_latency_s``, ``request_to_file_latency_s``,
 ``peak_memory_mb``; strict: a seed is an integer and never a boolean, a number is finite and positive, an unknown
-key is an error, each named with its line). Each clip is decoded (frames and PCM hashed, ``extra["hash_source"] = "decoded"``) and copied
-atomically into ``clips/<recipe>/``. A candidate clip with no baseline partner, or whose shape, fps or duration
-differs from its partner's, is not imported: it becomes a clear error in the run record and the rest continues.
+key is an error, each named with its line). Each clip is decoded (frames and PCM hashed,
+``extra["hash_source"] = "decoded"``) and copied atomically into ``clips/<recipe>/``. A candidate clip with no
+baseline partner, or whose shape, fps or duration differs from its partner's, is not imported: it becomes a clear
+error in the run record and the rest continues. One process imports into a run at a time (the store's lock).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def scan_folder(side: str, directory: Path) -> list[FolderClip]:
     for path in sorted(directory.iterdir()):
         match = CLIP_NAME.match(path.name)
         if match:
-            if len(match["seed"].lstrip("0")) > len(str(MAX_SEED)) or int(match["seed"]) > MAX_SEED:
+            if int(match["seed"]) > MAX_SEED:  # a file name has at most 255 characters: int() takes it
                 raise RunError(f"{path}: seed {match['seed'][:30]} is too large (seeds go from 0 to 2**63-1)")
             clips.append(FolderClip(side, path, match["pid"], int(match["seed"])))
         elif path.suffix.lower() == ".mp4":
@@ -97,6 +98,13 @@ class ManifestLine(BaseModel):
     generation_side_latency_s: float | None = Field(default=None, gt=0, le=MAX_LATENCY_S)
     request_to_file_latency_s: float | None = Field(default=None, gt=0, le=MAX_LATENCY_S)
     peak_memory_mb: float | None = Field(default=None, gt=0, le=MAX_PEAK_MEMORY_MB)
+
+    @field_validator("file")
+    @classmethod
+    def _a_path(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError("a file name cannot hold a NUL character")
+        return value
 
     @field_validator("prompt_id")
     @classmethod
