@@ -43,6 +43,14 @@ HOSTILE: list[Any] = [
 ]
 
 
+NON_FINITE = [float("nan"), float("inf"), float("-inf")]
+
+
+def hostile(rng: random.Random) -> Any:
+    """A hostile value; a non-finite number a third of the time (what the schemas must never accept)."""
+    return copy.deepcopy(rng.choice(NON_FINITE if rng.random() < 1 / 3 else HOSTILE))
+
+
 def _paths(doc: Any, prefix: tuple = ()) -> list[tuple]:
     """Every path to a value (tables, lists and leaves) of a nested document."""
     out = [prefix] if prefix else []
@@ -65,23 +73,63 @@ def _tables(doc: Any) -> list[tuple]:
     return [()] + [p for p in _paths(doc) if isinstance(_get(doc, p), dict)]
 
 
-def mutate(doc: dict, rng: random.Random) -> dict:
-    """One to three random mutations of a deep copy of ``doc``."""
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    stack, found = [annotation], []
+    while stack:
+        t = stack.pop()
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            found.append(t)
+        stack += list(getattr(t, "__args__", ()))
+    return found
+
+
+def schema_paths(model: type[BaseModel], doc: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every field path of ``model`` for ``doc``: a field absent from the document is a path too (a mutant may set
+    it), and a ``dict[str, Model]`` field contributes its document's keys."""
+    paths = []
+    for name, field in model.model_fields.items():
+        path = prefix + (name,)
+        paths.append(path)
+        value = doc.get(name) if isinstance(doc, dict) else None
+        origin_args = getattr(field.annotation, "__args__", ())
+        if getattr(field.annotation, "__origin__", None) is dict and isinstance(value, dict):
+            for sub in _models_in(origin_args[1]):
+                for key, item in value.items():
+                    paths += schema_paths(sub, item, path + (key,))
+        else:
+            for sub in _models_in(field.annotation):
+                paths += schema_paths(sub, value if isinstance(value, dict) else {}, path)
+    return paths
+
+
+def _set(doc: dict, path: tuple, value: Any) -> None:
+    for part in path[:-1]:
+        if not isinstance(doc.get(part), dict):
+            doc[part] = {}
+        doc = doc[part]
+    doc[path[-1]] = value
+
+
+def mutate(doc: dict, rng: random.Random, schema: type[BaseModel] | None = None) -> dict:
+    """One to three random mutations of a deep copy of ``doc`` (one, half of the time: a single bad value in an
+    otherwise valid document is the case a loader most easily lets through)."""
     doc = copy.deepcopy(doc)
-    for _ in range(rng.randint(1, 3)):
+    for _ in range(1 if rng.random() < 0.5 else rng.randint(2, 3)):
         paths = _paths(doc)
-        op = rng.choice(["value", "value", "value", "delete", "unknown", "wrap", "list", "move", "table"])
-        if not paths and op != "unknown":
+        op = rng.choice(["value", "value", "field", "field", "delete", "unknown", "wrap", "list", "move", "table"])
+        if op == "field" and schema is not None:  # any field of the schema, present in the document or not
+            _set(doc, rng.choice(schema_paths(schema, doc)), hostile(rng))
+            continue
+        if not paths or op == "field":
             op = "unknown"
         if op == "unknown":
             table = _get(doc, rng.choice(_tables(doc)))
-            table[rng.choice(["bogus", "Name", "steps ", "max_", "fraction_of_floor", "seed", "١"])] = \
-                rng.choice(HOSTILE)
+            table[rng.choice(["bogus", "Name", "steps ", "max_", "fraction_of_floor", "seed", "١"])] = hostile(rng)
             continue
         path = rng.choice(paths)
         parent, key = _get(doc, path[:-1]), path[-1]
         if op == "value":
-            parent[key] = copy.deepcopy(rng.choice(HOSTILE))
+            parent[key] = hostile(rng)
         elif op == "delete":
             del parent[key]
         elif op == "wrap":
@@ -112,12 +160,13 @@ def non_finite_or_bool_numbers(value: Any, where: str = "") -> list[str]:
 
 
 def fuzz(seed: int, bases: list[dict], load: Callable[[dict], Any], known: tuple[type[Exception], ...],
-         check: Callable[[Any, dict], None]) -> dict[str, int]:
-    """Load ``MUTANTS`` mutants of ``bases``; an exception outside ``known`` fails the test with the mutant."""
+         check: Callable[[Any, dict], None], schema: type[BaseModel] | None = None,
+         mutants: int = MUTANTS) -> dict[str, int]:
+    """Load ``mutants`` mutants of ``bases``; an exception outside ``known`` fails the test with the mutant."""
     rng = random.Random(seed)
     counts = {"accepted": 0, "refused": 0}
-    for i in range(MUTANTS):
-        doc = mutate(rng.choice(bases), rng)
+    for i in range(mutants):
+        doc = mutate(rng.choice(bases), rng, schema)
         try:
             loaded = load(doc)
         except known as exc:
@@ -165,7 +214,8 @@ def test_recipe_fuzz():
         assert recipe_from_dict(dumped) == recipe  # round trip
         assert recipe.sha256() == recipe_from_dict(json.loads(json.dumps(dumped))).sha256()
 
-    counts = fuzz(26, bases, lambda doc: recipe_from_dict(doc, source="fuzz"), (RecipeError,), check)
+    counts = fuzz(26, bases, lambda doc: recipe_from_dict(doc, source="fuzz"), (RecipeError,), check, Recipe,
+                  mutants=4 * MUTANTS)  # loading a recipe is cheap; it has few float fields to hit
     assert counts["refused"] > MUTANTS // 2 and counts["accepted"] > 10, counts
 
 
@@ -178,7 +228,8 @@ def test_policy_fuzz():
         assert non_finite_or_bool_numbers(dumped) == [], (doc, dumped)
         assert parse_policy(dumped) == policy
 
-    counts = fuzz(19, bases, lambda doc: parse_policy(doc, "fuzz.toml"), (PolicyError,), check)
+    counts = fuzz(19, bases, lambda doc: parse_policy(doc, "fuzz.toml"), (PolicyError,), check, Policy,
+                  mutants=4 * MUTANTS)
     assert counts["refused"] > MUTANTS // 2 and counts["accepted"] > 10, counts
 
 
@@ -201,7 +252,7 @@ def test_import_manifest_fuzz(tmp_path):
         assert ManifestLine.model_validate(line.model_dump()) == line
 
     counts = fuzz(2026, [good, {k: good[k] for k in ("side", "file", "prompt_id", "seed")}], load, (RunError,),
-                  check)
+                  check, ManifestLine)
     assert counts["refused"] > MUTANTS // 2 and counts["accepted"] > 10, counts
 
 
@@ -225,5 +276,5 @@ def test_run_manifest_fuzz(tmp_path):
         assert all(type(s) is int for s in manifest.seeds)
         assert RunManifest.model_validate(dumped) == manifest
 
-    counts = fuzz(63, [base], load, (StoreError,), check)
+    counts = fuzz(63, [base], load, (StoreError,), check, RunManifest)
     assert counts["refused"] > MUTANTS // 3 and counts["accepted"] > 10, counts
