@@ -364,6 +364,11 @@ def test_sigkill_at_any_point_then_rerun_completes(tmp_path, tiny_runtime, fast_
     assert not list(out.rglob("*.tmp"))
     # The killed process and this one made the same bytes: off-identity holds across processes.
     assert result.off_identity["fast-identity"]["passed"]
+    # The killed session stays recorded (issue 26): noticed by the next one, with what it finished.
+    killed, rerun = result.manifest.extra["ab"]["sessions"]
+    assert killed["outcome"] == "killed" and killed["pid"] == proc.pid and killed["noticed_by"] == rerun["id"]
+    assert killed["finished_requests"] == len(finished) and rerun["outcome"] == "complete"
+    assert not (out / ".h3eval.lock").exists()  # the lock file the kill left was taken over and released
 
 
 @pytest.mark.parametrize("name", ["baseline", "identity", "fewer-steps", "fbc-cache", "turbo4-tinydemo"])
