@@ -464,3 +464,17 @@ def test_an_unknown_lpips_trunk_fails_before_the_run(tmp_path):
     refused(invoke("gate", store.root, "--gates", "fidelity", "-o", "fidelity.lpips_trunk=bogus"),
             "lpips_trunk='bogus'", "'alexnet' or 'rand'")
     assert not (store.root / "gates").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["ab", "--baseline", "baseline", "--prompts", "smoke", "--out", "x", "--warmup", "abc"], "'--warmup'"),
+    (["generate", "--recipe", "baseline", "--prompts", "smoke", "--out", "x", "--height", "1e3"], "'--height'"),
+    (["ab", "--prompts", "smoke", "--out", "x"], "Missing option '--baseline'"),
+    (["gate"], "Missing argument"),
+])
+def test_usage_errors_are_one_line_and_exit_3(tmp_path, monkeypatch, args, needle):
+    """Click's own usage errors (a value that is not a number, a missing option) exit 3 like every bad input."""
+    monkeypatch.chdir(tmp_path)
+    out = refused(invoke(*args), needle)
+    assert [line for line in out.splitlines() if line.strip()] == [out.strip()] and out.startswith("error: ")
+    assert list(tmp_path.iterdir()) == []
