@@ -32,6 +32,7 @@ candidate (every lever as the baseline's) must reproduce the baseline's frames a
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -137,8 +138,8 @@ class AbPlan:
             raise RunError(f"--speed-protocol must be mixed, repeated or both, got {self.speed_protocol!r}")
         if self.warmup < 0 or self.speed_rounds < 0:
             raise RunError("--warmup and --speed-rounds must be >= 0")
-        if self.gpu_hourly_rate is not None and not self.gpu_hourly_rate > 0:
-            raise RunError(f"--gpu-hourly-rate must be positive, got {self.gpu_hourly_rate}")
+        if self.gpu_hourly_rate is not None and not (math.isfinite(self.gpu_hourly_rate) and self.gpu_hourly_rate > 0):
+            raise RunError(f"--gpu-hourly-rate must be positive and finite, got {self.gpu_hourly_rate}")
         if self.run.baseline is None or self.run.recipes[0].name != self.run.baseline:
             raise RunError("the baseline must be the first recipe of an ab run")
         if self.run.trajectory and self.run.backend != "inprocess":
@@ -478,6 +479,8 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
         raise RunError(f"--backend must be inprocess or http, got {backend!r} (clips from elsewhere: h3eval import)")
     if backend == "http" and not urls:
         raise RunError("--backend http needs at least one --url")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise RunError(f"--timeout must be a positive finite number of seconds, got {timeout_s}")
     if backend == "inprocess" and urls:
         raise RunError("--url is for --backend http; the inprocess backend runs the h3 runtime in this process")
     plan = AbPlan(

@@ -478,3 +478,14 @@ def test_usage_errors_are_one_line_and_exit_3(tmp_path, monkeypatch, args, needl
     out = refused(invoke(*args), needle)
     assert [line for line in out.splitlines() if line.strip()] == [out.strip()] and out.startswith("error: ")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--gpu-hourly-rate", "inf"], "--gpu-hourly-rate must be positive and finite, got inf"),  # $/clip = inf before
+    (["--backend", "http", "--url", "http://127.0.0.1:9", "--timeout", "nan"], "--timeout must be a positive finite"),
+])
+def test_ab_numbers_must_be_finite(tmp_path, fast_recipe_file, nothing_runs, extra, needle):
+    prompts = write_prompts(tmp_path / "p.jsonl", {"a": "a cat"})
+    refused(invoke("ab", "--baseline", fast_recipe_file, "--candidate", write_recipe(tmp_path, name="c"),
+                   "--prompts", prompts, "--out", tmp_path / "run", *extra), needle)
+    assert not (tmp_path / "run").exists()
