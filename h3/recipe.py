@@ -105,6 +105,8 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
         path = RECIPES_DIR / f"{text}.toml"
         if not path.exists():
             raise RecipeError(f"unknown recipe {text!r}; shipped recipes: {', '.join(known_recipes())} (or give a path)")
+    if path.is_dir():
+        raise RecipeError(f"recipe file {path} is a directory, not a TOML file")
     if not path.is_file():
         raise RecipeError(f"recipe file {path} does not exist")
     try:

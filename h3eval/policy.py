@@ -319,6 +319,8 @@ def parse_policy(data: Mapping[str, Any], source: str | Path = "<policy>") -> Po
 def load_policy(path: str | Path) -> LoadedPolicy:
     """Read and validate a policy file; errors name the file and the offending key."""
     path = Path(path)
+    if path.is_dir():
+        raise PolicyError(f"policy file {path} is a directory, not a TOML file")
     if not path.is_file():
         raise PolicyError(f"policy file {path} does not exist")
     try:
