@@ -342,8 +342,10 @@ class AbResult:
 
 def _sessions(manifest: RunManifest) -> list[dict[str, Any]]:
     """``extra.ab.sessions`` as a list of entries (runs written before entries existed listed bare ids)."""
-    raw = manifest.extra.get("ab", {}).get("sessions", [])
-    return [entry if isinstance(entry, dict) else {"id": str(entry), "outcome": "unknown"} for entry in raw]
+    ab = manifest.extra.get("ab")
+    raw = ab.get("sessions") if isinstance(ab, dict) else None
+    return [entry if isinstance(entry, dict) and "id" in entry else {"id": str(entry), "outcome": "unknown"}
+            for entry in (raw if isinstance(raw, list) else [])]
 
 
 def _session_requests(store: RunStore, recipes: list[str]) -> dict[str, int]:
@@ -382,7 +384,9 @@ def begin_session(store: RunStore, manifest: RunManifest, session_id: str) -> di
     entry = {"id": session_id, "pid": os.getpid(), "host": socket.gethostname(), "started_at": utc_now(),
              "outcome": "running"}
     sessions.append(entry)
-    manifest.extra.setdefault("ab", {})["sessions"] = sessions
+    if not isinstance(manifest.extra.get("ab"), dict):
+        manifest.extra["ab"] = {}
+    manifest.extra["ab"]["sessions"] = sessions
     store.write_manifest(manifest)
     return entry
 
@@ -454,7 +458,7 @@ def _run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     entry.update(outcome=manifest.status, ended_at=utc_now(), requests=session.seq)
     manifest.extra["ab"] = {
         "speed": "speed.json", "protocols": plan.protocols, "executed_mismatches": session.failed,
-        "off_identity": identity, "sessions": manifest.extra.get("ab", {}).get("sessions", []),
+        "off_identity": identity, "sessions": manifest.extra["ab"]["sessions"],
     }
     store.write_manifest(manifest)
     return AbResult(manifest, speed, session.failed, identity)

@@ -153,8 +153,8 @@ def read_clip_record(record_path: str | Path, *, mp4: str | Path | None = None,
                 json.loads(text)
             except json.JSONDecodeError as json_exc:
                 raise RecordError(f"{record_path} is not valid JSON ({json_exc})", "unreadable", record_path) from exc
-        first = str(exc).splitlines()[0]
-        raise RecordError(f"{record_path} is not a valid clip record: {first}", "invalid", record_path) from exc
+        raise RecordError(f"{record_path} is not a valid clip record: " + "; ".join(validation_problems(exc)),
+                          "invalid", record_path) from exc
     if mp4 is not None:
         mp4 = Path(mp4)
         if not mp4.is_file():
@@ -194,7 +194,7 @@ def read_gate_result(path: str | Path) -> GateResult:
     try:
         return GateResult.model_validate(raw)
     except ValidationError as exc:
-        raise GateResultError(path, str(exc).splitlines()[0]) from exc
+        raise GateResultError(path, "; ".join(validation_problems(exc, raw))) from exc
 
 
 class RunStore:
@@ -394,7 +394,13 @@ class RunStore:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise StoreError(f"cannot create run directory {self.root}: {exc.strerror or exc}") from None
-        fd, info = _acquire(self.lock_path, command)
+        try:
+            fd, info = _acquire(self.lock_path, command)
+        except StoreError:
+            if created:
+                with contextlib.suppress(OSError):
+                    self.root.rmdir()
+            raise
         held = {"depth": 1, "info": info}
         with _HELD_GUARD:
             _HELD[key] = held

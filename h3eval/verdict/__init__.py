@@ -35,6 +35,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from h3.atomic import atomic_write_json
+from h3.schema import validation_problems
 from h3eval.policy import (SPEED_GATE, LoadedPolicy, NoiseFloor, PolicyError, load_floor, load_policy,
                            registry_problems, resolve_floor_path, today_utc)
 from h3eval.store import RunManifest, RunStore, StoreError
@@ -184,8 +185,10 @@ def read_verdict(path: str | Path) -> Verdict:
     path = Path(path)
     try:
         return Verdict.model_validate_json(path.read_text(encoding="utf-8"))
-    except (ValidationError, OSError) as exc:
-        raise VerdictInputError(f"{path} is not a readable verdict: {str(exc).splitlines()[0]}") from None
+    except ValidationError as exc:
+        raise VerdictInputError(f"{path} is not a readable verdict: " + "; ".join(validation_problems(exc))) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise VerdictInputError(f"{path} is not a readable verdict: {exc}") from None
 
 
 def summary_lines(verdict: Verdict) -> list[str]:
