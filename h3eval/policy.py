@@ -374,6 +374,8 @@ class NoiseFloor(BaseModel):
 
 def load_floor(path: str | Path) -> NoiseFloor:
     path = Path(path)
+    if path.is_dir():
+        raise PolicyError(f"noise-floor file {path} is a directory")
     if not path.is_file():
         raise PolicyError(f"noise-floor file {path} does not exist")
     try:

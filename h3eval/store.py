@@ -191,6 +191,14 @@ def read_gate_result(path: str | Path) -> GateResult:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
         raise GateResultError(path, str(exc).splitlines()[0], unreadable=True) from exc
+    # A metric's value is a JSON number or null: the schema's lax mode would read "0.2" as 0.2 and true as 1, and a
+    # hand-edited or foreign result must not be scored as if a gate had written it (issue 26's campaign).
+    metrics = raw.get("metrics") if isinstance(raw, dict) else None
+    if isinstance(metrics, dict):
+        for name, metric in metrics.items():
+            value = metric.get("value") if isinstance(metric, dict) else None
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise GateResultError(path, f"key 'metrics.{name}.value': a number or null, got {value!r:.40}")
     try:
         return GateResult.model_validate(raw)
     except ValidationError as exc:

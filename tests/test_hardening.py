@@ -489,3 +489,28 @@ def test_ab_numbers_must_be_finite(tmp_path, fast_recipe_file, nothing_runs, ext
     refused(invoke("ab", "--baseline", fast_recipe_file, "--candidate", write_recipe(tmp_path, name="c"),
                    "--prompts", prompts, "--out", tmp_path / "run", *extra), needle)
     assert not (tmp_path / "run").exists()
+
+
+# -- damaged files inside a run (found by bench/bad_input_campaign.py) ----------------------------------------------
+@pytest.mark.parametrize("value,shown", [('"0.2"', "'0.2'"), ("true", "True"), ('[0.2]', "[0.2]")])
+def test_a_gate_result_value_that_is_not_a_number_never_passes(tmp_path, value, shown):
+    """A hand-edited result with ``"value": "0.2"`` was read as 0.2 and PASSed (``true`` as 1): it is unreadable."""
+    store = make_run(tmp_path / "run", n_prompts=8)
+    paths = [write_result(store, "fidelity", "fast", pid, seed, {"lpips_worst": (0.2, False)})
+             for pid, seed in pairs_of(store)]
+    policy = write_text(tmp_path / "p.toml", WORST_POLICY.format(limit="0.3"))
+    assert "fast: PASS" in invoke("verdict", store.root, "--policy", policy).output  # the control
+    paths[0].write_text(paths[0].read_text().replace('"value": 0.2', f'"value": {value}'))
+    out = invoke("verdict", store.root, "--policy", policy)
+    assert out.exit_code == 2 and "fast: INCONCLUSIVE" in out.output, out.output
+    assert f"key 'metrics.lpips_worst.value': a number or null, got {shown}" in out.output
+    paths[0].unlink()
+    paths[0].mkdir()  # a directory where the result should be: unreadable too, not a traceback or an errno
+    out = invoke("verdict", store.root, "--policy", policy)
+    assert out.exit_code == 2 and "is not a valid gate result: it is a directory" in out.output, out.output
+
+
+def test_a_floor_file_that_is_a_directory_says_so(drifting_run, tmp_path):
+    policy = write_text(tmp_path / "p.toml", WORST_POLICY.format(limit="0.3"))
+    refused(invoke("verdict", drifting_run.root, "--policy", policy, "--floor", tmp_path),
+            f"noise-floor file {tmp_path} is a directory")
