@@ -740,7 +740,11 @@ def snapshot(argv: list) -> dict[Path, bytes]:
     files: dict[Path, bytes] = {}
     for arg in map(str, argv):
         root = Path(arg.split("=", 1)[-1])
-        if root.is_dir() and (root / "run.json").exists():
+        try:
+            is_run = root.is_dir() and (root / "run.json").exists()
+        except OSError:  # an argument that is no path (5000 digits)
+            continue
+        if is_run:
             for path in root.rglob("*"):
                 if path.is_file() and path.name != ".h3eval.lock":
                     files[path] = hashlib.sha256(path.read_bytes()).digest()
