@@ -676,15 +676,15 @@ def cli_cases(ws: Workspace, areas: set[str]) -> list[Case]:
                                                   '"generation_side_latency_s": NaN')),
                           ("mp4_sha256 wrong", replace('"mp4_sha256": "', '"mp4_sha256": "0')),
                           ("truncated", truncate(300)), ("a directory", to_dir)]:
-            run = damaged(gated, record, how)
+            dmg = damaged(gated, record, how)
             cases.append(Case(f"files: clip record {name}, then gate", "files",
-                              ["gate", run, "--gates", "integrity", "--no-progress"], expect="either",
+                              ["gate", dmg, "--gates", "integrity", "--no-progress"], expect="either",
                               names=["p0-s0"], ok_codes=(0, 1),
-                              check=lambda rc, out, run=run: _pair_not_clean(run / "gates/integrity/fast/p0-s0.json")))
+                              check=lambda rc, out, dmg=dmg: _pair_not_clean(dmg / "gates/integrity/fast/p0-s0.json")))
         cases.append(Case("files: clip MP4 truncated, then gate", "files",
-                          ["gate", (run := damaged(gated, "clips/fast/p0-s0.mp4", truncate(1000))), "--gates",
+                          ["gate", (dmg := damaged(gated, "clips/fast/p0-s0.mp4", truncate(1000))), "--gates",
                            "integrity", "--no-progress"], expect="either", names=["p0-s0"], ok_codes=(0, 1),
-                          check=lambda rc, out, run=run: _pair_not_clean(run / "gates/integrity/fast/p0-s0.json")))
+                          check=lambda rc, out, dmg=dmg: _pair_not_clean(dmg / "gates/integrity/fast/p0-s0.json")))
         for name, how, key in [("truncated", truncate(100), "not valid JSON"), ("empty", truncate(0), "run.json"),
                                ("seeds [1e400]", replace('"seeds": [\n    0\n  ]', '"seeds": [1e400]'), "seeds"),
                                ("status null", replace('"status": "complete"', '"status": null'), "status")]:
