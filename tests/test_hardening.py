@@ -514,3 +514,17 @@ def test_a_floor_file_that_is_a_directory_says_so(drifting_run, tmp_path):
     policy = write_text(tmp_path / "p.toml", WORST_POLICY.format(limit="0.3"))
     refused(invoke("verdict", drifting_run.root, "--policy", policy, "--floor", tmp_path),
             f"noise-floor file {tmp_path} is a directory")
+
+
+def test_a_nan_in_verdict_json_is_refused_by_the_report(drifting_run, tmp_path):
+    """verdict.json never holds a NaN (the writer stores null): one put in by hand was rendered under its PASS."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(drifting_run.root, run)
+    policy = write_text(tmp_path / "p.toml", WORST_POLICY.format(limit="0.3"))
+    assert invoke("verdict", run, "--policy", policy, "--write").exit_code == 0
+    assert invoke("report", run).exit_code == 0  # the control: the written verdict reads back
+    verdict = run / "verdict.json"
+    verdict.write_text(verdict.read_text().replace('"mean_value": 0.2', '"mean_value": NaN', 1))
+    refused(invoke("report", run), "verdict.json is not a readable verdict", "mean_value': not a finite number")

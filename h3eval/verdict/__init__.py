@@ -29,13 +29,14 @@ runs them.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from h3.atomic import atomic_write_json
-from h3.schema import validation_problems
+from h3.schema import non_finite_keys, validation_problems
 from h3eval.policy import (SPEED_GATE, LoadedPolicy, NoiseFloor, PolicyError, load_floor, load_policy,
                            registry_problems, resolve_floor_path, today_utc)
 from h3eval.store import RunManifest, RunStore, StoreError
@@ -184,7 +185,17 @@ def write_verdict(verdict: Verdict, run_dir: str | Path) -> Path:
 def read_verdict(path: str | Path) -> Verdict:
     path = Path(path)
     try:
-        return Verdict.model_validate_json(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        # The writer stores a non-finite number as null (mode="json"): a NaN here was put in by hand, and the report
+        # must not render it under the file's PASS (issue 26's campaign).
+        try:
+            bad = non_finite_keys(json.loads(text))
+        except ValueError:
+            bad = []  # not JSON: the schema below names it
+        if bad:
+            raise VerdictInputError(f"{path} is not a readable verdict: "
+                                    + "; ".join(f"key '{key}': not a finite number" for key in bad[:10]))
+        return Verdict.model_validate_json(text)
     except ValidationError as exc:
         raise VerdictInputError(f"{path} is not a readable verdict: " + "; ".join(validation_problems(exc))) from None
     except (OSError, UnicodeDecodeError) as exc:
