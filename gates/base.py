@@ -15,6 +15,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from h3.schema import FINITE_NUMBERS
+
 GATE_RESULT_VERSION = 1
 
 Need = Literal["video", "audio", "latents", "runtime"]
@@ -153,9 +155,10 @@ class MetricSpec:
 
 class GateOptions(BaseModel):
     """A gate's options as a typed schema with its defaults: unknown names are errors (a typo must not silently run
-    the defaults). Values arrive as text from the command line (``-o gate.key=value``) and are parsed (lax mode)."""
+    the defaults). Values arrive as text from the command line (``-o gate.key=value``) and are parsed (lax mode);
+    ``nan`` and ``inf`` are refused for every number (h3/schema.py)."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, **FINITE_NUMBERS)
 
 
 class Gate:

@@ -30,7 +30,7 @@ import os
 import threading
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -294,9 +294,10 @@ def _stats(values: np.ndarray) -> tuple[float, float, float, int]:
 
 
 class FidelityOptions(GateOptions):
-    lpips_trunk: str = Field(default_factory=lambda: os.environ.get("H3EVAL_LPIPS_TRUNK") or "alexnet")
+    lpips_trunk: Literal["alexnet", "rand"] = Field(
+        default_factory=lambda: os.environ.get("H3EVAL_LPIPS_TRUNK") or "alexnet", validate_default=True)
     """``alexnet`` (the real metric, weights from the torch hub cache) or ``rand`` (tests only); default from
-    ``$H3EVAL_LPIPS_TRUNK``, else alexnet."""
+    ``$H3EVAL_LPIPS_TRUNK``, else alexnet. Any other value is refused before the run, not per pair."""
     lpips_scale: float = Field(default=DEFAULT_LPIPS_SCALE, gt=0, le=1)
     """Frames are resized by this factor before LPIPS."""
     lpips_stride: int = Field(default=DEFAULT_LPIPS_STRIDE, ge=1)

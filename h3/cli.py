@@ -24,9 +24,9 @@ def bad_input(message: str) -> typer.Exit:
     return typer.Exit(EXIT_BAD_INPUT)
 
 
-class _OneLineUsageErrors(TyperGroup):
+class OneLineUsageErrors(TyperGroup):
     """Click answers a bad option value (``--seed abc``) with a boxed usage message and exit 2; here it is one line
-    and exit 3, like every other bad input."""
+    and exit 3, like every other bad input (the `h3eval` app uses it too)."""
 
     def _convert(self, exc: UsageError) -> typer.Exit:
         if isinstance(exc, NoArgsIsHelpError):  # `h3` alone: the help text, as before
@@ -47,7 +47,7 @@ class _OneLineUsageErrors(TyperGroup):
 
 
 app = typer.Typer(name="h3", help="The optimized MiniMax-H3 runtime.", no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_enable=False, cls=_OneLineUsageErrors)
+                  pretty_exceptions_enable=False, cls=OneLineUsageErrors)
 
 
 @app.callback()

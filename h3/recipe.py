@@ -1,6 +1,7 @@
 """Recipes: TOML files that name every lever of a configuration explicitly.
 
-A recipe is a strict schema: an unknown key or a wrong type is an error that names the key. Shipped recipes live
+A recipe is a strict schema: an unknown key, a wrong type (a boolean for a number) or a number that is not finite
+(``nan``, ``inf``) is an error that names the key. Shipped recipes live
 in ``h3/recipes/<name>.toml``; any path to a ``.toml`` file works too.
 
 The sections of a recipe are the levers' own configs (``h3/levers/<lever>.py``), composed from the registry in
@@ -23,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from h3.levers import REGISTRY, LeverConfig
 from h3.names import is_safe_name
+from h3.schema import FINITE_NUMBERS, validation_problems
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -34,7 +36,7 @@ class RecipeError(ValueError):
 class _RecipeBase(BaseModel):
     """The settings that are not levers; :class:`Recipe` adds one section per lever of :data:`h3.levers.REGISTRY`."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, **FINITE_NUMBERS)
 
     name: str
     """Short name; also the clip folder name inside a run."""
@@ -80,17 +82,8 @@ def compose_recipe(levers: Sequence[type[LeverConfig]] = REGISTRY) -> type[_Reci
 Recipe = compose_recipe()
 
 
-def _format_validation_error(source: str, exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(root)"
-        if err["type"] == "extra_forbidden":
-            parts.append(f"unknown key '{key}'")
-        elif err["type"] == "missing":
-            parts.append(f"missing key '{key}'")
-        else:
-            parts.append(f"key '{key}': {err['msg']} (got {err.get('input')!r})")
-    return f"invalid recipe {source}: " + "; ".join(parts)
+def _format_validation_error(source: str, exc: ValidationError, data: Any = None) -> str:
+    return f"invalid recipe {source}: " + "; ".join(validation_problems(exc, data))
 
 
 def known_recipes() -> list[str]:
@@ -101,7 +94,7 @@ def recipe_from_dict(data: dict[str, Any], source: str = "<dict>") -> Recipe:
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(_format_validation_error(source, exc)) from None
+        raise RecipeError(_format_validation_error(source, exc, data)) from None
 
 
 def load_recipe(name_or_path: str | Path) -> Recipe:
@@ -112,6 +105,8 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
         path = RECIPES_DIR / f"{text}.toml"
         if not path.exists():
             raise RecipeError(f"unknown recipe {text!r}; shipped recipes: {', '.join(known_recipes())} (or give a path)")
+    if path.is_dir():
+        raise RecipeError(f"recipe file {path} is a directory, not a TOML file")
     if not path.is_file():
         raise RecipeError(f"recipe file {path} does not exist")
     try:

@@ -10,11 +10,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from h3.schema import FINITE_NUMBERS
+
 CLIP_RECORD_VERSION = 1
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # A record with a NaN or infinite timing or shape is not a finished record (h3/schema.py).
+    model_config = ConfigDict(extra="forbid", **FINITE_NUMBERS)
 
 
 class RequestSpec(_Strict):

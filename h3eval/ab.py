@@ -14,7 +14,14 @@ One run holds, for every recipe (baseline first):
 
 Timing requests all use the first seed (speed does not depend on the seed; the prompt's length does).
 A killed run reruns to completion: finished requests (record parses, MP4 hash matches) are kept, half-written
-temporary files are swept, the rest is generated once.
+temporary files are swept, the rest is generated once. One process runs at a time (the store's lock); a rerun with
+other parameters is refused (h3eval.runner.run_differences).
+
+Sessions: every process that works on the run is recorded in ``run.json``'s ``extra.ab.sessions`` when it starts
+(id, pid, host, start) and marked when it ends (``complete``, ``partial``, ``failed``, ``interrupted``); a session
+still marked ``running`` when the next one starts was killed, and is marked ``killed`` with the requests it
+finished. Warm-up clips of an ended session that finished no timed request (killed during its warm-up) are
+orphans, excluded from every number and kept by nothing: the next session removes them and says how many.
 
 Requests are interleaved across recipes (request i of every recipe before request i + 1) so machine drift hits
 both sides alike. After every request the configured-versus-executed check runs (:func:`check_executed`); a
@@ -25,6 +32,9 @@ candidate (every lever as the baseline's) must reproduce the baseline's frames a
 from __future__ import annotations
 
 import logging
+import math
+import os
+import socket
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +50,7 @@ from h3.runtime import GenerateRequest, RequestError
 from h3eval import speed as speedmod
 from h3eval.backends import Backend, BackendError, remove_clip
 from h3eval.executed import check_executed, is_unverified
-from h3eval.runner import RunPlan, open_run
+from h3eval.runner import RunPlan, open_run, validate_plan
 from h3eval.store import ClipError, RunManifest, RunStore, StoreError, read_finished_record, utc_now
 
 logger = logging.getLogger(__name__)
@@ -128,8 +138,8 @@ class AbPlan:
             raise RunError(f"--speed-protocol must be mixed, repeated or both, got {self.speed_protocol!r}")
         if self.warmup < 0 or self.speed_rounds < 0:
             raise RunError("--warmup and --speed-rounds must be >= 0")
-        if self.gpu_hourly_rate is not None and not self.gpu_hourly_rate > 0:
-            raise RunError(f"--gpu-hourly-rate must be positive, got {self.gpu_hourly_rate}")
+        if self.gpu_hourly_rate is not None and not (math.isfinite(self.gpu_hourly_rate) and self.gpu_hourly_rate > 0):
+            raise RunError(f"--gpu-hourly-rate must be positive and finite, got {self.gpu_hourly_rate}")
         if self.run.baseline is None or self.run.recipes[0].name != self.run.baseline:
             raise RunError("the baseline must be the first recipe of an ab run")
         if self.run.trajectory and self.run.backend != "inprocess":
@@ -330,13 +340,73 @@ class AbResult:
     off_identity: dict[str, dict[str, Any]]
 
 
+def _sessions(manifest: RunManifest) -> list[dict[str, Any]]:
+    """``extra.ab.sessions`` as a list of entries (runs written before entries existed listed bare ids)."""
+    ab = manifest.extra.get("ab")
+    raw = ab.get("sessions") if isinstance(ab, dict) else None
+    return [entry if isinstance(entry, dict) and "id" in entry else {"id": str(entry), "outcome": "unknown"}
+            for entry in (raw if isinstance(raw, list) else [])]
+
+
+def _session_requests(store: RunStore, recipes: list[str]) -> dict[str, int]:
+    """Finished timed requests (speed and quality clips) per session, from the records on disk."""
+    counts: dict[str, int] = {}
+    for name in recipes:
+        for directory in [store.clip_dir(name), *(store.speed_dir(p, name) for p in ("repeated", "mixed"))]:
+            for record in store.finished_records(directory):
+                session = str((record.extra or {}).get("session", ""))
+                counts[session] = counts.get(session, 0) + 1
+    return counts
+
+
+def begin_session(store: RunStore, manifest: RunManifest, session_id: str) -> dict[str, Any]:
+    """Record a session in ``run.json`` before it generates anything; mark the sessions a kill left ``running`` as
+    ``killed``, and remove the warm-up clips of ended sessions that finished no timed request. Returns the entry."""
+    sessions = _sessions(manifest)
+    recipes = list(manifest.recipes)
+    finished = _session_requests(store, recipes)
+    for entry in sessions:
+        if entry.get("outcome") == "running":  # the lock is ours: that process is gone without saying so
+            entry.update(outcome="killed", noticed_by=session_id, finished_requests=finished.get(entry["id"], 0))
+    swept: dict[str, int] = {}
+    for name in recipes:
+        for session, files in store.warmup_files(name).items():
+            if session != session_id and not finished.get(session):
+                for path in files:
+                    path.unlink(missing_ok=True)
+                swept[session] = swept.get(session, 0) + sum(1 for p in files if p.suffix == ".mp4")
+    for entry in sessions:
+        if swept.get(entry["id"]):
+            entry["warmups_removed"] = entry.get("warmups_removed", 0) + swept[entry["id"]]
+    if swept:
+        logger.warning("removed %d orphaned warm-up clip(s) of %d ended session(s) that finished no timed request",
+                       sum(swept.values()), len(swept))
+    entry = {"id": session_id, "pid": os.getpid(), "host": socket.gethostname(), "started_at": utc_now(),
+             "outcome": "running"}
+    sessions.append(entry)
+    if not isinstance(manifest.extra.get("ab"), dict):
+        manifest.extra["ab"] = {}
+    manifest.extra["ab"]["sessions"] = sessions
+    store.write_manifest(manifest)
+    return entry
+
+
 def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
-    """Run (or resume) an A/B run; writes clips, records, ``speed.json``/``speed.md`` and the manifest."""
+    """Run (or resume) an A/B run; writes clips, records, ``speed.json``/``speed.md`` and the manifest. Holds the
+    run's lock throughout: a second process on the same run is refused before it writes anything."""
     plan.validate()
     plan.run.kind = "ab"
+    plan.run.facts = {"speed_protocol": plan.speed_protocol, "speed_rounds": plan.speed_rounds}
+    validate_plan(plan.run)  # before the lock creates the directory: bad input leaves nothing behind
+    with RunStore(plan.run.out).lock("h3eval ab"):
+        return _run_ab(plan, backend)
+
+
+def _run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     store, manifest = open_run(plan.run)
     sweep_partial_files(store)
     session = _Session(plan, store, backend)
+    entry = begin_session(store, manifest, session.id)
     warm_done: set[str] = set()
 
     def warmups_for(jobs: list[Job]) -> list[Job]:
@@ -357,6 +427,15 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
             session.run(warmups_for(jobs) + jobs)
         jobs = quality_jobs(plan, store)
         session.run(warmups_for(jobs) + jobs)
+    except BaseException as exc:
+        # Ctrl-C or a bug: say so in run.json (a kill -9 cannot; the next session marks it "killed").
+        entry.update(outcome="interrupted" if isinstance(exc, KeyboardInterrupt) else f"error: {type(exc).__name__}",
+                     ended_at=utc_now(), requests=session.seq)
+        try:
+            store.write_manifest(manifest)
+        except OSError:
+            logger.warning("could not record the end of session %s in %s", session.id, store.manifest_path)
+        raise
     finally:
         backend.close()
 
@@ -376,9 +455,10 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
         manifest.status = "partial"
     else:
         manifest.status = "complete"
+    entry.update(outcome=manifest.status, ended_at=utc_now(), requests=session.seq)
     manifest.extra["ab"] = {
         "speed": "speed.json", "protocols": plan.protocols, "executed_mismatches": session.failed,
-        "off_identity": identity, "sessions": [*manifest.extra.get("ab", {}).get("sessions", []), session.id],
+        "off_identity": identity, "sessions": manifest.extra["ab"]["sessions"],
     }
     store.write_manifest(manifest)
     return AbResult(manifest, speed, session.failed, identity)
@@ -403,6 +483,8 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
         raise RunError(f"--backend must be inprocess or http, got {backend!r} (clips from elsewhere: h3eval import)")
     if backend == "http" and not urls:
         raise RunError("--backend http needs at least one --url")
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        raise RunError(f"--timeout must be a positive finite number of seconds, got {timeout_s}")
     if backend == "inprocess" and urls:
         raise RunError("--url is for --backend http; the inprocess backend runs the h3 runtime in this process")
     plan = AbPlan(

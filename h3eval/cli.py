@@ -9,12 +9,15 @@ import importlib
 
 import typer
 
+from h3.cli import OneLineUsageErrors
+
 app = typer.Typer(
     name="h3eval",
     help="Quality-gated evaluation of accelerated MiniMax-H3 inference: runs, gates, verdicts, reports.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineUsageErrors,  # a bad option value (--warmup abc) is one line and exit 3, as every bad input
 )
 
 

@@ -116,31 +116,32 @@ def measure_floor(
 
     if len(seeds) < 2:
         raise RunError("a noise floor needs at least two seeds (the new-seed floor compares different seeds)")
-    repeat = recipe.model_copy(update={"name": f"{recipe.name}-repeat"})
-    plan = RunPlan(out=Path(out), model=model, recipes=[recipe, repeat], prompts=prompts, seeds=list(seeds),
-                   shape=shape or RequestShape(), baseline=recipe.name, kind="floor", device=device,
-                   args=dict(args or {}, command="floor"))
-    manifest = fill_run(plan, progress=progress)
-    store = RunStore(out)
-    _file_newseed_view(store, recipe, prompts, list(seeds))
-    manifest = store.read_manifest()
-    newseed = _newseed_name(recipe)
-    if newseed not in manifest.candidates:
-        manifest.candidates.append(newseed)
-        manifest.recipes[newseed] = {**recipe.resolved(), "name": newseed,
-                                     "floor_view": "clip of the next seed filed under this seed"}
-        store.write_manifest(manifest)
-    summary = run_gates(out, list(gates), device=device or "cpu", options=gate_options or {}, progress=progress)
-    determinism = determinism_check(store, recipe, prompts, list(seeds))
-    metrics, counts = floor_from_results(store, recipe, list(gates))
-    floor = write_floor(
-        store.floor_path, metrics, recipe=recipe.name, recipe_sha256=recipe.sha256(), model=model,
-        prompts_sha256=prompts.sha256, seeds=list(seeds), pairs_per_metric=counts, determinism=determinism,
-        gates=list(gates), gate_errors=len(summary.errors), run_status=manifest.status,
-    )
-    logger.info("floor: %d metrics, determinism %s", len(metrics), determinism)
-    return {"metrics": metrics, "counts": counts, "determinism": determinism, "floor": floor,
-            "gate_errors": summary.errors}
+    with RunStore(out).lock("h3eval floor"):  # generate, gate and write the floor as one holder
+        repeat = recipe.model_copy(update={"name": f"{recipe.name}-repeat"})
+        plan = RunPlan(out=Path(out), model=model, recipes=[recipe, repeat], prompts=prompts, seeds=list(seeds),
+                       shape=shape or RequestShape(), baseline=recipe.name, kind="floor", device=device,
+                       args=dict(args or {}, command="floor"))
+        manifest = fill_run(plan, progress=progress)
+        store = RunStore(out)
+        _file_newseed_view(store, recipe, prompts, list(seeds))
+        manifest = store.read_manifest()
+        newseed = _newseed_name(recipe)
+        if newseed not in manifest.candidates:
+            manifest.candidates.append(newseed)
+            manifest.recipes[newseed] = {**recipe.resolved(), "name": newseed,
+                                         "floor_view": "clip of the next seed filed under this seed"}
+            store.write_manifest(manifest)
+        summary = run_gates(out, list(gates), device=device or "cpu", options=gate_options or {}, progress=progress)
+        determinism = determinism_check(store, recipe, prompts, list(seeds))
+        metrics, counts = floor_from_results(store, recipe, list(gates))
+        floor = write_floor(
+            store.floor_path, metrics, recipe=recipe.name, recipe_sha256=recipe.sha256(), model=model,
+            prompts_sha256=prompts.sha256, seeds=list(seeds), pairs_per_metric=counts, determinism=determinism,
+            gates=list(gates), gate_errors=len(summary.errors), run_status=manifest.status,
+        )
+        logger.info("floor: %d metrics, determinism %s", len(metrics), determinism)
+        return {"metrics": metrics, "counts": counts, "determinism": determinism, "floor": floor,
+                "gate_errors": summary.errors}
 
 
 def newseed_floor_from_run(
@@ -164,33 +165,35 @@ def newseed_floor_from_run(
         raise RunError(f"{source_run} has no recipe {recipe_name!r}")
     if len(manifest.seeds) < 2:
         raise RunError("a new-seed floor needs at least two seeds in the source run")
-    store = RunStore(out)
-    recipe = Recipe.model_validate(manifest.recipes[recipe_name])
-    prompts = PromptSuite(path=Path(manifest.prompts.path), sha256=manifest.prompts.sha256,
-                          prompts=[Prompt(id=i, prompt="") for i in manifest.prompts.ids])
-    for pid in manifest.prompts.ids:
-        for seed in manifest.seeds:
-            src = source.clip_path(recipe_name, pid, seed)
-            if source.read_record(recipe_name, pid, seed) is None:
-                continue
-            dst = store.clip_path(recipe_name, pid, seed)
-            for suffix in (".mp4", ".traj.npz", ".json"):  # the record last: it marks the clip finished
-                if src.with_suffix(suffix).exists() and not dst.with_suffix(suffix).exists():
-                    _link_or_copy(src.with_suffix(suffix), dst.with_suffix(suffix))
-    _file_newseed_view(store, recipe, prompts, list(manifest.seeds))
-    now = utc_now()
-    newseed = _newseed_name(recipe)
-    store.write_manifest(RunManifest(
-        kind="floor", created_at=now, updated_at=now, model=manifest.model, backend="folder", baseline=recipe_name,
-        candidates=[newseed], recipes={recipe_name: manifest.recipes[recipe_name],
-                                       newseed: {**manifest.recipes[recipe_name], "name": newseed}},
-        recipe_sha256={recipe_name: manifest.recipe_sha256.get(recipe_name, "")},
-        prompts=PromptSuiteRef(path=manifest.prompts.path, sha256=manifest.prompts.sha256, ids=manifest.prompts.ids),
-        seeds=list(manifest.seeds), status="complete", extra={"source_run": str(Path(source_run).resolve())},
-    ))
-    summary = run_gates(out, list(gates), device=device, options=gate_options or {}, progress=progress)
-    metrics, counts = floor_from_results(store, recipe, list(gates))
-    write_floor(store.floor_path, metrics, recipe=recipe_name, source_run=str(source_run),
-                seeds=list(manifest.seeds), pairs_per_metric=counts, determinism=determinism or {},
-                gates=list(gates), gate_errors=len(summary.errors))
-    return {"metrics": metrics, "counts": counts, "gate_errors": summary.errors}
+    with RunStore(out).lock("h3eval floor"):
+        store = RunStore(out)
+        recipe = Recipe.model_validate(manifest.recipes[recipe_name])
+        prompts = PromptSuite(path=Path(manifest.prompts.path), sha256=manifest.prompts.sha256,
+                              prompts=[Prompt(id=i, prompt="") for i in manifest.prompts.ids])
+        for pid in manifest.prompts.ids:
+            for seed in manifest.seeds:
+                src = source.clip_path(recipe_name, pid, seed)
+                if source.read_record(recipe_name, pid, seed) is None:
+                    continue
+                dst = store.clip_path(recipe_name, pid, seed)
+                for suffix in (".mp4", ".traj.npz", ".json"):  # the record last: it marks the clip finished
+                    if src.with_suffix(suffix).exists() and not dst.with_suffix(suffix).exists():
+                        _link_or_copy(src.with_suffix(suffix), dst.with_suffix(suffix))
+        _file_newseed_view(store, recipe, prompts, list(manifest.seeds))
+        now = utc_now()
+        newseed = _newseed_name(recipe)
+        store.write_manifest(RunManifest(
+            kind="floor", created_at=now, updated_at=now, model=manifest.model, backend="folder", baseline=recipe_name,
+            candidates=[newseed], recipes={recipe_name: manifest.recipes[recipe_name],
+                                           newseed: {**manifest.recipes[recipe_name], "name": newseed}},
+            recipe_sha256={recipe_name: manifest.recipe_sha256.get(recipe_name, "")},
+            prompts=PromptSuiteRef(path=manifest.prompts.path, sha256=manifest.prompts.sha256,
+                                   ids=manifest.prompts.ids),
+            seeds=list(manifest.seeds), status="complete", extra={"source_run": str(Path(source_run).resolve())},
+        ))
+        summary = run_gates(out, list(gates), device=device, options=gate_options or {}, progress=progress)
+        metrics, counts = floor_from_results(store, recipe, list(gates))
+        write_floor(store.floor_path, metrics, recipe=recipe_name, source_run=str(source_run),
+                    seeds=list(manifest.seeds), pairs_per_metric=counts, determinism=determinism or {},
+                    gates=list(gates), gate_errors=len(summary.errors))
+        return {"metrics": metrics, "counts": counts, "gate_errors": summary.errors}

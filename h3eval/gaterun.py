@@ -23,6 +23,7 @@ and artifacts to the same folder. The loop is pair-major so that the gates of on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import asdict, dataclass, field
@@ -281,7 +282,8 @@ def run_gates(
 ) -> GateRunSummary:
     """Run ``gate_names`` over every pair of the run at ``run_dir``; see the module docstring.
 
-    Raises KeyError (unknown gate, with the known ones) or GateRunError before anything is written.
+    Raises KeyError (unknown gate, with the known ones) or GateRunError before anything is written (also when another
+    process is writing into the run: the store's lock).
     """
     store = RunStore(run_dir)
     try:
@@ -315,14 +317,19 @@ def run_gates(
         TextColumn("[bold]gates[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
         TextColumn("{task.description}"),
     )
-    try:
-        with Progress(*columns, console=Console(stderr=True), disable=not progress, transient=False) as bar:
-            task = bar.add_task("", total=len(pairs) * len(gates))
-            for candidate, prompt_id, seed in pairs:
-                pair = PairRef(baseline=manifest.baseline, candidate=candidate, prompt_id=prompt_id, seed=seed)
-                _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task, info)
-    finally:
-        media_cache.clear()
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(store.lock("h3eval gate"))  # one process writes gate results into a run at a time
+        except StoreError as exc:
+            raise GateRunError(str(exc)) from None
+        try:
+            with Progress(*columns, console=Console(stderr=True), disable=not progress, transient=False) as bar:
+                task = bar.add_task("", total=len(pairs) * len(gates))
+                for candidate, prompt_id, seed in pairs:
+                    pair = PairRef(baseline=manifest.baseline, candidate=candidate, prompt_id=prompt_id, seed=seed)
+                    _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task, info)
+        finally:
+            media_cache.clear()
     logger.info(
         "gates %s over %d pairs: %d computed, %d resumed, %d errors",
         ",".join(names), len(pairs), sum(summary.scored.values()), sum(summary.resumed.values()), len(summary.errors),

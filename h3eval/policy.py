@@ -1,7 +1,8 @@
 """Signoff policies: which gate metrics decide a release, against which margins, with how many pairs.
 
 A policy is a TOML file (``gates/policies/*.toml``) read with :mod:`tomllib` into a strict pydantic schema: an
-unknown key anywhere is an error that names the key and its place. The gates only *report*; the policy decides.
+unknown key anywhere, a wrong type (``true`` or ``"8"`` for a number) or a number that is not finite (``nan``, ``inf``)
+is an error that names the key and its place (h3/schema.py). The gates only *report*; the policy decides.
 
 Shape (every key documented on the schema fields below)::
 
@@ -75,6 +76,7 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from h3.atomic import sha256_file
+from h3.schema import FINITE_NUMBERS, validation_issues
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +93,9 @@ class PolicyError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Strict: a boolean or a string is not a number (``min_pairs = true`` is not 1); finite: a NaN threshold compares
+    # false against everything and would pass a failing candidate (issue 26), so nan and inf are refused at load.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, **FINITE_NUMBERS)
 
 
 class FloorFraction(_Strict):
@@ -251,8 +255,9 @@ class Policy(_Strict):
     """Two-sided CI level; tests are one-sided at ``(1 - confidence) / 2``."""
     power: float = Field(default=0.8, gt=0, lt=1)
     """Power at which the minimum detectable effect is stated."""
-    n_resamples: int = Field(default=9999, ge=999)
-    seed: int = 20261129
+    n_resamples: int = Field(default=9999, ge=999, le=1_000_000)
+    """Bootstrap resamples; at most a million (each is a mean over the pairs: more only costs memory and time)."""
+    seed: int = Field(default=20261129, ge=0, lt=2**63)
     """Seed of the bootstrap, so a verdict is reproducible bit for bit."""
     min_pairs: int = Field(default=8, ge=2)
     holm: bool = True
@@ -293,28 +298,29 @@ class LoadedPolicy(BaseModel):
     sha256: str
 
 
-def _format_validation_error(path: Path, exc: ValidationError) -> str:
+def _format_validation_error(path: Path, exc: ValidationError, data: Any = None) -> str:
     lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "float", "FloorFraction")))
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = f"unknown key {err['loc'][-1]!r}"
-        lines.append(f"  {loc or '(top level)'}: {msg}")
-    # A union (float | FloorFraction) reports each branch; keep each message once.
-    return f"{path}: invalid policy:\n" + "\n".join(dict.fromkeys(lines))
+    for key, kind, why in validation_issues(exc, data):
+        if kind == "unknown":
+            why = f"unknown key {key.rsplit('.', 1)[-1]!r}"
+        elif kind == "missing":
+            why = "missing (required)"
+        lines.append(f"  {key or '(top level)'}: {why}")
+    return f"{path}: invalid policy:\n" + "\n".join(lines)
 
 
 def parse_policy(data: Mapping[str, Any], source: str | Path = "<policy>") -> Policy:
     try:
         return Policy.model_validate(dict(data))
     except ValidationError as exc:
-        raise PolicyError(_format_validation_error(Path(source), exc)) from None
+        raise PolicyError(_format_validation_error(Path(source), exc, dict(data))) from None
 
 
 def load_policy(path: str | Path) -> LoadedPolicy:
     """Read and validate a policy file; errors name the file and the offending key."""
     path = Path(path)
+    if path.is_dir():
+        raise PolicyError(f"policy file {path} is a directory, not a TOML file")
     if not path.is_file():
         raise PolicyError(f"policy file {path} does not exist")
     try:
@@ -368,6 +374,8 @@ class NoiseFloor(BaseModel):
 
 def load_floor(path: str | Path) -> NoiseFloor:
     path = Path(path)
+    if path.is_dir():
+        raise PolicyError(f"noise-floor file {path} is a directory")
     if not path.is_file():
         raise PolicyError(f"noise-floor file {path} does not exist")
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,26 +94,50 @@ def load_prompts(name_or_path: str | Path) -> PromptSuite:
     return PromptSuite(path=path, sha256=hashlib.sha256(raw).hexdigest(), prompts=prompts)
 
 
+MAX_SEEDS = 1000
+"""The most seeds one run takes: a run is every prompt x seed x recipe, so a thousand seeds is already far past any
+study; a typo such as ``0-1000000000000`` is refused at once instead of filling the memory."""
+MAX_SEED = 2**63 - 1
+"""The largest seed the runtime takes (h3.runtime.resolve_request)."""
+
+_SEED = re.compile(r"[0-9]+")  # ASCII digits only: int() would also read Arabic-Indic or full-width digits
+
+
+def _seed(part: str, text: str) -> int:
+    text = text if len(text) <= 60 else text[:40] + "..."
+    if part.startswith("-") and _SEED.fullmatch(part[1:]):
+        raise SeedsError(f"seeds must be non-negative, got {part}")
+    if not _SEED.fullmatch(part):
+        raise SeedsError(f"seeds must be non-negative integers like '0,1,2' or '0-3' (ASCII digits), got {text!r}")
+    digits = part.lstrip("0") or "0"
+    if len(digits) > len(str(MAX_SEED)) or int(digits) > MAX_SEED:  # length first: int() refuses 4300+ digits
+        shown = part if len(part) <= 40 else part[:20] + "..." + part[-8:]
+        raise SeedsError(f"seed {shown} is too large: seeds go from 0 to 2**63-1 = {MAX_SEED}")
+    return int(digits)
+
+
 def parse_seeds(text: str) -> list[int]:
-    """``"0,1,2"`` or ``"0-3"`` -> a list of distinct non-negative seeds, in order."""
-    seeds: list[int] = []
+    """``"0,1,2"`` or ``"0-3"`` -> a list of distinct non-negative seeds, in order; every seed is checked (range and
+    count, at most :data:`MAX_SEEDS`) before anything runs."""
+    seeds: dict[int, None] = {}
     for part in str(text).split(","):
         part = part.strip()
         if not part:
             continue
-        try:
-            if "-" in part[1:]:
-                lo, hi = part.split("-", 1) if not part.startswith("-") else (part, "")
-                values = list(range(int(lo), int(hi) + 1))
-            else:
-                values = [int(part)]
-        except ValueError:
-            raise SeedsError(f"seeds must be non-negative integers like '0,1,2' or '0-3', got {text!r}") from None
+        lo_text, dash, hi_text = part[1:].partition("-")
+        if dash:
+            lo, hi = _seed((part[0] + lo_text).strip(), text), _seed(hi_text.strip(), text)
+            if hi < lo:
+                raise SeedsError(f"seed range {part} is empty (its end is below its start)")
+            if hi - lo + 1 > MAX_SEEDS:
+                raise SeedsError(f"seed range {part} has {hi - lo + 1} seeds; a run takes at most {MAX_SEEDS}")
+            values = range(lo, hi + 1)
+        else:
+            values = (_seed(part, text),)
         for value in values:
-            if value < 0:
-                raise SeedsError(f"seeds must be non-negative, got {value}")
-            if value not in seeds:
-                seeds.append(value)
+            seeds[value] = None
+            if len(seeds) > MAX_SEEDS:
+                raise SeedsError(f"--seeds names more than {MAX_SEEDS} seeds; a run takes at most {MAX_SEEDS}")
     if not seeds:
         raise SeedsError(f"no seeds in {text!r}")
-    return seeds
+    return list(seeds)

@@ -501,17 +501,17 @@ def render_html(verdict: Verdict, run_dir: str | Path) -> str:
 
 # -- all of them ---------------------------------------------------------------------------------------------------
 def write_reports(verdict: Verdict, run_dir: str | Path) -> dict[str, Path]:
-    """Write verdict.json, report.md, report.html and junit.xml into ``run_dir`` (each atomically)."""
+    """Write verdict.json, report.md, report.html and junit.xml into ``run_dir`` (each atomically), holding the run's
+    lock."""
     run_dir = Path(run_dir)
     store = RunStore(run_dir)
-    paths = {"verdict": write_verdict(verdict, run_dir)}
-    for key, text in (
-        ("markdown", render_markdown(verdict)),
-        ("html", render_html(verdict, run_dir)),
-        ("junit", render_junit(verdict)),
-    ):
-        atomic_write_text(store.report_path(key), text)
-        paths[key] = store.report_path(key)
+    texts = (("markdown", render_markdown(verdict)), ("html", render_html(verdict, run_dir)),
+             ("junit", render_junit(verdict)))
+    with store.lock("h3eval report"):  # one process writes into a run at a time
+        paths = {"verdict": write_verdict(verdict, run_dir)}
+        for key, text in texts:
+            atomic_write_text(store.report_path(key), text)
+            paths[key] = store.report_path(key)
     return paths
 
 

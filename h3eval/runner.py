@@ -1,8 +1,9 @@
 """Fill a run: generate every (recipe, prompt, seed) clip through a backend, resumably.
 
 Everything is validated before the run directory is touched. A rerun of the same command after a kill keeps every
-finished clip whose MP4 hash matches its record and generates only the rest; a rerun with different inputs is
-refused, so one run directory never mixes two experiments.
+finished clip whose MP4 hash matches its record and generates only the rest; a rerun with different inputs
+(recipes, prompts, seeds, model, request shape, backend...: :func:`run_differences`) is refused naming each
+difference, so one run directory never mixes two experiments. One process fills a run at a time (the store's lock).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from h3.runtime import (FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE, GenerateRequest, R
 from h3eval.backends import Backend, BackendError, remove_clip
 from h3eval.backends.inprocess import InProcessBackend, RuntimeFactory, default_runtime_factory
 from h3eval.executed import check_executed, is_unverified
-from h3eval.prompts import PromptSuite
+from h3eval.prompts import MAX_SEED, PromptSuite
 from h3eval.store import PromptSuiteRef, RunManifest, RunStore, StoreError, utc_now
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class RunPlan:
     args: dict[str, Any] = field(default_factory=dict)
     trajectory: bool = False
     """Record each request's latent trajectory next to its clip (for the trajectory gate)."""
+    facts: dict[str, Any] = field(default_factory=dict)
+    """What else decides the run's clips, compared on resume like the request shape (ab: speed protocol, rounds)."""
 
     @property
     def candidates(self) -> list[str]:
@@ -71,26 +74,38 @@ class RunPlan:
                     yield recipe, prompt.id, seed
 
 
-def validate_plan(plan: RunPlan) -> None:
+def validate_plan(plan: RunPlan) -> tuple[int, int, int]:
+    """Refuse a plan before anything is written; returns the resolved (num_frames, height, width) of its requests."""
     names = [r.name for r in plan.recipes]
     if len(set(names)) != len(names):
         raise RunError(f"recipe names must be distinct within a run, got {names}")
     if plan.baseline is not None and plan.baseline not in names:
         raise RunError(f"baseline {plan.baseline!r} is not among the run's recipes {names}")
-    for seed in plan.seeds:
-        if not isinstance(seed, int) or seed < 0:
-            raise RunError(f"seeds must be non-negative integers, got {seed!r}")
+    if not plan.seeds:
+        raise RunError("a run needs at least one seed")
+    for seed in plan.seeds:  # every seed, before anything runs (not only the first request's)
+        if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+            raise RunError(f"seeds must be integers from 0 to 2**63-1, got {seed!r}")
     if plan.model != "tiny":
         check_checkpoint_dir(plan.model)
     default_size = TINY_DEFAULT_SIZE if plan.model == "tiny" else FULL_DEFAULT_SIZE
     try:
-        resolve_request(plan.shape.request(plan.prompts.prompts[0].id, plan.prompts.prompts[0].prompt, plan.seeds[0]),
-                        default_size)
+        return resolve_request(plan.shape.request(plan.prompts.prompts[0].id, plan.prompts.prompts[0].prompt,
+                                                  plan.seeds[0]), default_size)
     except RequestError as exc:
         raise RunError(str(exc)) from None
 
 
-def _new_manifest(plan: RunPlan) -> RunManifest:
+def plan_facts(plan: RunPlan, resolved: tuple[int, int, int]) -> dict[str, Any]:
+    """Every parameter besides recipes, prompts and seeds that decides what the run's clips are, as resolved: the
+    request shape (``--seconds 5`` and ``--num-frames 120`` are the same clips), trajectories, and the plan's own
+    ``facts`` (the backend is the manifest's own field). Stored in ``run.json``'s ``plan``, compared on resume."""
+    num_frames, height, width = resolved
+    return {"num_frames": num_frames, "height": height, "width": width, "trajectory": plan.trajectory,
+            **plan.facts}
+
+
+def _new_manifest(plan: RunPlan, facts: dict[str, Any]) -> RunManifest:
     now = utc_now()
     return RunManifest(
         kind=plan.kind, created_at=now, updated_at=now, model=plan.model, backend=plan.backend,
@@ -98,44 +113,92 @@ def _new_manifest(plan: RunPlan) -> RunManifest:
         recipes={r.name: r.resolved() for r in plan.recipes},
         recipe_sha256={r.name: r.sha256() for r in plan.recipes},
         prompts=PromptSuiteRef(path=str(plan.prompts.path), sha256=plan.prompts.sha256, ids=plan.prompts.ids),
-        seeds=list(plan.seeds), args=dict(plan.args), versions=provenance.versions(),
+        seeds=list(plan.seeds), args=dict(plan.args), plan=facts, versions=provenance.versions(),
         hardware=provenance.hardware(plan.device or "cpu"), git=provenance.git_state(Path(__file__).parent),
     )
 
 
-def _check_same_run(existing: RunManifest, fresh: RunManifest, root: Path) -> None:
+_SHAPE_ARGS = ("seconds", "num_frames", "height", "width")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def run_differences(existing: RunManifest, fresh: RunManifest) -> list[str]:
+    """How ``fresh`` (this command's run) differs from the run on disk, one item per parameter: ``height 128 -> 256``.
+
+    Recipes, prompts (by content), seeds, model, baseline and kind, and every fact of ``plan`` (a run written before
+    ``plan`` existed is compared on the request shape as its command passed it)."""
     diffs = []
-    for key in ("kind", "model", "baseline", "recipe_sha256", "seeds"):
+    for key in ("kind", "model", "baseline", "backend", "seeds"):
         if getattr(existing, key) != getattr(fresh, key):
-            diffs.append(key)
+            diffs.append(f"{key} {_show(getattr(existing, key))} -> {_show(getattr(fresh, key))}")
+    old_recipes, new_recipes = existing.recipe_sha256, fresh.recipe_sha256
+    if set(old_recipes) != set(new_recipes):
+        diffs.append(f"recipes {sorted(old_recipes)} -> {sorted(new_recipes)}")
+    else:
+        diffs += [f"recipe {name} (its settings changed)" for name in sorted(old_recipes)
+                  if old_recipes[name] != new_recipes[name]]
     if (existing.prompts and existing.prompts.sha256) != (fresh.prompts and fresh.prompts.sha256):
-        diffs.append("prompts")
+        diffs.append("prompts (the suite's content differs)")
+    if existing.plan:
+        for key in dict.fromkeys([*existing.plan, *fresh.plan]):
+            old, new = existing.plan.get(key), fresh.plan.get(key)
+            if old != new:
+                diffs.append(f"{key} {_show(old)} -> {_show(new)}")
+    else:
+        for key in _SHAPE_ARGS:
+            if key in existing.args and existing.args.get(key) != fresh.args.get(key):
+                diffs.append(f"{key} {_show(existing.args.get(key))} -> {_show(fresh.args.get(key))}")
+    return diffs
+
+
+def _check_same_run(existing: RunManifest, fresh: RunManifest, root: Path) -> None:
+    diffs = run_differences(existing, fresh)
     if diffs:
         raise RunError(
-            f"{root} already holds a different run (differs in: {', '.join(diffs)}); choose a new --out directory "
-            "(nothing was changed)"
+            f"{root} already holds a different run (differs in: {'; '.join(diffs)}); choose a new --out directory "
+            "or rerun with the run's own parameters (nothing was changed)"
         )
 
 
 def open_run(plan: RunPlan) -> tuple[RunStore, RunManifest]:
-    """Create the run directory, or reopen it for resuming when it holds the same run."""
-    validate_plan(plan)
+    """Create the run directory, or reopen it for resuming when it holds the same run. The caller holds the run's
+    lock (:meth:`h3eval.store.RunStore.lock`)."""
+    resolved = validate_plan(plan)
     store = RunStore(plan.out)
-    fresh = _new_manifest(plan)
+    fresh = _new_manifest(plan, plan_facts(plan, resolved))
     if store.exists():
         existing = store.read_manifest()
         _check_same_run(existing, fresh, plan.out)
+        if not existing.plan:
+            existing.plan = fresh.plan  # a run from before `plan` existed: compared on every fact from now on
         existing.status = "running"
         existing.errors = []
         store.write_manifest(existing)
         return store, existing
-    if plan.out.exists() and any(plan.out.iterdir()):
-        raise RunError(f"{plan.out} exists and is not an h3eval run directory (no run.json); choose a new --out")
+    store.check_writable_root()
     store.write_manifest(fresh)
     return store, fresh
 
 
 def fill_run(
+    plan: RunPlan,
+    runtime_factory: RuntimeFactory | None = None,
+    progress: bool = True,
+    on_clip: Callable[[str, str, int, Any], None] | None = None,
+    backend: Backend | None = None,
+) -> RunManifest:
+    """Generate every missing clip of the plan (see :func:`_fill_run`), holding the run's lock: a second process on
+    the same run is refused before it writes anything."""
+    validate_plan(plan)  # before the lock creates the directory: bad input leaves nothing behind
+    with RunStore(plan.out).lock(f"h3eval {plan.kind}"):
+        return _fill_run(plan, runtime_factory, progress, on_clip, backend)
+
+
+def _fill_run(
     plan: RunPlan,
     runtime_factory: RuntimeFactory | None = None,
     progress: bool = True,

@@ -10,34 +10,56 @@ Layout (DESIGN.md)::
     <run>/speed/<protocol>/<recipe>/<name>.{mp4,json}  timing requests of ``h3eval ab``'s speed protocol
     <run>/gates/<gate>/<candidate>/<prompt_id>-s<seed>.json   per-pair gate results (artifacts beside them)
     <run>/speed.json, speed.md, floor.json, verdict.json, report.md, report.html, junit.xml
+    <run>/.h3eval.lock                               while a command writes into the run: who (pid, host, since)
 
 :class:`RunStore` owns every path and listing of that layout; everything else asks it. Clip records are read by one
 function, :func:`read_clip_record` (gate results by :func:`read_gate_result`). Every file is written atomically. A
 clip counts as finished only when its record exists, parses, and the MP4's sha256 matches the record; anything else
 is regenerated.
+
+One process writes into a run at a time: every command that writes (``ab``, ``generate``, ``floor``, ``gate``,
+``import``, ``verdict --write``, ``report``) holds :meth:`RunStore.lock` while it does; a second process is refused
+with one line naming the holder. The lock is an ``flock`` on ``.h3eval.lock``, so the kernel releases it when its
+process dies, even by ``kill -9``; a lock file left by a dead process is taken over, with a warning that says so.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import logging
 import os
+import socket
+import threading
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Annotated, Any, Callable, Iterator, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from gates.base import GateResult
 from h3.atomic import atomic_write_json, sha256_file
 from h3.names import clip_stem, is_safe_name
 from h3.provenance import utc_now
 from h3.record import ClipRecord
+from h3.schema import FINITE_NUMBERS, non_finite_keys, validation_problems
+
+logger = logging.getLogger(__name__)
 
 RUN_MANIFEST_VERSION = 1
+LOCK_NAME = ".h3eval.lock"
+"""The lock file of a run (see :meth:`RunStore.lock`)."""
 
+Seed = Annotated[int, Strict(), Field(ge=0, lt=2**63)]
+"""A seed as a run stores it: an integer (never a boolean), 0 to 2**63-1 (the runtime's range)."""
 
 
 class StoreError(ValueError):
     """A run directory or one of its inputs is not what it should be."""
+
+
+class RunLockedError(StoreError):
+    """Another process is writing into the run; the message names it (pid, host, since, command)."""
 
 
 def check_safe_name(kind: str, name: str) -> str:
@@ -50,17 +72,17 @@ def check_safe_name(kind: str, name: str) -> str:
 
 
 class PromptSuiteRef(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **FINITE_NUMBERS)
     path: str
     sha256: str
     ids: list[str]
 
 
 class ClipError(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **FINITE_NUMBERS)
     recipe: str
     prompt_id: str
-    seed: int
+    seed: Seed
     error: str
     at: str
 
@@ -68,7 +90,7 @@ class ClipError(BaseModel):
 class RunManifest(BaseModel):
     """What a run was asked to do, and how far it got."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", **FINITE_NUMBERS)
 
     version: int = RUN_MANIFEST_VERSION
     """Schema version."""
@@ -86,9 +108,13 @@ class RunManifest(BaseModel):
     """Recipe name -> recipe as resolved."""
     recipe_sha256: dict[str, str] = Field(default_factory=dict)
     prompts: PromptSuiteRef | None = None
-    seeds: list[int] = Field(default_factory=list)
+    seeds: list[Seed] = Field(default_factory=list)
     args: dict[str, Any] = Field(default_factory=dict)
     """The command's arguments as passed."""
+    plan: dict[str, Any] = Field(default_factory=dict)
+    """Every parameter that decides what the run's clips are, as resolved (request shape, backend, device,
+    trajectories, speed protocol...): a rerun into the run that differs in any of them is refused, naming it
+    (h3eval.runner). Empty in runs written before it existed."""
     versions: dict[str, str] = Field(default_factory=dict)
     hardware: dict[str, Any] = Field(default_factory=dict)
     git: dict[str, Any] = Field(default_factory=dict)
@@ -127,8 +153,8 @@ def read_clip_record(record_path: str | Path, *, mp4: str | Path | None = None,
                 json.loads(text)
             except json.JSONDecodeError as json_exc:
                 raise RecordError(f"{record_path} is not valid JSON ({json_exc})", "unreadable", record_path) from exc
-        first = str(exc).splitlines()[0]
-        raise RecordError(f"{record_path} is not a valid clip record: {first}", "invalid", record_path) from exc
+        raise RecordError(f"{record_path} is not a valid clip record: " + "; ".join(validation_problems(exc)),
+                          "invalid", record_path) from exc
     if mp4 is not None:
         mp4 = Path(mp4)
         if not mp4.is_file():
@@ -165,10 +191,18 @@ def read_gate_result(path: str | Path) -> GateResult:
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
         raise GateResultError(path, str(exc).splitlines()[0], unreadable=True) from exc
+    # A metric's value is a JSON number or null: the schema's lax mode would read "0.2" as 0.2 and true as 1, and a
+    # hand-edited or foreign result must not be scored as if a gate had written it (issue 26's campaign).
+    metrics = raw.get("metrics") if isinstance(raw, dict) else None
+    if isinstance(metrics, dict):
+        for name, metric in metrics.items():
+            value = metric.get("value") if isinstance(metric, dict) else None
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise GateResultError(path, f"key 'metrics.{name}.value': a number or null, got {value!r:.40}")
     try:
         return GateResult.model_validate(raw)
     except ValidationError as exc:
-        raise GateResultError(path, str(exc).splitlines()[0]) from exc
+        raise GateResultError(path, "; ".join(validation_problems(exc, raw))) from exc
 
 
 class RunStore:
@@ -226,6 +260,16 @@ class RunStore:
 
     def warmup_path(self, recipe: str, session: str, index: int) -> Path:
         return self.warmup_dir(recipe) / f"{session}-w{index}.mp4"
+
+    def warmup_files(self, recipe: str) -> dict[str, list[Path]]:
+        """Every file under ``warmup/<recipe>/`` (clips, records, error files), by the session that wrote it."""
+        directory = self.warmup_dir(recipe)
+        by_session: dict[str, list[Path]] = {}
+        for path in sorted(directory.iterdir()) if directory.is_dir() else ():
+            session, sep, _ = path.name.rpartition("-w")
+            if sep and path.is_file() and not path.name.startswith("."):
+                by_session.setdefault(session, []).append(path)
+        return by_session
 
     def speed_dir(self, protocol: str, recipe: str) -> Path:
         return self.root / "speed" / check_safe_name("speed protocol", protocol) / check_safe_name("recipe name",
@@ -310,17 +354,103 @@ class RunStore:
                             continue
         return tuple(sorted(entries))
 
+    # -- the lock ----------------------------------------------------------------------------------------------
+    @property
+    def lock_path(self) -> Path:
+        return self.root / LOCK_NAME
+
+    def is_foreign_directory(self) -> bool:
+        """Whether ``root`` exists and holds something other than a run: files but no ``run.json`` (a lock file
+        alone does not count)."""
+        if not self.root.is_dir() or self.manifest_path.exists():
+            return False
+        return any(p.name != LOCK_NAME for p in self.root.iterdir())
+
+    def check_writable_root(self) -> None:
+        """StoreError unless ``root`` is absent, an empty directory or a run directory (``--out FILE``, a folder of
+        other files)."""
+        if self.root.exists() and not self.root.is_dir():
+            raise StoreError(f"{self.root} is a file, not a run directory; choose a new --out directory")
+        if self.is_foreign_directory():
+            raise StoreError(f"{self.root} exists and is not an h3eval run directory (no run.json); choose a new "
+                             "--out")
+
+    @contextlib.contextmanager
+    def lock(self, command: str) -> Iterator[dict[str, Any]]:
+        """Hold the run for ``command`` (e.g. ``"h3eval ab"``) while the body writes into it; yields the holder's
+        line (pid, host, since, command, and ``took_over``: the dead holder whose lock file was left behind).
+
+        A second process is refused with :class:`RunLockedError` naming the holder. Within one process the lock is
+        re-entrant (``h3eval floor`` generates, then gates, then writes its floor). Creates ``root`` when absent,
+        and removes it again on release when the body wrote nothing into it.
+        """
+        key = os.path.realpath(self.root)
+        with _HELD_GUARD:
+            held = _HELD.get(key)
+            if held is not None:
+                held["depth"] += 1
+        if held is not None:
+            try:
+                yield held["info"]
+            finally:
+                with _HELD_GUARD:
+                    held["depth"] -= 1
+            return
+        self.check_writable_root()
+        created = not self.root.exists()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create run directory {self.root}: {exc.strerror or exc}") from None
+        try:
+            fd, info = _acquire(self.lock_path, command)
+        except StoreError:
+            if created:
+                with contextlib.suppress(OSError):
+                    self.root.rmdir()
+            raise
+        held = {"depth": 1, "info": info}
+        with _HELD_GUARD:
+            _HELD[key] = held
+        try:
+            yield info
+        finally:
+            with _HELD_GUARD:
+                _HELD.pop(key, None)
+            self.lock_path.unlink(missing_ok=True)  # before the flock is released: see _acquire
+            os.close(fd)
+            if created:
+                with contextlib.suppress(OSError):
+                    self.root.rmdir()  # only when empty: nothing was written
+
     # -- manifest ----------------------------------------------------------------------------------------------
     def exists(self) -> bool:
         return self.manifest_path.exists()
 
     def read_manifest(self) -> RunManifest:
-        if not self.manifest_path.exists():
-            raise StoreError(f"{self.root} is not a run directory: {self.manifest_path} is missing")
+        """The run's manifest; StoreError (one line per problem, naming the key) when it is missing or invalid."""
+        path = self.manifest_path
+        if not path.exists():
+            raise StoreError(f"{self.root} is not a run directory: {path} is missing")
         try:
-            return RunManifest.model_validate_json(self.manifest_path.read_text())
+            text = path.read_text(encoding="utf-8")
+        except IsADirectoryError:
+            raise StoreError(f"{self.root} is not a run directory: {path} is a directory, not a file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StoreError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise StoreError(f"{path} is not valid JSON: {exc}") from None
+        bad = non_finite_keys(data)
+        if bad:
+            raise StoreError(f"{path} is not a valid run manifest:\n  "
+                             + "\n  ".join(f"key '{key}': not a finite number" for key in bad[:10]))
+        try:
+            return RunManifest.model_validate(data)
         except ValidationError as exc:
-            raise StoreError(f"{self.manifest_path} is not a valid run manifest: {exc}") from exc
+            raise StoreError(f"{path} is not a valid run manifest:\n  "
+                             + "\n  ".join(validation_problems(exc, data))) from None
 
     def write_manifest(self, manifest: RunManifest) -> None:
         manifest.updated_at = utc_now()
@@ -364,3 +494,75 @@ class RunStore:
         return [
             (cand, pid, seed) for cand in manifest.candidates for pid in manifest.prompts.ids for seed in manifest.seeds
         ]
+
+
+# -- the lock --------------------------------------------------------------------------------------------------------
+_HELD: dict[str, dict[str, Any]] = {}
+"""Runs this process holds (real path -> depth and holder line), for re-entrance."""
+_HELD_GUARD = threading.Lock()
+
+
+def _describe_holder(path: Path) -> tuple[dict[str, Any] | None, str]:
+    try:
+        holder = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(holder, dict):
+            raise ValueError
+        return holder, (f"pid {holder.get('pid')} on host {holder.get('host')} since {holder.get('since')} "
+                        f"({holder.get('command')})")
+    except (OSError, ValueError):
+        return None, "another process (it has not written who it is yet)"
+
+
+def _pid_alive(pid: Any) -> bool:
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _acquire(path: Path, command: str) -> tuple[int, dict[str, Any]]:
+    """Open and ``flock`` the lock file, write who holds it; RunLockedError when another process holds it.
+
+    The holder unlinks the file before closing it, so a process that opened the old file and got its flock after
+    the release checks that the path still names the file it locked, and otherwise starts again.
+    """
+    for _ in range(100):
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StoreError(f"cannot create the lock file {path}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            _, who = _describe_holder(path)
+            raise RunLockedError(f"{path.parent} is in use by {who}: one process writes into a run at a time; "
+                                 "wait for it to finish or stop it (nothing was changed)") from None
+        except OSError as exc:
+            os.close(fd)
+            raise StoreError(f"cannot lock {path}: {exc.strerror or exc}") from None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            os.close(fd)
+            continue
+        previous, who = _describe_holder(path)
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": utc_now(), "command": command,
+                "took_over": None}
+        if previous is not None:
+            here = previous.get("host") == info["host"]
+            state = ("its process is gone" if here and not _pid_alive(previous.get("pid"))
+                     else "it no longer holds the lock")
+            info["took_over"] = previous
+            logger.warning("%s: took over the stale lock of %s: %s", path.parent, who, state)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps({k: v for k, v in info.items() if k != "took_over"}) + "\n").encode(), 0)
+        return fd, info
+    raise StoreError(f"cannot lock {path}: it kept being replaced while this process tried")

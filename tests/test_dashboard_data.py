@@ -267,8 +267,13 @@ def test_command_argv_and_errors(run_dir, tmp_path):
     dashboard_cmd.register(app)
     app.command("noop")(lambda: None)  # a second command keeps typer in multi-command mode
     result = CliRunner().invoke(app, ["dashboard", str(tmp_path / "nope")])
-    assert result.exit_code == 2
+    assert result.exit_code == 3  # bad input (issue 26): exit 3, one line
     assert "nope" in result.output and "run.json is missing" in result.output
+    (tmp_path / "dir" / "run.json").mkdir(parents=True)
+    result = CliRunner().invoke(app, ["dashboard", str(tmp_path / "dir")])
+    assert result.exit_code == 3 and "run.json is a directory" in result.output
+    result = CliRunner().invoke(app, ["dashboard", str(run_dir), "--port", "70000"])
+    assert result.exit_code == 3 and "--port 70000 is not a TCP port" in result.output
 
 
 def test_speed_quality_merges_runs_and_marks_front(run, tmp_path):

@@ -303,6 +303,12 @@ def test_verify_cli_exits_nonzero_and_names_each_problem(tmp_path):
     assert out.exit_code == 1
     assert f"no VBench environment at {tmp_path / 'no-env'}" in out.output
     assert str(tmp_path / "cache" / "pyiqa_model" / "musiq_spaq_ckpt-358bb6af.pth") in out.output
+    # Bad input is exit 3 (issue 26), a failed check exit 1: an unknown dimension, nothing to pin.
+    out = CliRunner().invoke(app, ["vbench", "verify", "-d", "bogus"])
+    assert out.exit_code == 3 and "unknown VBench dimension 'bogus'" in out.output
+    out = CliRunner().invoke(app, ["vbench", "pin", "--cache-dir", str(tmp_path / "cache"), "-d", "imaging_quality",
+                                   "--out", str(tmp_path / "pins.json")])
+    assert out.exit_code == 3 and "cannot pin" in out.output and not (tmp_path / "pins.json").exists()
 
 
 @pytest.mark.parametrize("attempt", [

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from h3.schema import FINITE_NUMBERS
+
 if TYPE_CHECKING:
     from h3.record import Executed
 
@@ -92,10 +94,11 @@ class LeverConfig(BaseModel):
     """One lever's recipe section and the lever's own description of itself (see the module docstring).
 
     Subclasses set ``name`` (the recipe section and the ``executed.levers`` key) and implement ``is_on`` and
-    ``apply``; unknown keys and wrong types are errors (a typo must not silently run the defaults).
+    ``apply``; unknown keys, wrong types and numbers that are not finite are errors (a typo must not silently run the
+    defaults; h3/schema.py).
     """
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, **FINITE_NUMBERS)
 
     name: ClassVar[str]
 

@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
 
@@ -45,6 +45,16 @@ class QuantizationConfig(LeverConfig):
     )
     """Regular expressions (``re.search``) over module names that stay in floating point: by default the float32
     input/output projections and time embedder, and the norms (``norm_out``'s modulation)."""
+
+    @field_validator("exclude")
+    @classmethod
+    def _patterns_compile(cls, value: list[str]) -> list[str]:
+        for pattern in value:  # at load, not when the lever applies after the weights
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression ({exc})") from None
+        return value
 
     def is_on(self) -> bool:
         return self.mode != "none"

@@ -53,7 +53,7 @@ class VaeConfig(LeverConfig):
     def _tiles(cls, value: dict[str, list[int]]) -> dict[str, list[int]]:
         for key, tile in value.items():
             parts = key.split("x")
-            if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            if len(parts) != 2 or not all(p.isascii() and p.isdigit() for p in parts):  # int() reads other digits
                 raise ValueError(f"tile key {key!r} must be 'HEIGHTxWIDTH', e.g. '768x1344'")
             if len(tile) != 2 or any(t < 32 or t % 16 for t in tile):
                 raise ValueError(f"tile for {key} must be [height, width], multiples of 16 and >= 32, got {tile}")

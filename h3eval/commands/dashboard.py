@@ -26,6 +26,8 @@ def streamlit_argv(run_dirs: list[Path], port: int = 8501, address: str = "127.0
         raise DashboardError("give at least one run directory")
     for run_dir in run_dirs:
         manifest = RunStore(run_dir).manifest_path
+        if manifest.is_dir():
+            raise DashboardError(f"{run_dir} is not a run directory: {manifest} is a directory")
         if not manifest.is_file():
             raise DashboardError(f"{run_dir} is not a run directory: {manifest} is missing")
     if not 1 <= port <= 65535:
@@ -62,4 +64,4 @@ def register(app: typer.Typer) -> None:
             serve_dashboard(run_dirs, port)
         except DashboardError as exc:
             typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(2) from exc
+            raise typer.Exit(3) from exc  # bad input: exit 3, as every h3eval command

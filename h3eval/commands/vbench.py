@@ -23,9 +23,14 @@ _DIM_HELP = f"Dimensions, comma-separated or repeated (default: all of {', '.joi
 _CACHE_HELP = "VBench cache folder with the checkpoints [env: VBENCH_CACHE_DIR; default ~/.cache/vbench]"
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 1) -> None:
+    """Exit 1 for a failed check or build; 3 for bad input (an unknown dimension, a missing checkpoint to pin)."""
     typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code=1)
+    raise typer.Exit(code=code)
+
+
+def _code(exc: Exception) -> int:
+    return 3 if isinstance(exc, (UnknownDimensionError, VBenchPinError)) else 1
 
 
 def run_setup(env: Path | None, dimensions: list[str] | None, force: bool) -> dict:
@@ -52,7 +57,7 @@ def register(app: typer.Typer) -> None:
         try:
             marker = run_setup(env, dimensions, force)
         except (VBenchEnvError, UnknownDimensionError) as exc:
-            _fail(str(exc))
+            _fail(str(exc), _code(exc))
         typer.echo(json.dumps(marker, indent=2))
 
     @vbench_app.command("pin")
@@ -65,7 +70,7 @@ def register(app: typer.Typer) -> None:
         try:
             data = pin_checkpoints(cache_dir, dimensions, out)
         except (VBenchPinError, UnknownDimensionError) as exc:
-            _fail(str(exc))
+            _fail(str(exc), _code(exc))
         typer.echo(f"pinned {len(data['checkpoints'])} checkpoint file(s) into {out}; commit it")
 
     @vbench_app.command("verify")
@@ -78,7 +83,7 @@ def register(app: typer.Typer) -> None:
         try:
             result = run_verify(env, dimensions, cache_dir)
         except UnknownDimensionError as exc:
-            _fail(str(exc))
+            _fail(str(exc), 3)
         if not result["ok"]:
             _fail("VBench verification failed:\n  - " + "\n  - ".join(result["problems"]))
         typer.echo(f"ok: {result['provenance']['checked_files']} pinned file(s) verified for "

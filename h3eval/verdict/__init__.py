@@ -29,12 +29,14 @@ runs them.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from h3.atomic import atomic_write_json
+from h3.schema import non_finite_keys, validation_problems
 from h3eval.policy import (SPEED_GATE, LoadedPolicy, NoiseFloor, PolicyError, load_floor, load_policy,
                            registry_problems, resolve_floor_path, today_utc)
 from h3eval.store import RunManifest, RunStore, StoreError
@@ -173,17 +175,31 @@ def compute_verdict(
 
 
 def write_verdict(verdict: Verdict, run_dir: str | Path) -> Path:
-    path = RunStore(run_dir).verdict_path
-    atomic_write_json(path, verdict.dump())
-    return path
+    """Write ``verdict.json`` holding the run's lock (StoreError while another process writes into the run)."""
+    store = RunStore(run_dir)
+    with store.lock("h3eval verdict"):
+        atomic_write_json(store.verdict_path, verdict.dump())
+    return store.verdict_path
 
 
 def read_verdict(path: str | Path) -> Verdict:
     path = Path(path)
     try:
-        return Verdict.model_validate_json(path.read_text(encoding="utf-8"))
-    except (ValidationError, OSError) as exc:
-        raise VerdictInputError(f"{path} is not a readable verdict: {str(exc).splitlines()[0]}") from None
+        text = path.read_text(encoding="utf-8")
+        # The writer stores a non-finite number as null (mode="json"): a NaN here was put in by hand, and the report
+        # must not render it under the file's PASS (issue 26's campaign).
+        try:
+            bad = non_finite_keys(json.loads(text))
+        except ValueError:
+            bad = []  # not JSON: the schema below names it
+        if bad:
+            raise VerdictInputError(f"{path} is not a readable verdict: "
+                                    + "; ".join(f"key '{key}': not a finite number" for key in bad[:10]))
+        return Verdict.model_validate_json(text)
+    except ValidationError as exc:
+        raise VerdictInputError(f"{path} is not a readable verdict: " + "; ".join(validation_problems(exc))) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise VerdictInputError(f"{path} is not a readable verdict: {exc}") from None
 
 
 def summary_lines(verdict: Verdict) -> list[str]:

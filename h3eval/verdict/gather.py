@@ -44,6 +44,10 @@ def load_results(
             warnings.append(f"{rel} is not a pair of this run's manifest; ignored")
             continue
         prompt_id, seed = expected_set[stem]
+        if not path.is_file():  # a directory where a result should be: unreadable, like a truncated file
+            out[(prompt_id, seed)] = LoadedResult(prompt_id, seed, rel, None,
+                                                  f"{rel} is not a valid gate result: it is a directory")
+            continue
         hashes[rel] = sha256_file(path)
         try:
             result = read_gate_result(path)
