@@ -137,10 +137,21 @@ def test_lever_sections_must_report_applied(mismatch_run):
     problems = check_executed(recipe, applied)
     assert problems == ["quant: is enabled in the recipe but reported no telemetry (did it run?)"]
     applied.executed.levers["quant"] = {"applied": True, "modules": 12}
+    assert check_executed(recipe, applied) == [  # applied is not enough: the telemetry must show the configuration
+        "quant: recipe asks for mode 'int8_weight_only', the quantized modules ran None",
+        "quant: reported no integer quantized_modules (None)"]
+    forwards = applied.executed.forward_passes
+    quant = {"applied": True, "mode": "int8_weight_only", "quantized_modules": 12, "quantized_modules_called": 12,
+             "quantized_linear_calls": 12 * forwards}
+    applied.executed.levers["quant"] = quant
     assert check_executed(recipe, applied) == []
+    applied.executed.levers["quant"] = {**quant, "quantized_modules_called": 11}
+    assert check_executed(recipe, applied) == [f"quant: 11 of the 12 quantized modules ran in {forwards} DiT forwards "
+                                               "(a quantized module that never runs was bypassed)"]
+    applied.executed.levers["quant"] = dict(quant)
     applied.executed.levers["quant"]["applied"] = False
     assert check_executed(recipe, applied)[0].startswith("quant: is enabled in the recipe but reported applied=False")
-    applied.executed.levers.update(quant={"applied": True}, cache={"applied": True, "hits": 3})
+    applied.executed.levers.update(quant=dict(quant), cache={"applied": True, "hits": 3})
     assert check_executed(recipe, applied) == [
         "cache: is off in the recipe but reported that it applied: {'applied': True, 'hits': 3}"]
     applied.executed.levers.update(cache={"applied": False}, compile={"applied": True})
