@@ -616,6 +616,10 @@ def test_tinydemo_recipe_reports_what_ran(tmp_path):
     assert (levers["sparse_attention"]["dense_calls"], levers["sparse_attention"]["sparse_calls"]) == (2, 2)
     assert levers["quant"]["quantized_linear_calls"] == levers["quant"]["quantized_modules"] * 2
     assert levers["attention"]["dispatched"] == ["native"]
+    # Every lever's telemetry shows its configuration (h3eval.executed): the deep checks pass on a correct run.
+    from h3eval.executed import check_executed
+
+    assert check_executed(recipe_from_dict(recipe), record) == []
 
 
 # -- GPU ------------------------------------------------------------------------------------------------------------
@@ -992,6 +996,75 @@ def test_exact_levers_keep_the_clip_byte_identical(base, tmp_path):
     assert levers["offload"]["group_onloads"] > 0 and levers["offload"]["streamed_groups"] == 0
     assert levers["vae"]["tiles_used"] == [[256, 256]]
     assert levers["vae"]["vae_moves"] == 4  # video VAE and audio VAE: onto the device and back, once each
+    # The levers' executed checks pass on this record, and each rejects a planted departure from the recipe.
+    from h3eval.executed import check_executed
+
+    assert check_executed(recipe, record) == []
+    for lever, change, problem in [
+        ("adaln", {"table_lookups": 1}, "adaln: 1 table lookups in 2 forwards"),
+        ("adaln", {"disk_cache": "hit"}, "adaln: recipe asks for disk_cache=False, the lever reported 'hit'"),
+        ("offload", {"modules": ["transformer"]},
+         "offload: recipe offloads ['text_encoder', 'transformer'], the lever offloaded ['transformer']"),
+        ("offload", {"group_onloads": 0}, "offload: no group was onloaded in 2 forwards"),
+        ("offload", {"streamed_groups": 3}, "offload: 3 groups streamed, recipe asks for use_stream=False"),
+        ("vae", {"tiles_used": [[128, 128]]}, "vae: decoded 128x128 with tile [128, 128], recipe asks for [256, 256]"),
+        ("vae", {"resident": True}, "vae: recipe asks for resident=False, the lever reported True"),
+    ]:
+        planted = record.model_copy(deep=True)
+        planted.executed.levers[lever].update(change)
+        assert check_executed(recipe, planted) == [problem], (lever, change)
+
+
+def _executed(forwards: int, **levers):
+    from h3.record import Executed
+
+    return Executed(forward_passes=forwards, attention_backends=["native"], torch_dtype="float32", vae_tiling=True,
+                    vae_tile=[256, 256], levers=levers)
+
+
+def test_cache_bucketing_and_compile_checks_against_real_telemetry(base):
+    """Each lever's check on the telemetry its handle really reported: empty, then one problem per planted fault."""
+    from h3.levers.bucketing import BucketingConfig, apply_bucketing
+    from h3.levers.compile import CompileConfig, apply_compile
+    from h3.levers.step_cache import StepCacheConfig, apply_step_cache
+
+    transformer = fresh_transformer(base)
+    cache_config = StepCacheConfig(kind="fbc", threshold=1e9)
+    cache = apply_step_cache(transformer, cache_config)
+    bucket_config = BucketingConfig(enabled=True, multiple=64)
+    bucketing = apply_bucketing(transformer, bucket_config)
+    torch._dynamo.reset()
+    compile_config = CompileConfig(enabled=True, backend="eager")
+    compiled = apply_compile(transformer, compile_config)
+    try:
+        for handle in (cache, bucketing, compiled):
+            handle.begin_request()
+        forward_all(transformer, base.calls)
+        seen = {"cache": cache.telemetry(), "bucketing": bucketing.telemetry(), "compile": compiled.telemetry()}
+    finally:
+        compiled.remove()
+        torch._dynamo.reset()
+    ex = _executed(len(base.calls), **seen)
+    configs = {"cache": cache_config, "bucketing": bucket_config, "compile": compile_config}
+    assert {name: c.check_executed(seen[name], ex) for name, c in configs.items()} == {n: [] for n in configs}
+    assert seen["cache"]["cached_steps"] == 1  # threshold 1e9: the second step reused the first
+    for config, change, forwards, problem in [
+        (cache_config, {"computed_steps": 0, "cached_steps": 2}, 2,
+         "cache: 0 computed + 2 cached steps in 2 forwards (the first step always computes)"),
+        (StepCacheConfig(kind="taylorseer"), {}, 2, "cache: recipe asks for cache kind 'taylorseer', the lever ran 'fbc'"),
+        (cache_config, {}, 3, "cache: counted 2 forwards, the request ran 3"),
+        (BucketingConfig(enabled=True, multiple=128), {}, 2,
+         "bucketing: recipe asks for 128-row buckets, the lever padded to multiples of 64"),
+        (bucket_config, {"buckets": [1100]}, 2, "bucketing: buckets [1100] are not multiples of 64 rows"),
+        (bucket_config, {}, 3, "bucketing: 2 of the request's 3 forwards were bucketed"),
+        (compile_config, {"compiled_regions": 0}, 2, "compile: no region was compiled"),
+        (CompileConfig(enabled=True), {}, 2, "compile: recipe asks for backend 'inductor', the lever compiled with 'eager'"),
+    ]:
+        telemetry = {**seen[config.name], **change}
+        assert config.check_executed(telemetry, _executed(forwards)) == [problem], (config, change)
+    # A lever left off must not report that it ran; one switched on must report that it did.
+    assert StepCacheConfig().check_executed(seen["cache"], ex) == [
+        f"cache: is off in the recipe but reported that it applied: {seen['cache']}"]
 
 
 def test_fused_lora_saved_offline_loads_as_plain_weights(base, tmp_path):

@@ -179,6 +179,24 @@ def new_counter(device: str | torch.device) -> torch.Tensor:
     return torch.zeros((), dtype=torch.int64, device=device)
 
 
+def count_forward(module: torch.nn.Module, counter: torch.Tensor) -> None:
+    """Bump ``counter`` at each call of ``module`` by wrapping its forward (an instance attribute over the class's).
+    Not a module hook: inside blocks compiled regionally under diffusers' cache hooks, neither a forward hook nor a
+    pre-hook on a submodule ran (found on the CPU with torch 2.14), while the wrapped forward is traced like any code.
+    :func:`uncount_forward` restores the class's forward."""
+    forward = module.forward
+
+    def counted_forward(*args, **kwargs):
+        counter.add_(1)
+        return forward(*args, **kwargs)
+
+    module.forward = counted_forward
+
+
+def uncount_forward(module: torch.nn.Module) -> None:
+    vars(module).pop("forward", None)
+
+
 def mark_applied(module: torch.nn.Module, lever: str) -> None:
     """Record on ``module`` that ``lever`` is applied; a second application is an error (diffusers' rule)."""
     applied = module.__dict__.setdefault("_h3_levers", set())

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, counts, mark_applied, new_counter,
-                           unmark_applied)
+from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, count_forward, counts, mark_applied,
+                           new_counter, uncount_forward, unmark_applied)
 
 if TYPE_CHECKING:
     from h3.record import Executed
@@ -148,10 +148,6 @@ def _lora_layers(transformer: torch.nn.Module, adapter: str) -> dict[str, Any]:
     return {name: m for name, m in transformer.named_modules() if isinstance(m, LoraLayer) and adapter in m.lora_A}
 
 
-def _count_lora_call(module, _args, _output) -> None:
-    module._h3_lora_calls.add_(1)
-
-
 class LoraHandle(LeverHandle):
     name = "lora"
 
@@ -160,14 +156,15 @@ class LoraHandle(LeverHandle):
         super().__init__()
         self.pipe, self.config, self.path = pipe, config, path
         self.file_modules, self.matched, self.scalings = file_modules, matched, scalings
-        self._hooks = []
+        self._counted: list[torch.nn.Module] = []
         self._counters: list[torch.Tensor] = []
         if not config.fuse:
             for layer in _lora_layers(pipe.transformer, config.adapter_name).values():
-                # Counted inside compiled graphs too: a tensor on the layer, bumped in place by a hook dynamo traces.
-                layer._h3_lora_calls = new_counter(device or next(layer.parameters()).device)
-                self._counters.append(layer._h3_lora_calls)
-                self._hooks.append(layer.register_forward_hook(_count_lora_call))
+                # Counted inside compiled graphs too (new_counter, count_forward).
+                counter = new_counter(device or next(layer.parameters()).device)
+                count_forward(layer, counter)
+                self._counted.append(layer)
+                self._counters.append(counter)
 
     @property
     def calls(self) -> int:
@@ -199,8 +196,9 @@ class LoraHandle(LeverHandle):
         }
 
     def _remove(self) -> None:
-        for h in self._hooks:
-            h.remove()
+        for layer in self._counted:
+            uncount_forward(layer)
+        self._counted = []
         if self.config.fuse:
             raise LeverError("a fused LoRA is part of the weights now; reload the model to remove it")
         self.pipe.unload_lora_weights()

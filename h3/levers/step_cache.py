@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import Field
 
-from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, counts, mark_applied, new_counter,
-                           unmark_applied)
+from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, count_forward, counts, mark_applied,
+                           new_counter, uncount_forward, unmark_applied)
 
 if TYPE_CHECKING:
     from h3.record import Executed
@@ -107,10 +107,6 @@ def diffusers_cache_config(config: StepCacheConfig, num_inference_steps: int = 2
     raise LeverError(f"unknown cache.kind {config.kind!r}; one of {', '.join(KINDS)}")
 
 
-def _count_computed(module, _args, _output) -> None:
-    module._h3_computed.add_(1)
-
-
 class StepCacheHandle(LeverHandle):
     name = "cache"
 
@@ -122,12 +118,14 @@ class StepCacheHandle(LeverHandle):
         # The first sub-layer of the last block's feed-forward runs only when that block really computed (a cache hook
         # replaces the block's or the feed-forward's forward; hooks on the replaced module itself would still fire).
         probe = transformer.transformer_blocks[-1].ff.net[0]
-        # Counted inside compiled blocks too (new_counter); forwards are counted on the never-compiled transformer.
-        probe._h3_computed = self._computed_counter = new_counter(device or next(probe.parameters()).device)
+        # Counted inside compiled blocks too (new_counter, count_forward); forwards are counted on the never-compiled
+        # transformer.
+        self._computed_counter = new_counter(device or next(probe.parameters()).device)
+        self._probe = probe
+        count_forward(probe, self._computed_counter)
         self._hooks = [
             transformer.register_forward_pre_hook(self._enter),
             transformer.register_forward_hook(self._exit, always_call=True),
-            probe.register_forward_hook(_count_computed),
         ]
 
     def _enter(self, *_):
@@ -163,6 +161,7 @@ class StepCacheHandle(LeverHandle):
     def _remove(self) -> None:
         for h in self._hooks:
             h.remove()
+        uncount_forward(self._probe)
         self.transformer.disable_cache()
         unmark_applied(self.transformer, "cache")
 
