@@ -12,6 +12,7 @@ left() { local l=$((deadline - SECONDS)); [ $l -lt 5 ] && l=5; echo $l; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 log="$out/run.log"
+[ -f COMMIT ] && echo "[snapshot] commit $(cat COMMIT)" >>"$log"  # the snapshot has no .git: its maker writes COMMIT
 for m in lpips pyloudnorm threadpoolctl; do
   if ! $PY -c "import $m" 2>/dev/null && ls .whl19/$m-*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site19 .whl19/$m-*.whl >>"$log" 2>&1
@@ -33,10 +34,10 @@ print(json.dumps(out, indent=1))
 PY
 echo "[deps] $(tr -d '\n' <"$out/deps.json")" >>"$log"
 # 1. all per-pair gates (repeat 2: the best warm run is the figure); result files gates_speed_gpu.{json,md}
-timeout $(( $(left) > 55 ? 55 : $(left) )) $PY bench/gates_speed.py --device ${DEVICE:-cuda} -o lpips_trunk=rand --out "$out" \
+timeout $(( $(left) > 60 ? 60 : $(left) )) $PY bench/gates_speed.py --device ${DEVICE:-cuda} -o lpips_trunk=rand --out "$out" \
   --repeat 2 ${GATES_ARGS:-} 2>&1 | tail -30 | sed 's/^/[gates] /' >>"$log"
 # 2. the ghosting gate alone; ghosting_speed_cuda.{json,md}
-timeout $(( $(left) > 30 ? 30 : $(left) )) $PY bench/ghosting_speed.py --device ${DEVICE:-cuda} --out "$out" ${GHOST_ARGS:-} \
+timeout $(( $(left) > 25 ? 25 : $(left) )) $PY bench/ghosting_speed.py --device ${DEVICE:-cuda} --out "$out" ${GHOST_ARGS:-} \
   2>&1 | tail -20 | sed 's/^/[ghost] /' >>"$log"
 # 3. the gpu-marked ghosting tests, with what is left
 if [ -d tests ] && [ $(left) -gt 10 ]; then
