@@ -93,7 +93,7 @@ def test_gate_on_planted_defect(tmp_path):
     frames = moving_square_frames(NUM_FRAMES, SIZE, 0).copy()
     frames[7, 8:40, 8:40] = 255 - frames[7, 8:40, 8:40]  # a strong local defect in one frame
     rewrite_clip(store, "candidate", "p0", 0, frames, noise_pcm(seed=1))
-    ctx = pair_context(store, gate="fidelity", options={"lpips_trunk": "rand", "lpips_scale": "1"})
+    ctx = pair_context(store, gate="fidelity", options={"lpips_trunk": "rand", "lpips_scale": "1", "lpips_stride": "1"})
     result = get_gate("fidelity").evaluate(ctx)
     assert result.error is None
     m = {k: v.value for k, v in result.metrics.items()}
@@ -173,6 +173,19 @@ def test_ssim_torch_path_matches_scikit_image():
     reference = [structural_similarity(ya[i], yb[i], data_range=255, gaussian_weights=True, sigma=1.5,
                                        use_sample_covariance=False) for i in range(len(base))]
     np.testing.assert_allclose(fidelity._ssim_torch(base, cand, "cpu", 2), reference, atol=2e-6)
+
+
+def test_default_lpips_stride_is_two_and_ssim_psnr_score_every_frame(tmp_path):
+    """LPIPS on every second frame by default (its effect on real footage: bench/results/fidelity_stride.md); SSIM
+    and PSNR still score every frame, so a defect confined to an unscored frame is still seen there."""
+    store = make_run(tmp_path / "run")
+    frames = moving_square_frames(NUM_FRAMES, SIZE, 0).copy()
+    frames[7, 8:40, 8:40] = 255 - frames[7, 8:40, 8:40]
+    rewrite_clip(store, "candidate", "p0", 0, frames, noise_pcm(seed=1))
+    result = get_gate("fidelity").evaluate(pair_context(store, gate="fidelity", options={"lpips_trunk": "rand"}))
+    assert fidelity.DEFAULT_LPIPS_STRIDE == 2 and result.info["lpips_stride"] == 2
+    assert [i for i, v in enumerate(result.series["lpips"]) if v is not None] == list(range(0, NUM_FRAMES, 2))
+    assert result.info["ssim_worst_frame"] == 7 and result.info["psnr_worst_frame"] == 7
 
 
 def test_gpu_path_run_on_the_cpu_equals_the_cpu_path(tmp_path):
