@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--width", type=int, default=1344)
     parser.add_argument("--frame-stride", type=int, default=GhostingConfig().frame_stride)
     parser.add_argument("--device", default="cpu", help="cpu (numpy) or a CUDA device (torch)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the result files go (default: bench/results)")
     args = parser.parse_args(argv)
     base, cand = synthetic_pair(args.frames, args.height, args.width, alpha=0.10)
     with tempfile.TemporaryDirectory(prefix="ghostspeed-") as tmp:
@@ -119,9 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                    "ghost_frames": result.metrics["ghost_frames"].value,
                    "median_score": float(np.median(fs.score[fs.scored]))},
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.device == "cpu" else "_cuda"
-    atomic_write_json(RESULTS / f"ghosting_speed{suffix}.json", report)
+    atomic_write_json(args.out / f"ghosting_speed{suffix}.json", report)
     md = [
         "# Ghosting gate speed", "",
         f"- date: {report['date']}", f"- machine: {report['machine']}",
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         f"pooled strength {report['result']['ghost_strength']:.4f}, median frame score "
         f"{report['result']['median_score']:.4f}, {report['result']['ghost_frames']:.0f} ghost frames listed.", "",
     ]
-    atomic_write_text(RESULTS / f"ghosting_speed{suffix}.md", "\n".join(md))
+    atomic_write_text(args.out / f"ghosting_speed{suffix}.md", "\n".join(md))
     print("\n".join(md))
     return 0
 

@@ -155,7 +155,7 @@ def measure_variant(model, inputs: dict, variant: str, repeats: int, device: str
                     count: bool = False) -> dict:
     """``count``: count the FLOPs of the first call (only for a variant whose modules are stock nn.Linear)."""
     from h3.anatomy import observe_attention_dispatch
-    from h3.levers import lever_telemetry
+    from h3.levers import lever_configs, lever_telemetry
 
     recipe, set_aside = variant_recipe(variant)
     row: dict = {"recipe": recipe.name, "set_aside": set_aside, "steps": recipe.steps,
@@ -165,7 +165,9 @@ def measure_variant(model, inputs: dict, variant: str, repeats: int, device: str
                                 "dense_steps": recipe.sparse_attention.dense_steps
                                 if recipe.sparse_attention.enabled else None,
                                 "bucketing": recipe.bucketing.multiple if recipe.bucketing.enabled else None,
-                                "compile": recipe.compile.enabled}}
+                                "compile": recipe.compile.enabled},
+                 # The lever sections as run, for the product's own executed checks (h200_recipes_table.py).
+                 "levers": {config.name: config.model_dump(mode="json") for config in lever_configs(recipe)}}
     dispatched: list[str] = []
     with levers_applied(model, recipe, device) as handles:
         probe = observe_attention_dispatch(lambda name, kw: dispatched.append(name))

@@ -127,34 +127,47 @@ def _copy_profile(offload: dict) -> str:
             + ", ".join(f"{k} {t:.2f} s" for k, t in sorted(kinds, key=lambda x: -x[1])))
 
 
+CHECKED_LEVERS = ("quant", "attention", "bucketing", "sparse_attention", "compile")
+"""The levers a speed row runs; the others (LoRA, AdaLN, offload, VAE) are set aside by bench/h200_recipes_speed.py."""
+
+
+def row_lever_configs(row: dict) -> list:
+    """The lever configs a row ran: the recipe's own lever sections where the row records them (``levers``, written
+    by bench/h200_recipes_speed.py since issue 19), else rebuilt from the compact ``configured`` of older rows, whose
+    sparse variants all ran 128-token blocks (the lever's default) and whose unrecorded settings were the defaults."""
+    from h3.levers import REGISTRY
+
+    by_name = {config.name: config for config in REGISTRY}
+    if "levers" in row:
+        return [by_name[name].model_validate(section, strict=False) for name, section in row["levers"].items()
+                if name in CHECKED_LEVERS]
+    conf = row.get("configured", {})
+    sparse = conf.get("sparse_attention")
+    sections = {
+        "quant": {"mode": conf.get("quant", "none")},
+        "attention": {"backend": conf.get("attention", "native")},
+        "bucketing": {"enabled": conf.get("bucketing") is not None, "multiple": conf.get("bucketing") or 64},
+        "sparse_attention": {"enabled": sparse is not None, "sparsity": sparse if sparse is not None else 0.5,
+                             "dense_steps": conf.get("dense_steps") or 0},
+        "compile": {"enabled": bool(conf.get("compile"))},
+    }
+    return [by_name[name].model_validate(section, strict=False) for name, section in sections.items()]
+
+
 def not_as_configured(row: dict) -> list[str]:
-    """How a run differs from its recipe, from the runtime's telemetry and the attention backends the dispatcher
-    called in the timed forwards (empty: it ran as configured)."""
-    conf, tel = row.get("configured", {}), row.get("telemetry", {})
+    """How a run differs from its recipe: the product's own configured-versus-executed checks (each lever's
+    ``check_executed``, h3/levers/) on the row's lever telemetry and the attention backends the dispatcher called in
+    the timed forwards (empty: it ran as configured). A speed row times bare forwards, not a request, so the checks
+    get ``forward_passes = 0`` and skip per-request counts; what they check is the configuration the telemetry shows
+    (mode and modules, realized sparsity and dense steps, buckets, compiled regions, the dispatched backend)."""
+    from h3.record import Executed
+
+    telemetry = row.get("telemetry", {})
+    executed = Executed(forward_passes=0, attention_backends=row.get("dispatched", []), torch_dtype="bfloat16",
+                        vae_tiling=True, levers=telemetry)
     off = []
-    if set(row.get("dispatched", [])) != {conf.get("attention")}:
-        off.append(f"attention ran {', '.join(row.get('dispatched', [])) or 'nothing'}, configured {conf.get('attention')}")
-    quant = tel.get("quant", {})
-    if conf.get("quant", "none") != "none":
-        if quant.get("mode") != conf["quant"] or not quant.get("quantized_modules"):
-            off.append(f"quant {quant.get('mode')} on {quant.get('quantized_modules', 0)} modules, configured "
-                       f"{conf['quant']}")
-    elif quant.get("applied"):
-        off.append(f"quant {quant.get('mode')} applied, configured none")
-    compiled = tel.get("compile", {}).get("compiled_regions", 0)
-    if bool(conf.get("compile")) != bool(compiled):
-        off.append(f"{compiled} compiled regions, compile configured {'on' if conf.get('compile') else 'off'}")
-    sparse, sa = conf.get("sparse_attention"), tel.get("sparse_attention", {})
-    if sparse is not None:
-        realized = sa.get("realized_sparsity")
-        if sa.get("target_sparsity") != sparse or realized is None or abs(realized - sparse) > 0.02:
-            off.append(f"sparsity {realized} realized, configured {sparse}")
-        if conf.get("dense_steps") and not sa.get("dense_calls"):
-            off.append(f"no dense step, configured {conf['dense_steps']}")
-    elif sa.get("applied"):
-        off.append("block-sparse attention applied, configured off")
-    if conf.get("bucketing") != tel.get("bucketing", {}).get("multiple"):
-        off.append(f"buckets of {tel.get('bucketing', {}).get('multiple')} rows, configured {conf.get('bucketing')}")
+    for config in row_lever_configs(row):
+        off += config.check_executed(telemetry.get(config.name), executed)
     return off
 
 

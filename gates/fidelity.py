@@ -9,8 +9,13 @@ bit-identical pairs are short-circuited by the runner and give exactly zero diff
   Option ``lpips_trunk=rand`` (or ``H3EVAL_LPIPS_TRUNK=rand``) uses the package's ``pnet_rand=True`` trunk with a
   fixed seed instead: for tests and offline demos only, written to ``info["lpips_trunk"]``.
   LPIPS runs at ``lpips_scale`` of the clip's resolution (area downsampling; default 0.5: 384x672 for H3's
-  768x1344, which keeps the 5 s pair within the 60 s CPU budget of issue 4) on every ``lpips_stride``-th frame
-  (default 1); both are written to ``info`` and skipped frames are None in the series.
+  768x1344) on every ``lpips_stride``-th frame (default 2); both are written to ``info`` and skipped frames are
+  None in the series. LPIPS is most of the gate's cost (about 0.35 CPU s per frame pair at 384x672 on the 2-core
+  CPU), and every second frame halves it towards issue 19's 30 s for all per-pair gates. What stride 2 changes,
+  measured against every frame on 24 pairs of real footage and camera pans (bench/results/fidelity_stride.md, 72
+  frames, the package's random trunk): the pair's LPIPS mean by at most 6.8 %, its 95th percentile by at most 7.3 %,
+  its worst frame only downwards and by at most 12 % (a defect confined to one skipped frame is missed by LPIPS;
+  SSIM and PSNR still score every frame). ``lpips_stride=1`` scores every frame.
 - **SSIM** on BT.601 luma (Wang et al. 2004: 11-tap Gaussian window, sigma 1.5, K1 0.01, K2 0.03, population
   covariance; the mean over the valid region), the same definition as
   ``skimage.metrics.structural_similarity(..., gaussian_weights=True, sigma=1.5, use_sample_covariance=False,
@@ -48,7 +53,7 @@ ALEXNET_WEIGHTS = "alexnet-owt-7be5be79.pth"
 FETCH_COMMAND = "python -c \"import torchvision; torchvision.models.alexnet(weights='IMAGENET1K_V1')\""
 RAND_TRUNK_SEED = 0
 DEFAULT_LPIPS_SCALE = 0.5
-DEFAULT_LPIPS_STRIDE = 1
+DEFAULT_LPIPS_STRIDE = 2
 LPIPS_BATCH = 4
 
 SSIM_SIGMA = 1.5
@@ -103,13 +108,22 @@ def load_lpips(trunk: str = "alexnet", device: str = "cpu"):
         return model
 
 
-def _to_lpips_input(frames: np.ndarray, scale: float, device: str):
-    """uint8 (N, H, W, 3) -> float32 (N, 3, h, w) in [-1, 1] at ``scale`` (area downsampling)."""
+def _as_tensor(frames, device: str):
+    """uint8 frames as a torch tensor on ``device``: a tensor already there as it is (the device copy the clip cache
+    holds), a numpy array copied (the cached frames are read-only, and torch wants writable memory)."""
     import torch
+
+    if torch.is_tensor(frames):
+        return frames.to(device)
+    return torch.from_numpy(np.array(frames, copy=True)).to(device)
+
+
+def _to_lpips_input(frames, scale: float, device: str):
+    """uint8 (N, H, W, 3) (numpy or a torch tensor) -> float32 (N, 3, h, w) in [-1, 1] at ``scale`` (area
+    downsampling)."""
     import torch.nn.functional as F
 
-    # A copy: the cached frames are read-only, and torch wants writable memory.
-    x = torch.from_numpy(np.array(frames, copy=True)).to(device).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
+    x = _as_tensor(frames, device).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
     if scale != 1.0:
         h, w = frames.shape[1:3]
         x = F.interpolate(x, size=(max(1, round(h * scale)), max(1, round(w * scale))), mode="area")
@@ -164,11 +178,12 @@ def ssim_per_frame(base: np.ndarray, cand: np.ndarray, device: str = "cpu", batc
     """SSIM of the luma of each frame pair (definition in the module docstring), float64 (N,).
 
     On the CPU, float32 with OpenCV's separable filter (about 20x faster there than torch's depthwise convolution);
-    on a GPU, float32 torch convolutions with TF32 off. Both are tested against scikit-image.
+    on a GPU (or ``torch:cpu``: that path on the CPU), float32 torch convolutions with TF32 off. Both are tested
+    against scikit-image.
     """
     if device == "cpu":
         return _ssim_cpu(base, cand)
-    return _ssim_torch(base, cand, device, batch)
+    return _ssim_torch(base, cand, device.removeprefix("torch:"), batch)
 
 
 def _ssim_cpu(base: np.ndarray, cand: np.ndarray) -> np.ndarray:
@@ -214,7 +229,7 @@ def _ssim_torch(base: np.ndarray, cand: np.ndarray, device: str, batch: int) -> 
     with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         for start in range(0, len(base), batch):
             def plane(frames):
-                x = torch.from_numpy(np.array(frames, copy=True)).to(device).permute(0, 3, 1, 2).float()
+                x = _as_tensor(frames, device).permute(0, 3, 1, 2).float()
                 # Centred at 128 so that float32 moments keep their precision (variance = E[x^2] - E[x]^2).
                 return (x * coeffs).sum(dim=1, keepdim=True) - 128.0
 
@@ -231,13 +246,21 @@ def _ssim_torch(base: np.ndarray, cand: np.ndarray, device: str, batch: int) -> 
     return out
 
 
-def psnr_per_frame(base: np.ndarray, cand: np.ndarray, batch: int = 8) -> tuple[np.ndarray, np.ndarray]:
-    """(PSNR capped at PSNR_CAP_DB, MSE) of each frame pair over RGB with peak 255, float64 (N,) each."""
+def psnr_per_frame(base, cand, batch: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """(PSNR capped at PSNR_CAP_DB, MSE) of each frame pair over RGB with peak 255, float64 (N,) each. Frames as
+    numpy arrays (the CPU) or torch tensors on one device (a GPU): the same exact integer sum of squares."""
     mse = np.zeros(len(base), dtype=np.float64)
     for start in range(0, len(base), batch):
-        diff = base[start : start + batch].astype(np.int32) - cand[start : start + batch].astype(np.int32)
-        sse = np.einsum("nhwc,nhwc->n", diff, diff, dtype=np.int64)  # exact integer sum of squares
-        mse[start : start + len(diff)] = sse / float(diff[0].size)
+        b, c = base[start : start + batch], cand[start : start + batch]
+        if isinstance(b, np.ndarray):
+            diff = b.astype(np.int32) - c.astype(np.int32)
+            sse = np.einsum("nhwc,nhwc->n", diff, diff, dtype=np.int64)  # exact integer sum of squares
+        else:
+            import torch
+
+            diff = b.to(torch.int32) - c.to(torch.int32)
+            sse = (diff * diff).reshape(len(diff), -1).sum(dim=1, dtype=torch.int64).cpu().numpy()
+        mse[start : start + len(diff)] = sse / float(np.prod(tuple(b.shape[1:])))
     with np.errstate(divide="ignore"):
         psnr = 10.0 * np.log10(SSIM_L**2 / mse)
     return np.minimum(psnr, PSNR_CAP_DB), mse
@@ -288,6 +311,15 @@ def check_same_shape(base: np.ndarray, base_fps: float, cand: np.ndarray, cand_f
         )
 
 
+def _take(frames, indices: np.ndarray):
+    """``frames[indices]`` for numpy frames or a torch tensor (on its device)."""
+    if isinstance(frames, np.ndarray):
+        return frames[indices]
+    import torch
+
+    return frames[torch.as_tensor(indices, dtype=torch.long, device=frames.device)]
+
+
 def _stats(values: np.ndarray) -> tuple[float, float, float, int]:
     """mean, 95th percentile (linear), max, argmax."""
     return float(values.mean()), float(np.percentile(values, 95)), float(values.max()), int(values.argmax())
@@ -318,10 +350,12 @@ class FidelityGate(Gate):
     }
 
     def evaluate(self, ctx: PairContext) -> GateResult:
-        from gates.media_cache import load_video
+        from gates.media_cache import load_video, load_video_on
 
         options = self.parse_options(ctx.options)
-        device = ctx.device
+        # "cuda...": the GPU path (frames on the device); "torch:cpu" runs that same path on the CPU (tests).
+        on_device = str(ctx.device).startswith(("cuda", "torch:"))
+        device = str(ctx.device).removeprefix("torch:")
         trunk, scale, stride = options.lpips_trunk, options.lpips_scale, options.lpips_stride
         model = load_lpips(trunk, device)  # before decoding: a missing weight file fails fast
 
@@ -330,7 +364,15 @@ class FidelityGate(Gate):
         check_same_shape(base, base_fps, cand, cand_fps, ctx)
         n = len(base)
         result = new_result(self.name, ctx)
-        identical = np.array([np.array_equal(base[i], cand[i]) for i in range(n)])
+        if on_device:
+            # On a GPU every per-frame computation reads the clip cache's device copy (uploaded once per clip for
+            # all the gates of the pair): the same arithmetic as on the CPU, tested equal there.
+            base_x, _ = load_video_on(ctx.baseline.mp4, device)
+            cand_x, _ = load_video_on(ctx.candidate.mp4, device)
+            identical = (base_x == cand_x).reshape(n, -1).all(dim=1).cpu().numpy()
+        else:
+            base_x, cand_x = base, cand
+            identical = np.array([np.array_equal(base[i], cand[i]) for i in range(n)])
         lpips_h, lpips_w = max(1, round(base.shape[1] * scale)), max(1, round(base.shape[2] * scale))
         result.info.update(
             lpips_trunk="alexnet (torchvision IMAGENET1K_V1)" if trunk == "alexnet" else f"random (pnet_rand, seed {RAND_TRUNK_SEED}; tests only)",
@@ -353,10 +395,11 @@ class FidelityGate(Gate):
         lp[sampled] = 0.0
         lp_todo = np.intersect1d(sampled, todo)
         if len(lp_todo):
-            lp[lp_todo] = lpips_per_frame(model, base[lp_todo], cand[lp_todo], scale, device)
+            lp[lp_todo] = lpips_per_frame(model, _take(base_x, lp_todo), _take(cand_x, lp_todo), scale, device)
         if len(todo):
-            ssim[todo] = ssim_per_frame(base[todo], cand[todo], device)
-            psnr[todo], _ = psnr_per_frame(base[todo], cand[todo])
+            ssim[todo] = ssim_per_frame(_take(base_x, todo), _take(cand_x, todo), "torch:" + device if on_device
+                                        else device)
+            psnr[todo], _ = psnr_per_frame(_take(base_x, todo), _take(cand_x, todo))
 
         lp_s = lp[sampled]
         lp_mean, lp_p95, lp_max, worst_pos = _stats(lp_s)

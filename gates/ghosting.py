@@ -332,7 +332,10 @@ class _Torch:
         outs = []
         for start in range(0, len(indices), chunk):
             idx = indices[start : start + chunk]
-            x = torch.from_numpy(np.ascontiguousarray(frames[idx, : hh * factor, : ww * factor])).to(self.device)
+            if torch.is_tensor(frames):  # the clip cache's device copy: no upload
+                x = frames[torch.as_tensor(idx, device=frames.device), : hh * factor, : ww * factor].to(self.device)
+            else:
+                x = torch.from_numpy(np.ascontiguousarray(frames[idx, : hh * factor, : ww * factor])).to(self.device)
             y = (x.to(torch.float32) * weights).sum(-1)
             if factor > 1:
                 y = fn.avg_pool2d(y[:, None], factor)[:, 0]
@@ -606,6 +609,13 @@ def ghost_scores(
     return _ghost_scores(frames_base, frames_cand, config, _backend(device, workers), chunk or 16)
 
 
+def _frames_equal(a, b) -> bool:
+    """Two frames, numpy arrays or torch tensors (the clip cache's device copies), are equal."""
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b)
+    return bool((a == b).all())
+
+
 def _ghost_scores(frames_base, frames_cand, config: GhostingConfig, be, chunk: int) -> FrameScores:
     if frames_base.shape != frames_cand.shape:
         raise ValueError(f"shape mismatch: baseline {frames_base.shape} vs candidate {frames_cand.shape}")
@@ -619,7 +629,7 @@ def _ghost_scores(frames_base, frames_cand, config: GhostingConfig, be, chunk: i
     result = FrameScores(score, lag_sel, dy_sel, dx_sel, scored=scored_mask, factor=factor)
     scored = [int(t) for t in np.flatnonzero(scored_mask)]
     g = _geometry(h_full // factor, w_full // factor, config)
-    if all(np.array_equal(frames_base[t], frames_cand[t]) for t in scored):
+    if all(_frames_equal(frames_base[t], frames_cand[t]) for t in scored):
         result.windows = [PooledWindow(frames=w) for w in pool_windows(scored, config.pool_frames)]
         return result
     needed = sorted({t - lag for t in scored for lag in range(config.max_lag + 1) if t - lag >= 0} | set(scored))
@@ -802,8 +812,15 @@ class GhostingGate(Gate):
                 ctx, f"frame shape mismatch: baseline {ctx.baseline.mp4.name} {base.shape} vs candidate "
                 f"{ctx.candidate.mp4.name} {cand.shape}")
         device = ctx.device if str(ctx.device).startswith("cuda") else "cpu"
+        scored_base, scored_cand = base, cand
+        if device != "cpu":
+            from gates.media_cache import load_video_on
+
+            # The clip cache's device copies: each clip uploaded once for all the gates of the pair.
+            scored_base, _ = load_video_on(ctx.baseline.mp4, device)
+            scored_cand, _ = load_video_on(ctx.candidate.mp4, device)
         try:
-            fs = ghost_scores(base, cand, config, workers=workers, device=device)
+            fs = ghost_scores(scored_base, scored_cand, config, workers=workers, device=device)
         except ValueError as exc:  # frames too small for the displacement search
             return self._error(ctx, f"{ctx.candidate.mp4.name}: {exc}")
         scored = fs.scored

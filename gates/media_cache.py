@@ -1,8 +1,15 @@
 """Decoded clips shared by the gates of one pair, so that running several gates decodes each MP4 once.
 
 The runner goes pair by pair and runs every chosen gate on the pair before moving on, so a small LRU of decoded
-clips (keyed by path, size and modification time: a rewritten file is decoded again) is enough. A 5 s 768x1344
-clip is about 384 MB of uint8 frames; the cache keeps the two sides of the current pair and one spare.
+clips (keyed by path, size and modification time: a rewritten file is decoded again) is enough. It keeps, per kind,
+the two sides of the current pair and one spare: decoded video (a 5 s 768x1344 clip is about 384 MB of uint8
+frames), decoded audio, and video frames uploaded to a device (:func:`load_video_on`), so that the gates that run on
+a GPU upload each clip once. (One shared bound of 3 entries across kinds evicted the baseline's frames while the
+integrity gate read the candidate's audio, so the next gate decoded the baseline again.)
+
+On a machine with many cores the video decoder uses FFmpeg's frame threads (``h3.media.decode_video(threads=0)``:
+the same frames, measured equal in tests/test_gate_fidelity.py); on a few shared cores one thread (more threads were
+no faster on the 2-core CPU).
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-_MAX_ENTRIES = 3
+_MAX_PER_KIND = 3
+THREADED_DECODE_MIN_CORES = 8
+"""Cores from which the video decoder runs FFmpeg's frame threads (below: one thread)."""
 _lock = threading.Lock()
 _cache: "OrderedDict[tuple[Any, ...], Any]" = OrderedDict()
 
@@ -41,9 +50,15 @@ def _cached(kind: str, path: str | os.PathLike, load: Callable[[], Any]) -> Any:
     value = load()
     with _lock:
         _cache[key] = value
-        while len(_cache) > _MAX_ENTRIES:
-            _cache.popitem(last=False)
+        same_kind = [k for k in _cache if k[0] == kind]
+        for old in same_kind[: max(0, len(same_kind) - _MAX_PER_KIND)]:
+            del _cache[old]
     return value
+
+
+def decode_threads() -> int:
+    """Decoder threads for this machine: 0 (FFmpeg's choice, frame threads) on many cores, else 1."""
+    return 0 if (os.cpu_count() or 1) >= THREADED_DECODE_MIN_CORES else 1
 
 
 def load_video(path: str | os.PathLike) -> tuple[np.ndarray, float]:
@@ -51,11 +66,23 @@ def load_video(path: str | os.PathLike) -> tuple[np.ndarray, float]:
     from h3.media import decode_video
 
     def load() -> tuple[np.ndarray, float]:
-        frames, fps = decode_video(path)
+        frames, fps = decode_video(path, threads=decode_threads())
         frames.setflags(write=False)  # shared between gates: nobody may modify it in place
         return frames, fps
 
     return _cached("video", path, load)
+
+
+def load_video_on(path: str | os.PathLike, device: str):
+    """The clip's uint8 (T, H, W, 3) frames as a torch tensor on ``device``, uploaded once per clip and device (the
+    gates that run on a GPU share it; nobody may modify it in place), and fps."""
+    import torch
+
+    def load():
+        frames, fps = load_video(path)
+        return torch.from_numpy(frames.copy()).to(device), fps
+
+    return _cached(f"video@{torch.device(device)}", path, load)
 
 
 def load_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:

@@ -14,7 +14,8 @@ arithmetic error.
 diffusers' dispatcher (``attention:<backend>``), block-sparse attention from the levers module (``block_sparse``) on
 the steps and layers it leaves sparse, a quantized linear (``quant:<mode>``) on the linears it does not exclude, and
 plain ``linear`` otherwise. The lever modules (``h3.levers.quantization``, ``h3.levers.sparse_attention``) are
-imported lazily: without them, their ops raise :class:`NotApplicable` ("lever module not present").
+imported lazily: a checkout without the module raises :class:`NotApplicable` ("lever module not present"); any other
+import error propagates (a broken lever is an error, never "not applicable").
 
 ``register_op`` adds ops (tests register deliberately broken ones); an op that cannot run on the replay device
 raises :class:`NotApplicable` with the reason, which the gate reports as ``not_applicable`` — never as a pass.
@@ -111,11 +112,16 @@ def known_ops() -> list[str]:
 
 
 def lever_module(name: str):
-    """``h3.levers.<name>``, or NotApplicable when this checkout has no such lever module."""
+    """``h3.levers.<name>``, or NotApplicable when this checkout has no such lever module. Only the module itself
+    missing is "not present": an ImportError raised while importing it (a broken lever, a missing dependency of it)
+    propagates, so a broken lever can never read as "not applicable"."""
+    module = f"h3.levers.{name}"
     try:
-        return importlib.import_module(f"h3.levers.{name}")
-    except ImportError as exc:
-        raise NotApplicable(f"lever module not present: h3.levers.{name} ({exc})") from None
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        raise NotApplicable(f"lever module not present: {module}") from None
 
 
 def run_op(op_spec: OpSpec, inputs: Tensors, device: str | torch.device) -> OpOutput:
@@ -262,6 +268,9 @@ def _quant_run(inputs: Tensors, device: torch.device, mode: str, **_) -> OpOutpu
     if mode == "fp8_w8a8" and device.type != "cuda":
         # The lever refuses FP8 on the CPU (its _scaled_mm there is an emulation); so does the replay.
         raise NotApplicable(f"quant:{mode} needs a GPU with FP8 tensor cores; the replay device is {device}")
+    if mode == "fp8_w8a8" and torch.cuda.get_device_capability(device) < (8, 9):
+        raise NotApplicable(f"quant:{mode} needs compute capability 8.9+ (FP8 tensor cores); {device} has "
+                            f"{torch.cuda.get_device_capability(device)}")
     x = inputs["input"].to(device)
     weight = inputs["weight"]
     linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias="bias" in inputs, dtype=x.dtype)

@@ -20,8 +20,11 @@ def check_executed(recipe: Recipe, record: ClipRecord) -> list[str]:
     """Every way ``record`` ran something other than ``recipe``; empty when what ran is what was configured.
 
     Checks the recipe name, forward passes == ``recipe.steps``, the transformer dtype, then each lever of the recipe
-    against ``executed`` (the attention lever: the backend the dispatcher ran during denoising, one and the one asked
-    for; the VAE: tiling and tile; every other lever: applied exactly when the recipe switches it on), and lever
+    against ``executed`` through the lever's own ``check_executed``: applied exactly when the recipe switches it on,
+    and what its telemetry must show for its configuration (the LoRA: every module the file targets matched; the
+    quantization: its mode on every quantized module, each of which ran; block-sparse attention: the dense first
+    steps and a realized sparsity near the configured one; the attention backend the dispatcher ran; compiled
+    regions; cached and computed steps; offload groups; the VAE tile per resolution; the buckets), and lever
     telemetry the recipe does not configure. A record whose producer did not report what ran (a foreign server)
     gives one problem saying so (:data:`UNVERIFIED`): it is unverified, not verified.
     """

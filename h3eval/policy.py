@@ -202,11 +202,32 @@ class GatePolicy(_Strict):
         return self
 
 
+class NoSlower(_Strict):
+    """Candidates meant to be no slower than the baseline rather than faster (an off-identity candidate, an exact
+    lever): judged for non-inferiority, the speedup's CI against ``1 - margin`` instead of ``min_speedup``."""
+
+    margin: float = Field(gt=0, lt=1)
+    """The slowdown tolerated: the bound is ``1 - margin`` (0.1: at most 10 % slower)."""
+    candidates: list[str] = Field(min_length=1)
+    """Candidate names, or shell-style patterns (``*-identity``: what ``h3eval ab --off-identity`` adds)."""
+
+    def covers(self, candidate: str) -> bool:
+        from fnmatch import fnmatchcase
+
+        return any(fnmatchcase(candidate, pattern) for pattern in self.candidates)
+
+
 class SpeedPolicy(_Strict):
-    """The speed check: paired per-request latency, warm-up excluded."""
+    """The speed check: paired per-request latency, warm-up excluded.
+
+    Symmetric: the speedup's CI wholly at or above the bound is a PASS, wholly below it a FAIL, and a CI that spans
+    the bound is INCONCLUSIVE in both directions (a noisy estimate below the bound is not a FAIL, as one above it is
+    not a PASS)."""
 
     min_speedup: float = Field(gt=0)
-    """The speedup's lower CI bound must be at least this (``mean(baseline) / mean(candidate)``)."""
+    """The bound for a candidate meant to be faster: ``mean(baseline) / mean(candidate)``."""
+    no_slower: NoSlower | None = None
+    """Candidates judged for non-inferiority instead (bound ``1 - margin``)."""
     latency: Literal["generation_side_latency_s", "request_to_file_latency_s"] = "generation_side_latency_s"
     """Which latency definition: seed 000's generation side, or seed 002's request to file."""
     min_pairs: int | None = Field(default=None, ge=2)

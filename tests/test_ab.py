@@ -137,10 +137,21 @@ def test_lever_sections_must_report_applied(mismatch_run):
     problems = check_executed(recipe, applied)
     assert problems == ["quant: is enabled in the recipe but reported no telemetry (did it run?)"]
     applied.executed.levers["quant"] = {"applied": True, "modules": 12}
+    assert check_executed(recipe, applied) == [  # applied is not enough: the telemetry must show the configuration
+        "quant: recipe asks for mode 'int8_weight_only', the quantized modules ran None",
+        "quant: reported no integer quantized_modules (None)"]
+    forwards = applied.executed.forward_passes
+    quant = {"applied": True, "mode": "int8_weight_only", "quantized_modules": 12, "quantized_modules_called": 12,
+             "quantized_linear_calls": 12 * forwards}
+    applied.executed.levers["quant"] = quant
     assert check_executed(recipe, applied) == []
+    applied.executed.levers["quant"] = {**quant, "quantized_modules_called": 11}
+    assert check_executed(recipe, applied) == [f"quant: 11 of the 12 quantized modules ran in {forwards} DiT forwards "
+                                               "(a quantized module that never runs was bypassed)"]
+    applied.executed.levers["quant"] = dict(quant)
     applied.executed.levers["quant"]["applied"] = False
     assert check_executed(recipe, applied)[0].startswith("quant: is enabled in the recipe but reported applied=False")
-    applied.executed.levers.update(quant={"applied": True}, cache={"applied": True, "hits": 3})
+    applied.executed.levers.update(quant=dict(quant), cache={"applied": True, "hits": 3})
     assert check_executed(recipe, applied) == [
         "cache: is off in the recipe but reported that it applied: {'applied': True, 'hits': 3}"]
     applied.executed.levers.update(cache={"applied": False}, compile={"applied": True})
@@ -384,3 +395,73 @@ def test_shipped_cpu_recipes_run_as_configured(name, tmp_path):
     recipe = recipe_from_dict(data)
     record = H3Runtime.load("tiny", recipe, "cpu").generate(GenerateRequest(prompt="a cat", seed=0), tmp_path / "c.mp4")
     assert check_executed(recipe, record) == []
+
+
+# -- planted executed faults through `h3eval ab` --------------------------------------------------------------------
+def half_renamed_lora(path: Path, transformer) -> Path:
+    """The tiny demo LoRA with every second module renamed as seed 001's adapter was (``layers.N.attention.*``): it
+    loads, and matches 7 of its 14 modules."""
+    from safetensors.torch import save_file
+
+    from h3.levers.lora import TINY_LORA_ALPHA, tiny_lora_state_dict
+
+    state = tiny_lora_state_dict(transformer)
+    modules = sorted({k.removeprefix("transformer.").split(".lora_")[0] for k in state})
+    renamed = set(modules[::2])
+    out = {}
+    for key, value in state.items():
+        module = key.removeprefix("transformer.").split(".lora_")[0]
+        if module in renamed:
+            key = key.replace("transformer_blocks.", "layers.").replace("attn.", "attention.")
+        out[key] = value
+    save_file(out, str(path), metadata={"format": "pt", "alpha": str(TINY_LORA_ALPHA)})
+    return path
+
+
+def test_ab_fails_a_lora_that_matched_too_few_modules_and_a_sparse_lever_that_ran_dense(tmp_path, tiny_runtime,
+                                                                                        monkeypatch):
+    """Done-when of issue 19: on the tiny preset, a LoRA file with half its modules renamed and a block-sparse lever
+    whose routing is forced to keep every block both FAIL `h3eval ab`'s executed check (exit 1, clip removed, recipe
+    stopped), while the same LoRA with its real names passes."""
+    import typer
+
+    import h3.levers.sparse_attention as sparse
+
+    original = sparse.route_blocks
+
+    def route_dense(query, key, block_size, sparsity, valid_len=None):  # the planted fault: every block kept
+        return original(query, key, block_size, 0.0, valid_len)
+
+    monkeypatch.setattr(sparse, "route_blocks", route_dense)
+
+    from h3.levers.lora import write_tiny_lora
+
+    transformer = tiny_runtime.pipe.transformer
+    good = write_tiny_lora(tmp_path / "good.safetensors", transformer)
+    bad = half_renamed_lora(tmp_path / "half.safetensors", transformer)
+    prompts = write_prompts(tmp_path / "p.jsonl", {"a": "a cat"})
+    recipes = [write_recipe(tmp_path, name="lora-good", lora={"enabled": True, "path": str(good)}),
+               write_recipe(tmp_path, name="lora-half", lora={"enabled": True, "path": str(bad)}),
+               write_recipe(tmp_path, name="sparse-dense", sparse_attention={
+                   "enabled": True, "block_size": 16, "sparsity": 0.5, "dense_steps": 1})]
+    app = typer.Typer()
+    register(app)
+
+    @app.command("noop")
+    def _noop() -> None:  # a second command so typer keeps the command name
+        pass
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["ab", "--baseline", str(write_recipe(tmp_path)), "--prompts", str(prompts),
+                                      "--out", str(out), "--warmup", "0", "--speed-rounds", "1",
+                                      *[a for r in recipes for a in ("--candidate", str(r))]])
+    assert result.exit_code == 1, result.output
+    speed = json.loads((out / "speed.json").read_text())["protocols"]["mixed"]
+    assert speed["lora-good"]["status"] == "ok"
+    assert speed["lora-half"]["status"] == speed["sparse-dense"]["status"] == "refused"
+    assert ("lora: matched 7 of the 14 modules the adapter file targets (7 unmatched): the adapter did not load as "
+            "trained") in speed["lora-half"]["reason"]
+    assert "sparse_attention: realized sparsity 0.0000, recipe asks for 0.5" in speed["sparse-dense"]["reason"]
+    assert "lora-half: configured-versus-executed mismatch" in result.output
+    assert not list(out.rglob("lora-half/*.mp4")) and not list(out.rglob("sparse-dense/*.mp4"))
+    assert RunStore(out).read_record("lora-good", "a", 0).executed.levers["lora"]["matched_modules"] == 14

@@ -266,3 +266,131 @@ def test_viewer_with_the_ghosting_gates_strip(monkeypatch, tmp_path):
     assert at.slider(key="viewer_frame").value == 22
     timeline = next(c.value for c in at.caption if c.value.startswith("Per-frame gate series"))
     assert "flagged frames: 20, 21, 22, 23;" in timeline
+
+
+# -- a real run: the tiny preset through `h3eval ab`, the real gates, the verdict ---------------------------------------
+REAL_PROMPTS = {"r-cat": "a cat walks across a sunny kitchen", "r-car": "a red car drives along a coastal road"}
+REAL_GATES = ("integrity", "fidelity", "ghosting", "audio", "trajectory")
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory) -> Path:
+    """What `h3eval ab`, `h3eval gate` and `h3eval report` write for the tiny preset: baseline ``fast`` (2 steps,
+    float32) against ``fast-int8`` (INT8 W8A8 linears, a real lever with a real, small effect), 2 prompts x 1 seed
+    (124 frames of 128x128, the tiny default), latent trajectories recorded, every CPU gate (LPIPS on the package's random trunk: no weights here), and
+    the release policy's verdict (no floor file: its floor-relative metrics are INCONCLUSIVE, as a user sees them)."""
+    import json
+
+    from h3eval.ab import run_ab_from_args
+    from h3eval.demo import policy_path
+    from h3eval.gaterun import run_gates
+    from h3eval.report import run_report
+    from tests.conftest import FAST_RECIPE, toml_dumps
+
+    root = tmp_path_factory.mktemp("real")
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": k, "prompt": v}) + "\n" for k, v in REAL_PROMPTS.items()))
+    (root / "fast.toml").write_text(toml_dumps(FAST_RECIPE))
+    (root / "fast-int8.toml").write_text(toml_dumps({**FAST_RECIPE, "name": "fast-int8",
+                                                     "quant": {"mode": "int8_w8a8"}}))
+    run = root / "run"
+    result = run_ab_from_args(baseline=str(root / "fast.toml"), candidates=[str(root / "fast-int8.toml")],
+                              prompts=str(prompts), out=run, seeds="0", warmup=0, speed_rounds=0, trajectory=True,
+                              device="cpu")
+    assert result.manifest.status == "complete", result.manifest.errors
+    summary = run_gates(run, list(REAL_GATES), device="cpu", options={"fidelity.lpips_trunk": "rand"},
+                        progress=False)
+    assert not summary.errors, summary.errors
+    run_report(run, policy_path("release"))
+    return run
+
+
+def _real_results(run: Path, gate: str) -> dict[tuple[str, int], dict]:
+    """The gate's per-pair result files of the candidate, read here with json (not through dashboard.data)."""
+    import json
+
+    out = {}
+    for path in sorted((run / "gates" / gate / "fast-int8").glob("*.json")):
+        result = json.loads(path.read_text())
+        out[(result["pair"]["prompt_id"], result["pair"]["seed"])] = result
+    return out
+
+
+def test_real_run_overview_shows_the_gates_real_metrics(monkeypatch, real_run):
+    import json
+
+    results = _real_results(real_run, "fidelity")
+    assert len(results) == 2
+    at = app(monkeypatch, real_run)
+    # The fidelity gate writes lpips_mean: the page opens on it (no gate named "lpips" exists).
+    assert at.selectbox(key="overview_metric").value == "fidelity · lpips_mean"
+    quality = at.dataframe[1].value.set_index("recipe")
+    lpips = [r["metrics"]["lpips_mean"]["value"] for r in results.values()]
+    assert all(v > 0 for v in lpips)  # INT8 W8A8 changed the frames a little
+    assert quality.loc["fast-int8", "quality"] == pytest.approx(np.mean(lpips), rel=1e-12)
+    assert quality.loc["fast-int8", "n_scored"] == 2 and quality.loc["fast-int8", "n_missing"] == 0
+    speed = at.dataframe[0].value.set_index("recipe")
+    store = RunStore(real_run)
+    gen = {(r, p): store.read_record(r, p, 0).timings.generation_side_latency_s
+           for r in ("fast", "fast-int8") for p in REAL_PROMPTS}
+    assert speed.loc["fast-int8", "speedup"] == pytest.approx(
+        sum(gen["fast", p] for p in REAL_PROMPTS) / sum(gen["fast-int8", p] for p in REAL_PROMPTS), rel=1e-9)
+    verdict = json.loads((real_run / "verdict.json").read_text())
+    assert speed.loc["fast-int8", "verdict"] == verdict["candidates"][0]["outcome"]
+    options = at.selectbox(key="overview_metric").options
+    for gate, metric in (("ghosting", "ghost_score_max"), ("audio", "stft_distance"),
+                         ("trajectory", "video_x0_rel_l2_final"), ("integrity", "frames_flagged")):
+        if f"{gate} · {metric}" in options:
+            at.selectbox(key="overview_metric").set_value(f"{gate} · {metric}").run()
+            values = [r["metrics"][metric]["value"] for r in _real_results(real_run, gate).values()]
+            shown = at.dataframe[1].value.set_index("recipe").loc["fast-int8", "quality"]
+            assert shown == pytest.approx(np.mean(values), rel=1e-12), (gate, metric)
+    assert "ghosting · ghost_score_max" in options and "trajectory · video_x0_rel_l2_final" in options
+
+
+def test_real_run_trajectory_page_shows_the_gates_series(monkeypatch, real_run):
+    results = _real_results(real_run, "trajectory")
+    names = sorted({name for r in results.values() for name in r["series"]})
+    assert "video_x0_rel_l2" in names
+    at = app(monkeypatch, real_run, page="trajectory")
+    assert at.selectbox(key="trajectory_series").options == names
+    at.selectbox(key="trajectory_series").set_value("video_x0_rel_l2").run()
+    table = frame_with(at, "last step").set_index("candidate")
+    last = [r["series"]["video_x0_rel_l2"][-1] for r in results.values()]
+    assert table.loc["fast-int8", "median video_x0_rel_l2 at last step"] == pytest.approx(np.median(last), rel=1e-12)
+    assert table.loc["fast-int8", "last step"] == len(next(iter(results.values()))["series"]["video_x0_rel_l2"]) - 1
+
+
+def test_real_run_gates_viewer_and_verdict_pages(monkeypatch, real_run):
+    import json
+
+    at = app(monkeypatch, real_run, page="gates")
+    at.selectbox(key="gates_gate").set_value("fidelity").run()
+    table = frame_with(at, "view")
+    results = _real_results(real_run, "fidelity")
+    for _, row in table.iterrows():
+        assert row["metric:lpips_mean"] == pytest.approx(
+            results[(row["prompt_id"], int(row["seed"]))]["metrics"]["lpips_mean"]["value"], rel=1e-12)
+    values = table["metric:lpips_mean"].tolist()
+    assert values == sorted(values, reverse=True)  # lower is better: worst first
+
+    at = app(monkeypatch, real_run, page="viewer", candidate="fast-int8", prompt="r-cat", seed=0)
+    gates = frame_with(at, "gate").set_index("gate")
+    assert set(REAL_GATES) <= set(gates.index)
+    assert gates.loc["fidelity", "lpips_mean"] == pytest.approx(results[("r-cat", 0)]["metrics"]["lpips_mean"]["value"])
+    assert at.slider(key="viewer_frame").max == 123  # 124 frames: 5 s, the shortest H3 request
+    store = RunStore(real_run)
+    a = decode_video(store.clip_path("fast", "r-cat", 0))[0]
+    b = decode_video(store.clip_path("fast-int8", "r-cat", 0))[0]
+    frame = at.slider(key="viewer_frame").value
+    diff = amplified_difference(a[frame], b[frame], 8)
+    assert f"amplified difference: mean {diff.mean():.2f}, max {int(diff.max())} (of 255)" in [
+        c.value for c in at.caption]
+
+    verdict = json.loads((real_run / "verdict.json").read_text())
+    at = app(monkeypatch, real_run, page="verdict")
+    assert at.metric[0].label == "Overall" and at.metric[0].value == verdict["outcome"]
+    rows = frame_with(at, "scope").set_index("scope")
+    assert rows.loc["fast-int8", "status"] == verdict["candidates"][0]["outcome"]
+    for gate in verdict["candidates"][0]["gates"]:
+        assert rows.loc[f"fast-int8 / {gate['gate']}", "status"] == gate["outcome"]

@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 from _gate_clips import NUM_FRAMES, SIZE, copy_clip, make_run, moving_square_frames, noise_pcm, pair_context, rewrite_clip
+from pathlib import Path
+
 from PIL import Image
 from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
@@ -91,7 +93,7 @@ def test_gate_on_planted_defect(tmp_path):
     frames = moving_square_frames(NUM_FRAMES, SIZE, 0).copy()
     frames[7, 8:40, 8:40] = 255 - frames[7, 8:40, 8:40]  # a strong local defect in one frame
     rewrite_clip(store, "candidate", "p0", 0, frames, noise_pcm(seed=1))
-    ctx = pair_context(store, gate="fidelity", options={"lpips_trunk": "rand", "lpips_scale": "1"})
+    ctx = pair_context(store, gate="fidelity", options={"lpips_trunk": "rand", "lpips_scale": "1", "lpips_stride": "1"})
     result = get_gate("fidelity").evaluate(ctx)
     assert result.error is None
     m = {k: v.value for k, v in result.metrics.items()}
@@ -171,3 +173,80 @@ def test_ssim_torch_path_matches_scikit_image():
     reference = [structural_similarity(ya[i], yb[i], data_range=255, gaussian_weights=True, sigma=1.5,
                                        use_sample_covariance=False) for i in range(len(base))]
     np.testing.assert_allclose(fidelity._ssim_torch(base, cand, "cpu", 2), reference, atol=2e-6)
+
+
+def test_default_lpips_stride_is_two_and_ssim_psnr_score_every_frame(tmp_path):
+    """LPIPS on every second frame by default (its effect on real footage: bench/results/fidelity_stride.md); SSIM
+    and PSNR still score every frame, so a defect confined to an unscored frame is still seen there."""
+    store = make_run(tmp_path / "run")
+    frames = moving_square_frames(NUM_FRAMES, SIZE, 0).copy()
+    frames[7, 8:40, 8:40] = 255 - frames[7, 8:40, 8:40]
+    rewrite_clip(store, "candidate", "p0", 0, frames, noise_pcm(seed=1))
+    result = get_gate("fidelity").evaluate(pair_context(store, gate="fidelity", options={"lpips_trunk": "rand"}))
+    assert fidelity.DEFAULT_LPIPS_STRIDE == 2 and result.info["lpips_stride"] == 2
+    assert [i for i, v in enumerate(result.series["lpips"]) if v is not None] == list(range(0, NUM_FRAMES, 2))
+    assert result.info["ssim_worst_frame"] == 7 and result.info["psnr_worst_frame"] == 7
+
+
+def test_gpu_path_run_on_the_cpu_equals_the_cpu_path(tmp_path):
+    """The gate's device path (frames from the clip cache's device copy; torch SSIM and PSNR), run on the CPU
+    ("torch:cpu"), gives the CPU path's numbers: LPIPS and PSNR exactly, SSIM to float32 rounding."""
+    store = make_run(tmp_path / "run")
+    frames = moving_square_frames(NUM_FRAMES, SIZE, 0).copy()
+    frames[7, 8:40, 8:40] = 255 - frames[7, 8:40, 8:40]
+    frames[9:12] = np.clip(frames[9:12].astype(int) + 9, 0, 255).astype(np.uint8)
+    rewrite_clip(store, "candidate", "p0", 0, frames, noise_pcm(seed=1))
+    results = {}
+    for device in ("cpu", "torch:cpu"):
+        ctx = pair_context(store, gate="fidelity", options={"lpips_trunk": "rand", "lpips_stride": "1"})
+        ctx.device = device
+        results[device] = get_gate("fidelity").evaluate(ctx)
+    cpu, dev = results["cpu"], results["torch:cpu"]
+    assert dev.series["lpips"] == cpu.series["lpips"]
+    assert dev.series["psnr"] == cpu.series["psnr"]
+    np.testing.assert_allclose(dev.series["ssim"], cpu.series["ssim"], atol=2e-6)
+    assert dev.info["identical_frames"] == cpu.info["identical_frames"]
+    assert dev.metrics["lpips_mean"].value == cpu.metrics["lpips_mean"].value > 0
+
+
+def test_psnr_torch_path_is_the_exact_integer_one():
+    import torch
+
+    base, cand = _frames_pair(n=5)
+    cand[2] = base[2]  # an identical frame: capped
+    numpy_psnr, numpy_mse = fidelity.psnr_per_frame(base, cand, batch=2)
+    torch_psnr, torch_mse = fidelity.psnr_per_frame(torch.from_numpy(base), torch.from_numpy(cand), batch=2)
+    assert np.array_equal(numpy_mse, torch_mse) and np.array_equal(numpy_psnr, torch_psnr)
+    assert torch_psnr[2] == fidelity.PSNR_CAP_DB
+
+
+def test_threaded_decode_gives_the_same_frames_and_a_pair_decodes_once(tmp_path, monkeypatch):
+    """h3.media.decode_video with FFmpeg's frame threads (the clip cache's choice on many cores) decodes the same
+    frames; and the four per-pair gates together decode each side's video and audio once (the cache keeps both
+    sides of the pair per kind)."""
+    import h3.media
+    from gates import media_cache
+    from h3.media import decode_video
+    from h3eval.gaterun import run_gates
+
+    store = make_run(tmp_path / "run")
+    path = store.clip_path("candidate", "p0", 0)
+    one, fps1 = decode_video(path)
+    auto, fps0 = decode_video(path, threads=0)
+    assert np.array_equal(one, auto) and fps1 == fps0
+
+    calls = []
+    for name in ("decode_video", "decode_audio"):
+        original = getattr(h3.media, name)
+
+        def counted(p, *args, _original=original, _name=name, **kwargs):
+            calls.append((_name, Path(p).parent.name))
+            return _original(p, *args, **kwargs)
+
+        monkeypatch.setattr(h3.media, name, counted)
+    media_cache.clear()
+    summary = run_gates(store.root, ["integrity", "fidelity", "audio", "ghosting"], device="cpu",
+                        options={"fidelity.lpips_trunk": "rand"}, progress=False)
+    assert not summary.errors, summary.errors
+    assert sorted(calls) == [("decode_audio", "baseline"), ("decode_audio", "candidate"),
+                             ("decode_video", "baseline"), ("decode_video", "candidate")]

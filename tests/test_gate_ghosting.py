@@ -276,6 +276,12 @@ def test_torch_path_equals_the_numpy_path(clip):
             assert wa.score == pytest.approx(wb.score, rel=1e-5, abs=1e-7)
             assert wa.evidence == pytest.approx(wb.evidence, rel=1e-5, abs=1e-7)
         np.testing.assert_allclose(a.score, b.score, rtol=1e-5, atol=1e-7)
+        # Fed the clip cache's device copies (torch tensors) instead of numpy frames: the same numbers, exactly.
+        torch = pytest.importorskip("torch")
+        c = ghost_scores(torch.from_numpy(clip["base"].copy()), torch.from_numpy(clip[name].copy()), CONFIG,
+                         device="torch:cpu")
+        np.testing.assert_array_equal(b.score, c.score)
+        assert [w.evidence for w in b.windows] == [w.evidence for w in c.windows]
 
 
 # --- the gate ------------------------------------------------------------------------------------------------------

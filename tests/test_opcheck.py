@@ -24,16 +24,6 @@ from tests.conftest import FAST_RECIPE
 BLOCK = 16
 
 
-def _levers_present(name: str) -> bool:
-    import importlib
-
-    try:
-        importlib.import_module(f"h3.levers.{name}")
-    except ImportError:
-        return False
-    return True
-
-
 def qkv(seq=40, heads=2, dim=16, seed=0):
     gen = torch.Generator().manual_seed(seed)
     return {k: torch.randn(1, seq, heads, dim, generator=gen) for k in ("query", "key", "value")}
@@ -275,25 +265,48 @@ def test_cuda_only_backend_on_cpu_is_not_applicable():
     assert row["status"] == "not_applicable" and "needs a CUDA device" in row["reasons"][0]
 
 
-def test_lever_ops_pass_or_report_the_missing_lever():
+def test_lever_ops_pass_against_their_float64_math():
+    """The lever modules are part of the tree: their ops must run and pass here (not "not applicable")."""
     inputs = qkv(seq=300, dim=16)
     row = check_op(inputs, spec("attention:native"), spec("block_sparse", block_size=128, sparsity=0.0), "cpu",
                    "float32", BUDGET)
-    if _levers_present("sparse_attention"):
-        assert row["status"] == "pass" and row["flip_rate"] == 0.0, row.get("reasons")
-        assert row["cand_vs_baseline_math_rel_l2"] < 1e-6  # sparsity 0 keeps every block: dense math
-    else:
-        assert row["status"] == "not_applicable" and "lever module not present" in row["reasons"][0]
+    assert row["status"] == "pass" and row["flip_rate"] == 0.0, row.get("reasons")
+    assert row["cand_vs_baseline_math_rel_l2"] < 1e-6  # sparsity 0 keeps every block: dense math
     gen = torch.Generator().manual_seed(5)
     linear = {"input": torch.randn(1, 24, 32, generator=gen), "weight": torch.randn(48, 32, generator=gen) / 6}
     for mode in ("int8_weight_only", "int8_w8a8"):
         row = check_op(linear, spec("linear"), spec(f"quant:{mode}"), "cpu", "float32", BUDGET)
-        if _levers_present("quantization"):
-            assert row["status"] == "pass" and row["flip_rate"] <= BUDGET.max_flip_rate, row.get("reasons")
-        else:
-            assert row["status"] == "not_applicable" and "lever module not present" in row["reasons"][0]
+        assert row["status"] == "pass" and row["flip_rate"] <= BUDGET.max_flip_rate, row.get("reasons")
     fp8 = check_op(linear, spec("linear"), spec("quant:fp8_w8a8"), "cpu", "float32", BUDGET)
-    assert fp8["status"] == "not_applicable"
+    assert fp8["status"] == "not_applicable" and "needs a GPU with FP8 tensor cores" in fp8["reasons"][0]
+
+
+def test_only_a_missing_lever_module_is_not_applicable(monkeypatch):
+    """h3.ops.lever_module: the module itself missing is "not present"; an ImportError while importing it (a broken
+    lever or a missing dependency of it) propagates, so it can never turn into "not applicable"."""
+    import importlib
+
+    import h3.ops as ops
+
+    with pytest.raises(NotApplicable, match=r"lever module not present: h3\.levers\.no_such_lever"):
+        ops.lever_module("no_such_lever")
+
+    def broken(name):
+        raise ImportError("cannot import name 'fused_kernel' from 'torch.nn.functional'")
+
+    monkeypatch.setattr(importlib, "import_module", broken)
+    with pytest.raises(ImportError, match="fused_kernel"):
+        ops.lever_module("quantization")
+
+    def missing_dependency(name):
+        raise ModuleNotFoundError("No module named 'sageattention'", name="sageattention")
+
+    monkeypatch.setattr(importlib, "import_module", missing_dependency)
+    with pytest.raises(ModuleNotFoundError, match="sageattention"):
+        ops.lever_module("sparse_attention")
+    linear = {"input": torch.randn(1, 4, 32), "weight": torch.randn(48, 32)}
+    row = check_op(linear, spec("linear"), spec("quant:int8_w8a8"), "cpu", "float32", BUDGET)
+    assert row["status"] == "fail" and "ModuleNotFoundError" in row["reasons"][0]  # a failure, not "not applicable"
 
 
 def test_quant_reference_is_the_quantized_math():
@@ -418,9 +431,9 @@ def test_gate_cuda_only_candidate_on_cpu_is_not_applicable(run):
     assert result.metrics["not_applicable_records"].value == 6
 
 
-def test_gate_on_lever_recipe_passes_or_is_not_applicable(run):
-    """Candidate with int8 W8A8 and block-sparse attention (dense first step): before the levers are merged every
-    lever record is not applicable (never a pass); after, the lever ops pass against their float64 math."""
+def test_gate_on_lever_recipe_passes(run):
+    """Candidate with int8 W8A8 and block-sparse attention (dense first step): every lever record runs and passes
+    against its float64 math (the lever modules are in the tree: "not applicable" would be a failure here)."""
     root, evaluate, _ = run
     result = evaluate("fast-levers", sweep="false")
     table = json.loads((root / result.artifacts[0]).read_text())
@@ -429,14 +442,10 @@ def test_gate_on_lever_recipe_passes_or_is_not_applicable(run):
     quant = [r for r in rows if r.get("cand_op", "").startswith("quant:")]
     assert {r["step"] for r in sparse} == {1} and len(sparse) == 2  # step 0 dense; the refiner stays dense
     assert len(quant) == 24
-    if _levers_present("sparse_attention") and _levers_present("quantization"):
-        assert result.status == "ok" and not result.flagged, result.flags
-        assert all(r["status"] == "pass" for r in sparse + quant)
-        assert result.metrics["flip_rate_max"].value <= BUDGET.max_flip_rate
-    else:
-        assert result.status == "not_applicable"
-        assert all(r["status"] == "not_applicable" for r in sparse + quant)
-        assert any("lever module not present" in reason for reason in result.info["not_applicable"])
+    assert result.status == "ok" and not result.flagged, result.flags
+    assert all(r["status"] == "pass" for r in sparse + quant)
+    assert result.metrics["flip_rate_max"].value <= BUDGET.max_flip_rate
+    assert result.metrics["failed_records"].value == 0.0 and result.metrics["not_applicable_records"].value == 0.0
 
 
 def test_gate_rejects_block_mask_off_by_one_on_captured_inputs(run):
@@ -516,15 +525,15 @@ def test_cuda_attention_backends_pass_in_bfloat16(backend):
 
 @pytest.mark.gpu
 @needs_cuda
-def test_fp8_w8a8_on_cuda_passes_or_reports_missing_lever():
+def test_fp8_w8a8_on_cuda_passes():
     gen = torch.Generator().manual_seed(9)
     inputs = {"input": torch.randn(1, 64, 64, generator=gen).bfloat16(),
               "weight": (torch.randn(96, 64, generator=gen) / 8).bfloat16()}
     row = check_op(inputs, spec("linear"), spec("quant:fp8_w8a8"), "cuda", "bfloat16", BUDGET)
-    if _levers_present("quantization") and torch.cuda.get_device_capability() >= (8, 9):
+    if torch.cuda.get_device_capability() >= (8, 9):
         assert row["status"] == "pass" and row["flip_rate"] <= BUDGET.max_flip_rate, row.get("reasons")
-    else:
-        assert row["status"] == "not_applicable"
+    else:  # no FP8 tensor cores: said so, never a pass
+        assert row["status"] == "not_applicable" and "compute capability 8.9+" in row["reasons"][0]
 
 
 def _int8_weight_only(rounding):

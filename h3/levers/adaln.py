@@ -20,12 +20,15 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, counts, mark_applied, unmark_applied
+
+if TYPE_CHECKING:
+    from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +53,22 @@ class AdalnConfig(LeverConfig):
             weights_tag=lora.weights_tag if lora is not None else "", compute_device=ctx.device,
             keep_originals=ctx.reversible,
         )
+
+    def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
+        """Every block's modulation from its table (projection weights dropped), one table lookup per forward of the
+        request, the disk cache used only when configured."""
+        (blocks, dropped), problems = counts(telemetry, "blocks", "params_dropped")
+        if not problems and (blocks < 1 or dropped < 1):
+            problems.append(f"{blocks} blocks precomputed, {dropped} parameters dropped")
+        if (telemetry.get("disk_cache") == "off") == self.disk_cache:
+            problems.append(f"recipe asks for disk_cache={self.disk_cache}, the lever reported "
+                            f"{telemetry.get('disk_cache')!r}")
+        if executed.forward_passes > 0:
+            (lookups,), missing = counts(telemetry, "table_lookups")
+            problems += missing
+            if not missing and lookups != executed.forward_passes:
+                problems.append(f"{lookups} table lookups in {executed.forward_passes} forwards")
+        return problems
 
 
 class PrecomputedAdaLNModulation(nn.Module):

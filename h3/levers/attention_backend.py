@@ -52,8 +52,12 @@ class AttentionBackendConfig(LeverConfig):
 
     def check_executed(self, telemetry: dict[str, Any] | None, executed: "Executed") -> list[str]:
         """The dispatcher ran one backend during denoising, the one asked for (``native`` included: the lever is
-        off then, and what ran must still be SDPA)."""
-        if executed.attention_backends != [self.backend]:
+        off then, and what ran must still be SDPA). Block-sparse attention runs its sparse calls through its own
+        kernel, not the dispatcher: a request whose every attention call was sparse dispatched nothing."""
+        sparse = executed.levers.get("sparse_attention") or {}
+        only_sparse = sparse.get("applied") is True and sparse.get("dense_calls") == 0 and bool(sparse.get("sparse_calls"))
+        expected = [] if only_sparse else [self.backend]
+        if executed.attention_backends != expected:
             return [f"attention.backend: recipe asks for {self.backend!r}, the dispatcher ran "
                     f"{executed.attention_backends}"]
         return []

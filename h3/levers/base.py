@@ -47,9 +47,6 @@ class LeverHandle:
 
     def __init__(self) -> None:
         self.removed = False
-        self.compiled = False
-        """Set by the compile lever when it traces the modules this lever changed: call counters inside compiled
-        code stay frozen (see QuantizedLinear.forward), so a handle that counts calls reports None, not 0."""
 
     def begin_request(self) -> None:
         """Reset per-request counters (and any per-request state such as a step cache)."""
@@ -133,7 +130,8 @@ class LeverConfig(BaseModel):
         """Every way the record shows something other than this config ran; empty when it matches.
 
         The default: a lever that is on must report ``applied: true``; a lever that is off must not report that it
-        applied. Levers add their own checks by overriding (calling this one first).
+        applied. Levers that are on then check what their telemetry must show for their configuration
+        (:meth:`check_telemetry`).
         """
         on = self.is_on()
         applied = isinstance(telemetry, dict) and telemetry.get("applied") is True
@@ -144,7 +142,62 @@ class LeverConfig(BaseModel):
                     f"{telemetry}"]
         if not on and applied:
             return [f"{self.name}: is off in the recipe but reported that it applied: {telemetry}"]
+        if on:
+            return [f"{self.name}: {problem}" for problem in self.check_telemetry(telemetry, executed)]
         return []
+
+    def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
+        """What the telemetry of an applied lever must show for this configuration (each problem without the lever's
+        name, which :meth:`check_executed` prefixes). ``executed.forward_passes`` is the request's DiT forwards; 0
+        means no request was timed as a whole (a benchmark's bare forwards), so per-request counts are not checked.
+        The default: nothing beyond ``applied``."""
+        return []
+
+
+def counts(telemetry: dict[str, Any], *keys: str) -> tuple[list[Any], list[str]]:
+    """The telemetry's values for ``keys`` and, for each missing or non-integer one, a problem naming it (a count the
+    check needs and the record lacks is a mismatch, never a pass)."""
+    values, problems = [], []
+    for key in keys:
+        value = telemetry.get(key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            problems.append(f"reported no integer {key} ({value!r})")
+        values.append(value)
+    return values, problems
+
+
+def new_counter(device: str | torch.device) -> torch.Tensor:
+    """A call counter that holds under torch.compile: a 0-d int64 tensor on the device the module computes on, bumped
+    in place (``counter.add_(1)``) from inside the counted forward.
+
+    Why this kind: inside a compiled region the in-place add is part of the graph (dynamo takes the tensor as a graph
+    input and functionalizes the mutation, writing it back after each call), so every call is counted, eager or
+    compiled, and the graph is shared by every block (an input, not a constant). A Python int bumped there is either
+    frozen (``is_compiling`` guard) or guarded on, which recompiled at every call on the H200. It is held as a plain
+    attribute, not a buffer: group offloading swaps a streamed group's buffers back to their pinned CPU copies after
+    each block (``offload.release_module_buffers``), which would reset a buffer counter, and ``Module.to`` leaves plain
+    attributes where they are. Cost: one scalar add per counted call. A graph that mutates an input is not captured
+    by CUDA graphs (compile mode ``reduce-overhead``), which no shipped recipe uses.
+    """
+    return torch.zeros((), dtype=torch.int64, device=device)
+
+
+def count_forward(module: torch.nn.Module, counter: torch.Tensor) -> None:
+    """Bump ``counter`` at each call of ``module`` by wrapping its forward (an instance attribute over the class's).
+    Not a module hook: inside blocks compiled regionally under diffusers' cache hooks, neither a forward hook nor a
+    pre-hook on a submodule ran (found on the CPU with torch 2.14), while the wrapped forward is traced like any code.
+    :func:`uncount_forward` restores the class's forward."""
+    forward = module.forward
+
+    def counted_forward(*args, **kwargs):
+        counter.add_(1)
+        return forward(*args, **kwargs)
+
+    module.forward = counted_forward
+
+
+def uncount_forward(module: torch.nn.Module) -> None:
+    vars(module).pop("forward", None)
 
 
 def mark_applied(module: torch.nn.Module, lever: str) -> None:

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import Field
 
-from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, counts, mark_applied, unmark_applied
+
+if TYPE_CHECKING:
+    from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +47,31 @@ class BucketingConfig(LeverConfig):
 
     def apply(self, pipe, ctx: ApplyContext) -> "BucketingHandle":
         return apply_bucketing(pipe.transformer, self)
+
+    def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
+        """Buckets of the configured multiple, each holding its real lengths, and every forward of the request
+        bucketed."""
+        problems = []
+        if telemetry.get("multiple") != self.multiple:
+            problems.append(f"recipe asks for {self.multiple}-row buckets, the lever padded to multiples of "
+                            f"{telemetry.get('multiple')!r}")
+        buckets, lengths = telemetry.get("buckets"), telemetry.get("valid_lengths")
+        if isinstance(buckets, list) and all(isinstance(b, int) for b in buckets):
+            off = [b for b in buckets if b % self.multiple]
+            if off:
+                problems.append(f"buckets {off} are not multiples of {self.multiple} rows")
+            if isinstance(lengths, list) and lengths and buckets and max(lengths) > max(buckets):
+                problems.append(f"a real length ({max(lengths)}) exceeds every bucket ({buckets})")
+        else:
+            problems.append(f"reported no buckets ({buckets!r})")
+        if executed.forward_passes > 0:
+            (forwards,), missing = counts(telemetry, "bucketed_forwards")
+            problems += missing
+            if not missing and forwards != executed.forward_passes:
+                problems.append(f"{forwards} of the request's {executed.forward_passes} forwards were bucketed")
+            if not missing and not buckets:
+                problems.append("the request's forwards used no bucket")
+        return problems
 
 
 @dataclass

@@ -14,11 +14,14 @@ cost 12-14 s per new prompt length, so recompiles per request are what to watch 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, counts, mark_applied, unmark_applied
+
+if TYPE_CHECKING:
+    from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +41,19 @@ class CompileConfig(LeverConfig):
         return self.enabled
 
     def apply(self, pipe, ctx: ApplyContext) -> "CompileHandle":
-        handle = apply_compile(pipe.transformer, self)
-        # Last in the registry so that it traces the final modules; call counters inside the compiled blocks stay
-        # frozen from now on (see QuantizedLinear.forward): the levers that count calls say so, not "0 calls".
-        for earlier in ctx.handles.values():
-            earlier.compiled = True
-        return handle
+        # Last in the registry so that it traces the final modules. The levers' call counters hold inside the compiled
+        # blocks (h3.levers.base.new_counter).
+        return apply_compile(pipe.transformer, self)
+
+    def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
+        """The DiT blocks compiled as regions, with the configured backend."""
+        (regions,), problems = counts(telemetry, "compiled_regions")
+        if not problems and regions < 1:
+            problems.append("no region was compiled")
+        if telemetry.get("backend") != self.backend:
+            problems.append(f"recipe asks for backend {self.backend!r}, the lever compiled with "
+                            f"{telemetry.get('backend')!r}")
+        return problems
 
 
 COMPILED_BLOCKS = ("MiniMaxH3TransformerBlock",)

@@ -11,11 +11,15 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, count_forward, counts, mark_applied,
+                           new_counter, uncount_forward, unmark_applied)
+
+if TYPE_CHECKING:
+    from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +55,31 @@ class LoraConfig(LeverConfig):
             resolve_lora_path(self.path, is_tiny=False)
 
     def apply(self, pipe, ctx: ApplyContext) -> "LoraHandle":
-        return apply_lora(pipe, self, is_tiny=ctx.is_tiny)
+        return apply_lora(pipe, self, is_tiny=ctx.is_tiny, device=ctx.device)
+
+    def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
+        """Every module the adapter file targets matched a transformer module (seed 001: a LoRA that matched 0 of 266
+        layers "loaded without complaint"; one that matches some of them is as wrong), fused as configured, at the
+        configured adapter weight; unfused, its LoRA layers ran in the request."""
+        (targeted, matched), problems = counts(telemetry, "file_modules", "matched_modules")
+        if not problems:
+            if targeted < 1:
+                problems.append("the adapter file targets no module")
+            elif matched != targeted:
+                problems.append(f"matched {matched} of the {targeted} modules the adapter file targets "
+                                f"({targeted - matched} unmatched): the adapter did not load as trained")
+        if telemetry.get("fused") is not self.fuse:
+            problems.append(f"recipe asks for fuse={self.fuse}, the lever reported fused={telemetry.get('fused')!r}")
+        weight = 1.0 if self.scale is None else self.scale
+        if telemetry.get("adapter_weight") != weight:
+            problems.append(f"recipe asks for adapter weight {weight}, the lever reported "
+                            f"{telemetry.get('adapter_weight')!r}")
+        if not self.fuse and executed.forward_passes > 0:
+            (calls,), missing = counts(telemetry, "lora_layer_calls")
+            problems += missing
+            if not missing and calls < 1:
+                problems.append(f"no LoRA layer ran in {executed.forward_passes} DiT forwards (unfused adapter)")
+        return problems
 
 
 def resolve_lora_path(path: str | None, *, is_tiny: bool, transformer: torch.nn.Module | None = None) -> Path:
@@ -124,19 +152,24 @@ class LoraHandle(LeverHandle):
     name = "lora"
 
     def __init__(self, pipe, config: LoraConfig, path: Path, file_modules: list[str], matched: list[str],
-                 scalings: list[float]):
+                 scalings: list[float], device: str | torch.device | None = None):
         super().__init__()
         self.pipe, self.config, self.path = pipe, config, path
         self.file_modules, self.matched, self.scalings = file_modules, matched, scalings
-        self.calls = 0
-        self._hooks = []
+        self._counted: list[torch.nn.Module] = []
+        self._counters: list[torch.Tensor] = []
         if not config.fuse:
             for layer in _lora_layers(pipe.transformer, config.adapter_name).values():
-                self._hooks.append(layer.register_forward_hook(self._count))
+                # Counted inside compiled graphs too (new_counter, count_forward).
+                counter = new_counter(device or next(layer.parameters()).device)
+                count_forward(layer, counter)
+                self._counted.append(layer)
+                self._counters.append(counter)
 
-    def _count(self, *_):
-        if not torch.compiler.is_compiling():  # see QuantizedLinear.forward
-            self.calls += 1
+    @property
+    def calls(self) -> int:
+        """LoRA-layer calls since :meth:`begin_request` (every layer, eager and compiled)."""
+        return sum(int(c) for c in self._counters)
 
     @property
     def weights_tag(self) -> str:
@@ -146,7 +179,8 @@ class LoraHandle(LeverHandle):
         return f"lora={sha256_file(self.path)};scale={self.config.scale};fuse={self.config.fuse}"
 
     def begin_request(self) -> None:
-        self.calls = 0
+        for counter in self._counters:
+            counter.zero_()
 
     def telemetry(self) -> dict[str, Any]:
         return {
@@ -158,19 +192,21 @@ class LoraHandle(LeverHandle):
             "fused": self.config.fuse,
             "adapter_weight": 1.0 if self.config.scale is None else self.config.scale,
             "scaling": sorted(set(self.scalings)),
-            "lora_layer_calls": None if self.compiled else self.calls,
+            "lora_layer_calls": self.calls,
         }
 
     def _remove(self) -> None:
-        for h in self._hooks:
-            h.remove()
+        for layer in self._counted:
+            uncount_forward(layer)
+        self._counted = []
         if self.config.fuse:
             raise LeverError("a fused LoRA is part of the weights now; reload the model to remove it")
         self.pipe.unload_lora_weights()
         unmark_applied(self.pipe.transformer, "lora")
 
 
-def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False) -> LoraHandle:
+def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False,
+               device: str | torch.device | None = None) -> LoraHandle:
     """Load ``config.path`` into ``pipe.transformer``; fuse it when asked. Refuses a LoRA that matches no module."""
     from diffusers.loaders.lora_pipeline import MiniMaxH3LoraLoaderMixin
 
@@ -204,7 +240,7 @@ def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False) -> LoraHandle
     except BaseException:
         unmark_applied(transformer, "lora")
         raise
-    return LoraHandle(pipe, config, path, file_modules, sorted(layers), scalings)
+    return LoraHandle(pipe, config, path, file_modules, sorted(layers), scalings, device)
 
 
 def save_fused_checkpoint(runtime, directory) -> None:

@@ -8,12 +8,15 @@ pass"; that copying is the cost centre the other levers (INT8 weights, AdaLN pre
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import Field
 
-from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, require_cuda
+from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, counts, mark_applied, require_cuda
+
+if TYPE_CHECKING:
+    from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +53,31 @@ class OffloadConfig(LeverConfig):
 
     def apply(self, pipe, ctx: ApplyContext) -> "OffloadHandle":
         return apply_offload(pipe, self, onload_device=ctx.device)
+
+    def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
+        """The configured modules offloaded in groups (streamed on a side stream exactly when ``use_stream``), the
+        top-level group resident as configured, and groups onloaded during the request."""
+        problems = []
+        modules = ["text_encoder", "transformer"] if self.text_encoder else ["transformer"]
+        if telemetry.get("modules") != modules:
+            problems.append(f"recipe offloads {modules}, the lever offloaded {telemetry.get('modules')!r}")
+        groups = telemetry.get("groups")
+        if not isinstance(groups, dict) or any(not isinstance(groups.get(m), int) or groups[m] < 1 for m in modules):
+            problems.append(f"reported groups {groups!r}: every offloaded module needs at least one group")
+        (streamed, resident), missing = counts(telemetry, "streamed_groups", "resident_groups")
+        problems += missing
+        if not missing:
+            if bool(streamed) != self.use_stream:
+                problems.append(f"{streamed} groups streamed, recipe asks for use_stream={self.use_stream}")
+            if resident != (1 if self.resident_top_level else 0):
+                problems.append(f"{resident} resident top-level groups, recipe asks for "
+                                f"resident_top_level={self.resident_top_level}")
+        if executed.forward_passes > 0:
+            (onloads,), missing = counts(telemetry, "group_onloads")
+            problems += missing
+            if not missing and onloads < 1:
+                problems.append(f"no group was onloaded in {executed.forward_passes} forwards")
+        return problems
 
 
 def _groups(module: torch.nn.Module) -> list[Any]:

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
 from pydantic import Field, field_validator
 
-from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, counts, mark_applied, new_counter,
+                           unmark_applied)
+
+if TYPE_CHECKING:
+    from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +70,30 @@ class QuantizationConfig(LeverConfig):
 
     def apply(self, pipe, ctx: ApplyContext) -> "QuantizationHandle":
         return apply_quantization(pipe.transformer, self, keep_originals=ctx.reversible, compute_device=ctx.device)
+
+    def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
+        """The configured mode, on at least one module, with the configured exclusions; in a request, every quantized
+        module ran (each is called at least once per forward: a module replaced but bypassed would show 0 calls) and
+        no module more often than once per forward."""
+        problems = []
+        if telemetry.get("mode") != self.mode:
+            problems.append(f"recipe asks for mode {self.mode!r}, the quantized modules ran {telemetry.get('mode')!r}")
+        (modules,), missing = counts(telemetry, "quantized_modules")
+        problems += missing
+        if not missing and modules < 1:
+            problems.append("no module was quantized")
+        if "exclude" in telemetry and telemetry["exclude"] != list(self.exclude):
+            problems.append(f"recipe excludes {list(self.exclude)}, the lever excluded {telemetry['exclude']}")
+        if executed.forward_passes > 0 and not missing:
+            (calls, called), missing = counts(telemetry, "quantized_linear_calls", "quantized_modules_called")
+            problems += missing
+            if not missing and called != modules:
+                problems.append(f"{called} of the {modules} quantized modules ran in {executed.forward_passes} DiT "
+                                "forwards (a quantized module that never runs was bypassed)")
+            if not missing and calls > modules * executed.forward_passes:
+                problems.append(f"{calls} quantized-linear calls in {executed.forward_passes} forwards of "
+                                f"{modules} modules: more than one per module and forward")
+        return problems
 
 
 def quantize_per_channel(weight: torch.Tensor, qmax: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,16 +140,15 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("qweight", q)
         self.register_buffer("weight_scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone())
-        self.calls = 0
+        self.calls = new_counter(linear.weight.device)
+        """Calls of this module, counted in eager and compiled code alike (:func:`h3.levers.base.new_counter`); the
+        lever puts it on the device the module computes on."""
 
     def extra_repr(self) -> str:
         return f"{self.in_features}, {self.out_features}, mode={self.mode}"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Counted in eager mode only: an int attribute bumped inside a compiled region is a guard that recompiles on
-        # every call (seen on the H200: recompile_limit hit), so compiled calls go uncounted (telemetry says so).
-        if not torch.compiler.is_compiling():
-            self.calls += 1
+        self.calls.add_(1)  # a tensor bumped in place: counted inside compiled graphs too (see new_counter)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if self.mode == "int8_weight_only" and x2.device.type == "cpu":
@@ -163,24 +190,28 @@ def kernel_shape_ok(in_features: int | None, out_features: int | None, mode: str
 class QuantizationHandle(LeverHandle):
     name = "quant"
 
-    def __init__(self, root, mode, replaced, excluded, skipped_shape, originals):
+    def __init__(self, root, mode, replaced, excluded, skipped_shape, originals, exclude=()):
         super().__init__()
-        self.root, self.mode = root, mode
+        self.root, self.mode, self.exclude = root, mode, list(exclude)
         self.replaced, self.excluded, self.skipped_shape, self.originals = replaced, excluded, skipped_shape, originals
 
     def begin_request(self) -> None:
         for module in self.replaced.values():
-            module.calls = 0
+            module.calls.zero_()
 
     def telemetry(self) -> dict[str, Any]:
+        calls = [int(m.calls) for m in self.replaced.values()]
         return {
             "applied": not self.removed,
             "mode": self.mode,
+            "exclude": list(self.exclude),
             "quantized_modules": len(self.replaced),
             "excluded_modules": len(self.excluded),
             "skipped_shape": len(self.skipped_shape),
             "quantized_params": sum(m.qweight.numel() for m in self.replaced.values()),
-            "quantized_linear_calls": None if self.compiled else sum(m.calls for m in self.replaced.values()),
+            # Counted inside compiled graphs too (new_counter): every call since begin_request.
+            "quantized_linear_calls": sum(calls),
+            "quantized_modules_called": sum(1 for c in calls if c > 0),
         }
 
     def _remove(self) -> None:
@@ -234,6 +265,7 @@ def apply_quantization(module: nn.Module, config: QuantizationConfig, *, keep_or
             skipped.append(name)
             continue
         quantized = QuantizedLinear(child, config.mode).to(device)
+        quantized.calls = new_counter(compute)
         if keep_originals:
             originals[name] = child.to("cpu")
         replaced[name] = quantized
@@ -243,4 +275,4 @@ def apply_quantization(module: nn.Module, config: QuantizationConfig, *, keep_or
         raise LeverError(f"quantization {config.mode}: no Linear left to quantize after exclude={config.exclude}")
     logger.info("quantization %s: %d linears quantized, %d excluded, %d skipped for kernel shape",
                 config.mode, len(replaced), len(excluded), len(skipped))
-    return QuantizationHandle(module, config.mode, replaced, excluded, skipped, originals)
+    return QuantizationHandle(module, config.mode, replaced, excluded, skipped, originals, config.exclude)

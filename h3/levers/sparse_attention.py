@@ -20,19 +20,27 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from pydantic import Field
 
-from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, counts, mark_applied, unmark_applied
 from h3.levers.bucketing import PaddingState, attend_valid_rows, output_projection, project_qkv
+
+if TYPE_CHECKING:
+    from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
 FLEX_COMPILED_ON = ("cuda",)
 """Device types on which flex_attention is compiled (a test adds "cpu", with the eager backend)."""
 FLEX_BACKEND = "inductor"
+SPARSITY_TOLERANCE = 0.02
+"""How far the realized sparsity (measured from the block masks routing handed the kernel) may sit from the configured
+one, beyond the rounding to whole blocks: top-k keeps ``ceil((1 - s) * n)`` of ``n`` key blocks, so a sequence of
+``n`` real key blocks realizes up to ``1 / n`` less than configured (the check allows ``max(tolerance, 1 / n)`` below
+and ``tolerance`` above)."""
 _FLEX = None  # (the compiled flex_attention, its graph-counting backend), shared by every handle in the process
 
 
@@ -57,6 +65,43 @@ class SparseAttentionConfig(LeverConfig):
 
     def apply(self, pipe, ctx: ApplyContext) -> "SparseAttentionHandle":
         return apply_sparse_attention(pipe.transformer, self)
+
+    def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
+        """The configured block and sparsity; the first ``dense_steps`` forwards dense and the rest sparse; the sparse
+        forwards really routed sparsely: their realized sparsity, measured from the kept-block masks the kernel got,
+        within :data:`SPARSITY_TOLERANCE` (and the rounding to whole blocks) of the configured one. A sparse lever that
+        ran dense — every step dense, or routing that keeps every block — fails here."""
+        problems = []
+        if telemetry.get("target_sparsity") != self.sparsity or telemetry.get("block_size") != self.block_size:
+            problems.append(f"recipe asks for sparsity {self.sparsity} in {self.block_size}-token blocks, the lever "
+                            f"ran {telemetry.get('target_sparsity')!r} in {telemetry.get('block_size')!r}-token blocks")
+        (dense_fw, sparse_fw, dense_calls, sparse_calls), missing = counts(
+            telemetry, "dense_forwards", "sparse_forwards", "dense_calls", "sparse_calls")
+        if missing:
+            return problems + missing
+        forwards = dense_fw + sparse_fw
+        if executed.forward_passes > 0 and forwards != executed.forward_passes:
+            problems.append(f"counted {forwards} forwards, the request ran {executed.forward_passes}")
+        if dense_fw != min(self.dense_steps, forwards):
+            problems.append(f"{dense_fw} dense forwards of {forwards}, recipe asks for the first {self.dense_steps} "
+                            "dense")
+        if dense_fw and not dense_calls:
+            problems.append(f"{dense_fw} dense forwards made no dense attention call")
+        layers = telemetry.get("layers")
+        all_dense = isinstance(layers, int) and set(range(layers)) <= set(self.dense_layers)
+        if sparse_fw and not all_dense:
+            realized = telemetry.get("realized_sparsity")
+            if not sparse_calls or not isinstance(realized, (int, float)) or not math.isfinite(realized):
+                problems.append(f"{sparse_fw} sparse forwards made {sparse_calls} sparse attention calls, realized "
+                                f"sparsity {realized!r}: the sparse steps ran dense")
+            else:
+                blocks = telemetry.get("min_key_blocks")
+                below = max(SPARSITY_TOLERANCE, 1.0 / blocks) if isinstance(blocks, int) and blocks > 0 \
+                    else SPARSITY_TOLERANCE
+                if not self.sparsity - below <= realized <= self.sparsity + SPARSITY_TOLERANCE:
+                    problems.append(f"realized sparsity {realized:.4f}, recipe asks for {self.sparsity} (allowed "
+                                    f"[{self.sparsity - below:.4f}, {self.sparsity + SPARSITY_TOLERANCE:.4f}])")
+        return problems
 
 
 def keep_blocks(sparsity: float, n_valid: int) -> int:
@@ -206,8 +251,7 @@ class SparseAttentionHandle(LeverHandle):
         self.dense_step = config.dense_steps > 0
         self.dense_calls = self.sparse_calls = 0
         self.dense_forwards = self.sparse_forwards = 0
-        self.kept_fraction_sum = 0.0
-        self._flex_graphs_at_start = flex_graphs()
+        self._reset_routing()
         for i, (block, prev) in enumerate(zip(transformer.transformer_blocks, previous)):
             block.attn.set_processor(BlockSparseAttnProcessor(self, i, prev))
         self._post = transformer.register_forward_hook(self._advance, always_call=True)
@@ -225,8 +269,17 @@ class SparseAttentionHandle(LeverHandle):
         kv_num, kv_idx = route_blocks(query, key, block, self.config.sparsity, valid_len)
         n_valid = -(-(valid_len or seq) // block)
         self.sparse_calls += 1
-        self.kept_fraction_sum += keep_blocks(self.config.sparsity, n_valid) / n_valid
+        # Measured, not derived from the config: the fraction of real key blocks the kernel's mask keeps for the real
+        # query blocks (summed on the device, read at telemetry time: no sync per call).
+        kept = kept_block_mask(kv_num, kv_idx)[:, :, :n_valid, :n_valid]
+        self._kept_fraction_sum = self._kept_fraction_sum + kept.float().mean()
+        self.min_key_blocks = n_valid if self.min_key_blocks is None else min(self.min_key_blocks, n_valid)
         return block_sparse_attention(query, key, value, kv_num, kv_idx, block, valid_len)
+
+    def _reset_routing(self) -> None:
+        self._kept_fraction_sum: torch.Tensor | float = 0.0
+        self.min_key_blocks: int | None = None
+        self._flex_graphs_at_start = flex_graphs()
 
     def _advance(self, *_):
         # Counted on the (never compiled) transformer, so they hold under regional compilation too.
@@ -242,8 +295,7 @@ class SparseAttentionHandle(LeverHandle):
         self.dense_step = self.config.dense_steps > 0
         self.dense_calls = self.sparse_calls = 0
         self.dense_forwards = self.sparse_forwards = 0
-        self.kept_fraction_sum = 0.0
-        self._flex_graphs_at_start = flex_graphs()
+        self._reset_routing()
 
     def telemetry(self) -> dict[str, Any]:
         return {
@@ -255,7 +307,11 @@ class SparseAttentionHandle(LeverHandle):
             # Per attention call: counted outside the compiled graphs, so they hold under torch.compile too.
             "sparse_calls": self.sparse_calls,
             "dense_calls": self.dense_calls,
-            "realized_sparsity": 1.0 - self.kept_fraction_sum / self.sparse_calls if self.sparse_calls else None,
+            # Measured from the kept-block masks of the sparse calls (mean over calls, heads and real query blocks).
+            "realized_sparsity": 1.0 - float(self._kept_fraction_sum) / self.sparse_calls if self.sparse_calls
+            else None,
+            "min_key_blocks": self.min_key_blocks,
+            "layers": len(self.transformer.transformer_blocks),
             # The separately compiled flex kernel (CUDA; eager on the CPU: 0): graphs in this process / this request.
             "flex_graphs_compiled_total": flex_graphs(),
             "flex_graphs_compiled_this_request": flex_graphs() - self._flex_graphs_at_start,

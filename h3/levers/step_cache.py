@@ -13,12 +13,16 @@ steps left to find"): pair them with full-step recipes.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from pydantic import Field
 
-from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, count_forward, counts, mark_applied,
+                           new_counter, uncount_forward, unmark_applied)
+
+if TYPE_CHECKING:
+    from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +52,25 @@ class StepCacheConfig(LeverConfig):
         return self.kind != "none"
 
     def apply(self, pipe, ctx: ApplyContext) -> "StepCacheHandle":
-        return apply_step_cache(pipe.transformer, self, num_inference_steps=ctx.steps)
+        return apply_step_cache(pipe.transformer, self, num_inference_steps=ctx.steps, device=ctx.device)
+
+    def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
+        """The configured cache kind; every forward of the request went through the cache and either computed or
+        reused a cached step, and the first one computed (nothing is cached before it). How many are cached depends on
+        the content (thresholds), so the count itself is reported, not checked."""
+        problems = []
+        if telemetry.get("kind") != self.kind:
+            problems.append(f"recipe asks for cache kind {self.kind!r}, the lever ran {telemetry.get('kind')!r}")
+        if executed.forward_passes > 0:
+            (forwards, computed, cached), missing = counts(telemetry, "forwards", "computed_steps", "cached_steps")
+            problems += missing
+            if not missing:
+                if forwards != executed.forward_passes:
+                    problems.append(f"counted {forwards} forwards, the request ran {executed.forward_passes}")
+                if computed + cached != forwards or computed < 1:
+                    problems.append(f"{computed} computed + {cached} cached steps in {forwards} forwards (the first "
+                                    "step always computes)")
+        return problems
 
 
 def _register_block_metadata() -> None:
@@ -88,18 +110,22 @@ def diffusers_cache_config(config: StepCacheConfig, num_inference_steps: int = 2
 class StepCacheHandle(LeverHandle):
     name = "cache"
 
-    def __init__(self, transformer, config: StepCacheConfig):
+    def __init__(self, transformer, config: StepCacheConfig, device: str | torch.device | None = None):
         super().__init__()
         self.transformer, self.config = transformer, config
         self.step = 0
-        self.forwards = self.computed = 0
+        self.forwards = 0
         # The first sub-layer of the last block's feed-forward runs only when that block really computed (a cache hook
         # replaces the block's or the feed-forward's forward; hooks on the replaced module itself would still fire).
         probe = transformer.transformer_blocks[-1].ff.net[0]
+        # Counted inside compiled blocks too (new_counter, count_forward); forwards are counted on the never-compiled
+        # transformer.
+        self._computed_counter = new_counter(device or next(probe.parameters()).device)
+        self._probe = probe
+        count_forward(probe, self._computed_counter)
         self._hooks = [
             transformer.register_forward_pre_hook(self._enter),
             transformer.register_forward_hook(self._exit, always_call=True),
-            probe.register_forward_hook(self._computed),
         ]
 
     def _enter(self, *_):
@@ -114,12 +140,14 @@ class StepCacheHandle(LeverHandle):
         _set_cache_context(self.transformer, None)
         self.step += 1
 
-    def _computed(self, *_):
-        self.computed += 1
+    @property
+    def computed(self) -> int:
+        return int(self._computed_counter)
 
     def begin_request(self) -> None:
         self.transformer._reset_stateful_cache()
-        self.step = self.forwards = self.computed = 0
+        self.step = self.forwards = 0
+        self._computed_counter.zero_()
 
     def telemetry(self) -> dict[str, Any]:
         return {
@@ -133,12 +161,13 @@ class StepCacheHandle(LeverHandle):
     def _remove(self) -> None:
         for h in self._hooks:
             h.remove()
+        uncount_forward(self._probe)
         self.transformer.disable_cache()
         unmark_applied(self.transformer, "cache")
 
 
-def apply_step_cache(transformer, config: StepCacheConfig, *, num_inference_steps: int = 28
-                     ) -> StepCacheHandle:
+def apply_step_cache(transformer, config: StepCacheConfig, *, num_inference_steps: int = 28,
+                     device: str | torch.device | None = None) -> StepCacheHandle:
     """``num_inference_steps``: the DiT forwards per request, which MagCache's ratios are laid out over (MagCache
     only; 28 is diffusers' default)."""
     if config.kind not in KINDS:
@@ -151,4 +180,4 @@ def apply_step_cache(transformer, config: StepCacheConfig, *, num_inference_step
     except BaseException:
         unmark_applied(transformer, "cache")
         raise
-    return StepCacheHandle(transformer, config)
+    return StepCacheHandle(transformer, config, device)

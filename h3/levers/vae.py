@@ -82,12 +82,33 @@ class VaeConfig(LeverConfig):
         return apply_vae(pipe, self, device=ctx.device)
 
     def check_executed(self, telemetry: dict[str, Any] | None, executed: "Executed") -> list[str]:
-        """The stock tiling and its tile as the recipe asks (what ran at each resolution is in ``tiles_used``)."""
+        """The stock tiling and its tile as the recipe asks, on every recipe; then the lever itself (applied exactly
+        when on, and :meth:`check_telemetry`)."""
         if executed.vae_tiling != self.tiling:
             return [f"vae.tiling: recipe asks for {self.tiling}, executed {executed.vae_tiling}"]
         if self.tiling and executed.vae_tile != [self.tile_height, self.tile_width]:
             return [f"vae tile: recipe asks for {[self.tile_height, self.tile_width]}, executed {executed.vae_tile}"]
-        return []
+        return super().check_executed(telemetry, executed)
+
+    def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
+        """Each video decode used the tile configured for its resolution (the default tile elsewhere), residency as
+        configured, and in a request at least one decode."""
+        problems = []
+        if telemetry.get("resident") is not self.resident:
+            problems.append(f"recipe asks for resident={self.resident}, the lever reported "
+                            f"{telemetry.get('resident')!r}")
+        used, resolutions = telemetry.get("tiles_used"), telemetry.get("decoded_resolutions")
+        if not isinstance(used, list) or not isinstance(resolutions, list) or len(used) != len(resolutions):
+            return problems + [f"reported tiles {used!r} for decoded resolutions {resolutions!r}"]
+        default = [self.tile_height, self.tile_width]
+        for resolution, tile in zip(resolutions, used):
+            expected = self.tiles.get(f"{resolution[0]}x{resolution[1]}", default)
+            if list(tile) != list(expected):
+                problems.append(f"decoded {resolution[0]}x{resolution[1]} with tile {tile}, recipe asks for "
+                                f"{expected}")
+        if executed.forward_passes > 0 and not used:
+            problems.append("no video decode went through the lever")
+        return problems
 
 
 class VaeHandle(LeverHandle):
@@ -100,6 +121,7 @@ class VaeHandle(LeverHandle):
         vae = pipe.vae
         self.default_tile = (vae.tile_sample_min_height, vae.tile_sample_min_width)
         self.used: list[list[int]] = []
+        self.resolutions: list[list[int]] = []
         self.moves = 0
         self._wrapped = []
         self._wrap(vae, "decode", self._video_decode)
@@ -134,6 +156,7 @@ class VaeHandle(LeverHandle):
         tile = self.tiles.get(resolution, self.default_tile)
         vae.tile_sample_min_height, vae.tile_sample_min_width = tile
         self.used.append(list(tile))
+        self.resolutions.append(list(resolution))
         self._onload(vae)
         try:
             return original(z.to(self.device) if not self.config.resident else z, *args, **kwargs)
@@ -148,13 +171,14 @@ class VaeHandle(LeverHandle):
             self._offload(self.pipe.audio_vae)
 
     def begin_request(self) -> None:
-        self.used, self.moves = [], 0
+        self.used, self.resolutions, self.moves = [], [], 0
 
     def telemetry(self) -> dict[str, Any]:
         return {
             "applied": not self.removed,
             "resolutions_configured": sorted(self.config.tiles),
             "tiles_used": self.used,
+            "decoded_resolutions": self.resolutions,
             "resident": self.config.resident,
             "vae_moves": self.moves,
         }

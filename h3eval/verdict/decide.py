@@ -227,9 +227,26 @@ def decide_metric(work: _MetricWork, alpha: float) -> None:
     mv.raw_outcome = combine(outcomes)
 
 
+def speed_outcome(ci_low: float, ci_high: float, bound: float) -> Outcome:
+    """The symmetric speed rule: PASS when the whole CI is at or above ``bound``, FAIL when the whole CI is below it,
+    INCONCLUSIVE when it spans the bound (either way) or is not finite (a NaN never decides)."""
+    if not (math.isfinite(ci_low) and math.isfinite(ci_high)):
+        return "INCONCLUSIVE"
+    if ci_low >= bound:
+        return "PASS"
+    if ci_high < bound:
+        return "FAIL"
+    return "INCONCLUSIVE"
+
+
 def decide_speed(sv: SpeedVerdict, problems: list[str], sp: SpeedPolicy, policy_min_pairs: int,
                  settings: Settings) -> SpeedVerdict:
-    """PASS when the speedup's CI lower bound clears ``min_speedup``, FAIL when the estimate is below it."""
+    """The speedup's CI against the candidate's bound (:func:`speed_outcome`): ``min_speedup``, or ``1 - margin``
+    for a candidate the policy's ``no_slower`` names (non-inferiority)."""
+    if sp.no_slower is not None and sp.no_slower.covers(sv.candidate):
+        sv.judged, sv.bound = "non_inferiority", 1.0 - sp.no_slower.margin
+    else:
+        sv.judged, sv.bound = "min_speedup", sp.min_speedup
     min_pairs = sp.min_pairs or policy_min_pairs
     reasons: list[str] = []
     if problems:
@@ -248,15 +265,16 @@ def decide_speed(sv: SpeedVerdict, problems: list[str], sp: SpeedPolicy, policy_
     text = (f"speedup {res.ci.estimate:.3f}x ({int(settings.confidence * 100)}% CI [{res.ci.low:.3f}, "
             f"{res.ci.high:.3f}]; {sp.latency} {res.baseline_mean_s:.3g} s -> {res.candidate_mean_s:.3g} s; faster on "
             f"{res.faster} of {res.n})")
-    if res.ci.estimate < sp.min_speedup:
-        sv.raw_outcome = "FAIL"
-        sv.reasons.append(f"{text} is below the minimum {sp.min_speedup}x")
-    elif res.ci.low >= sp.min_speedup:
-        sv.raw_outcome = "PASS"
-        sv.reasons.append(f"{text}; lower bound at least {sp.min_speedup}x")
+    bound = sv.bound
+    what = (f"the non-inferiority bound {bound:g}x (at most {sp.no_slower.margin:.0%} slower)"
+            if sv.judged == "non_inferiority" else f"the minimum {bound:g}x")
+    sv.raw_outcome = speed_outcome(res.ci.low, res.ci.high, bound)
+    if sv.raw_outcome == "PASS":
+        sv.reasons.append(f"{text}; the whole CI is at or above {what}")
+    elif sv.raw_outcome == "FAIL":
+        sv.reasons.append(f"{text}: the whole CI is below {what}")
     else:
-        sv.raw_outcome = "INCONCLUSIVE"
-        sv.reasons.append(f"{text}: the estimate clears {sp.min_speedup}x but the lower bound does not")
+        sv.reasons.append(f"{text}: the CI spans {what}; more pairs or a quieter machine decide it")
     return sv
 
 

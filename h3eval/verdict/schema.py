@@ -124,6 +124,11 @@ class SpeedVerdict(_Model):
     warnings: list[str] = Field(default_factory=list)
     latency: str
     min_speedup: float
+    judged: Literal["min_speedup", "non_inferiority"] = "min_speedup"
+    """``min_speedup``: a candidate meant to be faster; ``non_inferiority``: one meant to be no slower (the policy's
+    ``no_slower``), held against ``1 - margin``."""
+    bound: float | None = None
+    """The speedup the CI was held against: ``min_speedup``, or ``1 - margin`` for non-inferiority."""
     n_pairs: int = 0
     excluded_warmup: int = 0
     speedup: float | None = None
