@@ -346,7 +346,10 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
                                       job_timeout_s=job_timeout_s, max_body_bytes=max_body_bytes)
     store = JobStore(Path(output_dir), max_queue)
     recipe = runtime.recipe
-    model_id = model_name or f"h3-{runtime.model if runtime.model == 'tiny' else Path(runtime.model).name}"
+    from h3.random_model import is_random_preset
+
+    served = runtime.model if runtime.model == "tiny" or is_random_preset(runtime.model) else Path(runtime.model).name
+    model_id = model_name or (served if served.startswith("h3-") else f"h3-{served}")
     names = tuple(dict.fromkeys([model_id, recipe.name]))
     schema = RequestSchema(runtime, limits, names)
     loaded_at = int(time.time())
@@ -509,14 +512,15 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
 
 def serve(model: str, recipe: str, host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None,
           max_queue: int = 8, output_dir: str | Path = "h3-serve", device: str | None = None,
-          **limit_overrides: Any) -> None:
-    """Load the runtime and serve it until interrupted (``limit_overrides``: :func:`default_limits`' keywords)."""
+          text_encoder: str = "resident", **limit_overrides: Any) -> None:
+    """Load the runtime and serve it until interrupted (``limit_overrides``: :func:`default_limits`' keywords;
+    ``text_encoder``: ``resident`` or ``offload``, :mod:`h3.residency`)."""
     import uvicorn
 
     from h3.recipe import load_recipe
     from h3.runtime import H3Runtime
 
-    runtime = H3Runtime.load(model, load_recipe(recipe), device)
+    runtime = H3Runtime.load(model, load_recipe(recipe), device, text_encoder=text_encoder)
     limits = default_limits(runtime, **limit_overrides)
     logger.warning("h3 serve limits: %s", json.dumps(limits.report()))
     app = create_app(runtime, output_dir, api_key=api_key, max_queue=max_queue, limits=limits)

@@ -130,7 +130,7 @@ def default_limits(runtime: Any, **overrides: Any) -> ServerLimits:
         pixels = budget
         basis["max_pixels"] = f"the model's canvas budget (canvas_max_pixels {budget}; MiniMax-H3: 768x1344)"
     pixels = max(pixels, height * width)
-    if getattr(runtime, "model", None) == "tiny":
+    if getattr(runtime, "model", None) in ("tiny", "h3-random-small"):
         timeout, basis["job_timeout_s"] = TINY_JOB_TIMEOUT_S, "tiny preset"
     else:
         timeout, basis["job_timeout_s"] = CHECKPOINT_JOB_TIMEOUT_S, "checkpoint: seed 000's 1545 s baseline x2.3"

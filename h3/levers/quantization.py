@@ -55,7 +55,8 @@ class QuantizationConfig(LeverConfig):
         return []
 
     def apply(self, pipe, ctx: ApplyContext) -> "QuantizationHandle":
-        return apply_quantization(pipe.transformer, self, keep_originals=ctx.reversible, compute_device=ctx.device)
+        return apply_quantization(pipe.transformer, self, keep_originals=ctx.reversible, compute_device=ctx.device,
+                                  keep_on=ctx.keep_on)
 
 
 def quantize_per_channel(weight: torch.Tensor, qmax: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,6 +174,9 @@ class QuantizationHandle(LeverHandle):
             "quantized_linear_calls": None if self.compiled else sum(m.calls for m in self.replaced.values()),
         }
 
+    def held_tensors(self) -> list[torch.Tensor]:
+        return [t for module in self.originals.values() for t in (*module.parameters(), *module.buffers())]
+
     def _remove(self) -> None:
         if len(self.originals) != len(self.replaced):
             raise LeverError("quantization dropped the float weights (keep_originals=False); reload the model")
@@ -190,11 +194,12 @@ def _set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
 
 @torch.no_grad()
 def apply_quantization(module: nn.Module, config: QuantizationConfig, *, keep_originals: bool = True,
-                       compute_device: str | None = None, allow_cpu_fp8: bool = False) -> QuantizationHandle:
+                       compute_device: str | None = None, allow_cpu_fp8: bool = False,
+                       keep_on: str | None = "cpu") -> QuantizationHandle:
     """Replace every ``nn.Linear`` of ``module`` not matched by ``config.exclude`` with a QuantizedLinear.
 
-    ``keep_originals`` keeps the float modules (on the CPU) so that ``remove()`` can restore them; the runtime drops
-    them. ``compute_device``: where the quantized linears will compute (the runtime's device; parameters may sit on
+    ``keep_originals`` keeps the float modules (on ``keep_on``, the CPU by default; None: where they are) so that
+    ``remove()`` can restore them; the runtime of one recipe drops them. ``compute_device``: where the quantized linears will compute (the runtime's device; parameters may sit on
     the CPU under offloading); None: the module's own device. ``allow_cpu_fp8`` (tests only) lets FP8 run through
     the CPU's emulated ``_scaled_mm`` to check its numerics.
     """
@@ -225,7 +230,7 @@ def apply_quantization(module: nn.Module, config: QuantizationConfig, *, keep_or
             continue
         quantized = QuantizedLinear(child, config.mode).to(device)
         if keep_originals:
-            originals[name] = child.to("cpu")
+            originals[name] = child.to(keep_on) if keep_on is not None else child
         replaced[name] = quantized
         _set_submodule(module, name, quantized)
     if not replaced:
