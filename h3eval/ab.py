@@ -387,11 +387,17 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
 def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds="0", backend="inprocess", urls=(),
                      api_key=None, warmup=1, speed_protocol="mixed", speed_rounds=2, gpu_hourly_rate=None,
                      off_identity=False, trajectory=False, seconds=None, num_frames=None, height=None, width=None,
-                     timeout_s=1800.0, device=None, runtime_factory=None) -> AbResult:
+                     timeout_s=1800.0, device=None, runtime_factory=None, share_model=True,
+                     text_encoder="resident") -> AbResult:
     """``h3eval ab`` as a function of its options (recipe names or paths, a prompt suite name, seeds as text): builds
-    the plan and the backend and runs (or resumes) the A/B run."""
+    the plan and the backend and runs (or resumes) the A/B run.
+
+    ``share_model`` (inprocess): every recipe takes turns on one loaded model (the default; see
+    :mod:`h3eval.backends.inprocess`); ``text_encoder``: ``resident`` or ``offload`` (streamed from host memory,
+    :mod:`h3.residency`)."""
     from h3.recipe import load_recipe
-    from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE
+    from h3.residency import TEXT_ENCODER_RESIDENCY
+    from h3.runtime import SharedModelError, model_default_size
     from h3eval.prompts import load_prompts, parse_seeds
     from h3eval.runner import RequestShape, RunError, RunPlan
 
@@ -405,6 +411,11 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
         raise RunError("--backend http needs at least one --url")
     if backend == "inprocess" and urls:
         raise RunError("--url is for --backend http; the inprocess backend runs the h3 runtime in this process")
+    if text_encoder not in TEXT_ENCODER_RESIDENCY:
+        raise RunError(f"--text-encoder must be one of {', '.join(TEXT_ENCODER_RESIDENCY)}, got {text_encoder!r}")
+    if backend == "http" and (text_encoder != "resident" or not share_model):
+        raise RunError("--text-encoder and --no-share-model set up the inprocess backend; a server sets its own "
+                       "(`h3 serve --text-encoder ...`)")
     plan = AbPlan(
         run=RunPlan(
             out=Path(out), model=model, recipes=recipes, prompts=load_prompts(prompts), seeds=parse_seeds(seeds),
@@ -414,7 +425,7 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
                       seeds=seeds, backend=backend, urls=list(urls), warmup=warmup, speed_protocol=speed_protocol,
                       speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
                       trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
-                      device=device),
+                      device=device, share_model=share_model, text_encoder=text_encoder),
         ),
         warmup=warmup, speed_protocol=speed_protocol, speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate,
     )
@@ -422,10 +433,14 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
     if backend == "http":
         from h3eval.backends.http import HttpBackend
 
-        impl = HttpBackend(list(urls), TINY_DEFAULT_SIZE if model == "tiny" else FULL_DEFAULT_SIZE, api_key=api_key,
-                           timeout_s=timeout_s)
+        impl = HttpBackend(list(urls), model_default_size(model), api_key=api_key, timeout_s=timeout_s)
     else:
         from h3eval.backends.inprocess import InProcessBackend
 
-        impl = InProcessBackend(model, device, runtime_factory)
+        impl = InProcessBackend(model, device, runtime_factory, shared=share_model and runtime_factory is None,
+                                text_encoder=text_encoder)
+        try:
+            impl.check_recipes(recipes)
+        except SharedModelError as exc:
+            raise RunError(str(exc)) from None
     return run_ab(plan, impl)

@@ -43,6 +43,7 @@ class CompileConfig(LeverConfig):
         # frozen from now on (see QuantizedLinear.forward): the levers that count calls say so, not "0 calls".
         for earlier in ctx.handles.values():
             earlier.compiled = True
+        handle.marked = list(ctx.handles.values())
         return handle
 
 
@@ -90,6 +91,7 @@ class CompileHandle(LeverHandle):
         self._graphs_at_start = 0
         self._recompiles_at_start = _recompiles()
         self._recompiles_at_apply = self._recompiles_at_start
+        self.marked: list[LeverHandle] = []
 
     def begin_request(self) -> None:
         self._graphs_at_start = self.backend.graphs
@@ -108,6 +110,8 @@ class CompileHandle(LeverHandle):
         }
 
     def _remove(self) -> None:
+        for earlier in self.marked:  # a lever kept on a shared model counts its calls again once nothing is compiled
+            earlier.compiled = False
         for module in _regions(self.transformer):
             # nn.Module.compile set an instance attribute over the class's None: drop it, leave the module as loaded.
             module.__dict__.pop("_compiled_call_impl", None)

@@ -192,6 +192,36 @@ def _set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
+def select_linears(module: nn.Module, config: QuantizationConfig) -> tuple[dict[str, nn.Linear], list[str], list[str]]:
+    """The Linears the lever quantizes (by name), those ``config.exclude`` keeps in floating point, and those whose
+    shape the kernel does not take."""
+    patterns = [re.compile(p) for p in config.exclude]
+    chosen, excluded, skipped = {}, [], []
+    for name, child in list(module.named_modules()):
+        if not isinstance(child, nn.Linear) or "lora_" in name:
+            continue
+        if any(p.search(name) for p in patterns):
+            excluded.append(name)
+        elif not kernel_shape_ok(child.in_features, child.out_features, config.mode):
+            skipped.append(name)
+        else:
+            chosen[name] = child
+    return chosen, excluded, skipped
+
+
+def quantized_bytes(module: nn.Module, config: QuantizationConfig) -> dict[str, int]:
+    """Bytes of the quantized copies the lever would make of ``module`` (weights at one byte, per-channel float32
+    scales, bias copies) and of the float weights they replace: the memory plan of a model the lever is applied to
+    (works on the meta device)."""
+    chosen, _, _ = select_linears(module, config)
+    quantized = replaced = 0
+    for child in chosen.values():
+        bias = child.bias.numel() * child.bias.element_size() if child.bias is not None else 0
+        quantized += child.weight.numel() + 4 * child.out_features + bias
+        replaced += child.weight.numel() * child.weight.element_size() + bias
+    return {"quantized_bytes": quantized, "replaced_float_bytes": replaced, "modules": len(chosen)}
+
+
 @torch.no_grad()
 def apply_quantization(module: nn.Module, config: QuantizationConfig, *, keep_originals: bool = True,
                        compute_device: str | None = None, allow_cpu_fp8: bool = False,
@@ -216,18 +246,10 @@ def apply_quantization(module: nn.Module, config: QuantizationConfig, *, keep_or
         if compute.type == "cuda" and torch.cuda.get_device_capability(compute) < (8, 9):
             raise LeverError(f"quant.mode = 'fp8_w8a8' needs compute capability 8.9+, {compute} has "
                              f"{torch.cuda.get_device_capability(compute)}")
-    patterns = [re.compile(p) for p in config.exclude]
+    chosen, excluded, skipped = select_linears(module, config)
     mark_applied(module, "quant")
-    replaced, excluded, skipped, originals = {}, [], [], {}
-    for name, child in list(module.named_modules()):
-        if not isinstance(child, nn.Linear) or "lora_" in name:
-            continue
-        if any(p.search(name) for p in patterns):
-            excluded.append(name)
-            continue
-        if not kernel_shape_ok(child.in_features, child.out_features, config.mode):
-            skipped.append(name)
-            continue
+    replaced, originals = {}, {}
+    for name, child in chosen.items():
         quantized = QuantizedLinear(child, config.mode).to(device)
         if keep_originals:
             originals[name] = child.to(keep_on) if keep_on is not None else child
