@@ -8,6 +8,7 @@ of :func:`plan_shared`, tested on the CPU).
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any, Iterable
 
@@ -79,6 +80,13 @@ def component_bytes(module: torch.nn.Module) -> int:
                for t in ("meta", "cpu", "cuda"))
 
 
+@functools.lru_cache(maxsize=1)
+def _released_on_meta() -> dict[str, Any]:
+    from h3 import random_model
+
+    return random_model.build_components(random_model.released(), "meta", torch.bfloat16)
+
+
 def full_size_plan(recipes: list, *, text_encoder: str = "offload", shared: bool = True,
                    shape: str = "5s-768x1344", capacity_gib: float = H200_CAPACITY_GIB) -> dict[str, Any]:
     """The device memory a process needs at full size (the ``h3-random`` configs, bf16) for ``recipes``: one shared
@@ -89,10 +97,9 @@ def full_size_plan(recipes: list, *, text_encoder: str = "offload", shared: bool
     own minus the float weights it drops (a shared model keeps them, to switch back). A fused LoRA adds nothing (it is
     restored from the weight source). Activations: the measured peak of a stock forward at ``shape``
     (:data:`ACTIVATIONS_GIB`). A plan, not a measurement: the H200 run (bench/device/h200_ab.sh) measures the peak."""
-    from h3 import random_model
     from h3.levers.quantization import quantized_bytes
 
-    meta = random_model.build_components(random_model.released(), "meta", torch.bfloat16)
+    meta = _released_on_meta()
     sizes = {name: component_bytes(meta[name]) / GIB for name in COMPONENTS}
     layers = meta["text_encoder"].model.language_model.layers
     streamed = sum(component_bytes(layer) for layer in layers) / GIB
