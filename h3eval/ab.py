@@ -293,7 +293,8 @@ def build_speed(plan: AbPlan, store: RunStore, refused: dict[str, list[str]]) ->
             out[name] = summary
         sections[section] = out
     speed: dict[str, Any] = {
-        "run": str(store.root), "baseline": baseline, "protocols": sections, "recompiles": recompiles,
+        "run": str(store.root), "baseline": baseline, "notices": store.weights_notices(), "protocols": sections,
+        "recompiles": recompiles,
         "definitions": {
             "quantile": "numpy quantile method='linear' (Hyndman & Fan type 7)",
             "generation_side_latency": "seed 000: text encode + DiT + decodes + frame prep/D2H; no mux, no network",
