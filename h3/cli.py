@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -100,7 +100,10 @@ def serve(
     model: str = typer.Option("tiny", "--model", envvar="H3_MODEL",
                               help="'tiny', 'h3-random' (released size, random weights), 'h3-random-small' or a "
                                    "checkpoint directory."),
-    recipe: str = typer.Option("baseline", "--recipe", envvar="H3_RECIPE", help="Recipe name or TOML path."),
+    recipe: List[str] = typer.Option(
+        ["baseline"], "--recipe", envvar="H3_RECIPE",
+        help="Recipe name or TOML path; repeat it to serve several recipes on one shared model (a job names its recipe "
+             "by `model` or h3_levers_sha256)."),
     host: str = typer.Option("127.0.0.1", "--host", envvar="H3_HOST"),
     port: int = typer.Option(30000, "--port", envvar="H3_PORT", help="TCP port, 1 to 65535."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="H3_API_KEY", help="Require this bearer key."),
@@ -131,7 +134,7 @@ def serve(
 
     from h3.levers import LeverError
     from h3.recipe import RecipeError
-    from h3.runtime import CheckpointError
+    from h3.runtime import CheckpointError, SharedModelError
     from h3.server import serve as run_server
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -153,7 +156,7 @@ def serve(
         run_server(model, recipe, host=host, port=port, api_key=api_key, max_queue=max_queue,
                    output_dir=output_dir, device=device, max_prompt_tokens=max_prompt_tokens, max_pixels=max_pixels,
                    job_timeout_s=job_timeout, max_body_bytes=max_body_bytes, text_encoder=text_encoder)
-    except (RecipeError, CheckpointError, LeverError, OSError, ValueError) as exc:
+    except (RecipeError, CheckpointError, LeverError, SharedModelError, OSError, ValueError) as exc:
         raise bad_input(str(exc)) from None
 
 

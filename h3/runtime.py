@@ -282,6 +282,20 @@ class SharedModelError(ValueError):
     removed between requests); the message says why and what to do instead."""
 
 
+def shared_recipes_problems(recipes: list[Recipe]) -> list[str]:
+    """Why ``recipes`` cannot take turns on one shared model (checked before any weight loads): one dtype for all,
+    every lever removable between requests."""
+    from h3.levers import shared_problems
+
+    problems = []
+    for recipe in recipes:
+        if recipe.dtype != recipes[0].dtype:
+            problems.append(f"{recipe.name}: its dtype is {recipe.dtype}, {recipes[0].name}'s is {recipes[0].dtype} "
+                            "(one shared model has one dtype)")
+        problems += [f"{recipe.name}: {p}" for p in shared_problems(recipe)]
+    return problems
+
+
 def _component_settings(pipe: Any) -> dict[str, dict[str, Any]]:
     """The plain attributes of each component module (what a recipe's ``prepare`` sets, e.g. the VAE's tiling), so
     that removing a shared model's levers can put them back as loaded."""

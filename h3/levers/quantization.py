@@ -229,9 +229,10 @@ def apply_quantization(module: nn.Module, config: QuantizationConfig, *, keep_or
     """Replace every ``nn.Linear`` of ``module`` not matched by ``config.exclude`` with a QuantizedLinear.
 
     ``keep_originals`` keeps the float modules (on ``keep_on``, the CPU by default; None: where they are) so that
-    ``remove()`` can restore them; the runtime of one recipe drops them. ``compute_device``: where the quantized linears will compute (the runtime's device; parameters may sit on
-    the CPU under offloading); None: the module's own device. ``allow_cpu_fp8`` (tests only) lets FP8 run through
-    the CPU's emulated ``_scaled_mm`` to check its numerics.
+    ``remove()`` can restore them; the runtime of one recipe drops them. ``compute_device``: where the quantized
+    linears will compute (the runtime's device; parameters may sit on the CPU under offloading); None: the module's
+    own device. ``allow_cpu_fp8`` (tests only) lets FP8 run through the CPU's emulated ``_scaled_mm`` to check its
+    numerics.
     """
     if config.mode not in MODES:
         raise LeverError(f"unknown quantization mode {config.mode!r}; one of {', '.join(MODES)}")

@@ -52,15 +52,9 @@ class InProcessBackend:
         be removed): raises SharedModelError naming each and what to do instead."""
         if not self.shared or not recipes:
             return
-        from h3.levers import shared_problems
+        from h3.runtime import shared_recipes_problems
 
-        dtype = recipes[0].dtype
-        problems = []
-        for recipe in recipes:
-            if recipe.dtype != dtype:
-                problems.append(f"{recipe.name}: its dtype is {recipe.dtype}, {recipes[0].name}'s is {dtype} (one "
-                                "shared model has one dtype)")
-            problems += [f"{recipe.name}: {p}" for p in shared_problems(recipe)]
+        problems = shared_recipes_problems(list(recipes))
         if problems:
             raise SharedModelError(
                 "these recipes cannot share one in-process model: " + "; ".join(problems) + ". Run each on its own "
