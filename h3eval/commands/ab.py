@@ -45,6 +45,10 @@ def register(app: typer.Typer) -> None:
         text_encoder: str = typer.Option(
             "resident", "--text-encoder", envvar="H3EVAL_TEXT_ENCODER",
             help="inprocess: 'resident' on the device, or 'offload' (streamed from host memory while it encodes)."),
+        time_box: Optional[float] = typer.Option(
+            None, "--time-box",
+            help="Seconds after which no request starts (nor one its recipe's last request says would end later); "
+                 "the rest are recorded as not run, the run is partial, a rerun resumes it."),
         verbose: bool = typer.Option(False, "--verbose", "-v"),
     ) -> None:
         """Generate every (recipe, prompt, seed) clip into one run and write speed.json; a rerun resumes."""
@@ -54,7 +58,8 @@ def register(app: typer.Typer) -> None:
             backend=backend, urls=url, api_key=api_key, warmup=warmup, speed_protocol=speed_protocol,
             speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
             trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
-            timeout_s=timeout_s, device=device, share_model=share_model, text_encoder=text_encoder)
+            timeout_s=timeout_s, device=device, share_model=share_model, text_encoder=text_encoder,
+            time_box_s=time_box)
         manifest = result.manifest
         typer.echo(f"{out}: {manifest.status}; speed summary in {out / 'speed.md'}")
         for name, problems in result.executed_mismatches.items():
