@@ -122,8 +122,21 @@ def chain_config(args: argparse.Namespace) -> dict[str, Any]:
         "seeds": args.seeds, "candidates": [c for c in args.candidates.split(",") if c],
         "gates": [g for g in args.gates.split(",") if g], "off_identity": [s for s in args.off_identity.split(",")
                                                                           if s],
-        "warmup": args.warmup, "policy": str(args.policy), "lora_dir": str(Path(args.work) / "lora"),
+        "warmup": args.warmup, "policy": str(args.policy), "lora_dir": _lora_dir(args),
     }
+
+
+def _lora_dir(args: argparse.Namespace) -> str:
+    """Where the turbo recipes read their LoRA: a random preset gets a seeded random one in W/lora (``prepare``); a
+    checkpoint run reads the real one from $H3_LORA_DIR."""
+    from h3 import random_model
+
+    if random_model.is_random_preset(args.model):
+        return str(Path(args.work).resolve() / "lora")
+    if not os.environ.get("H3_LORA_DIR"):
+        raise SystemExit("a checkpoint run reads the turbo LoRA from $H3_LORA_DIR "
+                         f"(the folder holding {LORA_FILE}); it is not set")
+    return str(Path(os.environ["H3_LORA_DIR"]).resolve())
 
 
 def load_or_write_config(work: Path, config: dict[str, Any]) -> dict[str, Any]:

@@ -141,8 +141,9 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
                 "ratio": meas / proj["total_s"], "stage_deltas_s": _stage_deltas(anatomy, proj)}
         per_recipe[recipe] = entry
     return {
-        "shape": shape, "run": str(run.relative_to(work)), "partial": bool(missing) or manifest.get("status") != "complete" or bool(
-            timing.get("errors")), "missing_steps": missing, "run_status": manifest.get("status"),
+        "shape": shape, "run": str(run.relative_to(work)),
+        "partial": bool(missing) or manifest.get("status") != "complete" or bool(timing.get("errors")),
+        "missing_steps": missing, "run_status": manifest.get("status"),
         "errors": [e.get("error") for e in manifest.get("errors", [])], "model": manifest.get("model"),
         "weights_notices": speed.get("notices", []), "layout": config.get("layout"),
         "device": (manifest.get("hardware") or {}).get("gpu") or (manifest.get("hardware") or {}).get("device"),
@@ -164,6 +165,10 @@ def _stage_deltas(anatomy: dict[str, Any], proj: dict[str, Any]) -> dict[str, fl
         if anatomy.get(stage) is not None and value is not None:
             out[stage] = anatomy[stage] - value
     return out
+
+
+def _fraction(frac: float | None) -> str:
+    return "-" if frac is None else f"{100 * frac:.1f} %" + (" (met)" if frac <= 0.02 else " (missed)")
 
 
 def _f(value: Any, fmt: str = "{:.2f}") -> str:
@@ -189,6 +194,7 @@ def shape_markdown(fig: dict[str, Any], context: dict[str, Any]) -> str:
     for name, r in fig["recipes"].items():
         a, g, f = r["stage_anatomy_median_s"] or {}, r["generation_side_latency_s"], r["request_to_file_latency_s"]
         rc = r.get("recompiles") or {}
+        peak = r["peak_memory_bytes"] / GIB if r["peak_memory_bytes"] else None
         rc_text = "n/a" if not rc.get("available") else ("flagged: " + ", ".join(
             s["shape"] for s in rc.get("shapes", [])) if rc.get("flagged") else "none")
         ex = "mismatch: " + "; ".join(r["executed_mismatch"]) if r.get("executed_mismatch") else (
@@ -196,7 +202,7 @@ def shape_markdown(fig: dict[str, Any], context: dict[str, Any]) -> str:
         lines.append(f"| {name} | {r['n']} | {_f(g['p50'])} / {_f(g['p90'])} | {_f(f['p50'])} / {_f(f['p90'])} "
                      f"| {_f(a.get('text_encode'))} | {_f(a.get('denoise'))} | {_f(a.get('denoise_step'))} "
                      f"| {_f(a.get('video_decode'))} | {_f(a.get('audio_decode'))} | {_f(a.get('frame_prep_d2h'))} "
-                     f"| {_f(a.get('mux_save'))} | {_f((r['peak_memory_bytes'] or 0) / GIB if r['peak_memory_bytes'] else None, '{:.1f}')} "
+                     f"| {_f(a.get('mux_save'))} | {_f(peak, '{:.1f}')} "
                      f"| {rc_text} | {ex} |")
     lines += ["", "## Gates against generation", "",
               "| candidate | pairs | gate s / pair (median) | candidate gen-side p50 (s) | fraction (target <= 2 %) |",
@@ -205,7 +211,7 @@ def shape_markdown(fig: dict[str, Any], context: dict[str, Any]) -> str:
         frac = r.get("gate_time_fraction")
         lines.append(f"| {name} | {r.get('pairs', 0)} | {_f(r.get('gate_s_per_pair_median'))} "
                      f"| {_f(r['generation_side_latency_s']['p50'])} | "
-                     f"{'-' if frac is None else f'{100 * frac:.1f} %' + (' (met)' if frac <= 0.02 else ' (missed)')} |")
+                     f"{_fraction(frac)} |")
     lines += ["", f"Gates: {', '.join(fig['gates'] or [])} (LPIPS with a random trunk: no AlexNet weights on the "
                   "device; same architecture, same cost). Time per pair: decoding both clips and every gate, "
                   "measured around each pair (bench/h200_ab.py gates)."]

@@ -26,7 +26,8 @@ end=$((SECONDS + BUDGET_S))
 } >>"$out/chain.log" 2>&1
 if timeout 30 "$PY" -c "import sageattention" 2>/dev/null; then fast=turbo4-fp8-sage-compile
 else fast=bench/device/turbo4-fp8-compile.toml
-  echo "sageattention is not importable here: the FP8 candidate is turbo4-fp8-compile (native attention)" >>"$out/chain.log"
+  echo "sageattention is not importable here: the FP8 candidate is turbo4-fp8-compile (native attention)" \
+    >>"$out/chain.log"
 fi
 # The chain leaves 20 s of the box for packing the results below.
 chain_s=$((end - SECONDS - 20))
