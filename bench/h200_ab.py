@@ -64,6 +64,7 @@ STEP_TIMEOUT_S = {"prepare": 600, "ab": 3600, "gates": 1800, "verdict": 600, "re
 RESERVE_AFTER_S = {"prepare": 0, "ab": 50, "gates": 18, "verdict": 9, "report": 4, "render": 0}
 AB_GRACE_S = 15  # between ab's own time box and its hard limit: the in-flight request, speed.json, the manifest
 INTERRUPT_GRACE_S = 12  # after a step's SIGINT at its limit, before SIGKILL (ab writes what finished)
+STOP_GRACE_S = 4  # the same when the chain itself is stopped (an outer timeout's SIGKILL follows ~10 s after)
 DEADLINE: list[float] = []  # monotonic end of the chain's budget (--budget-s), empty without one
 
 
@@ -197,9 +198,13 @@ def run_step(work: Path, step: str, argv: list[str], timeout_s: float, env: dict
             log(work, f"step {step}: TIMEOUT after {timeout_s:.0f} s (partial; a later chain resumes it)")
             return False
         finally:
-            if proc.poll() is None:  # the chain was stopped (SIGTERM/SIGINT): the step goes with it
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+            if proc.poll() is None:  # the chain was stopped (SIGTERM/SIGINT): the step goes with it, given a moment
+                os.killpg(proc.pid, signal.SIGINT)  # to write what it finished (ab: speed.json, the manifest)
+                try:
+                    proc.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
     seconds = time.monotonic() - t0
     status = "done" if rc in ok_codes else "failed"
     mark(work, step, status=status, rc=rc, seconds=seconds)
@@ -622,7 +627,8 @@ def main() -> int:
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)
     args = parser.parse_args()
-    import h3  # noqa: F401  (MKL reproducibility first, as every entry point)
+    if args.command not in ("snapshot", "restore", "status"):  # those three: the standard library only, fast
+        import h3  # noqa: F401  (MKL reproducibility first, as every entry point)
 
     return {"chain": chain, "prepare": lambda a: prepare(a) or 0, "gates": gates, "status": status,
             "snapshot": snapshot, "restore": restore, "render": _render, "screenshot": screenshot}[args.command](args)

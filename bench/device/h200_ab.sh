@@ -31,10 +31,24 @@ else fast=bench/device/turbo4-fp8-compile.toml
 fi
 # The chain leaves 20 s of the box for packing the results below.
 chain_s=$((end - SECONDS - 20))
-timeout -k 5 $((chain_s + 5)) "$PY" bench/h200_ab.py chain --work "$work" --model "$model" --device "$device" \
+# The chain runs in the background so that a SIGTERM from an outer `timeout` shorter than BUDGET_S is trapped: the
+# chain is stopped (it kills its running step) and what it made is still packed (fast: no render, no clips).
+timeout -k 7 $((chain_s + 5)) "$PY" bench/h200_ab.py chain --work "$work" --model "$model" --device "$device" \
   --shapes "$shape" --prompts '*=1' --seeds 0,1 --warmup 0 --off-identity '' \
-  --candidates "$fast,turbo4-sparse" --budget-s "$chain_s" >>"$out/chain.log" 2>&1
-echo "chain exit $? at ${SECONDS}s" >>"$out/chain.log"
+  --candidates "$fast,turbo4-sparse" --budget-s "$chain_s" >>"$out/chain.log" 2>&1 &
+cpid=$!
+cut=0
+trap 'cut=1; echo "SIGTERM at ${SECONDS}s: stopping the chain, packing what it made" >>"$out/chain.log"
+      kill -TERM $cpid' TERM
+wait $cpid; rc=$?
+[ $cut = 1 ] && { wait $cpid; rc=$?; }
+echo "chain exit $rc at ${SECONDS}s" >>"$out/chain.log"
+if [ $cut = 1 ]; then
+  cp "$work"/results/h200_ab*.json "$work"/results/h200_ab*.md "$out/" 2>/dev/null
+  timeout 4 "$PY" bench/h200_ab.py snapshot --work "$work" --out "$out" --max-mib 15 --max-parts 2 \
+    >>"$out/chain.log" 2>&1
+  echo "packed at ${SECONDS}s (cut short)" >>"$out/chain.log"; exit 124
+fi
 for f in "$work"/steps/*.json; do
   grep -q '"done"' "$f" || { s=$(basename "$f" .json); echo "== tail of logs/$s.log"; tail -25 "$work/logs/$s.log"; }
 done >>"$out/chain.log" 2>&1
