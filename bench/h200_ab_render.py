@@ -362,3 +362,40 @@ def dashboard_screenshot(work: Path, out: Path, port: int | None = None) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
     return 0
+
+
+def from_returned(returned: Path, out_dir: Path, work: Path, screenshot: bool = True) -> int:
+    """What a device call returned (bench/device/h200_ab.sh's OUTDIR: state.tgz[.part-NN], clips.tgz when it was
+    small) into the recorded results: the work folder restored into ``work``, the clips unpacked beside it, the
+    figures rendered into ``out_dir`` (with the benchmark's projection, which the device's snapshot does not carry),
+    and the dashboard screenshots taken here with headless Chromium."""
+    import subprocess
+    import tarfile
+
+    me = [sys.executable, str(ROOT / "bench" / "h200_ab.py")]
+    rc = subprocess.call([*me, "restore", "--state", str(returned), "--work", str(work)])
+    if rc or not (work / "config.json").is_file():
+        print(f"{returned}: no chain state to restore", file=sys.stderr)
+        return rc or 1
+    clips = returned / "clips.tgz"
+    if clips.is_file():
+        with tarfile.open(clips, "r:gz") as tar:
+            tar.extractall(work, filter="data")
+    rc = render_all(work, out_dir)
+    if screenshot and rc == 0:
+        rc = dashboard_screenshot(work, out_dir / "h200_ab_dashboard.png")
+    return rc
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="A returned h200_ab device call into bench/results: "
+                                                 "python bench/h200_ab_render.py RETURNED_DIR")
+    parser.add_argument("returned", type=Path, help="the call's OUTDIR as it came back (state.tgz, clips.tgz)")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/h200_ab_returned"))
+    parser.add_argument("--no-screenshot", action="store_true")
+    ns = parser.parse_args()
+    sys.path.insert(0, str(ROOT))
+    sys.exit(from_returned(ns.returned, ns.out_dir, ns.work, not ns.no_screenshot))
