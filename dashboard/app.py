@@ -65,6 +65,7 @@ def main() -> None:
 
     title, render = PAGES[page]
     st.title(title)
+    state.show_notices(runs)
     render(ctx)
     # Last element of every page: the server-side render time, and a marker that the page is complete (the browser
     # test and the benchmark wait for it).

@@ -85,6 +85,8 @@ class RunData:
     """verdict.json, or None when the run has no verdict yet."""
     problems: list[str] = field(default_factory=list)
     """Files that exist but could not be read, with the reason (shown on the pages, never raised)."""
+    notices: list[str] = field(default_factory=list)
+    """What every page must say about the run's weights (``RunStore.weights_notices``: random weights)."""
 
     @property
     def baseline(self) -> str | None:
@@ -181,6 +183,7 @@ def load_run(root: str | Path, label: str | None = None) -> RunData:
         metric_directions=directions,
         verdict=verdict,
         problems=problems,
+        notices=store.weights_notices(),
     )
 
 

@@ -134,6 +134,14 @@ def sidebar_rate(runs: list[data.RunData]) -> float | None:
     )
 
 
+def show_notices(runs: list[data.RunData]) -> None:
+    """On top of every page: what a run's weights make of its numbers (random weights: speed and memory are real,
+    quality is not)."""
+    for run in runs:
+        for notice in run.notices:
+            st.warning(f"{run.label}: {notice}")
+
+
 def show_problems(runs: list[data.RunData]) -> None:
     for run in runs:
         if run.problems:

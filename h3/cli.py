@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -60,7 +60,9 @@ def generate(
     prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
     out: Path = typer.Option(..., "--out", help="Output .mp4 (the record goes to the same name with .json)."),
     seed: int = typer.Option(0, "--seed"),
-    model: str = typer.Option("tiny", "--model", envvar="H3_MODEL", help="'tiny' or a checkpoint directory."),
+    model: str = typer.Option("tiny", "--model", envvar="H3_MODEL",
+                              help="'tiny', 'h3-random' (released size, random weights), 'h3-random-small' or a "
+                                   "checkpoint directory."),
     recipe: str = typer.Option("baseline", "--recipe", envvar="H3_RECIPE", help="Recipe name or TOML path."),
     seconds: Optional[float] = typer.Option(None, "--seconds"),
     num_frames: Optional[int] = typer.Option(None, "--num-frames"),
@@ -73,7 +75,7 @@ def generate(
     from h3.media import MediaError
     from h3.recipe import RecipeError, load_recipe
     from h3.runtime import CheckpointError, GenerateRequest, H3Runtime, RequestError, resolve_request
-    from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE
+    from h3.runtime import model_default_size
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     try:
@@ -81,7 +83,7 @@ def generate(
             raise RequestError(f"--out must name an .mp4 file, got {out}")
         request = GenerateRequest(prompt=prompt, seed=seed, num_frames=num_frames, seconds=seconds, height=height,
                                   width=width)
-        resolve_request(request, TINY_DEFAULT_SIZE if model == "tiny" else FULL_DEFAULT_SIZE)
+        resolve_request(request, model_default_size(model))
         runtime = H3Runtime.load(model, load_recipe(recipe), device)
         record = runtime.generate(request, out)
     except (RecipeError, CheckpointError, RequestError, LeverError, MediaError, OSError) as exc:
@@ -95,8 +97,13 @@ def generate(
 
 @app.command("serve")
 def serve(
-    model: str = typer.Option("tiny", "--model", envvar="H3_MODEL", help="'tiny' or a checkpoint directory."),
-    recipe: str = typer.Option("baseline", "--recipe", envvar="H3_RECIPE", help="Recipe name or TOML path."),
+    model: str = typer.Option("tiny", "--model", envvar="H3_MODEL",
+                              help="'tiny', 'h3-random' (released size, random weights), 'h3-random-small' or a "
+                                   "checkpoint directory."),
+    recipe: List[str] = typer.Option(
+        ["baseline"], "--recipe", envvar="H3_RECIPE",
+        help="Recipe name or TOML path; repeat it to serve several recipes on one shared model (a job names its recipe "
+             "by `model` or h3_levers_sha256)."),
     host: str = typer.Option("127.0.0.1", "--host", envvar="H3_HOST"),
     port: int = typer.Option(30000, "--port", envvar="H3_PORT", help="TCP port, 1 to 65535."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="H3_API_KEY", help="Require this bearer key."),
@@ -117,13 +124,17 @@ def serve(
              "checkpoint, 300 for the tiny preset."),
     max_body_bytes: Optional[int] = typer.Option(
         None, "--max-body-bytes", envvar="H3_MAX_BODY_BYTES", help="Largest request body (413 beyond). Default 65536."),
+    text_encoder: str = typer.Option(
+        "resident", "--text-encoder", envvar="H3_TEXT_ENCODER",
+        help="'resident' on the device, or 'offload': streamed from host memory while it encodes (frees ~58 GiB of "
+             "an H200 at full size; costs the copy, measured in the text_encode stage)."),
 ) -> None:
     """Serve the OpenAI videos API (the openai SDK's calls, SGLang's fields) over one recipe."""
     import math
 
     from h3.levers import LeverError
     from h3.recipe import RecipeError
-    from h3.runtime import CheckpointError
+    from h3.runtime import CheckpointError, SharedModelError
     from h3.server import serve as run_server
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
@@ -137,11 +148,15 @@ def serve(
             raise bad_input(f"{flag} must be a positive integer, got {value}")
     if job_timeout is not None and not (math.isfinite(job_timeout) and job_timeout > 0):
         raise bad_input(f"--job-timeout must be a positive finite number of seconds, got {job_timeout}")
+    from h3.residency import TEXT_ENCODER_RESIDENCY
+
+    if text_encoder not in TEXT_ENCODER_RESIDENCY:
+        raise bad_input(f"--text-encoder must be one of {', '.join(TEXT_ENCODER_RESIDENCY)}, got {text_encoder!r}")
     try:
         run_server(model, recipe, host=host, port=port, api_key=api_key, max_queue=max_queue,
                    output_dir=output_dir, device=device, max_prompt_tokens=max_prompt_tokens, max_pixels=max_pixels,
-                   job_timeout_s=job_timeout, max_body_bytes=max_body_bytes)
-    except (RecipeError, CheckpointError, LeverError, OSError, ValueError) as exc:
+                   job_timeout_s=job_timeout, max_body_bytes=max_body_bytes, text_encoder=text_encoder)
+    except (RecipeError, CheckpointError, LeverError, SharedModelError, OSError, ValueError) as exc:
         raise bad_input(str(exc)) from None
 
 

@@ -115,6 +115,10 @@ class ClipRecord(_Strict):
     """``tiny`` or the checkpoint path."""
     model_sha256: str
     """Hash that identifies the model weights (the tiny preset's config + seed, or the checkpoint's index files)."""
+    weights: str | None = None
+    """Where the weights came from: ``"random"`` for seeded random weights (the ``h3-random`` presets: speed and memory
+    are real, quality is not; the tiny preset), ``"checkpoint"`` for a checkpoint directory; None in records written
+    before the field existed."""
     frames_sha256: str
     """sha256 of the raw uint8 frames, (T, H, W, 3) C-order, before encoding."""
     pcm_sha256: str

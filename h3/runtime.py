@@ -175,6 +175,24 @@ def check_checkpoint_dir(path: str | os.PathLike) -> Path:
     return root
 
 
+SMALL_MODELS = ("tiny", "h3-random-small")
+"""Models with the tiny preset's small configs (a CPU clip in seconds)."""
+
+
+def model_default_size(model: str) -> tuple[int, int]:
+    """The (height, width) a request of ``model`` gets when it names none: the tiny preset's small canvas for the
+    small models, MiniMax-H3's 768x1344 otherwise."""
+    return TINY_DEFAULT_SIZE if model in SMALL_MODELS else FULL_DEFAULT_SIZE
+
+
+def check_model(model: str) -> None:
+    """Raise CheckpointError unless ``model`` is ``tiny``, a random preset or a complete checkpoint directory."""
+    from h3.random_model import is_random_preset
+
+    if model != "tiny" and not is_random_preset(model):
+        check_checkpoint_dir(model)
+
+
 def checkpoint_identity(root: Path) -> str:
     """Hash of the files that identify a checkpoint's weights: configs, indexes and weight file sizes."""
     digest = hashlib.sha256()
@@ -259,45 +277,151 @@ def _quiet_progress_bars(blocks: Any) -> None:
         _quiet_progress_bars(child)
 
 
-class H3Runtime:
-    """One loaded model configured by one recipe."""
+class SharedModelError(ValueError):
+    """A recipe cannot run on a model that other recipes share in this process (its dtype, or a lever that cannot be
+    removed between requests); the message says why and what to do instead."""
 
-    def __init__(self, pipe: Any, recipe: Recipe, model: str, model_sha256: str, device: str, default_size):
+
+def shared_recipes_problems(recipes: list[Recipe]) -> list[str]:
+    """Why ``recipes`` cannot take turns on one shared model (checked before any weight loads): one dtype for all,
+    every lever removable between requests."""
+    from h3.levers import shared_problems
+
+    problems = []
+    for recipe in recipes:
+        if recipe.dtype != recipes[0].dtype:
+            problems.append(f"{recipe.name}: its dtype is {recipe.dtype}, {recipes[0].name}'s is {recipes[0].dtype} "
+                            "(one shared model has one dtype)")
+        problems += [f"{recipe.name}: {p}" for p in shared_problems(recipe)]
+    return problems
+
+
+def _component_settings(pipe: Any) -> dict[str, dict[str, Any]]:
+    """The plain attributes of each component module (what a recipe's ``prepare`` sets, e.g. the VAE's tiling), so
+    that removing a shared model's levers can put them back as loaded."""
+    plain = (bool, int, float, str, type(None))
+    out = {}
+    for name in ("transformer", "vae", "audio_vae", "text_encoder"):
+        module = getattr(pipe, name, None)
+        if module is not None:
+            out[name] = {k: v for k, v in vars(module).items()
+                         if not k.startswith("_") and (isinstance(v, plain) or (isinstance(v, tuple) and all(
+                             isinstance(x, plain) for x in v)))}
+    return out
+
+
+def _restore_component_settings(pipe: Any, settings: dict[str, dict[str, Any]]) -> None:
+    plain = (bool, int, float, str, type(None), tuple)
+    for name, values in settings.items():
+        module = getattr(pipe, name)
+        for key in [k for k, v in vars(module).items() if not k.startswith("_") and isinstance(v, plain)]:
+            if key not in values:
+                delattr(module, key)
+        for key, value in values.items():
+            setattr(module, key, value)
+
+
+class H3Runtime:
+    """One loaded model configured by one recipe; with ``shared``, a model that several recipes take turns on.
+
+    A shared runtime (``H3Runtime.load(..., shared=True)``) holds one DiT, one text encoder and the two VAEs, and
+    :meth:`switch_recipe` removes one recipe's levers and applies the next one's between requests: the levers run in
+    their reversible form (the float weights quantization and the AdaLN precompute replace are kept; weights a fused
+    LoRA changed are read again from the model's :mod:`weight source <h3.weights>`), and levers two recipes configure
+    alike at the same step count stay applied across the switch (two turbo recipes keep their fused LoRA). A recipe
+    whose dtype differs from the loaded model's, or with a lever that cannot be removed (group offloading), is refused
+    with :class:`SharedModelError`.
+    """
+
+    def __init__(self, pipe: Any, recipe: Recipe, model: str, model_sha256: str, device: str, default_size, *,
+                 weights: str | None = None, weight_source: Any = None, shared: bool = False,
+                 text_encoder: dict[str, Any] | None = None):
         self.pipe = pipe
         self.recipe = recipe
         self.model = model
         self.model_sha256 = model_sha256
         self.device = torch.device(device)
         self.default_size = default_size
+        self.weights = weights
+        """``"random"`` or ``"checkpoint"`` (every record says it under ``weights``)."""
+        self.weight_source = weight_source
+        self.shared = shared
+        self.text_encoder_info = dict(text_encoder or {"residency": "resident"})
+        self.loaded_dtype = recipe.dtype
+        self.switches: list[dict[str, Any]] = []
+        self.levers_applied = True
+        self._loaded_settings = _component_settings(pipe)
+        if shared:
+            self.check_shareable(recipe)
         self._apply_recipe()
         _quiet_progress_bars(pipe._blocks)  # `pipe.blocks` is a deep copy
         self.hooks = StageHooks(pipe)
 
     # -- loading -----------------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, model: str, recipe: Recipe, device: str | None = None) -> "H3Runtime":
+    def load(cls, model: str, recipe: Recipe, device: str | None = None, *, shared: bool = False,
+             text_encoder: str = "resident") -> "H3Runtime":
+        """``model``: ``tiny``, a random preset (``h3-random``, ``h3-random-small``: :mod:`h3.random_model`) or a
+        checkpoint directory. ``shared``: a model several recipes take turns on (:meth:`switch_recipe`).
+        ``text_encoder``: ``resident`` or ``offload`` (streamed from host memory, :mod:`h3.residency`)."""
+        from h3.random_model import is_random_preset
+
         if model == "tiny":
-            return cls.tiny(recipe, device)
-        return cls.from_pretrained(model, recipe, device)
+            return cls.tiny(recipe, device, shared=shared, text_encoder=text_encoder)
+        if is_random_preset(model):
+            return cls.random(model, recipe, device, shared=shared, text_encoder=text_encoder)
+        return cls.from_pretrained(model, recipe, device, shared=shared, text_encoder=text_encoder)
 
     @classmethod
-    def tiny(cls, recipe: Recipe, device: str | None = None) -> "H3Runtime":
+    def tiny(cls, recipe: Recipe, device: str | None = None, **kwargs: Any) -> "H3Runtime":
         from h3 import tiny
 
-        runtime = cls.from_pretrained(tiny_checkpoint_dir(), recipe, device, _default_size=TINY_DEFAULT_SIZE)
+        runtime = cls.from_pretrained(tiny_checkpoint_dir(), recipe, device, _default_size=TINY_DEFAULT_SIZE,
+                                      **kwargs)
         runtime.model = "tiny"
         runtime.model_sha256 = tiny.tiny_identity()
+        runtime.weights = tiny.WEIGHTS
         return runtime
 
     @classmethod
+    def random(cls, model: str, recipe: Recipe, device: str | None = None, *, shared: bool = False,
+               text_encoder: str = "resident") -> "H3Runtime":
+        """A random preset (:mod:`h3.random_model`): the real pipeline at the preset's configs, weights drawn on the
+        device in the recipe's dtype (nothing read from disk)."""
+        from h3 import random_model
+        from h3.levers import keeps_on_cpu, preflight
+        from h3.residency import place_text_encoder
+
+        configs = random_model.preset(model)
+        device = device or default_device()
+        preflight(recipe, device)
+        dtype = _torch_dtype(recipe.dtype)
+        pipe, source = random_model.random_pipeline(configs, device, dtype)
+        placed = None
+        for name in ("text_encoder", "transformer", "vae", "audio_vae"):
+            module = getattr(pipe, name)
+            if keeps_on_cpu(recipe, name):
+                module.to("cpu")  # the offload lever streams it from there
+            elif name == "text_encoder":
+                placed = place_text_encoder(module, device, text_encoder)
+        return cls(pipe, recipe, model, random_model.identity(configs, dtype, torch.device(device).type), device,
+                   configs.default_size, weights="random", weight_source=source, shared=shared, text_encoder=placed)
+
+    @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike, recipe: Recipe, device: str | None = None, _default_size=None
+        cls, path: str | os.PathLike, recipe: Recipe, device: str | None = None, _default_size=None, *,
+        shared: bool = False, text_encoder: str = "resident",
     ) -> "H3Runtime":
         """Load a MiniMax-H3 checkpoint directory (HF layout) offline, through diffusers' modular pipeline."""
         from diffusers.modular_pipelines import ModularPipeline
 
         from h3.levers import preflight
+        from h3.residency import TEXT_ENCODER_RESIDENCY, place_text_encoder
+        from h3.weights import CheckpointWeights
 
+        if text_encoder not in TEXT_ENCODER_RESIDENCY:  # before any weight loads
+            raise ValueError(f"text encoder residency must be one of {', '.join(TEXT_ENCODER_RESIDENCY)}, "
+                             f"got {text_encoder!r}")
         root = check_checkpoint_dir(path)
         device = device or default_device()
         preflight(recipe, device)  # before loading weights: a recipe that cannot run here fails in seconds
@@ -313,11 +437,19 @@ class H3Runtime:
             )
         from h3.levers import keeps_on_cpu
 
+        placed = None
         for name in ("transformer", "vae", "audio_vae", "text_encoder"):
             # Under group offloading the lever streams the weights to the device block by block.
             module = getattr(pipe, name)
-            (module if keeps_on_cpu(recipe, name) else module.to(device)).eval()
-        return cls(pipe, recipe, str(root), checkpoint_identity(root), device, _default_size or FULL_DEFAULT_SIZE)
+            if keeps_on_cpu(recipe, name):
+                module.eval()
+            elif name == "text_encoder":
+                placed = place_text_encoder(module, device, text_encoder)
+                module.eval()
+            else:
+                module.to(device).eval()
+        return cls(pipe, recipe, str(root), checkpoint_identity(root), device, _default_size or FULL_DEFAULT_SIZE,
+                   weights="checkpoint", weight_source=CheckpointWeights(root), shared=shared, text_encoder=placed)
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Save the loaded components in the Hugging Face layout."""
@@ -325,15 +457,108 @@ class H3Runtime:
         save_components({name: getattr(self.pipe, name) for name in names}, directory)
 
     # -- recipe ------------------------------------------------------------------------------------------------
-    def _apply_recipe(self) -> None:
+    def _is_tiny(self) -> bool:
+        return self.model == "tiny" or Path(self.model).name == f"tiny-{tiny_identity()[:16]}"
+
+    def _apply_recipe(self, applied: dict | None = None) -> None:
         from h3.levers import apply_recipe_levers
 
-        is_tiny = Path(self.model).name == f"tiny-{tiny_identity()[:16]}"
+        # A shared model on a GPU keeps the float weights a lever replaces where they are (no copy at every switch;
+        # the memory accounting counts them); on the CPU the place is the same.
         self.levers = apply_recipe_levers(
-            self.pipe, self.recipe, device=self.device, model_sha256=self.model_sha256, is_tiny=is_tiny
+            self.pipe, self.recipe, device=self.device, model_sha256=self.model_sha256, is_tiny=self._is_tiny(),
+            reversible=self.shared, keep_on=None, weight_source=self.weight_source, applied=applied,
         )
 
+    def check_shareable(self, recipe: Recipe) -> None:
+        """Raise :class:`SharedModelError` when ``recipe`` cannot take its turn on this shared model."""
+        from h3.levers import shared_problems
+
+        problems = []
+        if recipe.dtype != self.loaded_dtype:
+            problems.append(f"its dtype is {recipe.dtype}, the shared model was loaded in {self.loaded_dtype} (the "
+                            "text encoder, VAEs and DiT weights are shared, so one dtype for every recipe)")
+        problems += shared_problems(recipe)
+        if problems:
+            raise SharedModelError(
+                f"recipe {recipe.name!r} cannot share this process's model: " + "; ".join(problems)
+                + ". Give it its own process (`h3 serve --recipe ...` and `h3eval ab --backend http --url "
+                f"{recipe.name}=URL`), or change the recipe.")
+
+    def switch_recipe(self, recipe: Recipe) -> dict[str, Any]:
+        """Make ``recipe`` the active one of a shared model: remove the levers the two recipes do not share (in reverse
+        order), then apply the new recipe's. Returns what it did (kept, removed and applied levers, seconds)."""
+        from h3.levers import lever_configs
+
+        if not self.shared:
+            raise SharedModelError("switch_recipe needs a runtime loaded with shared=True")
+        self.check_shareable(recipe)
+        t0 = time.perf_counter()
+        previous = self.recipe.name
+        old, new = lever_configs(self.recipe), lever_configs(recipe)
+        keep = 0
+        # Levers stay only as an unbroken prefix in the order they apply: a later lever may depend on an earlier one.
+        for a, b in zip(old, new):
+            if a.name != b.name or a.model_dump() != b.model_dump() or self.recipe.steps != recipe.steps:
+                break
+            keep += 1
+        prefix = {c.name for c in old[:keep]}
+        removed = [name for name in reversed(list(self.levers)) if name not in prefix]
+        for name in removed:
+            self.levers.pop(name).remove()
+        kept_names = list(self.levers)
+        # Settings a recipe makes whether its levers are on or off (the VAE's tiling) back as loaded; every lever's
+        # ``prepare`` then sets them for the new recipe, kept levers included.
+        _restore_component_settings(self.pipe, self._loaded_settings)
+        self.recipe = recipe
+        try:
+            self._apply_recipe(applied=dict(self.levers))
+        except BaseException:
+            # The new recipe's levers rolled back; leave the model as loaded so the next switch starts clean and no
+            # request runs a half-applied recipe.
+            self.remove_levers()
+            self.levers_applied = False
+            raise
+        self.levers_applied = True
+        synchronize(self.device)
+        info = {"from": previous, "to": recipe.name, "kept": kept_names, "removed": removed,
+                "applied": [n for n in self.levers if n not in kept_names], "seconds": time.perf_counter() - t0}
+        self.switches.append(info)
+        return info
+
+    def remove_levers(self) -> None:
+        """Remove every lever of the active recipe (reverse order) and put the components' settings back: the model
+        as loaded. A shared model only (a single-recipe runtime may have dropped what removal needs)."""
+        if not self.shared:
+            raise SharedModelError("remove_levers needs a runtime loaded with shared=True")
+        for name in reversed(list(self.levers)):
+            self.levers.pop(name).remove()
+        _restore_component_settings(self.pipe, self._loaded_settings)
+        self.levers_applied = False
+
+    def memory_accounting(self) -> dict[str, Any]:
+        """Bytes this process holds, by component and where (device / host), plus what the active levers keep
+        outside the model: a shared model shows one set of components whatever the number of recipes."""
+        from h3.memory import account
+
+        return account(self.pipe, self.levers)
+
     # -- generation --------------------------------------------------------------------------------------------
+    def _record_extra(self) -> dict[str, Any]:
+        """What every record of this runtime adds under ``extra``: the text encoder's residency, the random weights'
+        notice, and for a shared model the last switch and the memory it holds."""
+        from h3.random_model import weights_notice
+
+        extra: dict[str, Any] = {"text_encoder": dict(self.text_encoder_info)}
+        notice = weights_notice(self.model)
+        if notice:
+            extra["weights_notice"] = notice
+        if self.shared:
+            extra["shared_model"] = {"switches": len(self.switches),
+                                     "last_switch": self.switches[-1] if self.switches else None,
+                                     "memory": self.memory_accounting()}
+        return extra
+
     def resolve(self, request: GenerateRequest) -> tuple[int, int, int]:
         return resolve_request(request, self.default_size, self.pipe.canvas_multiple)
 
@@ -346,6 +571,9 @@ class H3Runtime:
         With ``trajectory``, the latent trajectory is also written to ``<out>.traj.npz`` (h3.trajectory).
         """
         t_request = time.perf_counter()
+        if not self.levers_applied:
+            raise SharedModelError(f"recipe {self.recipe.name!r} is not applied to the shared model (its levers failed "
+                                   "to apply at the last switch)")
         num_frames, height, width = self.resolve(request)
         out = Path(out)
         recorder = TrajectoryRecorder() if trajectory else None
@@ -431,6 +659,7 @@ class H3Runtime:
             recipe_sha256=self.recipe.sha256(),
             model=self.model,
             model_sha256=self.model_sha256,
+            weights=self.weights,
             frames_sha256=hashlib.sha256(frames.tobytes()).hexdigest(),
             pcm_sha256=hashlib.sha256(pcm.tobytes()).hexdigest(),
             mp4_sha256=sha256_file(out),
@@ -446,7 +675,7 @@ class H3Runtime:
             versions=provenance.versions(),
             hardware=provenance.hardware(self.device),
             created_at=provenance.utc_now(),
-            extra=dict(extra or {}),
+            extra={**self._record_extra(), **dict(extra or {})},
         )
         del latents
         if recorder is not None:

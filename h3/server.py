@@ -164,6 +164,8 @@ class JobStore:
         self.jobs: dict[str, dict[str, Any]] = {}
         self.queue: collections.deque[str] = collections.deque()
         self.requests: dict[str, GenerateRequest] = {}
+        self.recipes: dict[str, Any] = {}
+        """The recipe of each queued job (a multi-recipe server switches its shared model to it)."""
         self.stopping = False
         self.busy = False
         """Whether the worker holds a job (popped from the queue, not yet finished)."""
@@ -204,13 +206,15 @@ class JobStore:
     def save(self, job: dict[str, Any]) -> None:
         atomic_write_json(self.jobs_dir / f"{job['id']}.json", job)
 
-    def submit(self, job: dict[str, Any], request: GenerateRequest) -> bool:
+    def submit(self, job: dict[str, Any], request: GenerateRequest, recipe: Any = None) -> bool:
         with self.lock:
             # max_queue counts jobs waiting behind the one on the device; an idle server always takes one job.
             if len(self.queue) >= self.max_queue and (self.busy or self.queue):
                 return False
             self.jobs[job["id"]] = job
             self.requests[job["id"]] = request
+            if recipe is not None:
+                self.recipes[job["id"]] = recipe
             self.save(job)
             self.queue.append(job["id"])
             self.lock.notify()
@@ -269,6 +273,7 @@ class JobStore:
             if job_id in self.queue:
                 self.queue.remove(job_id)
                 self.requests.pop(job_id, None)
+                self.recipes.pop(job_id, None)
             del self.jobs[job_id]
             (self.jobs_dir / f"{job_id}.json").unlink(missing_ok=True)
             for path in self.videos_dir.glob(f"{job_id}.*"):
@@ -295,8 +300,9 @@ def _worker(store: JobStore, runtime: Any, interrupts: JobInterrupts, limits: Se
 def _run_job(store: JobStore, runtime: Any, job_id: str, interrupts: JobInterrupts, limits: ServerLimits) -> None:
     """Generate one job's clip and record the outcome on the job."""
     request = store.requests.pop(job_id)
+    recipe = store.recipes.pop(job_id, None)
     out = store.content_path(job_id)
-    total = max(1, int(getattr(runtime.recipe, "steps", 1)))
+    total = max(1, int(getattr(recipe or runtime.recipe, "steps", 1)))
     job = store.jobs[job_id]
 
     def on_step(steps: int) -> None:  # progress in memory; the file is written at the end
@@ -304,9 +310,14 @@ def _run_job(store: JobStore, runtime: Any, job_id: str, interrupts: JobInterrup
 
     started = time.monotonic()
     try:
+        extra: dict[str, Any] = {"server_job_id": job_id}
+        if recipe is not None and (runtime.recipe is not recipe or not getattr(runtime, "levers_applied", True)):
+            # A multi-recipe server: the job's recipe takes its turn on the shared model (outside the request's
+            # timings, reported beside them).
+            extra["server_switch_s"] = runtime.switch_recipe(recipe)["seconds"]
         interrupts.start(limits.job_timeout_s, on_step)
         try:
-            record = runtime.generate(request, out, extra={"server_job_id": job_id})
+            record = runtime.generate(request, out, extra=extra)
         finally:
             interrupts.finish()
     except Exception as exc:  # any failure of one job is reported on that job; the server keeps serving
@@ -346,8 +357,12 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
                                       job_timeout_s=job_timeout_s, max_body_bytes=max_body_bytes)
     store = JobStore(Path(output_dir), max_queue)
     recipe = runtime.recipe
-    model_id = model_name or f"h3-{runtime.model if runtime.model == 'tiny' else Path(runtime.model).name}"
-    names = tuple(dict.fromkeys([model_id, recipe.name]))
+    from h3.random_model import is_random_preset
+
+    served = runtime.model if runtime.model == "tiny" or is_random_preset(runtime.model) else Path(runtime.model).name
+    model_id = model_name or (served if served.startswith("h3-") else f"h3-{served}")
+    served_recipes = list(getattr(runtime, "served_recipes", None) or [recipe])
+    names = tuple(dict.fromkeys([model_id, *(r.name for r in served_recipes)]))
     schema = RequestSchema(runtime, limits, names)
     loaded_at = int(time.time())
 
@@ -414,6 +429,8 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
             return {k: v for k, v in job.items() if k != "mp4_sha256" and not k.startswith("_")}
 
     def model_entry(name: str) -> dict[str, Any]:
+        # The model id stands for the first recipe; each recipe name for itself (a multi-recipe server).
+        recipe = next((r for r in served_recipes if r.name == name), served_recipes[0])
         return {"id": name, "object": "model", "created": loaded_at, "owned_by": "h3", "model_path": runtime.model,
                 "h3_model": model_id, "h3_recipe_name": recipe.name, "h3_recipe": recipe.resolved(),
                 "h3_recipe_sha256": recipe.sha256(), "h3_levers_sha256": levers_sha256(recipe),
@@ -442,9 +459,9 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
                "progress": 0, "created_at": now // 10**9, "completed_at": None, "expires_at": None, "error": None,
                "prompt": request.prompt, "seconds": f"{num_frames / FPS:.3f}",
                "size": f"{resolved.width}x{resolved.height}", "remixed_from_video_id": None, "seed": request.seed,
-               "num_frames": num_frames, "fps": FPS, "num_inference_steps": recipe.steps, "h3_recipe": recipe.name,
-               "h3_requested": resolved.requested, "_created_ns": now}
-        if not store.submit(job, request):
+               "num_frames": num_frames, "fps": FPS, "num_inference_steps": resolved.recipe.steps,
+               "h3_recipe": resolved.recipe.name, "h3_requested": resolved.requested, "_created_ns": now}
+        if not store.submit(job, request, resolved.recipe if len(served_recipes) > 1 else None):
             return JSONResponse(status_code=429, content=error_body(
                 429, f"queue full ({max_queue} job(s) waiting); retry later",
                 f"queue full ({max_queue} job(s) waiting); retry later"), headers={"Retry-After": "1"})
@@ -507,16 +524,39 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
     return app
 
 
-def serve(model: str, recipe: str, host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None,
-          max_queue: int = 8, output_dir: str | Path = "h3-serve", device: str | None = None,
-          **limit_overrides: Any) -> None:
-    """Load the runtime and serve it until interrupted (``limit_overrides``: :func:`default_limits`' keywords)."""
+def load_served_runtime(model: str, recipes: str | list[str], device: str | None = None,
+                        text_encoder: str = "resident") -> Any:
+    """The runtime a server serves: one recipe, or several taking turns on one shared model (each checked before any
+    weight loads)."""
+    from h3.recipe import load_recipe
+    from h3.runtime import H3Runtime, SharedModelError
+
+    names = [recipes] if isinstance(recipes, str) else list(recipes)
+    loaded = [load_recipe(name) for name in names]
+    if len({r.name for r in loaded}) != len(loaded):
+        raise ValueError(f"--recipe names must be distinct, got {[r.name for r in loaded]}")
+    if len(loaded) == 1:
+        return H3Runtime.load(model, loaded[0], device, text_encoder=text_encoder)
+    from h3.runtime import shared_recipes_problems
+
+    problems = shared_recipes_problems(loaded)
+    if problems:
+        raise SharedModelError("these recipes cannot share one served model: " + "; ".join(problems)
+                               + ". Serve each on its own (`h3 serve --recipe NAME --port P`).")
+    runtime = H3Runtime.load(model, loaded[0], device, shared=True, text_encoder=text_encoder)
+    runtime.served_recipes = loaded
+    return runtime
+
+
+def serve(model: str, recipe: str | list[str], host: str = "127.0.0.1", port: int = 30000,
+          api_key: str | None = None, max_queue: int = 8, output_dir: str | Path = "h3-serve",
+          device: str | None = None, text_encoder: str = "resident", **limit_overrides: Any) -> None:
+    """Load the runtime and serve it until interrupted (``limit_overrides``: :func:`default_limits`' keywords;
+    ``recipe``: one recipe, or several sharing one model; ``text_encoder``: ``resident`` or ``offload``,
+    :mod:`h3.residency`)."""
     import uvicorn
 
-    from h3.recipe import load_recipe
-    from h3.runtime import H3Runtime
-
-    runtime = H3Runtime.load(model, load_recipe(recipe), device)
+    runtime = load_served_runtime(model, recipe, device, text_encoder)
     limits = default_limits(runtime, **limit_overrides)
     logger.warning("h3 serve limits: %s", json.dumps(limits.report()))
     app = create_app(runtime, output_dir, api_key=api_key, max_queue=max_queue, limits=limits)

@@ -130,7 +130,7 @@ def default_limits(runtime: Any, **overrides: Any) -> ServerLimits:
         pixels = budget
         basis["max_pixels"] = f"the model's canvas budget (canvas_max_pixels {budget}; MiniMax-H3: 768x1344)"
     pixels = max(pixels, height * width)
-    if getattr(runtime, "model", None) == "tiny":
+    if getattr(runtime, "model", None) in ("tiny", "h3-random-small"):
         timeout, basis["job_timeout_s"] = TINY_JOB_TIMEOUT_S, "tiny preset"
     else:
         timeout, basis["job_timeout_s"] = CHECKPOINT_JOB_TIMEOUT_S, "checkpoint: seed 000's 1545 s baseline x2.3"
@@ -259,6 +259,8 @@ class Resolved:
     height: int
     width: int
     requested: dict[str, Any]
+    recipe: Any = None
+    """The served recipe the job runs (one of several on a multi-recipe server)."""
 
 
 class RequestSchema:
@@ -270,6 +272,11 @@ class RequestSchema:
         self.limits = limits
         self.model_names = model_names
         self.levers = levers_sha256(self.recipe)
+        # A multi-recipe server (``h3 serve --recipe A --recipe B``: a shared model) serves each of its recipes; a job
+        # names one by its levers or its name.
+        self.recipes = list(getattr(runtime, "served_recipes", None) or [self.recipe])
+        self.by_levers = {levers_sha256(r): r for r in self.recipes}
+        self.by_name = {r.name: r for r in self.recipes}
         self.multiple = int(getattr(getattr(runtime, "pipe", None), "canvas_multiple", 32))
         self.default_size = tuple(getattr(runtime, "default_size", (768, 1344)))
         tokenizer = getattr(getattr(runtime, "pipe", None), "tokenizer", None)
@@ -318,6 +325,10 @@ class RequestSchema:
         check("h3_levers_sha256", self._levers)
         if "seconds" in values and "num_frames" in values:
             errors.append(("num_frames", "give either seconds or num_frames, not both"))
+        recipe = self._choose_recipe(values, errors)
+        if recipe is not None and "num_inference_steps" in values and values["num_inference_steps"] != recipe.steps:
+            errors.append(("num_inference_steps", f"this server runs recipe {recipe.name!r} with {recipe.steps} "
+                                                  f"steps, got {values['num_inference_steps']}"))
         if errors:
             raise RequestProblem(errors)
 
@@ -337,7 +348,22 @@ class RequestSchema:
         if width * height > self.limits.max_pixels:  # the default canvas, when no size was given
             raise RequestProblem([("size", self._too_many_pixels(width, height))])
         requested = {k: body[k] for k in ("seconds", "size", "num_frames") if k in body}
-        return Resolved(request, num_frames, height, width, jsonable_encoder(requested))
+        return Resolved(request, num_frames, height, width, jsonable_encoder(requested), recipe)
+
+    def _choose_recipe(self, values: dict[str, Any], errors: list[tuple[str, str]]) -> Any:
+        """The served recipe a job runs: the one whose levers it names, else the one its ``model`` names, else the
+        only one."""
+        by_levers = self.by_levers.get(values.get("h3_levers_sha256", ""))
+        by_name = self.by_name.get(values.get("model", ""))
+        if by_levers is not None and by_name is not None and by_levers is not by_name:
+            errors.append(("model", f"model names recipe {by_name.name!r}, h3_levers_sha256 recipe "
+                                    f"{by_levers.name!r}"))
+            return None
+        recipe = by_levers or by_name or (self.recipes[0] if len(self.recipes) == 1 else None)
+        if recipe is None and not any(name in ("model", "h3_levers_sha256") for name, _ in errors):
+            errors.append(("model", f"this server serves recipes {', '.join(repr(n) for n in self.by_name)}: name "
+                                    "one with model (a recipe name) or h3_levers_sha256"))
+        return recipe
 
     # -- one parser per field --------------------------------------------------------------------------------------
     def _merge_extra_body(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -425,11 +451,7 @@ class RequestSchema:
         return FPS
 
     def _steps(self, name: str, value: Any) -> int:
-        steps = _as_int(name, value)
-        if steps != self.recipe.steps:
-            raise ValueError(f"this server runs recipe {self.recipe.name!r} with {self.recipe.steps} steps, "
-                             f"got {steps}")
-        return steps
+        return _as_int(name, value)  # checked against the job's recipe once that is known
 
     def _guidance_scale(self, name: str, value: Any) -> float:
         scale = _as_number(name, value)
@@ -446,9 +468,11 @@ class RequestSchema:
 
     def _levers(self, name: str, value: Any) -> str:
         text = _as_text(name, value)
-        if text != self.levers:
-            raise ValueError(f"this server runs recipe {self.recipe.name!r} (levers {self.levers[:12]}), not the "
-                             f"levers asked for ({show(text[:12])})")
+        if text not in self.by_levers:
+            served = ", ".join(f"{r.name!r} (levers {h[:12]})" for h, r in self.by_levers.items())
+            raise ValueError(f"this server runs recipe {served}, not the levers asked for ({show(text[:12])})"
+                             if len(self.by_levers) == 1 else
+                             f"this server runs recipes {served}, not the levers asked for ({show(text[:12])})")
         return text
 
 

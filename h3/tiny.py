@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 
 TINY_SEED = 20261129
+WEIGHTS = "random"
+"""What the tiny preset's clip records say under ``weights``: its weights are drawn from ``TINY_SEED``."""
 TINY_ASSETS = Path(__file__).parent / "assets"
 TINY_TOKENIZER_FILE = TINY_ASSETS / "tiny_tokenizer.json"
 SPECIAL_TOKENS = [

@@ -36,6 +36,7 @@ import math
 import os
 import socket
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ from h3eval.runner import RunPlan, open_run, validate_plan
 from h3eval.store import ClipError, RunManifest, RunStore, StoreError, read_finished_record, utc_now
 
 logger = logging.getLogger(__name__)
+_clock = time.monotonic  # the time box's clock (a test plants its own)
 
 Protocol = Literal["mixed", "repeated", "both"]
 
@@ -126,6 +128,10 @@ class AbPlan:
     recompile_margin_s: float = speedmod.RECOMPILE_MARGIN_S
     identity: list[str] = field(default_factory=list)
     """Candidates that must reproduce the baseline byte for byte (besides those detected by equal levers)."""
+    time_box_s: float | None = None
+    """Seconds from the session's start after which no request starts, nor one the recipe's previous request says
+    would end past it: the rest are recorded as not run (the run is partial) and a rerun resumes them. A driver with a
+    hard time limit (a lent GPU) keeps speed.json, the records and the manifest of what did run."""
 
     @property
     def protocols(self) -> list[str]:
@@ -138,6 +144,8 @@ class AbPlan:
             raise RunError(f"--speed-protocol must be mixed, repeated or both, got {self.speed_protocol!r}")
         if self.warmup < 0 or self.speed_rounds < 0:
             raise RunError("--warmup and --speed-rounds must be >= 0")
+        if self.time_box_s is not None and not (math.isfinite(self.time_box_s) and self.time_box_s > 0):
+            raise RunError(f"--time-box must be a positive number of seconds, got {self.time_box_s}")
         if self.gpu_hourly_rate is not None and not (math.isfinite(self.gpu_hourly_rate) and self.gpu_hourly_rate > 0):
             raise RunError(f"--gpu-hourly-rate must be positive and finite, got {self.gpu_hourly_rate}")
         if self.run.baseline is None or self.run.recipes[0].name != self.run.baseline:
@@ -203,6 +211,8 @@ class _Session:
         self.seq = 0
         self.failed: dict[str, list[str]] = {}
         self.errors: list[ClipError] = []
+        self.stop_at = None if plan.time_box_s is None else _clock() + plan.time_box_s
+        self.took: dict[str, float] = {}  # each recipe's longest request in this session (the time box's estimate)
 
     def run(self, jobs: list[Job]) -> None:
         todo = [j for j in jobs if read_finished_record(j.out) is None]
@@ -225,6 +235,11 @@ class _Session:
         if job.kind.startswith("speed/"):
             extra["protocol"] = job.kind.split("/", 1)[1]
         job.out.with_suffix(".error.json").unlink(missing_ok=True)
+        if self.stop_at is not None and _clock() + self.took.get(name, 0.0) > self.stop_at:
+            self.error(job, f"not run: the time box ({self.plan.time_box_s:g} s) ends before it would; a rerun "
+                       "resumes it")
+            return
+        t0 = _clock()
         try:
             if job.kind == "quality" and self.plan.run.trajectory:
                 record = self.backend.generate(job.recipe, job.request, job.out, extra, trajectory=True)
@@ -233,6 +248,8 @@ class _Session:
         except (BackendError, RequestError, StoreError, MediaError, RuntimeError, ValueError, OSError) as exc:
             self.error(job, f"{type(exc).__name__}: {exc}")
             return
+        with self.lock:
+            self.took[name] = max(self.took.get(name, 0.0), _clock() - t0)
         problems = check_executed(job.recipe, record)
         if is_unverified(problems):
             return  # kept, and the speed summary marks the recipe unverified
@@ -303,7 +320,8 @@ def build_speed(plan: AbPlan, store: RunStore, refused: dict[str, list[str]]) ->
             out[name] = summary
         sections[section] = out
     speed: dict[str, Any] = {
-        "run": str(store.root), "baseline": baseline, "protocols": sections, "recompiles": recompiles,
+        "run": str(store.root), "baseline": baseline, "notices": store.weights_notices(), "protocols": sections,
+        "recompiles": recompiles,
         "definitions": {
             "quantile": "numpy quantile method='linear' (Hyndman & Fan type 7)",
             "generation_side_latency": "seed 000: text encode + DiT + decodes + frame prep/D2H; no mux, no network",
@@ -421,16 +439,21 @@ def _run_ab(plan: AbPlan, backend: Backend) -> AbResult:
         warm_done.update(need)
         return out
 
+    interrupted: KeyboardInterrupt | None = None
     try:
         for protocol in plan.protocols:
             jobs = speed_jobs(plan, store, protocol)
             session.run(warmups_for(jobs) + jobs)
         jobs = quality_jobs(plan, store)
         session.run(warmups_for(jobs) + jobs)
+    except KeyboardInterrupt as exc:
+        # Ctrl-C, or a driver's SIGINT at its time limit: what finished still gets its speed.json and a manifest
+        # marked partial (the interrupted request left only .tmp files, swept on resume), the session is marked
+        # "interrupted"; then the interrupt goes on.
+        interrupted = exc
     except BaseException as exc:
-        # Ctrl-C or a bug: say so in run.json (a kill -9 cannot; the next session marks it "killed").
-        entry.update(outcome="interrupted" if isinstance(exc, KeyboardInterrupt) else f"error: {type(exc).__name__}",
-                     ended_at=utc_now(), requests=session.seq)
+        # A bug: say so in run.json (a kill -9 cannot; the next session marks it "killed").
+        entry.update(outcome=f"error: {type(exc).__name__}", ended_at=utc_now(), requests=session.seq)
         try:
             store.write_manifest(manifest)
         except OSError:
@@ -451,27 +474,37 @@ def _run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     manifest.errors = session.errors
     if session.failed or any(not v["passed"] for v in identity.values()):
         manifest.status = "failed"
-    elif session.errors:
+    elif session.errors or interrupted is not None:
         manifest.status = "partial"
     else:
         manifest.status = "complete"
-    entry.update(outcome=manifest.status, ended_at=utc_now(), requests=session.seq)
+    entry.update(outcome="interrupted" if interrupted is not None else manifest.status, ended_at=utc_now(),
+                 requests=session.seq)
     manifest.extra["ab"] = {
         "speed": "speed.json", "protocols": plan.protocols, "executed_mismatches": session.failed,
         "off_identity": identity, "sessions": manifest.extra["ab"]["sessions"],
+        "interrupted": utc_now() if interrupted is not None else None,
     }
     store.write_manifest(manifest)
+    if interrupted is not None:
+        raise interrupted
     return AbResult(manifest, speed, session.failed, identity)
 
 
 def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds="0", backend="inprocess", urls=(),
                      api_key=None, warmup=1, speed_protocol="mixed", speed_rounds=2, gpu_hourly_rate=None,
                      off_identity=False, trajectory=False, seconds=None, num_frames=None, height=None, width=None,
-                     timeout_s=1800.0, device=None, runtime_factory=None) -> AbResult:
+                     timeout_s=1800.0, device=None, runtime_factory=None, share_model=True,
+                     text_encoder="resident", time_box_s=None) -> AbResult:
     """``h3eval ab`` as a function of its options (recipe names or paths, a prompt suite name, seeds as text): builds
-    the plan and the backend and runs (or resumes) the A/B run."""
+    the plan and the backend and runs (or resumes) the A/B run.
+
+    ``share_model`` (inprocess): every recipe takes turns on one loaded model (the default; see
+    :mod:`h3eval.backends.inprocess`); ``text_encoder``: ``resident`` or ``offload`` (streamed from host memory,
+    :mod:`h3.residency`)."""
     from h3.recipe import load_recipe
-    from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE
+    from h3.residency import TEXT_ENCODER_RESIDENCY
+    from h3.runtime import SharedModelError, model_default_size
     from h3eval.prompts import load_prompts, parse_seeds
     from h3eval.runner import RequestShape, RunError, RunPlan
 
@@ -487,6 +520,11 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
         raise RunError(f"--timeout must be a positive finite number of seconds, got {timeout_s}")
     if backend == "inprocess" and urls:
         raise RunError("--url is for --backend http; the inprocess backend runs the h3 runtime in this process")
+    if text_encoder not in TEXT_ENCODER_RESIDENCY:
+        raise RunError(f"--text-encoder must be one of {', '.join(TEXT_ENCODER_RESIDENCY)}, got {text_encoder!r}")
+    if backend == "http" and (text_encoder != "resident" or not share_model):
+        raise RunError("--text-encoder and --no-share-model set up the inprocess backend; a server sets its own "
+                       "(`h3 serve --text-encoder ...`)")
     plan = AbPlan(
         run=RunPlan(
             out=Path(out), model=model, recipes=recipes, prompts=load_prompts(prompts), seeds=parse_seeds(seeds),
@@ -496,18 +534,23 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
                       seeds=seeds, backend=backend, urls=list(urls), warmup=warmup, speed_protocol=speed_protocol,
                       speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
                       trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
-                      device=device),
+                      device=device, share_model=share_model, text_encoder=text_encoder, time_box_s=time_box_s),
         ),
         warmup=warmup, speed_protocol=speed_protocol, speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate,
+        time_box_s=time_box_s,
     )
     plan.validate()
     if backend == "http":
         from h3eval.backends.http import HttpBackend
 
-        impl = HttpBackend(list(urls), TINY_DEFAULT_SIZE if model == "tiny" else FULL_DEFAULT_SIZE, api_key=api_key,
-                           timeout_s=timeout_s)
+        impl = HttpBackend(list(urls), model_default_size(model), api_key=api_key, timeout_s=timeout_s)
     else:
         from h3eval.backends.inprocess import InProcessBackend
 
-        impl = InProcessBackend(model, device, runtime_factory)
+        impl = InProcessBackend(model, device, runtime_factory, shared=share_model and runtime_factory is None,
+                                text_encoder=text_encoder)
+        try:
+            impl.check_recipes(recipes)
+        except SharedModelError as exc:
+            raise RunError(str(exc)) from None
     return run_ab(plan, impl)

@@ -85,6 +85,7 @@ def render_markdown(verdict: Verdict) -> str:
     out = [
         f"# h3eval signoff: {verdict.outcome}",
         "",
+        *[f"> **{_md_escape(notice)}**\n" for notice in verdict.notices],
         f"- policy: `{verdict.policy_name}` ({verdict.inputs.policy.path}, "
         f"sha256 `{verdict.inputs.policy.sha256[:12]}`)",
         f"- run: `{verdict.run_dir}`; baseline `{verdict.baseline}`",
@@ -409,6 +410,7 @@ def render_html(verdict: Verdict, run_dir: str | Path) -> str:
         f"<title>h3eval signoff {e(verdict.outcome)}: {e(verdict.policy_name)}</title>",
         f"<style>{_CSS}</style></head><body>",
         f"<h1>h3eval signoff: <span class='{e(verdict.outcome)}'>{e(verdict.outcome)}</span></h1>",
+        *[f"<p class='warn'><strong>{e(notice)}</strong></p>" for notice in verdict.notices],
         f"<p>policy <code>{e(verdict.policy_name)}</code> &middot; "
         f"baseline <code>{e(verdict.baseline)}</code> &middot; "
         f"run <code>{e(verdict.run_dir)}</code> &middot; {int(verdict.settings.confidence * 100)}% paired BCa CIs, "

@@ -15,8 +15,7 @@ from typing import Any, Callable, Iterable
 
 from h3 import provenance
 from h3.recipe import Recipe
-from h3.runtime import (FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE, GenerateRequest, RequestError, check_checkpoint_dir,
-                        resolve_request)
+from h3.runtime import GenerateRequest, RequestError, check_model, model_default_size, resolve_request
 from h3eval.backends import Backend, BackendError, remove_clip
 from h3eval.backends.inprocess import InProcessBackend, RuntimeFactory, default_runtime_factory
 from h3eval.executed import check_executed, is_unverified
@@ -86,9 +85,8 @@ def validate_plan(plan: RunPlan) -> tuple[int, int, int]:
     for seed in plan.seeds:  # every seed, before anything runs (not only the first request's)
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
             raise RunError(f"seeds must be integers from 0 to 2**63-1, got {seed!r}")
-    if plan.model != "tiny":
-        check_checkpoint_dir(plan.model)
-    default_size = TINY_DEFAULT_SIZE if plan.model == "tiny" else FULL_DEFAULT_SIZE
+    check_model(plan.model)
+    default_size = model_default_size(plan.model)
     try:
         return resolve_request(plan.shape.request(plan.prompts.prompts[0].id, plan.prompts.prompts[0].prompt,
                                                   plan.seeds[0]), default_size)

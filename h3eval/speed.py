@@ -157,6 +157,7 @@ def flag_first_at_shape(firsts: Sequence[tuple[str, float, dict]], steady: Seque
 
 def render_markdown(speed: dict[str, Any]) -> str:
     lines = [f"# Speed summary: {speed.get('run', '')}", ""]
+    lines += [f"> **{notice}**\n" for notice in speed.get("notices", [])]
     lines.append(f"Baseline: `{speed['baseline']}`. Quantiles: {speed['definitions']['quantile']}. "
                  f"Speedup: {speed['definitions']['speedup']}.")
     for section, per_recipe in speed["protocols"].items():

@@ -423,6 +423,29 @@ class RunStore:
                 with contextlib.suppress(OSError):
                     self.root.rmdir()  # only when empty: nothing was written
 
+    def weights_notices(self) -> list[str]:
+        """What every page and report of this run must say about its weights (``h3.random_model.weights_notice``):
+        from the manifest's model, and from any clip record that carries a notice (a server's clips). Empty for
+        trained weights."""
+        from h3.random_model import weights_notice
+
+        notices: list[str] = []
+        try:
+            model = self.read_manifest().model
+        except StoreError:
+            model = None
+        if weights_notice(model):
+            notices.append(weights_notice(model))
+        for recipe in self.clip_recipes():
+            for path in self.clip_record_paths(recipe):
+                try:
+                    notice = (json.loads(path.read_text(encoding="utf-8")).get("extra") or {}).get("weights_notice")
+                except (OSError, ValueError, AttributeError):
+                    continue
+                if isinstance(notice, str) and notice not in notices:
+                    notices.append(notice)
+        return notices
+
     # -- manifest ----------------------------------------------------------------------------------------------
     def exists(self) -> bool:
         return self.manifest_path.exists()

@@ -383,6 +383,84 @@ def test_sigkill_at_any_point_then_rerun_completes(tmp_path, tiny_runtime, fast_
     assert not (out / ".h3eval.lock").exists()  # the lock file the kill left was taken over and released
 
 
+def _planted_backend(monkeypatch, before):
+    """The real in-process backend (one shared tiny model), with ``before(recipe_name)`` called ahead of each
+    request: the tests plant a clock or an interrupt there."""
+    from h3eval.backends.inprocess import InProcessBackend
+
+    real = InProcessBackend.generate
+    calls: list[str] = []
+
+    def generate(self, recipe, request, out, extra=None, **kwargs):
+        before(recipe.name, calls)
+        calls.append(f"{recipe.name}/{Path(out).stem}")
+        return real(self, recipe, request, out, extra, **kwargs)
+
+    monkeypatch.setattr(InProcessBackend, "generate", generate)
+    return calls
+
+
+def _two_recipe_args(tmp_path):
+    prompts = write_prompts(tmp_path / "p.jsonl", {"a": "a cat", "b": "a dog"})
+    one = write_recipe(tmp_path, name="one-step", steps=1)  # other levers than fast: not an off-identity candidate
+    return dict(baseline=str(write_recipe(tmp_path)), candidates=[str(one)], prompts=prompts, out=tmp_path / "run",
+                warmup=0, speed_rounds=0, model="tiny", device="cpu")
+
+
+def test_time_box_runs_what_fits_keeps_it_and_a_rerun_resumes(tmp_path, monkeypatch):
+    """--time-box: no request starts past the box, nor one its recipe's previous request says would end past it. A
+    planted clock (each request of ``fast`` takes 5 s, of ``one-step`` 1 s; box 7.5 s): fast/a (0-5), one-step/a
+    (5-6), fast/b would end at 11 (not run), one-step/b ends at 7 (runs). What ran keeps its records and speed.json;
+    the run is partial; a rerun without the box makes fast/b alone."""
+    import h3eval.ab as abmod
+
+    now = [0.0]
+    monkeypatch.setattr(abmod, "_clock", lambda: now[0])
+
+    def tick(name, calls):
+        now[0] += 5.0 if name == "fast" else 1.0
+
+    calls = _planted_backend(monkeypatch, tick)
+    kwargs = _two_recipe_args(tmp_path)
+    result = run_ab_command(**kwargs, time_box_s=7.5)
+    out = tmp_path / "run"
+    assert calls == ["fast/a-s0", "one-step/a-s0", "one-step/b-s0"]
+    assert result.manifest.status == "partial"
+    assert [(e.recipe, e.prompt_id) for e in result.manifest.errors] == [("fast", "b")]
+    assert "not run: the time box (7.5 s)" in result.manifest.errors[0].error
+    speed = json.loads((out / "speed.json").read_text())["protocols"]["quality_clips"]
+    assert speed["fast"]["n"] == 1 and speed["one-step"]["n"] == 2
+    calls.clear()
+    result = run_ab_command(**kwargs)
+    assert calls == ["fast/b-s0"]
+    assert result.manifest.status == "complete" and not list(out.rglob("*.error.json"))
+
+
+def test_interrupted_ab_keeps_speed_and_a_partial_manifest(tmp_path, monkeypatch):
+    """A SIGINT (a driver's time limit, or Ctrl-C) before the fourth request: the three finished clips get speed.json
+    and a manifest marked partial before the interrupt goes on; the rerun makes the fourth alone and completes."""
+    stop = [True]
+
+    def interrupt(name, calls):
+        if stop[0] and len(calls) == 3:
+            raise KeyboardInterrupt
+
+    calls = _planted_backend(monkeypatch, interrupt)
+    kwargs = _two_recipe_args(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        run_ab_command(**kwargs)
+    out = tmp_path / "run"
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["status"] == "partial" and manifest["extra"]["ab"]["interrupted"]
+    speed = json.loads((out / "speed.json").read_text())["protocols"]["quality_clips"]
+    assert speed["fast"]["n"] == 2 and speed["one-step"]["n"] == 1
+    stop[0] = False
+    calls.clear()
+    result = run_ab_command(**kwargs)
+    assert calls == ["one-step/b-s0"]
+    assert result.manifest.status == "complete" and result.manifest.extra["ab"]["interrupted"] is None
+
+
 @pytest.mark.parametrize("name", ["baseline", "identity", "fewer-steps", "fbc-cache", "turbo4-tinydemo"])
 def test_shipped_cpu_recipes_run_as_configured(name, tmp_path):
     """Every shipped recipe that runs on the CPU passes the configured-versus-executed check (shortened to 3 steps)."""

@@ -58,7 +58,7 @@ REGISTRY: tuple[type[LeverConfig], ...] = (
 LEVERS: tuple[str, ...] = tuple(config.name for config in REGISTRY)
 
 __all__ = ["LEVERS", "REGISTRY", "ApplyContext", "LeverConfig", "LeverError", "LeverHandle", "apply_recipe_levers",
-           "keeps_on_cpu", "lever_configs", "lever_telemetry", "preflight"]
+           "keeps_on_cpu", "lever_configs", "lever_telemetry", "preflight", "shared_problems"]
 
 
 def _check_registry() -> None:
@@ -96,26 +96,42 @@ def preflight(recipe, device) -> None:
 
 
 def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: bool,
-                        reversible: bool = False) -> dict[str, LeverHandle]:
+                        reversible: bool = False, keep_on: str | None = "cpu", weight_source=None,
+                        applied: dict[str, LeverHandle] | None = None) -> dict[str, LeverHandle]:
     """Apply every lever ``recipe`` switches on to ``pipe``; returns the handles by lever name. ``reversible`` keeps
-    the float weights that quantization and the AdaLN precompute would drop, so that removing the handles restores
-    the model (benchmarks that measure several recipes on one model); the runtime drops them to save memory."""
+    the float weights that quantization and the AdaLN precompute would drop (on ``keep_on``; None: where they are),
+    and restores weights a fused LoRA changed from ``weight_source`` (or from a kept copy without one), so that removing
+    the handles restores the model (benchmarks that measure several recipes on one model, a shared model); the runtime
+    of one recipe drops them to save memory.
+
+    ``applied``: levers already on the model, kept from the previous recipe of a shared model (the same config at the
+    same step count); they are not applied again (their ``prepare`` settings are made again), and later levers build
+    on their handles."""
     preflight(recipe, device)
+    kept = dict(applied or {})
     ctx = ApplyContext(device=str(device), model_sha256=model_sha256, is_tiny=is_tiny, steps=recipe.steps,
-                       reversible=reversible)
+                       reversible=reversible, keep_on=keep_on, weight_source=weight_source, handles=dict(kept))
     try:
         for config in lever_configs(recipe):
             config.prepare(pipe, ctx)
-            if config.is_on():
+            if config.is_on() and config.name not in kept:
                 ctx.handles[config.name] = config.apply(pipe, ctx)
     except LeverError as exc:
-        for handle in reversed(ctx.handles.values()):
+        for name, handle in reversed(list(ctx.handles.items())):
+            if name in kept:
+                continue
             try:
                 handle.remove()
             except LeverError:
                 pass  # irreversible levers (fused LoRA, dropped weights): the runtime is discarded anyway
         raise LeverError(f"recipe {recipe.name!r}: {exc}") from exc
     return ctx.handles
+
+
+def shared_problems(recipe) -> list[str]:
+    """Why ``recipe`` cannot run on a model several recipes share (its levers applied and removed between requests);
+    empty when it can."""
+    return [p for config in lever_configs(recipe) if config.is_on() for p in config.shared_problems()]
 
 
 def lever_telemetry(handles: dict[str, LeverHandle], recipe=None, executed: "Executed | None" = None

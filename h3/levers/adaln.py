@@ -51,7 +51,7 @@ class AdalnConfig(LeverConfig):
         return apply_adaln_precompute(
             pipe, self, num_inference_steps=ctx.num_inference_steps, model_sha256=ctx.model_sha256,
             weights_tag=lora.weights_tag if lora is not None else "", compute_device=ctx.device,
-            keep_originals=ctx.reversible,
+            keep_originals=ctx.reversible, keep_on=ctx.keep_on,
         )
 
     def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
@@ -151,12 +151,16 @@ class AdalnHandle(LeverHandle):
             "table_lookups": self.lookups,
         }
 
+    def held_tensors(self) -> list[torch.Tensor]:
+        return [t for m in self.originals if m is not None for t in (*m.parameters(), *m.buffers())]
+
     def _remove(self) -> None:
         if any(original is None for original in self.originals):
             raise LeverError("AdaLN precompute dropped the adaln_proj weights (keep_originals=False); reload the model")
         self._hook.remove()
         for block, original in zip(self.transformer.transformer_blocks, self.originals):
-            block.adaln_proj = original
+            # Back where the table computed (a kept copy may have been parked on the CPU).
+            block.adaln_proj = original.to(block.adaln_proj.table.device)
         unmark_applied(self.transformer, "adaln")
 
 
@@ -187,7 +191,8 @@ def _cache_path(cache_dir: Path | None, model_sha256: str, weights_tag: str, ext
 @torch.no_grad()
 def apply_adaln_precompute(pipe, config: AdalnConfig, *, num_inference_steps: int, model_sha256: str,
                            weights_tag: str = "", cache_dir: Path | None = None, compute_device: str | None = None,
-                           extra_key: dict[str, Any] | None = None, keep_originals: bool = True) -> AdalnHandle:
+                           extra_key: dict[str, Any] | None = None, keep_originals: bool = True,
+                           keep_on: str | None = "cpu") -> AdalnHandle:
     """Replace every block's ``adaln_proj`` by its table for the recipe's schedule.
 
     ``num_inference_steps``: diffusers' step count (grid points incl. the terminal zero), as the pipeline passes it.
@@ -195,8 +200,9 @@ def apply_adaln_precompute(pipe, config: AdalnConfig, *, num_inference_steps: in
     fused) key the disk cache, which lives in ``cache_dir`` (default ``$H3_CACHE_DIR/adaln``; off when
     ``config.disk_cache`` is false). ``compute_device``: where the tables are computed, the device the model runs on,
     so that they match its arithmetic bit for bit (under offloading the weights still sit on the CPU at load time);
-    None: the modules' own device. ``keep_originals`` keeps the dropped modules on the CPU so that ``remove()`` can
-    restore them; the runtime passes False so that the weights are freed entirely.
+    None: the modules' own device. ``keep_originals`` keeps the dropped modules (on ``keep_on``, the CPU by default;
+    None: where they are) so that ``remove()`` can restore them; the runtime of one recipe passes False so that the
+    weights are freed entirely.
     """
     transformer = pipe.transformer
     blocks = list(transformer.transformer_blocks)
@@ -256,7 +262,7 @@ def apply_adaln_precompute(pipe, config: AdalnConfig, *, num_inference_steps: in
         for block, table in zip(blocks, tables):
             original = block.adaln_proj
             dropped += sum(p.numel() for p in original.parameters())
-            originals.append(original.to("cpu") if keep_originals else None)
+            originals.append((original.to(keep_on) if keep_on is not None else original) if keep_originals else None)
             block.adaln_proj = PrecomputedAdaLNModulation(table.to(home), rows=[])
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -54,6 +54,11 @@ class LeverHandle:
     def telemetry(self) -> dict[str, Any]:
         return {"applied": not self.removed}
 
+    def held_tensors(self) -> list[torch.Tensor]:
+        """Tensors this handle keeps outside the model (float weights kept so that ``remove()`` restores them): the
+        memory a shared model's accounting adds to the loaded components."""
+        return []
+
     def remove(self) -> None:
         if self.removed:
             return
@@ -78,6 +83,12 @@ class ApplyContext:
     """DiT forward passes per request (the recipe's ``steps``)."""
     reversible: bool = False
     """Keep what a lever would drop (float weights), so that removing the handles restores the model."""
+    keep_on: str | None = "cpu"
+    """Where a reversible lever keeps what it would drop: ``"cpu"``, or None to leave it where it is (a shared model on
+    a GPU with room for it: no copy at every switch)."""
+    weight_source: Any = None
+    """Where the loaded weights can be read again (:mod:`h3.weights`): a reversible lever that changes weights in place
+    (a fused LoRA) restores them from it instead of keeping a copy."""
     handles: dict[str, LeverHandle] = field(default_factory=dict)
     """The levers applied so far, by name (a lever may build on an earlier one: AdaLN tables keyed by the LoRA)."""
 
@@ -117,6 +128,11 @@ class LeverConfig(BaseModel):
     def keeps_on_cpu(self, component: str) -> bool:
         """Whether the runtime must leave ``component`` on the CPU at load because this lever moves it itself."""
         return False
+
+    def shared_problems(self) -> list[str]:
+        """Why this lever cannot be applied and removed between requests on a model that several recipes share
+        (``H3Runtime(shared=True)``); empty when it can."""
+        return []
 
     def prepare(self, pipe: Any, ctx: ApplyContext) -> None:
         """A setting the recipe makes whether the lever is on or off (called for every lever, before ``apply``)."""
@@ -209,7 +225,37 @@ def mark_applied(module: torch.nn.Module, lever: str) -> None:
 
 
 def unmark_applied(module: torch.nn.Module, lever: str) -> None:
-    module.__dict__.get("_h3_levers", set()).discard(lever)
+    applied = module.__dict__.get("_h3_levers")
+    if applied is None:
+        return
+    applied.discard(lever)
+    if not applied:  # removing the last lever leaves the module as it was loaded: no empty marker behind
+        del module.__dict__["_h3_levers"]
+
+
+def instance_attributes(module: torch.nn.Module) -> set[str]:
+    """The names of ``module``'s own attributes (to tell later what a library added to it)."""
+    return set(vars(module))
+
+
+def drop_added_attributes(module: torch.nn.Module, before: set[str], keep: tuple[str, ...] = ("_h3_levers",)) -> None:
+    """Remove the instance attributes added to ``module`` since ``before`` (what diffusers or peft set while a lever
+    was applied: ``_cache_config``, ``_hf_peft_config_loaded``...), so that removal leaves the module as it was."""
+    for name in set(vars(module)) - before - set(keep):
+        delattr(module, name)
+
+
+def forget_empty_hook_registries(root: torch.nn.Module) -> None:
+    """After diffusers' hooks are removed, drop what their registry left on each module: the empty
+    ``_diffusers_hook`` registry and the ``forward`` instance attribute it restored (the class's own method, bound)."""
+    for module in root.modules():
+        registry = vars(module).get("_diffusers_hook")
+        if registry is None or registry.hooks:
+            continue
+        del module.__dict__["_diffusers_hook"]
+        forward = vars(module).get("forward")
+        if getattr(forward, "__func__", None) is type(module).forward and getattr(forward, "__self__", None) is module:
+            del module.__dict__["forward"]
 
 
 def require_cuda(what: str, device: torch.device) -> None:

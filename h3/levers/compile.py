@@ -119,15 +119,29 @@ class CompileHandle(LeverHandle):
 
     def _remove(self) -> None:
         for module in _regions(self.transformer):
-            module._compiled_call_impl = None
+            # nn.Module.compile set an instance attribute over the class's None: drop it, leave the module as loaded.
+            module.__dict__.pop("_compiled_call_impl", None)
         unmark_applied(self.transformer, "compile")
+
+
+_BACKENDS: dict[str, CountingBackend] = {}
+"""One counting backend per compile config in this process. dynamo's compiled graphs live on the code they compiled
+and are guarded on the backend object: applying the lever again with the same backend (a shared model switching back
+to a compiled recipe) finds them, where a new backend would compile every graph again at the next request."""
+
+
+def counting_backend(config: CompileConfig) -> CountingBackend:
+    key = config.model_dump_json()
+    if key not in _BACKENDS:
+        _BACKENDS[key] = CountingBackend(config.backend, config.mode)
+    return _BACKENDS[key]
 
 
 def apply_compile(transformer, config: CompileConfig) -> CompileHandle:
     if config.mode is not None and config.backend != "inductor":
         raise LeverError(f"compile.mode {config.mode!r} is an inductor option; backend is {config.backend!r}")
     try:
-        backend = CountingBackend(config.backend, config.mode)
+        backend = counting_backend(config)
     except Exception as exc:  # dynamo raises InvalidBackend with the list of known ones
         raise LeverError(f"compile.backend {config.backend!r} is not available: {exc}") from exc
     regions = _regions(transformer)

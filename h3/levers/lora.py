@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, count_forward, counts, mark_applied,
-                           new_counter, uncount_forward, unmark_applied)
+from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, count_forward, counts,
+                           drop_added_attributes, instance_attributes, mark_applied, new_counter, uncount_forward,
+                           unmark_applied)
 
 if TYPE_CHECKING:
     from h3.record import Executed
@@ -55,7 +56,8 @@ class LoraConfig(LeverConfig):
             resolve_lora_path(self.path, is_tiny=False)
 
     def apply(self, pipe, ctx: ApplyContext) -> "LoraHandle":
-        return apply_lora(pipe, self, is_tiny=ctx.is_tiny, device=ctx.device)
+        return apply_lora(pipe, self, is_tiny=ctx.is_tiny, device=ctx.device, reversible=ctx.reversible,
+                          keep_on=ctx.keep_on, weight_source=ctx.weight_source)
 
     def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
         """Every module the adapter file targets matched a transformer module (seed 001: a LoRA that matched 0 of 266
@@ -142,6 +144,88 @@ def write_tiny_lora(path: Path, transformer: torch.nn.Module, misnamed: bool = F
     return path
 
 
+_ABSENT = object()
+
+TURBO_LORA_FILE = "minimax-h3-turbo-4step.safetensors"
+"""The file name the shipped turbo recipes read under ``$H3_LORA_DIR``."""
+TURBO_RANK, TURBO_ADALN_RANK = 64, 16
+"""Published H3 LoRAs are "alpha-less and mixed-rank (64 on attention and FFN, 16 on the AdaLN projections)"
+(diffusers' MiniMaxH3LoraLoaderMixin)."""
+RANDOM_LORA_SEED = 4004
+# The original checkpoint's module names (what every published H3 LoRA is trained against), and the diffusers
+# modules each stands for (diffusers' _convert_non_diffusers_minimax_h3_lora_to_diffusers, read backwards).
+_STANDALONE = {
+    "video_patch_proj": "proj_in", "audio_patch_proj": "audio_proj_in", "condition_proj": "context_embedder",
+    "time_embedder.proj_in": "time_embedder.linear_1", "time_embedder.proj_out": "time_embedder.linear_2",
+    "final_layer.adaln_proj.linear": "norm_out.linear", "final_layer.video_out": "proj_out",
+    "final_layer.audio_out": "audio_proj_out",
+}
+
+
+def turbo_lora_targets(transformer: torch.nn.Module) -> dict[str, tuple[int, int, int]]:
+    """The modules a turbo (step-distillation) LoRA adapts, by their original names, with (in, out, rank): every
+    block's fused ``attn.qkv_proj``, ``attn.out_proj``, ``mlp.fc1``, ``mlp.fc2`` and ``adaln_proj.linear``, the token
+    refiner blocks' first four, and the eight projections outside the stacks (266 modules for the released DiT: seed
+    001's "0 of 266 layers")."""
+    def dims(name: str) -> tuple[int, int]:
+        module = transformer.get_submodule(name)
+        return module.in_features, module.out_features
+
+    targets: dict[str, tuple[int, int, int]] = {}
+    stacks = [("blocks", "transformer_blocks", len(transformer.transformer_blocks), True),
+              ("token_refiner.blocks", "token_refiner.refiner_blocks",
+               len(transformer.token_refiner.refiner_blocks), False)]
+    for source, target, count, adaln in stacks:
+        for i in range(count):
+            q_in, q_out = dims(f"{target}.{i}.attn.to_q")
+            qkv_out = q_out + dims(f"{target}.{i}.attn.to_k")[1] + dims(f"{target}.{i}.attn.to_v")[1]
+            targets[f"{source}.{i}.attn.qkv_proj"] = (q_in, qkv_out, TURBO_RANK)
+            targets[f"{source}.{i}.attn.out_proj"] = (*dims(f"{target}.{i}.attn.to_out.0"), TURBO_RANK)
+            targets[f"{source}.{i}.mlp.fc1"] = (*dims(f"{target}.{i}.ff.net.0.proj"), TURBO_RANK)
+            targets[f"{source}.{i}.mlp.fc2"] = (*dims(f"{target}.{i}.ff.net.2"), TURBO_RANK)
+            if adaln:
+                targets[f"{source}.{i}.adaln_proj.linear"] = (*dims(f"{target}.{i}.adaln_proj.linear"),
+                                                               TURBO_ADALN_RANK)
+    for source, target in _STANDALONE.items():
+        rank = TURBO_ADALN_RANK if "adaln" in source else TURBO_RANK
+        targets[source] = (*dims(target), rank)
+    return targets
+
+
+def random_turbo_lora_state_dict(transformer: torch.nn.Module, seed: int = RANDOM_LORA_SEED,
+                                 dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """A seeded random LoRA in the published turbo LoRA's format: ai-toolkit's layout (``diffusion_model.`` prefix,
+    the original module names, ``lora_A``/``lora_B``, no alphas), the turbo targets and ranks
+    (:func:`turbo_lora_targets`). Drawn on the CPU, so the same seed gives the same file on any machine; the full-size
+    one is about 0.7 GB in bf16. Random factors change the output like a real LoRA changes it in cost (the fused
+    weights have the same shapes), not in quality."""
+    gen = torch.Generator().manual_seed(seed)
+    state: dict[str, torch.Tensor] = {}
+    for name, (fan_in, fan_out, rank) in turbo_lora_targets(transformer).items():
+        a = torch.randn(rank, fan_in, generator=gen) / fan_in**0.5
+        b = torch.randn(fan_out, rank, generator=gen) * 0.02
+        state[f"diffusion_model.{name}.lora_A.weight"] = a.to(dtype).contiguous()
+        state[f"diffusion_model.{name}.lora_B.weight"] = b.to(dtype).contiguous()
+    return state
+
+
+def write_random_turbo_lora(path: str | os.PathLike, transformer: torch.nn.Module, seed: int = RANDOM_LORA_SEED,
+                            dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Write :func:`random_turbo_lora_state_dict` to ``path`` atomically (for rehearsals without the real LoRA:
+    ``h3-random``, where ``$H3_LORA_DIR/minimax-h3-turbo-4step.safetensors`` is this file)."""
+    from safetensors.torch import save_file
+
+    from h3.atomic import tmp_path_for
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_path_for(path)
+    save_file(random_turbo_lora_state_dict(transformer, seed, dtype), str(tmp),
+              metadata={"format": "pt", "h3_random_lora_seed": str(seed)})
+    os.replace(tmp, path)
+    return path
+
+
 def _lora_layers(transformer: torch.nn.Module, adapter: str) -> dict[str, Any]:
     from peft.tuners.lora import LoraLayer
 
@@ -152,10 +236,18 @@ class LoraHandle(LeverHandle):
     name = "lora"
 
     def __init__(self, pipe, config: LoraConfig, path: Path, file_modules: list[str], matched: list[str],
-                 scalings: list[float], device: str | torch.device | None = None):
+                 scalings: list[float], device: str | torch.device | None = None,
+                 fused_weights: list[str] | None = None, weight_source=None,
+                 originals: dict[str, torch.Tensor] | None = None):
         super().__init__()
         self.pipe, self.config, self.path = pipe, config, path
         self.file_modules, self.matched, self.scalings = file_modules, matched, scalings
+        self.fused_weights = fused_weights
+        """Reversible fused form: the transformer weights the fuse changed in place (restored on ``remove()``)."""
+        self.weight_source, self.originals = weight_source, originals or {}
+        self.merged_before: Any = _ABSENT
+        self.attributes_before: set[str] | None = None
+        self.requires_grad: dict[str, bool] = {}
         self._counted: list[torch.nn.Module] = []
         self._counters: list[torch.Tensor] = []
         if not config.fuse:
@@ -195,23 +287,55 @@ class LoraHandle(LeverHandle):
             "lora_layer_calls": self.calls,
         }
 
+    def held_tensors(self) -> list[torch.Tensor]:
+        return list(self.originals.values())
+
+    @torch.no_grad()
     def _remove(self) -> None:
         for layer in self._counted:
             uncount_forward(layer)
         self._counted = []
         if self.config.fuse:
-            raise LeverError("a fused LoRA is part of the weights now; reload the model to remove it")
-        self.pipe.unload_lora_weights()
-        unmark_applied(self.pipe.transformer, "lora")
+            if self.fused_weights is None:
+                raise LeverError("a fused LoRA is part of the weights now; reload the model to remove it (or apply it "
+                                 "reversibly: a shared model reads the weights again from their source)")
+            transformer = self.pipe.transformer
+            if self.weight_source is not None:
+                self.weight_source.restore("transformer", transformer, self.fused_weights)
+            else:
+                for name in self.fused_weights:
+                    transformer.get_parameter(name).copy_(self.originals[name])
+                self.originals.clear()
+            if self.merged_before is _ABSENT:
+                vars(self.pipe).pop("_merged_adapters", None)
+            else:
+                self.pipe._merged_adapters = self.merged_before
+        else:
+            self.pipe.unload_lora_weights()
+        # peft left the base weights frozen and diffusers its adapter bookkeeping on the transformer: as loaded again.
+        transformer = self.pipe.transformer
+        for name, param in transformer.named_parameters():
+            if name in self.requires_grad:
+                param.requires_grad_(self.requires_grad[name])
+        if self.attributes_before is not None:
+            drop_added_attributes(transformer, self.attributes_before)
+        unmark_applied(transformer, "lora")
 
 
-def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False,
-               device: str | torch.device | None = None) -> LoraHandle:
-    """Load ``config.path`` into ``pipe.transformer``; fuse it when asked. Refuses a LoRA that matches no module."""
+def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False, device: str | torch.device | None = None,
+               reversible: bool = False, keep_on: str | None = "cpu", weight_source=None) -> LoraHandle:
+    """Load ``config.path`` into ``pipe.transformer``; fuse it when asked. Refuses a LoRA that matches no module.
+
+    ``device``: where the LoRA layers' call counters live (the runtime's device; None: the layers' own).
+    ``reversible`` with ``fuse``: the weights the fuse changes in place are restored on ``remove()``, read again from
+    ``weight_source`` (:mod:`h3.weights`), or without one from copies kept on ``keep_on`` (None: beside them). Exact:
+    unfusing by subtraction is not (``W + s·BA - s·BA`` is not ``W`` in floating point)."""
     from diffusers.loaders.lora_pipeline import MiniMaxH3LoraLoaderMixin
 
     transformer = pipe.transformer
     path = resolve_lora_path(config.path, is_tiny=is_tiny, transformer=transformer)
+    attributes_before = instance_attributes(transformer)
+    requires_grad = {name: p.requires_grad for name, p in transformer.named_parameters()}
     mark_applied(transformer, "lora")
     try:
         state, _ = MiniMaxH3LoraLoaderMixin.lora_state_dict(str(path), return_lora_metadata=True)
@@ -232,7 +356,17 @@ def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False,
             pipe.set_adapters([config.adapter_name], adapter_weights=[config.scale])
         # peft's per-module scaling: adapter weight x alpha / rank, what multiplies B @ A in the forward.
         scalings = [float(layer.scaling[config.adapter_name]) for layer in layers.values()]
+        fused_weights, originals = None, {}
+        if config.fuse and reversible:
+            # The base layers' weights, by the names they have again once the adapter is unloaded.
+            fused_weights = [f"{name}.weight" for name in sorted(layers)]
+            if weight_source is None:
+                originals = {f"{name}.weight": layer.get_base_layer().weight.detach().to(
+                    keep_on or layer.get_base_layer().weight.device, copy=True) for name, layer in layers.items()}
         if config.fuse:
+            # fuse_lora records the adapter in the pipeline's ``_merged_adapters`` (an instance attribute over the
+            # class's empty set): kept to put back on a reversible removal.
+            merged_before = vars(pipe).get("_merged_adapters", _ABSENT)
             pipe.fuse_lora(components=["transformer"], lora_scale=1.0, adapter_names=[config.adapter_name])
             # Drop the LoRA factors: the fused base weights carry the adapter now.
             pipe.unload_lora_weights()
@@ -240,7 +374,12 @@ def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False,
     except BaseException:
         unmark_applied(transformer, "lora")
         raise
-    return LoraHandle(pipe, config, path, file_modules, sorted(layers), scalings, device)
+    handle = LoraHandle(pipe, config, path, file_modules, sorted(layers), scalings, device, fused_weights,
+                        weight_source, originals)
+    if config.fuse:
+        handle.merged_before = merged_before
+    handle.attributes_before, handle.requires_grad = attributes_before, requires_grad
+    return handle
 
 
 def save_fused_checkpoint(runtime, directory) -> None:

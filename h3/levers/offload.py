@@ -47,6 +47,10 @@ class OffloadConfig(LeverConfig):
             return ["offload.use_stream (prefetch on a side CUDA stream) needs a CUDA GPU"]
         return []
 
+    def shared_problems(self) -> list[str]:
+        return ["offload: diffusers' group offloading cannot be removed in place, so the recipe cannot take turns on a "
+                "shared model"]
+
     def keeps_on_cpu(self, component: str) -> bool:
         """The offloaded modules stay on the CPU at load; the lever streams them to the device group by group."""
         return self.enabled and (component == "transformer" or (component == "text_encoder" and self.text_encoder))

@@ -69,7 +69,8 @@ class QuantizationConfig(LeverConfig):
         return []
 
     def apply(self, pipe, ctx: ApplyContext) -> "QuantizationHandle":
-        return apply_quantization(pipe.transformer, self, keep_originals=ctx.reversible, compute_device=ctx.device)
+        return apply_quantization(pipe.transformer, self, keep_originals=ctx.reversible, compute_device=ctx.device,
+                                  keep_on=ctx.keep_on)
 
     def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
         """The configured mode, on at least one module, with the configured exclusions; in a request, every quantized
@@ -214,6 +215,9 @@ class QuantizationHandle(LeverHandle):
             "quantized_modules_called": sum(1 for c in calls if c > 0),
         }
 
+    def held_tensors(self) -> list[torch.Tensor]:
+        return [t for module in self.originals.values() for t in (*module.parameters(), *module.buffers())]
+
     def _remove(self) -> None:
         if len(self.originals) != len(self.replaced):
             raise LeverError("quantization dropped the float weights (keep_originals=False); reload the model")
@@ -229,15 +233,47 @@ def _set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
+def select_linears(module: nn.Module, config: QuantizationConfig) -> tuple[dict[str, nn.Linear], list[str], list[str]]:
+    """The Linears the lever quantizes (by name), those ``config.exclude`` keeps in floating point, and those whose
+    shape the kernel does not take."""
+    patterns = [re.compile(p) for p in config.exclude]
+    chosen, excluded, skipped = {}, [], []
+    for name, child in list(module.named_modules()):
+        if not isinstance(child, nn.Linear) or "lora_" in name:
+            continue
+        if any(p.search(name) for p in patterns):
+            excluded.append(name)
+        elif not kernel_shape_ok(child.in_features, child.out_features, config.mode):
+            skipped.append(name)
+        else:
+            chosen[name] = child
+    return chosen, excluded, skipped
+
+
+def quantized_bytes(module: nn.Module, config: QuantizationConfig) -> dict[str, int]:
+    """Bytes of the quantized copies the lever would make of ``module`` (weights at one byte, per-channel float32
+    scales, bias copies) and of the float weights they replace: the memory plan of a model the lever is applied to
+    (works on the meta device)."""
+    chosen, _, _ = select_linears(module, config)
+    quantized = replaced = 0
+    for child in chosen.values():
+        bias = child.bias.numel() * child.bias.element_size() if child.bias is not None else 0
+        quantized += child.weight.numel() + 4 * child.out_features + bias
+        replaced += child.weight.numel() * child.weight.element_size() + bias
+    return {"quantized_bytes": quantized, "replaced_float_bytes": replaced, "modules": len(chosen)}
+
+
 @torch.no_grad()
 def apply_quantization(module: nn.Module, config: QuantizationConfig, *, keep_originals: bool = True,
-                       compute_device: str | None = None, allow_cpu_fp8: bool = False) -> QuantizationHandle:
+                       compute_device: str | None = None, allow_cpu_fp8: bool = False,
+                       keep_on: str | None = "cpu") -> QuantizationHandle:
     """Replace every ``nn.Linear`` of ``module`` not matched by ``config.exclude`` with a QuantizedLinear.
 
-    ``keep_originals`` keeps the float modules (on the CPU) so that ``remove()`` can restore them; the runtime drops
-    them. ``compute_device``: where the quantized linears will compute (the runtime's device; parameters may sit on
-    the CPU under offloading); None: the module's own device. ``allow_cpu_fp8`` (tests only) lets FP8 run through
-    the CPU's emulated ``_scaled_mm`` to check its numerics.
+    ``keep_originals`` keeps the float modules (on ``keep_on``, the CPU by default; None: where they are) so that
+    ``remove()`` can restore them; the runtime of one recipe drops them. ``compute_device``: where the quantized
+    linears will compute (the runtime's device; parameters may sit on the CPU under offloading); None: the module's
+    own device. ``allow_cpu_fp8`` (tests only) lets FP8 run through the CPU's emulated ``_scaled_mm`` to check its
+    numerics.
     """
     if config.mode not in MODES:
         raise LeverError(f"unknown quantization mode {config.mode!r}; one of {', '.join(MODES)}")
@@ -252,22 +288,14 @@ def apply_quantization(module: nn.Module, config: QuantizationConfig, *, keep_or
         if compute.type == "cuda" and torch.cuda.get_device_capability(compute) < (8, 9):
             raise LeverError(f"quant.mode = 'fp8_w8a8' needs compute capability 8.9+, {compute} has "
                              f"{torch.cuda.get_device_capability(compute)}")
-    patterns = [re.compile(p) for p in config.exclude]
+    chosen, excluded, skipped = select_linears(module, config)
     mark_applied(module, "quant")
-    replaced, excluded, skipped, originals = {}, [], [], {}
-    for name, child in list(module.named_modules()):
-        if not isinstance(child, nn.Linear) or "lora_" in name:
-            continue
-        if any(p.search(name) for p in patterns):
-            excluded.append(name)
-            continue
-        if not kernel_shape_ok(child.in_features, child.out_features, config.mode):
-            skipped.append(name)
-            continue
+    replaced, originals = {}, {}
+    for name, child in chosen.items():
         quantized = QuantizedLinear(child, config.mode).to(device)
         quantized.calls = new_counter(compute)
         if keep_originals:
-            originals[name] = child.to("cpu")
+            originals[name] = child.to(keep_on) if keep_on is not None else child
         replaced[name] = quantized
         _set_submodule(module, name, quantized)
     if not replaced:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 from pydantic import Field
 
-from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, count_forward, counts, mark_applied,
+from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, count_forward, counts,
+                           drop_added_attributes, forget_empty_hook_registries, instance_attributes, mark_applied,
                            new_counter, uncount_forward, unmark_applied)
 
 if TYPE_CHECKING:
@@ -110,9 +111,11 @@ def diffusers_cache_config(config: StepCacheConfig, num_inference_steps: int = 2
 class StepCacheHandle(LeverHandle):
     name = "cache"
 
-    def __init__(self, transformer, config: StepCacheConfig, device: str | torch.device | None = None):
+    def __init__(self, transformer, config: StepCacheConfig, device: str | torch.device | None = None,
+                 attributes_before: set[str] | None = None):
         super().__init__()
         self.transformer, self.config = transformer, config
+        self.attributes_before = attributes_before
         self.step = 0
         self.forwards = 0
         # The first sub-layer of the last block's feed-forward runs only when that block really computed (a cache hook
@@ -163,6 +166,9 @@ class StepCacheHandle(LeverHandle):
             h.remove()
         uncount_forward(self._probe)
         self.transformer.disable_cache()
+        forget_empty_hook_registries(self.transformer)
+        if self.attributes_before is not None:
+            drop_added_attributes(self.transformer, self.attributes_before)
         unmark_applied(self.transformer, "cache")
 
 
@@ -174,10 +180,11 @@ def apply_step_cache(transformer, config: StepCacheConfig, *, num_inference_step
         raise LeverError(f"unknown cache.kind {config.kind!r}; one of {', '.join(KINDS)}")
     _register_block_metadata()
     diff_config = diffusers_cache_config(config, num_inference_steps)
+    before = instance_attributes(transformer)
     mark_applied(transformer, "cache")
     try:
         transformer.enable_cache(diff_config)
     except BaseException:
         unmark_applied(transformer, "cache")
         raise
-    return StepCacheHandle(transformer, config, device)
+    return StepCacheHandle(transformer, config, device, before)

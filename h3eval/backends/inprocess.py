@@ -1,14 +1,23 @@
-"""The ``inprocess`` backend: the h3 runtime in this process, one loaded runtime per recipe."""
+"""The ``inprocess`` backend: the h3 runtime in this process.
+
+By default every recipe takes its turn on **one shared model** (``H3Runtime(shared=True)``): one DiT, one text encoder
+and one pair of VAEs are loaded once, and before each request the runtime removes the previous recipe's levers and
+applies this one's (reversibly: see :meth:`h3.runtime.H3Runtime.switch_recipe`), so an interleaved A/B (baseline,
+candidate 1, candidate 2, baseline, ...) holds one full-size model, not one per recipe. A recipe that cannot share it
+(another dtype, group offloading) is refused before anything runs, with what to do instead (a server per recipe).
+
+With a ``runtime_factory`` (tests, or ``shared=False``) each recipe gets its own runtime, loaded on first use.
+"""
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from h3.record import ClipRecord
 from h3.recipe import Recipe
-from h3.runtime import GenerateRequest, H3Runtime
+from h3.runtime import GenerateRequest, H3Runtime, SharedModelError
 
 logger = logging.getLogger(__name__)
 
@@ -20,22 +29,58 @@ def default_runtime_factory(model: str, recipe: Recipe, device: str | None) -> H
 
 
 class InProcessBackend:
-    """Generates with :class:`h3.runtime.H3Runtime`; each recipe gets its own runtime, loaded on first use."""
+    """Generates with :class:`h3.runtime.H3Runtime`: one shared model for every recipe (default), or one runtime per
+    recipe (``shared=False`` or a ``runtime_factory``)."""
 
     name = "inprocess"
     concurrency = 1
 
-    def __init__(self, model: str, device: str | None = None, runtime_factory: RuntimeFactory | None = None):
+    def __init__(self, model: str, device: str | None = None, runtime_factory: RuntimeFactory | None = None,
+                 shared: bool | None = None, text_encoder: str = "resident"):
         self.model = model
         self.device = device
+        self.shared = runtime_factory is None if shared is None else shared
+        if self.shared and runtime_factory is not None:
+            raise ValueError("a runtime_factory makes one runtime per recipe; it cannot be combined with shared=True")
         self.runtime_factory = runtime_factory or default_runtime_factory
+        self.text_encoder = text_encoder
         self._runtimes: dict[str, Any] = {}
+        self._shared: H3Runtime | None = None
+
+    def check_recipes(self, recipes: Sequence[Recipe]) -> None:
+        """Refuse, before any weight loads, recipes that cannot share one model (different dtypes, levers that cannot
+        be removed): raises SharedModelError naming each and what to do instead."""
+        if not self.shared or not recipes:
+            return
+        from h3.runtime import shared_recipes_problems
+
+        problems = shared_recipes_problems(list(recipes))
+        if problems:
+            raise SharedModelError(
+                "these recipes cannot share one in-process model: " + "; ".join(problems) + ". Run each on its own "
+                "server (`h3 serve --recipe NAME --port P`, then `h3eval ab --backend http --url NAME=http://...`), "
+                "or `h3eval ab --no-share-model` where memory allows one runtime per recipe.")
 
     def runtime(self, recipe: Recipe) -> Any:
-        if recipe.name not in self._runtimes:
-            logger.info("loading %s with recipe %s", self.model, recipe.name)
-            self._runtimes[recipe.name] = self.runtime_factory(self.model, recipe, self.device)
-        return self._runtimes[recipe.name]
+        if not self.shared:
+            if recipe.name not in self._runtimes:
+                logger.info("loading %s with recipe %s", self.model, recipe.name)
+                self._runtimes[recipe.name] = self.runtime_factory(self.model, recipe, self.device)
+            return self._runtimes[recipe.name]
+        if self._shared is None:
+            logger.info("loading %s once, shared by every recipe (first: %s)", self.model, recipe.name)
+            self._shared = H3Runtime.load(self.model, recipe, self.device, shared=True,
+                                          text_encoder=self.text_encoder)
+        elif self._shared.recipe is not recipe or not self._shared.levers_applied:
+            info = self._shared.switch_recipe(recipe)
+            logger.info("switched the shared model %s -> %s in %.2f s (kept %s, removed %s, applied %s)",
+                        info["from"], info["to"], info["seconds"], info["kept"], info["removed"], info["applied"])
+        return self._shared
+
+    @property
+    def runtimes_held(self) -> int:
+        """How many loaded models this backend holds (1 when shared, whatever the number of recipes)."""
+        return (self._shared is not None) + len(self._runtimes)
 
     def generate(self, recipe: Recipe, request: GenerateRequest, out: Path, extra: dict | None = None,
                  trajectory: bool = False) -> ClipRecord:
@@ -46,3 +91,4 @@ class InProcessBackend:
 
     def close(self) -> None:
         self._runtimes.clear()
+        self._shared = None

@@ -19,7 +19,9 @@ def register(app: typer.Typer) -> None:
         candidate: List[str] = typer.Option([], "--candidate", help="Candidate recipe (repeatable)."),
         prompts: str = typer.Option(..., "--prompts", envvar="H3EVAL_PROMPTS", help="Prompt suite name or JSONL."),
         out: Path = typer.Option(..., "--out", envvar="H3EVAL_OUT", help="Run directory (created or resumed)."),
-        model: str = typer.Option("tiny", "--model", envvar="H3EVAL_MODEL", help="'tiny' or a checkpoint dir."),
+        model: str = typer.Option(
+            "tiny", "--model", envvar="H3EVAL_MODEL",
+            help="'tiny', 'h3-random' (released size, random weights), 'h3-random-small' or a checkpoint dir."),
         seeds: str = typer.Option("0", "--seeds", envvar="H3EVAL_SEEDS", help="Seeds, e.g. 0,1 or 0-3."),
         backend: str = typer.Option("inprocess", "--backend", envvar="H3EVAL_BACKEND", help="inprocess or http."),
         url: List[str] = typer.Option([], "--url", help="Server URL, or RECIPE=URL (repeatable; http backend)."),
@@ -36,6 +38,17 @@ def register(app: typer.Typer) -> None:
         width: Optional[int] = typer.Option(None, "--width"),
         timeout_s: float = typer.Option(1800.0, "--timeout", help="Per-request timeout of the http backend (s)."),
         device: Optional[str] = typer.Option(None, "--device", envvar="H3EVAL_DEVICE"),
+        share_model: bool = typer.Option(
+            True, "--share-model/--no-share-model",
+            help="inprocess: every recipe takes turns on one loaded model (levers applied and removed between "
+                 "requests); --no-share-model loads one runtime per recipe."),
+        text_encoder: str = typer.Option(
+            "resident", "--text-encoder", envvar="H3EVAL_TEXT_ENCODER",
+            help="inprocess: 'resident' on the device, or 'offload' (streamed from host memory while it encodes)."),
+        time_box: Optional[float] = typer.Option(
+            None, "--time-box",
+            help="Seconds after which no request starts (nor one its recipe's last request says would end later); "
+                 "the rest are recorded as not run, the run is partial, a rerun resumes it."),
         verbose: bool = typer.Option(False, "--verbose", "-v"),
     ) -> None:
         """Generate every (recipe, prompt, seed) clip into one run and write speed.json; a rerun resumes."""
@@ -45,7 +58,8 @@ def register(app: typer.Typer) -> None:
             backend=backend, urls=url, api_key=api_key, warmup=warmup, speed_protocol=speed_protocol,
             speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
             trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
-            timeout_s=timeout_s, device=device)
+            timeout_s=timeout_s, device=device, share_model=share_model, text_encoder=text_encoder,
+            time_box_s=time_box)
         manifest = result.manifest
         typer.echo(f"{out}: {manifest.status}; speed summary in {out / 'speed.md'}")
         for name, problems in result.executed_mismatches.items():

@@ -167,6 +167,7 @@ def compute_verdict(
         exit_code=EXIT_CODES[overall],
         reasons=reasons,
         warnings=warnings,
+        notices=store.weights_notices(),
         candidates=candidates,
         settings=settings,
         inputs=input_hashes(store, manifest, loaded, floor, gate_hashes),
@@ -205,6 +206,7 @@ def read_verdict(path: str | Path) -> Verdict:
 def summary_lines(verdict: Verdict) -> list[str]:
     """Short human-readable lines: overall, then each candidate and gate (for the CLI)."""
     lines = [f"{verdict.outcome}  policy {verdict.policy_name!r}, baseline {verdict.baseline!r}"]
+    lines += [f"  NOTE: {notice}" for notice in verdict.notices]
     for c in verdict.candidates:
         lines.append(f"  {c.candidate}: {c.outcome}")
         for g in c.gates:

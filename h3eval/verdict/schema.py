@@ -204,6 +204,9 @@ class Verdict(_Model):
     exit_code: int
     reasons: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
+    notices: list[str] = Field(default_factory=list)
+    """What the run's weights make of the verdict (``"random weights: speed and memory are real, quality is not"``
+    for the ``h3-random`` presets): shown first wherever the verdict is."""
     candidates: list[CandidateVerdict] = Field(default_factory=list)
     settings: Settings
     inputs: InputHashes

@@ -1,0 +1,638 @@
+"""The whole signoff chain at production scale (issue 20): ``h3eval ab`` at full size, every gate on the GPU, the
+verdict, the report, the dashboard screenshot, and the measured figures in ``bench/results/h200_ab*``.
+
+The model is ``h3-random`` (the released configs, seeded random weights drawn on the device: **random weights: speed
+and memory are real, quality is not**) unless ``--model`` names a checkpoint directory. The turbo recipes read a seeded
+random LoRA of the published turbo LoRA's format (``prepare``), since no turbo LoRA exists offline.
+
+Subcommands (each one idempotent; ``bench/device/h200_ab.sh`` strings them together on the lending machine):
+
+    python bench/h200_ab.py chain --work W [--layout shared|servers] [--model h3-random] [--device cuda]
+        Run (or resume) every step in order, each a subprocess with its own time limit, its output in W/logs/ and
+        one line per event in W/progress.log; a finished step leaves W/steps/<step>.json and is never run again.
+        layout ``shared`` (one GPU): one process, one shared model for the baseline and both candidates, the text
+        encoder streamed from host memory (the memory plan: h3.memory.full_size_plan). layout ``servers`` (two
+        GPUs): ``h3 serve --recipe baseline`` on GPU 0 (text encoder resident), ``h3 serve`` with both candidates
+        on one shared model on GPU 1 (text encoder streamed), ``h3eval ab --backend http --url RECIPE=URL``.
+    python bench/h200_ab.py status --work W          what is done, what runs, how many clips
+    python bench/h200_ab.py snapshot --work W --out DIR [--max-mib 15]
+        W without clips, trajectories, LoRA or server folders, as DIR/state.tgz (split into parts of at most
+        --max-mib when larger; gate artifacts dropped first, and said so, if still larger)
+    python bench/h200_ab.py restore --state DIR --work W
+    python bench/h200_ab.py render --work W --out-dir bench/results [--name h200_ab]
+        bench/results/h200_ab_<shape>.{json,md} and the summary bench/results/h200_ab.json
+    python bench/h200_ab.py screenshot --work W --out PNG   (needs chromium and playwright: here, not on the device)
+
+On a fresh machine ``chain`` resumes from the steps W records as done; a shape whose report is not done yet and
+whose clips did not travel has its A/B run again (the run directory resumes: finished records are kept, the missing
+clips are made again, gate results of unchanged clips are reused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SHAPES = {
+    # name: (seconds, height, width); the two shapes of the issue, and a small one to rehearse the chain on a CPU.
+    "5s-544x960": (5.0, 544, 960),
+    "5s-768x1344": (5.0, 768, 1344),
+    "5s-128x128": (5.0, 128, 128),
+}
+BASELINE = "baseline"
+CANDIDATES = ("turbo4-fp8-sage-compile", "turbo4-sparse")
+GATES = ("integrity", "fidelity", "audio", "ghosting", "trajectory")
+POLICY = ROOT / "gates" / "policies" / "release.toml"
+PROMPT_SUITE = ROOT / "prompts" / "mixed-length.jsonl"
+LORA_FILE = "minimax-h3-turbo-4step.safetensors"
+STEP_TIMEOUT_S = {"prepare": 600, "ab": 3600, "gates": 1800, "verdict": 600, "report": 600, "render": 300}
+# Under --budget-s: what each step leaves for the steps after it (seconds; a python start with torch is ~8 s of it).
+RESERVE_AFTER_S = {"prepare": 0, "ab": 50, "gates": 18, "verdict": 9, "report": 4, "render": 0}
+AB_GRACE_S = 15  # between ab's own time box and its hard limit: the in-flight request, speed.json, the manifest
+INTERRUPT_GRACE_S = 12  # after a step's SIGINT at its limit, before SIGKILL (ab writes what finished)
+STOP_GRACE_S = 4  # the same when the chain itself is stopped (an outer timeout's SIGKILL follows ~10 s after)
+DEADLINE: list[float] = []  # monotonic end of the chain's budget (--budget-s), empty without one
+
+
+# -- small helpers ---------------------------------------------------------------------------------------------------
+
+def utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def log(work: Path, message: str) -> None:
+    line = f"{utc()} {message}"
+    print(line, flush=True)
+    with open(work / "progress.log", "a") as handle:
+        handle.write(line + "\n")
+
+
+def step_path(work: Path, step: str) -> Path:
+    return work / "steps" / f"{step}.json"
+
+
+def step_done(work: Path, step: str) -> bool:
+    path = step_path(work, step)
+    return path.is_file() and json.loads(path.read_text()).get("status") == "done"
+
+
+def mark(work: Path, step: str, **fields: Any) -> None:
+    from h3.atomic import atomic_write_json
+
+    atomic_write_json(step_path(work, step), {"step": step, "at": utc(), **fields})
+
+
+def run_dir(work: Path, shape: str) -> Path:
+    return work / "runs" / shape
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- configuration ---------------------------------------------------------------------------------------------------
+
+def chain_config(args: argparse.Namespace) -> dict[str, Any]:
+    shapes = [s for s in args.shapes.split(",") if s]
+    for shape in shapes:
+        if shape not in SHAPES:
+            raise SystemExit(f"unknown shape {shape!r}; one of {', '.join(SHAPES)}")
+    prompts = {}
+    for item in args.prompts.split(","):
+        shape, _, count = item.partition("=")
+        prompts[shape] = int(count)
+    return {
+        "model": args.model, "device": args.device, "layout": args.layout, "shapes": shapes,
+        "prompts": {s: prompts.get(s, prompts.get("*", 2)) for s in shapes},
+        "seeds": args.seeds, "candidates": [c for c in args.candidates.split(",") if c],
+        "gates": [g for g in args.gates.split(",") if g], "off_identity": [s for s in args.off_identity.split(",")
+                                                                          if s],
+        "warmup": args.warmup, "policy": str(args.policy), "lora_dir": _lora_dir(args),
+    }
+
+
+def _lora_dir(args: argparse.Namespace) -> str:
+    """Where the turbo recipes read their LoRA: a random preset gets a seeded random one in W/lora (``prepare``); a
+    checkpoint run reads the real one from $H3_LORA_DIR."""
+    from h3 import random_model
+
+    if random_model.is_random_preset(args.model):
+        return str(Path(args.work).resolve() / "lora")
+    if not os.environ.get("H3_LORA_DIR"):
+        raise SystemExit("a checkpoint run reads the turbo LoRA from $H3_LORA_DIR "
+                         f"(the folder holding {LORA_FILE}); it is not set")
+    return str(Path(os.environ["H3_LORA_DIR"]).resolve())
+
+
+def load_or_write_config(work: Path, config: dict[str, Any]) -> dict[str, Any]:
+    """The chain's settings: written at its first start; a resumed chain keeps the first ones (a different request is
+    refused, so one work folder never mixes two experiments)."""
+    from h3.atomic import atomic_write_json
+
+    path = work / "config.json"
+    if path.is_file():
+        old = json.loads(path.read_text())
+        if old != config:
+            diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
+            raise SystemExit(f"{work} holds a chain with other settings (differ in {', '.join(diff)}); use another "
+                             "--work folder")
+        return old
+    work.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, config)
+    return config
+
+
+# -- steps -----------------------------------------------------------------------------------------------------------
+
+def step_limit(step: str, default_s: float) -> float:
+    """The step's time limit: its default, cut under --budget-s to what the budget leaves after the later steps'
+    reserve."""
+    if not DEADLINE:
+        return default_s
+    kind = step.split("-", 1)[0]
+    return max(1.0, min(default_s, DEADLINE[0] - time.monotonic() - RESERVE_AFTER_S.get(kind, 0)))
+
+
+def run_step(work: Path, step: str, argv: list[str], timeout_s: float, env: dict[str, str] | None = None,
+             ok_codes: tuple[int, ...] = (0,)) -> bool:
+    """One step as a subprocess (its own process group, killed whole at its time limit, or when the chain itself is
+    stopped); done when it exits with one of ``ok_codes``."""
+    if step_done(work, step):
+        return True
+    timeout_s = step_limit(step, timeout_s)
+    if callable(argv):
+        argv = argv(timeout_s)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    log(work, f"step {step}: start (limit {timeout_s:.0f} s): {' '.join(argv)}")
+    t0 = time.monotonic()
+    with open(work / "logs" / f"{step}.log", "a") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                cwd=ROOT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            # SIGINT first: h3eval ab writes speed.json and a partial manifest of what finished; then SIGKILL.
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=INTERRUPT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            mark(work, step, status="timeout", seconds=time.monotonic() - t0)
+            log(work, f"step {step}: TIMEOUT after {timeout_s:.0f} s (partial; a later chain resumes it)")
+            return False
+        finally:
+            if proc.poll() is None:  # the chain was stopped (SIGTERM/SIGINT): the step goes with it, given a moment
+                os.killpg(proc.pid, signal.SIGINT)  # to write what it finished (ab: speed.json, the manifest)
+                try:
+                    proc.wait(timeout=STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    seconds = time.monotonic() - t0
+    status = "done" if rc in ok_codes else "failed"
+    mark(work, step, status=status, rc=rc, seconds=seconds)
+    log(work, f"step {step}: {status} (exit {rc}) in {seconds:.1f} s")
+    return status == "done"
+
+
+def prepare(args: argparse.Namespace) -> None:
+    """The random turbo LoRA for the model's DiT shapes (built on the meta device: no weights needed), and the memory
+    plan of the chosen residency."""
+    import torch
+
+    from h3 import random_model
+    from h3.atomic import atomic_write_json
+    from h3.levers.lora import write_random_turbo_lora
+    from h3.memory import full_size_plan
+    from h3.recipe import load_recipe
+
+    lora = Path(args.lora_dir) / LORA_FILE
+    if not lora.is_file():
+        if random_model.is_random_preset(args.model):
+            meta = random_model.build_components(random_model.preset(args.model), "meta", torch.bfloat16)
+            transformer = meta["transformer"]
+        else:
+            raise SystemExit(f"{lora} is missing: a checkpoint run reads the real turbo LoRA from $H3_LORA_DIR")
+        t0 = time.perf_counter()
+        write_random_turbo_lora(lora, transformer)
+        print(f"wrote {lora} ({lora.stat().st_size / 2**20:.0f} MiB) in {time.perf_counter() - t0:.1f} s")
+    if args.plan:
+        recipes = [load_recipe(n) for n in [BASELINE, *args.candidates.split(",")]]
+        plans = {te: {str(shared): full_size_plan(recipes, text_encoder=te, shared=shared)
+                      for shared in (True, False)} for te in ("offload", "resident")}
+        atomic_write_json(Path(args.plan), plans)
+
+
+def _ab_argv(config: dict[str, Any], shape: str, work: Path, urls: list[str] | None,
+             limit_s: float | None = None) -> list[str]:
+    seconds, height, width = SHAPES[shape]
+    argv = [sys.executable, "-m", "h3eval.cli", "ab", "--baseline", BASELINE,
+            *[a for c in config["candidates"] for a in ("--candidate", c)],
+            "--prompts", str(work / f"prompts-{shape}.jsonl"), "--out", str(run_dir(work, shape)),
+            "--model", config["model"], "--seeds", config["seeds"], "--warmup", str(config["warmup"]),
+            "--speed-rounds", "0", "--seconds", str(seconds), "--height", str(height), "--width", str(width)]
+    if shape in config["off_identity"]:
+        argv.append("--off-identity")
+    if DEADLINE and limit_s is not None:
+        # ab stops starting requests itself, so that what ran keeps its records, speed.json and manifest.
+        argv += ["--time-box", f"{max(1.0, limit_s - AB_GRACE_S):.0f}"]
+    if urls is None:
+        argv += ["--device", config["device"], "--text-encoder", "offload" if config["device"] != "cpu" else
+                 "resident", "--trajectory"]
+    else:
+        argv += ["--backend", "http", *[a for u in urls for a in ("--url", u)]]
+    return argv
+
+
+def write_prompts(work: Path, shape: str, count: int) -> None:
+    lines = [line for line in PROMPT_SUITE.read_text().splitlines() if line.strip()]
+    if count > len(lines):
+        raise SystemExit(f"{count} prompts asked for {shape}; {PROMPT_SUITE} has {len(lines)}")
+    path = work / f"prompts-{shape}.jsonl"
+    text = "\n".join(lines[:count]) + "\n"
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
+def clips_missing(run: Path) -> bool:
+    """Whether records of this run lost their clips (the work folder came from another machine without them)."""
+    for record in run.glob("clips/*/*.json"):
+        if not record.name.endswith(".error.json") and not record.with_suffix(".mp4").is_file():
+            return True
+    return False
+
+
+class Servers:
+    """``h3 serve`` processes for the servers layout: the baseline on GPU 0, the candidates sharing one model on
+    GPU 1 (their text encoder streamed: the FP8 candidate's extra weights need the room)."""
+
+    def __init__(self, work: Path, config: dict[str, Any]):
+        self.work, self.config = work, config
+        self.procs: list[subprocess.Popen] = []
+        self.urls: list[str] = []
+
+    def start(self, timeout_s: float = 900.0) -> list[str]:
+        import httpx
+
+        groups = [("0", [BASELINE], "resident"), ("1", list(self.config["candidates"]), "offload")]
+        (self.work / "logs").mkdir(parents=True, exist_ok=True)
+        pending = []
+        for gpu, recipes, residency in groups:
+            port = free_port()
+            argv = [sys.executable, "-m", "h3.cli", "serve", "--model", self.config["model"], "--port", str(port),
+                    "--output-dir", str(self.work / "servers" / f"gpu{gpu}"), "--text-encoder", residency,
+                    "--device", self.config["device"], "--max-queue", "64",
+                    *[a for r in recipes for a in ("--recipe", r)]]
+            env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if self.config["device"] != "cpu" else {})}
+            out = open(self.work / "logs" / f"server-gpu{gpu}.log", "a")
+            self.procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                               start_new_session=True))
+            pending.append((port, recipes))
+            log(self.work, f"server gpu{gpu}: {' '.join(recipes)} on port {port} ({residency} text encoder)")
+        deadline = time.monotonic() + timeout_s
+        for (port, recipes), proc in zip(pending, self.procs):
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server for {recipes} exited with {proc.returncode} (logs/server-*.log)")
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"server for {recipes} not up after {timeout_s:.0f} s")
+                time.sleep(2)
+            self.urls += [f"{r}=http://127.0.0.1:{port}" for r in recipes]
+        log(self.work, "servers up: " + ", ".join(self.urls))
+        return self.urls
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        self.procs.clear()
+
+
+def _stop(signum, frame):  # SIGTERM from an outer `timeout`: unwind, killing the running step (run_step's finally)
+    raise SystemExit(128 + signum)
+
+
+def chain(args: argparse.Namespace) -> int:
+    work = Path(args.work).resolve()
+    signal.signal(signal.SIGTERM, _stop)
+    if args.budget_s is not None:
+        DEADLINE.append(time.monotonic() + args.budget_s)
+    config = load_or_write_config(work, chain_config(args))
+    (work / "pid").write_text(str(os.getpid()))
+    env = {"H3_LORA_DIR": config["lora_dir"], "PYTHONUNBUFFERED": "1"}
+    os.environ.update(env)
+    log(work, f"chain start: {json.dumps(config)}")
+    me = [sys.executable, str(Path(__file__).resolve())]
+    run_step(work, "prepare", [*me, "prepare", "--model", config["model"], "--lora-dir", config["lora_dir"],
+                               "--candidates", ",".join(config["candidates"]), "--plan",
+                               str(work / "memory_plan.json")], STEP_TIMEOUT_S["prepare"])
+    shapes = config["shapes"]
+    for shape in shapes:
+        write_prompts(work, shape, config["prompts"][shape])
+        if not step_done(work, f"report-{shape}") and clips_missing(run_dir(work, shape)):
+            log(work, f"{shape}: clips of an earlier machine did not travel; its A/B runs again (records resume)")
+            step_path(work, f"ab-{shape}").unlink(missing_ok=True)
+            step_path(work, f"gates-{shape}").unlink(missing_ok=True)
+    servers = Servers(work, config) if config["layout"] == "servers" else None
+
+    def ab(shape: str) -> None:
+        if step_done(work, f"ab-{shape}"):
+            return
+        urls = None
+        if servers is not None:
+            urls = servers.urls or servers.start()
+        # ab exits 1 when a recipe is refused or a clip failed: the run holds what ran, and says what did not.
+        run_step(work, f"ab-{shape}", lambda limit: _ab_argv(config, shape, work, urls, limit), STEP_TIMEOUT_S["ab"],
+                 ok_codes=(0, 1))
+
+    def judge(shape: str) -> None:
+        run = run_dir(work, shape)
+        if not (run / "run.json").is_file():
+            return
+        options = ["-o", "fidelity.lpips_trunk=rand"] if "fidelity" in config["gates"] else []
+        # Latent trajectories come from the in-process backend only (a server does not send them).
+        names = [g for g in config["gates"] if not (g == "trajectory" and servers is not None)]
+        run_step(work, f"gates-{shape}", [*me, "gates", str(run), "--device", config["device"], "--gates",
+                                          ",".join(names), "--timing", str(work / f"gate_timing-{shape}.json"),
+                                          *options], STEP_TIMEOUT_S["gates"], ok_codes=(0, 1))
+        # gates exits 1 when a pair could not be scored (a clip the time box left unmade): the errors are in the
+        # timing file and make the shape partial in the results; the verdict decides on what was scored.
+        # verdict exits 1 FAIL / 2 INCONCLUSIVE: both are verdicts (random weights cannot pass a fidelity policy).
+        run_step(work, f"verdict-{shape}", [sys.executable, "-m", "h3eval.cli", "verdict", str(run), "--policy",
+                                            config["policy"], "--write"], STEP_TIMEOUT_S["verdict"],
+                 ok_codes=(0, 1, 2))
+        run_step(work, f"report-{shape}", [sys.executable, "-m", "h3eval.cli", "report", str(run), "--exit-zero"],
+                 STEP_TIMEOUT_S["report"])
+
+    try:
+        if servers is not None:  # every A/B while the servers are up, then the gates on free GPUs
+            for shape in shapes:
+                ab(shape)
+            servers.stop()
+            for shape in shapes:
+                judge(shape)
+        else:
+            for shape in shapes:
+                ab(shape)
+                judge(shape)
+    finally:
+        if servers is not None:
+            servers.stop()
+    run_step(work, "render", [*me, "render", "--work", str(work), "--out-dir", str(work / "results")],
+             STEP_TIMEOUT_S["render"])
+    if shutil.which("chromium") or shutil.which("chromium-browser"):
+        run_step(work, "screenshot", [*me, "screenshot", "--work", str(work), "--out",
+                                      str(work / "results" / "h200_ab_dashboard.png")], 300)
+    else:
+        log(work, "screenshot: no chromium on this machine; take it from the returned work folder: "
+                  "python bench/h200_ab.py screenshot --work W --out bench/results/h200_ab_dashboard.png")
+    log(work, "chain end")
+    (work / "pid").unlink(missing_ok=True)
+    return 0
+
+
+# -- gates, timed per pair -------------------------------------------------------------------------------------------
+
+def gates(args: argparse.Namespace) -> int:
+    """``h3eval gate`` over the run with each pair's wall time recorded (decoding and every gate of the pair): the
+    gate time per pair the issue compares with the candidate's generation time (target <= 2 %)."""
+    from h3.atomic import atomic_write_json
+    from h3eval import gaterun
+
+    timings: list[dict[str, Any]] = []
+    original = gaterun._run_pair
+
+    def timed(store, sides, gates_, pair, device, options, force, summary, bar, task, info):
+        before = sum(summary.scored.values()) if summary.scored else 0
+        t0 = time.perf_counter()
+        try:
+            return original(store, sides, gates_, pair, device, options, force, summary, bar, task, info)
+        finally:
+            if device.startswith("cuda"):
+                import torch
+
+                torch.cuda.synchronize()
+            computed = (sum(summary.scored.values()) if summary.scored else 0) - before
+            timings.append({"candidate": pair.candidate, "prompt_id": pair.prompt_id, "seed": pair.seed,
+                            "seconds": time.perf_counter() - t0, "computed_results": computed})
+
+    gaterun._run_pair = timed
+    t0 = time.perf_counter()
+    try:
+        summary = gaterun.run_gates(args.run, args.gates.split(","), device=args.device,
+                                    options=gaterun.parse_options(args.option or []), progress=False)
+    finally:
+        gaterun._run_pair = original
+    payload = {"gates": args.gates.split(","), "device": args.device, "wall_s": time.perf_counter() - t0,
+               "pairs": timings, "errors": summary.errors, "scored": summary.scored}
+    previous = json.loads(Path(args.timing).read_text()) if Path(args.timing).is_file() else {}
+    # A resumed run keeps the times of the pairs computed before (a resumed pair takes no time).
+    kept = {(p["candidate"], p["prompt_id"], p["seed"]): p for p in previous.get("pairs", [])
+            if p.get("computed_results")}
+    for p in timings:
+        if p["computed_results"] or (p["candidate"], p["prompt_id"], p["seed"]) not in kept:
+            kept[(p["candidate"], p["prompt_id"], p["seed"])] = p
+    payload["pairs"] = list(kept.values())
+    atomic_write_json(args.timing, payload)
+    for error in summary.errors:
+        print(f"error: {error}", file=sys.stderr)
+    print(json.dumps({"pairs": len(timings), "wall_s": payload["wall_s"], "errors": len(summary.errors)}))
+    return 1 if summary.failed else 0
+
+
+# -- status, snapshot, restore ---------------------------------------------------------------------------------------
+
+def status(args: argparse.Namespace) -> int:
+    work = Path(args.work)
+    if not (work / "config.json").is_file():
+        print(f"{work}: no chain here")
+        return 1
+    config = json.loads((work / "config.json").read_text())
+    done = sorted(p.stem for p in (work / "steps").glob("*.json") if json.loads(p.read_text()).get("status") == "done")
+    pid = (work / "pid").read_text().strip() if (work / "pid").is_file() else None
+    alive = bool(pid) and Path(f"/proc/{pid}").exists()
+    parts = [f"chain {'running (pid ' + pid + ')' if alive else 'not running'}; done: {', '.join(done) or 'none'}"]
+    n_recipes = 1 + len(config["candidates"])
+    for shape in config["shapes"]:
+        run = run_dir(work, shape)
+        clips = len([p for p in run.glob("clips/*/*.mp4")])
+        expected = config["prompts"][shape] * len(config["seeds"].split(",")) * (
+            n_recipes + (shape in config["off_identity"]))
+        gates_n = len(list(run.glob("gates/*/*/*.json")))
+        parts.append(f"{shape}: {clips}/{expected} quality clips, {gates_n} gate results")
+    print("; ".join(parts))
+    return 0
+
+
+SNAPSHOT_EXCLUDE_SUFFIXES = (".mp4", ".traj.npz", ".tmp", ".safetensors")
+SNAPSHOT_EXCLUDE_DIRS = ("lora", "servers", "captures")
+ARTIFACT_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".npz", ".npy")
+
+
+def _snapshot_bytes(work: Path, drop_artifacts: bool) -> tuple[bytes, list[str]]:
+    dropped: list[str] = []
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as tar:
+        for path in sorted(work.rglob("*")):
+            rel = path.relative_to(work)
+            if path.is_dir() or any(part in SNAPSHOT_EXCLUDE_DIRS for part in rel.parts):
+                continue
+            if path.name.endswith(SNAPSHOT_EXCLUDE_SUFFIXES):
+                continue
+            if drop_artifacts and path.suffix.lower() in ARTIFACT_SUFFIXES:
+                dropped.append(str(rel))
+                continue
+            tar.add(path, arcname=str(rel))
+        if dropped:
+            note = ("\n".join(dropped) + "\n").encode()
+            info = tarfile.TarInfo("snapshot_dropped.txt")
+            info.size = len(note)
+            tar.addfile(info, io.BytesIO(note))
+    return buffer.getvalue(), dropped
+
+
+def snapshot(args: argparse.Namespace) -> int:
+    """W as a tarball without what cannot travel (clips, trajectories, the LoRA, server folders): parts of at most
+    --max-mib, at most --max-parts of them; gate artifacts are dropped (and listed) when the rest would not fit."""
+    work, out = Path(args.work), Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    limit = int(args.max_mib * 2**20)
+    data, dropped = _snapshot_bytes(work, drop_artifacts=False)
+    if len(data) > limit * args.max_parts:
+        data, dropped = _snapshot_bytes(work, drop_artifacts=True)
+    if len(data) > limit * args.max_parts:
+        print(f"snapshot is {len(data) / 2**20:.1f} MiB even without artifacts; over {args.max_parts} x "
+              f"{args.max_mib} MiB", file=sys.stderr)
+        return 1
+    for old in out.glob("state.tgz*"):
+        old.unlink()
+    if len(data) <= limit:
+        (out / "state.tgz").write_bytes(data)
+    else:
+        for i in range(0, len(data), limit):
+            (out / f"state.tgz.part-{i // limit:02d}").write_bytes(data[i:i + limit])
+    print(f"snapshot {len(data) / 2**20:.2f} MiB into {out}" + (f"; {len(dropped)} artifacts dropped" if dropped
+                                                                   else ""))
+    return 0
+
+
+def restore(args: argparse.Namespace) -> int:
+    state, work = Path(args.state), Path(args.work)
+    parts = sorted(state.glob("state.tgz.part-*")) or sorted(state.glob("state.tgz"))
+    if not parts:
+        print(f"no state.tgz under {state}: a fresh chain")
+        return 0
+    if (work / "config.json").is_file():
+        print(f"{work} already holds a chain: kept (this machine ran it)")
+        return 0
+    work.mkdir(parents=True, exist_ok=True)
+    data = b"".join(p.read_bytes() for p in parts)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        for member in tar.getmembers():
+            target = (work / member.name).resolve()
+            if not target.is_relative_to(work.resolve()) or not (member.isfile() or member.isdir()):
+                raise SystemExit(f"refusing snapshot entry {member.name!r}")
+        tar.extractall(work, filter="data")
+    print(f"restored {len(data) / 2**20:.2f} MiB into {work}")
+    return 0
+
+
+# -- render ----------------------------------------------------------------------------------------------------------
+
+def _render(args: argparse.Namespace) -> int:
+    from bench.h200_ab_render import render_all
+
+    return render_all(Path(args.work), Path(args.out_dir), args.name)
+
+
+def screenshot(args: argparse.Namespace) -> int:
+    from bench.h200_ab_render import dashboard_screenshot
+
+    return dashboard_screenshot(Path(args.work), Path(args.out))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("chain")
+    p.add_argument("--work", required=True)
+    p.add_argument("--model", default="h3-random")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--layout", choices=("shared", "servers"), default="shared")
+    p.add_argument("--shapes", default="5s-544x960,5s-768x1344")
+    p.add_argument("--prompts", default="5s-544x960=3,5s-768x1344=2",
+                   help="prompts per shape (the first N of prompts/mixed-length.jsonl), SHAPE=N,... or *=N")
+    p.add_argument("--seeds", default="0")
+    p.add_argument("--candidates", default=",".join(CANDIDATES))
+    p.add_argument("--gates", default=",".join(GATES))
+    p.add_argument("--off-identity", default="5s-544x960", help="shapes that also run the off-identity candidate")
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--policy", default=str(POLICY))
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="the whole chain's time box: each step's limit is cut to what it leaves the later steps, "
+                        "and ab stops starting requests in time to write what it ran (a lent GPU's call)")
+    p = sub.add_parser("prepare")
+    p.add_argument("--model", default="h3-random")
+    p.add_argument("--lora-dir", required=True)
+    p.add_argument("--candidates", default=",".join(CANDIDATES))
+    p.add_argument("--plan", default=None)
+    p = sub.add_parser("gates")
+    p.add_argument("run")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--gates", default=",".join(GATES))
+    p.add_argument("--timing", required=True)
+    p.add_argument("-o", "--option", action="append")
+    p = sub.add_parser("status")
+    p.add_argument("--work", required=True)
+    p = sub.add_parser("snapshot")
+    p.add_argument("--work", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--max-mib", type=float, default=15.0)
+    p.add_argument("--max-parts", type=int, default=4)
+    p = sub.add_parser("restore")
+    p.add_argument("--state", required=True)
+    p.add_argument("--work", required=True)
+    p = sub.add_parser("render")
+    p.add_argument("--work", required=True)
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--name", default="h200_ab")
+    p = sub.add_parser("screenshot")
+    p.add_argument("--work", required=True)
+    p.add_argument("--out", required=True)
+    args = parser.parse_args()
+    if args.command not in ("snapshot", "restore", "status"):  # those three: the standard library only, fast
+        import h3  # noqa: F401  (MKL reproducibility first, as every entry point)
+
+    return {"chain": chain, "prepare": lambda a: prepare(a) or 0, "gates": gates, "status": status,
+            "snapshot": snapshot, "restore": restore, "render": _render, "screenshot": screenshot}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

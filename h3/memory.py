@@ -1,0 +1,128 @@
+"""Memory accounting of a loaded model: bytes by component and by where they live (a device, the host).
+
+Counted from the tensors themselves (parameters and buffers of each component, each storage once), plus what the
+active levers keep outside the model (:meth:`h3.levers.LeverHandle.held_tensors`: the float weights a reversible
+quantization replaced). On the ``meta`` device the same code gives the sizes without any memory (the full-size plan
+of :func:`plan_shared`, tested on the CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Any, Iterable
+
+import torch
+
+COMPONENTS = ("transformer", "text_encoder", "vae", "audio_vae")
+GIB = 2**30
+
+
+def _key(tensor: torch.Tensor) -> tuple:
+    if tensor.device.type == "meta":
+        return ("meta", id(tensor))
+    return (str(tensor.device), tensor.untyped_storage().data_ptr())
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    if tensor.device.type == "meta":
+        return tensor.numel() * tensor.element_size()
+    return tensor.untyped_storage().nbytes()
+
+
+def _count(tensors: Iterable[torch.Tensor], seen: set) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for tensor in tensors:
+        key = _key(tensor)
+        if key in seen:
+            continue
+        seen.add(key)
+        where = tensor.device.type
+        out[where] = out.get(where, 0) + _nbytes(tensor)
+    return out
+
+
+def account(pipe: Any, levers: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{"components": {name: {device type: bytes}}, "levers_held": {lever: {...}}, "total": {...}}``."""
+    seen: set = set()
+    components = {}
+    for name in COMPONENTS:
+        module = getattr(pipe, name, None)
+        if module is not None:
+            components[name] = _count(itertools.chain(module.parameters(), module.buffers()), seen)
+    held = {name: _count(handle.held_tensors(), seen) for name, handle in (levers or {}).items()}
+    total: dict[str, int] = {}
+    for part in [*components.values(), *held.values()]:
+        for where, nbytes in part.items():
+            total[where] = total.get(where, 0) + nbytes
+    return {"components": components, "levers_held": {k: v for k, v in held.items() if v}, "total": total}
+
+
+def gib(nbytes: int | float) -> float:
+    return nbytes / GIB
+
+
+# -- the full-size plan ------------------------------------------------------------------------------------------------
+
+H200_CAPACITY_GIB = 143771 / 1024
+"""What ``nvidia-smi`` reports for one H200 here (143771 MiB; KINDS.md)."""
+HEADROOM_GIB = 2.0
+"""Kept free for the CUDA context, cuBLAS workspaces and the caching allocator's fragmentation."""
+ACTIVATIONS_GIB = {"5s-544x960": 65.2 - 61.7, "5s-768x1344": 68.3 - 61.7, "15s-768x1344": 80.3 - 61.7}
+"""Peak memory of one stock DiT forward above its 61.7 GiB of weights, measured on the H200
+(bench/results/h200_recipes_speed.md, ``stock`` rows: 65.2, 68.3 and 80.3 GiB). The video decode's own peak (6.5 to
+10.0 GiB with its 4.9 GiB of weights, bench/results/h200_speed_stock.json) comes after the denoising, when the DiT's
+activations are free."""
+
+
+def component_bytes(module: torch.nn.Module) -> int:
+    return sum(_count(itertools.chain(module.parameters(), module.buffers()), set()).get(t, 0)
+               for t in ("meta", "cpu", "cuda"))
+
+
+@functools.lru_cache(maxsize=1)
+def _released_on_meta() -> dict[str, Any]:
+    from h3 import random_model
+
+    return random_model.build_components(random_model.released(), "meta", torch.bfloat16)
+
+
+def full_size_plan(recipes: list, *, text_encoder: str = "offload", shared: bool = True,
+                   shape: str = "5s-768x1344", capacity_gib: float = H200_CAPACITY_GIB) -> dict[str, Any]:
+    """The device memory a process needs at full size (the ``h3-random`` configs, bf16) for ``recipes``: one shared
+    model (``shared``), or each recipe on its own runtime; the text encoder ``resident`` or ``offload`` (streamed).
+
+    Sizes come from the released configs built on the meta device (no memory); each recipe adds what its levers hold
+    beside the model: quantized weights (the quantization lever's own selection of Linears), and on a runtime of its
+    own minus the float weights it drops (a shared model keeps them, to switch back). A fused LoRA adds nothing (it is
+    restored from the weight source). Activations: the measured peak of a stock forward at ``shape``
+    (:data:`ACTIVATIONS_GIB`). A plan, not a measurement: the H200 run (bench/device/h200_ab.sh) measures the peak."""
+    from h3.levers.quantization import quantized_bytes
+
+    meta = _released_on_meta()
+    sizes = {name: component_bytes(meta[name]) / GIB for name in COMPONENTS}
+    layers = meta["text_encoder"].model.language_model.layers
+    streamed = sum(component_bytes(layer) for layer in layers) / GIB
+    te_device = sizes["text_encoder"] - (streamed if text_encoder == "offload" else 0.0)
+    base = sizes["transformer"] + sizes["vae"] + sizes["audio_vae"] + te_device
+    extras = {}
+    for recipe in recipes:
+        extra = 0.0
+        if recipe.quant.mode != "none":
+            q = quantized_bytes(meta["transformer"], recipe.quant)
+            extra += q["quantized_bytes"] / GIB - (0.0 if shared else q["replaced_float_bytes"] / GIB)
+        extras[recipe.name] = extra
+    activations = ACTIVATIONS_GIB[shape]
+    if shared:
+        processes = {"shared": base + max(extras.values(), default=0.0) + activations}
+    else:
+        processes = {name: base + extra + activations for name, extra in extras.items()}
+    worst = max(processes.values())
+    return {
+        "components_gib": sizes, "text_encoder": text_encoder, "text_encoder_streamed_gib": streamed,
+        "text_encoder_on_device_gib": te_device, "lever_extra_gib": extras, "activations_gib": activations,
+        "shape": shape, "shared": shared, "per_process_gib": processes,
+        "all_processes_gib": sum(processes.values()), "capacity_gib": capacity_gib, "headroom_gib": HEADROOM_GIB,
+        "fits_one_gpu_each": worst + HEADROOM_GIB <= capacity_gib,
+        "fits_one_gpu_together": sum(processes.values()) + HEADROOM_GIB <= capacity_gib,
+    }
