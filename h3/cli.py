@@ -30,8 +30,12 @@ def generate(
     height: Optional[int] = typer.Option(None, "--height"),
     width: Optional[int] = typer.Option(None, "--width"),
     device: Optional[str] = typer.Option(None, "--device", envvar="H3_DEVICE"),
+    nproc: Optional[int] = typer.Option(None, "--nproc", envvar="H3_NPROC",
+                                        help="Ranks (GPUs) of the request; starts them with torchrun. Default: the "
+                                             "recipe's parallel.degree (1)."),
 ) -> None:
     """Generate one clip (MP4, 24 fps, 32 kHz stereo) and its JSON record."""
+    from h3.parallel import entry
     from h3.recipe import RecipeError, load_recipe
     from h3.runtime import CheckpointError, GenerateRequest, H3Runtime, RequestError, resolve_request
     from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE
@@ -43,11 +47,28 @@ def generate(
         request = GenerateRequest(prompt=prompt, seed=seed, num_frames=num_frames, seconds=seconds, height=height,
                                   width=width)
         resolve_request(request, TINY_DEFAULT_SIZE if model == "tiny" else FULL_DEFAULT_SIZE)
-        runtime = H3Runtime.load(model, load_recipe(recipe), device)
-        record = runtime.generate(request, out)
+        recipe_obj = entry.with_nproc(load_recipe(recipe), nproc)
+        launched = None
+        if recipe_obj.parallel.degree > 1 and not entry.in_rank(recipe_obj):
+            entry.check_before_launch(recipe_obj, model, device)
+            launched = entry.launch_ranks(recipe_obj, entry.child_argv("generate", {
+                "--prompt": prompt, "--out": out.resolve(), "--seed": seed, "--model": model,
+                "--recipe": Path(recipe).resolve() if recipe.endswith(".toml") else recipe, "--seconds": seconds,
+                "--num-frames": num_frames, "--height": height, "--width": width, "--device": device}))
+        else:
+            if recipe_obj.parallel.degree > 1:
+                from h3.parallel.world import init_world
+
+                device = str(init_world(device).device)
+            runtime = H3Runtime.load(model, recipe_obj, device)
+            record = runtime.generate(request, out)
     except (RecipeError, CheckpointError, RequestError, RuntimeError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(3)
+    if launched is not None:
+        raise typer.Exit(launched)  # rank 0 printed the clip's line
+    if record is None:
+        return  # a follower rank: rank 0 wrote the clip and reports it
     typer.echo(
         f"{out}: {record.shape.num_frames} frames {record.shape.width}x{record.shape.height} @ {record.shape.fps} fps, "
         f"audio {record.shape.audio_sample_rate} Hz x{record.shape.audio_channels}; "
@@ -66,9 +87,13 @@ def serve(
     output_dir: Path = typer.Option(Path("h3-serve"), "--output-dir", envvar="H3_OUTPUT_DIR",
                                     help="Where clips and job files live (kept across restarts)."),
     device: Optional[str] = typer.Option(None, "--device", envvar="H3_DEVICE"),
+    nproc: Optional[int] = typer.Option(None, "--nproc", envvar="H3_NPROC",
+                                        help="Ranks (GPUs) per request; starts them with torchrun, rank 0 serves "
+                                             "HTTP. Default: the recipe's parallel.degree (1)."),
 ) -> None:
     """Serve the OpenAI-style videos API (SGLang's field names) over one recipe."""
-    from h3.recipe import RecipeError
+    from h3.parallel import entry
+    from h3.recipe import RecipeError, load_recipe
     from h3.runtime import CheckpointError
     from h3.server import serve as run_server
 
@@ -77,11 +102,28 @@ def serve(
         typer.echo(f"error: --max-queue must be >= 0, got {max_queue}", err=True)
         raise typer.Exit(3)
     try:
-        run_server(model, recipe, host=host, port=port, api_key=api_key, max_queue=max_queue,
-                   output_dir=output_dir, device=device)
+        recipe_obj = entry.with_nproc(load_recipe(recipe), nproc)
+        launched = None
+        if recipe_obj.parallel.degree > 1 and not entry.in_rank(recipe_obj):
+            entry.check_before_launch(recipe_obj, model, device)
+            # The key travels in the environment (H3_API_KEY), never on a command line other users can list.
+            launched = entry.launch_ranks(recipe_obj, entry.child_argv("serve", {
+                "--model": model, "--recipe": Path(recipe).resolve() if recipe.endswith(".toml") else recipe,
+                "--host": host, "--port": port, "--max-queue": max_queue, "--output-dir": output_dir.resolve(),
+                "--device": device}), env={"H3_API_KEY": api_key} if api_key else None)
+        elif recipe_obj.parallel.degree > 1:
+            from h3.parallel.serving import serve_ranks
+
+            serve_ranks(model, recipe_obj, host=host, port=port, api_key=api_key, max_queue=max_queue,
+                        output_dir=output_dir, device=device)
+        else:
+            run_server(model, recipe, host=host, port=port, api_key=api_key, max_queue=max_queue,
+                       output_dir=output_dir, device=device)
     except (RecipeError, CheckpointError, RuntimeError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(3)
+    if launched:
+        raise typer.Exit(launched)
 
 
 def main() -> None:  # pragma: no cover

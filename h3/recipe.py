@@ -170,6 +170,23 @@ class OffloadConfig(_Section):
     memory at every forward (5.9 s of a 7.3 s transfer-bound request on the H200)."""
 
 
+class ParallelSection(_Section):
+    """One request on several GPUs (h3/levers/parallel.py): sequence-parallel DiT through diffusers' context
+    parallelism, tile-parallel video VAE decode, replicated text encoder. Degree 1 (the default) is one process."""
+
+    degree: int = Field(default=1, ge=1)
+    """Ranks of one request (``h3 generate/serve --nproc N`` sets it); any N the work divides."""
+    kind: Literal["ulysses", "ring", "ulysses_anything"] = "ulysses"
+    """Ulysses all-to-all (heads split over the ranks); ring (keys passed around; needs an attention backend that
+    returns the log-sum-exp, all CUDA); ``ulysses_anything`` for packed lengths or head counts the degree does not
+    divide."""
+    vae: Literal["tiles", "replicated"] = "tiles"
+    """``tiles``: the video VAE's spatiotemporal tiles scattered over the ranks and gathered (seed 000);
+    ``replicated``: every rank decodes the whole video."""
+    text_encoder: Literal["replicated", "tensor_parallel"] = "replicated"
+    """Every rank encodes the prompt; ``tensor_parallel`` is refused (see h3/levers/parallel.py)."""
+
+
 class Recipe(_Section):
     """One configuration of the runtime."""
 
@@ -178,7 +195,7 @@ class Recipe(_Section):
     description: str = ""
     steps: int = Field(ge=1, le=200)
     """DiT forward passes per request (diffusers' num_inference_steps = steps + 1)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    dtype: Literal["float32", "bfloat16", "float16", "float64"] = "bfloat16"
     """Compute dtype of the transformer, the VAEs and the text encoder (modules the checkpoint keeps in float32 stay
     float32)."""
     attention: AttentionConfig = Field(default_factory=AttentionConfig)
@@ -191,6 +208,7 @@ class Recipe(_Section):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     compile: CompileConfig = Field(default_factory=CompileConfig)
     offload: OffloadConfig = Field(default_factory=OffloadConfig)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
 
     @field_validator("name")
     @classmethod
@@ -202,8 +220,16 @@ class Recipe(_Section):
         return value
 
     def resolved(self) -> dict[str, Any]:
-        """Every lever explicit, as plain data."""
-        return self.model_dump(mode="json")
+        """Every lever explicit, as plain data. A single-process ``parallel`` section (the default) is left out, so
+        that recipes written before the section existed keep their hash."""
+        data = self.model_dump(mode="json")
+        if self.parallel == ParallelSection():
+            data.pop("parallel")
+        return data
+
+    def at_degree(self, degree: int) -> "Recipe":
+        """This recipe run on ``degree`` ranks (``--nproc``); its other levers unchanged."""
+        return self.model_copy(update={"parallel": self.parallel.model_copy(update={"degree": int(degree)})})
 
     def sha256(self) -> str:
         return hashlib.sha256(json.dumps(self.resolved(), sort_keys=True).encode()).hexdigest()

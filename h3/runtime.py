@@ -177,7 +177,7 @@ def checkpoint_identity(root: Path) -> str:
 
 
 def _torch_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[name]
 
 
 def tiny_identity() -> str:
@@ -338,8 +338,9 @@ class H3Runtime:
     @torch.no_grad()
     def generate(
         self, request: GenerateRequest, out: str | os.PathLike, extra: dict | None = None, trajectory: bool = False
-    ) -> ClipRecord:
-        """Generate one clip into ``out`` (.mp4) and its record into ``out`` with .json, both atomically.
+    ) -> ClipRecord | None:
+        """Generate one clip into ``out`` (.mp4) and its record into ``out`` with .json, both atomically. On a follower
+        rank of a parallel runtime (rank > 0) nothing is written and the answer is None.
 
         With ``trajectory``, the latent trajectory is also written to ``<out>.traj.npz`` (h3.trajectory).
         """
@@ -365,6 +366,11 @@ class H3Runtime:
                 output_type="pt",
             )
             t_pipe_end = clock.now()
+            parallel = self.levers.get("parallel")
+            if parallel is not None:
+                parallel.finish_request(clock)  # every rank's anatomy to rank 0 (a collective)
+                if not parallel.is_writer:
+                    return None  # a follower rank: rank 0 prepares the frames and writes the files
             # Frame preparation on the device (uint8, channel-last), then one device-to-host copy each.
             with clock.stage("frame_prep_d2h"):
                 video = state.get("videos")  # (1, T, 3, H, W) float in [0, 1]

@@ -7,8 +7,10 @@ with the ones before it:
 3. ``quant`` (linear quantization);
 4. ``attention`` (backend), 5. ``bucketing``, 6. ``sparse_attention`` — the last two install attention processors that
    keep the backend of step 4 for their dense calls;
-7. ``cache`` (step caches), 8. ``offload`` (group offloading), 9. ``compile`` (regional torch.compile, last so that it
-   traces the final modules), 10. ``vae`` (tiles per resolution, residency).
+7. ``cache`` (step caches), 8. ``parallel`` (context parallelism across ranks: after the attention processors, which
+   it hands its config to, and before offload and compile, which wrap what it hooked), 9. ``offload`` (group
+   offloading), 10. ``compile`` (regional torch.compile, last so that it traces the final modules), 11. ``vae`` (tiles
+   per resolution, residency).
 
 Every lever is named in ``executed.levers`` of each clip record: ``{"applied": false}`` when the recipe has it off.
 """
@@ -24,7 +26,8 @@ from h3.levers.base import LeverError, LeverHandle
 
 logger = logging.getLogger(__name__)
 
-LEVERS = ("lora", "adaln", "quant", "attention", "bucketing", "sparse_attention", "cache", "offload", "compile", "vae")
+LEVERS = ("lora", "adaln", "quant", "attention", "bucketing", "sparse_attention", "cache", "parallel", "offload",
+          "compile", "vae")
 
 __all__ = ["LEVERS", "LeverError", "LeverHandle", "apply_recipe_levers", "keeps_on_cpu", "lever_telemetry"]
 
@@ -53,6 +56,10 @@ def preflight(recipe, device) -> None:
         problems.append(f"attention.backend = {recipe.attention.backend!r} needs a CUDA GPU")
     if recipe.offload.enabled and recipe.offload.use_stream and not on_cuda:
         problems.append("offload.use_stream (prefetch on a side CUDA stream) needs a CUDA GPU")
+    if recipe.parallel.degree > 1:
+        from h3.levers.parallel import composition_problems
+
+        problems.extend(composition_problems(recipe))
     if problems:
         raise LeverError(f"recipe {recipe.name!r} cannot run on {device}: " + "; ".join(problems)
                          + ". Refusing to fall back silently.")
@@ -134,6 +141,12 @@ def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: boo
                                 retention_ratio=c.retention_ratio, cache_interval=c.cache_interval,
                                 disable_cache_before_step=c.disable_cache_before_step, max_order=c.max_order),
             )
+        if recipe.parallel.degree > 1:
+            from h3.levers.parallel import ParallelLeverConfig, apply_parallel
+
+            p = recipe.parallel
+            handles["parallel"] = apply_parallel(pipe, ParallelLeverConfig(degree=p.degree, kind=p.kind, vae=p.vae,
+                                                                           text_encoder=p.text_encoder))
         if recipe.offload.enabled:
             from h3.levers.offload import OffloadConfig, apply_offload
 
