@@ -176,10 +176,11 @@ class ParallelSection(_Section):
 
     degree: int = Field(default=1, ge=1)
     """Ranks of one request (``h3 generate/serve --nproc N`` sets it); any N the work divides."""
-    kind: Literal["ulysses", "ring", "ulysses_anything"] = "ulysses"
-    """Ulysses all-to-all (heads split over the ranks); ring (keys passed around; needs an attention backend that
-    returns the log-sum-exp, all CUDA); ``ulysses_anything`` for packed lengths or head counts the degree does not
-    divide."""
+    kind: Literal["ulysses", "ring", "ulysses_anything"] = "ulysses_anything"
+    """``ulysses_anything`` (the default): Ulysses all-to-all for any packed length and head count (uneven shards);
+    ``ulysses``: equal shards only, so every packed length must divide by the degree (bucketing with a multiple of
+    it), a request that does not is refused; ``ring``: keys passed around the ranks, for an attention backend that
+    returns the log-sum-exp (all CUDA)."""
     vae: Literal["tiles", "replicated"] = "tiles"
     """``tiles``: the video VAE's spatiotemporal tiles scattered over the ranks and gathered (seed 000);
     ``replicated``: every rank decodes the whole video."""
@@ -195,7 +196,7 @@ class Recipe(_Section):
     description: str = ""
     steps: int = Field(ge=1, le=200)
     """DiT forward passes per request (diffusers' num_inference_steps = steps + 1)."""
-    dtype: Literal["float32", "bfloat16", "float16", "float64"] = "bfloat16"
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     """Compute dtype of the transformer, the VAEs and the text encoder (modules the checkpoint keeps in float32 stay
     float32)."""
     attention: AttentionConfig = Field(default_factory=AttentionConfig)

@@ -261,23 +261,28 @@ class H3Runtime:
 
     # -- loading -----------------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, model: str, recipe: Recipe, device: str | None = None) -> "H3Runtime":
+    def load(cls, model: str, recipe: Recipe, device: str | None = None,
+             transformer_dtype: str | None = None) -> "H3Runtime":
+        """``transformer_dtype``: run the transformer in this dtype instead of the recipe's (the parallel check's
+        higher-precision reference, h3eval/parallel_check.py); everything else keeps the recipe's."""
         if model == "tiny":
-            return cls.tiny(recipe, device)
-        return cls.from_pretrained(model, recipe, device)
+            return cls.tiny(recipe, device, transformer_dtype)
+        return cls.from_pretrained(model, recipe, device, transformer_dtype=transformer_dtype)
 
     @classmethod
-    def tiny(cls, recipe: Recipe, device: str | None = None) -> "H3Runtime":
+    def tiny(cls, recipe: Recipe, device: str | None = None, transformer_dtype: str | None = None) -> "H3Runtime":
         from h3 import tiny
 
-        runtime = cls.from_pretrained(tiny_checkpoint_dir(), recipe, device, _default_size=TINY_DEFAULT_SIZE)
+        runtime = cls.from_pretrained(tiny_checkpoint_dir(), recipe, device, _default_size=TINY_DEFAULT_SIZE,
+                                      transformer_dtype=transformer_dtype)
         runtime.model = "tiny"
         runtime.model_sha256 = tiny.tiny_identity()
         return runtime
 
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike, recipe: Recipe, device: str | None = None, _default_size=None
+        cls, path: str | os.PathLike, recipe: Recipe, device: str | None = None, _default_size=None,
+        transformer_dtype: str | None = None,
     ) -> "H3Runtime":
         """Load a MiniMax-H3 checkpoint directory (HF layout) offline, through diffusers' modular pipeline."""
         from diffusers.modular_pipelines import ModularPipeline
@@ -297,6 +302,8 @@ class H3Runtime:
             raise CheckpointError(
                 f"checkpoint {root}: diffusers could not load {', '.join(not_loaded)} (see the warnings above)"
             )
+        if transformer_dtype is not None:
+            pipe.transformer.to(_torch_dtype(transformer_dtype))
         from h3.levers import keeps_on_cpu
 
         for name in ("transformer", "vae", "audio_vae", "text_encoder"):

@@ -55,7 +55,7 @@ LSE_BACKENDS = ("_native_flash", "_native_cudnn", "flash", "sage", "_flash_3")
 @dataclass
 class ParallelLeverConfig:
     degree: int
-    kind: str = "ulysses"
+    kind: str = "ulysses_anything"
     vae: str = "tiles"
     text_encoder: str = "replicated"
 
@@ -192,7 +192,7 @@ def apply_parallel(pipe, config: ParallelLeverConfig) -> ParallelHandle:
     from diffusers.models._modeling_parallel import ContextParallelConfig
     from torch.distributed.device_mesh import init_device_mesh
 
-    from h3.parallel.comm import CommTimer
+    from h3.parallel.comm import CommTimer, install_gloo_uneven_gather
     from h3.parallel.plants import install_plant, requested_plant
     from h3.parallel.vae_tiles import TileParallelDecode
     from h3.parallel.world import control_group, current_world
@@ -246,6 +246,8 @@ def apply_parallel(pipe, config: ParallelLeverConfig) -> ParallelHandle:
         if kind != "ulysses_anything":
             hook = transformer.register_forward_pre_hook(_divisible(degree, kind), with_kwargs=True)
             removers.append(hook.remove)
+        if device_type == "cpu":
+            removers.append(install_gloo_uneven_gather())
         comm = CommTimer(world.device).install()
         removers.append(comm.remove)
         vae_decode = None

@@ -149,3 +149,32 @@ class CommTimer:
         self._restore.clear()
         if _ACTIVE is self:
             _ACTIVE = None
+
+
+def install_gloo_uneven_gather() -> Callable[[], None]:
+    """On the CPU (gloo) only: diffusers gathers the output of an uneven (``*_anything``) plan with one
+    ``dist.all_gather`` of tensors of different lengths, which NCCL accepts (it falls back to broadcasts) and gloo
+    refuses ("invalid tensor size"). This gathers the same shards padded to the longest and trims them, so the CPU
+    runs the plan diffusers runs on GPUs. Returns the remover."""
+    import torch.distributed as dist
+    from diffusers.hooks import context_parallel as cp_hooks
+    from diffusers.models._modeling_parallel import gather_size_by_comm
+
+    cls = cp_hooks.PartitionAnythingSharder
+    original = cls.__dict__["unshard_anything"]
+
+    def unshard_anything(klass, tensor, dim, mesh):
+        group = mesh.get_group()
+        tensor = tensor.contiguous()
+        sizes = gather_size_by_comm(tensor.shape[dim], group)
+        width = max(sizes)
+        if tensor.shape[dim] < width:
+            pad_shape = list(tensor.shape)
+            pad_shape[dim] = width - tensor.shape[dim]
+            tensor = torch.cat([tensor, tensor.new_zeros(pad_shape)], dim=dim)
+        parts = [torch.empty_like(tensor) for _ in sizes]
+        dist.all_gather(parts, tensor, group=group)
+        return torch.cat([part.narrow(dim, 0, size) for part, size in zip(parts, sizes)], dim=dim)
+
+    cls.unshard_anything = classmethod(unshard_anything)
+    return lambda: setattr(cls, "unshard_anything", original)
