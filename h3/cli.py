@@ -57,8 +57,9 @@ def generate(
                 "--num-frames": num_frames, "--height": height, "--width": width, "--device": device}))
         else:
             if recipe_obj.parallel.degree > 1:
-                from h3.parallel.world import init_world
+                from h3.parallel.world import init_world, prepare_model
 
+                prepare_model(model)
                 device = str(init_world(device).device)
             runtime = H3Runtime.load(model, recipe_obj, device)
             record = runtime.generate(request, out)

@@ -19,11 +19,14 @@ relative; the twins by 5e-8 to 1.2e-7; the planted bugs by 3e-3 to 1.6e-2. On th
 rounding difference into a few flipped macroblocks (RMSE 0.30-0.38 of 255 for SP2 and the twins alike), the bugs into
 RMSE ~5.
 
-Per pair and judged metric, as a distance ``d`` (PSNR as the RMSE it states, SSIM as 1 - SSIM): the parallel clip
-passes when ``d(single, parallel) <= FACTOR * max(d(single, twin))``. ``FACTOR = 2`` is the triangle inequality:
-the parallel run and the single run are each one rounding of the same exact result, each about a twin's distance
-from it, so at most about twice that from each other. The run passes when every pair passes every judged metric
-that both sides scored; a metric missing on either side is reported and fails the pair (never read as a pass).
+Per pair, the judged distances ``d`` (:data:`JUDGED`: the trajectory gate's final-x0 relative L2 of video and
+audio, the fidelity gate's PSNR as the RMSE it states) pass when ``d(single, parallel) <= FACTOR * max(d(single,
+twin))``. ``FACTOR = 2`` is the triangle inequality: the parallel run and the single run are each one rounding of the
+same exact result, each about a twin's distance from it, so at most about twice that from each other (measured:
+0.40-0.58x the floor on the latents, 0.95-1.02x on PSNR; the planted bugs 1e5x and 19-20x). The ghosting gate judges
+with its own calibrated decision: the parallel clip may be flagged only where a twin is. SSIM, LPIPS and the ghost
+scores are reported beside their floors but not judged (:data:`REPORTED` says why). The run passes when every pair
+passes; a metric missing on either side fails the pair (never read as a pass).
 
 Layout: an ordinary run directory (``h3eval`` store) with the four recipes above plus ``<recipe>.sp<N>``, gated with
 fidelity, ghosting and trajectory; the verdict goes to ``<run>/parallel_check.json``. The parallel clips come from one
@@ -72,14 +75,17 @@ JUDGED: dict[str, Callable[[float], float]] = {
     "trajectory.video_x0_rel_l2_final": _same,
     "trajectory.audio_x0_rel_l2_final": _same,
     "fidelity.psnr_mean": _psnr_to_rmse,
+}
+"""Judged metrics -> their reading as a distance (0 for identical clips, larger for further apart)."""
+REPORTED: dict[str, Callable[[float], float]] = {
     "fidelity.ssim_mean": _one_minus,
     "fidelity.lpips_mean": _same,
     "ghosting.ghost_strength": _same,
     "ghosting.ghost_score_max": _same,
 }
-"""Judged metric -> its reading as a distance (0 for identical clips, larger for further apart)."""
-
-
+"""Reported beside the floor, not judged: at the scale of rounding they measure which of the codec's macroblocks
+flipped, not how far the clips are apart (tiny preset, 9 correct SP2 pairs: SSIM and LPIPS up to 2.7x the larger
+twin, the ghost score's maximum up to 19x and infinite over a zero floor; PSNR within 0.95-1.02x)."""
 def higher_dtype(dtype: str) -> str:
     return "float64" if dtype == "float32" else "float32"
 
@@ -191,33 +197,72 @@ def _metric(store: RunStore, gate: str, candidate: str, prompt_id: str, seed: in
     return float(value) if value is not None and math.isfinite(value) else None
 
 
+def _result(store: RunStore, gate: str, candidate: str, prompt_id: str, seed: int):
+    from gates.base import GateResult
+    from h3eval.gaterun import result_path
+
+    path = result_path(store, gate, candidate, prompt_id, seed)
+    if not path.is_file():
+        return None
+    try:
+        result = GateResult.model_validate_json(path.read_text())
+    except ValueError:
+        return None
+    return result if result.status == "ok" else None
+
+
+def _metric(store: RunStore, gate: str, candidate: str, prompt_id: str, seed: int, name: str) -> float | None:
+    result = _result(store, gate, candidate, prompt_id, seed)
+    if result is None or name not in result.metrics:
+        return None
+    value = result.metrics[name].value
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
 def judge(store: RunStore, roles: dict[str, Recipe], prompts: PromptSuite, seeds: list[int],
           factor: float = FACTOR) -> dict[str, Any]:
-    """Per pair and judged metric: the parallel distance, the floor (the largest twin distance), pass or fail."""
+    """Per pair: each judged metric's parallel distance against the floor (the larger twin distance), and the
+    ghosting gate's flag (calibrated on real footage, bench/results/ghosting_calibration.md): the parallel pair may
+    be flagged only where a twin is too."""
     parallel, twins = roles["parallel"].name, [roles["floor-hp"].name, roles["floor-math"].name]
     pairs, worst = [], {}
     for prompt in prompts.prompts:
         for seed in seeds:
-            metrics, reasons = {}, []
-            for key, as_distance in JUDGED.items():
-                gate, name = key.split(".", 1)
-                raw = _metric(store, gate, parallel, prompt.id, seed, name)
-                floors = [_metric(store, gate, twin, prompt.id, seed, name) for twin in twins]
-                if raw is None or any(f is None for f in floors):
-                    metrics[key] = {"parallel": None, "floor": None, "pass": False}
-                    reasons.append(f"{key}: not scored on every side")
-                    continue
-                d = as_distance(raw)
-                floor = max(as_distance(f) for f in floors)
-                ok = d <= factor * floor
-                ratio = d / floor if floor > 0 else (0.0 if d == 0 else math.inf)
-                metrics[key] = {"parallel": d, "floor": floor, "twins": [as_distance(f) for f in floors],
-                                "ratio": ratio, "pass": ok}
-                worst[key] = max(worst.get(key, 0.0), ratio)
+            metrics, reported, reasons = {}, {}, []
+            for table, rules in ((metrics, JUDGED), (reported, REPORTED)):
+                for key, as_distance in rules.items():
+                    gate, name = key.split(".", 1)
+                    raw = _metric(store, gate, parallel, prompt.id, seed, name)
+                    floors = [_metric(store, gate, twin, prompt.id, seed, name) for twin in twins]
+                    if raw is None or any(f is None for f in floors):
+                        table[key] = {"parallel": None, "floor": None, "pass": False}
+                        if table is metrics:
+                            reasons.append(f"{key}: not scored on every side")
+                        continue
+                    d = as_distance(raw)
+                    floor = max(as_distance(f) for f in floors)
+                    ok = d <= factor * floor
+                    ratio = d / floor if floor > 0 else (0.0 if d == 0 else math.inf)
+                    table[key] = {"parallel": d, "floor": floor, "twins": [as_distance(f) for f in floors],
+                                  "ratio": ratio, "pass": ok}
+                    if table is metrics:
+                        worst[key] = max(worst.get(key, 0.0), ratio)
+                        if not ok:
+                            reasons.append(f"{key}: {d:.4g} > {factor:g} x floor {floor:.4g}")
+            ghost = _result(store, "ghosting", parallel, prompt.id, seed)
+            ghost_twins = [_result(store, "ghosting", twin, prompt.id, seed) for twin in twins]
+            if ghost is None or any(t is None for t in ghost_twins):
+                metrics["ghosting.flagged"] = {"parallel": None, "twins": None, "pass": False}
+                reasons.append("ghosting.flagged: not scored on every side")
+            else:
+                ok = not ghost.flagged or any(t.flagged for t in ghost_twins)
+                metrics["ghosting.flagged"] = {"parallel": ghost.flagged, "twins": [t.flagged for t in ghost_twins],
+                                               "pass": ok}
                 if not ok:
-                    reasons.append(f"{key}: {d:.4g} > {factor:g} x floor {floor:.4g}")
+                    reasons.append("ghosting.flagged: the ghosting gate flags the parallel clip and no twin: "
+                                   + "; ".join(ghost.flags[:2]))
             pairs.append({"prompt_id": prompt.id, "seed": seed, "pass": not reasons, "reasons": reasons,
-                          "metrics": metrics})
+                          "metrics": metrics, "reported": reported})
     return {"verdict": "PASS" if pairs and all(p["pass"] for p in pairs) else "FAIL", "factor": factor,
             "pairs": pairs, "worst_ratio": worst}
 
@@ -233,6 +278,9 @@ def run_parallel_check(plan: ParallelCheckPlan, progress: bool = False) -> dict[
                        device=plan.device, trajectory=True,
                        args={"command": "parallel-check", "degree": plan.degree, "plant": plan.plant})
     store, _ = open_run(run_plan)
+    from h3.parallel.world import prepare_model
+
+    prepare_model(plan.model)  # once here, not by the ranks at once
     launched = _generate_parallel(plan, store, roles["parallel"])
     manifest = fill_run(run_plan, runtime_factory=_runtime_factory(roles), progress=progress)
     summary = run_gates(plan.out, list(GATES), device=plan.device or "cpu", options=plan.gate_options,
@@ -252,7 +300,8 @@ def run_parallel_check(plan: ParallelCheckPlan, progress: bool = False) -> dict[
         "run_status": manifest.status, "clip_errors": manifest.errors, "parallel_launch": launched,
         "gate_errors": summary.errors,
         "definition": ("pass iff d(single, parallel) <= factor x max(d(single, floor-hp), d(single, floor-math)) for "
-                       "every judged metric of every pair (h3eval/parallel_check.py)"),
+                       "every judged metric of every pair, and the ghosting gate flags the parallel clip only where it "
+                       "flags a twin (h3eval/parallel_check.py)"),
     }
     if manifest.errors or launched.get("errors"):
         out["verdict"] = "FAIL"

@@ -1,18 +1,18 @@
 """Rank script of tests/test_parallel.py: run by torchrun as 2 gloo ranks on the CPU, on the tiny preset.
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/_parallel_ranks.py OUTDIR
+    python -m torch.distributed.run --nproc-per-node 2 tests/_parallel_ranks.py OUTDIR   (h3.parallel.launch.launch)
 
 One launch (two Python start-ups) serves every multi-rank check of the test module; rank 0 writes the clips, their
 records and trajectories, and ``results.json`` (the in-rank measurements) into OUTDIR:
 
-1. the tests' fast recipe at degree 2 (Ulysses), with the latent trajectory;
+1. the tests' fast recipe at degree 2 (the default kind, ``ulysses_anything``), with the latent trajectory;
 2. the same request with each planted bug (h3.parallel.plants) installed in turn;
 3. the video VAE's tile-parallel decode against diffusers' single-process tiled decode of the same latent, 3x3
    spatial tiles x the temporal chunks, on every rank;
 4. attention under context parallelism (h3.parallel.replay.cp_attention) on a bucketed sequence, through the fixed
    per-shard padding cut and through the old call, for ``ulysses`` and ``ulysses_anything``;
-5. the shipped ``turbo4-tinydemo`` recipe at degree 2 (LoRA, AdaLN precompute, INT8 W8A8, bucketing, block-sparse
-   attention), with the latent trajectory.
+5. the shipped ``turbo4-tinydemo`` recipe at degree 2, plain ``ulysses`` (LoRA, AdaLN precompute, INT8 W8A8,
+   bucketing, block-sparse attention), with the latent trajectory.
 """
 
 from __future__ import annotations
@@ -96,7 +96,11 @@ def main(out: Path) -> None:
     for handle in reversed(list(runtime.levers.values())):
         handle.remove()
     del runtime
-    demo = H3Runtime.load("tiny", load_recipe("turbo4-tinydemo").at_degree(2), "cpu")
+    shipped = load_recipe("turbo4-tinydemo")
+    # Plain Ulysses (equal shards): the recipe's 64-row buckets make every packed length divide by 2.
+    demo_recipe = shipped.model_copy(update={"parallel": shipped.parallel.model_copy(
+        update={"degree": world.world_size, "kind": "ulysses"})})
+    demo = H3Runtime.load("tiny", demo_recipe, "cpu")
     demo.generate(request, out / "tinydemo-sp2.mp4", trajectory=True)
 
     if world.is_writer:

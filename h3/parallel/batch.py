@@ -25,9 +25,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     from h3.atomic import atomic_write_json
     from h3.recipe import recipe_from_dict
     from h3.runtime import GenerateRequest, H3Runtime
-    from h3.parallel.world import destroy_world, init_world, launched_world_size
+    from h3.parallel.world import destroy_world, init_world, launched_world_size, prepare_model
 
     recipe = recipe_from_dict(job["recipe"], source=str(job.get("source", "<job>")))
+    prepare_model(job["model"])
     world = init_world(job.get("device")) if launched_world_size() else None
     result: dict[str, Any] = {"done": [], "errors": []}
     try:

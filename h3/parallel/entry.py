@@ -46,6 +46,10 @@ def check_before_launch(recipe: Recipe, model: str, device: str | None) -> None:
     preflight(recipe, str(target))
     if model != "tiny":
         check_checkpoint_dir(model)
+    else:
+        from h3.parallel.world import prepare_model
+
+        prepare_model(model)  # once here, not N times at once in the ranks
 
 
 def child_argv(command: str, options: dict[str, Any]) -> list[str]:

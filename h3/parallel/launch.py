@@ -24,12 +24,14 @@ logger = logging.getLogger(__name__)
 
 
 def torchrun_argv(nproc: int, module: str, args: Sequence[str]) -> list[str]:
-    """The torchrun command that starts ``python -m module args`` as ``nproc`` ranks on this machine."""
+    """The torchrun command that starts ``python -m module args`` (or ``python module args`` when ``module`` is a
+    ``.py`` file) as ``nproc`` ranks on this machine."""
     if nproc < 2:
         raise ValueError(f"torchrun is for 2 or more ranks, got nproc={nproc}")
+    target = [module] if module.endswith(".py") else ["-m", module]
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--max-restarts", "0",
-            "--monitor-interval", "0.5", "-m", module, *[str(a) for a in args]]
+            "--monitor-interval", "0.5", *target, *[str(a) for a in args]]
 
 
 def rank_env(nproc: int, env: dict[str, str] | None = None) -> dict[str, str]:

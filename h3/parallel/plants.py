@@ -7,7 +7,8 @@ says so in its record (``executed.levers.parallel.planted_bug``), so it can neve
 
 - ``a2a_permutation``: the Ulysses all-to-all of the *keys* sends each head group to the next rank, so every rank's
   queries meet the keys of other heads (a wrong permutation in the exchange; the query, value and output exchanges
-  stay right). Plain ``ulysses`` only: it patches the exchange of ``TemplatedUlyssesAttention``.
+  stay right). In both Ulysses paths: ``ulysses`` (``_all_to_all_single``) and ``ulysses_anything``
+  (``all_to_all_single_any_qkv_async``).
 - ``rope_offset``: the last rank applies the rotary embedding of the *first* shard, i.e. its rows get positions
   without their shard's offset (the classic missing-offset bug of sharded RoPE).
 """
@@ -49,8 +50,27 @@ def install_plant(name: str, transformer, world_size: int, rank: int) -> Callabl
                 x = torch.roll(x, shifts=1, dims=0).contiguous()
             return original(x, group)
 
+        original_any = ad.__dict__["all_to_all_single_any_qkv_async"]
+        any_calls = [0]
+
+        def wrong_exchange_any(x, group, **kwargs):
+            # Called for query, key and value in turn; dim 2 holds the heads, whose contiguous groups go to the
+            # ranks in order: rolling by one group sends group r to rank r + 1.
+            index = any_calls[0] % 3
+            any_calls[0] += 1
+            if index == 1:
+                world = torch.distributed.get_world_size(group)
+                x = torch.roll(x, shifts=-(-x.shape[2] // world), dims=2).contiguous()
+            return original_any(x, group, **kwargs)
+
         ad._all_to_all_single = wrong_exchange
-        return lambda: setattr(ad, "_all_to_all_single", original)
+        ad.all_to_all_single_any_qkv_async = wrong_exchange_any
+
+        def remove():
+            ad._all_to_all_single = original
+            ad.all_to_all_single_any_qkv_async = original_any
+
+        return remove
     if name == "rope_offset":
         rope = transformer.rope
         forward = type(rope).forward

@@ -108,9 +108,10 @@ def follow(runtime: Any) -> int:
 def serve_ranks(model: str, recipe, host: str, port: int, api_key: str | None, max_queue: int,
                 output_dir: str | Path, device: str | None) -> None:
     """This rank's part of ``h3 serve --nproc N`` (the process was started by torchrun)."""
-    from h3.parallel.world import destroy_world, init_world
+    from h3.parallel.world import destroy_world, init_world, prepare_model
     from h3.runtime import H3Runtime
 
+    prepare_model(model)
     world = init_world(device)
     try:
         runtime = H3Runtime.load(model, recipe, str(world.device))

@@ -98,8 +98,20 @@ def rank_device(device: str | torch.device | None, local_rank: int) -> torch.dev
     return torch.device("cuda", local_rank)
 
 
+def prepare_model(model: str) -> None:
+    """Build the tiny preset's cache folder before any rank joins the group: transformers' ``save_pretrained`` writes
+    no weights on a rank other than 0 once torch.distributed is initialized, so a rank that built the preset after
+    joining would publish a checkpoint with an empty ``text_encoder/`` (seen: a CheckpointError naming its missing
+    files). Built before joining, every rank writes a whole copy and the first one to finish is kept."""
+    if model == "tiny":
+        from h3.runtime import tiny_checkpoint_dir
+
+        tiny_checkpoint_dir()
+
+
 def init_world(device: str | torch.device | None = None) -> World:
-    """Join the process group torchrun set up (idempotent). Sets this rank's CUDA device."""
+    """Join the process group torchrun set up (idempotent). Sets this rank's CUDA device. Call
+    :func:`prepare_model` first."""
     global _WORLD, _CONTROL
     import torch.distributed as dist
 
