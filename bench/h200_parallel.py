@@ -26,8 +26,9 @@ pays no compilation; nothing else is warmed. Rank 0's clip record gives every fi
   device-to-host copy, MP4 mux excluded); the request-to-file latency is in the details.
 
 The SP2 process also decodes one fixed latent both ways on each GPU and reports whether the tile-parallel decode is
-the single-GPU decode bit for bit. ``check`` runs ``h3eval parallel-check`` on the tiny preset in bf16 over 4 prompts
-(the floor twins in float32 and math SDPA) and, with ``--plant``, a planted bug the check must fail. ``merge`` writes
+the single-GPU decode bit for bit. ``check`` runs ``h3eval parallel-check`` on the tiny preset in bf16 over
+``--pairs`` prompts (the floor twins in float32 and math SDPA) and, with ``--plant``, a planted bug the check must
+fail; ``--ring`` checks ring attention instead; ``--nproc`` sets the degree. ``merge`` writes
 ``h200_parallel.json`` (``{"<shape>": {"<degree>": {"dit_step_s", "vae_decode_s", "request_s", "efficiency"}}}``),
 ``h200_parallel_details.json`` (every record's anatomy, communication per step, per-rank devices and times, the
 checks) and the Markdown table (bench/h200_parallel_table.py).
@@ -244,11 +245,11 @@ def cmd_request(args) -> int:
                 with tempfile.TemporaryDirectory() as tmp:
                     record = runtime.generate(request, Path(tmp) / f"{shape}.mp4")
                 if record is not None:
-                    row = summarize(record)
+                    row = summarize(record, runtime.recipe)
                     row["flex_warmup"] = warm
                     result["shapes"][shape] = row
-                    log(f"{shape} degree {args.degree}: step {row['dit_step_s']:.2f} s, vae {row['vae_decode_s']:.2f} s,"
-                        f" request {row['request_s']:.2f} s")
+                    log(f"{shape} degree {args.degree}: step {row['dit_step_s']:.2f} s, vae "
+                        f"{row['vae_decode_s']:.2f} s, request {row['request_s']:.2f} s")
             except Exception as exc:  # one shape's failure (e.g. out of memory) is reported, the next one runs
                 result["shapes"][shape] = {"error": f"{type(exc).__name__}: {exc}"}
                 log(f"{shape} degree {args.degree}: FAILED {type(exc).__name__}: {exc}")
@@ -266,7 +267,9 @@ def cmd_request(args) -> int:
     return 0
 
 
-def summarize(record) -> dict:
+def summarize(record, recipe) -> dict:
+    from h3eval.ab import check_executed
+
     anatomy = record.timings.stage_anatomy
     steps = list(anatomy.denoise_steps)
     levers = record.executed.levers
@@ -287,31 +290,56 @@ def summarize(record) -> dict:
                                                   "planted_bug")} if parallel.get("applied") else None,
         "levers": {k: v for k, v in levers.items() if v.get("applied") and k != "parallel"},
         "attention_backends": record.executed.attention_backends,
+        # Configured versus executed (h3eval.ab.check_executed): empty when the request ran as the recipe says.
+        "not_as_configured": check_executed(recipe, record),
     }
 
 
 # -- the parallel check on the GPUs ---------------------------------------------------------------------------------
 def cmd_check(args) -> int:
+    started = time.time()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     recipe = out / "tiny-bf16.toml"
-    recipe.write_text('name = "tiny-bf16"\ndescription = "tiny preset, 2 steps, bf16, native SDPA"\nsteps = 2\n'
-                      f'dtype = "{"float32" if args.smoke else "bfloat16"}"\n\n[attention]\nbackend = "native"\n')
+    dtype = "float32" if args.smoke else "bfloat16"
+    if args.ring:  # ring needs a backend that returns the log-sum-exp; 64-row buckets make the shards equal
+        recipe.write_text(f'name = "tiny-bf16-ring"\ndescription = "tiny preset, 2 steps, {dtype}, flash SDPA, '
+                          f'64-row buckets, ring"\nsteps = 2\ndtype = "{dtype}"\n\n[attention]\n'
+                          'backend = "_native_flash"\n\n[bucketing]\nenabled = true\nmultiple = 64\n\n'
+                          '[parallel]\nkind = "ring"\n')
+    else:
+        recipe.write_text(f'name = "tiny-bf16"\ndescription = "tiny preset, 2 steps, {dtype}, native SDPA"\n'
+                          f'steps = 2\ndtype = "{dtype}"\n\n[attention]\nbackend = "native"\n')
     prompts = out / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(CHECK_PROMPTS)))
-    cmd = [sys.executable, "-m", "h3eval.cli", "parallel-check", "--recipe", str(recipe), "--nproc", "2",
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n"
+                               for i, p in enumerate(CHECK_PROMPTS[:args.pairs])))
+    cmd = [sys.executable, "-m", "h3eval.cli", "parallel-check", "--recipe", str(recipe), "--nproc", str(args.nproc),
            "--prompts", str(prompts), "--seeds", "0", "--num-frames", "121", "--out", str(out / "run"),
            "-o", "fidelity.lpips_trunk=rand", "--device", "cpu" if args.smoke else "cuda"]
     if args.plant:
         cmd += ["--plant", args.plant]
     log("check: " + " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    print(proc.stdout[-4000:], proc.stderr[-3000:] if proc.returncode not in (0, 1) else "", flush=True)
+    # Stopped with SIGTERM at the deadline, which the check's launcher turns into stopping its ranks (a SIGKILL
+    # would leave them running on the GPUs).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            output, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            output, _ = proc.communicate()
+        log(f"check: stopped after {args.timeout:.0f} s")
+    print("\n".join(line for line in output.splitlines() if "kept in float32" not in line
+                    and "experimental" not in line)[-5000:], flush=True)
     verdict_file = out / "run" / "parallel_check.json"
     if verdict_file.is_file():
         verdict = json.loads(verdict_file.read_text())
         verdict["command"] = " ".join(cmd)
         verdict["exit_code"] = proc.returncode
+        verdict["wall_s"] = time.time() - started
         atomic_write_json(out / "parallel_check.json", verdict)
         log(f"check{' with planted ' + args.plant if args.plant else ''}: {verdict['verdict']}")
     return 0 if verdict_file.is_file() else 1
@@ -336,8 +364,8 @@ def merge(inputs: list[Path]) -> tuple[dict, dict]:
         if data.get("vae_identity"):
             details["vae_identity"] = data["vae_identity"]
         for shape, row in data.get("shapes", {}).items():
-            if "error" in row:
-                continue
+            if "error" in row or row.get("not_as_configured"):
+                continue  # in the details with the reason; a run not as configured counts for no figure
             summary.setdefault(shape, {})[str(data["degree"])] = {
                 "dit_step_s": row["dit_step_s"], "vae_decode_s": row["vae_decode_s"], "request_s": row["request_s"],
                 "efficiency": None}
@@ -374,6 +402,11 @@ def main(argv: list[str] | None = None) -> int:
     chk = sub.add_parser("check")
     chk.add_argument("--out", required=True)
     chk.add_argument("--plant", default=None)
+    chk.add_argument("--pairs", type=int, default=len(CHECK_PROMPTS), help="prompts (one seed each)")
+    chk.add_argument("--nproc", type=int, default=2, help="the checked degree (any N the GPUs allow)")
+    chk.add_argument("--ring", action="store_true", help="ring attention (flash SDPA, 64-row buckets) instead of "
+                                                         "ulysses_anything")
+    chk.add_argument("--timeout", type=float, default=None, help="seconds; the check is stopped after")
     chk.add_argument("--smoke", action="store_true")
     mrg = sub.add_parser("merge")
     mrg.add_argument("--out", required=True)

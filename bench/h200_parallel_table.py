@@ -76,13 +76,17 @@ def render(summary: dict, details: dict | None = None) -> str:
                             f"(collectives holding the compute stream, rank 0)")
             if row.get("error"):
                 comm.append(f"- {shape}, {r['degree']} GPUs: not measured ({row['error']})")
+            if row.get("not_as_configured"):
+                comm.append(f"- {shape}, {r['degree']} GPUs: **not as configured**, so it counts for no goal: "
+                            + "; ".join(row["not_as_configured"]))
     if comm:
         lines += ["", "## Communication and failures", "", *comm]
     vae = details.get("vae_identity")
     lines += ["", "## Checks", ""]
     if vae:
+        same = "bit-identical" if vae["bit_identical"] else f"DIFFERENT (max abs {vae['max_abs_diff']})"
         lines.append(f"- tile-parallel video decode vs one GPU's tiled decode of the same latent ({vae['shape']}): "
-                     f"{'bit-identical' if vae['bit_identical'] else 'DIFFERENT (max abs ' + str(vae['max_abs_diff']) + ')'}"
+                     f"{same}"
                      f"; {vae.get('tasks')} tiles, {vae.get('tasks_this_rank')} on rank 0; "
                      f"{_f(vae.get('single_gpu_s'))} s on one GPU, {_f(vae.get('tile_parallel_s'))} s on two")
     else:
@@ -92,7 +96,8 @@ def render(summary: dict, details: dict | None = None) -> str:
         planted = check.get("planted_bug")
         expected = "FAIL" if planted else "PASS"
         worst = ", ".join(f"{k} {v:.3g}x" for k, v in sorted((check.get("worst_ratio") or {}).items()))
-        lines.append(f"- parallel check (h3eval parallel-check, tiny preset, bf16, degree {check.get('degree')}, "
+        lines.append(f"- parallel check (h3eval parallel-check, tiny preset, bf16, {check.get('kind')} degree "
+                     f"{check.get('degree')}, "
                      f"{len(check.get('pairs') or [])} pairs){' with planted ' + ', '.join(planted) if planted else ''}"
                      f": {check.get('verdict')} (expected {expected}: "
                      f"{'as expected' if check.get('verdict') == expected else 'NOT AS EXPECTED'}); worst ratio to the "

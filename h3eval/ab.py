@@ -90,6 +90,15 @@ def register_lever_check(name: str) -> Callable[[LeverCheck], LeverCheck]:
     return decorator
 
 
+def _parallel_check(section: dict, telemetry: dict | None) -> list[str]:
+    from h3.levers.parallel import check_executed as parallel_check_executed
+
+    return parallel_check_executed(section, telemetry)
+
+
+register_lever_check("parallel")(_parallel_check)
+
+
 def default_lever_check(section: dict, telemetry: dict | None, name: str | None = None) -> list[str]:
     """An enabled lever must report ``applied: true``; a lever that is off must not report that it applied."""
     enabled = lever_enabled(section, name)
@@ -139,7 +148,11 @@ def check_executed(recipe: Recipe, record: ClipRecord) -> list[str]:
             found = default_lever_check(section, ex.levers.get(name), name)
         problems.extend(f"{name}: {p}" for p in found)
     for name in ex.levers:
-        if name not in resolved:
+        if name in resolved:
+            continue
+        if name == "parallel":  # a single-process recipe leaves its default section out of resolved()
+            problems.extend(f"parallel: {p}" for p in _parallel_check({}, ex.levers[name]))
+        else:
             problems.append(f"{name}: the runtime reported lever telemetry the recipe does not configure: "
                             f"{ex.levers[name]}")
     return problems

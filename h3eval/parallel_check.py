@@ -26,7 +26,8 @@ same exact result, each about a twin's distance from it, so at most about twice 
 0.40-0.58x the floor on the latents, 0.95-1.02x on PSNR; the planted bugs 1e5x and 19-20x). The ghosting gate judges
 with its own calibrated decision: the parallel clip may be flagged only where a twin is. SSIM, LPIPS and the ghost
 scores are reported beside their floors but not judged (:data:`REPORTED` says why). The run passes when every pair
-passes; a metric missing on either side fails the pair (never read as a pass).
+passes and both sides ran as configured (h3eval.ab.check_executed: the parallel side at its degree, one device per
+rank, its tiles on every rank); a metric missing on either side fails the pair (never read as a pass).
 
 Layout: an ordinary run directory (``h3eval`` store) with the four recipes above plus ``<recipe>.sp<N>``, gated with
 fidelity, ghosting and trajectory; the verdict goes to ``<run>/parallel_check.json``. The parallel clips come from one
@@ -104,7 +105,8 @@ def variants(recipe: Recipe, degree: int) -> dict[str, Recipe]:
     hp_recipe = single
     if single.attention.backend in HALF_ONLY_BACKENDS:
         hp_recipe = single.model_copy(update={"attention": single.attention.model_copy(update={"backend": "native"})})
-    math_recipe = single.model_copy(update={"attention": single.attention.model_copy(update={"backend": "_native_math"})})
+    math_recipe = single.model_copy(
+        update={"attention": single.attention.model_copy(update={"backend": "_native_math"})})
     return {
         "single": single,
         "parallel": renamed(recipe.at_degree(degree), f"sp{degree}", f"{name} at parallel degree {degree}"),
@@ -286,17 +288,30 @@ def run_parallel_check(plan: ParallelCheckPlan, progress: bool = False) -> dict[
     summary = run_gates(plan.out, list(GATES), device=plan.device or "cpu", options=plan.gate_options,
                         progress=progress)
     verdict = judge(store, roles, plan.prompts, list(plan.seeds), plan.factor)
-    planted = set()
+    from h3eval.ab import check_executed
+
+    planted, not_as_configured = set(), {}
     for prompt in plan.prompts.prompts:
         for seed in plan.seeds:
-            record = store.read_record(roles["parallel"].name, prompt.id, seed)
-            if record is not None:
-                planted.add((record.executed.levers.get("parallel") or {}).get("planted_bug"))
+            for role in ("single", "parallel"):
+                record = store.read_record(roles[role].name, prompt.id, seed)
+                if record is None:
+                    continue
+                if role == "parallel":
+                    planted.add((record.executed.levers.get("parallel") or {}).get("planted_bug"))
+                # Configured versus executed: the degree (ranks, one device each), the kind, the tiles, every lever.
+                problems = [p for p in check_executed(roles[role], record)
+                            if not (plan.plant and "a planted bug ran" in p)]
+                if problems:
+                    not_as_configured.setdefault(role, {})[f"{prompt.id}-s{seed}"] = problems
+    if not_as_configured:
+        verdict["verdict"] = "FAIL"
     out = {
         **verdict,
         "recipe": roles["single"].name, "degree": plan.degree, "kind": roles["parallel"].parallel.kind,
         "roles": {role: r.name for role, r in roles.items()},
         "planted_bug": sorted(p for p in planted if p) or None,
+        "not_as_configured": not_as_configured,
         "run_status": manifest.status, "clip_errors": manifest.errors, "parallel_launch": launched,
         "gate_errors": summary.errors,
         "definition": ("pass iff d(single, parallel) <= factor x max(d(single, floor-hp), d(single, floor-math)) for "

@@ -11,7 +11,8 @@ records and trajectories, and ``results.json`` (the in-rank measurements) into O
    spatial tiles x the temporal chunks, on every rank;
 4. attention under context parallelism (h3.parallel.replay.cp_attention) on a bucketed sequence, through the fixed
    per-shard padding cut and through the old call, for ``ulysses`` and ``ulysses_anything``;
-5. the shipped ``turbo4-tinydemo`` recipe at degree 2, plain ``ulysses`` (LoRA, AdaLN precompute, INT8 W8A8,
+5. the fast recipe with group offload, and with torch.compile (dynamo, eager backend), at degree 2;
+6. the shipped ``turbo4-tinydemo`` recipe at degree 2, plain ``ulysses`` (LoRA, AdaLN precompute, INT8 W8A8,
    bucketing, block-sparse attention), with the latent trajectory.
 """
 
@@ -39,7 +40,6 @@ ATTN_ROWS, ATTN_VALID, ATTN_ODD_ROWS, ATTN_ODD_VALID = 90, 70, 91, 75
 def main(out: Path) -> None:
     from conftest import FAST_RECIPE
 
-    from h3.levers.bucketing import PaddingState  # noqa: F401  (imported by cp_attention; fail early if absent)
     from h3.ops import attention_reference
     from h3.parallel.plants import PLANTS, install_plant
     from h3.parallel.replay import cp_attention, make_parallel_config
@@ -92,10 +92,22 @@ def main(out: Path) -> None:
         attention[kind] = entry
     results["attention"] = attention
 
-    # 5. A shipped recipe with every CPU lever on, at degree 2.
+    # 5. Group offload and torch.compile (dynamo, eager backend) composed with SP2: both exact, so bit-identical to 1.
     for handle in reversed(list(runtime.levers.values())):
         handle.remove()
     del runtime
+    for label, change in (("offload", {"offload": {"enabled": True, "use_stream": False}}),
+                          ("compile", {"compile": {"enabled": True, "backend": "eager"}})):
+        composed = H3Runtime.load("tiny", recipe_from_dict({**FAST_RECIPE, **change}).at_degree(2), "cpu")
+        composed.generate(request, out / f"fast-sp2-{label}.mp4")
+        for handle in reversed(list(composed.levers.values())):
+            try:
+                handle.remove()
+            except Exception:  # noqa: BLE001 - offload cannot be removed in place; its runtime is dropped
+                pass
+        del composed
+
+    # 6. A shipped recipe with every CPU lever on, at degree 2.
     shipped = load_recipe("turbo4-tinydemo")
     # Plain Ulysses (equal shards): the recipe's 64-row buckets make every packed length divide by 2.
     demo_recipe = shipped.model_copy(update={"parallel": shipped.parallel.model_copy(

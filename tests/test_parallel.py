@@ -138,22 +138,60 @@ def test_the_record_reports_degree_devices_communication_and_each_rank(ranks):
     assert demo["quant"]["quantized_linear_calls"] > 0 and demo["lora"]["applied"]
 
 
+@pytest.mark.parametrize("lever", ["offload", "compile"])
+def test_group_offload_and_compile_compose_with_sp2_exactly(ranks, lever):
+    """Both levers are exact (the same arithmetic): composed with SP2 they give SP2's clip byte for byte."""
+    plain = json.loads((ranks["out"] / "fast-sp2.json").read_text())
+    composed = json.loads((ranks["out"] / f"fast-sp2-{lever}.json").read_text())
+    assert composed["executed"]["levers"][lever]["applied"] and composed["executed"]["levers"]["parallel"]["applied"]
+    assert composed["frames_sha256"] == plain["frames_sha256"] and composed["pcm_sha256"] == plain["pcm_sha256"]
+
+
+def test_configured_versus_executed_checks_the_degree(ranks):
+    import copy
+
+    from h3.record import ClipRecord
+    from h3.recipe import recipe_from_dict
+    from h3eval.ab import check_executed
+
+    for name in ("fast-sp2", "tinydemo-sp2"):
+        record = ClipRecord.model_validate_json((ranks["out"] / f"{name}.json").read_text())
+        recipe = recipe_from_dict(record.recipe)
+        assert check_executed(recipe, record) == [], name
+    # The same clip checked against the recipe at degree 1, or with telemetry of a run on one device: refused.
+    one = recipe.at_degree(1)
+    assert any("ran on 2 ranks" in p for p in check_executed(one, record))
+    bad = copy.deepcopy(record)
+    bad.executed.levers["parallel"].update(devices=["cuda:0", "cuda:0"])
+    assert any("shared a GPU" in p for p in check_executed(recipe, bad))
+    telemetry = bad.executed.levers["parallel"]
+    telemetry.update(world_size=1, devices=["cuda:0"], ranks=telemetry["ranks"][:1])
+    problems = check_executed(recipe, bad)
+    assert any("degree 2 configured, ran at 2 on 1 ranks" in p for p in problems), problems
+    single = ClipRecord.model_validate_json((ranks["ref"] / "fast-sp1.json").read_text())
+    assert check_executed(recipe_from_dict(single.recipe), single) == []  # degree 1: the absent section is fine
+
+
 def test_h3_generate_nproc_2_writes_the_sp2_clip_and_nproc_1_the_sp1_clip(ranks, fast_recipe_file, tmp_path):
     """The launcher runs the same computation as the ranks above (bit for bit), so its clip is within the bound of
-    ``--nproc 1``'s, which is the single-process clip."""
-    env = _env()
-    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())  # --nproc 1 as this process computed SP1
+    ``--nproc 1``'s, which is the single-process clip (run here, in this process's thread count, as SP1 was)."""
+    from typer.testing import CliRunner
+
+    from h3.cli import app
+
     clips = {}
     for nproc in (1, 2):
         out = tmp_path / f"nproc{nproc}.mp4"
-        cmd = [sys.executable, "-m", "h3.cli", "generate", "--prompt", PROMPT, "--seed", str(SEED), "--num-frames",
-               str(NUM_FRAMES), "--recipe", str(fast_recipe_file), "--out", str(out), "--nproc", str(nproc)]
-        env_n = dict(env)
-        if nproc == 2:
-            env_n.pop("OMP_NUM_THREADS")  # the launcher's rule, as for the ranks above
-        proc = subprocess.run(cmd, env=env_n, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert "124 frames 128x128" in proc.stdout, proc.stdout
+        args = ["generate", "--prompt", PROMPT, "--seed", str(SEED), "--num-frames", str(NUM_FRAMES), "--recipe",
+                str(fast_recipe_file), "--out", str(out), "--nproc", str(nproc)]
+        if nproc == 1:
+            result = CliRunner().invoke(app, args)
+            assert result.exit_code == 0, result.output
+        else:  # a real launch: torchrun starts 2 ranks of `python -m h3.cli generate`
+            proc = subprocess.run([sys.executable, "-m", "h3.cli", *args], env=_env(), capture_output=True, text=True,
+                                  timeout=LAUNCH_TIMEOUT_S)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            assert "124 frames 128x128" in proc.stdout, proc.stdout
         clips[nproc] = json.loads(out.with_suffix(".json").read_text())
     sp2 = json.loads((ranks["out"] / "fast-sp2.json").read_text())
     sp1 = json.loads((ranks["ref"] / "fast-sp1.json").read_text())
@@ -204,20 +242,20 @@ def test_h3_serve_nproc_2_rank_0_serves_the_followers_follow(ranks, fast_recipe_
 
 
 # -- the suite's parallel-versus-single check ------------------------------------------------------------------------
-def _check(tmp_path, plant=None):
+def _check(out: Path, plant=None):
     from h3.recipe import recipe_from_dict
     from h3eval.parallel_check import ParallelCheckPlan, run_parallel_check
     from h3eval.prompts import load_prompts
     from h3eval.runner import RequestShape
 
-    suite = tmp_path / "one.jsonl"
+    suite = out.parent / "one.jsonl"
     suite.write_text(json.dumps({"id": "circle", "prompt": PROMPT}) + "\n")
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = _env()["PYTHONPATH"]
     try:
         return run_parallel_check(ParallelCheckPlan(
             model="tiny", recipe=recipe_from_dict(FAST_RECIPE), degree=2, prompts=load_prompts(str(suite)),
-            seeds=[SEED], out=tmp_path / "run", shape=RequestShape(num_frames=NUM_FRAMES),
+            seeds=[SEED], out=out, shape=RequestShape(num_frames=NUM_FRAMES),
             gate_options={"fidelity.lpips_trunk": "rand"}, plant=plant, timeout_s=LAUNCH_TIMEOUT_S))
     finally:
         if old is None:
@@ -226,24 +264,43 @@ def _check(tmp_path, plant=None):
             os.environ["PYTHONPATH"] = old
 
 
-def test_parallel_check_passes_a_correct_parallel_run(tmp_path):
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory):
+    """The check on a correct run, then with a planted bug. The planted run resumes a copy of the correct run without
+    its parallel side (the check is resumable: the single run, its twins and their gate results are kept), so it
+    regenerates and gates only the parallel clips, which is what the plant changes."""
+    import shutil
+
+    correct_dir = tmp_path_factory.mktemp("check") / "run"
+    correct = _check(correct_dir)
+    planted_dir = tmp_path_factory.mktemp("planted") / "run"
+    shutil.copytree(correct_dir, planted_dir, ignore=shutil.ignore_patterns("fast.sp2", "parallel_check.json"))
+    return {"correct": correct, "planted": _check(planted_dir, plant="rope_offset"), "dirs": (correct_dir, planted_dir)}
+
+
+def test_parallel_check_passes_a_correct_parallel_run(checks):
     from h3eval.parallel_check import JUDGED, REPORTED
 
-    result = _check(tmp_path)
+    result = checks["correct"]
     assert result["verdict"] == "PASS", result["pairs"]
     assert result["planted_bug"] is None and not result["clip_errors"] and not result["gate_errors"]
+    assert result["not_as_configured"] == {}
     (pair,) = result["pairs"]
     assert set(pair["metrics"]) == {*JUDGED, "ghosting.flagged"} and set(pair["reported"]) == set(REPORTED)
     assert pair["metrics"]["ghosting.flagged"] == {"parallel": False, "twins": [False, False], "pass": True}
     # The floor is a real measurement (the twins differ from the single run), not a zero that anything would fail.
     assert pair["metrics"]["trajectory.video_x0_rel_l2_final"]["floor"] > 0
     assert pair["metrics"]["fidelity.psnr_mean"]["floor"] > 0
-    saved = json.loads((tmp_path / "run" / "parallel_check.json").read_text())
+    saved = json.loads((checks["dirs"][0] / "parallel_check.json").read_text())
     assert saved["verdict"] == "PASS" and saved["roles"]["parallel"] == "fast.sp2"
 
 
-def test_parallel_check_fails_a_planted_rope_offset_bug(tmp_path):
-    result = _check(tmp_path, plant="rope_offset")
+def test_parallel_check_fails_a_planted_rope_offset_bug(checks):
+    result = checks["planted"]
+    # Only the parallel side was regenerated: the single run is the correct check's, byte for byte.
+    correct_dir, planted_dir = checks["dirs"]
+    single = "clips/fast/circle-s3.json"
+    assert (planted_dir / single).read_text() == (correct_dir / single).read_text()
     assert result["verdict"] == "FAIL" and result["planted_bug"] == ["rope_offset"]
     (pair,) = result["pairs"]
     failed = {k for k, m in pair["metrics"].items() if not m["pass"]}

@@ -7,10 +7,11 @@ spatiotemporal tiles in parallel (h3/parallel/vae_tiles.py); the text encoder is
 Seed 000: SP2/SP4/SP8 with Qwen3-VL TP and VAE tile parallelism took the final recipe from 72.4 s on one RTX 5090 to
 12.5 s on eight (DiT 6.43x, VAE 6.42x, Qwen3-VL 8.98x).
 
-The degree is a number: any N the world has ranks for. ``ulysses`` needs N to divide the head count (56 at full size)
-and every packed length (bucketing with a multiple divisible by N guarantees it); ``ulysses_anything`` takes any
-length and head count diffusers can pad; ``ring`` keeps the heads whole and needs an attention backend that returns
-the log-sum-exp its merge uses.
+The degree is a number: any N the world has ranks for. ``ulysses_anything`` (the default) takes any packed length
+and any head count diffusers can pad (uneven shards, sizes exchanged per call); ``ulysses`` needs N to divide the
+head count (56 at full size) and every packed length (bucketing with a multiple of N guarantees it; a request that
+does not divide is refused before its first collective); ``ring`` keeps the heads whole and needs an attention
+backend that returns the log-sum-exp its merge uses.
 
 What composes, and what is refused at preflight (:func:`composition_problems`):
 
@@ -37,7 +38,6 @@ does not write; at degree 2 text encoding is ~1 % of the request (seed 000: 0.95
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -257,6 +257,9 @@ def apply_parallel(pipe, config: ParallelLeverConfig) -> ParallelHandle:
         elif config.vae != "replicated":
             raise LeverError(f"parallel.vae {config.vae!r} is not 'tiles' or 'replicated'")
         plant = requested_plant()
+        if plant == "a2a_permutation" and kind == "ring":
+            raise LeverError("the a2a_permutation plant breaks the Ulysses exchange, which ring attention does not use "
+                             "(plant rope_offset there)")
         if plant is not None:
             logger.warning("rank %d: PLANTED BUG %r is active (a test of the parallel check)", world.rank, plant)
             removers.append(install_plant(plant, transformer, world.world_size, world.rank))
@@ -282,3 +285,41 @@ def _divisible(degree: int, kind: str):
         return args, kwargs
 
     return check
+
+
+def check_executed(section: dict, telemetry: dict | None) -> list[str]:
+    """Configured versus executed for a resolved recipe's ``parallel`` section and the clip's
+    ``executed.levers["parallel"]``: the degree (ranks, one device each), the kind, the VAE tiles on every rank, the
+    text encoder, communication timed per step, and no planted bug. Empty: it ran as configured."""
+    degree = int((section or {}).get("degree", 1))
+    applied = isinstance(telemetry, dict) and telemetry.get("applied") is True
+    if degree == 1:
+        return [f"degree 1 configured, but the request ran on {telemetry.get('world_size')} ranks"] if applied else []
+    if not applied:
+        return [f"degree {degree} configured, but the request ran in one process"]
+    problems = []
+    devices = telemetry.get("devices") or []
+    if telemetry.get("degree") != degree or telemetry.get("world_size") != degree or len(devices) != degree:
+        problems.append(f"degree {degree} configured, ran at {telemetry.get('degree')} on "
+                        f"{telemetry.get('world_size')} ranks with devices {devices}")
+    gpus = [d for d in devices if str(d).startswith("cuda")]
+    if gpus and len(set(gpus)) != len(gpus):
+        problems.append(f"ranks shared a GPU: {devices}")
+    for key in ("kind", "vae", "text_encoder"):
+        wanted = (section or {}).get(key)
+        if wanted is not None and telemetry.get(key) != wanted:
+            problems.append(f"{key} {wanted!r} configured, ran {telemetry.get(key)!r}")
+    if not telemetry.get("comm_s_per_step"):
+        problems.append("no communication was timed: the denoising steps did not run through the parallel engine")
+    ranks = telemetry.get("ranks") or []
+    if len(ranks) != degree:
+        problems.append(f"{len(ranks)} ranks reported their anatomy, {degree} configured")
+    elif telemetry.get("vae") == "tiles":
+        tasks = [(r.get("vae") or {}) for r in ranks]
+        if any(not t.get("tasks") for t in tasks) or sum(t.get("tasks_this_rank", 0) for t in tasks) != \
+                tasks[0].get("tasks"):
+            problems.append(f"VAE tiles configured, the ranks decoded {[t.get('tasks_this_rank') for t in tasks]} "
+                            f"of {tasks[0].get('tasks')} tiles")
+    if telemetry.get("planted_bug"):
+        problems.append(f"a planted bug ran ({telemetry['planted_bug']}): a test of the parallel check, not a run")
+    return problems

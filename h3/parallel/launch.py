@@ -3,8 +3,9 @@
 ``h3 generate --nproc N`` and ``h3 serve --nproc N`` call :func:`launch` with their own module and options; torchrun
 starts N copies of it on this machine with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` and a rendezvous on a free
 loopback port, each copy sees that it is a rank (h3.parallel.world.launched_world_size) and joins the group. If one
-rank fails, torchrun stops the others and exits non-zero. A user may also run torchrun directly (``torchrun
---nproc-per-node N -m h3.cli generate --nproc N ...``): the ranks behave the same.
+rank fails, torchrun stops the others and exits non-zero. A user may also run torchrun directly (``H3_NPROC=N torchrun
+--nproc-per-node N -m h3.cli generate ...``; the degree goes in the environment, because torchrun's own parser takes a
+``--nproc`` after the module for its ``--nproc-per-node``): the ranks behave the same.
 
 Thread counts: on the CPU each rank gets ``cpu_count // N`` threads (``OMP_NUM_THREADS``, unless the caller set it),
 so N ranks do not oversubscribe the cores; torchrun alone would give each rank one.
@@ -46,9 +47,20 @@ def launch(nproc: int, module: str, args: Sequence[str], env: dict[str, str] | N
     """Run ``module`` as ``nproc`` ranks and wait; returns torchrun's exit status (0 when every rank succeeded, 124
     when ``timeout`` ran out). torchrun and its ranks run in a session of their own, so a timeout or an interrupt
     stops all of them, never leaving a rank behind."""
+    import signal
+    import threading
+
     argv = torchrun_argv(nproc, module, args)
     logger.info("launching %d ranks: %s", nproc, " ".join(argv))
     proc = subprocess.Popen(argv, env=rank_env(nproc, env), start_new_session=True)
+    # A SIGTERM to this process (a supervisor, `timeout`) must stop the ranks too: they run in a session of their
+    # own, which a signal to this process's group does not reach. Python's default SIGTERM would exit without that.
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        def _terminated(signum, frame):
+            raise KeyboardInterrupt(f"signal {signum}")
+
+        previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -58,6 +70,9 @@ def launch(nproc: int, module: str, args: Sequence[str], env: dict[str, str] | N
     except BaseException:
         _stop(proc)
         raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -19,8 +19,6 @@ import datetime
 import logging
 import os
 import queue as queue_module
-from typing import Any
-
 import torch
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", envvar="H3EVAL_OUT", help="Run directory (created or resumed)."),
         model: str = typer.Option("tiny", "--model", envvar="H3EVAL_MODEL"),
         seeds: str = typer.Option("0", "--seeds", envvar="H3EVAL_SEEDS"),
-        option: list[str] = typer.Option([], "--option", "-o", help="Gate option k=v (e.g. fidelity.lpips_trunk=rand)."),
+        option: list[str] = typer.Option([], "--option", "-o",
+                                         help="Gate option k=v (e.g. fidelity.lpips_trunk=rand)."),
         plant: Optional[str] = typer.Option(None, "--plant", help="A planted parallel bug the check must fail "
                                                                    "(a2a_permutation, rope_offset)."),
         factor: float = typer.Option(2.0, "--factor", help="Allowed multiple of the noise floor."),
