@@ -96,7 +96,7 @@ def render(summary: dict, details: dict | None = None) -> str:
         planted = check.get("planted_bug")
         expected = "FAIL" if planted else "PASS"
         worst = ", ".join(f"{k} {v:.3g}x" for k, v in sorted((check.get("worst_ratio") or {}).items()))
-        lines.append(f"- parallel check (h3eval parallel-check, tiny preset, bf16, {check.get('kind')} degree "
+        lines.append(f"- parallel check (h3eval parallel-check, tiny preset, {check.get('kind')} degree "
                      f"{check.get('degree')}, "
                      f"{len(check.get('pairs') or [])} pairs){' with planted ' + ', '.join(planted) if planted else ''}"
                      f": {check.get('verdict')} (expected {expected}: "

@@ -442,3 +442,34 @@ def test_generate_nproc_refuses_bad_input_before_starting_ranks(fast_recipe_file
                                       "--nproc", "2"])
     assert result.exit_code == 3 and "step cache" in result.output
     assert not out.exists()
+
+
+def test_the_scaling_table_reads_goals_from_planted_figures(tmp_path):
+    """bench/h200_parallel.py's merge and the table on planted results: efficiency, speedups and goals computed from
+    the figures, a shape measured on one GPU only says 'not measured', a run not as configured counts for nothing."""
+    from bench.h200_parallel import merge
+    from bench.h200_parallel_table import render
+
+    def request(degree, shapes):
+        return {"degree": degree, "recipe": "turbo4-sparse", "date": "2026-12-01T00:00:00Z", "device": "H200",
+                "shapes": shapes}
+
+    row = lambda step, vae, req, **kw: {"dit_step_s": step, "vae_decode_s": vae, "request_s": req, **kw}  # noqa
+    files = {
+        "sp1.json": request(1, {"15s-768x1344": row(32.0, 18.0, 150.0), "5s-768x1344": row(6.0, 5.0, 30.0)}),
+        "sp2.json": request(2, {"15s-768x1344": row(16.5, 9.5, 76.0, comm_share_per_step=[0.05, 0.04]),
+                                "5s-768x1344": row(3.5, 2.5, 16.0, not_as_configured=["parallel: ran in one process"])}),
+        "check.json": {"verdict": "FAIL", "planted_bug": ["a2a_permutation"], "degree": 2, "kind": "ulysses_anything",
+                       "worst_ratio": {"fidelity.psnr_mean": 20.0}, "pairs": [{}, {}]},
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_text(json.dumps(data))
+    summary, details = merge([tmp_path / n for n in files])
+    assert summary["15s-768x1344"]["2"]["efficiency"] == pytest.approx(32.0 / (2 * 16.5))
+    assert "2" not in summary["5s-768x1344"]  # not as configured: left out of the figures
+    text = render(summary, details)
+    assert "DiT scaling efficiency at 15s-768x1344 >= 95%: 97.0% — met" in text
+    assert "DiT scaling efficiency at 5s-768x1344 >= 90%: — — not measured" in text
+    assert "video decode at 15s-768x1344 >= 1.8x on two GPUs: 1.89x — met" in text
+    assert "<= 20 s: 76.00 s — MISSED" in text
+    assert "**not as configured**" in text and "FAIL (expected FAIL: as expected)" in text
