@@ -26,7 +26,7 @@ def rel(a, b) -> float:
 @torch.no_grad()
 def main() -> None:
     from conftest import FAST_RECIPE
-    from h3.levers.adaln import AdalnPrecomputeConfig, apply_adaln_precompute
+    from h3.levers.adaln import AdalnConfig, apply_adaln_precompute
     from h3.levers.bucketing import BucketingConfig, apply_bucketing
     from h3.levers.quantization import QuantizedLinear
     from h3.levers.sparse_attention import SparseAttentionConfig, apply_sparse_attention
@@ -64,7 +64,8 @@ def main() -> None:
     t = copy.deepcopy(runtime.pipe.transformer)
     pipe = SimpleNamespace(transformer=t, scheduler=runtime.pipe.scheduler, audio_scheduler=runtime.pipe.audio_scheduler,
                            keyframe_noise_aug=runtime.pipe.keyframe_noise_aug)
-    apply_adaln_precompute(pipe, AdalnPrecomputeConfig(num_inference_steps=3, model_sha256="x" * 64))
+    apply_adaln_precompute(pipe, AdalnConfig(precompute=True, disk_cache=False), num_inference_steps=3,
+                           model_sha256="x" * 64)
     rows.append({"lever": "adaln", "what": "precomputed vs baseline video velocity (max over steps)",
                  "rel_max": max(rel(t(**c)[0], b) for c, b in zip(calls, base))})
 

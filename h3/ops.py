@@ -250,14 +250,13 @@ def _attention_cp_run(inputs: Tensors, device: torch.device, backend: str, kind:
     ``degree`` replay ranks as diffusers' plan shards it, exchanged by diffusers' ``kind``, gathered. With a bucket
     ``multiple`` the sequence is first padded to it with large rows, which the bucketing lever must cut out per
     shard (h3.parallel.attention); the output's real rows are compared."""
-    try:
-        from h3.parallel.replay import replay_world
-    except ImportError as exc:
-        raise NotApplicable(f"parallel engine not present: h3.parallel ({exc})") from None
+    from h3.levers.parallel import LSE_BACKENDS
+    from h3.parallel.replay import replay_world
+
     q, k, v = (inputs[x] for x in ("query", "key", "value"))
     seq, heads = q.shape[1], q.shape[2]
     padded = -(-seq // multiple) * multiple if multiple else seq
-    if kind == "ring" and backend not in ("_native_flash", "_native_cudnn", "flash", "sage", "_flash_3"):
+    if kind == "ring" and backend not in LSE_BACKENDS:
         raise NotApplicable(f"ring attention needs a backend that returns the log-sum-exp; {backend!r} does not")
     if kind == "ulysses" and (heads % degree or padded % degree):
         raise NotApplicable(f"ulysses at degree {degree} needs heads ({heads}) and rows ({padded}) divisible by it "
@@ -408,22 +407,29 @@ def _quant_shape_ok(record: dict[str, Any], mode: str) -> bool:
 
 
 def ops_for_recipe(recipe: Any) -> RecipeOps:
-    """What ``recipe`` (a :class:`h3.recipe.Recipe` or its resolved dict) dispatches. Sections this checkout's
-    recipe schema lacks (``quant``, ``sparse_attention`` before the levers land) count as off."""
+    """What ``recipe`` (a :class:`h3.recipe.Recipe` or its resolved dict) dispatches. A section the dict lacks (a
+    recipe written before that lever existed) takes the lever config's defaults, i.e. off."""
+    from h3.levers.attention_backend import AttentionBackendConfig
+    from h3.levers.bucketing import BucketingConfig
+    from h3.levers.parallel import ParallelConfig
+    from h3.levers.quantization import QuantizationConfig
+    from h3.levers.sparse_attention import SparseAttentionConfig
+
     data = recipe.resolved() if hasattr(recipe, "resolved") else dict(recipe)
+
+    def section(config):
+        return config.model_validate(data.get(config.name) or {}, strict=False)
+
+    attention, sparse, quant, parallel, bucketing = (section(c) for c in (
+        AttentionBackendConfig, SparseAttentionConfig, QuantizationConfig, ParallelConfig, BucketingConfig))
     ops = RecipeOps(recipe_name=data.get("name", "?"))
-    ops.attention_backend = (data.get("attention") or {}).get("backend", "native")
-    sparse = data.get("sparse_attention") or {}
-    if sparse.get("enabled"):
-        ops.sparse = dict(block_size=int(sparse.get("block_size", 128)), sparsity=float(sparse.get("sparsity", 0.5)),
-                          dense_steps=int(sparse.get("dense_steps", 1)),
-                          dense_layers=list(sparse.get("dense_layers", [])))
-    quant = data.get("quant") or {}
-    ops.quant_mode = quant.get("mode", "none")
-    ops.quant_exclude = list(quant.get("exclude", []))
-    parallel = data.get("parallel") or {}
-    if int(parallel.get("degree", 1)) > 1:
-        ops.parallel = {"degree": int(parallel["degree"]), "kind": parallel.get("kind", "ulysses")}
-    bucketing = data.get("bucketing") or {}
-    ops.bucket_multiple = int(bucketing.get("multiple", 64)) if bucketing.get("enabled") else 0
+    ops.attention_backend = attention.backend
+    if sparse.is_on():
+        ops.sparse = dict(block_size=sparse.block_size, sparsity=sparse.sparsity, dense_steps=sparse.dense_steps,
+                          dense_layers=list(sparse.dense_layers))
+    ops.quant_mode = quant.mode
+    ops.quant_exclude = list(quant.exclude)
+    if parallel.is_on():
+        ops.parallel = {"degree": parallel.degree, "kind": parallel.kind}
+    ops.bucket_multiple = bucketing.multiple if bucketing.is_on() else 0
     return ops

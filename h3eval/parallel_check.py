@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from h3.atomic import atomic_write_json
+from h3.levers.parallel import at_degree
 from h3.recipe import Recipe
 from h3eval.prompts import PromptSuite
 from h3eval.runner import RequestShape, RunError, RunPlan, fill_run, open_run
@@ -95,7 +96,7 @@ def variants(recipe: Recipe, degree: int) -> dict[str, Recipe]:
     """The check's recipes by role: ``single`` (the baseline), ``parallel``, ``floor-hp``, ``floor-math``."""
     if degree < 2:
         raise RunError(f"the parallel check needs a degree of 2 or more, got {degree}")
-    single = recipe.at_degree(1)
+    single = at_degree(recipe, 1)
     name = single.name
 
     def renamed(r: Recipe, suffix: str, description: str) -> Recipe:
@@ -109,7 +110,7 @@ def variants(recipe: Recipe, degree: int) -> dict[str, Recipe]:
         update={"attention": single.attention.model_copy(update={"backend": "_native_math"})})
     return {
         "single": single,
-        "parallel": renamed(recipe.at_degree(degree), f"sp{degree}", f"{name} at parallel degree {degree}"),
+        "parallel": renamed(at_degree(recipe, degree), f"sp{degree}", f"{name} at parallel degree {degree}"),
         "floor-hp": renamed(hp_recipe, "floor-hp", f"floor twin of {name}: the transformer in {hp}"),
         "floor-math": renamed(math_recipe, "floor-math", f"floor twin of {name}: dense attention through math SDPA"),
     }
@@ -180,23 +181,6 @@ def _runtime_factory(roles: dict[str, Recipe]):
         return H3Runtime.load(model, recipe, device)
 
     return factory
-
-
-def _metric(store: RunStore, gate: str, candidate: str, prompt_id: str, seed: int, name: str) -> float | None:
-    from gates.base import GateResult
-    from h3eval.gaterun import result_path
-
-    path = result_path(store, gate, candidate, prompt_id, seed)
-    if not path.is_file():
-        return None
-    try:
-        result = GateResult.model_validate_json(path.read_text())
-    except ValueError:
-        return None
-    if result.status != "ok" or name not in result.metrics:
-        return None
-    value = result.metrics[name].value
-    return float(value) if value is not None and math.isfinite(value) else None
 
 
 def _result(store: RunStore, gate: str, candidate: str, prompt_id: str, seed: int):

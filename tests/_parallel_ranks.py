@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from h3.levers.parallel import at_degree
+
 sys.path.insert(0, str(Path(__file__).parent))
 
 PROMPT = "a red circle bounces"
@@ -52,7 +54,7 @@ def main(out: Path) -> None:
     request = GenerateRequest(prompt=PROMPT, seed=SEED, num_frames=NUM_FRAMES)
 
     # 1-2. SP2 and the planted bugs.
-    runtime = H3Runtime.load("tiny", recipe_from_dict(FAST_RECIPE).at_degree(2), "cpu")
+    runtime = H3Runtime.load("tiny", at_degree(recipe_from_dict(FAST_RECIPE), 2), "cpu")
     runtime.generate(request, out / "fast-sp2.mp4", trajectory=True)
     for plant in PLANTS:
         remove = install_plant(plant, runtime.pipe.transformer, world.world_size, world.rank)
@@ -98,7 +100,7 @@ def main(out: Path) -> None:
     del runtime
     for label, change in (("offload", {"offload": {"enabled": True, "use_stream": False}}),
                           ("compile", {"compile": {"enabled": True, "backend": "eager"}})):
-        composed = H3Runtime.load("tiny", recipe_from_dict({**FAST_RECIPE, **change}).at_degree(2), "cpu")
+        composed = H3Runtime.load("tiny", at_degree(recipe_from_dict({**FAST_RECIPE, **change}), 2), "cpu")
         composed.generate(request, out / f"fast-sp2-{label}.mp4")
         for handle in reversed(list(composed.levers.values())):
             try:

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from conftest import FAST_RECIPE
+from h3.levers.parallel import at_degree
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT, SEED, NUM_FRAMES = "a red circle bounces", 3, 121
@@ -159,7 +160,7 @@ def test_configured_versus_executed_checks_the_degree(ranks):
         recipe = recipe_from_dict(record.recipe)
         assert check_executed(recipe, record) == [], name
     # The same clip checked against the recipe at degree 1, or with telemetry of a run on one device: refused.
-    one = recipe.at_degree(1)
+    one = at_degree(recipe, 1)
     assert any("ran on 2 ranks" in p for p in check_executed(one, record))
     bad = copy.deepcopy(record)
     bad.executed.levers["parallel"].update(devices=["cuda:0", "cuda:0"])
@@ -333,7 +334,7 @@ def test_opcheck_replays_attention_under_cp_and_catches_the_unsliced_padding():
     from h3.recipe import load_recipe
 
     # The recipe -> op mapping: the DiT blocks' attention runs under CP with the recipe's bucket; the refiner not.
-    recipe = load_recipe("turbo4-tinydemo").at_degree(2)
+    recipe = at_degree(load_recipe("turbo4-tinydemo"), 2)
     ops = ops_for_recipe(recipe.model_copy(update={"sparse_attention": recipe.sparse_attention.model_copy(
         update={"enabled": False})}))
     block = ops.for_record({"kind": "attention", "module": "transformer.transformer_blocks.1.attn"})
@@ -397,7 +398,7 @@ def test_degree_1_and_the_composing_levers_pass_preflight():
         recipe = load_recipe(name)
         if recipe.lora.enabled and recipe.lora.path != "@tiny":
             continue  # needs the LoRA file
-        preflight(recipe.at_degree(2), "cpu")
+        preflight(at_degree(recipe, 2), "cpu")
 
 
 def test_a_degree_2_recipe_in_one_process_is_refused_with_the_way_out(fast_recipe):
@@ -405,7 +406,7 @@ def test_a_degree_2_recipe_in_one_process_is_refused_with_the_way_out(fast_recip
     from h3.runtime import H3Runtime
 
     with pytest.raises(LeverError, match="start it with --nproc 2"):
-        H3Runtime.load("tiny", fast_recipe.at_degree(2), "cpu")
+        H3Runtime.load("tiny", at_degree(fast_recipe, 2), "cpu")
 
 
 def test_nproc_and_the_recipe_degree(fast_recipe):
@@ -424,7 +425,7 @@ def test_nproc_and_the_recipe_degree(fast_recipe):
         recipe_from_dict({**FAST_RECIPE, "parallel": {"degree": 0}})
     # A single-process recipe hashes as before the section existed; a parallel one differs.
     assert "parallel" not in fast_recipe.resolved()
-    assert fast_recipe.at_degree(2).sha256() != fast_recipe.sha256()
+    assert at_degree(fast_recipe, 2).sha256() != fast_recipe.sha256()
 
 
 def test_generate_nproc_refuses_bad_input_before_starting_ranks(fast_recipe_file, tmp_path):
