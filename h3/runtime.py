@@ -191,7 +191,8 @@ def checkpoint_identity(root: Path) -> str:
 
 
 def _torch_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}[name]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+            "float64": torch.float64}[name]
 
 
 def tiny_identity() -> str:
@@ -375,11 +376,10 @@ class H3Runtime:
                 output_type="pt",
             )
             t_pipe_end = clock.now()
-            parallel = self.levers.get("parallel")
-            if parallel is not None:
-                parallel.finish_request(clock)  # every rank's anatomy to rank 0 (a collective)
-                if not parallel.is_writer:
-                    return None  # a follower rank: rank 0 prepares the frames and writes the files
+            for lever in self.levers.values():
+                lever.finish_request(clock)  # the parallel lever: every rank's anatomy to rank 0 (a collective)
+            if not all(lever.writes_output for lever in self.levers.values()):
+                return None  # a follower rank of a parallel runtime: rank 0 prepares the frames and writes the files
             # Frame preparation on the device (uint8, channel-last), then one device-to-host copy each.
             with clock.stage("frame_prep_d2h"):
                 video = state.get("videos")  # (1, T, 3, H, W) float in [0, 1]

@@ -13,7 +13,7 @@ head count (56 at full size) and every packed length (bucketing with a multiple 
 does not divide is refused before its first collective); ``ring`` keeps the heads whole and needs an attention
 backend that returns the log-sum-exp its merge uses.
 
-What composes, and what is refused at preflight (:func:`composition_problems`):
+What composes, and what is refused at preflight (:meth:`ParallelConfig.composition_problems`):
 
 - **composes**: LoRA (weights), AdaLN precompute (per-row table lookups, the indices sharded by the plan), INT8/FP8
   quantization (per-output-channel weight scales and per-*token* activation scales: a row's arithmetic does not
@@ -38,12 +38,15 @@ does not write; at degree 2 text encoding is ~1 % of the request (seed 000: 0.95
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
+from pydantic import Field
 
-from h3.levers.base import LeverError, LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
+
+if TYPE_CHECKING:
+    from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +55,108 @@ KINDS = ("ulysses", "ring", "ulysses_anything")
 LSE_BACKENDS = ("_native_flash", "_native_cudnn", "flash", "sage", "_flash_3")
 
 
-@dataclass
-class ParallelLeverConfig:
-    degree: int
-    kind: str = "ulysses_anything"
-    vae: str = "tiles"
-    text_encoder: str = "replicated"
+class ParallelConfig(LeverConfig):
+    """One request on several ranks (recipe section ``[parallel]``): sequence-parallel DiT through diffusers' context
+    parallelism, tile-parallel video VAE decode, replicated text encoder. Degree 1 (the default) is one process."""
+
+    name = "parallel"
+    omitted_when_default = True  # added after recipes were hashed: a single-process recipe keeps its hash
+
+    degree: int = Field(default=1, ge=1)
+    """Ranks of one request (``h3 generate/serve --nproc N`` sets it); any N the work divides."""
+    kind: Literal["ulysses", "ring", "ulysses_anything"] = "ulysses_anything"
+    """``ulysses_anything`` (the default): Ulysses all-to-all for any packed length and head count (uneven shards);
+    ``ulysses``: equal shards only, so every packed length must divide by the degree (bucketing with a multiple of
+    it), a request that does not is refused; ``ring``: keys passed around the ranks, for an attention backend that
+    returns the log-sum-exp (all CUDA)."""
+    vae: Literal["tiles", "replicated"] = "tiles"
+    """``tiles``: the video VAE's spatiotemporal tiles scattered over the ranks and gathered (seed 000);
+    ``replicated``: every rank decodes the whole video."""
+    text_encoder: Literal["replicated", "tensor_parallel"] = "replicated"
+    """Every rank encodes the prompt; ``tensor_parallel`` is refused (see the module docstring)."""
+
+    def is_on(self) -> bool:
+        return self.degree > 1
+
+    def composition_problems(self, recipe) -> list[str]:
+        """Why ``recipe``'s other levers cannot run at this degree (empty: they compose). Checked before weights
+        load."""
+        if not self.is_on():
+            return []
+        problems = []
+        backend = recipe.attention.backend
+        if recipe.cache.kind != "none":
+            problems.append(f"cache.kind = {recipe.cache.kind!r} does not compose with parallel.degree = "
+                            f"{self.degree}: a step cache decides to skip a step from a norm of the rank's own rows, "
+                            "ranks can disagree, and one rank then waits in collectives of a step the others skipped")
+        if self.kind == "ring" and recipe.sparse_attention.enabled:
+            problems.append("sparse_attention does not compose with parallel.kind = 'ring': top-k block routing needs "
+                            "a head's whole key set, which ring attention never gathers (use 'ulysses')")
+        if self.kind == "ring" and backend not in LSE_BACKENDS:
+            problems.append(f"parallel.kind = 'ring' needs an attention backend that returns the log-sum-exp "
+                            f"diffusers' ring merge uses ({', '.join(LSE_BACKENDS)}; all CUDA); attention.backend is "
+                            f"{backend!r}")
+        if backend not in _cp_backends():
+            problems.append(f"attention.backend = {backend!r} does not run under diffusers' context parallelism (it "
+                            f"runs: {', '.join(sorted(b for b in _cp_backends() if not b.endswith('hub')))})")
+        if self.kind in ("ulysses", "ring") and recipe.bucketing.enabled and recipe.bucketing.multiple % self.degree:
+            problems.append(f"bucketing.multiple = {recipe.bucketing.multiple} is not a multiple of parallel.degree = "
+                            f"{self.degree}: a padded length would not split into equal shards (choose a multiple of "
+                            f"{self.degree}, or parallel.kind = 'ulysses_anything')")
+        if self.text_encoder == "tensor_parallel":
+            problems.append("parallel.text_encoder = 'tensor_parallel' is not available: transformers' Qwen3-VL "
+                            "tensor-parallel plan shards only the token embedding (no layer work is split), and the "
+                            "text encoder is ~1% of a request at degree 2 (seed 000); use 'replicated'")
+        return problems
+
+    def apply(self, pipe, ctx: ApplyContext) -> "ParallelHandle":
+        return apply_parallel(pipe, self)
+
+    def check_executed(self, telemetry: dict[str, Any] | None, executed: "Executed") -> list[str]:
+        """The degree (ranks, one device each), the kind, the VAE tiles on every rank, the text encoder,
+        communication timed per step, and no planted bug. Empty: it ran as configured."""
+        applied = isinstance(telemetry, dict) and telemetry.get("applied") is True
+        if not self.is_on():
+            return [f"parallel: degree 1 configured, but the request ran on {telemetry.get('world_size')} ranks"] \
+                if applied else []
+        degree = self.degree
+        if not applied:
+            return [f"parallel: degree {degree} configured, but the request ran in one process"]
+        problems = []
+        devices = telemetry.get("devices") or []
+        if telemetry.get("degree") != degree or telemetry.get("world_size") != degree or len(devices) != degree:
+            problems.append(f"degree {degree} configured, ran at {telemetry.get('degree')} on "
+                            f"{telemetry.get('world_size')} ranks with devices {devices}")
+        gpus = [d for d in devices if str(d).startswith("cuda")]
+        if gpus and len(set(gpus)) != len(gpus):
+            problems.append(f"ranks shared a GPU: {devices}")
+        for key in ("kind", "vae", "text_encoder"):
+            wanted = getattr(self, key)
+            if telemetry.get(key) != wanted:
+                problems.append(f"{key} {wanted!r} configured, ran {telemetry.get(key)!r}")
+        if not telemetry.get("comm_s_per_step"):
+            problems.append("no communication was timed: the denoising steps did not run through the parallel engine")
+        ranks = telemetry.get("ranks") or []
+        if len(ranks) != degree:
+            problems.append(f"{len(ranks)} ranks reported their anatomy, {degree} configured")
+        elif telemetry.get("vae") == "tiles":
+            tasks = [(r.get("vae") or {}) for r in ranks]
+            if any(not t.get("tasks") for t in tasks) or \
+                    sum(t.get("tasks_this_rank", 0) for t in tasks) != tasks[0].get("tasks"):
+                problems.append(f"VAE tiles configured, the ranks decoded {[t.get('tasks_this_rank') for t in tasks]} "
+                                f"of {tasks[0].get('tasks')} tiles")
+        if telemetry.get("planted_bug"):
+            problems.append(f"{PLANTED_BUG_RAN} ({telemetry['planted_bug']}): a test of the parallel check, not a run")
+        return [f"parallel: {p}" for p in problems]
+
+
+PLANTED_BUG_RAN = "a planted bug ran"
+"""How :meth:`ParallelConfig.check_executed` names a planted bug (the parallel check expects it on a planted run)."""
+
+
+def at_degree(recipe, degree: int):
+    """``recipe`` run on ``degree`` ranks (``--nproc``), its other levers unchanged."""
+    return recipe.model_copy(update={"parallel": recipe.parallel.model_copy(update={"degree": int(degree)})})
 
 
 def _cp_backends() -> set[str]:
@@ -66,45 +165,15 @@ def _cp_backends() -> set[str]:
     return set(_AttentionBackendRegistry._supports_context_parallel)
 
 
-def composition_problems(recipe) -> list[str]:
-    """Why ``recipe``'s levers cannot run at its parallel degree (empty: they compose). Checked before weights load."""
-    p = recipe.parallel
-    if p.degree == 1:
-        return []
-    problems = []
-    backend = recipe.attention.backend
-    if recipe.cache.kind != "none":
-        problems.append(f"cache.kind = {recipe.cache.kind!r} does not compose with parallel.degree = {p.degree}: a "
-                        "step cache decides to skip a step from a norm of the rank's own rows, ranks can disagree, and "
-                        "one rank then waits in collectives of a step the others skipped")
-    if p.kind == "ring" and recipe.sparse_attention.enabled:
-        problems.append("sparse_attention does not compose with parallel.kind = 'ring': top-k block routing needs a "
-                        "head's whole key set, which ring attention never gathers (use 'ulysses')")
-    if p.kind == "ring" and backend not in LSE_BACKENDS:
-        problems.append(f"parallel.kind = 'ring' needs an attention backend that returns the log-sum-exp diffusers' "
-                        f"ring merge uses ({', '.join(LSE_BACKENDS)}; all CUDA); attention.backend is {backend!r}")
-    if backend not in _cp_backends():
-        problems.append(f"attention.backend = {backend!r} does not run under diffusers' context parallelism (it runs: "
-                        f"{', '.join(sorted(b for b in _cp_backends() if not b.endswith('hub')))})")
-    if p.kind in ("ulysses", "ring") and recipe.bucketing.enabled and recipe.bucketing.multiple % p.degree:
-        problems.append(f"bucketing.multiple = {recipe.bucketing.multiple} is not a multiple of parallel.degree = "
-                        f"{p.degree}: a padded length would not split into equal shards (choose a multiple of "
-                        f"{p.degree}, or parallel.kind = 'ulysses_anything')")
-    if p.text_encoder == "tensor_parallel":
-        problems.append("parallel.text_encoder = 'tensor_parallel' is not available: transformers' Qwen3-VL "
-                        "tensor-parallel plan shards only the token embedding (no layer work is split), and the text "
-                        "encoder is ~1% of a request at degree 2 (seed 000); use 'replicated'")
-    return problems
-
-
 def _resolve_on_cpu(transformer, world):
     """diffusers' ``_resolve_parallel_config`` derives the device as ``rank % torch.accelerator.device_count()``,
     which divides by zero on a CPU-only machine; on the CPU the runtime's device is the CPU, and the mesh is given."""
-    from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
+    from diffusers.models._modeling_parallel import ContextParallelConfig
+    from diffusers.models._modeling_parallel import ParallelConfig as DiffusersParallelConfig
 
     def resolve(config):
         if isinstance(config, ContextParallelConfig):
-            config = ParallelConfig(context_parallel_config=config)
+            config = DiffusersParallelConfig(context_parallel_config=config)
         config.setup(world.rank, world.world_size, torch.device("cpu"), mesh=config.context_parallel_config.mesh)
         transformer._parallel_config = config
         return config
@@ -115,7 +184,7 @@ def _resolve_on_cpu(transformer, world):
 class ParallelHandle(LeverHandle):
     name = "parallel"
 
-    def __init__(self, pipe, config: ParallelLeverConfig, world, parallel_config, devices, vae_decode, comm, plant,
+    def __init__(self, pipe, config: ParallelConfig, world, parallel_config, devices, vae_decode, comm, plant,
                  removers):
         super().__init__()
         self.pipe, self.config, self.world = pipe, config, world
@@ -128,7 +197,8 @@ class ParallelHandle(LeverHandle):
         self._hook = pipe.transformer.register_forward_hook(self._step_done, always_call=True)
 
     @property
-    def is_writer(self) -> bool:
+    def writes_output(self) -> bool:
+        """Rank 0 writes the files; the other ranks follow."""
         return self.world.is_writer
 
     def _step_done(self, *_):
@@ -155,7 +225,7 @@ class ParallelHandle(LeverHandle):
             "comm_s_per_step": list(self.comm_per_step),
             "vae": dict(self.vae_decode.last) if self.vae_decode is not None else None,
         }
-        gathered = [None] * self.world.world_size if self.is_writer else None
+        gathered = [None] * self.world.world_size if self.writes_output else None
         dist.gather_object(mine, gathered, dst=0, group=control_group())
         self.ranks = gathered
 
@@ -184,7 +254,7 @@ class ParallelHandle(LeverHandle):
         unmark_applied(self.pipe.transformer, "parallel")
 
 
-def apply_parallel(pipe, config: ParallelLeverConfig) -> ParallelHandle:
+def apply_parallel(pipe, config: ParallelConfig) -> "ParallelHandle":
     """Make ``pipe`` one rank of a degree-``config.degree`` runtime. The process must be a rank of a world of that
     size (h3.parallel.world.init_world, which ``--nproc`` runs)."""
     import torch.distributed as dist
@@ -285,41 +355,3 @@ def _divisible(degree: int, kind: str):
         return args, kwargs
 
     return check
-
-
-def check_executed(section: dict, telemetry: dict | None) -> list[str]:
-    """Configured versus executed for a resolved recipe's ``parallel`` section and the clip's
-    ``executed.levers["parallel"]``: the degree (ranks, one device each), the kind, the VAE tiles on every rank, the
-    text encoder, communication timed per step, and no planted bug. Empty: it ran as configured."""
-    degree = int((section or {}).get("degree", 1))
-    applied = isinstance(telemetry, dict) and telemetry.get("applied") is True
-    if degree == 1:
-        return [f"degree 1 configured, but the request ran on {telemetry.get('world_size')} ranks"] if applied else []
-    if not applied:
-        return [f"degree {degree} configured, but the request ran in one process"]
-    problems = []
-    devices = telemetry.get("devices") or []
-    if telemetry.get("degree") != degree or telemetry.get("world_size") != degree or len(devices) != degree:
-        problems.append(f"degree {degree} configured, ran at {telemetry.get('degree')} on "
-                        f"{telemetry.get('world_size')} ranks with devices {devices}")
-    gpus = [d for d in devices if str(d).startswith("cuda")]
-    if gpus and len(set(gpus)) != len(gpus):
-        problems.append(f"ranks shared a GPU: {devices}")
-    for key in ("kind", "vae", "text_encoder"):
-        wanted = (section or {}).get(key)
-        if wanted is not None and telemetry.get(key) != wanted:
-            problems.append(f"{key} {wanted!r} configured, ran {telemetry.get(key)!r}")
-    if not telemetry.get("comm_s_per_step"):
-        problems.append("no communication was timed: the denoising steps did not run through the parallel engine")
-    ranks = telemetry.get("ranks") or []
-    if len(ranks) != degree:
-        problems.append(f"{len(ranks)} ranks reported their anatomy, {degree} configured")
-    elif telemetry.get("vae") == "tiles":
-        tasks = [(r.get("vae") or {}) for r in ranks]
-        if any(not t.get("tasks") for t in tasks) or sum(t.get("tasks_this_rank", 0) for t in tasks) != \
-                tasks[0].get("tasks"):
-            problems.append(f"VAE tiles configured, the ranks decoded {[t.get('tasks_this_rank') for t in tasks]} "
-                            f"of {tasks[0].get('tasks')} tiles")
-    if telemetry.get("planted_bug"):
-        problems.append(f"a planted bug ran ({telemetry['planted_bug']}): a test of the parallel check, not a run")
-    return problems

@@ -8,8 +8,10 @@ own exit 1, and N copies of the same message.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Sequence
 
+from h3.levers.parallel import at_degree
 from h3.recipe import Recipe, RecipeError
 
 
@@ -23,7 +25,7 @@ def with_nproc(recipe: Recipe, nproc: int | None) -> Recipe:
     if recipe.parallel.degree not in (1, nproc):
         raise RecipeError(f"recipe {recipe.name!r} runs at parallel.degree = {recipe.parallel.degree}; --nproc {nproc} "
                           "contradicts it (leave --nproc out, or use a recipe without a degree)")
-    return recipe.at_degree(nproc)
+    return at_degree(recipe, nproc)
 
 
 def check_before_launch(recipe: Recipe, model: str, device: str | None) -> None:
@@ -50,6 +52,26 @@ def check_before_launch(recipe: Recipe, model: str, device: str | None) -> None:
         from h3.parallel.world import prepare_model
 
         prepare_model(model)  # once here, not N times at once in the ranks
+
+
+def must_launch(recipe: Recipe) -> bool:
+    """Whether this process must start the recipe's ranks (degree > 1 and not one of them already)."""
+    return recipe.parallel.is_on() and not in_rank(recipe)
+
+
+def join_ranks(recipe: Recipe, model: str, device: str | None) -> str | None:
+    """Inside a rank: join the group and return this rank's device. A single-process recipe: ``device`` as given."""
+    if not recipe.parallel.is_on():
+        return device
+    from h3.parallel.world import init_world, prepare_model
+
+    prepare_model(model)
+    return str(init_world(device).device)
+
+
+def recipe_arg(recipe: str) -> str:
+    """``--recipe`` for the ranks: a recipe file by its absolute path (the ranks may run elsewhere), a name as is."""
+    return str(Path(recipe).resolve()) if recipe.endswith(".toml") or "/" in recipe else recipe
 
 
 def child_argv(command: str, options: dict[str, Any]) -> list[str]:
