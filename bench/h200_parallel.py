@@ -6,7 +6,8 @@
     python bench/h200_parallel.py merge --out OUTDIR sp1*.json sp2.json [DIR/parallel_check.json ...]
 
 ``request``: a whole request through the product (``H3Runtime.generate``: text encode, the recipe's DiT steps, the
-video and audio VAE decode, frame preparation, MP4 mux on rank 0) at each shape, on a full-size pipeline with seeded
+video and audio VAE decode, frame preparation, MP4 mux on rank 0; the mux is skipped, and the file says so, where
+PyAV is missing) at each shape (15 s is h3.runtime.MAX_FRAMES = 345 frames, the longest request diffusers takes), on a full-size pipeline with seeded
 random weights (speed does not depend on weight values; bench/h200_speed.py): diffusers' default
 ``MiniMaxH3Transformer3DModel`` (33 B) and video/audio VAEs, and a Qwen3-VL conditioner at MiniMax-H3's width (5120)
 and depth (51 layers: the pipeline reads ``hidden_states[50]``) with a narrow MLP (1024) so that it fits beside the
@@ -16,7 +17,8 @@ bf16 DiT; the full 64-layer conditioner encodes 256 tokens in 0.062 s on one H20
 768x1344) with its LoRA set aside (a fused LoRA changes no shape or FLOP; no LoRA file exists here); at degree 2
 ``parallel.kind = "ulysses"`` (the buckets divide by 2) and the VAE decodes tile-parallel. Before the timed request
 the block-sparse flex kernel is compiled at the request's exact shapes (one call on random inputs), so the request
-pays no compilation; nothing else is warmed. Rank 0's clip record gives every figure:
+pays no compilation; nothing else is warmed. Each DiT forward is written to ``--out`` as it ends, so that a request
+stopped by its time box leaves its forwards marked partial (never a figure). Rank 0's clip record gives every figure:
 
 - ``dit_step_s``: the mean DiT forward of the request (its stage anatomy's ``denoise_steps``: 1 dense + 3 sparse);
   ``efficiency`` = dit_step_s(1) / (N x dit_step_s(N));
@@ -40,6 +42,7 @@ it meets the GPUs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -55,10 +58,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import h3  # noqa: E402,F401  (MKL reproducibility first)
 from h3.atomic import atomic_write_json  # noqa: E402
+from h3.runtime import MAX_FRAMES  # noqa: E402
 
 SHAPES = {
     "5s-768x1344": (124, 768, 1344),
-    "15s-768x1344": (362, 768, 1344),
+    # What a 15 s request runs: h3.runtime.MAX_FRAMES (345), not 15 x 24 + 2 = 362 frames (15.083 s, past diffusers'
+    # 15.0 s cap; the device run of 2026-11-30 refused it).
+    "15s-768x1344": (MAX_FRAMES, 768, 1344),
     "smoke-5s-128x128": (124, 128, 128),  # the tiny preset on a CPU: not a production shape
 }
 PROMPT = "a red kite flying over a green hill at sunset while waves crash on the rocks below"
@@ -209,6 +215,65 @@ def vae_identity(runtime, shape: str) -> dict:
             "tile_parallel_s": t2 - t1, **handle.last}
 
 
+@contextlib.contextmanager
+def step_log(runtime, partial: dict, save):
+    """Each DiT forward's wall time (device-synchronized, as the anatomy's boundaries are) appended to
+    ``partial["dit_forwards_so_far_s"]`` and saved as it ends."""
+    from h3.anatomy import synchronize
+
+    transformer = runtime.pipe.transformer
+    started = []
+
+    def pre(*_):
+        synchronize(runtime.device)
+        started.append(time.perf_counter())
+
+    def post(*_):
+        synchronize(runtime.device)
+        partial["dit_forwards_so_far_s"].append(time.perf_counter() - started.pop())
+        log(f"DiT forward {len(partial['dit_forwards_so_far_s'])}: {partial['dit_forwards_so_far_s'][-1]:.2f} s")
+        save()
+
+    handles = [transformer.register_forward_pre_hook(pre), transformer.register_forward_hook(post)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def wait_for(path: Path, device: torch.device) -> None:
+    """Start ahead and wait (imports done, the device's context made) until ``path`` exists: the driver starts the
+    1-GPU request while the 2-GPU one still holds the GPU's memory and lets it build when that one has ended."""
+    from diffusers import AutoencoderKLMiniMaxH3  # noqa: F401  (the imports are what is done ahead)
+    from diffusers.modular_pipelines import MiniMaxH3Blocks  # noqa: F401
+    from transformers import Qwen3VLForConditionalGeneration  # noqa: F401
+
+    import h3.runtime  # noqa: F401
+
+    if device.type == "cuda":
+        torch.cuda.init()
+    log(f"ready, waiting for {path}")
+    while not path.exists():
+        time.sleep(0.2)
+    log(f"{path} exists: building")
+
+
+def mux_or_skip() -> str:
+    """Mux the MP4 when PyAV is there; else skip the mux and say so (the device image has no PyAV unless a wheel is
+    carried). The table's request time is the generation side, which excludes the mux either way (seed 000's
+    definition), so only ``request_to_file_s`` differs: it is left out of a run that skipped the mux."""
+    try:
+        import av  # noqa: F401
+    except ImportError:
+        import h3.runtime as rt
+
+        rt.encode_mp4 = lambda out, frames, pcm, fps, sample_rate: Path(out).write_bytes(b"")
+        log("no PyAV here: the MP4 mux is skipped (request_to_file_s not measured)")
+        return "skipped: no PyAV"
+    return "muxed"
+
+
 def cmd_request(args) -> int:
     from h3.parallel.world import current_world, destroy_world, init_world, launched_world_size
     from h3.runtime import GenerateRequest
@@ -224,11 +289,14 @@ def cmd_request(args) -> int:
     else:
         device = torch.device("cpu" if smoke else "cuda")
     writer = world is None or world.is_writer
+    if args.wait_for:
+        wait_for(Path(args.wait_for), device)
     result = {"degree": args.degree, "recipe": RECIPE, "smoke": smoke, "shapes": {}, "started": time.time()}
     try:
         from bench.h200_speed import run_record
 
         result.update(run_record("cpu" if smoke else "cuda"))
+        result["mp4_mux"] = mux_or_skip()
         t0 = time.perf_counter()
         runtime = build_runtime(args.degree, device, smoke)
         result["build_s"] = time.perf_counter() - t0
@@ -242,11 +310,18 @@ def cmd_request(args) -> int:
             try:
                 warm = warm_flex(runtime, request, world)
                 log(f"{shape} degree {args.degree}: flex kernel ready ({warm})")
-                with tempfile.TemporaryDirectory() as tmp:
-                    record = runtime.generate(request, Path(tmp) / f"{shape}.mp4")
+                # Until the record exists the shape is partial: its DiT forwards so far, each written as it ends,
+                # so that a request stopped by its time box still leaves what it measured (never a figure).
+                partial = {"partial": True, "flex_warmup": warm, "dit_forwards_so_far_s": []}
+                result["shapes"][shape] = partial
+                with step_log(runtime, partial, lambda: writer and atomic_write_json(Path(args.out), result)):
+                    with tempfile.TemporaryDirectory() as tmp:
+                        record = runtime.generate(request, Path(tmp) / f"{shape}.mp4")
                 if record is not None:
                     row = summarize(record, runtime.recipe)
                     row["flex_warmup"] = warm
+                    if result["mp4_mux"] != "muxed":
+                        row["request_to_file_s"] = None  # no file was written: not measured
                     result["shapes"][shape] = row
                     log(f"{shape} degree {args.degree}: step {row['dit_step_s']:.2f} s, vae "
                         f"{row['vae_decode_s']:.2f} s, request {row['request_s']:.2f} s")
@@ -327,7 +402,7 @@ def cmd_check(args) -> int:
     except subprocess.TimeoutExpired:
         proc.terminate()
         try:
-            output, _ = proc.communicate(timeout=60)
+            output, _ = proc.communicate(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
             output, _ = proc.communicate()
@@ -364,7 +439,7 @@ def merge(inputs: list[Path]) -> tuple[dict, dict]:
         if data.get("vae_identity"):
             details["vae_identity"] = data["vae_identity"]
         for shape, row in data.get("shapes", {}).items():
-            if "error" in row or row.get("not_as_configured"):
+            if "error" in row or row.get("partial") or row.get("not_as_configured"):
                 continue  # in the details with the reason; a run not as configured counts for no figure
             summary.setdefault(shape, {})[str(data["degree"])] = {
                 "dit_step_s": row["dit_step_s"], "vae_decode_s": row["vae_decode_s"], "request_s": row["request_s"],
@@ -399,6 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     req.add_argument("--out", required=True)
     req.add_argument("--vae-check", default=None, help="at degree > 1: a shape whose decode is compared bit for bit")
     req.add_argument("--smoke", action="store_true")
+    req.add_argument("--wait-for", default=None, help="import, then wait until this file exists before building")
     chk = sub.add_parser("check")
     chk.add_argument("--out", required=True)
     chk.add_argument("--plant", default=None)

@@ -70,6 +70,17 @@ def render(summary: dict, details: dict | None = None) -> str:
     comm = []
     for r in requests:
         for shape, row in (r.get("shapes") or {}).items():
+            anatomy = row.get("stage_anatomy") or {}
+            if anatomy:
+                steps = ", ".join(f"{s:.2f}" for s in anatomy.get("denoise_steps") or [])
+                comm.append(f"- {shape}, {r['degree']} GPUs: text encode {_f(anatomy.get('text_encode'), '{:.3f}')} s, "
+                            f"DiT forwards {steps} s, video decode {_f(anatomy.get('video_decode'))} s, audio decode "
+                            f"{_f(anatomy.get('audio_decode'))} s, request {_f(row.get('request_s'))} s "
+                            f"(to file: {_f(row.get('request_to_file_s'))} s; MP4 mux {r.get('mp4_mux', 'muxed')})")
+            if row.get("partial"):
+                done = ", ".join(f"{s:.2f}" for s in row.get("dit_forwards_so_far_s") or [])
+                comm.append(f"- {shape}, {r['degree']} GPUs: **stopped by its time box** (partial, no figure) after "
+                            f"{len(row.get('dit_forwards_so_far_s') or [])} DiT forwards: {done or 'none'} s")
             if row.get("comm_share_per_step"):
                 shares = ", ".join(f"{s:.1%}" for s in row["comm_share_per_step"])
                 comm.append(f"- {shape}, {r['degree']} GPUs: communication per step {shares} of the step "
@@ -80,7 +91,7 @@ def render(summary: dict, details: dict | None = None) -> str:
                 comm.append(f"- {shape}, {r['degree']} GPUs: **not as configured**, so it counts for no goal: "
                             + "; ".join(row["not_as_configured"]))
     if comm:
-        lines += ["", "## Communication and failures", "", *comm]
+        lines += ["", "## Per request: stages, communication, failures", "", *comm]
     vae = details.get("vae_identity")
     lines += ["", "## Checks", ""]
     if vae:

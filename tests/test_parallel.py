@@ -457,9 +457,13 @@ def test_the_scaling_table_reads_goals_from_planted_figures(tmp_path):
 
     row = lambda step, vae, req, **kw: {"dit_step_s": step, "vae_decode_s": vae, "request_s": req, **kw}  # noqa
     files = {
-        "sp1.json": request(1, {"15s-768x1344": row(32.0, 18.0, 150.0), "5s-768x1344": row(6.0, 5.0, 30.0)}),
+        "sp1.json": request(1, {"15s-768x1344": row(32.0, 18.0, 150.0, stage_anatomy={
+            "text_encode": 0.06, "denoise_steps": [33.0, 31.0], "video_decode": 18.0, "audio_decode": 0.3}),
+            "5s-768x1344": row(6.0, 5.0, 30.0)}),
         "sp2.json": request(2, {"15s-768x1344": row(16.5, 9.5, 76.0, comm_share_per_step=[0.05, 0.04]),
                                 "5s-768x1344": row(3.5, 2.5, 16.0, not_as_configured=["parallel: ran in one process"])}),
+        # A request stopped by its time box: its DiT forwards so far, never a figure.
+        "sp1_cut.json": request(1, {"10s-768x1344": {"partial": True, "dit_forwards_so_far_s": [30.0, 29.5]}}),
         "check.json": {"verdict": "FAIL", "planted_bug": ["a2a_permutation"], "degree": 2, "kind": "ulysses_anything",
                        "worst_ratio": {"fidelity.psnr_mean": 20.0}, "pairs": [{}, {}]},
     }
@@ -468,9 +472,14 @@ def test_the_scaling_table_reads_goals_from_planted_figures(tmp_path):
     summary, details = merge([tmp_path / n for n in files])
     assert summary["15s-768x1344"]["2"]["efficiency"] == pytest.approx(32.0 / (2 * 16.5))
     assert "2" not in summary["5s-768x1344"]  # not as configured: left out of the figures
+    assert "10s-768x1344" not in summary  # partial: left out of the figures
     text = render(summary, details)
     assert "DiT scaling efficiency at 15s-768x1344 >= 95%: 97.0% — met" in text
     assert "DiT scaling efficiency at 5s-768x1344 >= 90%: — — not measured" in text
     assert "video decode at 15s-768x1344 >= 1.8x on two GPUs: 1.89x — met" in text
     assert "<= 20 s: 76.00 s — MISSED" in text
     assert "**not as configured**" in text and "FAIL (expected FAIL: as expected)" in text
+    assert ("10s-768x1344, 1 GPUs: **stopped by its time box** (partial, no figure) after 2 DiT forwards: "
+            "30.00, 29.50 s") in text
+    assert ("15s-768x1344, 1 GPUs: text encode 0.060 s, DiT forwards 33.00, 31.00 s, video decode 18.00 s, audio "
+            "decode 0.30 s, request 150.00 s") in text
