@@ -270,6 +270,9 @@ class H3Runtime:
         self.model_sha256 = model_sha256
         self.device = torch.device(device)
         self.default_size = default_size
+        self.transformer_dtype: str | None = None
+        """The caller's override of the recipe's dtype for the transformer (the parallel check's floor twin); each
+        record names it (``extra["transformer_dtype"]``) so that configured-versus-executed checks against it."""
         self._apply_recipe()
         _quiet_progress_bars(pipe._blocks)  # `pipe.blocks` is a deep copy
         self.hooks = StageHooks(pipe)
@@ -325,7 +328,9 @@ class H3Runtime:
             # Under group offloading the lever streams the weights to the device block by block.
             module = getattr(pipe, name)
             (module if keeps_on_cpu(recipe, name) else module.to(device)).eval()
-        return cls(pipe, recipe, str(root), checkpoint_identity(root), device, _default_size or FULL_DEFAULT_SIZE)
+        runtime = cls(pipe, recipe, str(root), checkpoint_identity(root), device, _default_size or FULL_DEFAULT_SIZE)
+        runtime.transformer_dtype = transformer_dtype
+        return runtime
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Save the loaded components in the Hugging Face layout."""
@@ -459,7 +464,8 @@ class H3Runtime:
             versions=provenance.versions(),
             hardware=provenance.hardware(self.device),
             created_at=provenance.utc_now(),
-            extra=dict(extra or {}),
+            extra={**(extra or {}), **({"transformer_dtype": self.transformer_dtype} if self.transformer_dtype
+                                        else {})},
         )
         del latents
         if recorder is not None:
