@@ -5,15 +5,18 @@
 One launch (two Python start-ups) serves every multi-rank check of the test module; rank 0 writes the clips, their
 records and trajectories, and ``results.json`` (the in-rank measurements) into OUTDIR:
 
-1. the tests' fast recipe at degree 2 (the default kind, ``ulysses_anything``), with the latent trajectory;
-2. the same request with each planted bug (h3.parallel.plants) installed in turn;
+1-2. the tests' fast recipe at degree 2 (the default kind, ``ulysses_anything``) with the ``a2a_permutation`` planted
+   bug (h3.parallel.plants), with the latent trajectory (the same request without a plant, and with ``rope_offset``,
+   is the parallel check's, run by tests/test_parallel.py through h3.parallel.batch);
 3. the video VAE's tile-parallel decode against diffusers' single-process tiled decode of the same latent, 3x3
    spatial tiles x the temporal chunks, on every rank;
 4. attention under context parallelism (h3.parallel.replay.cp_attention) on a bucketed sequence, through the fixed
    per-shard padding cut and through the old call, for ``ulysses`` and ``ulysses_anything``;
 5. the fast recipe with group offload, and with torch.compile (dynamo, eager backend), at degree 2;
 6. the shipped ``turbo4-tinydemo`` recipe at degree 2, plain ``ulysses`` (LoRA, AdaLN precompute, INT8 W8A8,
-   bucketing, block-sparse attention), with the latent trajectory.
+   bucketing, block-sparse attention), with the latent trajectory;
+7. ``h3 serve --nproc N``'s stop points: rank 0 stops a job (as its server does on shutdown or timeout) and the
+   follower stops at the same DiT step, both ranks still in step afterwards.
 """
 
 from __future__ import annotations
@@ -53,10 +56,10 @@ def main(out: Path) -> None:
     results: dict = {"world_size": world.world_size}
     request = GenerateRequest(prompt=PROMPT, seed=SEED, num_frames=NUM_FRAMES)
 
-    # 1-2. SP2 and the planted bugs.
+    # 1-2. The fast recipe's SP2 clip comes from the parallel check's launch (tests/test_parallel.py: the same
+    # request), and so does the rope_offset plant's (the planted check); here the other planted bug.
     runtime = H3Runtime.load("tiny", at_degree(recipe_from_dict(FAST_RECIPE), 2), "cpu")
-    runtime.generate(request, out / "fast-sp2.mp4", trajectory=True)
-    for plant in PLANTS:
+    for plant in [p for p in PLANTS if p != "rope_offset"]:
         remove = install_plant(plant, runtime.pipe.transformer, world.world_size, world.rank)
         try:
             runtime.generate(request, out / f"plant-{plant}.mp4", trajectory=True)
@@ -116,6 +119,31 @@ def main(out: Path) -> None:
         update={"degree": world.world_size, "kind": "ulysses"})})
     demo = H3Runtime.load("tiny", demo_recipe, "cpu")
     demo.generate(request, out / "tinydemo-sp2.mp4", trajectory=True)
+
+    # 7. h3 serve --nproc N stops a job on every rank at once: rank 0's server stops it (here: at once, as on
+    # shutdown) and the follower stops at the same DiT step; the follower then receives rank 0's "stop" as the next
+    # message, and the gather below completes: both ranks stayed in step.
+    from h3.parallel.serving import Leader, follow
+    from h3.server import JobInterrupts, JobTimeout
+
+    if world.is_writer:
+        leader = Leader(demo, heartbeat_s=3600)
+        interrupts = JobInterrupts(leader)
+        interrupts.start(3600)
+        interrupts.stop_now("test: the server stopped")
+        try:
+            leader.generate(request, out / "stopped.mp4")
+            results["stopped"] = {"rank0": "ran to the end"}
+        except JobTimeout as exc:
+            results["stopped"] = {"rank0": str(exc), "steps": interrupts.steps}
+        interrupts.finish()
+        interrupts.remove()
+        leader.stop()
+    else:
+        results["follower_ran"] = follow(demo)
+    followed = [None] * world.world_size
+    dist.all_gather_object(followed, results.get("follower_ran"))
+    results["follower_ran"] = followed
 
     if world.is_writer:
         (out / "results.json").write_text(json.dumps(results, indent=2))

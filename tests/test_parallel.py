@@ -27,6 +27,7 @@ from h3.levers.parallel import at_degree
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT, SEED, NUM_FRAMES = "a red circle bounces", 3, 121
+CHECK_PROMPT_ID = "circle"  # the parallel check's one prompt
 LAUNCH_TIMEOUT_S = 900
 
 
@@ -57,29 +58,40 @@ def _generate(recipe, out: Path, transformer_dtype: str | None = None) -> dict:
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory):
-    """One launch of 2 ranks running tests/_parallel_ranks.py (all the multi-rank measurements), plus the
-    single-process references here: SP1 and its float64-transformer twin of both recipes."""
+def ranks(checks, tmp_path_factory):
+    """One launch of 2 ranks running tests/_parallel_ranks.py (the multi-rank measurements), plus the single-process
+    references here. The fast recipe's clips are the parallel check's (the same request): SP1 is its single run, the
+    float64-transformer twin its floor-hp twin, SP2 its parallel side, and the rope_offset plant the planted check's
+    parallel side; the shipped turbo4-tinydemo's SP1 and float64 twin are generated here."""
     from h3.parallel.launch import launch
-    from h3.recipe import load_recipe, recipe_from_dict
-    from h3.runtime import tiny_checkpoint_dir
+    from h3.recipe import load_recipe
 
-    tiny_checkpoint_dir()  # built once here, not by two ranks at once
     out = tmp_path_factory.mktemp("ranks")
     code = launch(2, str(REPO / "tests" / "_parallel_ranks.py"), [str(out)], env=_env(), timeout=LAUNCH_TIMEOUT_S)
     assert code == 0, f"the 2 ranks failed (exit {code}); their output is above"
     ref = tmp_path_factory.mktemp("single")
-    fast = recipe_from_dict(FAST_RECIPE)
     demo = load_recipe("turbo4-tinydemo")
-    _generate(fast, ref / "fast-sp1.mp4")
-    _generate(fast, ref / "fast-f64.mp4", transformer_dtype="float64")
     _generate(demo, ref / "tinydemo-sp1.mp4")
     _generate(demo, ref / "tinydemo-f64.mp4", transformer_dtype="float64")
-    return {"out": out, "ref": ref, "results": json.loads((out / "results.json").read_text())}
+    correct, planted = checks["dirs"]
+    clip = f"{CHECK_PROMPT_ID}-s{SEED}.mp4"
+    clips = {
+        "fast": {"sp1": correct / "clips/fast" / clip, "f64": correct / "clips/fast.floor-hp" / clip,
+                 "sp2": correct / "clips/fast.sp2" / clip},
+        "tinydemo": {"sp1": ref / "tinydemo-sp1.mp4", "f64": ref / "tinydemo-f64.mp4",
+                     "sp2": out / "tinydemo-sp2.mp4"},
+        "plant": {"a2a_permutation": out / "plant-a2a_permutation.mp4",
+                  "rope_offset": planted / "clips/fast.sp2" / clip},
+    }
+    return {"out": out, "clips": clips, "results": json.loads((out / "results.json").read_text())}
+
+
+def _record(mp4: Path) -> dict:
+    return json.loads(mp4.with_suffix(".json").read_text())
 
 
 def _bound(ranks, name: str) -> dict[str, float]:
-    floor = rel_l2(ranks["ref"] / f"{name}-sp1.mp4", ranks["ref"] / f"{name}-f64.mp4")
+    floor = rel_l2(ranks["clips"][name]["sp1"], ranks["clips"][name]["f64"])
     return {k: 2.0 * v for k, v in floor.items()}
 
 
@@ -88,7 +100,7 @@ def test_sp2_equals_sp1_within_the_float32_rounding_bound(ranks, name):
     bound = _bound(ranks, name)
     # The bound is float32 rounding, not a loose tolerance (tinydemo's INT8 codes flip at a few float64 ties: 2e-5).
     assert all(0 < b < 1e-4 for b in bound.values()), bound
-    diff = rel_l2(ranks["out"] / f"{name}-sp2.mp4", ranks["ref"] / f"{name}-sp1.mp4")
+    diff = rel_l2(ranks["clips"][name]["sp2"], ranks["clips"][name]["sp1"])
     for key in diff:
         assert diff[key] <= bound[key], f"{name} {key}: SP2 vs SP1 {diff[key]:.3g} > bound {bound[key]:.3g}"
 
@@ -96,7 +108,7 @@ def test_sp2_equals_sp1_within_the_float32_rounding_bound(ranks, name):
 @pytest.mark.parametrize("plant", ["a2a_permutation", "rope_offset"])
 def test_planted_parallel_bugs_exceed_the_bound_by_orders_of_magnitude(ranks, plant):
     bound = _bound(ranks, "fast")
-    diff = rel_l2(ranks["out"] / f"plant-{plant}.mp4", ranks["ref"] / "fast-sp1.mp4")
+    diff = rel_l2(ranks["clips"]["plant"][plant], ranks["clips"]["fast"]["sp1"])
     for key in diff:
         assert diff[key] > 1000 * bound[key], f"{plant} {key}: {diff[key]:.3g} vs bound {bound[key]:.3g}"
 
@@ -119,7 +131,7 @@ def test_attention_under_cp_cuts_the_padding_rows_per_shard(ranks):
 
 
 def test_the_record_reports_degree_devices_communication_and_each_rank(ranks):
-    record = json.loads((ranks["out"] / "fast-sp2.json").read_text())
+    record = _record(ranks["clips"]["fast"]["sp2"])
     parallel = record["executed"]["levers"]["parallel"]
     assert record["recipe"]["parallel"]["degree"] == 2
     assert parallel["applied"] and parallel["degree"] == 2 and parallel["world_size"] == 2
@@ -142,7 +154,7 @@ def test_the_record_reports_degree_devices_communication_and_each_rank(ranks):
 @pytest.mark.parametrize("lever", ["offload", "compile"])
 def test_group_offload_and_compile_compose_with_sp2_exactly(ranks, lever):
     """Both levers are exact (the same arithmetic): composed with SP2 they give SP2's clip byte for byte."""
-    plain = json.loads((ranks["out"] / "fast-sp2.json").read_text())
+    plain = _record(ranks["clips"]["fast"]["sp2"])
     composed = json.loads((ranks["out"] / f"fast-sp2-{lever}.json").read_text())
     assert composed["executed"]["levers"][lever]["applied"] and composed["executed"]["levers"]["parallel"]["applied"]
     assert composed["frames_sha256"] == plain["frames_sha256"] and composed["pcm_sha256"] == plain["pcm_sha256"]
@@ -155,8 +167,8 @@ def test_configured_versus_executed_checks_the_degree(ranks):
     from h3.recipe import recipe_from_dict
     from h3eval.ab import check_executed
 
-    for name in ("fast-sp2", "tinydemo-sp2"):
-        record = ClipRecord.model_validate_json((ranks["out"] / f"{name}.json").read_text())
+    for name in ("fast", "tinydemo"):
+        record = ClipRecord.model_validate_json(ranks["clips"][name]["sp2"].with_suffix(".json").read_text())
         recipe = recipe_from_dict(record.recipe)
         assert check_executed(recipe, record) == [], name
     # The same clip checked against the recipe at degree 1, or with telemetry of a run on one device: refused.
@@ -169,37 +181,31 @@ def test_configured_versus_executed_checks_the_degree(ranks):
     telemetry.update(world_size=1, devices=["cuda:0"], ranks=telemetry["ranks"][:1])
     problems = check_executed(recipe, bad)
     assert any("degree 2 configured, ran at 2 on 1 ranks" in p for p in problems), problems
-    single = ClipRecord.model_validate_json((ranks["ref"] / "fast-sp1.json").read_text())
+    single = ClipRecord.model_validate_json(ranks["clips"]["fast"]["sp1"].with_suffix(".json").read_text())
     assert check_executed(recipe_from_dict(single.recipe), single) == []  # degree 1: the absent section is fine
 
 
-def test_h3_generate_nproc_2_writes_the_sp2_clip_and_nproc_1_the_sp1_clip(ranks, fast_recipe_file, tmp_path):
-    """The launcher runs the same computation as the ranks above (bit for bit), so its clip is within the bound of
-    ``--nproc 1``'s, which is the single-process clip (run here, in this process's thread count, as SP1 was)."""
-    from typer.testing import CliRunner
+def test_h3_generate_nproc_2_writes_the_sp2_clip(ranks, fast_recipe_file, tmp_path):
+    """A real launch: torchrun starts 2 ranks of ``python -m h3.cli generate``; they run the same computation as the
+    parallel check's launch, so the clip is its SP2 clip byte for byte. ``--nproc 1`` launches nothing (the
+    single-process path every other generate test runs)."""
+    from h3.parallel.entry import must_launch, with_nproc
 
-    from h3.cli import app
+    out = tmp_path / "nproc2.mp4"
+    args = ["generate", "--prompt", PROMPT, "--seed", str(SEED), "--num-frames", str(NUM_FRAMES), "--recipe",
+            str(fast_recipe_file), "--out", str(out), "--nproc", "2"]
+    proc = subprocess.run([sys.executable, "-m", "h3.cli", *args], env=_env(), capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "124 frames 128x128" in proc.stdout, proc.stdout
+    clip, sp2 = _record(out), _record(ranks["clips"]["fast"]["sp2"])
+    assert clip["frames_sha256"] == sp2["frames_sha256"] and clip["pcm_sha256"] == sp2["pcm_sha256"]
+    assert clip["executed"]["levers"]["parallel"]["degree"] == 2
+    from h3.recipe import load_recipe
 
-    clips = {}
-    for nproc in (1, 2):
-        out = tmp_path / f"nproc{nproc}.mp4"
-        args = ["generate", "--prompt", PROMPT, "--seed", str(SEED), "--num-frames", str(NUM_FRAMES), "--recipe",
-                str(fast_recipe_file), "--out", str(out), "--nproc", str(nproc)]
-        if nproc == 1:
-            result = CliRunner().invoke(app, args)
-            assert result.exit_code == 0, result.output
-        else:  # a real launch: torchrun starts 2 ranks of `python -m h3.cli generate`
-            proc = subprocess.run([sys.executable, "-m", "h3.cli", *args], env=_env(), capture_output=True, text=True,
-                                  timeout=LAUNCH_TIMEOUT_S)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            assert "124 frames 128x128" in proc.stdout, proc.stdout
-        clips[nproc] = json.loads(out.with_suffix(".json").read_text())
-    sp2 = json.loads((ranks["out"] / "fast-sp2.json").read_text())
-    sp1 = json.loads((ranks["ref"] / "fast-sp1.json").read_text())
-    assert clips[2]["frames_sha256"] == sp2["frames_sha256"] and clips[2]["pcm_sha256"] == sp2["pcm_sha256"]
-    assert clips[1]["frames_sha256"] == sp1["frames_sha256"] and clips[1]["pcm_sha256"] == sp1["pcm_sha256"]
-    assert clips[2]["executed"]["levers"]["parallel"]["degree"] == 2
-    assert clips[1]["executed"]["levers"]["parallel"] == {"applied": False}
+    recipe = load_recipe(str(fast_recipe_file))
+    assert must_launch(with_nproc(recipe, 2)) and not must_launch(with_nproc(recipe, 1))
+    assert with_nproc(recipe, 1).sha256() == recipe.sha256()  # --nproc 1 is the recipe as written
 
 
 def test_h3_serve_nproc_2_rank_0_serves_the_followers_follow(ranks, fast_recipe_file, tmp_path):
@@ -230,16 +236,27 @@ def test_h3_serve_nproc_2_rank_0_serves_the_followers_follow(ranks, fast_recipe_
             time.sleep(0.5)
             job = httpx.get(f"{base}/v1/videos/{job['id']}", timeout=10).json()
         assert job["status"] == "completed", job
-        sp2 = json.loads((ranks["out"] / "fast-sp2.json").read_text())
+        sp2 = _record(ranks["clips"]["fast"]["sp2"])
         assert job["h3_record"]["frames_sha256"] == sp2["frames_sha256"]
         assert job["h3_record"]["executed"]["levers"]["parallel"]["devices"] == ["cpu", "cpu"]
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        if proc.poll() is None:  # a server that died already has its output in the assertion above
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def test_h3_serve_nproc_2_stops_a_job_on_every_rank_at_the_same_step(ranks):
+    """The server's per-job timeout and its shutdown stop a job between DiT steps; under --nproc 2 rank 0 decides and
+    the follower stops at the same step (h3.parallel.serving). Stopped before its first step, rank 0 raised the
+    server's JobTimeout with no step counted, the follower ran (and stopped) that one request, then received rank
+    0's stop and returned: both ranks stayed in step."""
+    results = ranks["results"]
+    assert results["stopped"] == {"rank0": "test: the server stopped", "steps": 0}
+    assert results["follower_ran"] == [None, 1]
 
 
 # -- the suite's parallel-versus-single check ------------------------------------------------------------------------
@@ -250,7 +267,7 @@ def _check(out: Path, plant=None):
     from h3eval.runner import RequestShape
 
     suite = out.parent / "one.jsonl"
-    suite.write_text(json.dumps({"id": "circle", "prompt": PROMPT}) + "\n")
+    suite.write_text(json.dumps({"id": CHECK_PROMPT_ID, "prompt": PROMPT}) + "\n")
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = _env()["PYTHONPATH"]
     try:
