@@ -9,7 +9,9 @@
 # suite's parallel-versus-single check on the GPUs.
 #
 # Order, each step in its own time box; a step cut short leaves what it measured (a request's DiT forwards so far,
-# marked partial), and a later step's failure keeps what the earlier ones wrote:
+# marked partial, written straight into OUTDIR, so that even a kill of the whole driver from outside keeps them; the
+# merge then is `python3 bench/h200_parallel.py merge --out OUTDIR OUTDIR/sp*.json OUTDIR/parallel_check*.json`),
+# and a later step's failure keeps what the earlier ones wrote:
 #   1. both GPUs (torchrun, box SP2_S=135 s): the SP2 15 s request (~25 s start and build, ~15 s text encoding and
 #      flex compile, ~75 s request, estimated from the 2026-11-30 runs). Beside it, on the same 2 GPUs, the parallel
 #      check on the tiny preset (bf16, 121 frames at 128x128, 2 steps: the shape that fits a box) on 4 prompt pairs,
@@ -46,7 +48,7 @@ say "start (budget ${BUDGET_S}s); $(nvidia-smi --query-gpu=name,memory.total --f
 say "PyAV: $(python3 -c 'import av; print(av.__version__)' 2>&1 | tail -1)"
 say "1/3 both GPUs: SP2 $s15 | beside it the parallel check (4 pairs) and the planted check (2 pairs); SP1 imports"
 # SP1 starts ahead on GPU 0 and waits for $work/sp2.done before it builds.
-( CUDA_VISIBLE_DEVICES=0 timeout "$(( $(left) - 8 ))" $P request --degree 1 --shapes "$s15" --out "$work/sp1_15s.json" \
+( CUDA_VISIBLE_DEVICES=0 timeout "$(( $(left) - 8 ))" $P request --degree 1 --shapes "$s15" --out "$out/sp1_15s.json" \
   --wait-for "$work/sp2.done" $smoke 2>&1 | quiet | sed -u 's/^/[sp1] /' | tee -a "$out/run.log" ) &
 sp1=$!
 ( $P check --out "$work/check" --pairs "${CHECK_PAIRS:-4}" --timeout "$(cap "$CHECK_S")" $smoke 2>&1 | quiet | sed -u 's/^/[check] /' \
@@ -57,16 +59,14 @@ chk=$!
 pla=$!
 timeout "$(cap "$SP2_S")" python3 -m torch.distributed.run --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d \
   --rdzv-endpoint 127.0.0.1:$(port) --max-restarts 0 bench/h200_parallel.py request --degree 2 --shapes "$s15" \
-  --out "$work/sp2.json" $smoke 2>&1 | quiet | sed -u 's/^/[sp2] /' | tee -a "$out/run.log"
+  --out "$out/sp2.json" $smoke 2>&1 | quiet | sed -u 's/^/[sp2] /' | tee -a "$out/run.log"
 touch "$work/sp2.done"
-cp "$work/sp2.json" "$out/" 2>/dev/null
 say "2/3 GPU 0: SP1 $s15 (box: what is left)"
 wait $chk $pla
 [ -f "$work/check/parallel_check.json" ] && cp "$work/check/parallel_check.json" "$out/parallel_check.json"
 [ -f "$work/planted/parallel_check.json" ] && cp "$work/planted/parallel_check.json" "$out/parallel_check_planted.json"
 say "checks done: $(ls "$out"/parallel_check*.json 2>/dev/null | tr '\n' ' ')"
 wait $sp1
-cp "$work/sp1_15s.json" "$out/" 2>/dev/null
 
 say "3/3 merge"
 inputs=$(ls "$out"/sp*.json "$out"/parallel_check*.json 2>/dev/null)
