@@ -218,7 +218,19 @@ def sweep_shapes(kind: str, op_spec: OpSpec, example: dict[str, Any]) -> list[di
         block = int(op_spec.kwargs.get("block_size", DEFAULT_SWEEP_BLOCK))
         head_dim = example["shapes"]["query"][-1]
         seqs = sorted({1, block - 1, block, block + 1, 2 * block + 1})
-        return [{"query": [1, s, h, head_dim]} for s in seqs for h in ATTENTION_SWEEP_HEADS]
+        heads = ATTENTION_SWEEP_HEADS
+        if op_spec.name == "attention_cp":
+            # Under CP the shapes the runtime can run: heads a multiple of the degree, at least a row per rank; the
+            # lengths straddle the bucket (the padding cut) or, without one, the degree (the shards' edges).
+            degree, multiple = int(op_spec.kwargs["degree"]), int(op_spec.kwargs.get("multiple") or 0)
+            if multiple:
+                seqs = sorted({s for s in (multiple - 1, multiple + 1, 2 * multiple + 1) if s >= degree})
+            elif op_spec.kwargs.get("kind") == "ulysses_anything":
+                seqs = [degree, degree + 1, block * degree + 1]
+            else:  # equal shards only
+                seqs = [degree, 3 * degree, block * degree]
+            heads = (degree, 3 * degree)
+        return [{"query": [1, s, h, head_dim]} for s in seqs for h in heads]
     in_f, out_f = example.get("features") or [32, 48]
     return [{"input": [1, r, in_f], "weight": [out_f, in_f]} for r in LINEAR_SWEEP_ROWS]
 

@@ -69,10 +69,15 @@ def generate(
     height: Optional[int] = typer.Option(None, "--height"),
     width: Optional[int] = typer.Option(None, "--width"),
     device: Optional[str] = typer.Option(None, "--device", envvar="H3_DEVICE"),
+    nproc: Optional[int] = typer.Option(None, "--nproc", envvar="H3_NPROC",
+                                        help="Ranks (GPUs) of the request; starts them with torchrun. Default: the "
+                                             "recipe's parallel.degree (1)."),
 ) -> None:
     """Generate one clip (MP4, 24 fps, 32 kHz stereo) and its JSON record."""
     from h3.levers import LeverError
     from h3.media import MediaError
+    from h3.parallel import entry
+    from h3.parallel.world import ParallelError
     from h3.recipe import RecipeError, load_recipe
     from h3.runtime import CheckpointError, GenerateRequest, H3Runtime, RequestError, resolve_request
     from h3.runtime import model_default_size
@@ -84,10 +89,24 @@ def generate(
         request = GenerateRequest(prompt=prompt, seed=seed, num_frames=num_frames, seconds=seconds, height=height,
                                   width=width)
         resolve_request(request, model_default_size(model))
-        runtime = H3Runtime.load(model, load_recipe(recipe), device)
-        record = runtime.generate(request, out)
-    except (RecipeError, CheckpointError, RequestError, LeverError, MediaError, OSError) as exc:
+        recipe_obj = entry.with_nproc(load_recipe(recipe), nproc)
+        launched = None
+        if entry.must_launch(recipe_obj):
+            entry.check_before_launch(recipe_obj, model, device)
+            launched = entry.launch_ranks(recipe_obj, entry.child_argv("generate", {
+                "--prompt": prompt, "--out": out.resolve(), "--seed": seed, "--model": model,
+                "--recipe": entry.recipe_arg(recipe), "--seconds": seconds, "--num-frames": num_frames,
+                "--height": height, "--width": width, "--device": device}))
+        else:
+            device = entry.join_ranks(recipe_obj, model, device)
+            runtime = H3Runtime.load(model, recipe_obj, device)
+            record = runtime.generate(request, out)
+    except (RecipeError, CheckpointError, RequestError, LeverError, MediaError, ParallelError, OSError) as exc:
         raise bad_input(str(exc)) from None
+    if launched is not None:
+        raise typer.Exit(launched)  # rank 0 printed the clip's line
+    if record is None:
+        return  # a follower rank: rank 0 wrote the clip and reports it
     typer.echo(
         f"{out}: {record.shape.num_frames} frames {record.shape.width}x{record.shape.height} @ {record.shape.fps} fps, "
         f"audio {record.shape.audio_sample_rate} Hz x{record.shape.audio_channels}; "
@@ -128,12 +147,18 @@ def serve(
         "resident", "--text-encoder", envvar="H3_TEXT_ENCODER",
         help="'resident' on the device, or 'offload': streamed from host memory while it encodes (frees ~58 GiB of "
              "an H200 at full size; costs the copy, measured in the text_encode stage)."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", envvar="H3_NPROC",
+                                        help="Ranks (GPUs) per request; starts them with torchrun, rank 0 serves "
+                                             "HTTP. Default: the recipe's parallel.degree (1)."),
 ) -> None:
-    """Serve the OpenAI videos API (the openai SDK's calls, SGLang's fields) over one recipe."""
+    """Serve the OpenAI videos API (the openai SDK's calls, SGLang's fields) over one recipe (or several sharing one
+    model)."""
     import math
 
     from h3.levers import LeverError
-    from h3.recipe import RecipeError
+    from h3.parallel import entry
+    from h3.parallel.world import ParallelError
+    from h3.recipe import RecipeError, load_recipe
     from h3.runtime import CheckpointError, SharedModelError
     from h3.server import serve as run_server
 
@@ -153,11 +178,39 @@ def serve(
     if text_encoder not in TEXT_ENCODER_RESIDENCY:
         raise bad_input(f"--text-encoder must be one of {', '.join(TEXT_ENCODER_RESIDENCY)}, got {text_encoder!r}")
     try:
-        run_server(model, recipe, host=host, port=port, api_key=api_key, max_queue=max_queue,
-                   output_dir=output_dir, device=device, max_prompt_tokens=max_prompt_tokens, max_pixels=max_pixels,
-                   job_timeout_s=job_timeout, max_body_bytes=max_body_bytes, text_encoder=text_encoder)
-    except (RecipeError, CheckpointError, LeverError, SharedModelError, OSError, ValueError) as exc:
+        limits = dict(max_prompt_tokens=max_prompt_tokens, max_pixels=max_pixels, job_timeout_s=job_timeout,
+                      max_body_bytes=max_body_bytes)
+        launched = None
+        recipe_obj = entry.with_nproc(load_recipe(recipe[0]), nproc) if len(recipe) == 1 else None
+        if recipe_obj is None:
+            # Several recipes take turns on one shared model in this process (a parallel recipe is refused there,
+            # h3.levers.parallel.ParallelConfig.shared_problems).
+            if nproc is not None and nproc > 1:
+                raise RecipeError(f"--nproc {nproc} serves one recipe on its ranks; several --recipe share one model "
+                                  "in one process (serve a parallel recipe on its own)")
+            run_server(model, recipe, host=host, port=port, api_key=api_key, max_queue=max_queue,
+                       output_dir=output_dir, device=device, text_encoder=text_encoder, **limits)
+        elif entry.must_launch(recipe_obj):
+            entry.check_before_launch(recipe_obj, model, device)
+            # The key travels in the environment (H3_API_KEY), never on a command line other users can list.
+            launched = entry.launch_ranks(recipe_obj, entry.child_argv("serve", {
+                "--model": model, "--recipe": entry.recipe_arg(recipe[0]), "--host": host, "--port": port,
+                "--max-queue": max_queue, "--output-dir": output_dir.resolve(), "--device": device,
+                "--max-prompt-tokens": max_prompt_tokens, "--max-pixels": max_pixels, "--job-timeout": job_timeout,
+                "--max-body-bytes": max_body_bytes, "--text-encoder": text_encoder}),
+                env={"H3_API_KEY": api_key} if api_key else None)
+        elif recipe_obj.parallel.is_on():
+            from h3.parallel.serving import serve_ranks
+
+            serve_ranks(model, recipe_obj, host=host, port=port, api_key=api_key, max_queue=max_queue,
+                        output_dir=output_dir, device=device, text_encoder=text_encoder, **limits)
+        else:
+            run_server(model, recipe, host=host, port=port, api_key=api_key, max_queue=max_queue,
+                       output_dir=output_dir, device=device, text_encoder=text_encoder, **limits)
+    except (RecipeError, CheckpointError, LeverError, SharedModelError, ParallelError, OSError, ValueError) as exc:
         raise bad_input(str(exc)) from None
+    if launched:
+        raise typer.Exit(launched)
 
 
 def main() -> None:  # pragma: no cover

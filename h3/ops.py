@@ -245,6 +245,46 @@ def _block_sparse_ref(inputs: Tensors, block_size: int, sparsity: float, decisio
 register_op(Op("block_sparse", "attention", _block_sparse_run, _block_sparse_ref,
                description="h3.levers.sparse_attention: top-k key blocks per query block (flex_attention)"))
 
+# Rows appended as a bucket's padding when replaying under CP: large, so that a padding row that leaks into a real
+# row's attention shows as a large error, not a rounding one.
+CP_PADDING_SCALE = 8.0
+
+
+def _attention_cp_run(inputs: Tensors, device: torch.device, backend: str, kind: str, degree: int, multiple: int,
+                      **_) -> OpOutput:
+    """The runtime's attention call under context parallelism (h3.parallel.replay): the input sharded over
+    ``degree`` replay ranks as diffusers' plan shards it, exchanged by diffusers' ``kind``, gathered. With a bucket
+    ``multiple`` the sequence is first padded to it with large rows, which the bucketing lever must cut out per
+    shard (h3.parallel.attention); the output's real rows are compared."""
+    from h3.levers.parallel import LSE_BACKENDS
+    from h3.parallel.replay import replay_world
+
+    q, k, v = (inputs[x] for x in ("query", "key", "value"))
+    seq, heads = q.shape[1], q.shape[2]
+    padded = -(-seq // multiple) * multiple if multiple else seq
+    if kind == "ring" and backend not in LSE_BACKENDS:
+        raise NotApplicable(f"ring attention needs a backend that returns the log-sum-exp; {backend!r} does not")
+    if kind == "ulysses" and (heads % degree or padded % degree):
+        raise NotApplicable(f"ulysses at degree {degree} needs heads ({heads}) and rows ({padded}) divisible by it "
+                            "(the runtime refuses such requests)")
+    if kind == "ulysses_anything" and heads % degree and (degree - heads % degree) >= -(-heads // degree):
+        raise NotApplicable(f"ulysses_anything cannot pad {heads} heads over {degree} ranks")
+    if padded < degree:
+        raise NotApplicable(f"{padded} rows cannot be shared by {degree} ranks")
+    if padded > seq:
+        gen = torch.Generator().manual_seed(seq)
+        extra = [CP_PADDING_SCALE * torch.randn((q.shape[0], padded - seq, *q.shape[2:]), generator=gen)
+                 for _ in range(3)]
+        q, k, v = (torch.cat([x, e.to(x.dtype)], dim=1) for x, e in zip((q, k, v), extra))
+    world = replay_world(int(degree), kind, device.type)
+    out = world.attention(q, k, v, backend=backend, valid_len=seq if padded > seq else None)
+    return OpOutput(out[:, :seq])
+
+
+register_op(Op("attention_cp", "attention", _attention_cp_run, _attention_ref,
+               description="diffusers context-parallel attention (Ulysses / ring / anything) over replay ranks, with "
+                           "the bucketing lever's per-shard padding cut"))
+
 
 # -- linear ops ------------------------------------------------------------------------------------------------------
 def _linear_run(inputs: Tensors, device: torch.device, **_) -> OpOutput:
@@ -335,6 +375,10 @@ class RecipeOps:
     quant_exclude: list[str] = field(default_factory=list)
     overrides: dict[str, OpSpec] = field(default_factory=dict)
     """Kind -> op that replaces whatever the recipe dispatches (tests plant broken ops through this)."""
+    parallel: dict[str, Any] | None = None
+    """``{"degree", "kind"}`` of a recipe at degree > 1: its DiT blocks' dense attention runs under context
+    parallelism (``attention_cp``)."""
+    bucket_multiple: int = 0
 
     def for_record(self, record: dict[str, Any]) -> OpSpec:
         kind = record["kind"]
@@ -350,6 +394,10 @@ class RecipeOps:
                 step = record.get("step") or 0
                 if step >= sparse["dense_steps"] and record.get("layer") not in sparse["dense_layers"]:
                     return spec("block_sparse", block_size=sparse["block_size"], sparsity=sparse["sparsity"])
+            if self.parallel and re.match(r"^transformer_blocks\.\d+\.attn$", sub):
+                # The token refiner runs before the plan shards the sequence; only the DiT blocks run under CP.
+                return spec("attention_cp", backend=self.attention_backend, kind=self.parallel["kind"],
+                            degree=self.parallel["degree"], multiple=self.bucket_multiple)
             return spec(f"attention:{self.attention_backend}")
         if kind == "linear":
             if (self.quant_mode != "none" and component == "transformer" and "lora_" not in sub
@@ -371,6 +419,8 @@ def ops_for_recipe(recipe: Any) -> RecipeOps:
     """What ``recipe`` (a :class:`h3.recipe.Recipe` or its resolved dict) dispatches. A section the dict lacks (a
     recipe written before that lever existed) takes the lever config's defaults, i.e. off."""
     from h3.levers.attention_backend import AttentionBackendConfig
+    from h3.levers.bucketing import BucketingConfig
+    from h3.levers.parallel import ParallelConfig
     from h3.levers.quantization import QuantizationConfig
     from h3.levers.sparse_attention import SparseAttentionConfig
 
@@ -379,7 +429,8 @@ def ops_for_recipe(recipe: Any) -> RecipeOps:
     def section(config):
         return config.model_validate(data.get(config.name) or {}, strict=False)
 
-    attention, sparse, quant = (section(c) for c in (AttentionBackendConfig, SparseAttentionConfig, QuantizationConfig))
+    attention, sparse, quant, parallel, bucketing = (section(c) for c in (
+        AttentionBackendConfig, SparseAttentionConfig, QuantizationConfig, ParallelConfig, BucketingConfig))
     ops = RecipeOps(recipe_name=data.get("name", "?"))
     ops.attention_backend = attention.backend
     if sparse.is_on():
@@ -387,4 +438,7 @@ def ops_for_recipe(recipe: Any) -> RecipeOps:
                           dense_layers=list(sparse.dense_layers))
     ops.quant_mode = quant.mode
     ops.quant_exclude = list(quant.exclude)
+    if parallel.is_on():
+        ops.parallel = {"degree": parallel.degree, "kind": parallel.kind}
+    ops.bucket_multiple = bucketing.multiple if bucketing.is_on() else 0
     return ops

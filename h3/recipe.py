@@ -55,8 +55,15 @@ class _RecipeBase(BaseModel):
         return value
 
     def resolved(self) -> dict[str, Any]:
-        """Every lever explicit, as plain data."""
-        return self.model_dump(mode="json")
+        """Every lever explicit, as plain data; a lever that is ``omitted_when_default`` (added after recipes were
+        hashed) is left out while it is at its defaults, so that those recipes keep their hash."""
+        data = self.model_dump(mode="json")
+        for field, info in type(self).model_fields.items():
+            config = getattr(self, field)
+            default = info.default_factory
+            if isinstance(config, LeverConfig) and config.omitted_when_default and config == default():
+                del data[field]
+        return data
 
     def sha256(self) -> str:
         return hashlib.sha256(json.dumps(self.resolved(), sort_keys=True).encode()).hexdigest()

@@ -209,7 +209,8 @@ def checkpoint_identity(root: Path) -> str:
 
 
 def _torch_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+            "float64": torch.float64}[name]
 
 
 def tiny_identity() -> str:
@@ -335,7 +336,7 @@ class H3Runtime:
 
     def __init__(self, pipe: Any, recipe: Recipe, model: str, model_sha256: str, device: str, default_size, *,
                  weights: str | None = None, weight_source: Any = None, shared: bool = False,
-                 text_encoder: dict[str, Any] | None = None):
+                 text_encoder: dict[str, Any] | None = None, transformer_dtype: str | None = None):
         self.pipe = pipe
         self.recipe = recipe
         self.model = model
@@ -353,6 +354,9 @@ class H3Runtime:
         self._loaded_settings = _component_settings(pipe)
         if shared:
             self.check_shareable(recipe)
+        self.transformer_dtype = transformer_dtype
+        """The caller's override of the recipe's dtype for the transformer (the parallel check's floor twin); each
+        record names it (``extra["transformer_dtype"]``) so that configured-versus-executed checks against it."""
         self._apply_recipe()
         _quiet_progress_bars(pipe._blocks)  # `pipe.blocks` is a deep copy
         self.hooks = StageHooks(pipe)
@@ -360,17 +364,20 @@ class H3Runtime:
     # -- loading -----------------------------------------------------------------------------------------------
     @classmethod
     def load(cls, model: str, recipe: Recipe, device: str | None = None, *, shared: bool = False,
-             text_encoder: str = "resident") -> "H3Runtime":
+             text_encoder: str = "resident", transformer_dtype: str | None = None) -> "H3Runtime":
         """``model``: ``tiny``, a random preset (``h3-random``, ``h3-random-small``: :mod:`h3.random_model`) or a
         checkpoint directory. ``shared``: a model several recipes take turns on (:meth:`switch_recipe`).
-        ``text_encoder``: ``resident`` or ``offload`` (streamed from host memory, :mod:`h3.residency`)."""
+        ``text_encoder``: ``resident`` or ``offload`` (streamed from host memory, :mod:`h3.residency`).
+        ``transformer_dtype``: run the transformer in this dtype instead of the recipe's (the parallel check's
+        higher-precision reference, h3eval/parallel_check.py); everything else keeps the recipe's."""
         from h3.random_model import is_random_preset
 
+        kwargs = dict(shared=shared, text_encoder=text_encoder, transformer_dtype=transformer_dtype)
         if model == "tiny":
-            return cls.tiny(recipe, device, shared=shared, text_encoder=text_encoder)
+            return cls.tiny(recipe, device, **kwargs)
         if is_random_preset(model):
-            return cls.random(model, recipe, device, shared=shared, text_encoder=text_encoder)
-        return cls.from_pretrained(model, recipe, device, shared=shared, text_encoder=text_encoder)
+            return cls.random(model, recipe, device, **kwargs)
+        return cls.from_pretrained(model, recipe, device, **kwargs)
 
     @classmethod
     def tiny(cls, recipe: Recipe, device: str | None = None, **kwargs: Any) -> "H3Runtime":
@@ -385,9 +392,10 @@ class H3Runtime:
 
     @classmethod
     def random(cls, model: str, recipe: Recipe, device: str | None = None, *, shared: bool = False,
-               text_encoder: str = "resident") -> "H3Runtime":
+               text_encoder: str = "resident", transformer_dtype: str | None = None) -> "H3Runtime":
         """A random preset (:mod:`h3.random_model`): the real pipeline at the preset's configs, weights drawn on the
-        device in the recipe's dtype (nothing read from disk)."""
+        device in the recipe's dtype (nothing read from disk); ``transformer_dtype`` (see :meth:`load`) converts the
+        transformer's drawn weights afterwards."""
         from h3 import random_model
         from h3.levers import keeps_on_cpu, preflight
         from h3.residency import place_text_encoder
@@ -397,6 +405,8 @@ class H3Runtime:
         preflight(recipe, device)
         dtype = _torch_dtype(recipe.dtype)
         pipe, source = random_model.random_pipeline(configs, device, dtype)
+        if transformer_dtype is not None:
+            pipe.transformer.to(_torch_dtype(transformer_dtype))
         placed = None
         for name in ("text_encoder", "transformer", "vae", "audio_vae"):
             module = getattr(pipe, name)
@@ -405,12 +415,13 @@ class H3Runtime:
             elif name == "text_encoder":
                 placed = place_text_encoder(module, device, text_encoder)
         return cls(pipe, recipe, model, random_model.identity(configs, dtype, torch.device(device).type), device,
-                   configs.default_size, weights="random", weight_source=source, shared=shared, text_encoder=placed)
+                   configs.default_size, weights="random", weight_source=source, shared=shared, text_encoder=placed,
+                   transformer_dtype=transformer_dtype)
 
     @classmethod
     def from_pretrained(
         cls, path: str | os.PathLike, recipe: Recipe, device: str | None = None, _default_size=None, *,
-        shared: bool = False, text_encoder: str = "resident",
+        shared: bool = False, text_encoder: str = "resident", transformer_dtype: str | None = None,
     ) -> "H3Runtime":
         """Load a MiniMax-H3 checkpoint directory (HF layout) offline, through diffusers' modular pipeline."""
         from diffusers.modular_pipelines import ModularPipeline
@@ -435,6 +446,8 @@ class H3Runtime:
             raise CheckpointError(
                 f"checkpoint {root}: diffusers could not load {', '.join(not_loaded)} (see the warnings above)"
             )
+        if transformer_dtype is not None:
+            pipe.transformer.to(_torch_dtype(transformer_dtype))
         from h3.levers import keeps_on_cpu
 
         placed = None
@@ -449,7 +462,8 @@ class H3Runtime:
             else:
                 module.to(device).eval()
         return cls(pipe, recipe, str(root), checkpoint_identity(root), device, _default_size or FULL_DEFAULT_SIZE,
-                   weights="checkpoint", weight_source=CheckpointWeights(root), shared=shared, text_encoder=placed)
+                   weights="checkpoint", weight_source=CheckpointWeights(root), shared=shared, text_encoder=placed,
+                   transformer_dtype=transformer_dtype)
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Save the loaded components in the Hugging Face layout."""
@@ -545,11 +559,14 @@ class H3Runtime:
 
     # -- generation --------------------------------------------------------------------------------------------
     def _record_extra(self) -> dict[str, Any]:
-        """What every record of this runtime adds under ``extra``: the text encoder's residency, the random weights'
-        notice, and for a shared model the last switch and the memory it holds."""
+        """What every record of this runtime adds under ``extra``: the text encoder's residency, the transformer's
+        dtype when the caller overrode the recipe's, the random weights' notice, and for a shared model the last
+        switch and the memory it holds."""
         from h3.random_model import weights_notice
 
         extra: dict[str, Any] = {"text_encoder": dict(self.text_encoder_info)}
+        if self.transformer_dtype:
+            extra["transformer_dtype"] = self.transformer_dtype
         notice = weights_notice(self.model)
         if notice:
             extra["weights_notice"] = notice
@@ -565,8 +582,9 @@ class H3Runtime:
     @torch.no_grad()
     def generate(
         self, request: GenerateRequest, out: str | os.PathLike, extra: dict | None = None, trajectory: bool = False
-    ) -> ClipRecord:
-        """Generate one clip into ``out`` (.mp4) and its record into ``out`` with .json, both atomically.
+    ) -> ClipRecord | None:
+        """Generate one clip into ``out`` (.mp4) and its record into ``out`` with .json, both atomically. On a follower
+        rank of a parallel runtime (rank > 0) nothing is written and the answer is None.
 
         With ``trajectory``, the latent trajectory is also written to ``<out>.traj.npz`` (h3.trajectory).
         """
@@ -595,6 +613,10 @@ class H3Runtime:
                 output_type="pt",
             )
             t_pipe_end = clock.now()
+            for lever in self.levers.values():
+                lever.finish_request(clock)  # the parallel lever: every rank's anatomy to rank 0 (a collective)
+            if not all(lever.writes_output for lever in self.levers.values()):
+                return None  # a follower rank of a parallel runtime: rank 0 prepares the frames and writes the files
             # Frame preparation on the device (uint8, channel-last), then one device-to-host copy each.
             with clock.stage("frame_prep_d2h"):
                 video = state.get("videos")  # (1, T, 3, H, W) float in [0, 1]

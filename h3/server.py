@@ -68,7 +68,7 @@ from h3.server_previews import SPRITESHEET, THUMBNAIL, make_preview, sprite_layo
 from h3.server_request import (FIELDS, RequestProblem, RequestSchema, ServerLimits, default_limits, error_body,
                                levers_sha256, read_request_body, show)
 
-__all__ = ["create_app", "serve", "levers_sha256", "ServerLimits", "default_limits", "JobStore"]
+__all__ = ["create_app", "serve", "serve_runtime", "levers_sha256", "ServerLimits", "default_limits", "JobStore"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,9 @@ class JobInterrupts:
     Forward pre-hooks (prepended, so they run before any lever's hook) on the text encoder, the transformer (once per
     denoising step) and the decoders of both VAEs and their blocks (per tile and chunk): never inside a compiled
     block. They act only on the worker thread, so an in-process caller of the same runtime is unaffected.
+
+    A runtime of several ranks (``h3 serve --nproc N``) places the checks itself (``runtime.install_interrupts``,
+    h3/parallel/serving.py): a job may stop only where every rank stops with it.
     """
 
     def __init__(self, runtime: Any):
@@ -102,21 +105,22 @@ class JobInterrupts:
         pipe = getattr(runtime, "pipe", None)
         if pipe is None:
             return
+        install = getattr(runtime, "install_interrupts", None)
+        if install is not None:
+            self._handles = list(install(self))
+            return
         import torch
 
         @torch.compiler.disable
         def check(*_):
-            if self.thread == threading.get_ident() and self.deadline is not None and time.monotonic() > self.deadline:
-                self.fired = self.reason
-                raise JobTimeout(self.reason)
+            reason = self.due()
+            if reason is not None:
+                self.stop(reason)
 
         @torch.compiler.disable
         def step(*_):
             check()
-            if self.thread == threading.get_ident():
-                self.steps += 1
-                if self.on_step is not None:
-                    self.on_step(self.steps)
+            self.count_step()
 
         hooked = []
         text = getattr(pipe, "text_encoder", None)
@@ -129,6 +133,24 @@ class JobInterrupts:
         for module, hook in hooked:
             if module is not None and hasattr(module, "register_forward_pre_hook"):
                 self._handles.append(module.register_forward_pre_hook(hook, prepend=True))
+
+    def due(self) -> str | None:
+        """Why the job on this thread must stop now (past its deadline, or the server stopping); None: it goes on."""
+        if self.thread == threading.get_ident() and self.deadline is not None and time.monotonic() > self.deadline:
+            return self.reason
+        return None
+
+    def stop(self, reason: str) -> None:
+        """End the job on this thread here."""
+        self.fired = reason
+        raise JobTimeout(reason)
+
+    def count_step(self) -> None:
+        """A denoising step of the job on this thread begins (its progress)."""
+        if self.thread == threading.get_ident():
+            self.steps += 1
+            if self.on_step is not None:
+                self.on_step(self.steps)
 
     def start(self, timeout_s: float, on_step=None) -> None:
         self.steps, self.on_step, self.fired = 0, on_step, None
@@ -554,9 +576,16 @@ def serve(model: str, recipe: str | list[str], host: str = "127.0.0.1", port: in
     """Load the runtime and serve it until interrupted (``limit_overrides``: :func:`default_limits`' keywords;
     ``recipe``: one recipe, or several sharing one model; ``text_encoder``: ``resident`` or ``offload``,
     :mod:`h3.residency`)."""
+    runtime = load_served_runtime(model, recipe, device, text_encoder)
+    serve_runtime(runtime, host=host, port=port, api_key=api_key, max_queue=max_queue, output_dir=output_dir,
+                  **limit_overrides)
+
+
+def serve_runtime(runtime: Any, host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None,
+                  max_queue: int = 8, output_dir: str | Path = "h3-serve", **limit_overrides: Any) -> None:
+    """Serve a loaded runtime until interrupted (the runtime of ``h3 serve``, or rank 0's of ``--nproc N``)."""
     import uvicorn
 
-    runtime = load_served_runtime(model, recipe, device, text_encoder)
     limits = default_limits(runtime, **limit_overrides)
     logger.warning("h3 serve limits: %s", json.dumps(limits.report()))
     app = create_app(runtime, output_dir, api_key=api_key, max_queue=max_queue, limits=limits)

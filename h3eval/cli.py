@@ -38,6 +38,7 @@ COMMAND_MODULES = [
     "h3eval.commands.ab",
     "h3eval.commands.import_",
     "h3eval.commands.gate",
+    "h3eval.commands.parallel_check",
 ]
 
 for _module in COMMAND_MODULES:

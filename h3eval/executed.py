@@ -36,8 +36,13 @@ def check_executed(recipe: Recipe, record: ClipRecord) -> list[str]:
         problems.append(f"record is of recipe {record.recipe_name!r}, not {recipe.name!r}")
     if ex.forward_passes != recipe.steps:
         problems.append(f"steps: recipe asks for {recipe.steps} DiT forward passes, {ex.forward_passes} ran")
-    if ex.torch_dtype != recipe.dtype:
-        problems.append(f"dtype: recipe asks for {recipe.dtype}, the transformer ran in {ex.torch_dtype}")
+    # The runtime may be told to run the transformer in another dtype than the recipe's (H3Runtime.load's
+    # ``transformer_dtype``: the parallel check's higher-precision floor twin); the record then names it, and what
+    # ran is checked against that.
+    wanted = (record.extra or {}).get("transformer_dtype") or recipe.dtype
+    if ex.torch_dtype != wanted:
+        asked = f"recipe asks for {recipe.dtype}" + (f" (the runtime for {wanted})" if wanted != recipe.dtype else "")
+        problems.append(f"dtype: {asked}, the transformer ran in {ex.torch_dtype}")
     configured = lever_configs(recipe)
     for config in configured:
         problems.extend(config.check_executed(ex.levers.get(config.name), ex))

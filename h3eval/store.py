@@ -94,7 +94,7 @@ class RunManifest(BaseModel):
 
     version: int = RUN_MANIFEST_VERSION
     """Schema version."""
-    kind: Literal["generate", "ab", "floor", "import"] = "generate"
+    kind: Literal["generate", "ab", "floor", "import", "parallel-check"] = "generate"
     """Which command made the run."""
     created_at: str
     updated_at: str

@@ -125,6 +125,16 @@ def test_check_executed_field_by_field(mismatch_run):
         "vae.tiling: recipe asks for False, executed True"]
     assert check_executed(recipe_from_dict({**FAST_RECIPE, "vae": {"tile_height": 128}}), record) == [
         "vae tile: recipe asks for [128, 256], executed [256, 256]"]
+    # A runtime told to run the transformer in another dtype (the parallel check's floor twin) says so in the record;
+    # the dtype is then checked against that, both ways.
+    told = record.model_copy(deep=True)
+    told.extra["transformer_dtype"] = "float64"
+    assert check_executed(fast, told) == [
+        "dtype: recipe asks for float32 (the runtime for float64), the transformer ran in float32"]
+    told.executed.torch_dtype = "float64"
+    assert check_executed(fast, told) == []
+    assert check_executed(fast, record.model_copy(update={"executed": told.executed})) == [
+        "dtype: recipe asks for float32, the transformer ran in float64"]
 
 
 def test_lever_sections_must_report_applied(mismatch_run):

@@ -17,6 +17,7 @@ import torch
 
 from h3.levers import LEVERS, LeverError
 from h3.recipe import RECIPES_DIR, known_recipes, load_recipe, recipe_from_dict
+from h3.record import Executed
 from h3.runtime import GenerateRequest, H3Runtime
 
 from conftest import FAST_RECIPE
@@ -591,7 +592,17 @@ def test_vae_tile_per_resolution(base):
         default = vae.decode(z).sample
     assert handle.telemetry()["tiles_used"] == [[80, 80]]
     assert torch.equal(out, ref)
-    assert (pipe.vae.tile_sample_min_height, pipe.vae.tile_sample_min_width) == (80, 80)
+    # After the decode the VAE is back at the default tile, so that the record's vae_tile (read from the VAE after
+    # the request) is what the recipe configures and the configured-versus-executed check passes.
+    default_tile = [vae.tile_sample_min_height, vae.tile_sample_min_width]
+    assert [pipe.vae.tile_sample_min_height, pipe.vae.tile_sample_min_width] == default_tile != [80, 80]
+    config = VaeConfig(tiles={"96x96": [80, 80]}, tile_height=default_tile[0], tile_width=default_tile[1])
+    executed = Executed(forward_passes=1, attention_backends=[], torch_dtype="float32", vae_tiling=True,
+                        vae_tile=[pipe.vae.tile_sample_min_height, pipe.vae.tile_sample_min_width])
+    assert config.check_executed(handle.telemetry(), executed) == []
+    executed.vae_tile = [80, 80]  # what the record said before the tile was restored: still refused
+    assert config.check_executed(handle.telemetry(), executed) == [
+        f"vae tile: recipe asks for {default_tile}, executed [80, 80]"]
     assert_close(out, default, 1e-4, "80 px tiles vs one 256 px tile (the tiny decoder is local: tiling is near-exact)")
     with torch.no_grad():
         pipe.vae.decode(z[..., :4, :4])  # 64x64: not configured, so the recipe's default tile

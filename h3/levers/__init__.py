@@ -9,8 +9,10 @@ ones before it:
 3. ``quant`` (linear quantization);
 4. ``attention`` (backend), 5. ``bucketing``, 6. ``sparse_attention`` — the last two install attention processors that
    keep the backend of step 4 for their dense calls;
-7. ``cache`` (step caches), 8. ``offload`` (group offloading), 9. ``compile`` (regional torch.compile, last so that it
-   traces the final modules), 10. ``vae`` (the stock tiling, tiles per resolution, residency).
+7. ``cache`` (step caches), 8. ``parallel`` (context parallelism across ranks: after the attention processors, which
+   it hands its config to, and before offload and compile, which wrap what it hooked), 9. ``offload`` (group
+   offloading), 10. ``compile`` (regional torch.compile, last so that it traces the final modules), 11. ``vae`` (the
+   stock tiling, tiles per resolution, residency).
 
 The recipe (:mod:`h3.recipe`) is composed from the same list: one section per lever, named by the config's
 ``name``. Every lever is named in ``executed.levers`` of each clip record: ``{"applied": false}`` when the recipe
@@ -48,6 +50,7 @@ REGISTRY: tuple[type[LeverConfig], ...] = (
     _config("bucketing", "BucketingConfig"),
     _config("sparse_attention", "SparseAttentionConfig"),
     _config("step_cache", "StepCacheConfig"),
+    _config("parallel", "ParallelConfig"),
     _config("offload", "OffloadConfig"),
     _config("compile", "CompileConfig"),
     _config("vae", "VaeConfig"),
@@ -82,9 +85,11 @@ def keeps_on_cpu(recipe, component: str) -> bool:
 
 
 def preflight(recipe, device) -> None:
-    """Refuse, before any weight loads, a recipe whose levers cannot run on ``device`` (no silent fallback) or whose
-    input files (the LoRA) are missing."""
-    problems = [p for config in lever_configs(recipe) for p in config.device_problems(str(device))]
+    """Refuse, before any weight loads, a recipe whose levers cannot run on ``device`` or with each other (no silent
+    fallback) or whose input files (the LoRA) are missing."""
+    configs = lever_configs(recipe)
+    problems = [p for config in configs for p in config.device_problems(str(device))]
+    problems += [p for config in configs for p in config.composition_problems(recipe)]
     if problems:
         raise LeverError(f"recipe {recipe.name!r} cannot run on {device}: " + "; ".join(problems)
                          + ". Refusing to fall back silently.")

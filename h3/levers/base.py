@@ -10,9 +10,11 @@ defaults are written once, in the lever's own file, and the config says:
 - ``apply(pipe, ctx)``: apply it (calls ``apply_x`` with what the runtime knows: device, model hash, step count);
 - ``check_executed(telemetry, executed)``: how a clip record shows that what ran is what was configured.
 
-Optional hooks (defaults do nothing): ``device_problems`` and ``check_inputs`` (refuse a recipe before any weight
-loads), ``keeps_on_cpu`` (a component the lever moves itself), ``prepare`` (a setting the recipe makes whether the
-lever is on or off) and ``telemetry`` (what the record reports under ``executed.levers[<name>]``).
+Optional hooks (defaults do nothing): ``device_problems``, ``composition_problems`` (the recipe's other levers) and
+``check_inputs`` (refuse a recipe before any weight loads), ``keeps_on_cpu`` (a component the lever moves itself),
+``prepare`` (a setting the recipe makes whether the lever is on or off) and ``telemetry`` (what the record reports
+under ``executed.levers[<name>]``). A lever added after recipes were hashed and recorded sets
+``omitted_when_default``, so that a recipe leaving it at its defaults keeps its hash (``Recipe.resolved``).
 
 A lever documented as exact (AdaLN precompute, bucketing, offload, a step cache's computed steps, sparse attention's
 dense steps) gives the baseline's bits on one platform with MKL's reproducibility mode on, which importing ``h3``
@@ -50,6 +52,16 @@ class LeverHandle:
 
     def begin_request(self) -> None:
         """Reset per-request counters (and any per-request state such as a step cache)."""
+
+    def finish_request(self, clock: Any) -> None:
+        """After the pipeline returns, before the frames are prepared (``clock``: the request's stage clock); e.g.
+        gather what the other ranks of a parallel runtime measured."""
+
+    @property
+    def writes_output(self) -> bool:
+        """Whether this process writes the request's files and record; False on a process that only helps (a
+        follower rank of the parallel lever, whose rank 0 writes them)."""
+        return True
 
     def telemetry(self) -> dict[str, Any]:
         return {"applied": not self.removed}
@@ -109,6 +121,9 @@ class LeverConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, **FINITE_NUMBERS)
 
     name: ClassVar[str]
+    omitted_when_default: ClassVar[bool] = False
+    """Leave this section out of the resolved recipe (and so out of its hash) while it equals the defaults: set by a
+    lever added after recipes were hashed and recorded, so that those recipes keep their hash."""
 
     def is_on(self) -> bool:
         """Whether the recipe switches this lever on (an off lever is not applied and reports ``applied: false``)."""
@@ -120,6 +135,10 @@ class LeverConfig(BaseModel):
 
     def device_problems(self, device: str) -> list[str]:
         """Why this lever cannot run on ``device`` (checked before any weight loads; no silent fallback)."""
+        return []
+
+    def composition_problems(self, recipe: Any) -> list[str]:
+        """Why this lever cannot run with the other levers of ``recipe`` (checked before any weight loads)."""
         return []
 
     def check_inputs(self) -> None:

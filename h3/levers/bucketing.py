@@ -95,6 +95,15 @@ def attend_valid_rows(query, key, value, padding: PaddingState | None, backend=N
     padding rows of the output zero (nobody reads them). Without padding, the plain dispatcher call."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
+    if getattr(parallel_config, "context_parallel_config", None) is not None:
+        # Under context parallelism ``query`` is this rank's shard, whose length is not the padded length the state
+        # holds: the slice below would compare the two, find no padding and let every padding row in as a key.
+        # The shard-aware slice lives with the parallel engine (h3/parallel/attention.py).
+        from h3.parallel.attention import attend_valid_rows_cp
+
+        valid_len = padding.valid_len if padding is not None else None
+        padded_len = padding.padded_len if padding is not None else None
+        return attend_valid_rows_cp(query, key, value, valid_len, padded_len, backend, parallel_config)
     seq = query.shape[1]
     valid = padding.real_rows(seq) if padding is not None else None
     if valid is not None:

@@ -264,6 +264,17 @@ class SparseAttentionHandle(LeverHandle):
         if self.dense_step or dense_layer:
             self.dense_calls += 1
             return attend_valid_rows(query, key, value, padding, backend, parallel_config)
+        if getattr(parallel_config, "context_parallel_config", None) is not None:
+            # Routing is per head over the whole sequence: under Ulysses each rank holds exactly that for its heads
+            # (h3/parallel/attention.py); the lever's preflight refuses ring attention.
+            from h3.parallel.attention import ulysses_attention
+
+            return ulysses_attention(query, key, value, lambda q, k, v: self._sparse(q, k, v, padding),
+                                     parallel_config)
+        return self._sparse(query, key, value, padding)
+
+    def _sparse(self, query, key, value, padding: PaddingState | None):
+        """Block-sparse attention over a whole sequence (B, S, H, D), its padding rows left out."""
         seq, block = query.shape[1], self.config.block_size
         valid_len = padding.real_rows(seq) if padding is not None else None
         kv_num, kv_idx = route_blocks(query, key, block, self.config.sparsity, valid_len)

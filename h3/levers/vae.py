@@ -161,6 +161,11 @@ class VaeHandle(LeverHandle):
         try:
             return original(z.to(self.device) if not self.config.resident else z, *args, **kwargs)
         finally:
+            # Back to the recipe's default tile: the record's ``vae_tile`` is the stock tile the recipe configures
+            # (what ran per resolution is ``tiles_used``); left at this resolution's tile, the configured-versus-
+            # executed check read a per-resolution tile as the wrong default (device run of 2026-11-30:
+            # "vae tile: recipe asks for [256, 256], executed [304, 320]").
+            vae.tile_sample_min_height, vae.tile_sample_min_width = self.default_tile
             self._offload(vae)
 
     def _audio_decode(self, original, *args, **kwargs):
