@@ -7,6 +7,8 @@ serving a real MP4; each fault is one mode of it.
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -17,7 +19,7 @@ from h3.media import decode_audio, decode_video, encode_mp4
 from h3.recipe import recipe_from_dict
 from h3.runtime import GenerateRequest, TINY_DEFAULT_SIZE
 from h3eval.backends import BackendError
-from h3eval.backends.http import HttpBackend, parse_urls
+from h3eval.backends.http import HttpBackend, ServerPool, parse_urls
 from h3eval.synth import moving_square_frames, tone_pcm
 from tests._serving import free_port, serving
 
@@ -115,6 +117,35 @@ def test_url_routing():
         backend.servers_for("other")
     with pytest.raises(ValueError, match="--url must be"):
         parse_urls(["localhost:30000"])
+
+
+def test_a_server_goes_to_the_request_that_waited_for_it_first():
+    """Two recipes on one server: a request that asks for the server just as it comes back must not overtake one that
+    has waited for it (queue.Queue let it: the A/B run's interleaving broke on a shared multi-recipe server)."""
+    pool = ServerPool(("http://a:1",))
+    held = pool.get()
+    got: list[str] = []
+
+    def waiter():
+        url = pool.get()
+        got.append("waited")
+        time.sleep(0.05)
+        pool.put(url)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not pool._waiting and time.monotonic() < deadline:  # the waiter is in line
+        time.sleep(0.001)
+    pool.put(held)
+    url = pool.get()  # asks at once: served after the waiter, not before
+    got.append("asked late")
+    pool.put(url)
+    thread.join(10)
+    assert got == ["waited", "asked late"]
+    # Two servers: both handed out at once.
+    pool = ServerPool(("http://a:1", "http://b:2"))
+    assert {pool.get(), pool.get()} == {"http://a:1", "http://b:2"}
 
 
 def test_ab_fans_out_over_several_servers(clip_bytes, tmp_path):

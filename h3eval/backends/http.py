@@ -13,16 +13,18 @@ hashes are of the decoded MP4 (``extra["hash_source"] = "decoded"``).
 Recompile detection through ``http`` groups requests by the *client's* session: a server keeps its compile caches
 across client sessions, so a resumed client may see shapes already warm (a missed flag, never a false one).
 
-Several URLs fan requests out: each server has at most one request of ours in flight (a free-server queue), so
-``concurrency`` is the number of servers. A URL given as ``RECIPE=URL`` serves only that recipe.
+Several URLs fan requests out: each server has at most one request of ours in flight (a free-server pool, handed
+out first come, first served: :class:`ServerPool`), so ``concurrency`` is the number of servers. A URL given as
+``RECIPE=URL`` serves only that recipe.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
+import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,37 @@ def parse_urls(urls: list[str]) -> tuple[list[str], dict[str, list[str]]]:
     return shared, per_recipe
 
 
+class ServerPool:
+    """The free servers of one set of URLs, handed to the waiting requests in the order they asked.
+
+    Why not ``queue.Queue``: it wakes a waiter when a server comes back but lets a thread that asks just then take it
+    first, so a recipe's next request could overtake another recipe's request that had waited for the same server
+    (seen: on one multi-recipe server, ``int8 p0, int8 p1, sparse p1, sparse p0``), and the A/B run's interleaving
+    across recipes (request i of every recipe before request i + 1) would not hold on a server they share.
+    """
+
+    def __init__(self, urls: tuple[str, ...]):
+        self._cond = threading.Condition()
+        self._free = deque(urls)
+        self._waiting: deque[object] = deque()
+
+    def get(self) -> str:
+        with self._cond:
+            ticket = object()
+            self._waiting.append(ticket)
+            while not (self._free and self._waiting[0] is ticket):
+                self._cond.wait()
+            self._waiting.popleft()
+            url = self._free.popleft()
+            self._cond.notify_all()  # the next in line may take another free server
+            return url
+
+    def put(self, url: str) -> None:
+        with self._cond:
+            self._free.append(url)
+            self._cond.notify_all()
+
+
 class HttpBackend:
     name = "http"
 
@@ -70,7 +103,8 @@ class HttpBackend:
         self.extra_fields = dict(extra_fields or {})
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.Client(headers=headers, timeout=httpx.Timeout(60.0, connect=connect_timeout_s))
-        self._free: dict[tuple[str, ...], queue.Queue] = {}
+        self._free: dict[tuple[str, ...], ServerPool] = {}
+        self._free_lock = threading.Lock()
         self._is_h3: dict[str, bool] = {}
 
     @property
@@ -83,13 +117,11 @@ class HttpBackend:
             raise BackendError(f"no --url serves recipe {recipe!r} (give --url URL or --url {recipe}=URL)")
         return servers
 
-    def _pool(self, servers: tuple[str, ...]) -> queue.Queue:
-        if servers not in self._free:
-            pool: queue.Queue = queue.Queue()
-            for url in servers:
-                pool.put(url)
-            self._free[servers] = pool
-        return self._free[servers]
+    def _pool(self, servers: tuple[str, ...]) -> ServerPool:
+        with self._free_lock:  # one pool per set of servers, also when two recipes' first requests ask at once
+            if servers not in self._free:
+                self._free[servers] = ServerPool(servers)
+            return self._free[servers]
 
     def close(self) -> None:
         self.client.close()
