@@ -35,7 +35,7 @@ def check_before_launch(recipe: Recipe, model: str, device: str | None) -> None:
 
     from h3.levers import preflight
     from h3.parallel.world import ParallelError
-    from h3.runtime import check_checkpoint_dir, default_device
+    from h3.runtime import check_model, default_device
 
     degree = recipe.parallel.degree
     target = torch.device(device or default_device())
@@ -46,9 +46,8 @@ def check_before_launch(recipe: Recipe, model: str, device: str | None) -> None:
         if torch.cuda.device_count() < degree:
             raise ParallelError(f"degree {degree} needs {degree} GPUs; {torch.cuda.device_count()} are visible")
     preflight(recipe, str(target))
-    if model != "tiny":
-        check_checkpoint_dir(model)
-    else:
+    check_model(model)  # tiny, a random preset (h3.random_model) or a complete checkpoint directory
+    if model == "tiny":
         from h3.parallel.world import prepare_model
 
         prepare_model(model)  # once here, not N times at once in the ranks
