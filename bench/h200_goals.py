@@ -79,6 +79,13 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def keep_in_fp32(model) -> None:
+    keep = getattr(model, "_keep_in_fp32_modules", None) or []
+    for name, module in model.named_modules():
+        if any(name == k or name.endswith("." + k) for k in keep):
+            module.float()
+
+
 def build(smoke: bool, device: str, dtype) -> SimpleNamespace:
     """The four components with seeded random weights: full size, or the tiny preset's configs (``smoke``)."""
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Transformer3DModel
@@ -92,10 +99,8 @@ def build(smoke: bool, device: str, dtype) -> SimpleNamespace:
         vae = AutoencoderKLMiniMaxH3(**(tiny.VAE_CONFIG if smoke else {})).eval()
         audio_vae = AutoencoderKLMiniMaxH3Audio(**(tiny.AUDIO_VAE_CONFIG if smoke else dict(
             latents_mean=[0.0] * 32, latents_std=[1.0] * 32))).eval()
-    keep = getattr(transformer, "_keep_in_fp32_modules", None) or []
-    for name, module in transformer.named_modules():
-        if any(name == k or name.endswith("." + k) for k in keep):
-            module.float()
+    for model in (transformer, vae, audio_vae):  # as from_pretrained(torch_dtype=bfloat16) loads them
+        keep_in_fp32(model)
     text_config = (dict(tiny.TEXT_ENCODER_CONFIG["text_config"], vocab_size=1000) if smoke else TEXT_SIZE)
     return SimpleNamespace(transformer=transformer, vae=vae, audio_vae=audio_vae, text_encoder=None,
                            text_config=Qwen3VLConfig(text_config=text_config), text_cls=Qwen3VLForConditionalGeneration)

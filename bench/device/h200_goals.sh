@@ -8,7 +8,7 @@
 # GOALS_ARGS=--smoke runs it on a CPU with the tiny configs (the driver's own test). Then, here: copy the raw JSON to bench/results/ and run `python bench/h200_goals_table.py`.
 set -u
 out=$1; mkdir -p "$out"
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 # The script stops starting rows at --budget-s (from its own start); timeout is the hard stop of the box.
 timeout -k 3 272 python3 bench/h200_goals.py --out "$out/h200_goals_raw.json" --budget-s 250 \
   --decode-tiles 304x320,384x448 ${GOALS_ARGS:-} 2>&1 | grep -v "W1\|FutureWarning\|WeightNorm.apply" >"$out/h200_goals.log"
