@@ -30,8 +30,8 @@ def _raw() -> dict:
             "rows": {
                 # just inside its target: met
                 "request544": {"measured": True, "shape": "5s-544x960", "measured_s": 5.19,
-                               "variant": "turbo4-fp8+compile", "first_request": _request(30.0), "requests": [_request(5.19)],
-                               "mux_smooth_frames_s": 0.9},
+                               "variant": "turbo4-fp8+compile", "first_request": _request(30.0),
+                               "requests": [_request(5.19)], "mux_smooth_frames_s": 0.9},
                 # just outside: missed
                 "dense768": {"measured": True, "shape": "5s-768x1344", "measured_s": 3.31,
                              "forward_s_all": [3.31, 3.32], "first_call_s": 20.0, "variant": "turbo4-fp8+compile"},
