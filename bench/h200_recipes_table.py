@@ -255,7 +255,8 @@ def render(results_dir: Path = RESULTS) -> str:
             continue
         off = not_as_configured(row)
         configured_ok += not off
-        tiles = bool(row.get("set_aside", {}).get("vae_tiles")) and shape.endswith("768x1344")
+        # the tile the recipe had for this resolution when it was measured (set aside from the forward's timing)
+        tiles = (row.get("set_aside", {}).get("vae_tiles") or {}).get(shape.split("-", 1)[1]) == [304, 320]
         proj = project(shape, row, stock, tiles)
         tflops = row.get("dense_equivalent_tflops")
         lines.append(
