@@ -156,7 +156,8 @@ class Request:
     """One whole request at ``shape``: its inputs built once (seeded), run by :meth:`__call__`."""
 
     def __init__(self, parts: SimpleNamespace, shape: str, steps: int, device: str, dtype, tile: tuple[int, int]):
-        self.parts, self.shape, self.steps, self.device, self.dtype, self.tile = parts, shape, steps, device, dtype, tile
+        self.parts, self.shape, self.steps, self.device = parts, shape, steps, device
+        self.dtype, self.tile = dtype, tile
         self.num_frames, self.height, self.width = SHAPES[shape]
         self.geo = latent_geometry(*SHAPES[shape])
         self.inputs = dit_inputs(self.geo, parts.transformer.config, device=device, dtype=dtype)
