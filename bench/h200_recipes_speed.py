@@ -122,6 +122,15 @@ def variant_recipe(variant: str):
     return recipe.model_copy(update=update), set_aside
 
 
+def configured_of(recipe) -> dict:
+    """What a variant configures of the DiT forward, as each result row records it (``configured``)."""
+    return {"quant": recipe.quant.mode, "attention": recipe.attention.backend,
+            "sparse_attention": recipe.sparse_attention.sparsity if recipe.sparse_attention.enabled else None,
+            "dense_steps": recipe.sparse_attention.dense_steps if recipe.sparse_attention.enabled else None,
+            "bucketing": recipe.bucketing.multiple if recipe.bucketing.enabled else None,
+            "compile": recipe.compile.enabled}
+
+
 def begin_request(handles: dict) -> None:
     for handle in handles.values():
         if hasattr(handle, "begin_request"):
@@ -159,13 +168,7 @@ def measure_variant(model, inputs: dict, variant: str, repeats: int, device: str
 
     recipe, set_aside = variant_recipe(variant)
     row: dict = {"recipe": recipe.name, "set_aside": set_aside, "steps": recipe.steps,
-                 "configured": {"quant": recipe.quant.mode, "attention": recipe.attention.backend,
-                                "sparse_attention": recipe.sparse_attention.sparsity
-                                if recipe.sparse_attention.enabled else None,
-                                "dense_steps": recipe.sparse_attention.dense_steps
-                                if recipe.sparse_attention.enabled else None,
-                                "bucketing": recipe.bucketing.multiple if recipe.bucketing.enabled else None,
-                                "compile": recipe.compile.enabled},
+                 "configured": configured_of(recipe),
                  # The lever sections as run, for the product's own executed checks (h200_recipes_table.py).
                  "levers": {config.name: config.model_dump(mode="json") for config in lever_configs(recipe)}}
     dispatched: list[str] = []

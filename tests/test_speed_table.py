@@ -37,6 +37,21 @@ def _row(forward: float, dense: float | None = None, sparsity: float | None = No
             "set_aside": {"lora": True}}
 
 
+def _shipped_row(forward: float, recipe: str) -> dict:
+    """A run of a shipped recipe as it is configured now, that ran as configured (FP8, Sage, compile, buckets)."""
+    from bench.h200_recipes_speed import configured_of, variant_recipe
+
+    conf = configured_of(variant_recipe(recipe)[0])
+    assert conf["quant"] == "fp8_w8a8" and conf["compile"] and conf["sparse_attention"] is None
+    telemetry = {"quant": {"applied": True, "mode": "fp8_w8a8", "quantized_modules": 363},
+                 "attention": {"applied": True, "backend": conf["attention"]},
+                 "compile": {"applied": True, "backend": "inductor", "compiled_regions": 50,
+                             "graphs_compiled_total": 4, "recompiles_total": 0},
+                 "bucketing": {"applied": True, "multiple": conf["bucketing"], "buckets": [38016],
+                               "valid_lengths": [37966]}}
+    return {**_row(forward), "configured": conf, "dispatched": [conf["attention"]], "telemetry": telemetry}
+
+
 def _target(md: str, starts: str) -> str:
     hits = [line for line in md.splitlines() if line.startswith("| " + starts)]
     assert len(hits) == 1, (starts, hits)
@@ -50,7 +65,7 @@ def planted(tmp_path: Path) -> Path:
             "diffusers": "0.42.1"}
     (tmp_path / "h200_recipes_768.json").write_text(json.dumps({**head, "shapes": {"5s-768x1344": {"variants": {
         "stock": _row(6.0),
-        "turbo4-fp8-sage-compile": _row(3.29),                      # dense target 3.3 s: met
+        "turbo4-fp8-sage-compile": _shipped_row(3.29, "turbo4-fp8-sage-compile"),  # dense target 3.3 s: met
         "turbo4-sparse+sparse85+fp8+compile": _row(1.61, 5.0, 0.85),  # sparse target 1.6 s: missed
         # fastest of all, but Sage was configured and native SDPA ran: shown, flagged, counted for no target
         "turbo4-fp8-sage+compile": {**_row(2.0), "configured": {**_row(2.0)["configured"], "attention": "sage"}},
@@ -64,7 +79,8 @@ def planted(tmp_path: Path) -> Path:
                      "applied": True, "backend": "inductor", "compiled_regions": 50, "graphs_compiled_total": 4,
                      "recompiles_total": 0}}}
     (tmp_path / "h200_recipes_544.json").write_text(json.dumps({**head, "shapes": {"5s-544x960": {"variants": {
-        "turbo4-fp8-sage-compile": _row(0.3), "turbo4-sparse+compile": sparse544}}}}))
+        "turbo4-fp8-sage-compile": _shipped_row(0.3, "turbo4-fp8-sage-compile"),
+        "turbo4-sparse+compile": sparse544}}}}))
     variants = {"fast": {"repeated_p50_s": 6.0, "mixed_p50_s": 6.17, "mixed_over_repeated_p50": 6.17 / 6.0,
                          "mixed": [{"graphs_compiled": 0, "flex_graphs_compiled": 0}]},
                 "slow": {"repeated_p50_s": 6.0, "mixed_p50_s": 6.2, "mixed_over_repeated_p50": 6.2 / 6.0,
@@ -211,3 +227,19 @@ def test_rows_recording_their_lever_sections_are_checked_against_them():
                      "quant": {"mode": "none"}, "compile": {"enabled": False}, "lora": {"enabled": True}}
     assert not_as_configured(row) == ["sparse_attention: recipe asks for sparsity 0.85 in 64-token blocks, the lever "
                                       "ran 0.85 in 128-token blocks"]
+
+
+def test_coverage_does_not_count_a_recipes_earlier_form_as_shipped():
+    """Issue 23 switched compile on in turbo4-int8: its eager run (recorded with compile off) is no longer the recipe
+    as shipped, and the coverage says what changed; a run recording what the recipe configures now still counts."""
+    from bench.h200_recipes_speed import configured_of, variant_recipe
+    from bench.h200_recipes_table import coverage
+
+    now = configured_of(variant_recipe("turbo4-int8")[0])
+    assert now["compile"] and now["quant"] == "int8_w8a8"
+    eager = {**_row(3.43), "configured": {**now, "compile": False, "bucketing": None}}
+    results = [("a.json", {"shapes": {"5s-544x960": {"variants": {"turbo4-int8": eager}},
+                                      "5s-768x1344": {"variants": {"turbo4-int8": {**_row(5.6), "configured": now}}}}})]
+    cells = next(line for line in coverage(results) if line.startswith("| `turbo4-int8` |")).split(" | ")[1:]
+    assert cells == ["**not as shipped**; measured as `turbo4-int8` (before the recipe changed: bucketing None then, "
+                     "128 now; compile False then, True now)", "as shipped", "**not measured** |"]

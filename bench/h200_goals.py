@@ -1,0 +1,423 @@
+"""The speed goals of issue 23 on one H200, measured as whole requests (no projections), most valuable row first.
+
+    python bench/h200_goals.py --out $OUT/h200_goals_raw.json [--budget-s 270]
+        [--rows request544,decode15,dense768,sparse768,request15] [--decode-tiles 304x320,384x448]
+    python bench/h200_goals.py --out /tmp/goals_smoke.json --smoke      # the same code on the CPU, tiny configs
+
+One process, one GPU, seeded random full-size weights (speed does not depend on weight values): the DiT
+(``MiniMaxH3Transformer3DModel``, default config), the text encoder (Qwen3-VL at MiniMax-H3's 33 B text size, as
+bench/h200_speed.py), the video and audio VAEs. The DiT's levers are applied by the runtime's own
+:func:`h3.levers.apply_recipe_levers` (``bench/h200_recipes_speed.py``'s variants: ``turbo4-fp8-sage-compile`` where
+SageAttention is installed, else ``turbo4-fp8+compile``), irreversibly as the runtime does (the float weights are
+dropped, which is what lets the 33 B text encoder stay resident next to the FP8 DiT).
+
+A *request* is timed on the wall clock from its first stage to the MP4 on disk, the stages one after the other as the
+runtime runs them: text encoding (256 prompt tokens through the text encoder, all hidden states), ``steps`` DiT
+forwards with an Euler update of the latents between them, the video decode (tiled), the audio decode, the frames
+to uint8 on the GPU and down to pinned host memory, the PCM to int16, and the mux (``h3.media.encode_mp4``: libx264
+and AAC through PyAV, as the runtime writes every clip). Each stage's time is recorded too (synchronized). The first
+request of a configuration pays compilation and is reported apart; the timed ones follow it.
+
+Rows (the issue's goals table), each run only if the time left in ``--budget-s`` covers its estimate, else recorded
+as not measured with the reason:
+
+* ``request544``: a 5 s 544x960 turbo4 request (goal <= 5.2 s, faster than real time);
+* ``decode15``: the video decode of a 15 s 768x1344 clip per tile in ``--decode-tiles`` (goal <= 6 s);
+* ``dense768``: one dense DiT forward at 5 s 768x1344 with the request's recipe (goal <= 3.3 s);
+* ``sparse768``: one 85 % block-sparse forward at 5 s 768x1344 (FP8, compile, 128-token blocks; goal <= 1.6 s), and
+  its dense first step;
+* ``request15``: a 15 s 768x1344 turbo4-sparse request (85 % sparse, dense first step; goal <= 30 s).
+
+The raw result is written after every row (a run cut short keeps what it measured); ``bench/h200_goals_table.py``
+turns it into ``bench/results/h200_goals.json`` (the issue's form) and the markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from h3.atomic import atomic_write_json  # noqa: E402
+from bench.h200_speed import SHAPES, TEXT_TOKENS, dit_inputs, latent_geometry, run_record  # noqa: E402
+
+ROWS = ("request544", "decode15", "dense768", "sparse768", "request15")
+# Seconds each row needs on an H200, from bench/results/h200_recipes_speed.md and h200_speed_stock.json (compile of a
+# new shape ~15 s; a 544x960 FP8 forward 1.8 s, 768x1344 5.2 s, 15 s 768x1344 26-35 s; decode 2.8 s / 18.5 s at
+# 304x320): a row starts only when the budget left covers its estimate.
+ESTIMATE_S = {"request544": 45, "decode15": 22, "dense768": 30, "sparse768": 45, "request15": 200}
+TEXT_SIZE = dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
+                 num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                 rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20]})
+
+
+@contextlib.contextmanager
+def default_dtype(dtype):
+    """Build modules directly in ``dtype``: a 33 B model built in float32 first would need 133 GB."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def keep_in_fp32(model) -> None:
+    keep = getattr(model, "_keep_in_fp32_modules", None) or []
+    for name, module in model.named_modules():
+        if any(name == k or name.endswith("." + k) for k in keep):
+            module.float()
+
+
+def build(smoke: bool, device: str, dtype) -> SimpleNamespace:
+    """The four components with seeded random weights: full size, or the tiny preset's configs (``smoke``)."""
+    from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Transformer3DModel
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+
+    from h3 import tiny
+
+    torch.manual_seed(0)
+    with default_dtype(dtype), torch.device(device):
+        transformer = MiniMaxH3Transformer3DModel(**(tiny.TRANSFORMER_CONFIG if smoke else {})).eval()
+        vae = AutoencoderKLMiniMaxH3(**(tiny.VAE_CONFIG if smoke else {})).eval()
+        audio_vae = AutoencoderKLMiniMaxH3Audio(**(tiny.AUDIO_VAE_CONFIG if smoke else dict(
+            latents_mean=[0.0] * 32, latents_std=[1.0] * 32))).eval()
+    for model in (transformer, vae, audio_vae):  # as from_pretrained(torch_dtype=bfloat16) loads them
+        keep_in_fp32(model)
+    text_config = (dict(tiny.TEXT_ENCODER_CONFIG["text_config"], vocab_size=1000) if smoke else TEXT_SIZE)
+    return SimpleNamespace(transformer=transformer, vae=vae, audio_vae=audio_vae, text_encoder=None,
+                           text_config=Qwen3VLConfig(text_config=text_config), text_cls=Qwen3VLForConditionalGeneration)
+
+
+def build_text_encoder(parts: SimpleNamespace, device: str, dtype) -> None:
+    """The text encoder, built after the DiT's levers dropped its float weights (both would not fit in bf16)."""
+    torch.manual_seed(1)
+    with default_dtype(dtype), torch.device(device):
+        parts.text_encoder = parts.text_cls(parts.text_config).eval()
+
+
+def dense_variant() -> str:
+    try:
+        import sageattention  # noqa: F401
+
+        return "turbo4-fp8-sage-compile"
+    except ImportError:
+        return "turbo4-fp8+compile"
+
+
+def apply_variant(parts: SimpleNamespace, variant: str, device: str, handles: dict | None = None,
+                  reversible: bool = False) -> dict:
+    """``variant``'s DiT levers through the runtime's own code; ``handles`` of a previous variant are removed first
+    (all but a non-reversible quantization, whose FP8 linears then stay: the new variant must not quantize again)."""
+    from h3.levers import apply_recipe_levers
+
+    from bench.h200_recipes_speed import variant_recipe
+
+    recipe, _ = variant_recipe(variant)
+    if handles:
+        for name, handle in reversed(list(handles.items())):
+            if name != "quant":
+                handle.remove()
+        torch._dynamo.reset()
+        if "quant" in handles:
+            recipe = recipe.model_copy(update={"quant": recipe.quant.model_copy(update={"mode": "none"})})
+    pipe = SimpleNamespace(transformer=parts.transformer, text_encoder=None, vae=None, audio_vae=None)
+    new = apply_recipe_levers(pipe, recipe, device=device, model_sha256="seeded-random", is_tiny=False,
+                              reversible=reversible)
+    if handles and "quant" in handles:
+        new["quant"] = handles["quant"]
+    return new
+
+
+def begin_request(handles: dict) -> None:
+    for handle in handles.values():
+        if hasattr(handle, "begin_request"):
+            handle.begin_request()
+
+
+class Request:
+    """One whole request at ``shape``: its inputs built once (seeded), run by :meth:`__call__`."""
+
+    def __init__(self, parts: SimpleNamespace, shape: str, steps: int, device: str, dtype, tile: tuple[int, int]):
+        self.parts, self.shape, self.steps, self.device = parts, shape, steps, device
+        self.dtype, self.tile = dtype, tile
+        self.num_frames, self.height, self.width = SHAPES[shape]
+        self.geo = latent_geometry(*SHAPES[shape])
+        self.inputs = dit_inputs(self.geo, parts.transformer.config, device=device, dtype=dtype)
+        g = torch.Generator(device="cpu").manual_seed(2)
+        lh, lw = self.geo["latent_hw"]
+        vae_cfg = parts.vae.config
+        self.video_latents = torch.randn(1, vae_cfg.latent_channels, self.geo["latent_frames"], lh, lw,
+                                         generator=g).to(device, dtype)
+        self.audio_latents = torch.randn(2, parts.audio_vae.config.latent_channels, self.geo["audio_latents"],
+                                         generator=g).to(device, dtype)
+        vocab = parts.text_config.text_config.vocab_size
+        self.ids = torch.randint(0, vocab - 1, (1, TEXT_TOKENS), generator=g).to(device)
+
+    def __call__(self, handles: dict, out_dir: Path) -> dict:
+        from h3.media import encode_mp4
+
+        stages: dict[str, float] = {}
+        sync(self.device)
+        t0 = last = time.perf_counter()
+
+        def mark(name: str) -> None:
+            nonlocal last
+            sync(self.device)
+            now = time.perf_counter()
+            stages[name] = now - last
+            last = now
+
+        with torch.no_grad():
+            self.parts.text_encoder.model(input_ids=self.ids, output_hidden_states=True)
+            mark("text_encode")
+            begin_request(handles)
+            inputs = dict(self.inputs)
+            sigmas = torch.linspace(1.0, 0.0, self.steps + 1)
+            for i in range(self.steps):
+                inputs["timestep"] = torch.tensor([float(sigmas[i])] * 2, device=self.device)
+                video, audio = self.parts.transformer(**inputs)[:2]
+                dt = float(sigmas[i + 1] - sigmas[i])
+                inputs["hidden_states"] = inputs["hidden_states"] + dt * video.to(inputs["hidden_states"].dtype)
+                inputs["audio_hidden_states"] = (inputs["audio_hidden_states"]
+                                                 + dt * audio.to(inputs["audio_hidden_states"].dtype))
+            mark("denoise")
+            self.parts.vae.enable_tiling(tile_sample_min_height=self.tile[0], tile_sample_min_width=self.tile[1])
+            frames = self.parts.vae.decode(self.video_latents, return_dict=False)[0]
+            mark("video_decode")
+            pcm = self.parts.audio_vae.decode(self.audio_latents, return_dict=False)[0]
+            mark("audio_decode")
+            frames = ((frames[0].float().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8).permute(1, 2, 3, 0)
+            host = torch.empty(frames.shape, dtype=torch.uint8, pin_memory=self.device.startswith("cuda"))
+            host.copy_(frames)
+            pcm = (pcm.float().clamp(-1, 1) * 32767).round().to(torch.int16).reshape(-1, pcm.shape[-1]).T.cpu()
+            mark("frames_pcm_to_host")
+        encode_mp4(out_dir / f"{self.shape}.mp4", host.numpy()[: self.num_frames], np.ascontiguousarray(pcm.numpy()))
+        mark("mux")
+        return {"total_s": time.perf_counter() - t0, "stages": stages, "frames": int(min(host.shape[0],
+                                                                                         self.num_frames)),
+                "video_shape": list(frames.shape), "pcm_shape": list(pcm.shape)}
+
+
+def mux_smooth(req: Request, out_dir: Path) -> float:
+    """The mux alone on smooth moving frames of the request's shape. Random weights decode to noise, the worst case
+    for libx264 (on this machine's CPU: 5.8x slower than smooth frames at 544x960), so the request's own mux stage is
+    an upper bound; a generated clip compresses like natural video, between the two."""
+    from h3.media import encode_mp4
+
+    yy, xx = np.mgrid[0:req.height, 0:req.width]
+    frames = np.stack([np.stack([(xx + 4 * t) % 256, (yy + 2 * t) % 256, ((xx + yy) // 2) % 256], -1)
+                       for t in range(req.num_frames)]).astype(np.uint8)
+    pcm = np.zeros((round(req.num_frames / 24 * 32000), 2), np.int16)
+    t0 = time.perf_counter()
+    encode_mp4(out_dir / "smooth.mp4", frames, pcm)
+    return time.perf_counter() - t0
+
+
+def time_forward(parts, inputs: dict, repeats: int, device: str, before=None) -> list[float]:
+    times = []
+    with torch.no_grad():
+        for _ in range(repeats):
+            if before:
+                before()
+            sync(device)
+            t0 = time.perf_counter()
+            parts.transformer(**inputs)
+            sync(device)
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--budget-s", type=float, default=270.0, help="the time box, from the start of the process")
+    parser.add_argument("--rows", default=",".join(ROWS))
+    parser.add_argument("--decode-tiles", default="304x320")
+    parser.add_argument("--repeats", type=int, default=1, help="timed requests / forwards per row after the first")
+    parser.add_argument("--smoke", action="store_true", help="the tiny preset's configs on the CPU, float32")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    left = lambda: args.budget_s - (time.perf_counter() - start)  # noqa: E731
+    device = "cpu" if args.smoke else "cuda"
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    shapes = {"request544": "5s-544x960", "decode15": "15s-768x1344", "dense768": "5s-768x1344",
+              "sparse768": "5s-768x1344", "request15": "15s-768x1344"}
+    if args.smoke:
+        shapes = {k: "smoke-64x64" for k in shapes}
+    torch.backends.cuda.matmul.allow_tf32 = False
+    # A second shape must recompile static graphs, not switch the compiled blocks to dynamic shapes (slower forward,
+    # 48 s first call in h200_recipes_768_eager.json's +dynamic row).
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    out = Path(args.out)
+    result: dict = {**run_record(device), "budget_s": args.budget_s, "rows": {}, "steps": 4}
+    try:
+        import sageattention  # noqa: F401
+        from importlib.metadata import version
+
+        result["sageattention"] = version("sageattention")
+    except ImportError:
+        result["sageattention"] = None
+    rows = [r for r in args.rows.split(",") if r]
+    for r in rows:
+        if r not in ROWS:
+            parser.error(f"unknown row {r!r}; rows are {', '.join(ROWS)}")
+    for r in ROWS:
+        result["rows"][r] = {"shape": shapes[r], "measured": False,
+                             "reason": "not asked for (--rows)" if r not in rows else "not reached"}
+    atomic_write_json(out, result)
+    mux_dir = Path(tempfile.mkdtemp(prefix="h3goals"))
+    t = time.perf_counter()
+    parts = build(args.smoke, device, dtype)
+    result["build_dit_vae_s"] = time.perf_counter() - t
+    variant = "turbo4" if args.smoke else dense_variant()  # FP8 is refused on the CPU
+    result["dense_variant"] = variant
+    t = time.perf_counter()
+    handles = apply_variant(parts, variant, device)
+    result["apply_levers_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    build_text_encoder(parts, device, dtype)
+    result["build_text_s"] = time.perf_counter() - t
+    if device == "cuda":
+        result["resident_GiB"] = torch.cuda.memory_allocated() / 2**30
+    atomic_write_json(out, result)
+    tile = (304, 320)
+
+    def run_row(name: str, fn) -> None:
+        row = result["rows"][name]
+        if name not in rows:
+            return
+        if left() < ESTIMATE_S[name] and not args.smoke:
+            row["reason"] = f"out of the time box: {left():.0f} s left, the row needs about {ESTIMATE_S[name]} s"
+            atomic_write_json(out, result)
+            return
+        t0 = time.perf_counter()
+        try:
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            row.update(fn())
+            row["measured"] = True
+            row.pop("reason", None)
+        except Exception as exc:  # keep what the other rows measure
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            row["traceback"] = traceback.format_exc()[-2500:]
+            row["reason"] = "failed"
+        row["wall_s"] = time.perf_counter() - t0
+        if device == "cuda":
+            row["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+        atomic_write_json(out, result)
+        print(name, {k: v for k, v in row.items() if k != "traceback"}, flush=True)
+
+    def request_row(shape: str, steps: int, hs: dict) -> dict:
+        req = Request(parts, shape, steps, device, dtype, tile)
+        first = req(hs, mux_dir)
+        timed = [req(hs, mux_dir) for _ in range(args.repeats)]
+        best = min(timed, key=lambda r: r["total_s"])
+        return {"variant": variant, "tile": list(tile), "first_request": first, "requests": timed,
+                "measured_s": statistics.median(r["total_s"] for r in timed), "fastest": best,
+                "mux_smooth_frames_s": mux_smooth(req, mux_dir)}
+
+    run_row("request544", lambda: request_row(shapes["request544"], 4, handles))
+
+    def decode_row() -> dict:
+        geo = latent_geometry(*SHAPES[shapes["decode15"]])
+        lh, lw = geo["latent_hw"]
+        g = torch.Generator(device="cpu").manual_seed(3)
+        z = torch.randn(1, parts.vae.config.latent_channels, geo["latent_frames"], lh, lw, generator=g).to(device,
+                                                                                                             dtype)
+        per_tile = {}
+        for spec in args.decode_tiles.split(","):
+            th, tw = (int(v) for v in spec.split("x"))
+            if per_tile and left() < ESTIMATE_S["decode15"]:
+                per_tile[spec] = {"measured": False, "reason": f"out of the time box: {left():.0f} s left"}
+                continue
+            parts.vae.enable_tiling(tile_sample_min_height=th, tile_sample_min_width=tw)
+            with torch.no_grad():
+                sync(device)
+                t0 = time.perf_counter()
+                parts.vae.decode(z, return_dict=False)
+                sync(device)
+            per_tile[spec] = {"measured": True, "decode_s": time.perf_counter() - t0}
+        done = {k: v["decode_s"] for k, v in per_tile.items() if v.get("measured")}
+        best = min(done, key=done.get)
+        return {"per_tile": per_tile, "best_tile": best, "measured_s": done[best],
+                "note": "one decode per tile, VAE eager (uncompiled); the VAE had run 304x320 tiles at 544x960 in the "
+                        "request row first (cuDNN autotune warm)"}
+
+    run_row("decode15", decode_row)
+
+    def dense_row() -> dict:
+        geo = latent_geometry(*SHAPES[shapes["dense768"]])
+        inputs = dit_inputs(geo, parts.transformer.config, device=device, dtype=dtype)
+        t0 = time.perf_counter()
+        time_forward(parts, inputs, 1, device)
+        first = time.perf_counter() - t0
+        times = time_forward(parts, inputs, max(1, args.repeats + 1), device)
+        return {"variant": variant, "first_call_s": first, "forward_s_all": times,
+                "measured_s": statistics.median(times), "sequence_length": geo["text_rows"] + geo["audio_rows"]
+                + geo["video_rows"]}
+
+    run_row("dense768", dense_row)
+
+    def sparse_row() -> dict:
+        nonlocal handles
+        sparse_variant = "turbo4-sparse+sparse85" if args.smoke else "turbo4-sparse+sparse85+compile"
+        handles = apply_variant(parts, sparse_variant, device, handles)
+        geo = latent_geometry(*SHAPES[shapes["sparse768"]])
+        inputs = dit_inputs(geo, parts.transformer.config, device=device, dtype=dtype)
+        state = handles["sparse_attention"]
+
+        def dense_first():
+            begin_request(handles)
+
+        def sparse_next():
+            state.step, state.dense_step = 1, False
+
+        t0 = time.perf_counter()
+        time_forward(parts, inputs, 1, device, dense_first)
+        time_forward(parts, inputs, 1, device, sparse_next)
+        first = time.perf_counter() - t0
+        dense = time_forward(parts, inputs, 1, device, dense_first)
+        sparse = time_forward(parts, inputs, max(1, args.repeats + 1), device, sparse_next)
+        from h3.levers import lever_telemetry
+
+        tel = lever_telemetry(handles).get("sparse_attention", {})
+        return {"variant": sparse_variant + ("" if args.smoke else " on the FP8 linears of " + variant),
+                "first_calls_s": first, "dense_step_s": dense[0], "forward_s_all": sparse,
+                "measured_s": statistics.median(sparse), "telemetry": {k: v for k, v in tel.items()
+                                                                        if isinstance(v, (int, float, str))}}
+
+    run_row("sparse768", sparse_row)
+
+    def request15_row() -> dict:
+        if "sparse_attention" not in handles:
+            raise RuntimeError("the 15 s request needs the sparse row's levers")
+        row = request_row(shapes["request15"], 4, handles)
+        row["variant"] = "turbo4-sparse+sparse85+compile on FP8 linears (dense first step)"
+        return row
+
+    run_row("request15", request15_row)
+    result["wall_s"] = time.perf_counter() - start
+    atomic_write_json(out, result)
+    print("wrote", out, "in", round(result["wall_s"], 1), "s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

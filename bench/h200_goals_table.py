@@ -1,0 +1,192 @@
+"""Issue 23's goals table from the measured rows of bench/h200_goals.py: every goal met, missed or not measured.
+
+    python bench/h200_goals_table.py [--results bench/results]
+
+Reads ``h200_goals_raw.json`` (bench/h200_goals.py on the H200), ``h200_speed_stock.json`` (the chip's measured bf16
+and fp8 matmul ceilings), ``h200_recipes_768.json`` (the dense forward's FLOPs at 5 s 768x1344, counted on the same
+config) and ``vae_decode_flops.json`` (bench/vae_decode_flops.py: the tiled decode's FLOPs) from ``--results``, and
+writes there ``h200_goals.json`` in the issue's form, one entry per goal::
+
+    {"<goal>": {"measured": <s>, "target": <s>, "unit": "s", "met": true|false, "source": "<file>"}}
+
+(a goal not measured: ``"measured": null, "met": null`` and ``"not_measured"`` with the reason; never a number), and
+``h200_goals.md``: the verdicts with the achieved TFLOP/s against the ceilings, the requests' stages, provenance.
+Bad input (a missing file, a measured row without a finite positive time) is one clear error and exit 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from h3.atomic import atomic_write_json, atomic_write_text  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RAW = "h200_goals_raw.json"
+# (raw row, the issue's goal as its table words it, target seconds), in the issue's order.
+GOALS = (
+    ("request15", "15 s 768×1344 `turbo4-sparse` request", 30.0),
+    ("request544", "5 s 544×960 `turbo4` request, faster than real time", 5.2),
+    ("dense768", "dense DiT forward at 5 s 768×1344", 3.3),
+    ("sparse768", "85% sparse forward", 1.6),
+    ("decode15", "video decode at 15 s 768×1344", 6.0),
+)
+SHAPE = {"request15": "15s-768x1344", "request544": "5s-544x960", "dense768": "5s-768x1344",
+         "sparse768": "5s-768x1344", "decode15": "15s-768x1344"}
+STAGES = ("text_encode", "denoise", "video_decode", "audio_decode", "frames_pcm_to_host", "mux")
+
+
+class BadInput(ValueError):
+    """A results file is missing or holds a value that cannot be a measurement."""
+
+
+def _load(results: Path, name: str, required: bool = True) -> dict | None:
+    path = results / name
+    if not path.is_file():
+        if required:
+            raise BadInput(f"{path} is missing")
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise BadInput(f"{path} is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadInput(f"{path} does not hold a JSON object")
+    return data
+
+
+def _seconds(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise BadInput(f"{where}: {value!r} is not a finite positive number of seconds")
+    return float(value)
+
+
+def goals(raw: dict, source: str = RAW) -> dict:
+    """The issue's form: one entry per goal, from the raw rows (never a number for a row not measured)."""
+    rows = raw.get("rows")
+    if not isinstance(rows, dict):
+        raise BadInput(f"{source} has no 'rows' object")
+    out = {}
+    for key, goal, target in GOALS:
+        row = rows.get(key) or {}
+        if row.get("measured") is True:
+            if row.get("shape") != SHAPE[key]:  # a smoke run's rows, say: no verdict on a goal at another shape
+                raise BadInput(f"{source}: rows.{key} was measured at {row.get('shape')!r}; the goal is at "
+                               f"{SHAPE[key]}")
+            measured = _seconds(row.get("measured_s"), f"{source}: rows.{key}.measured_s")
+            out[goal] = {"measured": round(measured, 3), "target": target, "unit": "s", "met": measured <= target,
+                         "source": f"bench/results/{source}"}
+        else:
+            reason = row.get("error") or row.get("reason") or "no row in the raw result"
+            out[goal] = {"measured": None, "target": target, "unit": "s", "met": None,
+                         "source": f"bench/results/{source}", "not_measured": str(reason)}
+    return out
+
+
+def _flops_768(recipes: dict | None) -> float | None:
+    entry = (recipes or {}).get("shapes", {}).get("5s-768x1344", {})
+    total = entry.get("flops_dense", {}).get("total")
+    return float(total) if isinstance(total, (int, float)) and math.isfinite(total) and total > 0 else None
+
+
+def _decode_flops(vae: dict | None, tile: str) -> float | None:
+    flops = (vae or {}).get("shapes", {}).get("15s-768x1344", {}).get("tiles", {}).get(tile, {}).get("flops")
+    return float(flops) if isinstance(flops, (int, float)) and math.isfinite(flops) and flops > 0 else None
+
+
+def render(results: Path) -> tuple[dict, str]:
+    raw = _load(results, RAW)
+    stock = _load(results, "h200_speed_stock.json")
+    ceil = stock.get("ceilings", {})
+    bf16, fp8 = ceil.get("bf16_matmul_tflops"), ceil.get("fp8_matmul_tflops")
+    table = goals(raw)
+    flops768 = _flops_768(_load(results, "h200_recipes_768.json", required=False))
+    vae = _load(results, "vae_decode_flops.json", required=False)
+    rows = raw["rows"]
+
+    def rate(flops: float | None, seconds: float | None) -> str:
+        if not flops or not seconds:
+            return "—"
+        t = flops / seconds / 1e12
+        return f"{t:.0f} TFLOP/s ({t / bf16:.0%} of bf16 {bf16:.0f}, {t / fp8:.0%} of fp8 {fp8:.0f})"
+
+    lines = ["# Issue 23's goals on one H200, measured as whole requests", "",
+             f"- device: {raw.get('device')}; torch {raw.get('torch')} (CUDA {raw.get('cuda')}), diffusers "
+             f"{raw.get('diffusers')}, SageAttention {raw.get('sageattention') or 'not installed'}; "
+             f"{raw.get('weights')}",
+             f"- command: `{raw.get('command')}` ({raw.get('date')}; driver `bash bench/device/h200_goals.sh OUTDIR`, "
+             f"a {raw.get('budget_s')} s box); rendered by `python bench/h200_goals_table.py`",
+             f"- DiT recipe of the dense rows: `{raw.get('dense_variant')}` (the runtime's `apply_recipe_levers`, "
+             "float weights dropped as the runtime does); ceilings measured on the same chip "
+             f"(`h200_speed_stock.json`): bf16 {bf16:.0f}, fp8 {fp8:.0f} TFLOP/s", "",
+             "| goal | target | measured | verdict | achieved | row |", "|---|---|---|---|---|---|"]
+    for key, goal, target in GOALS:
+        entry, row = table[goal], rows.get(key, {})
+        if entry["measured"] is None:
+            reason = entry["not_measured"]
+            lines.append(f"| {goal} | ≤ {target:g} s | — | **not measured**: {reason} | — | `{key}` |")
+            continue
+        achieved = "—"
+        if key == "dense768":
+            achieved = rate(flops768, entry["measured"])
+        elif key == "sparse768":
+            achieved = "dense-equivalent " + rate(flops768, entry["measured"])
+        elif key == "decode15":
+            achieved = rate(_decode_flops(vae, row.get("best_tile", "")), entry["measured"])
+        verdict = "**met**" if entry["met"] else "**missed**"
+        lines.append(f"| {goal} | ≤ {target:g} s | {entry['measured']:.2f} s | {verdict} | {achieved} | `{key}` |")
+    requests = [(k, rows[k]) for k in ("request544", "request15") if rows.get(k, {}).get("measured")]
+    if requests:
+        lines += ["", "## The requests, stage by stage (seconds; the timed request, after a first one that compiled)",
+                  "", "| row | variant | " + " | ".join(STAGES) + " | total | first request | mux of smooth frames |",
+                  "|---|---|" + "---|" * (len(STAGES) + 3)]
+        for key, row in requests:
+            timed = row["requests"][0]
+            lines.append(f"| `{key}` | `{row.get('variant')}` | "
+                         + " | ".join(f"{timed['stages'].get(s, float('nan')):.2f}" for s in STAGES)
+                         + f" | {timed['total_s']:.2f} | {row['first_request']['total_s']:.1f} | "
+                         f"{row.get('mux_smooth_frames_s', float('nan')):.2f} |")
+        lines += ["", "Random weights decode to noise-like frames, the worst case for libx264: the request's own mux "
+                  "stage is an upper bound, the mux of smooth moving frames of the same shape a lower one."]
+    decode = rows.get("decode15", {})
+    if decode.get("measured"):
+        lines += ["", "## Video decode at 15 s 768×1344 per tile", "", "| tile | decode (s) | achieved |",
+                  "|---|---|---|"]
+        for tile, t in decode.get("per_tile", {}).items():
+            if t.get("measured"):
+                lines.append(f"| {tile} | {t['decode_s']:.2f} | {rate(_decode_flops(vae, tile), t['decode_s'])} |")
+            else:
+                lines.append(f"| {tile} | not measured: {t.get('reason')} | — |")
+    for key in ("dense768", "sparse768"):
+        row = rows.get(key, {})
+        if row.get("measured"):
+            extra = f", dense first step {row['dense_step_s']:.2f} s" if "dense_step_s" in row else ""
+            lines.append(f"\n- `{key}` (`{row.get('variant')}`): forwards {[round(t, 3) for t in row['forward_s_all']]}"
+                         f" s{extra}; first call(s) {row.get('first_call_s', row.get('first_calls_s', 0)):.1f} s "
+                         "(compilation of the new shape).")
+    lines += ["", "Not in this session: FlashAttention-3 and SpargeAttn builds (no device time for them; the issue's "
+              "FA3 probe figures are not re-measured here), VAE compile."]
+    return table, "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--results", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    try:
+        table, md = render(args.results)
+    except BadInput as exc:
+        print(f"h200_goals_table: {exc}", file=sys.stderr)
+        sys.exit(3)
+    atomic_write_json(args.results / "h200_goals.json", table)
+    atomic_write_text(args.results / "h200_goals.md", md)
+    print(md, end="")
+
+
+if __name__ == "__main__":
+    main()

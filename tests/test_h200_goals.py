@@ -1,0 +1,118 @@
+"""Issue 23's goals table (bench/h200_goals_table.py): the issue's JSON form from the measured rows, each goal met,
+missed or not measured (never a number for a row not measured), achieved TFLOP/s from the counted FLOPs, and bad
+input refused with exit 3."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.h200_goals_table import GOALS, RESULTS, BadInput, goals
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _request(total: float) -> dict:
+    stages = {"text_encode": 0.05, "denoise": total - 3.1, "video_decode": 2.8, "audio_decode": 0.05,
+              "frames_pcm_to_host": 0.05, "mux": 0.15}
+    return {"total_s": total, "stages": stages}
+
+
+def _raw() -> dict:
+    return {"command": "planted", "date": "2026-11-30", "device": "planted", "torch": "x", "cuda": "x",
+            "diffusers": "0.42.1", "weights": "seeded random", "budget_s": 250, "dense_variant": "turbo4-fp8+compile",
+            "rows": {
+                # just inside its target: met
+                "request544": {"measured": True, "shape": "5s-544x960", "measured_s": 5.19,
+                               "variant": "turbo4-fp8+compile", "first_request": _request(30.0),
+                               "requests": [_request(5.19)], "mux_smooth_frames_s": 0.9},
+                # just outside: missed
+                "dense768": {"measured": True, "shape": "5s-768x1344", "measured_s": 3.31,
+                             "forward_s_all": [3.31, 3.32], "first_call_s": 20.0, "variant": "turbo4-fp8+compile"},
+                "decode15": {"measured": True, "shape": "15s-768x1344", "measured_s": 12.0, "best_tile": "304x320",
+                             "per_tile": {"304x320": {"measured": True, "decode_s": 12.0},
+                                          "384x448": {"measured": False, "reason": "out of the time box: 10 s left"}}},
+                "sparse768": {"measured": False, "reason": "failed", "error": "RuntimeError: planted"},
+                "request15": {"measured": False, "reason": "out of the time box: 20 s left, the row needs about 200 s"},
+            }}
+
+
+@pytest.fixture()
+def planted(tmp_path: Path) -> Path:
+    shutil.copy(RESULTS / "h200_speed_stock.json", tmp_path)
+    (tmp_path / "h200_goals_raw.json").write_text(json.dumps(_raw()))
+    (tmp_path / "h200_recipes_768.json").write_text(json.dumps(
+        {"shapes": {"5s-768x1344": {"flops_dense": {"total": 2.78e15}}}}))
+    (tmp_path / "vae_decode_flops.json").write_text(json.dumps(
+        {"shapes": {"15s-768x1344": {"tiles": {"304x320": {"flops": 4.8e15}}}}}))
+    return tmp_path
+
+
+def test_goals_json_has_the_issues_form_one_entry_per_row(planted: Path):
+    proc = subprocess.run([sys.executable, "bench/h200_goals_table.py", "--results", str(planted)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads((planted / "h200_goals.json").read_text())
+    assert list(table) == [goal for _, goal, _ in GOALS]
+    assert table["5 s 544×960 `turbo4` request, faster than real time"] == {
+        "measured": 5.19, "target": 5.2, "unit": "s", "met": True, "source": "bench/results/h200_goals_raw.json"}
+    assert table["dense DiT forward at 5 s 768×1344"]["met"] is False
+    assert table["video decode at 15 s 768×1344"] == {
+        "measured": 12.0, "target": 6.0, "unit": "s", "met": False, "source": "bench/results/h200_goals_raw.json"}
+    sparse, req15 = table["85% sparse forward"], table["15 s 768×1344 `turbo4-sparse` request"]
+    assert sparse["measured"] is None and sparse["met"] is None and sparse["not_measured"] == "RuntimeError: planted"
+    assert req15["measured"] is None and req15["not_measured"].startswith("out of the time box")
+    md = (planted / "h200_goals.md").read_text()
+    assert md == proc.stdout
+    # Achieved rates against the chip's ceilings, from the counted FLOPs: 2.78 PFLOP in 3.31 s, 4.8 PFLOP in 12 s.
+    ceil = json.loads((RESULTS / "h200_speed_stock.json").read_text())["ceilings"]
+    dense = next(line for line in md.splitlines() if line.startswith("| dense DiT forward"))
+    assert f"| 3.31 s | **missed** | {2.78e15 / 3.31 / 1e12:.0f} TFLOP/s " in dense
+    assert f"{2.78e15 / 3.31 / 1e12 / ceil['bf16_matmul_tflops']:.0%} of bf16" in dense
+    decode = next(line for line in md.splitlines() if line.startswith("| video decode"))
+    assert f"| 12.00 s | **missed** | {4.8e15 / 12 / 1e12:.0f} TFLOP/s " in decode
+    assert "| 384x448 | not measured: out of the time box: 10 s left | — |" in md
+    assert "**not measured**: RuntimeError: planted" in md
+
+
+def test_goals_refuse_a_measured_row_without_a_finite_time():
+    raw = _raw()
+    for bad in (math.nan, math.inf, -1.0, 0.0, "5", None, True):
+        raw["rows"]["request544"]["measured_s"] = bad
+        with pytest.raises(BadInput, match=r"rows\.request544\.measured_s: .* is not a finite positive number"):
+            goals(raw)
+
+
+def test_goals_table_exits_3_on_bad_input(planted: Path):
+    raw = _raw()
+    raw["rows"]["dense768"]["measured_s"] = math.nan
+    (planted / "h200_goals_raw.json").write_text(json.dumps(raw))  # json writes NaN, Python reads it back
+    proc = subprocess.run([sys.executable, "bench/h200_goals_table.py", "--results", str(planted)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 3 and proc.stdout == ""
+    assert "rows.dense768.measured_s: nan is not a finite positive number of seconds" in proc.stderr
+    assert not (planted / "h200_goals.json").exists()
+    (planted / "h200_goals_raw.json").unlink()
+    proc = subprocess.run([sys.executable, "bench/h200_goals_table.py", "--results", str(planted)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 3
+    assert proc.stderr.strip() == f"h200_goals_table: {planted / 'h200_goals_raw.json'} is missing"
+    with pytest.raises(BadInput, match="no 'rows' object"):
+        goals({"command": "x"})
+    raw = _raw()  # a smoke run of bench/h200_goals.py on the CPU: its rows are at the tiny shape
+    raw["rows"]["decode15"]["shape"] = "smoke-64x64"
+    with pytest.raises(BadInput, match="rows.decode15 was measured at 'smoke-64x64'; the goal is at 15s-768x1344"):
+        goals(raw)
+
+
+def test_every_row_of_the_bench_is_a_goal_of_the_table():
+    from bench.h200_goals import ESTIMATE_S, ROWS
+
+    assert [key for key, _, _ in GOALS] == ["request15", "request544", "dense768", "sparse768", "decode15"]
+    assert set(ROWS) == {key for key, _, _ in GOALS} == set(ESTIMATE_S)
