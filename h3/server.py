@@ -37,7 +37,7 @@ from fastapi.responses import FileResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from h3.atomic import atomic_write_json, sha256_file
-from h3.runtime import FPS, GenerateRequest, RequestError, resolve_request
+from h3.runtime import FPS, TINY_MODELS, GenerateRequest, RequestError, resolve_request
 
 logger = logging.getLogger(__name__)
 
@@ -207,7 +207,7 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
         raise ValueError(f"max_queue must be >= 0, got {max_queue}")
     store = JobStore(Path(output_dir), max_queue)
     recipe = runtime.recipe
-    model_id = model_name or f"h3-{runtime.model if runtime.model == 'tiny' else Path(runtime.model).name}"
+    model_id = model_name or f"h3-{runtime.model if runtime.model in TINY_MODELS else Path(runtime.model).name}"
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

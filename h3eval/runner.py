@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable
 
 from h3 import provenance
 from h3.recipe import Recipe
-from h3.runtime import FULL_DEFAULT_SIZE, check_checkpoint_dir, TINY_DEFAULT_SIZE, GenerateRequest, H3Runtime, RequestError, resolve_request
+from h3.runtime import FULL_DEFAULT_SIZE, check_checkpoint_dir, TINY_DEFAULT_SIZE, TINY_MODELS, GenerateRequest, H3Runtime, RequestError, resolve_request
 from h3eval.prompts import PromptSuite
 from h3eval.store import PromptSuiteRef, RunManifest, RunStore, StoreError, utc_now
 
@@ -79,9 +79,9 @@ def validate_plan(plan: RunPlan) -> None:
     for seed in plan.seeds:
         if not isinstance(seed, int) or seed < 0:
             raise RunError(f"seeds must be non-negative integers, got {seed!r}")
-    if plan.model != "tiny":
+    if plan.model not in TINY_MODELS:
         check_checkpoint_dir(plan.model)
-    default_size = TINY_DEFAULT_SIZE if plan.model == "tiny" else FULL_DEFAULT_SIZE
+    default_size = TINY_DEFAULT_SIZE if plan.model in TINY_MODELS else FULL_DEFAULT_SIZE
     try:
         resolve_request(plan.shape.request(plan.prompts.prompts[0].id, plan.prompts.prompts[0].prompt, plan.seeds[0]),
                         default_size)

@@ -289,19 +289,24 @@ def match_events(video: list[float], audio: list[float], tolerance_s: float) -> 
 
 
 _CLAUSE = re.compile(
-    r"^(?:then )?a (?P<colour>\w+) (?P<shape>\w+) (?P<appears>appears and )?moves (?P<direction>\w+ to \w+) "
-    r"while a (?P<pitch>\w+) tone hums$")
+    r"^(?:then )?(?:a (?P<colour>\w+) (?P<shape>\w+)|(?P<referred>the shape in picture 1)) (?P<appears>appears and )?"
+    r"moves (?P<direction>\w+ to \w+) while a (?P<pitch>\w+) tone hums$")
 _BOUNCE = re.compile(r"^it bounces (?P<count>once|twice|three times)$")
 
 
-def parse_caption(text: str) -> list[dict]:
-    """The shapes a world caption names (inverse of h3.world.scene.caption); ValueError if it is not one."""
+def parse_caption(text: str, reference: tuple[str, str] | None = None) -> list[dict]:
+    """The shapes a world caption names (inverse of h3.world.scene.caption); ValueError if it is not one.
+    ``reference`` is the (colour, shape) a ref2va caption's "the shape in picture 1" stands for."""
     shapes: list[dict] = []
     words = {w: n for n, w in BOUNCE_WORDS.items()}
     for part in (p.strip() for p in text.strip().split(";")):
         if part.startswith("the background is"):
             continue
         m = _CLAUSE.match(part)
+        if m and m["referred"]:
+            if reference is None:
+                raise ValueError(f"{part!r} refers to a reference image; pass the reference's (colour, shape)")
+            m = _CLAUSE.match(part.replace("the shape in picture 1", f"a {reference[0]} {reference[1]}", 1))
         if m:
             if m["colour"] not in COLOURS or m["shape"] not in SHAPES or m["direction"] not in DIRECTIONS \
                     or m["pitch"] not in PITCHES:

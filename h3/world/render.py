@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from h3.world.scene import (
-    CLICK_AMPLITUDE, CLICK_DECAY_S, CLICK_FREQUENCY, COLOURS, FPS, PITCHES, SAMPLE_RATE, SHAPES, TONE_AMPLITUDE,
+    CLICK_AMPLITUDE, CLICK_DECAY_S, CLICK_FREQUENCY, COLOURS, DIRECTIONS, FPS, PITCHES, SAMPLE_RATE, SHAPES, TONE_AMPLITUDE,
     TONE_ATTACK_S, Scene,
 )
 
@@ -65,13 +65,16 @@ def _sdf(kind: torch.Tensor, px: torch.Tensor, py: torch.Tensor, size: torch.Ten
 
 
 @torch.no_grad()
-def render_video(scenes: list[Scene], device="cpu", frame_chunk: int = 32) -> torch.Tensor:
-    """uint8 frames (B, T, H, W, 3) of ``scenes`` (all of one size and length)."""
+def render_video(scenes: list[Scene], device="cpu", frame_chunk: int = 32, frame_start: int = 0,
+                 frame_count: int | None = None, return_mask: bool = False):
+    """uint8 frames (B, T, H, W, 3) of ``scenes`` (all of one size and length), frames ``frame_start`` to
+    ``frame_start + frame_count``; with ``return_mask`` also the shapes' coverage (B, T, H, W) in [0, 1]."""
     first = scenes[0]
-    height, width, num_frames = first.height, first.width, first.num_frames
-    if any((s.height, s.width, s.num_frames) != (height, width, num_frames) for s in scenes):
+    height, width, total = first.height, first.width, first.num_frames
+    if any((s.height, s.width, s.num_frames) != (height, width, total) for s in scenes):
         raise ValueError("render_video renders scenes of one size and frame count per batch")
-    tables = _shape_tables(scenes, num_frames, device)
+    num_frames = total - frame_start if frame_count is None else frame_count
+    tables = _shape_tables(scenes, total, device)
     batch = len(scenes)
     ys = torch.arange(height, device=device, dtype=torch.float32) + 0.5
     xs = torch.arange(width, device=device, dtype=torch.float32) + 0.5
@@ -83,8 +86,9 @@ def render_video(scenes: list[Scene], device="cpu", frame_chunk: int = 32) -> to
     pan_velocity = torch.tensor([(s.pan_speed if s.pan == "left" else -s.pan_speed) if s.pan else 0.0
                                  for s in scenes], device=device, dtype=torch.float32)
     out = torch.empty((batch, num_frames, height, width, 3), dtype=torch.uint8, device=device)
-    for start in range(0, num_frames, frame_chunk):
-        stop = min(num_frames, start + frame_chunk)
+    mask = torch.zeros((batch, num_frames, height, width), device=device) if return_mask else None
+    for start in range(frame_start, frame_start + num_frames, frame_chunk):
+        stop = min(frame_start + num_frames, start + frame_chunk)
         t = torch.arange(start, stop, device=device, dtype=torch.float32) / FPS  # (T,)
         shift = pan_velocity[:, None] * t[None]  # (B, T)
         u = (xs[None, None, None, :] - shift[:, :, None, None]) / period[:, None, None, None]
@@ -101,8 +105,38 @@ def render_video(scenes: list[Scene], device="cpu", frame_chunk: int = 32) -> to
             dist = _sdf(tables["kind"][:, k, None, None, None], px, py, tables["size"][:, k, None, None, None])
             cover = (0.5 - dist).clamp(0.0, 1.0) * tables["visible"][:, k, start:stop, None, None]
             frame = frame + cover[..., None] * (tables["rgb"][:, k, None, None, None, :] - frame)
-        out[:, start:stop] = (frame.clamp(0, 1) * 255.0).round().to(torch.uint8)
-    return out
+            if mask is not None:
+                mask[:, start - frame_start:stop - frame_start] = torch.maximum(
+                    mask[:, start - frame_start:stop - frame_start], cover)
+        out[:, start - frame_start:stop - frame_start] = (frame.clamp(0, 1) * 255.0).round().to(torch.uint8)
+    return (out, mask) if return_mask else out
+
+
+def reference_still(scene: Scene) -> Scene:
+    """The ref2va reference of a scene's first shape as a one-shape scene: that shape, still, centred on a plain dark
+    background."""
+    from dataclasses import replace
+
+    spec = scene.shapes[0]
+    dx = DIRECTIONS[spec.direction][0]
+    lo, hi = scene.axis_range(spec)
+    centre = replace(spec, direction="left to right" if dx else "top to bottom", bounces=0, appears=False,
+                     appear_t=0.0, lane=(scene.height if dx else scene.width) / 2, start_offset=(hi - lo) / 2,
+                     distance=0.0)
+    return replace(scene, shapes=[centre], background="plain", background_rgb=REFERENCE_BACKGROUND,
+                   background_rgb2=REFERENCE_BACKGROUND, pan=None, pan_speed=0.0)
+
+
+def reference_images(scenes: list[Scene], device="cpu") -> torch.Tensor:
+    """uint8 (B, H, W, 3): the reference image (:func:`reference_still`) of every scene."""
+    return render_video([reference_still(s) for s in scenes], device=device, frame_count=1)[:, 0]
+
+
+def reference_image(scene: Scene, device="cpu") -> torch.Tensor:
+    return reference_images([scene], device)[0]
+
+
+REFERENCE_BACKGROUND = (0.12, 0.12, 0.12)
 
 
 def click_kernel(sample_rate: int = SAMPLE_RATE) -> torch.Tensor:
@@ -138,4 +172,4 @@ def render_audio(scenes: list[Scene], device="cpu", num_samples: int | None = No
     return mono[:, None].expand(-1, 2, -1).contiguous()
 
 
-__all__ = ["click_kernel", "render_audio", "render_video"]
+__all__ = ["click_kernel", "reference_image", "reference_images", "reference_still", "render_audio", "render_video"]

@@ -104,8 +104,8 @@ class Scene:
     def duration(self) -> float:
         return self.num_frames / FPS
 
-    def caption(self) -> str:
-        return caption(self)
+    def caption(self, refer_first: bool = False) -> str:
+        return caption(self, refer_first)
 
     def axis_range(self, spec: ShapeSpec) -> tuple[float, float]:
         """The (low, high) centre coordinate along the shape's motion axis: the walls it bounces off."""
@@ -176,18 +176,24 @@ class Scene:
         }
 
 
-def _clause(spec: ShapeSpec, first: bool) -> str:
+REFERRED_SHAPE = "the shape in picture 1"
+"""How a ref2va caption names the shape its reference image shows, instead of its colour and shape."""
+
+
+def _clause(spec: ShapeSpec, first: bool, refer: bool = False) -> str:
     verb = "appears and moves" if spec.appears else "moves"
-    text = f"{'' if first else 'then '}a {spec.colour} {spec.shape} {verb} {spec.direction} while a {spec.pitch} tone hums"
+    subject = REFERRED_SHAPE if refer else f"a {spec.colour} {spec.shape}"
+    text = f"{'' if first else 'then '}{subject} {verb} {spec.direction} while a {spec.pitch} tone hums"
     if spec.bounces:
         text += f"; it bounces {BOUNCE_WORDS[spec.bounces]}"
     return text
 
 
-def caption(scene: Scene) -> str:
+def caption(scene: Scene, refer_first: bool = False) -> str:
     """The caption grammar: one clause per shape, then the background ("a red circle moves left to right while a low
-    tone hums; it bounces twice; the background is striped and the camera pans left")."""
-    parts = [_clause(spec, i == 0) for i, spec in enumerate(scene.shapes)]
+    tone hums; it bounces twice; the background is striped and the camera pans left"). With ``refer_first`` the first
+    shape is named by its ref2va reference image ("the shape in picture 1 moves ...")."""
+    parts = [_clause(spec, i == 0, refer_first and i == 0) for i, spec in enumerate(scene.shapes)]
     background = f"the background is {scene.background}"
     if scene.pan:
         background += f" and the camera pans {scene.pan}"
@@ -297,7 +303,7 @@ def scene_from_ground_truth(gt: dict) -> Scene:
 def caption_words() -> list[str]:
     """Every word the grammar can produce (the trained tokenizer's merges cover each as one token)."""
     words = {"a", "then", "appears", "and", "moves", "while", "tone", "hums", "it", "bounces", "the",
-             "background", "is", "camera", "pans", "times", "to"}
+             "background", "is", "camera", "pans", "times", "to", "shape", "in", "picture", "1"}
     words |= set(COLOURS) | set(SHAPES) | set(PITCHES) | set(BACKGROUNDS) | set(PANS)
     for phrase in list(DIRECTIONS) + list(BOUNCE_WORDS.values()):
         words |= set(phrase.split())
@@ -307,6 +313,6 @@ def caption_words() -> list[str]:
 __all__ = [
     "BACKGROUNDS", "BOUNCE_WORDS", "CLICK_AMPLITUDE", "CLICK_DECAY_S", "CLICK_FREQUENCY", "COLOURS", "DIRECTIONS",
     "FPS", "HELD_OUT_PAIRS", "PITCHES", "SAMPLE_RATE", "SHAPES", "Scene", "ShapeSpec", "TONE_AMPLITUDE",
-    "TRAIN_PAIRS", "caption", "caption_words", "sample_scene", "sample_scenes", "scene_from_ground_truth",
+    "REFERRED_SHAPE", "TRAIN_PAIRS", "caption", "caption_words", "sample_scene", "sample_scenes", "scene_from_ground_truth",
     "scene_rng",
 ]

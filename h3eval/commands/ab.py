@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         candidate: List[str] = typer.Option([], "--candidate", help="Candidate recipe (repeatable)."),
         prompts: str = typer.Option(..., "--prompts", envvar="H3EVAL_PROMPTS", help="Prompt suite name or JSONL."),
         out: Path = typer.Option(..., "--out", envvar="H3EVAL_OUT", help="Run directory (created or resumed)."),
-        model: str = typer.Option("tiny", "--model", envvar="H3EVAL_MODEL", help="'tiny' or a checkpoint dir."),
+        model: str = typer.Option("tiny", "--model", envvar="H3EVAL_MODEL", help="'tiny' (trained), 'tiny-random' or a checkpoint dir."),
         seeds: str = typer.Option("0", "--seeds", envvar="H3EVAL_SEEDS", help="Seeds, e.g. 0,1 or 0-3."),
         backend: str = typer.Option("inprocess", "--backend", envvar="H3EVAL_BACKEND", help="inprocess or http."),
         url: List[str] = typer.Option([], "--url", help="Server URL, or RECIPE=URL (repeatable; http backend)."),
@@ -64,7 +64,7 @@ def run_ab_command(*, baseline, candidates, prompts, out, model="tiny", seeds="0
                    off_identity=False, trajectory=False, seconds=None, num_frames=None, height=None, width=None,
                    timeout_s=1800.0, device=None, runtime_factory=None):
     from h3.recipe import load_recipe
-    from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE
+    from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE, TINY_MODELS
     from h3eval.ab import AbPlan, identity_recipe, run_ab
     from h3eval.prompts import load_prompts, parse_seeds
     from h3eval.runner import RequestShape, RunError, RunPlan
@@ -96,7 +96,7 @@ def run_ab_command(*, baseline, candidates, prompts, out, model="tiny", seeds="0
     if backend == "http":
         from h3eval.backends.http import HttpBackend
 
-        impl = HttpBackend(list(urls), TINY_DEFAULT_SIZE if model == "tiny" else FULL_DEFAULT_SIZE, api_key=api_key,
+        impl = HttpBackend(list(urls), TINY_DEFAULT_SIZE if model in TINY_MODELS else FULL_DEFAULT_SIZE, api_key=api_key,
                            timeout_s=timeout_s)
     else:
         from h3eval.backends.inprocess import InProcessBackend

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One device call that trains the tiny preset from scratch on one GPU and returns what ships:
+#
+#   WHEELS=../../.whl COMMIT=<sha> bash bench/device/train_tiny.sh OUTDIR
+#
+# runs `python -m h3.train all` with per-stage wall-clock budgets (--finish-on-budget: a stage ends when its budget
+# is spent, its record says after how many of its planned steps) inside BUDGET_S seconds, then packs for the lending
+# tool's limits (8 files, 16 MiB each): the exported checkpoint (h3/assets/tiny) as tiny.tgz.part-*, the DiT and
+# distill states for a resume as state.tar.part-*, and the log. On a machine of your own, the one command is
+# `python -m h3.train all --out DIR` (the record's "reproduce" line fixes the step counts).
+set -u
+out=$1
+BUDGET_S=${BUDGET_S:-560}
+if [ -n "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1
+mkdir -p "$out"
+run=${RUN_DIR:-/tmp/h3-train}
+start=$SECONDS
+nvidia-smi -L 2>/dev/null || true
+timeout $((BUDGET_S - 25)) ${PYTHON:-python3} -m h3.train all --out "$run" --device "${DEVICE:-cuda}" --finish-on-budget \
+  --max-seconds $((BUDGET_S - 45)) --stage-seconds "${STAGE_SECONDS:-video-vae=95,audio-vae=95,dit=235,distill=80,export=15}" \
+  --code-commit "${COMMIT:-}" ${EXTRA_ARGS:-} >"$out/train.log" 2>&1
+rc=$?
+echo "train exit $rc after $((SECONDS - start)) s"
+grep -E "stage |step .*(00|/[0-9]+) |exported|Error|error" "$out/train.log" | tail -40
+if [ -d "$run/tiny" ]; then
+  tar -C "$run" -czf - tiny | split -b 15m - "$out/tiny.tgz.part-"
+fi
+[ -d "$run/state" ] && ( cd "$run/state" && tar -cf - $(ls -d dit/state.pt distill/state.pt 2>/dev/null) ) | split -b 15m - "$out/state.tar.part-"
+ls -la "$out"
+exit $rc
