@@ -24,27 +24,28 @@ class TrainConfig:
     device: str = "cuda"
     # video VAE
     video_vae_steps: int = 5000
-    video_vae_batch: int = 16
+    video_vae_batch: int = 48
     video_vae_frames: int = 22  # 17 + 5: one encoder chunk plus the overlap the decoder blends
     video_vae_lr: float = 1e-3
     video_vae_kl: float = 1e-3
     # audio VAE
     audio_vae_steps: int = 5000
-    audio_vae_batch: int = 32
+    audio_vae_batch: int = 96
     audio_vae_latents: int = 40  # 1 s crops, hop-aligned
     audio_vae_lr: float = 1e-3
     audio_vae_kl: float = 1e-4
+    """Weight of an L2 penalty on the posterior mean (the audio VAE is trained on its mean, as it is used)."""
     # latent pool
-    pool_size: int = 8192
+    pool_size: int = 5120
     pool_keyframe_share: float = 0.25
     """Share of the pool that also carries fl2va keyframe and ref2va reference presentations."""
     # DiT
     dit_steps: int = 30000
-    dit_batch: int = 128
-    dit_lr: float = 1e-3
+    dit_batch: int = 192
+    dit_lr: float = 1.5e-3
     dit_warmup: int = 300
     dit_ema: float = 0.999
-    dit_task_mix: tuple = (0.72, 0.14, 0.14)
+    dit_task_mix: tuple = (0.76, 0.12, 0.12)
     """t2va, fl2va (first, last or both keyframes), ref2va."""
     dit_audio_weight: float = 1.0
     dit_text_noise: float = 0.02
@@ -116,15 +117,23 @@ class EMA:
         module.load_state_dict(state)
 
 
-def fitted_total(total: int, step: int, ran: int, elapsed: float, budget: "Budget", calibrate: int = 30) -> int:
-    """After ``calibrate`` steps of a slice, shrink a stage's step count so that it ends inside its wall-clock budget
-    (never grow it). The learning-rate schedule is a function of the final count and every stage warms up for more
-    than ``calibrate`` steps, so the same run is reproduced by passing the final count (the record does)."""
-    if ran != calibrate or budget.deadline is None:
+def fitted_total(total: int, step: int, ran: int, elapsed: float, budget: "Budget", marks: dict) -> int:
+    """Shrink a stage's step count (never grow it) so that it ends inside its wall-clock budget, from the pace of
+    steps 50 to 100 of the slice (the first steps pay for kernel selection and warm-up). The learning-rate schedule
+    depends on the final count only after its warm-up, and every stage warms up for at least 100 steps, so passing
+    the final count reproduces the run (the training record's ``reproduce`` line does)."""
+    if budget.deadline is None:
         return total
-    per_step = elapsed / ran
-    fits = step + int(0.95 * budget.left() / per_step)
+    if ran == CALIBRATE_FROM:
+        marks["from"] = elapsed
+    if ran != CALIBRATE_TO or "from" not in marks:
+        return total
+    per_step = (elapsed - marks["from"]) / (CALIBRATE_TO - CALIBRATE_FROM)
+    fits = step + int(0.97 * budget.left() / per_step)
     return max(step + 1, min(total, fits))
+
+
+CALIBRATE_FROM, CALIBRATE_TO = 50, 100
 
 
 class Budget:

@@ -26,7 +26,7 @@ from h3.train.pool import Pool
 
 logger = logging.getLogger(__name__)
 
-DISTILL_WARMUP = 50
+DISTILL_WARMUP = 100
 
 
 @torch.no_grad()
@@ -113,7 +113,7 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
     grid = student_grid(cfg.distill_student_steps, cfg.device)
     sizes = torch.tensor([len(g["presentations"]) for g in groups], dtype=torch.float)
     lora.attach(transformer)
-    started, ran = time.monotonic(), 0
+    started, ran, marks = time.monotonic(), 0, {}
 
     def save():
         save_state(path, {"lora": lora.state_dict(), "opt": optimizer.state_dict(), "step": step, "log": log.rows,
@@ -138,7 +138,7 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
             step += 1
             ran += 1
             if fit_budget:
-                total = fitted_total(total, step, ran, time.monotonic() - started, budget)
+                total = fitted_total(total, step, ran, time.monotonic() - started, budget, marks)
             if step % cfg.log_every == 0 or step == total:
                 log.add(step, loss=loss.item(), **parts)
                 logger.info("distill step %d/%d loss %.4f %s", step, total, loss.item(),

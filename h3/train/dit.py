@@ -158,7 +158,7 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
         step, log.rows, seconds = state["step"], state["log"], state["seconds"]
         total, planned = state["total_steps"], state.get("planned_steps", state["total_steps"])
     transformer.train()
-    started, ran = time.monotonic(), 0
+    started, ran, marks = time.monotonic(), 0, {}
     family_loss: dict[str, list] = {}
 
     def save():
@@ -181,7 +181,7 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
         step += 1
         ran += 1
         if fit_budget:
-            total = fitted_total(total, step, ran, time.monotonic() - started, budget)
+            total = fitted_total(total, step, ran, time.monotonic() - started, budget, marks)
         family_loss.setdefault(draw["key"][0].split("-")[0], []).append(metrics["loss"])
         if step % cfg.log_every == 0 or step == total:
             extra = {f"loss_{k}": sum(v) / len(v) for k, v in family_loss.items()}

@@ -4,8 +4,9 @@ Video VAE: 22-frame windows (one 17-frame encoder chunk plus the 5 frames the de
 ``encode`` -> posterior sample -> ``decode`` path in ImageNet-normalized pixel space; L1 + L2 reconstruction with the
 shapes' pixels weighted 5x (they are the content; the background fills most of a frame), plus a small KL.
 
-Audio VAE: 1 s hop-aligned mono crops through ``encode`` -> posterior sample -> ``decode``; multi-resolution STFT
-(log magnitude and spectral convergence) plus waveform L1, plus a small KL.
+Audio VAE: 1 s hop-aligned mono crops through ``encode`` -> posterior mean (+ 5% noise) -> ``decode``, the way the
+pipeline uses it (encode takes the mode, decode the DiT's latents); multi-resolution STFT (log magnitude and spectral
+convergence) plus waveform L1, plus a small L2 on the mean.
 
 Both stages are resumable (state every ``checkpoint_every`` steps) and draw each step's batch from (seed, step) alone.
 """
@@ -90,15 +91,18 @@ def audio_vae_loss(audio_vae, cfg: TrainConfig, step: int) -> tuple[torch.Tensor
     offsets = torch.randint(0, hops - cfg.audio_vae_latents + 1, (len(scenes),), generator=cpu_g) * HOP
     length = cfg.audio_vae_latents * HOP
     x = torch.stack([audio[b, 0, int(o):int(o) + length] for b, o in enumerate(offsets)])[:, None]
-    posterior = audio_vae.encode(x).latent_dist
-    z = posterior.mean + posterior.std * randn_tensor(posterior.mean.shape, generator=dev_g, device=x.device,
-                                                      dtype=posterior.mean.dtype)
+    # MiniMax-H3 uses the audio posterior's mean only (encode: the mode; decode: the DiT's latents), so the audio VAE
+    # is trained as an autoencoder on the mean, with a little noise so that the decoder tolerates a generated latent,
+    # and an L2 penalty that keeps the mean's scale bounded.
+    mean = audio_vae.encode(x).latent_dist.mean
+    scale = mean.detach().std().clamp(min=1e-3)
+    z = mean + 0.05 * scale * randn_tensor(mean.shape, generator=dev_g, device=x.device, dtype=mean.dtype)
     recon = audio_vae.decode(z).sample
     spec = stft_loss(recon[:, 0], x[:, 0])
     wave = (recon - x).abs().mean()
-    kl = 0.5 * (posterior.mean ** 2 + posterior.std ** 2 - 1.0).mean() - posterior.logs.mean()
-    loss = spec + wave + cfg.audio_vae_kl * kl
-    return loss, {"loss": loss.item(), "stft": spec.item(), "wave_l1": wave.item(), "kl": kl.item()}
+    l2 = mean.pow(2).mean()
+    loss = spec + wave + cfg.audio_vae_kl * l2
+    return loss, {"loss": loss.item(), "stft": spec.item(), "wave_l1": wave.item(), "mean_l2": l2.item()}
 
 
 def run_stage(name: str, module: torch.nn.Module, loss_fn, total_steps: int, lr: float, cfg: TrainConfig, out: Path,
@@ -115,7 +119,7 @@ def run_stage(name: str, module: torch.nn.Module, loss_fn, total_steps: int, lr:
         step, log.rows, seconds = state["step"], state["log"], state["seconds"]
         total_steps, planned = state["total_steps"], state.get("planned_steps", state["total_steps"])
     module.train()
-    started, ran = time.monotonic(), 0
+    started, ran, marks = time.monotonic(), 0, {}
 
     def save():
         save_state(path, {"model": module.state_dict(), "opt": optimizer.state_dict(), "step": step, "log": log.rows,
@@ -135,7 +139,7 @@ def run_stage(name: str, module: torch.nn.Module, loss_fn, total_steps: int, lr:
         step += 1
         ran += 1
         if fit_budget:
-            total_steps = fitted_total(total_steps, step, ran, time.monotonic() - started, budget)
+            total_steps = fitted_total(total_steps, step, ran, time.monotonic() - started, budget, marks)
         if step % cfg.log_every == 0 or step == total_steps:
             log.add(step, **metrics)
             logger.info("%s step %d/%d %s", name, step, total_steps, metrics)

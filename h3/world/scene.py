@@ -270,7 +270,7 @@ def _draw_scene(rng, seed, index, split, height, width, num_frames, max_shapes) 
                                appear_t=round(appear_t, 4), size=round(size, 3), lane=round(lane, 3),
                                start_offset=round(start_offset, 3), distance=round(distance, 3)))
 
-    background = BACKGROUNDS[int(rng.integers(len(BACKGROUNDS)))]
+    background = BACKGROUNDS[int(rng.choice(len(BACKGROUNDS), p=[0.5, 0.25, 0.25]))]
     level = float(rng.uniform(0.06, 0.28))
     tint = rng.uniform(-0.04, 0.04, size=3)
     rgb = tuple(float(np.clip(level + t, 0.0, 1.0)) for t in tint)
