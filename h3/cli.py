@@ -23,7 +23,7 @@ def generate(
     prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
     out: Path = typer.Option(..., "--out", help="Output .mp4 (the record goes to the same name with .json)."),
     seed: int = typer.Option(0, "--seed"),
-    model: str = typer.Option("tiny", "--model", envvar="H3_MODEL", help="'tiny' (trained), 'tiny-random' or a checkpoint directory."),
+    model: str = typer.Option("tiny", "--model", envvar="H3_MODEL", help="'tiny', 'tiny-random', 'tiny-trained' or a checkpoint directory."),
     recipe: str = typer.Option("baseline", "--recipe", envvar="H3_RECIPE", help="Recipe name or TOML path."),
     seconds: Optional[float] = typer.Option(None, "--seconds"),
     num_frames: Optional[int] = typer.Option(None, "--num-frames"),
@@ -57,7 +57,7 @@ def generate(
 
 @app.command("serve")
 def serve(
-    model: str = typer.Option("tiny", "--model", envvar="H3_MODEL", help="'tiny' (trained), 'tiny-random' or a checkpoint directory."),
+    model: str = typer.Option("tiny", "--model", envvar="H3_MODEL", help="'tiny', 'tiny-random', 'tiny-trained' or a checkpoint directory."),
     recipe: str = typer.Option("baseline", "--recipe", envvar="H3_RECIPE", help="Recipe name or TOML path."),
     host: str = typer.Option("127.0.0.1", "--host", envvar="H3_HOST"),
     port: int = typer.Option(30000, "--port", envvar="H3_PORT"),

@@ -1,12 +1,14 @@
 """The H3 runtime: diffusers' MiniMax-H3 modular pipeline, configured by a recipe, with stage anatomy and records.
 
-``H3Runtime.load("tiny" | "tiny-random" | PATH, recipe)`` gives a runtime; ``runtime.generate(request, out)`` writes one
-clip (MP4 with 24 fps video and 32 kHz stereo audio) and its :class:`~h3.record.ClipRecord` next to it.
+``H3Runtime.load("tiny" | "tiny-random" | "tiny-trained" | PATH, recipe)`` gives a runtime;
+``runtime.generate(request, out)`` writes one clip (MP4 with 24 fps video and 32 kHz stereo audio) and its
+:class:`~h3.record.ClipRecord` next to it.
 
-``tiny`` is the trained tiny preset (h3.tiny_trained): a checkpoint in the Hugging Face layout of
-``MiniMaxAI/MiniMax-H3`` that ships with the package. ``tiny-random`` is the random-weight preset (h3.tiny), built once
-from its seed and saved in the same layout into a cache folder. Both load exactly as a downloaded checkpoint does,
-with ``ModularPipeline.from_pretrained``.
+``tiny-random`` is the random-weight preset (h3.tiny), built once from its seed and saved in the Hugging Face layout of
+``MiniMaxAI/MiniMax-H3`` into a cache folder; ``tiny`` names it too until the trained weights ship (issue 17), then
+``tiny`` becomes the trained preset. ``tiny-trained`` is the trained preset (h3.tiny_trained): a checkpoint in the same
+layout shipped in the package (made by ``python -m h3.train``). All load exactly as a downloaded checkpoint does, with
+``ModularPipeline.from_pretrained``.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ MIN_SECONDS, MAX_SECONDS = 5.0, 15.0
 # 128x128, not 64x64: libx264 output was seen to vary run to run on 64x64 frames (uninitialized reads on tiny
 # frames; bench notes in h3/media.py), never at 128 or 256.
 TINY_DEFAULT_SIZE = (128, 128)
-TINY_MODELS = ("tiny", "tiny-random")
-"""Model names that are presets rather than checkpoint directories: the trained tiny and the random-weight tiny."""
+TINY_MODELS = ("tiny", "tiny-random", "tiny-trained")
+"""Model names that are presets rather than checkpoint directories."""
 # MiniMax-H3's own 16:9 canvas (diffusers' resolve_canvas_size(16, 9) with the released short edge 768).
 FULL_DEFAULT_SIZE = (768, 1344)
 
@@ -200,7 +202,7 @@ def trained_tiny_dir() -> Path:
     if not (TRAINED_DIR / "modular_model_index.json").is_file():
         raise CheckpointError(
             f"the trained tiny preset is missing: {TRAINED_DIR}/modular_model_index.json (it ships with the package; "
-            "retrain it with `python -m h3.train all`, see its training_record.json), or use --model tiny-random")
+            "train it with `python -m h3.train all --out DIR` and copy DIR/tiny there), or use --model tiny-random")
     return TRAINED_DIR
 
 
@@ -280,31 +282,31 @@ class H3Runtime:
     # -- loading -----------------------------------------------------------------------------------------------
     @classmethod
     def load(cls, model: str, recipe: Recipe, device: str | None = None) -> "H3Runtime":
-        if model == "tiny":
-            return cls.tiny(recipe, device)
-        if model == "tiny-random":
-            return cls.tiny_random(recipe, device)
+        if model in ("tiny", "tiny-random"):
+            return cls.tiny(recipe, device, name=model)
+        if model == "tiny-trained":
+            return cls.tiny_trained(recipe, device)
         return cls.from_pretrained(model, recipe, device)
 
     @classmethod
-    def tiny(cls, recipe: Recipe, device: str | None = None) -> "H3Runtime":
+    def tiny(cls, recipe: Recipe, device: str | None = None, name: str = "tiny") -> "H3Runtime":
+        """The random-weight tiny preset (h3.tiny), built from its seed into the cache folder."""
+        from h3 import tiny
+
+        runtime = cls.from_pretrained(tiny_checkpoint_dir(), recipe, device, _default_size=TINY_DEFAULT_SIZE)
+        runtime.model = name
+        runtime.model_sha256 = tiny.tiny_identity()
+        return runtime
+
+    @classmethod
+    def tiny_trained(cls, recipe: Recipe, device: str | None = None) -> "H3Runtime":
         """The trained tiny preset (h3.tiny_trained), shipped in the package."""
         from h3.tiny_trained import trained_identity
 
         root = trained_tiny_dir()
         runtime = cls.from_pretrained(root, recipe, device, _default_size=TINY_DEFAULT_SIZE)
-        runtime.model = "tiny"
+        runtime.model = "tiny-trained"
         runtime.model_sha256 = trained_identity(root)
-        return runtime
-
-    @classmethod
-    def tiny_random(cls, recipe: Recipe, device: str | None = None) -> "H3Runtime":
-        """The random-weight tiny preset (h3.tiny): for tests that need its speed or its properties."""
-        from h3 import tiny
-
-        runtime = cls.from_pretrained(tiny_checkpoint_dir(), recipe, device, _default_size=TINY_DEFAULT_SIZE)
-        runtime.model = "tiny-random"
-        runtime.model_sha256 = tiny.tiny_identity()
         return runtime
 
     @classmethod

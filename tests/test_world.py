@@ -202,3 +202,18 @@ def test_match_events_is_one_to_one():
     assert match_events([1.0, 1.05], [1.02], 0.1) == (1, 1, 0)
     assert match_events([1.0], [1.0, 1.01], 0.1) == (1, 0, 1)
     assert match_events([], [], 0.1) == (0, 0, 0)
+
+
+def test_shipped_world_suites_are_what_the_generator_writes():
+    import json
+    from pathlib import Path
+
+    from h3.world.suites import SUITES, suite_lines
+
+    root = Path(__file__).resolve().parents[1] / "prompts"
+    for name in SUITES:
+        shipped = [json.loads(line) for line in (root / f"{name}.jsonl").read_text().splitlines()]
+        assert shipped == json.loads(json.dumps(suite_lines(name))), name
+    for line in suite_lines("world-heldout"):
+        assert {(s["colour"], s["shape"]) for s in parse_caption(line["prompt"])} <= HELD_OUT_PAIRS
+        assert line["ground_truth"]["caption"] == line["prompt"]

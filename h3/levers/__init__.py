@@ -56,7 +56,13 @@ def preflight(recipe, device) -> None:
     if problems:
         raise LeverError(f"recipe {recipe.name!r} cannot run on {device}: " + "; ".join(problems)
                          + ". Refusing to fall back silently.")
-    if recipe.lora.enabled and recipe.lora.path != "@tiny":
+    if recipe.lora.enabled and recipe.lora.path == "@turbo4-tiny":
+        from h3.tiny_trained import TURBO4_LORA_FILE
+
+        if not TURBO4_LORA_FILE.is_file():
+            raise LeverError(f"recipe {recipe.name!r}: LoRA file {TURBO4_LORA_FILE} (lora.path = '@turbo4-tiny') does "
+                             "not exist; it ships with the trained tiny preset (python -m h3.train exports it)")
+    elif recipe.lora.enabled and recipe.lora.path != "@tiny":
         from h3.levers.lora import resolve_lora_path
 
         try:

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from h3.train.common import (
-    Budget, StageLog, TrainConfig, autocast, fitted_total, generators, load_state, lr_at, save_state, set_lr,
+    Budget, StageLog, TrainConfig, autocast, generators, load_state, lr_at, save_state, set_lr,
 )
 from h3.train.dit import Batches, sample
 from h3.train.lora import DistillLora
@@ -88,7 +88,7 @@ def distill_loss(transformer, batches: Batches, group: dict, index: torch.Tensor
 
 
 def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budget,
-                  stop_after: int | None = None, fit_budget: bool = False) -> tuple[DistillLora, dict]:
+                  stop_after: int | None = None) -> tuple[DistillLora, dict]:
     """``transformer`` holds the teacher weights (frozen here); returns the trained LoRA (detached) and the log."""
     transformer.requires_grad_(False)
     transformer.eval()
@@ -113,7 +113,7 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
     grid = student_grid(cfg.distill_student_steps, cfg.device)
     sizes = torch.tensor([len(g["presentations"]) for g in groups], dtype=torch.float)
     lora.attach(transformer)
-    started, ran, marks = time.monotonic(), 0, {}
+    started, ran = time.monotonic(), 0
 
     def save():
         save_state(path, {"lora": lora.state_dict(), "opt": optimizer.state_dict(), "step": step, "log": log.rows,
@@ -126,7 +126,7 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
                 save()
                 return lora, {"done": False, "step": step, "log": log.rows,
                               "seconds": seconds + time.monotonic() - started}
-            set_lr(optimizer, lr_at(step, total, cfg.distill_lr, DISTILL_WARMUP))
+            set_lr(optimizer, lr_at(step, cfg.distill_lr, DISTILL_WARMUP))
             cpu_g, _ = generators(cfg.seed, "distill", step, cfg.device)
             group = groups[int(torch.multinomial(sizes, 1, generator=cpu_g))]
             index = torch.randint(len(group["presentations"]), (cfg.distill_batch,), generator=cpu_g).to(cfg.device)
@@ -137,8 +137,6 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
             optimizer.step()
             step += 1
             ran += 1
-            if fit_budget:
-                total = fitted_total(total, step, ran, time.monotonic() - started, budget, marks)
             if step % cfg.log_every == 0 or step == total:
                 log.add(step, loss=loss.item(), **parts)
                 logger.info("distill step %d/%d loss %.4f %s", step, total, loss.item(),

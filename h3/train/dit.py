@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from h3.train.common import (
-    EMA, Budget, StageLog, TrainConfig, autocast, fitted_total, generators, load_state, lr_at, save_state, set_lr,
+    EMA, Budget, StageLog, TrainConfig, autocast, generators, load_state, lr_at, save_state, set_lr,
 )
 from h3.train.packing import (
     AUDIO_SHIFT, KEYFRAME_NOISE_AUG, VIDEO_SHIFT, Layout, audio_rows, packed_forward, patchify, ref2va_layout,
@@ -140,7 +140,7 @@ def flow_loss(transformer, batches: Batches, draw: dict, cfg: TrainConfig) -> tu
 
 
 def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budget,
-              stop_after: int | None = None, fit_budget: bool = False) -> dict:
+              stop_after: int | None = None) -> dict:
     path = out / "dit" / "state.pt"
     batches = Batches(pool, cfg)
     params = [p for p in transformer.parameters() if p.requires_grad]
@@ -158,7 +158,7 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
         step, log.rows, seconds = state["step"], state["log"], state["seconds"]
         total, planned = state["total_steps"], state.get("planned_steps", state["total_steps"])
     transformer.train()
-    started, ran, marks = time.monotonic(), 0, {}
+    started, ran = time.monotonic(), 0
     family_loss: dict[str, list] = {}
 
     def save():
@@ -170,7 +170,7 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
         if budget.expired() or (stop_after is not None and ran >= stop_after):
             save()
             return {"done": False, "step": step, "log": log.rows, "seconds": seconds + time.monotonic() - started}
-        set_lr(optimizer, lr_at(step, total, cfg.dit_lr, cfg.dit_warmup))
+        set_lr(optimizer, lr_at(step, cfg.dit_lr, cfg.dit_warmup))
         draw = batches.draw(step)
         loss, metrics = flow_loss(transformer, batches, draw, cfg)
         optimizer.zero_grad(set_to_none=True)
@@ -180,8 +180,6 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
         ema.update(transformer, step)
         step += 1
         ran += 1
-        if fit_budget:
-            total = fitted_total(total, step, ran, time.monotonic() - started, budget, marks)
         family_loss.setdefault(draw["key"][0].split("-")[0], []).append(metrics["loss"])
         if step % cfg.log_every == 0 or step == total:
             extra = {f"loss_{k}": sum(v) / len(v) for k, v in family_loss.items()}

@@ -111,14 +111,14 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                 if finish_on_budget:
                     args.append("--finish-on-budget")
                 helper = subprocess.Popen(args)
-            result = train_video_vae(comps["vae"], cfg, state_dir, budget, stop_after, finish_on_budget)
+            result = train_video_vae(comps["vae"], cfg, state_dir, budget, stop_after)
         elif name == "audio-vae":
             if helper is not None:
                 helper.wait()
                 helper = None
                 if stage_done(state_dir, "audio-vae"):
                     continue
-            result = train_audio_vae(comps["audio_vae"], cfg, state_dir, budget, stop_after, finish_on_budget)
+            result = train_audio_vae(comps["audio_vae"], cfg, state_dir, budget, stop_after)
         elif name == "pool":
             _load_trained(comps["vae"], state_dir, "video_vae", cfg.device)
             _load_trained(comps["audio_vae"], state_dir, "audio_vae", cfg.device)
@@ -129,11 +129,10 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
             if pool is None:
                 pool = Pool.load(state_dir / "pool" / "pool.pt", cfg.device)
             if name == "dit":
-                result = train_dit(comps["transformer"], pool, cfg, state_dir, budget, stop_after, finish_on_budget)
+                result = train_dit(comps["transformer"], pool, cfg, state_dir, budget, stop_after)
             elif name == "distill":
                 load_ema_into(comps["transformer"], state_dir, cfg.device)
-                lora, result = train_distill(comps["transformer"], pool, cfg, state_dir, budget, stop_after,
-                                             finish_on_budget)
+                lora, result = train_distill(comps["transformer"], pool, cfg, state_dir, budget, stop_after)
             else:  # export
                 from h3.train.distill import DistillLora
                 from h3.train.export import environment, export_checkpoint
