@@ -191,10 +191,6 @@ def tiny_identity() -> str:
     return tiny.tiny_identity()
 
 
-def is_tiny_model(model: str) -> bool:
-    return model in TINY_MODELS
-
-
 def trained_tiny_dir() -> Path:
     """The shipped trained tiny checkpoint, or a CheckpointError that says what is missing and how to make it."""
     from h3.tiny_trained import TRAINED_DIR

@@ -308,3 +308,47 @@ def test_text_encoding_in_batches_equals_one_at_a_time(components):
     for (ids, _), got in zip(items, batched):
         one = conditioning.encode(te, proc, [(ids, None)])[0]
         torch.testing.assert_close(got, one, rtol=1e-5, atol=1e-5)
+
+
+def test_tiny_trained_missing_is_named(monkeypatch, tmp_path, fast_recipe):
+    import h3.tiny_trained as tt
+    from h3.runtime import CheckpointError, H3Runtime
+
+    monkeypatch.setattr(tt, "TRAINED_DIR", tmp_path / "absent")
+    with pytest.raises(CheckpointError, match=r"absent/modular_model_index\.json.*python -m h3\.train"):
+        H3Runtime.load("tiny-trained", fast_recipe, "cpu")
+
+
+def test_exported_checkpoint_and_turbo4_tiny_load_through_the_runtime(monkeypatch, checkpoint, tmp_path):
+    """The export layout loads as --model tiny-trained, and turbo4-tiny's LoRA goes through the LoRA lever (diffusers'
+    MiniMaxH3LoraLoaderMixin) matching every module it targets: 7 per DiT block."""
+    import shutil
+
+    import h3.tiny_trained as tt
+    from h3.recipe import load_recipe, recipe_from_dict
+    from h3.runtime import GenerateRequest, H3Runtime
+    from h3.train.lora import DistillLora
+
+    root = tmp_path / "tiny"
+    shutil.copytree(checkpoint, root)
+    monkeypatch.setattr(tt, "TRAINED_DIR", root)
+    monkeypatch.setattr(tt, "TURBO4_LORA_FILE", root / "lora" / "turbo4-tiny.safetensors")
+    runtime = H3Runtime.load("tiny-trained", load_recipe("baseline"), "cpu")
+    lora = DistillLora(runtime.pipe.transformer, rank=4, adaln_rank=2)
+    with torch.no_grad():
+        for name, p in lora.factors.items():
+            if name.endswith("_B"):
+                p.normal_(0, 0.02)
+    lora.save(root / "lora" / "turbo4-tiny.safetensors")
+    recipe = load_recipe("turbo4-tiny").model_dump()
+    recipe.update(steps=2, dtype="float32")
+    runtime = H3Runtime.load("tiny-trained", recipe_from_dict(recipe), "cpu")
+    telemetry = runtime.levers["lora"].telemetry()
+    blocks = len(runtime.pipe.transformer.transformer_blocks)
+    assert telemetry["applied"] and telemetry["fused"]
+    assert telemetry["matched_modules"] == telemetry["file_modules"] == 7 * blocks
+    assert runtime.model == "tiny-trained" and runtime.default_size == (128, 128)
+    record = runtime.generate(GenerateRequest(prompt="a red circle moves left to right while a low tone hums; the "
+                                                     "background is plain", seed=0), tmp_path / "clip.mp4")
+    assert record.shape.num_frames == 124 and record.executed.forward_passes == 2
+    assert record.shape.sequence_length == record.shape.num_text_tokens + 37 * 4 + 2 * 207
