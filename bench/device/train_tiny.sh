@@ -8,6 +8,10 @@
 # tool's limits (8 files, 16 MiB each): the exported checkpoint (h3/assets/tiny) as tiny.tgz.part-*, the DiT and
 # distill states for a resume as state.tar.part-*, and the log. On a machine of your own, the one command is
 # `python -m h3.train all --out DIR` (the record's "reproduce" line fixes the step counts).
+#
+# Training that needs more than one call: RESUME_FROM=<folder holding an earlier call's state.tar.part-*> (carried
+# with the call) unpacks those states first; `all` then skips the finished stages, rebuilds the latent pool from the
+# seed (about 75 s) and continues the unfinished one. Finished stages travel without their optimizer state.
 set -u
 out=$1
 BUDGET_S=${BUDGET_S:-560}
@@ -21,6 +25,9 @@ export PYTHONUNBUFFERED=1
 mkdir -p "$out"
 run=${RUN_DIR:-/tmp/h3-train}
 start=$SECONDS
+if [ -n "${RESUME_FROM:-}" ]; then
+  mkdir -p "$run/state" && cat "$RESUME_FROM"/state.tar.part-* | tar -C "$run/state" -xf - || exit 1
+fi
 nvidia-smi -L 2>/dev/null || true
 timeout $((BUDGET_S - 25)) ${PYTHON:-python3} -m h3.train all --out "$run" --device "${DEVICE:-cuda}" --finish-on-budget \
   --max-seconds $((BUDGET_S - 45)) --stage-seconds "${STAGE_SECONDS:-video-vae=95,audio-vae=95,dit=235,distill=80,export=15}" \
@@ -31,6 +38,17 @@ grep -E "stage |step .*(00|/[0-9]+) |exported|Error|error" "$out/train.log" | ta
 if [ -d "$run/tiny" ]; then
   tar -C "$run" -czf - tiny | split -b 15m - "$out/tiny.tgz.part-"
 fi
-[ -d "$run/state" ] && ( cd "$run/state" && tar -cf - $(ls -d dit/state.pt distill/state.pt 2>/dev/null) ) | split -b 15m - "$out/state.tar.part-"
+if [ -d "$run/state" ]; then
+  ${PYTHON:-python3} - "$run/state" <<'PY'
+import sys, torch
+from pathlib import Path
+for path in Path(sys.argv[1]).glob("*/state.pt"):
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if state.get("step", 0) >= state.get("total_steps", 1) and "opt" in state:
+        del state["opt"]  # finished: the next call only reads its weights
+        torch.save(state, path)
+PY
+  ( cd "$run/state" && tar -cf - $(ls -d */state.pt 2>/dev/null) ) | split -b 15m - "$out/state.tar.part-"
+fi
 ls -la "$out"
 exit $rc

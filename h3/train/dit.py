@@ -152,7 +152,8 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
         ema = EMA(transformer, cfg.dit_ema)
     else:
         transformer.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["opt"])
+        if "opt" in state:  # a finished stage travels without it (bench/device/train_tiny.sh)
+            optimizer.load_state_dict(state["opt"])
         ema = EMA(transformer, cfg.dit_ema)
         ema.shadow = state["ema"]
         step, log.rows, seconds = state["step"], state["log"], state["seconds"]
