@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", type=Path, help="a config.json written by an earlier slice")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a TrainConfig field")
     parser.add_argument("--max-seconds", type=float)
+    parser.add_argument("--deadline", type=float, help="end at this time.time() value (what torchrun ranks get)")
     parser.add_argument("--stage-seconds", default="", help="per-stage budgets, e.g. dit=300,distill=90")
     parser.add_argument("--stop-after", type=int, help="end each training stage's slice after N steps")
     parser.add_argument("--finish-on-budget", action="store_true")
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         stage_seconds[key] = float(value)
     return run(args.stage, cfg, args.out, max_seconds=args.max_seconds, stage_seconds=stage_seconds,
                stop_after=args.stop_after, finish_on_budget=args.finish_on_budget, command=command,
-               code_commit=commit or args.code_commit)
+               code_commit=commit or args.code_commit, deadline=args.deadline)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from h3.train.common import (
-    Budget, StageLog, TrainConfig, autocast, generators, load_state, lr_at, save_state, set_lr,
+    Budget, Dist, StageLog, TrainConfig, autocast, generators, load_state, lr_at, save_state, set_lr,
 )
 from h3.train.dit import Batches, sample
 from h3.train.lora import DistillLora
@@ -30,12 +30,15 @@ DISTILL_WARMUP = 100
 
 
 @torch.no_grad()
-def teacher_set(transformer, pool: Pool, cfg: TrainConfig, chunk: int = 128) -> list[dict]:
-    """Teacher samples grouped by layout: presentation ids, noise and the teacher's 29-step latents."""
+def teacher_set(transformer, pool: Pool, cfg: TrainConfig, chunk: int = 128, rank: int = 0,
+                world: int = 1) -> list[dict]:
+    """Teacher samples grouped by layout: presentation ids, noise and the teacher's 29-step latents. With several
+    ranks, rank ``r`` makes (and trains on) every ``world``-th of the picked samples."""
     batches = Batches(pool, cfg)
     cpu_g, _ = generators(cfg.seed, "teacher/pick", 0, cfg.device)
     t2va = [i for i, task in enumerate(pool.tasks) if task == "t2va"]
     picks = [t2va[int(i)] for i in torch.randperm(len(t2va), generator=cpu_g)[:cfg.distill_teacher_samples]]
+    picks = picks[rank::world]
     by_len: dict[int, list[int]] = {}
     for p in picks:
         by_len.setdefault(int(pool.texts[p].shape[0]), []).append(p)
@@ -45,7 +48,8 @@ def teacher_set(transformer, pool: Pool, cfg: TrainConfig, chunk: int = 128) -> 
         layout = batches.layout(key, pool.tags[members[0]])
         for start in range(0, len(members), chunk):
             part = members[start:start + chunk]
-            _, gen = generators(cfg.seed, "teacher/noise", n * 100000 + start, cfg.device)
+            _, gen = generators(cfg.seed, "teacher/noise" if rank == 0 else f"teacher/noise/rank{rank}",
+                                n * 100000 + start, cfg.device)
             text = torch.stack([pool.texts[p] for p in part]).float()
             nv = torch.randn((len(part), len(layout.video_indices), 24 * 16), generator=gen, device=cfg.device)
             na = torch.randn((len(part), len(layout.audio_indices), 32), generator=gen, device=cfg.device)
@@ -88,15 +92,17 @@ def distill_loss(transformer, batches: Batches, group: dict, index: torch.Tensor
 
 
 def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budget,
-                  stop_after: int | None = None) -> tuple[DistillLora, dict]:
-    """``transformer`` holds the teacher weights (frozen here); returns the trained LoRA (detached) and the log."""
+                  stop_after: int | None = None, dist: Dist | None = None) -> tuple[DistillLora, dict]:
+    """``transformer`` holds the teacher weights (frozen here); returns the trained LoRA (detached) and the log. With
+    several ranks (``dist``) each makes its share of the teacher set and the LoRA's gradients are averaged."""
+    dist = dist or Dist()
     transformer.requires_grad_(False)
     transformer.eval()
-    teacher_path = out / "distill" / "teacher.pt"
+    teacher_path = out / "distill" / ("teacher.pt" if dist.world == 1 else f"teacher-{dist.rank}of{dist.world}.pt")
     groups = load_state(teacher_path, cfg.device)
     if groups is None:
         started = time.monotonic()
-        groups = teacher_set(transformer, pool, cfg)
+        groups = teacher_set(transformer, pool, cfg, rank=dist.rank, world=dist.world)
         save_state(teacher_path, groups)
         logger.info("teacher set in %.1f s", time.monotonic() - started)
     batches = Batches(pool, cfg)
@@ -111,34 +117,38 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
             optimizer.load_state_dict(state["opt"])
         step, log.rows, seconds = state["step"], state["log"], state["seconds"]
         total, planned = state["total_steps"], state.get("planned_steps", state["total_steps"])
+    dist.broadcast(lora)
     grid = student_grid(cfg.distill_student_steps, cfg.device)
     sizes = torch.tensor([len(g["presentations"]) for g in groups], dtype=torch.float)
     lora.attach(transformer)
     started, ran = time.monotonic(), 0
 
     def save():
+        if not dist.main:
+            return
         save_state(path, {"lora": lora.state_dict(), "opt": optimizer.state_dict(), "step": step, "log": log.rows,
                           "seconds": seconds + time.monotonic() - started, "total_steps": total,
                           "planned_steps": planned})
 
     try:
         while step < total:
-            if budget.expired() or (stop_after is not None and ran >= stop_after):
+            if dist.any(budget.expired(), cfg.device) or (stop_after is not None and ran >= stop_after):
                 save()
                 return lora, {"done": False, "step": step, "log": log.rows,
                               "seconds": seconds + time.monotonic() - started}
             set_lr(optimizer, lr_at(step, cfg.distill_lr, DISTILL_WARMUP))
-            cpu_g, _ = generators(cfg.seed, "distill", step, cfg.device)
+            cpu_g, _ = generators(cfg.seed, dist.stream("distill"), step, cfg.device)
             group = groups[int(torch.multinomial(sizes, 1, generator=cpu_g))]
             index = torch.randint(len(group["presentations"]), (cfg.distill_batch,), generator=cpu_g).to(cfg.device)
             loss, parts = distill_loss(transformer, batches, group, index, grid, cfg)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            dist.average_grads(lora.parameters())
             torch.nn.utils.clip_grad_norm_(lora.parameters(), 1.0)
             optimizer.step()
             step += 1
             ran += 1
-            if step % cfg.log_every == 0 or step == total:
+            if (step % cfg.log_every == 0 or step == total) and dist.main:
                 log.add(step, loss=loss.item(), **parts)
                 logger.info("distill step %d/%d loss %.4f %s", step, total, loss.item(),
                             {k: round(v, 4) for k, v in parts.items()})

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from h3.train.common import (
-    EMA, Budget, StageLog, TrainConfig, autocast, generators, load_state, lr_at, save_state, set_lr,
+    EMA, Budget, Dist, StageLog, TrainConfig, autocast, generators, load_state, lr_at, save_state, set_lr,
 )
 from h3.train.packing import (
     AUDIO_SHIFT, KEYFRAME_NOISE_AUG, VIDEO_SHIFT, Layout, audio_rows, packed_forward, patchify, ref2va_layout,
@@ -136,11 +136,15 @@ def flow_loss(transformer, batches: Batches, draw: dict, cfg: TrainConfig) -> tu
     loss_v = (pv[:, n_cond:].float() - (x0_v - noise_v)).pow(2).mean()
     loss_a = (pa.float() - (x0_a - noise_a)).pow(2).mean()
     loss = loss_v + cfg.dit_audio_weight * loss_a
-    return loss, {"loss": loss.item(), "video": loss_v.item(), "audio": loss_a.item()}
+    # Detached tensors, not floats: reading them back syncs the GPU, so that happens only when a step is logged.
+    return loss, {"loss": loss.detach(), "video": loss_v.detach(), "audio": loss_a.detach()}
 
 
 def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budget,
-              stop_after: int | None = None) -> dict:
+              stop_after: int | None = None, dist: Dist | None = None) -> dict:
+    """Flow-matching training of ``transformer`` (resumable). With several ranks (``dist``) each draws its own batch
+    of ``dit_batch`` requests and the gradients are averaged: the effective batch is ``ranks x dit_batch``."""
+    dist = dist or Dist()
     path = out / "dit" / "state.pt"
     batches = Batches(pool, cfg)
     params = [p for p in transformer.parameters() if p.requires_grad]
@@ -158,35 +162,44 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
         ema.shadow = state["ema"]
         step, log.rows, seconds = state["step"], state["log"], state["seconds"]
         total, planned = state["total_steps"], state.get("planned_steps", state["total_steps"])
+    dist.broadcast(transformer)
     transformer.train()
     started, ran = time.monotonic(), 0
     family_loss: dict[str, list] = {}
+    stream = dist.stream("dit")
 
     def save():
+        if not dist.main:
+            return
         save_state(path, {"model": transformer.state_dict(), "opt": optimizer.state_dict(), "ema": ema.shadow,
                           "step": step, "log": log.rows, "seconds": seconds + time.monotonic() - started,
                           "total_steps": total, "planned_steps": planned})
 
     while step < total:
-        if budget.expired() or (stop_after is not None and ran >= stop_after):
+        stop = stop_after is not None and ran >= stop_after
+        if not stop and (dist.world == 1 or step % 10 == 0):  # the ranks agree every 10 steps (a GPU sync)
+            stop = dist.any(budget.expired(), cfg.device)
+        if stop:
             save()
             return {"done": False, "step": step, "log": log.rows, "seconds": seconds + time.monotonic() - started}
         set_lr(optimizer, lr_at(step, cfg.dit_lr, cfg.dit_warmup))
-        draw = batches.draw(step)
+        draw = batches.draw(step, stage=stream)
         loss, metrics = flow_loss(transformer, batches, draw, cfg)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        dist.average_grads(params)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         ema.update(transformer, step)
         step += 1
         ran += 1
         family_loss.setdefault(draw["key"][0].split("-")[0], []).append(metrics["loss"])
-        if step % cfg.log_every == 0 or step == total:
-            extra = {f"loss_{k}": sum(v) / len(v) for k, v in family_loss.items()}
-            family_loss.clear()
+        if (step % cfg.log_every == 0 or step == total) and dist.main:
+            extra = {f"loss_{k}": float(torch.stack(v).mean()) for k, v in family_loss.items()}
             log.add(step, **metrics, **extra)
-            logger.info("dit step %d/%d %s", step, total, {k: round(v, 4) for k, v in metrics.items()})
+            logger.info("dit step %d/%d %s", step, total, {k: round(float(v), 4) for k, v in metrics.items()})
+        if step % cfg.log_every == 0 or step == total:
+            family_loss.clear()
         if step % cfg.checkpoint_every == 0:
             save()
     save()

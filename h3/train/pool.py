@@ -71,28 +71,66 @@ def _channel_stats(x: torch.Tensor, dim: int) -> tuple[list[float], list[float]]
 
 
 @torch.no_grad()
-def build_pool(components: dict, cfg: TrainConfig, chunk: int = 64) -> Pool:
+def _encode_chunk(vae, audio_vae, batch, device, n_keyed: int) -> dict:
+    frames = render_video(batch, device)
+    with autocast(device):
+        video = vae.encode(normalize_frames(frames)).latent_dist.mode().float().to(torch.bfloat16)
+    audio = render_audio(batch, device)
+    mono = audio.reshape(-1, 1, audio.shape[-1])
+    lat = audio_vae.encode(mono).latent_dist.mode().float()
+    out = {"video": video, "audio": lat.reshape(len(batch), 2, *lat.shape[1:]).to(torch.bfloat16)}
+    if n_keyed:
+        out["first"] = frames[:n_keyed, 0].permute(0, 3, 1, 2).contiguous()
+        out["last"] = frames[:n_keyed, -1].permute(0, 3, 1, 2).contiguous()
+        out["refs"] = reference_images(batch[:n_keyed], device).permute(0, 3, 1, 2).contiguous()
+    return out
+
+
+@torch.no_grad()
+def build_pool(components: dict, cfg: TrainConfig, chunk: int = 64, devices: list | None = None) -> Pool:
+    """``devices``: the chunks of clips are rendered and encoded on these in turn (a thread and a copy of the VAEs
+    per device); everything lands on ``cfg.device``. The result does not depend on how many devices encode."""
+    from concurrent.futures import ThreadPoolExecutor
+
     device = cfg.device
     vae, audio_vae = components["vae"].eval(), components["audio_vae"].eval()
     text_encoder, tokenizer, processor = components["text_encoder"], components["tokenizer"], components["processor"]
     scenes = sample_scenes(scene_stream(cfg.seed, "pool"), cfg.pool_size)
     keyed = int(round(cfg.pool_size * cfg.pool_keyframe_share))
-    videos, audios, first, last, refs = [], [], [], [], []
-    for start in range(0, len(scenes), chunk):
-        batch = scenes[start:start + chunk]
-        frames = render_video(batch, device)
-        with autocast(device):
-            videos.append(vae.encode(normalize_frames(frames)).latent_dist.mode().float().to(torch.bfloat16))
-        audio = render_audio(batch, device)
-        mono = audio.reshape(-1, 1, audio.shape[-1])
-        lat = audio_vae.encode(mono).latent_dist.mode().float()
-        audios.append(lat.reshape(len(batch), 2, *lat.shape[1:]).to(torch.bfloat16))
-        n_keyed = max(0, min(len(batch), keyed - start))
-        if n_keyed:
-            first.extend(frames[:n_keyed, 0].permute(0, 3, 1, 2).contiguous())
-            last.extend(frames[:n_keyed, -1].permute(0, 3, 1, 2).contiguous())
-            refs.extend(reference_images(batch[:n_keyed], device).permute(0, 3, 1, 2).contiguous())
-        logger.info("pool: encoded %d/%d clips", min(start + chunk, len(scenes)), len(scenes))
+    devices = list(devices or [device])
+    def replica(module, d):  # not deepcopy: weight-normed convolutions refuse it
+        copy = type(module).from_config(module.config)
+        copy.load_state_dict(module.state_dict())
+        return copy.to(d).eval()
+
+    models = [(vae, audio_vae) if i == 0 and torch.device(d) == torch.device(device) else
+              (replica(vae, d), replica(audio_vae, d)) for i, d in enumerate(devices)]
+    starts = list(range(0, len(scenes), chunk))
+
+    def worker(k: int) -> dict:
+        done = {}
+        for n, start in enumerate(starts):
+            if n % len(devices) != k:
+                continue
+            batch = scenes[start:start + chunk]
+            done[start] = {key: t.to(device) for key, t in _encode_chunk(
+                *models[k], batch, devices[k], max(0, min(len(batch), keyed - start))).items()}
+            if k == 0:
+                logger.info("pool: encoded %d/%d clips", min(start + chunk, len(scenes)), len(scenes))
+        return done
+
+    if len(devices) == 1:
+        parts = worker(0)
+    else:
+        with ThreadPoolExecutor(len(devices)) as ex:
+            parts = {}
+            for d in ex.map(worker, range(len(devices))):
+                parts.update(d)
+    videos = [parts[s]["video"] for s in starts]
+    audios = [parts[s]["audio"] for s in starts]
+    first = [f for s in starts if "first" in parts[s] for f in parts[s]["first"]]
+    last = [f for s in starts if "last" in parts[s] for f in parts[s]["last"]]
+    refs = [f for s in starts if "refs" in parts[s] for f in parts[s]["refs"]]
     video, audio = torch.cat(videos), torch.cat(audios)
 
     vmean, vstd = _channel_stats(video.float(), 1)

@@ -10,6 +10,7 @@ ran) and the next stage starts: what one device call of 10 minutes needs.
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from h3.train.common import Budget, TrainConfig, load_state, save_state, write_json
+from h3.train.common import Budget, Dist, TrainConfig, load_state, save_state, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,34 @@ def _load_trained(module, state_dir: Path, stage: str, device) -> None:
     module.load_state_dict(state["model"])
 
 
+def gpu_count(cfg: TrainConfig) -> int:
+    return torch.cuda.device_count() if torch.device(cfg.device).type == "cuda" else 0
+
+
+def stage_ranks(cfg: TrainConfig) -> int:
+    """How many data-parallel ranks the dit and distill stages get: ``cfg.ranks``, at most one per GPU on CUDA (a
+    CPU run with ranks > 1 uses gloo: the CPU test of the torchrun path)."""
+    if torch.device(cfg.device).type == "cuda":
+        return max(1, min(cfg.ranks, gpu_count(cfg)))
+    return max(1, cfg.ranks)
+
+
+def _torchrun(stage: str, ranks: int, out: Path, deadline: float | None, stop_after: int | None,
+              finish_on_budget: bool) -> int:
+    """Run one stage as ``ranks`` torchrun processes (one per GPU) and wait for them."""
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "-m",
+            "h3.train", stage, "--out", str(out), "--config", str(out / "config.json")]
+    if deadline is not None:
+        args += ["--deadline", repr(deadline)]
+    if stop_after is not None:
+        args += ["--stop-after", str(stop_after)]
+    if finish_on_budget:
+        args.append("--finish-on-budget")
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "4"))
+    logger.info("stage %s: %d ranks: %s", stage, ranks, " ".join(args))
+    return subprocess.run(args, env=env).returncode
+
+
 def _apply_stats(comps: dict, pool) -> None:
     comps["vae"].register_to_config(latents_mean=list(pool.video_stats[0]), latents_std=list(pool.video_stats[1]))
     comps["audio_vae"].register_to_config(latents_mean=list(pool.audio_stats[0]),
@@ -71,8 +100,12 @@ def _apply_stats(comps: dict, pool) -> None:
 
 def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = None,
         stage_seconds: dict | None = None, stop_after: int | None = None, finish_on_budget: bool = False,
-        command: str = "", code_commit: str = "", parallel_vaes: bool | None = None) -> int:
-    """Run one stage or ``all``; returns 0 when what was asked is done, :data:`EXIT_RESUME` when a budget ran out."""
+        command: str = "", code_commit: str = "", parallel_vaes: bool | None = None,
+        deadline: float | None = None) -> int:
+    """Run one stage or ``all``; returns 0 when what was asked is done, :data:`EXIT_RESUME` when a budget ran out.
+
+    ``deadline`` (a ``time.time()`` value) ends the whole run at that wall-clock moment, whenever it started: what the
+    torchrun ranks of a stage get, so that their start-up counts against the stage's budget."""
     from h3.train.dit import load_ema_into, train_dit
     from h3.train.distill import train_distill
     from h3.train.pool import Pool, build_pool
@@ -81,12 +114,24 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     out = Path(out)
     state_dir = out / "state"
     state_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out / "config.json", {"config": cfg.to_dict(), "command": command, "code_commit": code_commit})
+    dist = Dist.from_env()
+    if dist.world > 1:
+        if torch.device(cfg.device).type == "cuda":
+            cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', dist.rank))}"
+        if not dist.main:
+            logging.getLogger().setLevel(logging.WARNING)
+    else:
+        write_json(out / "config.json", {"config": cfg.to_dict(), "command": command, "code_commit": code_commit})
+    if deadline is not None:
+        left = deadline - time.time()
+        max_seconds = left if max_seconds is None else min(max_seconds, left)
     overall = Budget(max_seconds)
     stage_seconds = stage_seconds or {}
     todo = list(STAGES) if stage == "all" else [stage]
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True  # fixed shapes per stage: pick the fastest 3-D convolution once
+    ranks = stage_ranks(cfg) if dist.world == 1 else dist.world
     comps = components(cfg)
     pool = None
     lora = None
@@ -106,6 +151,8 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
             if parallel_vaes and not stage_done(state_dir, "audio-vae"):
                 args = [sys.executable, "-m", "h3.train", "audio-vae", "--out", str(out), "--config",
                         str(out / "config.json")]
+                if gpu_count(cfg) > 1:  # its own GPU
+                    args += ["--device", "cuda:1"]
                 if "audio-vae" in stage_seconds or max_seconds is not None:
                     args += ["--max-seconds", str(min(overall.left(), stage_seconds.get("audio-vae", 1e9)))]
                 if finish_on_budget:
@@ -122,17 +169,25 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
         elif name == "pool":
             _load_trained(comps["vae"], state_dir, "video_vae", cfg.device)
             _load_trained(comps["audio_vae"], state_dir, "audio_vae", cfg.device)
-            pool = build_pool(comps, cfg)
+            devices = [cfg.device] if gpu_count(cfg) < 2 else [f"cuda:{i}" for i in range(gpu_count(cfg))]
+            pool = build_pool(comps, cfg, devices=devices)
             pool.save(state_dir / "pool" / "pool.pt")
             result = {"done": True, "seconds": time.monotonic() - started}
+        elif name in ("dit", "distill") and ranks > 1 and dist.world == 1:
+            pool = None  # the ranks load it themselves; free this process's copy
+            end = None if budget.deadline is None else time.time() + budget.left()
+            code = _torchrun(name, ranks, out, end, stop_after, finish_on_budget)
+            if code != 0:
+                raise RuntimeError(f"stage {name}: torchrun exited with {code}")
+            result = {"done": stage_done(state_dir, name)}
         else:
             if pool is None:
                 pool = Pool.load(state_dir / "pool" / "pool.pt", cfg.device)
             if name == "dit":
-                result = train_dit(comps["transformer"], pool, cfg, state_dir, budget, stop_after)
+                result = train_dit(comps["transformer"], pool, cfg, state_dir, budget, stop_after, dist)
             elif name == "distill":
                 load_ema_into(comps["transformer"], state_dir, cfg.device)
-                lora, result = train_distill(comps["transformer"], pool, cfg, state_dir, budget, stop_after)
+                lora, result = train_distill(comps["transformer"], pool, cfg, state_dir, budget, stop_after, dist)
             else:  # export
                 from h3.train.distill import DistillLora
                 from h3.train.export import environment, export_checkpoint
@@ -152,9 +207,12 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                     time.monotonic() - started)
         if not result["done"]:
             if finish_on_budget and name not in ("pool", "export"):
-                _cut(state_dir, name)
+                if dist.main:
+                    _cut(state_dir, name)
+                dist.barrier()
                 continue
-            return EXIT_RESUME
+            # A torchrun rank exits 0 (a non-zero rank makes torchrun stop the others); the parent reads the state.
+            return EXIT_RESUME if dist.world == 1 else 0
     if helper is not None:
         helper.wait()
     return 0

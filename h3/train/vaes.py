@@ -66,7 +66,7 @@ def video_vae_loss(vae, cfg: TrainConfig, step: int) -> tuple[torch.Tensor, dict
     rec = (weight * err.abs()).mean() + (weight * err * err).mean()
     kl = _kl(posterior.mean, posterior.logvar)
     loss = rec + cfg.video_vae_kl * kl
-    return loss, {"loss": loss.item(), "recon": rec.item(), "kl": kl.item(), "l1": err.abs().mean().item()}
+    return loss, {"loss": loss.detach(), "recon": rec.detach(), "kl": kl.detach(), "l1": err.detach().abs().mean()}
 
 
 def audio_vae_loss(audio_vae, cfg: TrainConfig, step: int) -> tuple[torch.Tensor, dict]:
@@ -94,8 +94,8 @@ def audio_vae_loss(audio_vae, cfg: TrainConfig, step: int) -> tuple[torch.Tensor
     emphasis = derr.abs().mean() + 10 * derr.pow(2).mean()
     l2 = mean.pow(2).mean()
     loss = 5 * (wave + emphasis) + cfg.audio_vae_kl * l2
-    return loss, {"loss": loss.item(), "wave": wave.item(), "emphasis": emphasis.item(), "mean_l2": l2.item(),
-                  "l1": err.abs().mean().item()}
+    return loss, {"loss": loss.detach(), "wave": wave.detach(), "emphasis": emphasis.detach(), "mean_l2": l2.detach(),
+                  "l1": err.detach().abs().mean()}
 
 
 def run_stage(name: str, module: torch.nn.Module, loss_fn, total_steps: int, lr: float, cfg: TrainConfig, out: Path,
@@ -134,7 +134,7 @@ def run_stage(name: str, module: torch.nn.Module, loss_fn, total_steps: int, lr:
         ran += 1
         if step % cfg.log_every == 0 or step == total_steps:
             log.add(step, **metrics)
-            logger.info("%s step %d/%d %s", name, step, total_steps, metrics)
+            logger.info("%s step %d/%d %s", name, step, total_steps, log.rows[-1])
         if step % cfg.checkpoint_every == 0:
             save()
     save()
