@@ -47,7 +47,7 @@ fi
 nvidia-smi -L 2>/dev/null || true
 left=$((BUDGET_S - SECONDS))
 timeout $((left - 15)) ${PYTHON:-python3} -m h3.train all --out "$run" --device "${DEVICE:-cuda}" --finish-on-budget \
-  --max-seconds $((left - 35)) --stage-seconds "${STAGE_SECONDS:-video-vae=175,audio-vae=175,dit=215,distill=60,export=15}" \
+  --max-seconds $((left - 35)) --stage-seconds "${STAGE_SECONDS:-video-vae=175,audio-vae=175,dit=235,distill=60,export=15}" \
   --code-commit "${COMMIT:-}" ${EXTRA_ARGS:-} >"$out/train.log" 2>&1
 rc=$?
 echo "train exit $rc at $SECONDS s"
