@@ -217,3 +217,17 @@ def test_shipped_world_suites_are_what_the_generator_writes():
     for line in suite_lines("world-heldout"):
         assert {(s["colour"], s["shape"]) for s in parse_caption(line["prompt"])} <= HELD_OUT_PAIRS
         assert line["ground_truth"]["caption"] == line["prompt"]
+    # The keyframe and reference suites' PNGs are the scenes' frames and reference stills, pixel for pixel.
+    from PIL import Image
+
+    from h3.world.suites import suite_images
+
+    for name in ("world-fl2va", "world-ref2va"):
+        lines = suite_lines(name)
+        assert lines and all({(s["colour"], s["shape"]) for s in line["ground_truth"]["shapes"]} <= HELD_OUT_PAIRS
+                             for line in lines)
+        for line in lines:
+            images = suite_images(line)
+            assert len(images) == (2 if name == "world-fl2va" else 1)
+            for rel, pixels in images.items():
+                assert np.array_equal(np.asarray(Image.open(root / rel).convert("RGB")), pixels), rel
