@@ -179,9 +179,9 @@ def main() -> int:
         load_video(store.clip_path(recipe, "p0", 0))
         load_audio(store.clip_path(recipe, "p0", 0))
     decode_s, decode_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    from h3eval.gaterun import _Sides  # the runner's own clip loading
+    from h3eval.gaterun import ClipSides  # the runner's own clip loading
 
-    sides = _Sides(store)
+    sides = ClipSides(store)
     per_gate = {}
     for name in gates:
         from gates.base import PairContext, PairRef

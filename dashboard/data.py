@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import os
 import re
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,9 +18,8 @@ import numpy as np
 import pandas as pd
 from pydantic import ValidationError
 
-from gates.base import GateResult
-from h3.record import ClipRecord
-from h3eval.store import RunManifest
+from h3eval import stats as S
+from h3eval.store import GateResultError, RecordError, RunManifest, RunStore, read_clip_record, read_gate_result
 
 logger = logging.getLogger(__name__)
 
@@ -44,48 +40,8 @@ _CLIP_NAME = re.compile(r"^(?P<prompt>.+)-s(?P<seed>\d+)\.json$")
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Statistics
+# Statistics (the numbers themselves are h3eval.stats': the dashboard, speed.json and the verdict share them)
 # ---------------------------------------------------------------------------------------------------------------
-def bootstrap_ci(
-    samples: Iterable[np.ndarray] | np.ndarray,
-    statistic: Callable[..., np.ndarray],
-    *,
-    n_resamples: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> tuple[float, float] | None:
-    """Percentile bootstrap confidence interval of ``statistic`` over paired samples.
-
-    ``samples`` is one array or a sequence of equally long arrays that are resampled *together* (the same indices
-    for each: pairs stay pairs). ``statistic(*resampled)`` receives arrays of shape (n_resamples, n) and returns
-    one value per resample (axis -1 reduced). Returns (low, high) at ``confidence``, or None with fewer than two
-    samples (no interval can be estimated from one pair).
-    """
-    arrays = [np.asarray(samples, dtype=np.float64)] if isinstance(samples, np.ndarray) else [
-        np.asarray(a, dtype=np.float64) for a in samples
-    ]
-    n = arrays[0].shape[0]
-    if any(a.shape != (n,) for a in arrays):
-        raise ValueError(f"bootstrap samples must be 1-D and equally long, got shapes {[a.shape for a in arrays]}")
-    if n < 2:
-        return None
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_resamples, n))
-    stats = np.asarray(statistic(*[a[idx] for a in arrays]), dtype=np.float64)
-    alpha = (1.0 - confidence) / 2.0
-    low, high = np.quantile(stats, [alpha, 1.0 - alpha])
-    return float(low), float(high)
-
-
-def speedup_of_means(baseline: np.ndarray, candidate: np.ndarray) -> np.ndarray:
-    """Speedup as the ratio of mean latencies over the same pairs (= total baseline time / total candidate time).
-
-    The ratio of means rather than the mean of per-pair ratios: it is what a server running this prompt mix sees
-    in throughput, and it is not dominated by one short clip with a large ratio.
-    """
-    return np.mean(baseline, axis=-1) / np.mean(candidate, axis=-1)
-
-
 def pareto_front(points: pd.DataFrame, x: str, y: str, higher_y_is_better: bool) -> pd.Series:
     """Boolean mask of the rows not dominated by another row: higher ``x`` is better, ``y`` as declared.
 
@@ -174,29 +130,10 @@ def fingerprint(root: str | Path) -> tuple:
     """A cheap key that changes whenever a file of the run is added, removed or rewritten (names and mtimes).
 
     Used as the cache key so that a warm page does not re-parse the run, while a gate finishing in the background
-    shows up on the next rerun. Stats only the JSON and manifest files (the MP4s are keyed by their own mtime).
+    shows up on the next rerun. Stats only the JSON and manifest files (the MP4s are keyed by their own mtime); the
+    run store knows which (:meth:`h3eval.store.RunStore.fingerprint`).
     """
-    root = Path(root)
-    entries: list[tuple[str, int]] = []
-    for sub in ("", "clips", "gates"):
-        base = root / sub if sub else root
-        if not base.exists():
-            continue
-        if not sub:
-            for name in ("run.json", "verdict.json"):
-                p = root / name
-                if p.exists():
-                    entries.append((name, p.stat().st_mtime_ns))
-            continue
-        for dirpath, _dirs, files in os.walk(base):
-            for name in files:
-                if name.endswith(".json"):
-                    p = os.path.join(dirpath, name)
-                    try:
-                        entries.append((p, os.stat(p).st_mtime_ns))
-                    except FileNotFoundError:  # replaced between walk and stat: the next rerun sees it
-                        continue
-    return tuple(sorted(entries))
+    return RunStore(root).fingerprint()
 
 
 def _read_json(path: Path, problems: list[str]) -> Any | None:
@@ -210,9 +147,10 @@ def _read_json(path: Path, problems: list[str]) -> Any | None:
 def load_run(root: str | Path, label: str | None = None) -> RunData:
     """Read one run directory: manifest, clip records, gate results and verdict. Never raises on a bad file."""
     root = Path(root)
+    store = RunStore(root)
     problems: list[str] = []
     manifest: dict[str, Any] | None = None
-    manifest_path = root / "run.json"
+    manifest_path = store.manifest_path
     if not manifest_path.exists():
         problems.append(f"{manifest_path}: missing (not a run directory?)")
     else:
@@ -223,10 +161,10 @@ def load_run(root: str | Path, label: str | None = None) -> RunData:
             except ValidationError as exc:
                 problems.append(f"{manifest_path}: not a valid run manifest ({exc.error_count()} errors)")
     label = label or root.name
-    clips = _load_clips(root, label, problems)
-    gates, results, directions = _load_gates(root, problems)
+    clips = _load_clips(store, label, problems)
+    gates, results, directions = _load_gates(store, problems)
     verdict = None
-    verdict_path = root / "verdict.json"
+    verdict_path = store.verdict_path
     if verdict_path.exists():
         raw = _read_json(verdict_path, problems)
         if isinstance(raw, dict):
@@ -246,41 +184,36 @@ def load_run(root: str | Path, label: str | None = None) -> RunData:
     )
 
 
-def _load_clips(root: Path, label: str, problems: list[str]) -> pd.DataFrame:
+def _load_clips(store: RunStore, label: str, problems: list[str]) -> pd.DataFrame:
     rows: list[dict[str, Any]] = []
-    clip_root = root / "clips"
-    if clip_root.exists():
-        for recipe_dir in sorted(p for p in clip_root.iterdir() if p.is_dir()):
-            for path in sorted(recipe_dir.glob("*.json")):
-                if path.name.endswith(".error.json") or not _CLIP_NAME.match(path.name):
-                    continue
-                raw = _read_json(path, problems)
-                if raw is None:
-                    continue
-                try:
-                    rec = ClipRecord.model_validate(raw)
-                except ValidationError as exc:
-                    problems.append(f"{path}: not a valid clip record ({exc.error_count()} errors)")
-                    continue
-                anatomy = rec.timings.stage_anatomy
-                row = {
-                    "run": label,
-                    "recipe": recipe_dir.name,
-                    "prompt_id": rec.request.prompt_id or _CLIP_NAME.match(path.name)["prompt"],
-                    "seed": rec.request.seed,
-                    "warmup": bool(rec.extra.get("warmup", False)),
-                    "generation_side_latency_s": rec.timings.generation_side_latency_s,
-                    "request_to_file_latency_s": rec.timings.request_to_file_latency_s,
-                    "duration_s": rec.shape.duration_s,
-                    "num_frames": rec.shape.num_frames,
-                    "fps": rec.shape.fps,
-                    "height": rec.shape.height,
-                    "width": rec.shape.width,
-                    "num_denoise_steps": len(anatomy.denoise_steps),
-                    **{stage: float(getattr(anatomy, stage)) for stage in STAGES},
-                    "mp4": str(path.with_suffix(".mp4")),
-                }
-                rows.append(row)
+    for recipe in store.clip_recipes():
+        for path in store.clip_record_paths(recipe):
+            if not _CLIP_NAME.match(path.name):
+                continue
+            try:
+                rec = read_clip_record(path)
+            except RecordError as exc:
+                problems.append(str(exc))
+                continue
+            anatomy = rec.timings.stage_anatomy
+            row = {
+                "run": label,
+                "recipe": recipe,
+                "prompt_id": rec.request.prompt_id or _CLIP_NAME.match(path.name)["prompt"],
+                "seed": rec.request.seed,
+                "warmup": bool(rec.extra.get("warmup", False)),
+                "generation_side_latency_s": rec.timings.generation_side_latency_s,
+                "request_to_file_latency_s": rec.timings.request_to_file_latency_s,
+                "duration_s": rec.shape.duration_s,
+                "num_frames": rec.shape.num_frames,
+                "fps": rec.shape.fps,
+                "height": rec.shape.height,
+                "width": rec.shape.width,
+                "num_denoise_steps": len(anatomy.denoise_steps),
+                **{stage: float(getattr(anatomy, stage)) for stage in STAGES},
+                "mp4": str(path.with_suffix(".mp4")),
+            }
+            rows.append(row)
     return pd.DataFrame(rows, columns=CLIP_COLUMNS)
 
 
@@ -289,23 +222,23 @@ GATE_COLUMNS = ["gate", "candidate", "baseline", "prompt_id", "seed", "status", 
 
 
 def _load_gates(
-    root: Path, problems: list[str]
+    store: RunStore, problems: list[str]
 ) -> tuple[pd.DataFrame, dict[tuple[str, str, str, int], dict[str, Any]], dict[str, dict[str, bool]]]:
     rows: list[dict[str, Any]] = []
     results: dict[tuple[str, str, str, int], dict[str, Any]] = {}
     directions: dict[str, dict[str, bool]] = {}
-    gate_root = root / "gates"
-    if not gate_root.exists():
+    gates = store.gates_present()
+    if not gates:
         return pd.DataFrame(columns=GATE_COLUMNS), results, directions
-    for gate_dir in sorted(p for p in gate_root.iterdir() if p.is_dir()):
-        for cand_dir in sorted(p for p in gate_dir.iterdir() if p.is_dir()):
-            for path in sorted(cand_dir.glob("*.json")):
+    for gate in gates:
+        for candidate in store.gate_candidates(gate):
+            for path in store.gate_result_files(gate, candidate):
                 m = _CLIP_NAME.match(path.name)
                 if not m:
                     continue  # not a per-pair result (e.g. a gate's summary file)
                 base_row = {
-                    "gate": gate_dir.name,
-                    "candidate": cand_dir.name,
+                    "gate": gate,
+                    "candidate": candidate,
                     "baseline": None,
                     "prompt_id": m["prompt"],
                     "seed": int(m["seed"]),
@@ -314,11 +247,10 @@ def _load_gates(
                     "identical": False,
                     "path": str(path),
                 }
-                raw = _read_json(path, problems)
                 try:
-                    result = GateResult.model_validate(raw) if raw is not None else None
-                except ValidationError as exc:
-                    problems.append(f"{path}: not a valid gate result ({exc.error_count()} errors)")
+                    result = read_gate_result(path)
+                except GateResultError as exc:
+                    problems.append(f"{path}: unreadable JSON ({exc.detail})" if exc.unreadable else str(exc))
                     result = None
                 if result is None:
                     rows.append({**base_row, "status": "unreadable", "error": f"{path.name} could not be read"})
@@ -336,9 +268,9 @@ def _load_gates(
                 }
                 for name, metric in result.metrics.items():
                     row[f"metric:{name}"] = metric.value
-                    directions.setdefault(gate_dir.name, {})[name] = metric.higher_is_better
+                    directions.setdefault(gate, {})[name] = metric.higher_is_better
                 rows.append(row)
-                results[(gate_dir.name, cand_dir.name, result.pair.prompt_id, result.pair.seed)] = result.model_dump(
+                results[(gate, candidate, result.pair.prompt_id, result.pair.seed)] = result.model_dump(
                     mode="json"
                 )
     frame = pd.DataFrame(rows)
@@ -365,17 +297,6 @@ def paired_latencies(run: RunData, candidate: str, column: str = "generation_sid
     return merged.rename(columns={f"{column}_baseline": "baseline", f"{column}_candidate": "candidate"})
 
 
-def dollars_per_clip(latency_s: float | None, hourly_rate: float | None) -> float | None:
-    """Cost of one clip: mean generation-side seconds x the machine's $/hour / 3600.
-
-    The field's own figure: seed 001 prices its ~80 s baseline 5 s clip at $13.16/h as "about $0.29 of GPU time"
-    (80 x 13.16 / 3600 = 0.292), i.e. generation-side time times the whole machine's hourly rate.
-    """
-    if latency_s is None or hourly_rate is None or not math.isfinite(latency_s):
-        return None
-    return latency_s * hourly_rate / 3600.0
-
-
 SPEED_COLUMNS = [
     "run",
     "recipe",
@@ -392,15 +313,17 @@ SPEED_COLUMNS = [
 ]
 
 
-def speed_table(run: RunData, hourly_rate: float | None = None, *, n_resamples: int = 2000) -> pd.DataFrame:
+def speed_table(run: RunData, hourly_rate: float | None = None, *,
+                n_resamples: int = S.DEFAULT_RESAMPLES) -> pd.DataFrame:
     """One row per recipe of the run: speedup with its paired bootstrap CI, p50 latencies, RTF, $/clip, verdict.
 
     - ``role``: baseline, candidate, or recipe (a run without a baseline: no speedup).
     - ``n``: warm clips (baseline, recipe) or warm pairs (candidate) the row is computed from.
-    - ``speedup``: :func:`speedup_of_means` over the pairs; the baseline is 1 by definition.
+    - ``speedup``: :func:`h3eval.stats.speedup` over the pairs (ratio of mean generation-side latencies, paired BCa
+      CI; no CI from fewer than two pairs); the baseline is 1 by definition.
     - ``p50_latency_s``: median generation-side latency (seed 000's definition) of the recipe's warm clips.
     - ``real_time_factor``: median of generation-side latency / clip duration (below 1 is faster than real time).
-    - ``dollars_per_clip``: :func:`dollars_per_clip` of the mean generation-side latency; None without a rate.
+    - ``dollars_per_clip``: :func:`h3eval.stats.usd_per_clip` (p50 request-to-file × rate); None without a rate.
     """
     rate = hourly_rate if hourly_rate is not None else run.hourly_rate
     clips = warm_clips(run)
@@ -427,7 +350,7 @@ def speed_table(run: RunData, hourly_rate: float | None = None, *, n_resamples: 
             "real_time_factor": float(np.median(lat / mine["duration_s"].to_numpy(dtype=np.float64)))
             if len(lat)
             else None,
-            "dollars_per_clip": dollars_per_clip(float(np.mean(lat)), rate) if len(lat) else None,
+            "dollars_per_clip": S.usd_per_clip(mine["request_to_file_latency_s"].tolist(), rate),
             "verdict": candidate_verdict(run.verdict, recipe) if role == "candidate" else None,
         }
         if role == "baseline":
@@ -438,10 +361,10 @@ def speed_table(run: RunData, hourly_rate: float | None = None, *, n_resamples: 
             if len(pairs):
                 b = pairs["baseline"].to_numpy(dtype=np.float64)
                 c = pairs["candidate"].to_numpy(dtype=np.float64)
-                row["speedup"] = float(speedup_of_means(b, c))
-                ci = bootstrap_ci([b, c], speedup_of_means, n_resamples=n_resamples)
-                if ci is not None:
-                    row["speedup_ci_low"], row["speedup_ci_high"] = ci
+                row["speedup"] = float(b.mean() / c.mean())
+                if len(pairs) >= 2:
+                    ci = S.speedup(b, c, n_resamples=n_resamples).ci
+                    row["speedup_ci_low"], row["speedup_ci_high"] = ci.low, ci.high
         rows.append(row)
     return pd.DataFrame(rows, columns=SPEED_COLUMNS)
 
@@ -476,8 +399,9 @@ def metric_direction(runs: list[RunData], gate: str, metric: str) -> bool | None
     return None
 
 
-def quality_table(run: RunData, gate: str, metric: str, *, n_resamples: int = 2000) -> pd.DataFrame:
-    """Per candidate: mean of ``gate``'s ``metric`` over scored pairs with a bootstrap CI, and how many are missing.
+def quality_table(run: RunData, gate: str, metric: str, *, n_resamples: int = S.DEFAULT_RESAMPLES) -> pd.DataFrame:
+    """Per candidate: mean of ``gate``'s ``metric`` over scored pairs with :func:`h3eval.stats.mean_ci` (no CI from
+    fewer than two values), and how many are missing.
 
     Missing values (gate error, not applicable, None) are counted in ``n_missing`` and left out of the mean.
     """
@@ -490,7 +414,7 @@ def quality_table(run: RunData, gate: str, metric: str, *, n_resamples: int = 20
             pd.to_numeric(mine[col], errors="coerce").to_numpy(dtype=np.float64) if col in mine.columns else np.array([])
         )
         good = values[np.isfinite(values)]
-        ci = bootstrap_ci(good, lambda v: np.mean(v, axis=-1), n_resamples=n_resamples) if len(good) else None
+        ci = S.mean_ci(good, n_resamples=n_resamples) if len(good) >= 2 else None
         rows.append(
             {
                 "run": run.label,
@@ -498,8 +422,8 @@ def quality_table(run: RunData, gate: str, metric: str, *, n_resamples: int = 20
                 "n_scored": int(len(good)),
                 "n_missing": int(len(mine) - len(good)),
                 "quality": float(np.mean(good)) if len(good) else None,
-                "quality_ci_low": ci[0] if ci else None,
-                "quality_ci_high": ci[1] if ci else None,
+                "quality_ci_low": ci.low if ci else None,
+                "quality_ci_high": ci.high if ci else None,
             }
         )
     return pd.DataFrame(rows, columns=["run", "recipe", "n_scored", "n_missing", "quality", "quality_ci_low",

@@ -107,7 +107,7 @@ def make_review_run(
                     _write_gates(store, cand, pid, seed, num_frames, size, error=(cand, pid, seed) == error_pair,
                                  trajectory=trajectory)
     if verdict:
-        atomic_write_json(store.root / "verdict.json", demo_verdict(candidates))
+        atomic_write_json(store.verdict_path, demo_verdict(candidates))
     return store
 
 
@@ -161,17 +161,17 @@ def _write_gates(store: RunStore, cand: str, pid: str, seed: int, num_frames: in
                      "ssim_mean": Metric(value=1.0 - 2 * float(np.mean(lp)), higher_is_better=True)},
             series={"lpips": lp, "ssim": [round(1.0 - 2 * v, 6) for v in lp]},
         )
-    atomic_write_json(store.gate_dir("lpips") / cand / f"{stem}.json", lpips.model_dump(mode="json"))
+    atomic_write_json(store.gate_result_path("lpips", cand, pair.prompt_id, pair.seed), lpips.model_dump(mode="json"))
 
     gs = ghost_series(cand, num_frames)
     flagged_frames = [i for i, v in enumerate(gs) if v > GHOST_THRESHOLD]
     artifacts = []
     for f in (0, num_frames // 2):
-        rel = Path("gates") / "ghosting" / cand / f"{stem}_heatmap_f{f:04d}.png"
+        path = store.gate_result_dir("ghosting", cand) / f"{stem}_heatmap_f{f:04d}.png"
         heat = np.zeros((size, size, 3), dtype=np.uint8)
         heat[..., 0] = int(255 * gs[f])
-        _png(store.root / rel, heat)
-        artifacts.append(rel.as_posix())
+        _png(path, heat)
+        artifacts.append(store.relative(path))
     ghost = GateResult(
         gate="ghosting", pair=pair,
         metrics={"ghost_score_max": Metric(value=max(gs), higher_is_better=False)},
@@ -182,7 +182,8 @@ def _write_gates(store: RunStore, cand: str, pid: str, seed: int, num_frames: in
         info={"threshold": GHOST_THRESHOLD, "flagged_frames": flagged_frames,
               "worst_frames": [{"frame": 3, "ghost_score": gs[3], "lag": 0, "dy": 0, "dx": 6}]},
     )
-    atomic_write_json(store.gate_dir("ghosting") / cand / f"{stem}.json", ghost.model_dump(mode="json"))
+    atomic_write_json(store.gate_result_path("ghosting", cand, pair.prompt_id, pair.seed),
+                      ghost.model_dump(mode="json"))
 
     if trajectory:
         steps = 8
@@ -194,7 +195,8 @@ def _write_gates(store: RunStore, cand: str, pid: str, seed: int, num_frames: in
             series={"video_xt_rel_l2": [round(growth * (s + 1), 6) for s in range(steps)],
                     "video_x0_rel_l2": [round(growth * (s + 1) * 1.5, 6) for s in range(steps)]},
         )
-        atomic_write_json(store.gate_dir("trajectory") / cand / f"{stem}.json", traj.model_dump(mode="json"))
+        atomic_write_json(store.gate_result_path("trajectory", cand, pair.prompt_id, pair.seed),
+                          traj.model_dump(mode="json"))
 
 
 def record_of(store: RunStore, recipe: str, pid: str, seed: int) -> ClipRecord:

@@ -26,8 +26,8 @@ import math
 
 import numpy as np
 
-from gates.base import Gate, GateResult, PairContext, register_gate
-from gates.common import GateInputError, check_options, metric, new_result, option_float
+from gates.base import Gate, GateInputError, GateOptions, GateResult, MetricSpec, PairContext, register_gate
+from gates.common import metric, new_result
 
 logger = logging.getLogger(__name__)
 
@@ -129,18 +129,26 @@ def find_offset(base: np.ndarray, cand: np.ndarray, sample_rate: int, max_offset
     return lags[best] * 1000.0 / sample_rate, float(corr[best] / energy)
 
 
+class AudioOptions(GateOptions):
+    max_offset_ms: float = DEFAULT_MAX_OFFSET_MS
+    """Largest offset between the two tracks the cross-correlation searches (ms)."""
+
+
 @register_gate
 class AudioGate(Gate):
     name = "audio"
     needs = ("audio",)
     description = "Paired audio: multi-resolution STFT and log-mel distance, loudness difference, offset."
-    option_names = frozenset({"max_offset_ms"})
+    Options = AudioOptions
+    metrics = {"stft_distance": MetricSpec(higher_is_better=False),
+               "logmel_distance": MetricSpec(higher_is_better=False, unit="dB"),
+               "lufs_delta": MetricSpec(higher_is_better=False, unit="LU"),
+               "offset_ms": MetricSpec(higher_is_better=False, unit="ms")}
 
     def evaluate(self, ctx: PairContext) -> GateResult:
         from gates.media_cache import load_audio
 
-        check_options(self.name, ctx.options, self.option_names)
-        max_offset_ms = option_float(ctx.options, "max_offset_ms", DEFAULT_MAX_OFFSET_MS)
+        max_offset_ms = self.parse_options(ctx.options).max_offset_ms
         base, base_rate = load_audio(ctx.baseline.mp4)
         cand, cand_rate = load_audio(ctx.candidate.mp4)
         if base_rate != cand_rate:

@@ -26,6 +26,7 @@ PSNR; and the spatial LPIPS map of the worst frame as a PNG (baseline | candidat
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import warnings
 from pathlib import Path
@@ -33,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from gates.base import Gate, GateResult, PairContext, register_gate
-from gates.common import (
-    GateInputError, check_options, metric, new_result, option_float, option_int, option_str, relative_to_run,
-)
+from pydantic import Field
+
+from gates.base import Gate, GateInputError, GateOptions, GateResult, MetricSpec, PairContext, register_gate
+from gates.common import metric, new_result, relative_to_run
 
 logger = logging.getLogger(__name__)
 
@@ -292,23 +293,35 @@ def _stats(values: np.ndarray) -> tuple[float, float, float, int]:
     return float(values.mean()), float(np.percentile(values, 95)), float(values.max()), int(values.argmax())
 
 
+class FidelityOptions(GateOptions):
+    lpips_trunk: str = Field(default_factory=lambda: os.environ.get("H3EVAL_LPIPS_TRUNK") or "alexnet")
+    """``alexnet`` (the real metric, weights from the torch hub cache) or ``rand`` (tests only); default from
+    ``$H3EVAL_LPIPS_TRUNK``, else alexnet."""
+    lpips_scale: float = Field(default=DEFAULT_LPIPS_SCALE, gt=0, le=1)
+    """Frames are resized by this factor before LPIPS."""
+    lpips_stride: int = Field(default=DEFAULT_LPIPS_STRIDE, ge=1)
+    """LPIPS on every n-th frame (SSIM and PSNR on every frame)."""
+
+
 @register_gate
 class FidelityGate(Gate):
     name = "fidelity"
     needs = ("video",)
     description = "Per-frame LPIPS (AlexNet), SSIM and PSNR of candidate vs baseline; worst-frame LPIPS map."
-    option_names = frozenset({"lpips_trunk", "lpips_scale", "lpips_stride"})
+    Options = FidelityOptions
+    metrics = {
+        "lpips_mean": MetricSpec(higher_is_better=False), "lpips_p95": MetricSpec(higher_is_better=False),
+        "lpips_worst": MetricSpec(higher_is_better=False), "ssim_mean": MetricSpec(higher_is_better=True),
+        "ssim_worst": MetricSpec(higher_is_better=True), "psnr_mean": MetricSpec(higher_is_better=True, unit="dB"),
+        "psnr_worst": MetricSpec(higher_is_better=True, unit="dB"),
+    }
 
     def evaluate(self, ctx: PairContext) -> GateResult:
         from gates.media_cache import load_video
 
-        check_options(self.name, ctx.options, self.option_names)
+        options = self.parse_options(ctx.options)
         device = ctx.device
-        trunk = option_str(ctx.options, "lpips_trunk", "alexnet", env="H3EVAL_LPIPS_TRUNK")
-        scale = option_float(ctx.options, "lpips_scale", DEFAULT_LPIPS_SCALE)
-        stride = option_int(ctx.options, "lpips_stride", DEFAULT_LPIPS_STRIDE)
-        if not 0 < scale <= 1 or stride < 1:
-            raise GateInputError(f"lpips_scale must be in (0, 1] and lpips_stride >= 1 (got {scale}, {stride})")
+        trunk, scale, stride = options.lpips_trunk, options.lpips_scale, options.lpips_stride
         model = load_lpips(trunk, device)  # before decoding: a missing weight file fails fast
 
         base, base_fps = load_video(ctx.baseline.mp4)

@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from gates.base import Gate, GateResult, PairContext, register_gate
-from gates.common import check_options, metric, new_result, option_float, option_int
+from gates.base import Gate, GateOptions, GateResult, MetricSpec, PairContext, register_gate
+from gates.common import metric, new_result
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +38,9 @@ EXPECTED_SAMPLE_RATE = 32000
 EXPECTED_CHANNELS = 2
 
 
-@dataclass
-class IntegrityThresholds:
-    """What counts as a defect. Levels are on the 0-255 scale of decoded 8-bit frames, audio in full scale [-1, 1]."""
+class IntegrityThresholds(GateOptions):
+    """What counts as a defect (the gate's options). Levels are on the 0-255 scale of decoded 8-bit frames, audio in
+    full scale [-1, 1]."""
 
     black_max_mean: float = 4.0
     """A frame whose mean luma is at most this is all-black (limited-range black, Y=16, decodes to RGB 0)."""
@@ -55,19 +55,6 @@ class IntegrityThresholds:
     clip_max_fraction: float = 1e-3
     """More than this fraction of samples at full scale is clipping."""
     fps_tolerance: float = 1e-3
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> "IntegrityThresholds":
-        base = cls()
-        return cls(
-            black_max_mean=option_float(options, "black_max_mean", base.black_max_mean),
-            frozen_max_diff=option_float(options, "frozen_max_diff", base.frozen_max_diff),
-            frozen_min_frames=option_int(options, "frozen_min_frames", base.frozen_min_frames),
-            silence_dbfs=option_float(options, "silence_dbfs", base.silence_dbfs),
-            clip_level=option_float(options, "clip_level", base.clip_level),
-            clip_max_fraction=option_float(options, "clip_max_fraction", base.clip_max_fraction),
-            fps_tolerance=option_float(options, "fps_tolerance", base.fps_tolerance),
-        )
 
 
 @dataclass
@@ -275,13 +262,14 @@ class IntegrityGate(Gate):
     name = "integrity"
     needs = ("video", "audio")
     description = "Both clips decode fully and match their records; no black/frozen frames, silence or clipping."
-    option_names = frozenset(IntegrityThresholds.__dataclass_fields__)
+    Options = IntegrityThresholds
+    metrics = {f"{side}_{what}": MetricSpec(higher_is_better=False) for side in ("baseline", "candidate")
+               for what in ("problems", "black_frames", "frozen_frames", "clipped_fraction")}
 
     def evaluate(self, ctx: PairContext) -> GateResult:
-        check_options(self.name, ctx.options, self.option_names)
-        th = IntegrityThresholds.from_options(ctx.options)
+        th = self.parse_options(ctx.options)
         result = new_result(self.name, ctx)
-        result.info["thresholds"] = asdict(th)
+        result.info["thresholds"] = th.model_dump()
         sides = {"baseline": ctx.baseline, "candidate": ctx.candidate}
         checks: dict[str, ClipIntegrity] = {}
         errors = []

@@ -23,7 +23,7 @@ around multiples of 8) catches an op that is right on the captured shape and wro
 An op that cannot run on this device (a CUDA kernel on the CPU, a lever module this checkout lacks) makes its rows
 ``not_applicable`` with the reason, and the pair's status ``not_applicable`` — never a pass.
 
-Run it with ``h3eval gate RUNDIR --gates opcheck [--option opcheck.KEY=VALUE ...]`` (keys in ``OPTIONS``); it needs
+Run it with ``h3eval gate RUNDIR --gates opcheck [--option opcheck.KEY=VALUE ...]`` (:class:`OpcheckOptions`); it needs
 the in-process runtime and the model named in run.json. Per pair it writes the usual result plus
 ``<candidate>/tables/<prompt>-s<seed>.opcheck.{json,csv}``: one row per record (source capture or sweep, op kind,
 module, layer, step, shapes, both ops' errors, ratio, flip rate, reasons) and per-op / per-step / per-layer summaries.
@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from gates.base import Gate, GateResult, Metric, PairContext, register_gate
+from gates.base import Gate, GateOptions, GateResult, Metric, MetricSpec, PairContext, register_gate
 from h3.atomic import atomic_write_json, atomic_write_text
 from h3.capture import CaptureConfig, OpCapture, load_index, load_tensors, parse_selection
 from h3.ops import NotApplicable, OpSpec, RecipeOps, get_op, ops_for_recipe, reference_op, run_op, spec
@@ -286,31 +286,29 @@ def rows_csv(rows: list[dict[str, Any]]) -> str:
     return buffer.getvalue()
 
 
-OPTIONS = {
-    "factor": "budget factor on the baseline op's own error (default 1.5, SGLang)",
-    "max_flip_rate": "largest fraction of decisions that may differ from the float64 reference's (default 1e-3)",
-    "floor_float32": "absolute floor on relative error for float32 records (also floor_bfloat16, floor_float16)",
-    "floor_bfloat16": "", "floor_float16": "",
-    "steps": "denoising steps to capture: 'all', or a list of indices / first / middle / last (default "
-             "first,middle,last)",
-    "layers": "transformer layers to capture, same syntax (default first,middle,last)",
-    "kinds": "op kinds to capture, comma-separated from attention, linear (default both)",
-    "max_mb": "capture size budget in MiB (default 512)",
-    "sweep": "run the random-shape sweep (default true)",
-    "attention_op": "replace the candidate's attention op by this registered op (h3.ops) — to check one kernel",
-    "linear_op": "replace the candidate's linear op by this registered op",
-}
-
-
-def _options(options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """(opcheck's options, names it ignored). The gate runner hands unscoped options to every gate, so a key meant
-    for another gate is not an error here; it is listed in the result's info (``ignored_options``)."""
-    ignored = sorted(set(options) - set(OPTIONS))
-    return {k: v for k, v in options.items() if k in OPTIONS}, ignored
-
-
-def _truthy(value: Any) -> bool:
-    return str(value).strip().lower() not in ("0", "false", "no", "off")
+class OpcheckOptions(GateOptions):
+    factor: float = DEFAULT_FACTOR
+    """Budget factor on the baseline op's own error (SGLang's 1.5)."""
+    max_flip_rate: float = MAX_FLIP_RATE
+    """Largest fraction of decisions that may differ from the float64 reference's."""
+    floor_float32: float | None = None
+    """Absolute floor on relative error for float32 records (default: the budget's own per-dtype floor)."""
+    floor_bfloat16: float | None = None
+    floor_float16: float | None = None
+    steps: str = "first,middle,last"
+    """Denoising steps to capture: 'all', or a list of indices / first / middle / last."""
+    layers: str = "first,middle,last"
+    """Transformer layers to capture, same syntax."""
+    kinds: str = "attention,linear"
+    """Op kinds to capture, comma-separated from attention, linear."""
+    max_mb: float = 512
+    """Capture size budget in MiB."""
+    sweep: bool = True
+    """Run the random-shape sweep."""
+    attention_op: str | None = None
+    """Replace the candidate's attention op by this registered op (h3.ops): to check one kernel."""
+    linear_op: str | None = None
+    """Replace the candidate's linear op by this registered op."""
 
 
 @register_gate
@@ -319,6 +317,11 @@ class OpcheckGate(Gate):
     needs = ("runtime",)
     description = ("replays the baseline's captured op inputs through the candidate's and the baseline's ops against "
                    "float64 (budget: factor x baseline error + dtype floor), plus a random-shape sweep")
+    Options = OpcheckOptions
+    metrics = {"records": MetricSpec(higher_is_better=True), "failed_records": MetricSpec(higher_is_better=False),
+               "worst_rel_l2_ratio": MetricSpec(higher_is_better=False),
+               "worst_cosine": MetricSpec(higher_is_better=True), "flip_rate_max": MetricSpec(higher_is_better=False),
+               "not_applicable_records": MetricSpec(higher_is_better=False)}
 
     def __init__(self) -> None:
         # Per-run state across pairs: one loaded runtime per (model, recipe, device), one sweep per op pair.
@@ -338,7 +341,7 @@ class OpcheckGate(Gate):
             self._runtimes[key] = H3Runtime.load(model, recipe_from_dict(recipe, source=f"run.json recipe"), device)
         return self._runtimes[key]
 
-    def capture(self, ctx: PairContext, model: str, recipe: dict[str, Any], options: dict[str, Any]) -> Path:
+    def capture(self, ctx: PairContext, model: str, recipe: dict[str, Any], options: OpcheckOptions) -> Path:
         """The pair's baseline capture directory, regenerating the baseline request with capture on if needed."""
         stem = f"{ctx.pair.prompt_id}-s{ctx.pair.seed}"
         directory = ctx.run_dir / CAPTURE_DIR / ctx.pair.baseline / stem
@@ -349,10 +352,10 @@ class OpcheckGate(Gate):
         runtime = self._runtime(model, recipe, ctx.device)
         layers = len(runtime.pipe.transformer.transformer_blocks)
         config = CaptureConfig(
-            kinds=tuple(str(options.get("kinds", "attention,linear")).split(",")),
-            steps=parse_selection(options.get("steps", "first,middle,last"), runtime.recipe.steps),
-            layers=parse_selection(options.get("layers", "first,middle,last"), layers),
-            max_bytes=int(float(options.get("max_mb", 512)) * 2**20),
+            kinds=tuple(options.kinds.split(",")),
+            steps=parse_selection(options.steps, runtime.recipe.steps),
+            layers=parse_selection(options.layers, layers),
+            max_bytes=int(options.max_mb * 2**20),
         )
         req = ctx.baseline.record.get("request") or {}
         if not isinstance(req.get("prompt"), str) or not isinstance(req.get("seed"), int):
@@ -377,34 +380,28 @@ class OpcheckGate(Gate):
 
     # -- gate --------------------------------------------------------------------------------------------------
     def evaluate(self, ctx: PairContext) -> GateResult:
-        from h3eval.store import RunStore
-
         result = GateResult(gate=self.name, pair=ctx.pair)
-        options, ignored = _options(dict(ctx.options))
-        if ignored:
-            result.info["ignored_options"] = ignored
-        budget = Budget(factor=float(options.get("factor", DEFAULT_FACTOR)),
-                        max_flip_rate=float(options.get("max_flip_rate", MAX_FLIP_RATE)))
+        options = self.parse_options(ctx.options)
+        budget = Budget(factor=options.factor, max_flip_rate=options.max_flip_rate)
         for dtype in ("float32", "bfloat16", "float16"):
-            if f"floor_{dtype}" in options:
-                budget.floors[dtype] = float(options[f"floor_{dtype}"])
-        manifest = RunStore(ctx.run_dir).read_manifest()
+            if getattr(options, f"floor_{dtype}") is not None:
+                budget.floors[dtype] = getattr(options, f"floor_{dtype}")
         recipes = {}
         for side in (ctx.pair.baseline, ctx.pair.candidate):
-            if side not in manifest.recipes:
+            if side not in ctx.run.recipes:
                 result.status, result.error = "error", f"{ctx.run_dir / 'run.json'}: no resolved recipe {side!r}"
                 return result
-            recipes[side] = manifest.recipes[side]
+            recipes[side] = ctx.run.recipes[side]
         base_ops, cand_ops = ops_for_recipe(recipes[ctx.pair.baseline]), ops_for_recipe(recipes[ctx.pair.candidate])
         for kind in ("attention", "linear"):
-            if options.get(f"{kind}_op"):
-                name = str(options[f"{kind}_op"])
+            if getattr(options, f"{kind}_op"):
+                name = getattr(options, f"{kind}_op")
                 get_op(name)  # unknown names fail with the known ones
                 cand_ops.overrides[kind] = spec(name)
 
-        capture_dir = self.capture(ctx, manifest.model, recipes[ctx.pair.baseline], options)
+        capture_dir = self.capture(ctx, ctx.run.model, recipes[ctx.pair.baseline], options)
         rows, index = replay_capture(capture_dir, base_ops, cand_ops, ctx.device, budget)
-        if _truthy(options.get("sweep", True)):
+        if options.sweep:
             rows += self._sweep(rows, index, base_ops, cand_ops, ctx.device, budget)
         return self._result(ctx, result, rows, index, capture_dir, budget)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gates.base import Gate, GateResult, Metric, PairContext, register_gate
+from gates.base import Gate, GateOptions, GateResult, Metric, MetricSpec, PairContext, register_gate
 from h3.trajectory import load_trajectory, trajectory_path
 
 logger = logging.getLogger(__name__)
@@ -125,13 +125,23 @@ def _heatmap_png(grid: list[list[float | None]], path: Path) -> None:
     image.save(path)
 
 
+class TrajectoryOptions(GateOptions):
+    growth_rate: float = GROWTH_RATE
+    """Flag a pair whose video x0 divergence grows by more than this factor in one step..."""
+    growth_min_final: float = GROWTH_MIN_FINAL
+    """...and ends above this relative L2 (a growth from nothing to nearly nothing is not drift)."""
+
+
 @register_gate
 class TrajectoryGate(Gate):
     name = "trajectory"
     needs = ("latents",)
     description = "per-step divergence of same-seed latent trajectories (x_t and x0), per modality and latent frame"
+    Options = TrajectoryOptions
+    metrics = {f"{modality}_x0_rel_l2_final": MetricSpec(higher_is_better=False) for modality in ("video", "audio")}
 
     def evaluate(self, ctx: PairContext) -> GateResult:
+        options = self.parse_options(ctx.options)
         result = GateResult(gate=self.name, pair=ctx.pair)
         paths = {side.recipe: trajectory_path(side.mp4) for side in (ctx.baseline, ctx.candidate)}
         missing = [str(p) for p in paths.values() if not p.exists()]
@@ -144,9 +154,8 @@ class TrajectoryGate(Gate):
         cand = load_trajectory(trajectory_path(ctx.candidate.mp4))
         frames = (ctx.baseline.record.get("shape") or {}).get("num_latent_frames")
         try:
-            out = trajectory_divergence(base, cand, frames,
-                                        growth_rate=float(ctx.options.get("growth_rate", GROWTH_RATE)),
-                                        growth_min_final=float(ctx.options.get("growth_min_final", GROWTH_MIN_FINAL)))
+            out = trajectory_divergence(base, cand, frames, growth_rate=options.growth_rate,
+                                        growth_min_final=options.growth_min_final)
         except ValueError as exc:
             result.status, result.error = "error", str(exc)
             return result

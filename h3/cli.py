@@ -8,9 +8,46 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from typer.core import TyperGroup
+
+try:  # typer 0.29 carries its own copy of click; its usage errors are that copy's classes
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError
+except ImportError:  # pragma: no cover - older typer on the click package
+    from click.exceptions import NoArgsIsHelpError, UsageError
+
+EXIT_BAD_INPUT = 3
+
+
+def bad_input(message: str) -> typer.Exit:
+    """One line on stderr and exit 3: the documented answer to bad input."""
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
+class _OneLineUsageErrors(TyperGroup):
+    """Click answers a bad option value (``--seed abc``) with a boxed usage message and exit 2; here it is one line
+    and exit 3, like every other bad input."""
+
+    def _convert(self, exc: UsageError) -> typer.Exit:
+        if isinstance(exc, NoArgsIsHelpError):  # `h3` alone: the help text, as before
+            raise exc
+        return bad_input(" ".join(exc.format_message().split()))
+
+    def make_context(self, *args, **kwargs):
+        try:
+            return super().make_context(*args, **kwargs)
+        except UsageError as exc:
+            raise self._convert(exc) from None
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            raise self._convert(exc) from None
+
 
 app = typer.Typer(name="h3", help="The optimized MiniMax-H3 runtime.", no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, cls=_OneLineUsageErrors)
 
 
 @app.callback()
@@ -32,6 +69,8 @@ def generate(
     device: Optional[str] = typer.Option(None, "--device", envvar="H3_DEVICE"),
 ) -> None:
     """Generate one clip (MP4, 24 fps, 32 kHz stereo) and its JSON record."""
+    from h3.levers import LeverError
+    from h3.media import MediaError
     from h3.recipe import RecipeError, load_recipe
     from h3.runtime import CheckpointError, GenerateRequest, H3Runtime, RequestError, resolve_request
     from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE, TINY_MODELS
@@ -45,9 +84,8 @@ def generate(
         resolve_request(request, TINY_DEFAULT_SIZE if model in TINY_MODELS else FULL_DEFAULT_SIZE)
         runtime = H3Runtime.load(model, load_recipe(recipe), device)
         record = runtime.generate(request, out)
-    except (RecipeError, CheckpointError, RequestError, RuntimeError, OSError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(3)
+    except (RecipeError, CheckpointError, RequestError, LeverError, MediaError, OSError) as exc:
+        raise bad_input(str(exc)) from None
     typer.echo(
         f"{out}: {record.shape.num_frames} frames {record.shape.width}x{record.shape.height} @ {record.shape.fps} fps, "
         f"audio {record.shape.audio_sample_rate} Hz x{record.shape.audio_channels}; "
@@ -60,28 +98,51 @@ def serve(
     model: str = typer.Option("tiny", "--model", envvar="H3_MODEL", help="'tiny', 'tiny-random', 'tiny-trained' or a checkpoint directory."),
     recipe: str = typer.Option("baseline", "--recipe", envvar="H3_RECIPE", help="Recipe name or TOML path."),
     host: str = typer.Option("127.0.0.1", "--host", envvar="H3_HOST"),
-    port: int = typer.Option(30000, "--port", envvar="H3_PORT"),
+    port: int = typer.Option(30000, "--port", envvar="H3_PORT", help="TCP port, 1 to 65535."),
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="H3_API_KEY", help="Require this bearer key."),
     max_queue: int = typer.Option(8, "--max-queue", envvar="H3_MAX_QUEUE", help="Jobs that may wait (429 beyond)."),
     output_dir: Path = typer.Option(Path("h3-serve"), "--output-dir", envvar="H3_OUTPUT_DIR",
                                     help="Where clips and job files live (kept across restarts)."),
     device: Optional[str] = typer.Option(None, "--device", envvar="H3_DEVICE"),
+    max_prompt_tokens: Optional[int] = typer.Option(
+        None, "--max-prompt-tokens", envvar="H3_MAX_PROMPT_TOKENS",
+        help="Longest prompt, in the model's tokens (422 beyond). Default: 1024, or the text encoder's positions."),
+    max_pixels: Optional[int] = typer.Option(
+        None, "--max-pixels", envvar="H3_MAX_PIXELS",
+        help="Largest canvas, width x height (422 beyond). Default: the model's canvas budget (768x1344) on a GPU, "
+             "4x the default canvas on a CPU."),
+    job_timeout: Optional[float] = typer.Option(
+        None, "--job-timeout", envvar="H3_JOB_TIMEOUT",
+        help="Seconds one job may generate; past it the job fails and the worker moves on. Default: 3600 for a "
+             "checkpoint, 300 for the tiny preset."),
+    max_body_bytes: Optional[int] = typer.Option(
+        None, "--max-body-bytes", envvar="H3_MAX_BODY_BYTES", help="Largest request body (413 beyond). Default 65536."),
 ) -> None:
-    """Serve the OpenAI-style videos API (SGLang's field names) over one recipe."""
+    """Serve the OpenAI videos API (the openai SDK's calls, SGLang's fields) over one recipe."""
+    import math
+
+    from h3.levers import LeverError
     from h3.recipe import RecipeError
     from h3.runtime import CheckpointError
     from h3.server import serve as run_server
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if max_queue < 0:
-        typer.echo(f"error: --max-queue must be >= 0, got {max_queue}", err=True)
-        raise typer.Exit(3)
+        raise bad_input(f"--max-queue must be >= 0, got {max_queue}")
+    if not 1 <= port <= 65535:
+        raise bad_input(f"--port must be 1 to 65535, got {port}")
+    for flag, value in (("--max-prompt-tokens", max_prompt_tokens), ("--max-pixels", max_pixels),
+                        ("--max-body-bytes", max_body_bytes)):
+        if value is not None and value < 1:
+            raise bad_input(f"{flag} must be a positive integer, got {value}")
+    if job_timeout is not None and not (math.isfinite(job_timeout) and job_timeout > 0):
+        raise bad_input(f"--job-timeout must be a positive finite number of seconds, got {job_timeout}")
     try:
         run_server(model, recipe, host=host, port=port, api_key=api_key, max_queue=max_queue,
-                   output_dir=output_dir, device=device)
-    except (RecipeError, CheckpointError, RuntimeError, OSError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(3)
+                   output_dir=output_dir, device=device, max_prompt_tokens=max_prompt_tokens, max_pixels=max_pixels,
+                   job_timeout_s=job_timeout, max_body_bytes=max_body_bytes)
+    except (RecipeError, CheckpointError, LeverError, OSError, ValueError) as exc:
+        raise bad_input(str(exc)) from None
 
 
 def main() -> None:  # pragma: no cover

@@ -359,17 +359,23 @@ def _quant_shape_ok(record: dict[str, Any], mode: str) -> bool:
 
 
 def ops_for_recipe(recipe: Any) -> RecipeOps:
-    """What ``recipe`` (a :class:`h3.recipe.Recipe` or its resolved dict) dispatches. Sections this checkout's
-    recipe schema lacks (``quant``, ``sparse_attention`` before the levers land) count as off."""
+    """What ``recipe`` (a :class:`h3.recipe.Recipe` or its resolved dict) dispatches. A section the dict lacks (a
+    recipe written before that lever existed) takes the lever config's defaults, i.e. off."""
+    from h3.levers.attention_backend import AttentionBackendConfig
+    from h3.levers.quantization import QuantizationConfig
+    from h3.levers.sparse_attention import SparseAttentionConfig
+
     data = recipe.resolved() if hasattr(recipe, "resolved") else dict(recipe)
+
+    def section(config):
+        return config.model_validate(data.get(config.name) or {}, strict=False)
+
+    attention, sparse, quant = (section(c) for c in (AttentionBackendConfig, SparseAttentionConfig, QuantizationConfig))
     ops = RecipeOps(recipe_name=data.get("name", "?"))
-    ops.attention_backend = (data.get("attention") or {}).get("backend", "native")
-    sparse = data.get("sparse_attention") or {}
-    if sparse.get("enabled"):
-        ops.sparse = dict(block_size=int(sparse.get("block_size", 128)), sparsity=float(sparse.get("sparsity", 0.5)),
-                          dense_steps=int(sparse.get("dense_steps", 1)),
-                          dense_layers=list(sparse.get("dense_layers", [])))
-    quant = data.get("quant") or {}
-    ops.quant_mode = quant.get("mode", "none")
-    ops.quant_exclude = list(quant.get("exclude", []))
+    ops.attention_backend = attention.backend
+    if sparse.is_on():
+        ops.sparse = dict(block_size=sparse.block_size, sparsity=sparse.sparsity, dense_steps=sparse.dense_steps,
+                          dense_layers=list(sparse.dense_layers))
+    ops.quant_mode = quant.mode
+    ops.quant_exclude = list(quant.exclude)
     return ops

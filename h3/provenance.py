@@ -41,6 +41,9 @@ def hardware(device: Any = "cpu") -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "device": str(device),
     }
+    from h3.determinism import numerics_platform
+
+    info["numerics"] = numerics_platform(device)
     if torch.device(device).type == "cuda" and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(torch.device(device))
         info.update(gpu=props.name, gpu_memory_bytes=int(props.total_memory), cuda=torch.version.cuda)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -40,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 FPS = 24
 MIN_SECONDS, MAX_SECONDS = 5.0, 15.0
+MAX_FRAMES = 345
+"""The longest clip: 17 * 20 + 5 frames = 14.375 s (the next, 362 frames, is 15.083 s)."""
 # 128x128, not 64x64: libx264 output was seen to vary run to run on 64x64 frames (uninitialized reads on tiny
 # frames; bench notes in h3/media.py), never at 128 or 256.
 TINY_DEFAULT_SIZE = (128, 128)
@@ -102,21 +105,32 @@ def resolve_request(request: GenerateRequest, default_size: tuple[int, int], can
     if request.num_frames is not None and request.seconds is not None:
         raise RequestError("give either num_frames or seconds, not both")
     if request.seconds is not None:
-        if not (request.seconds > 0):
-            raise RequestError(f"seconds must be positive, got {request.seconds}")
-        wanted = int(round(request.seconds * FPS))
+        seconds = request.seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+            raise RequestError(f"seconds must be a finite number, got {seconds!r}")
+        if not seconds > 0:
+            raise RequestError(f"seconds must be positive, got {seconds}")
+        if seconds > MAX_SECONDS:  # checked before seconds * FPS, which overflows for 1e308
+            raise RequestError(f"MiniMax-H3 generates {MIN_SECONDS:g} to {MAX_SECONDS:g} s, got {seconds:g} s")
+        wanted = max(1, int(round(seconds * FPS)))
     elif request.num_frames is not None:
+        if isinstance(request.num_frames, bool) or not isinstance(request.num_frames, int):
+            raise RequestError(f"num_frames must be an integer, got {request.num_frames!r}")
         if request.num_frames < 1:
             raise RequestError(f"num_frames must be positive, got {request.num_frames}")
         wanted = int(request.num_frames)
     else:
         wanted = int(MIN_SECONDS * FPS)
     snapped = snap_num_frames(wanted)
+    if request.seconds is not None and snapped > MAX_FRAMES and wanted <= MAX_SECONDS * FPS:
+        # A duration up to 15 s (360 frames) snaps up to 362 = 15.083 s, past what diffusers accepts: the longest
+        # clip below it instead. (An explicit num_frames keeps diffusers' own rule: up to the next 17n+5.)
+        snapped = MAX_FRAMES
     duration = snapped / FPS
     if not MIN_SECONDS <= duration <= MAX_SECONDS:
         raise RequestError(
             f"{wanted} frames snap up to {snapped} (17n+5) = {duration:.3f} s at {FPS} fps; MiniMax-H3 generates "
-            f"{MIN_SECONDS:g} to {MAX_SECONDS:g} s, i.e. num_frames {int(MIN_SECONDS * FPS)} to 345"
+            f"{MIN_SECONDS:g} to {MAX_SECONDS:g} s, i.e. num_frames {int(MIN_SECONDS * FPS)} to {MAX_FRAMES}"
         )
     if (request.height is None) != (request.width is None):
         raise RequestError("give height and width together, or neither")
@@ -344,24 +358,12 @@ class H3Runtime:
     def _apply_recipe(self) -> None:
         from h3.levers import apply_recipe_levers
 
-        recipe = self.recipe
-        vae = self.pipe.vae
-        if recipe.vae.tiling:
-            vae.enable_tiling(
-                tile_sample_min_height=recipe.vae.tile_height,
-                tile_sample_min_width=recipe.vae.tile_width,
-                tile_sample_min_overlap_height=recipe.vae.tile_overlap,
-                tile_sample_min_overlap_width=recipe.vae.tile_overlap,
-            )
-        else:
-            vae.disable_tiling()
-        # After the stock tiling, so that the VAE lever's per-resolution tiles fall back to the recipe's default tile.
         from h3.tiny_trained import TRAINED_DIR
 
         is_tiny = (Path(self.model).name == f"tiny-{tiny_identity()[:16]}"
                    or Path(self.model).resolve() == TRAINED_DIR.resolve())
         self.levers = apply_recipe_levers(
-            self.pipe, recipe, device=self.device, model_sha256=self.model_sha256, is_tiny=is_tiny
+            self.pipe, self.recipe, device=self.device, model_sha256=self.model_sha256, is_tiny=is_tiny
         )
 
     # -- generation --------------------------------------------------------------------------------------------
@@ -429,9 +431,6 @@ class H3Runtime:
         accounted = anatomy.text_encode + anatomy.denoise + anatomy.video_decode + anatomy.audio_decode
         anatomy.other = max(0.0, (t_pipe_end - t0) - accounted)
         attention = sorted({backend for (stage, backend) in clock.attention_calls if stage == "denoise_step"})
-        levers = lever_telemetry(self.levers)
-        levers["attention"] = {**levers["attention"], "backend": self.recipe.attention.backend,
-                               "dispatched": attention}
         executed = Executed(
             forward_passes=len(steps),
             attention_backends=attention,
@@ -439,8 +438,8 @@ class H3Runtime:
             vae_tiling=bool(self.pipe.vae.use_tiling),
             vae_tile=[self.pipe.vae.tile_sample_min_height, self.pipe.vae.tile_sample_min_width]
             if self.pipe.vae.use_tiling else None,
-            levers=levers,
         )
+        executed.levers = lever_telemetry(self.levers, self.recipe, executed)
         latents = state.get("latents")
         num_text_tokens = int(state.get("prompt_embeds").shape[1])
         num_audio_latents = int(state.get("num_audio_latents") or 0)

@@ -1,21 +1,43 @@
-"""``h3 serve``: the OpenAI-style videos API subset SGLang serves, over one loaded H3 runtime.
+"""``h3 serve``: the OpenAI videos API (as the official ``openai`` SDK calls it, with SGLang's extra fields) over one
+loaded H3 runtime.
 
-Endpoints (SGLang's field names and status values): ``POST /v1/videos`` (``prompt``, ``seed``, ``size`` "WxH",
-``num_frames``, ``seconds``, ``fps``, ``num_inference_steps``), ``GET /v1/videos``, ``GET /v1/videos/{id}``,
-``GET /v1/videos/{id}/content``, ``GET /v1/models``, ``GET /health``. Job status: ``queued``, ``in_progress``,
-``completed``, ``failed``.
+Endpoints: ``POST /v1/videos`` (JSON, multipart/form-data or a urlencoded form), ``GET /v1/videos`` (``limit``,
+``after``, ``order``), ``GET /v1/videos/{id}``, ``DELETE /v1/videos/{id}``, ``GET /v1/videos/{id}/content``
+(``variant`` = ``video`` MP4, ``thumbnail`` WebP, ``spritesheet`` JPEG), ``GET /v1/models``, ``GET /health``. Job
+status: ``queued``, ``in_progress``, ``completed``, ``failed``.
+
+Request fields (:data:`h3.server_request.FIELDS`), each honoured or refused by name, never ignored:
+
+- OpenAI's: ``prompt``, ``model`` (the served model id or recipe name, both listed in ``/v1/models``), ``seconds``
+  and ``size`` "WxH". Both are mapped onto the model's grid and the job reports what will be generated:
+  ``seconds`` snaps up to the next frame count ``17n+5`` the video VAE decodes (below MiniMax-H3's 5 s minimum,
+  the shortest clip; 15 s gives 14.375 s; above 15 s, a 422), ``size`` snaps each side to the nearest multiple of
+  the canvas multiple (32). ``input_reference`` (an image to start from) is refused by name: the runtime generates
+  text-to-video+audio only so far.
+- SGLang's: ``seed``, ``num_frames``, ``fps`` (24 only), ``num_inference_steps`` (the recipe's own only),
+  ``guidance_scale`` (1 only) and ``negative_prompt`` (empty only): MiniMax-H3 is guidance-distilled, one forward
+  per step and no unconditional branch, so another scale or a negative prompt cannot be honoured. SGLang's
+  ``extra_body`` object (or, in a form, JSON text) is merged into the top level.
+- Ours: ``h3_levers_sha256`` (:func:`levers_sha256`: the recipe without its name and description): a request whose
+  levers differ from the ones the server runs is refused, so a client never gets a clip from another configuration.
+
+Anything else is a 422 naming the field. Numbers must be finite (``NaN``, ``Infinity``, ``1e400`` are refused by
+field), integers are integers (``true`` is not 1), digits are ASCII digits.
+
+Limits (:class:`ServerLimits`, reported in ``/v1/models``, set from the loaded model and device unless given):
+the request body (413), the prompt's tokens, the canvas's pixels (422 naming the field), and a per-job timeout
+(the job ends ``failed`` with that reason, and the worker takes the next job).
 
 - One generation at a time on the device (a single worker thread); ``max_queue`` jobs may wait behind it, and a
   submission beyond that is answered 429.
-- Validation errors are 422 with FastAPI's ``detail`` list, whose ``loc`` names the field.
-- With an API key, every endpoint except ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise).
+- Errors carry FastAPI's ``detail`` (for validation: a list whose ``loc`` names the field) and OpenAI's ``error``
+  object (``message``, ``type``, ``param``, ``code``), which the SDK shows.
+- With an API key, every endpoint except ``/health`` needs ``Authorization: Bearer KEY`` (401 otherwise); the SDK
+  sends its ``api_key`` that way.
 - Content is served only from the server's own output folder, looked up by a job id of a fixed form.
 - Jobs are written to ``<output>/jobs/<id>.json`` (atomically) on every change: a restart keeps completed jobs; a
   job that was queued or running when the server stopped is marked failed (resubmit it), never left hanging.
-- Besides SGLang's fields, a completed job carries ``h3_record`` (the clip's record: raw frame/PCM hashes, stage
-  anatomy, what executed), and a request may carry ``h3_levers_sha256`` (:func:`levers_sha256`: the recipe
-  without its name and description): the server refuses (422) a request whose levers differ from the ones it runs,
-  so a client never gets a clip from another configuration.
+- A completed job carries ``h3_record`` (the clip's record: raw frame/PCM hashes, stage anatomy, what executed).
 """
 
 from __future__ import annotations
@@ -24,56 +46,108 @@ import collections
 import hmac
 import json
 import logging
+import math
 import re
 import threading
 import time
 import uuid
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
-from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from h3.atomic import atomic_write_json, sha256_file
-from h3.runtime import FPS, TINY_MODELS, GenerateRequest, RequestError, resolve_request
+from h3.atomic import atomic_write_bytes, atomic_write_json, sha256_file
+from h3.runtime import FPS, MAX_SECONDS, MIN_SECONDS, TINY_MODELS, GenerateRequest
+from h3.server_previews import SPRITESHEET, THUMBNAIL, make_preview, sprite_layout
+from h3.server_request import (FIELDS, RequestProblem, RequestSchema, ServerLimits, default_limits, error_body,
+                               levers_sha256, read_request_body, show)
+
+__all__ = ["create_app", "serve", "levers_sha256", "ServerLimits", "default_limits", "JobStore"]
 
 logger = logging.getLogger(__name__)
 
 JOB_ID = re.compile(r"^video_[0-9a-f]{32}$")
-SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 STATUSES = ("queued", "in_progress", "completed", "failed")
+POLL_AFTER_MS = 250
+"""Sent as ``openai-poll-after-ms`` on a retrieve: the SDK's ``poll``/``create_and_poll`` wait that long."""
 
 
-class VideoCreate(BaseModel):
-    """Body of ``POST /v1/videos``. Unknown fields are refused (422 naming the field), never silently ignored."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    prompt: str = Field(min_length=1)
-    seed: int = Field(default=0, ge=0, lt=2**63)
-    size: Optional[str] = None
-    """"WxH" (OpenAI's order: width first)."""
-    num_frames: Optional[int] = Field(default=None, ge=1)
-    seconds: Optional[float] = Field(default=None, gt=0)
-    fps: Optional[int] = None
-    num_inference_steps: Optional[int] = Field(default=None, ge=1)
-    """DiT forward passes; must equal the served recipe's ``steps`` when given."""
-    model: Optional[str] = None
-    h3_levers_sha256: Optional[str] = None
+# -- jobs ------------------------------------------------------------------------------------------------------------
+class JobTimeout(RuntimeError):
+    """Raised in the worker thread, at a module call of the pipeline, when its job is past its deadline."""
 
 
-def levers_sha256(recipe: Any) -> str:
-    """Hash of what a recipe configures (every lever), leaving out its name and description."""
-    import hashlib
+class JobInterrupts:
+    """Per-job deadline and progress, checked as the pipeline calls its modules.
 
-    levers = {k: v for k, v in recipe.resolved().items() if k not in ("name", "description")}
-    return hashlib.sha256(json.dumps(levers, sort_keys=True).encode()).hexdigest()
+    Forward pre-hooks (prepended, so they run before any lever's hook) on the text encoder, the transformer (once per
+    denoising step) and the decoders of both VAEs and their blocks (per tile and chunk): never inside a compiled
+    block. They act only on the worker thread, so an in-process caller of the same runtime is unaffected.
+    """
 
+    def __init__(self, runtime: Any):
+        self.thread: int | None = None
+        self.deadline: float | None = None
+        self.reason: str | None = None
+        self.fired: str | None = None
+        self.steps = 0
+        self.on_step = None
+        self._handles: list[Any] = []
+        pipe = getattr(runtime, "pipe", None)
+        if pipe is None:
+            return
+        import torch
 
-def _unprocessable(field: str, message: str) -> HTTPException:
-    return HTTPException(status_code=422, detail=[{"loc": ["body", field], "msg": message, "type": "value_error"}])
+        @torch.compiler.disable
+        def check(*_):
+            if self.thread == threading.get_ident() and self.deadline is not None and time.monotonic() > self.deadline:
+                self.fired = self.reason
+                raise JobTimeout(self.reason)
+
+        @torch.compiler.disable
+        def step(*_):
+            check()
+            if self.thread == threading.get_ident():
+                self.steps += 1
+                if self.on_step is not None:
+                    self.on_step(self.steps)
+
+        hooked = []
+        text = getattr(pipe, "text_encoder", None)
+        hooked += [(getattr(text, "model", text), check)]
+        hooked += [(getattr(pipe, "transformer", None), step)]
+        for vae in (getattr(pipe, "vae", None), getattr(pipe, "audio_vae", None)):
+            decoder = getattr(vae, "decoder", None)
+            if decoder is not None:
+                hooked += [(decoder, check)] + [(child, check) for child in decoder.children()]
+        for module, hook in hooked:
+            if module is not None and hasattr(module, "register_forward_pre_hook"):
+                self._handles.append(module.register_forward_pre_hook(hook, prepend=True))
+
+    def start(self, timeout_s: float, on_step=None) -> None:
+        self.steps, self.on_step, self.fired = 0, on_step, None
+        self.reason = f"the job ran past the server's per-job timeout of {timeout_s:g} s (--job-timeout)"
+        self.deadline = time.monotonic() + timeout_s
+        self.thread = threading.get_ident()
+
+    def finish(self) -> None:
+        self.thread = self.deadline = self.on_step = None
+
+    def stop_now(self, reason: str) -> None:
+        """End the running job at its next module call (the server is shutting down)."""
+        self.reason = reason
+        self.deadline = -math.inf
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
 
 
 class JobStore:
@@ -101,27 +175,28 @@ class JobStore:
         for path in sorted(self.jobs_dir.glob("video_*.json")):
             try:
                 job = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as exc:
+            except (OSError, ValueError) as exc:
                 logger.warning("ignoring unreadable job file %s: %s", path, exc)
                 continue
-            if not JOB_ID.match(str(job.get("id", ""))) or path.stem != job["id"]:
+            if not isinstance(job, dict) or not JOB_ID.match(str(job.get("id", ""))) or path.stem != job["id"]:
                 continue
             if job.get("status") == "completed":
                 content = self.content_path(job["id"])
                 if not content.is_file() or sha256_file(content) != job.get("mp4_sha256"):
-                    job.update(status="failed", error={"message": "the clip file is missing or changed on disk"})
+                    job.update(status="failed", error={"code": "clip_missing",
+                                                       "message": "the clip file is missing or changed on disk"})
                     atomic_write_json(path, job)
             elif job.get("status") in ("queued", "in_progress"):
-                job.update(status="failed", error={"message": "the server stopped before this job finished; "
-                                                              "resubmit it"}, completed_at=int(time.time()))
+                job.update(status="failed", error={"code": "server_stopped", "message": "the server stopped before "
+                                                   "this job finished; resubmit it"}, completed_at=int(time.time()))
                 atomic_write_json(path, job)
             self.jobs[job["id"]] = job
         logger.info("recovered %d job(s) from %s", len(self.jobs), self.jobs_dir)
 
-    def content_path(self, job_id: str) -> Path:
+    def content_path(self, job_id: str, suffix: str = ".mp4") -> Path:
         if not JOB_ID.match(job_id):
             raise KeyError(job_id)
-        path = (self.videos_dir / f"{job_id}.mp4").resolve()
+        path = (self.videos_dir / f"{job_id}{suffix}").resolve()
         if not path.is_relative_to(self.videos_dir.resolve()):  # belt and braces: the id pattern already forbids it
             raise KeyError(job_id)
         return path
@@ -142,13 +217,18 @@ class JobStore:
             return True
 
     def next(self) -> str | None:
+        """The next job, already marked in progress (so a delete cannot race the worker for it)."""
         with self.lock:
             while not self.queue and not self.stopping:
                 self.lock.wait(timeout=0.5)
             if self.stopping:
                 return None
             self.busy = True
-            return self.queue.popleft()
+            job_id = self.queue.popleft()
+            job = self.jobs[job_id]
+            job.update(status="in_progress", progress=0)
+            self.save(job)
+            return job_id
 
     def done(self) -> None:
         with self.lock:
@@ -161,35 +241,86 @@ class JobStore:
             self.save(job)
             return dict(job)
 
+    def listing(self, order: str = "desc", after: str | None = None, limit: int | None = None
+                ) -> tuple[list[dict[str, Any]], bool]:
+        """Jobs by creation time (``order``), those after job ``after``, at most ``limit``; and whether more remain."""
+        with self.lock:
+            jobs = sorted(self.jobs.values(), key=lambda j: (j.get("created_at") or 0, j.get("_created_ns") or 0,
+                                                             j["id"]), reverse=order == "desc")
+            jobs = [dict(j) for j in jobs]
+        if after is not None:
+            ids = [j["id"] for j in jobs]
+            if after not in ids:
+                raise RequestProblem([("after", f"no video job {show(after, 80)}")], where="query")
+            jobs = jobs[ids.index(after) + 1:]
+        if limit is None:
+            return jobs, False
+        return jobs[:limit], len(jobs) > limit
+
+    def delete(self, job_id: str) -> dict[str, Any]:
+        """Remove a queued, completed or failed job, its clip and its previews; 409 for the job on the device."""
+        with self.lock:
+            job = self.jobs.get(job_id)
+            if job is None:
+                raise KeyError(job_id)
+            if job.get("status") == "in_progress":
+                raise HTTPException(status_code=409, detail=f"video {job_id} is being generated; delete it once it "
+                                                            "has completed or failed")
+            if job_id in self.queue:
+                self.queue.remove(job_id)
+                self.requests.pop(job_id, None)
+            del self.jobs[job_id]
+            (self.jobs_dir / f"{job_id}.json").unlink(missing_ok=True)
+            for path in self.videos_dir.glob(f"{job_id}.*"):
+                path.unlink(missing_ok=True)
+            return job
+
     def stop(self) -> None:
         with self.lock:
             self.stopping = True
             self.lock.notify_all()
 
 
-def _worker(store: JobStore, runtime: Any) -> None:
+def _worker(store: JobStore, runtime: Any, interrupts: JobInterrupts, limits: ServerLimits) -> None:
     while True:
         job_id = store.next()
         if job_id is None:
             return
         try:
-            _run_job(store, runtime, job_id)
+            _run_job(store, runtime, job_id, interrupts, limits)
         finally:
             store.done()
 
 
-def _run_job(store: JobStore, runtime: Any, job_id: str) -> None:
+def _run_job(store: JobStore, runtime: Any, job_id: str, interrupts: JobInterrupts, limits: ServerLimits) -> None:
     """Generate one job's clip and record the outcome on the job."""
     request = store.requests.pop(job_id)
-    store.update(job_id, status="in_progress", progress=0)
     out = store.content_path(job_id)
+    total = max(1, int(getattr(runtime.recipe, "steps", 1)))
+    job = store.jobs[job_id]
+
+    def on_step(steps: int) -> None:  # progress in memory; the file is written at the end
+        job["progress"] = min(95, int(95 * steps / total))
+
+    started = time.monotonic()
     try:
-        record = runtime.generate(request, out, extra={"server_job_id": job_id})
+        interrupts.start(limits.job_timeout_s, on_step)
+        try:
+            record = runtime.generate(request, out, extra={"server_job_id": job_id})
+        finally:
+            interrupts.finish()
     except Exception as exc:  # any failure of one job is reported on that job; the server keeps serving
-        logger.exception("job %s failed", job_id)
-        out.unlink(missing_ok=True)
-        store.update(job_id, status="failed", completed_at=int(time.time()),
-                     error={"message": f"{type(exc).__name__}: {exc}"})
+        for path in store.videos_dir.glob(f"{job_id}.*"):
+            path.unlink(missing_ok=True)
+        for path in store.videos_dir.glob(f".{job_id}.*.tmp"):
+            path.unlink(missing_ok=True)
+        if interrupts.fired is not None:
+            logger.warning("job %s ended after %.1f s: %s", job_id, time.monotonic() - started, interrupts.fired)
+            code, message = ("timeout" if "timeout" in interrupts.fired else "server_stopped"), interrupts.fired
+        else:
+            logger.exception("job %s failed", job_id)
+            code, message = "generation_failed", f"{type(exc).__name__}: {exc}"
+        store.update(job_id, status="failed", completed_at=int(time.time()), error={"code": code, "message": message})
         return
     peak = record.peak_memory_bytes
     store.update(
@@ -200,25 +331,68 @@ def _run_job(store: JobStore, runtime: Any, job_id: str) -> None:
     )
 
 
+# -- the app ---------------------------------------------------------------------------------------------------------
 def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None, max_queue: int = 8,
-               model_name: str | None = None) -> FastAPI:
-    """The FastAPI app over ``runtime`` (an :class:`h3.runtime.H3Runtime` or anything with its ``generate``)."""
-    if max_queue < 0:
+               model_name: str | None = None, limits: ServerLimits | None = None, *,
+               max_prompt_tokens: int | None = None, max_pixels: int | None = None,
+               job_timeout_s: float | None = None, max_body_bytes: int | None = None) -> FastAPI:
+    """The FastAPI app over ``runtime`` (an :class:`h3.runtime.H3Runtime`).
+
+    ``limits`` defaults to :func:`default_limits` of the runtime; the keyword limits override single values.
+    """
+    if isinstance(max_queue, bool) or not isinstance(max_queue, int) or max_queue < 0:
         raise ValueError(f"max_queue must be >= 0, got {max_queue}")
+    limits = limits or default_limits(runtime, max_prompt_tokens=max_prompt_tokens, max_pixels=max_pixels,
+                                      job_timeout_s=job_timeout_s, max_body_bytes=max_body_bytes)
     store = JobStore(Path(output_dir), max_queue)
     recipe = runtime.recipe
     model_id = model_name or f"h3-{runtime.model if runtime.model in TINY_MODELS else Path(runtime.model).name}"
+    names = tuple(dict.fromkeys([model_id, recipe.name]))
+    schema = RequestSchema(runtime, limits, names)
+    loaded_at = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        thread = threading.Thread(target=_worker, args=(store, runtime), name="h3-serve-worker", daemon=True)
+        interrupts = JobInterrupts(runtime)
+        thread = threading.Thread(target=_worker, args=(store, runtime, interrupts, limits), name="h3-serve-worker",
+                                  daemon=True)
         thread.start()
-        yield
-        store.stop()
-        thread.join(timeout=5)
+        try:
+            yield
+        finally:
+            store.stop()
+            interrupts.stop_now("the server stopped before this job finished; resubmit it")
+            thread.join(timeout=30)
+            interrupts.remove()
 
     app = FastAPI(title="h3 serve", lifespan=lifespan)
     app.state.store = store
+    app.state.limits = limits
+
+    @app.exception_handler(RequestProblem)
+    async def _problem(_request: Request, exc: RequestProblem) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = jsonable_encoder(exc.errors(), custom_encoder={bytes: lambda b: b.decode("utf-8", "replace")})
+        first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
+        loc = [str(p) for p in first.get("loc", [])]
+        param = loc[-1] if len(loc) > 1 else None
+        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+        return JSONResponse(status_code=422, content=error_body(422, message, errors, param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        message = exc.detail if isinstance(exc.detail, str) else json.dumps(jsonable_encoder(exc.detail))
+        return JSONResponse(status_code=exc.status_code, content=error_body(exc.status_code, message, exc.detail),
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(_request: Request, exc: Exception) -> JSONResponse:  # a bug: say so in JSON, keep serving
+        logger.exception("internal error")
+        return JSONResponse(status_code=500, content=error_body(500, f"internal server error ({type(exc).__name__})",
+                                                                 "internal server error"))
 
     def authorize(request: Request) -> None:
         if api_key is None:
@@ -236,7 +410,18 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
         return job
 
     def public(job: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in job.items() if k != "mp4_sha256"}
+        with store.lock:  # the worker adds keys to a job as it completes it
+            return {k: v for k, v in job.items() if k != "mp4_sha256" and not k.startswith("_")}
+
+    def model_entry(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": loaded_at, "owned_by": "h3", "model_path": runtime.model,
+                "h3_model": model_id, "h3_recipe_name": recipe.name, "h3_recipe": recipe.resolved(),
+                "h3_recipe_sha256": recipe.sha256(), "h3_levers_sha256": levers_sha256(recipe),
+                "h3_limits": {**limits.report(), "max_queue": max_queue, "canvas_multiple": schema.multiple,
+                              "default_size": f"{schema.default_size[1]}x{schema.default_size[0]}",
+                              "seconds": [MIN_SECONDS, MAX_SECONDS], "fps": FPS,
+                              "num_inference_steps": recipe.steps},
+                "h3_fields": FIELDS}
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -246,84 +431,93 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": model_id, "object": "model", "owned_by": "h3", "model_path": runtime.model,
-            "h3_recipe": recipe.resolved(), "h3_recipe_sha256": recipe.sha256(),
-            "h3_levers_sha256": levers_sha256(recipe),
-        }]}
+        return {"object": "list", "data": [model_entry(name) for name in names]}
 
-    @app.post("/v1/videos", dependencies=[Depends(authorize)])
-    def create_video(body: VideoCreate) -> JSONResponse:
-        width = height = None
-        if body.size is not None:
-            match = SIZE.match(body.size)
-            if not match:
-                raise _unprocessable("size", f"size must be 'WIDTHxHEIGHT' like '1344x768', got {body.size!r}")
-            width, height = int(match.group(1)), int(match.group(2))
-        if body.fps is not None and body.fps != FPS:
-            raise _unprocessable("fps", f"MiniMax-H3 generates at {FPS} fps, got {body.fps}")
-        if body.num_inference_steps is not None and body.num_inference_steps != recipe.steps:
-            raise _unprocessable("num_inference_steps", f"this server runs recipe {recipe.name!r} with "
-                                 f"{recipe.steps} steps, got {body.num_inference_steps}")
-        if body.h3_levers_sha256 is not None and body.h3_levers_sha256 != levers_sha256(recipe):
-            raise _unprocessable("h3_levers_sha256", f"this server runs recipe {recipe.name!r} (levers "
-                                 f"{levers_sha256(recipe)[:12]}), not the levers asked for "
-                                 f"({body.h3_levers_sha256[:12]})")
-        if body.model is not None and body.model != model_id:
-            raise _unprocessable("model", f"this server serves {model_id!r}, got {body.model!r}")
-        request = GenerateRequest(prompt=body.prompt, seed=body.seed, num_frames=body.num_frames,
-                                  seconds=body.seconds, height=height, width=width)
-        try:
-            num_frames, res_h, res_w = runtime.resolve(request)
-        except RequestError as exc:
-            text = str(exc)
-            if any(word in text for word in ("height", "width", "aspect")):
-                field = "size"
-            elif "prompt" in text or "seed" in text:
-                field = "prompt" if "prompt" in text else "seed"
-            else:  # a duration the model cannot generate: name the field the client used
-                field = "seconds" if body.seconds is not None else "num_frames"
-            raise _unprocessable(field, text) from None
-        now = int(time.time())
+    def accept(body: dict[str, Any]) -> JSONResponse:
+        resolved = schema.resolve(body)
+        now = time.time_ns()
+        num_frames = resolved.num_frames
+        request = resolved.request
         job = {"id": f"video_{uuid.uuid4().hex}", "object": "video", "model": model_id, "status": "queued",
-               "progress": 0, "created_at": now, "completed_at": None, "prompt": body.prompt, "seed": body.seed,
-               "size": f"{res_w}x{res_h}", "num_frames": num_frames, "seconds": f"{num_frames / FPS:.3f}",
-               "fps": FPS, "num_inference_steps": recipe.steps, "error": None}
+               "progress": 0, "created_at": now // 10**9, "completed_at": None, "expires_at": None, "error": None,
+               "prompt": request.prompt, "seconds": f"{num_frames / FPS:.3f}",
+               "size": f"{resolved.width}x{resolved.height}", "remixed_from_video_id": None, "seed": request.seed,
+               "num_frames": num_frames, "fps": FPS, "num_inference_steps": recipe.steps, "h3_recipe": recipe.name,
+               "h3_requested": resolved.requested, "_created_ns": now}
         if not store.submit(job, request):
-            return JSONResponse(status_code=429, content={"detail": f"queue full ({max_queue} job(s) waiting); "
-                                                                    "retry later"}, headers={"Retry-After": "1"})
+            return JSONResponse(status_code=429, content=error_body(
+                429, f"queue full ({max_queue} job(s) waiting); retry later",
+                f"queue full ({max_queue} job(s) waiting); retry later"), headers={"Retry-After": "1"})
         return JSONResponse(status_code=200, content=public(job))
 
+    @app.post("/v1/videos", dependencies=[Depends(authorize)])
+    async def create_video(request: Request) -> JSONResponse:
+        body = await read_request_body(request, schema)
+        return await run_in_threadpool(accept, body)
+
     @app.get("/v1/videos", dependencies=[Depends(authorize)])
-    def list_videos() -> dict[str, Any]:
-        with store.lock:
-            return {"object": "list", "data": [public(j) for j in store.jobs.values()]}
+    def list_videos(after: Optional[str] = Query(None, max_length=200),
+                    limit: Optional[int] = Query(None, ge=1, le=100),
+                    order: Literal["asc", "desc"] = Query("desc")) -> dict[str, Any]:
+        jobs, has_more = store.listing(order, after, limit)
+        data = [public(j) for j in jobs]
+        return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None, "has_more": has_more}
 
     @app.get("/v1/videos/{video_id}", dependencies=[Depends(authorize)])
-    def retrieve_video(video_id: str) -> dict[str, Any]:
-        return public(get_job(video_id))
+    def retrieve_video(video_id: str) -> JSONResponse:
+        return JSONResponse(public(get_job(video_id)), headers={"openai-poll-after-ms": str(POLL_AFTER_MS)})
+
+    @app.delete("/v1/videos/{video_id}", dependencies=[Depends(authorize)])
+    def delete_video(video_id: str) -> dict[str, Any]:
+        get_job(video_id)
+        try:
+            store.delete(video_id)
+        except KeyError:
+            raise HTTPException(status_code=404, detail=f"no video job {video_id[:80]!r}") from None
+        return {"id": video_id, "object": "video.deleted", "deleted": True}
 
     @app.get("/v1/videos/{video_id}/content", dependencies=[Depends(authorize)])
-    def video_content(video_id: str) -> FileResponse:
+    def video_content(video_id: str,
+                      variant: Literal["video", "thumbnail", "spritesheet"] = Query("video")) -> Any:
         job = get_job(video_id)
         if job.get("status") != "completed":
             raise HTTPException(status_code=409, detail=f"video {video_id} is {job.get('status')}, not completed")
         path = store.content_path(video_id)
         if not path.is_file():
             raise HTTPException(status_code=404, detail=f"the clip of {video_id} is gone from the output folder")
-        return FileResponse(path, media_type="video/mp4", filename=f"{video_id}.mp4")
+        if variant == "video":
+            return FileResponse(path, media_type="video/mp4", filename=f"{video_id}.mp4")
+        name, suffix, media_type = THUMBNAIL if variant == "thumbnail" else SPRITESHEET
+        width, height = (int(v) for v in str(job["size"]).split("x"))
+        layout = sprite_layout(int(job["num_frames"]), width, height)
+        if name == "thumbnail":
+            headers = {"x-h3-frames": "0"}
+        else:
+            headers = {"x-h3-frames": ",".join(map(str, layout["frames"])),
+                       "x-h3-grid": f"{layout['columns']}x{layout['rows']}",
+                       "x-h3-tile": f"{layout['tile'][0]}x{layout['tile'][1]}"}
+        cached = store.content_path(video_id, suffix)  # kept beside the clip, deleted with the job
+        if cached.is_file():
+            return FileResponse(cached, media_type=media_type, headers=headers)
+        data = make_preview(name, path, layout)
+        atomic_write_bytes(cached, data)
+        return Response(data, media_type=media_type, headers=headers)
 
     return app
 
 
 def serve(model: str, recipe: str, host: str = "127.0.0.1", port: int = 30000, api_key: str | None = None,
-          max_queue: int = 8, output_dir: str | Path = "h3-serve", device: str | None = None) -> None:
-    """Load the runtime and serve it until interrupted."""
+          max_queue: int = 8, output_dir: str | Path = "h3-serve", device: str | None = None,
+          **limit_overrides: Any) -> None:
+    """Load the runtime and serve it until interrupted (``limit_overrides``: :func:`default_limits`' keywords)."""
     import uvicorn
 
     from h3.recipe import load_recipe
     from h3.runtime import H3Runtime
 
     runtime = H3Runtime.load(model, load_recipe(recipe), device)
-    app = create_app(runtime, output_dir, api_key=api_key, max_queue=max_queue)
+    limits = default_limits(runtime, **limit_overrides)
+    logger.warning("h3 serve limits: %s", json.dumps(limits.report()))
+    app = create_app(runtime, output_dir, api_key=api_key, max_queue=max_queue, limits=limits)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -30,7 +30,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from h3.atomic import atomic_write_json, atomic_write_text
 from h3.media import MediaError
@@ -39,110 +39,13 @@ from h3.recipe import Recipe, recipe_from_dict
 from h3.runtime import GenerateRequest, RequestError
 from h3eval import speed as speedmod
 from h3eval.backends import Backend, BackendError, remove_clip
+from h3eval.executed import check_executed, is_unverified
 from h3eval.runner import RunPlan, open_run
 from h3eval.store import ClipError, RunManifest, RunStore, StoreError, read_finished_record, utc_now
 
 logger = logging.getLogger(__name__)
 
 Protocol = Literal["mixed", "repeated", "both"]
-# Sections of a recipe that are not levers: identity and the basic settings checked field by field below.
-BASE_KEYS = ("name", "description", "steps", "dtype", "attention", "vae")
-# A lever section counts as off when it says so in one of these ways (the levers' schemas are owned elsewhere).
-_OFF_VALUES = (None, False, "off", "none", "", 0)
-
-
-# -- configured versus executed -----------------------------------------------------------------------------------
-# The key that switches each lever of h3/recipe.py on; other keys of a section are settings (adaln.disk_cache = true
-# configures the precompute's cache, it does not switch the precompute on).
-LEVER_SWITCHES = {"lora": "enabled", "adaln": "precompute", "quant": "mode", "sparse_attention": "enabled",
-                  "bucketing": "enabled", "cache": "kind", "compile": "enabled", "offload": "enabled"}
-
-
-def lever_enabled(section: Any, name: str | None = None) -> bool:
-    """Whether a lever section of a resolved recipe asks for the lever.
-
-    ``enabled = false`` (or ``mode``/``kind``/``backend`` = "off"/"none") means off; a section with none of these
-    keys is on when any of its values is set (not None/False/0/"").
-    """
-    if not isinstance(section, dict):
-        return section not in _OFF_VALUES
-    if name in LEVER_SWITCHES:
-        return section.get(LEVER_SWITCHES[name]) not in _OFF_VALUES
-    for key in ("enabled", "mode", "kind", "backend"):
-        if key in section:
-            return section[key] not in _OFF_VALUES
-    return any(v not in _OFF_VALUES for v in section.values())
-
-
-LeverCheck = Callable[[dict, dict | None], list[str]]
-LEVER_CHECKS: dict[str, LeverCheck] = {}
-"""Lever-specific checks, by recipe section name: (recipe section, executed.levers[section] or None) -> problems.
-A lever without an entry gets :func:`default_lever_check`."""
-
-
-def register_lever_check(name: str) -> Callable[[LeverCheck], LeverCheck]:
-    def decorator(fn: LeverCheck) -> LeverCheck:
-        if name in LEVER_CHECKS:
-            raise ValueError(f"a lever check for {name!r} is already registered")
-        LEVER_CHECKS[name] = fn
-        return fn
-
-    return decorator
-
-
-def default_lever_check(section: dict, telemetry: dict | None, name: str | None = None) -> list[str]:
-    """An enabled lever must report ``applied: true``; a lever that is off must not report that it applied."""
-    enabled = lever_enabled(section, name)
-    applied = isinstance(telemetry, dict) and telemetry.get("applied") is True
-    if enabled and telemetry is None:
-        return ["is enabled in the recipe but reported no telemetry (did it run?)"]
-    if enabled and not applied:
-        return [f"is enabled in the recipe but reported applied={telemetry.get('applied')!r}: {telemetry}"]
-    if not enabled and applied:
-        return [f"is off in the recipe but reported that it applied: {telemetry}"]
-    return []
-
-
-def check_executed(recipe: Recipe, record: ClipRecord) -> list[str]:
-    """Every way ``record`` ran something other than ``recipe``; empty when what ran is what was configured.
-
-    Checks forward passes == ``recipe.steps``, the attention backend diffusers dispatched during denoising (one,
-    and the one asked for), the transformer dtype, VAE tiling and tile, and every lever section of the recipe
-    against ``executed.levers`` (:data:`LEVER_CHECKS`). A record whose producer did not report what ran (a foreign
-    server) gives one problem saying so: it is unverified, not verified.
-    """
-    if "executed" in (record.extra or {}).get("unreported", []):
-        return ["the backend did not report what executed (foreign server): configured-versus-executed unverified"]
-    ex = record.executed
-    problems = []
-    if record.recipe_name != recipe.name:
-        problems.append(f"record is of recipe {record.recipe_name!r}, not {recipe.name!r}")
-    if ex.forward_passes != recipe.steps:
-        problems.append(f"steps: recipe asks for {recipe.steps} DiT forward passes, {ex.forward_passes} ran")
-    wanted = recipe.attention.backend
-    if ex.attention_backends != [wanted]:
-        problems.append(f"attention.backend: recipe asks for {wanted!r}, the dispatcher ran {ex.attention_backends}")
-    if ex.torch_dtype != recipe.dtype:
-        problems.append(f"dtype: recipe asks for {recipe.dtype}, the transformer ran in {ex.torch_dtype}")
-    if ex.vae_tiling != recipe.vae.tiling:
-        problems.append(f"vae.tiling: recipe asks for {recipe.vae.tiling}, executed {ex.vae_tiling}")
-    elif recipe.vae.tiling and ex.vae_tile != [recipe.vae.tile_height, recipe.vae.tile_width]:
-        problems.append(f"vae tile: recipe asks for {[recipe.vae.tile_height, recipe.vae.tile_width]}, "
-                        f"executed {ex.vae_tile}")
-    resolved = recipe.resolved()
-    for name, section in resolved.items():
-        if name in BASE_KEYS:
-            continue
-        if name in LEVER_CHECKS:
-            found = LEVER_CHECKS[name](section, ex.levers.get(name))
-        else:
-            found = default_lever_check(section, ex.levers.get(name), name)
-        problems.extend(f"{name}: {p}" for p in found)
-    for name in ex.levers:
-        if name not in resolved:
-            problems.append(f"{name}: the runtime reported lever telemetry the recipe does not configure: "
-                            f"{ex.levers[name]}")
-    return problems
 
 
 # -- off-identity ---------------------------------------------------------------------------------------------------
@@ -159,23 +62,45 @@ def identity_recipe(baseline: Recipe) -> Recipe:
 
 def off_identity(store: RunStore, baseline: str, candidate: str, prompt_ids: list[str],
                  seeds: list[int]) -> dict[str, Any]:
-    """Compare frames and PCM hashes of every quality pair; pass only when every pair exists and matches."""
-    identical, differing, missing = 0, [], []
+    """Compare frames and PCM hashes of every quality pair; pass only when every pair exists and matches.
+
+    Byte identity is promised on one platform (h3/determinism.py): a pair whose two clips were made on different
+    platforms (CPU model, vector capability, MKL reproducibility mode, threads, torch or GPU), or on a CPU whose MKL
+    ran without reproducibility, cannot fail the check by differing; it is listed under ``not_comparable`` with the
+    platform keys that differ, and counted in neither ``identical`` nor ``differing``.
+    """
+    from h3.determinism import byte_identity_promised, platform_difference
+
+    identical, differing, missing, not_comparable = 0, [], [], []
+    platforms: dict[str, Any] = {}
     for pid in prompt_ids:
         for seed in seeds:
             a, b = store.read_record(baseline, pid, seed), store.read_record(candidate, pid, seed)
             if a is None or b is None:
                 missing.append(f"{pid}-s{seed}")
                 continue
+            na, nb = (a.hardware or {}).get("numerics"), (b.hardware or {}).get("numerics")
+            platforms.setdefault(baseline, na)
+            platforms.setdefault(candidate, nb)
+            same_bytes = a.frames_sha256 == b.frames_sha256 and a.pcm_sha256 == b.pcm_sha256
             if (a.extra or {}).get("hash_source", "raw") != (b.extra or {}).get("hash_source", "raw"):
                 differing.append({"pair": f"{pid}-s{seed}", "why": "hashes of different sources (raw vs decoded)"})
-            elif a.frames_sha256 == b.frames_sha256 and a.pcm_sha256 == b.pcm_sha256:
+            elif same_bytes:
                 identical += 1
+            elif platform_difference(na, nb) or not (byte_identity_promised(na) and byte_identity_promised(nb)):
+                keys = platform_difference(na, nb)
+                not_comparable.append({
+                    "pair": f"{pid}-s{seed}",
+                    "why": (f"made on different platforms (differ in {', '.join(keys)})" if keys
+                            else "made on a CPU whose MKL ran without reproducibility (MKL_CBWR)"),
+                })
             else:
                 differing.append({"pair": f"{pid}-s{seed}", "frames_equal": a.frames_sha256 == b.frames_sha256,
                                   "pcm_equal": a.pcm_sha256 == b.pcm_sha256})
     return {"candidate": candidate, "pairs": len(prompt_ids) * len(seeds), "identical": identical,
-            "differing": differing, "missing": missing, "passed": not differing and not missing}
+            "differing": differing, "missing": missing, "not_comparable": not_comparable,
+            "compared": "sha256 of the raw frames (uint8) and PCM (int16) of every quality pair",
+            "platforms": platforms, "passed": not differing and not missing}
 
 
 # -- the plan -------------------------------------------------------------------------------------------------------
@@ -226,22 +151,13 @@ class Job:
         return f"{self.kind}/{self.recipe.name}/{self.name}"
 
 
-def sweep_partial_files(root: Path) -> list[Path]:
-    """Remove the temporary files of atomic writes a killed process left behind (``.<name>.<random>.tmp``).
-
-    Only called once the run directory is opened by the one process that fills it; a finished file is never a
-    ``.tmp``, so nothing complete is touched.
-    """
-    removed = []
-    for sub in ("clips", "speed", "warmup"):
-        for path in (root / sub).rglob(".*.tmp") if (root / sub).exists() else ():
-            path.unlink(missing_ok=True)
-            removed.append(path)
+def sweep_partial_files(store: RunStore) -> list[Path]:
+    """Remove the temporary files of atomic writes a killed process left behind (the store's
+    :meth:`~h3eval.store.RunStore.sweep_partial_files`), and say so."""
+    removed = store.sweep_partial_files()
     if removed:
-        logger.warning("removed %d half-written file(s) of an interrupted run under %s", len(removed), root)
+        logger.warning("removed %d half-written file(s) of an interrupted run under %s", len(removed), store.root)
     return removed
-
-
 
 
 def speed_jobs(plan: AbPlan, store: RunStore, protocol: str) -> list[Job]:
@@ -252,7 +168,7 @@ def speed_jobs(plan: AbPlan, store: RunStore, protocol: str) -> list[Job]:
         prompt = prompts[i % len(prompts)] if protocol == "mixed" else prompts[0]
         name = f"r{i:03d}-{prompt.id}-s{seed}"
         for recipe in plan.run.recipes:
-            out = store.root / "speed" / protocol / recipe.name / f"{name}.mp4"
+            out = store.speed_path(protocol, recipe.name, name)
             jobs.append(Job(recipe, plan.run.shape.request(prompt.id, prompt.prompt, seed), out,
                             f"speed/{protocol}", name))
     return jobs
@@ -308,8 +224,7 @@ class _Session:
             self.error(job, f"{type(exc).__name__}: {exc}")
             return
         problems = check_executed(job.recipe, record)
-        unverified = [p for p in problems if "unverified" in p]
-        if unverified and len(problems) == len(unverified):
+        if is_unverified(problems):
             return  # kept, and the speed summary marks the recipe unverified
         if problems:
             remove_clip(job.out)
@@ -327,33 +242,24 @@ class _Session:
             self.errors.append(err)
 
 
-def _records(directory: Path) -> list[ClipRecord]:
-    out = []
-    for mp4 in sorted(directory.glob("*.mp4")):
-        record = read_finished_record(mp4)
-        if record is not None:
-            out.append(record)
-    return out
-
-
 def build_speed(plan: AbPlan, store: RunStore, refused: dict[str, list[str]]) -> dict[str, Any]:
     """speed.json's content, from the records on disk (so a resumed run counts every finished request)."""
     baseline = plan.run.baseline
     names = [r.name for r in plan.run.recipes]
     per_recipe_all: dict[str, list[ClipRecord]] = {}
     for name in names:
-        recs = _records(store.root / "warmup" / name)
+        recs = store.finished_records(store.warmup_dir(name))
         for protocol in plan.protocols:
-            recs += _records(store.root / "speed" / protocol / name)
-        recs += _records(store.clip_dir(name))
+            recs += store.finished_records(store.speed_dir(protocol, name))
+        recs += store.finished_records(store.clip_dir(name))
         per_recipe_all[name] = recs
     recompiles = {name: speedmod.detect_recompiles(per_recipe_all[name], plan.recompile_ratio,
                                                    plan.recompile_margin_s) for name in names}
     sections: dict[str, dict[str, Any]] = {}
     for section in [*plan.protocols, "quality_clips"]:
         directory = (lambda n: store.clip_dir(n)) if section == "quality_clips" else (
-            lambda n, s=section: store.root / "speed" / s / n)
-        records = {n: _records(directory(n)) for n in names}
+            lambda n, s=section: store.speed_dir(s, n))
+        records = {n: store.finished_records(directory(n)) for n in names}
         base_by_name = {(r.extra or {}).get("request_name") or f"{r.request.prompt_id}-s{r.request.seed}": r
                         for r in records[baseline]}
         out: dict[str, Any] = {}
@@ -395,7 +301,8 @@ def build_speed(plan: AbPlan, store: RunStore, refused: dict[str, list[str]]) ->
             "real_time_factor": "generation-side latency / clip duration (seed 000), p50",
             "usd_per_clip": "p50 request-to-file s x gpu_hourly_rate / 3600",
             "speedup": (f"mean(baseline)/mean(candidate) generation-side latency over paired requests; "
-                        f"{int(speedmod.CI_LEVEL * 100)}% percentile bootstrap, B={speedmod.BOOTSTRAP_B}, "
+                        f"{int(speedmod.CI_LEVEL * 100)}% paired BCa bootstrap (h3eval.stats), "
+                        f"B={speedmod.BOOTSTRAP_B}, "
                         f"seed {speedmod.BOOTSTRAP_SEED}"),
             "recompile": f"first request at a sequence shape > max({plan.recompile_ratio}x, "
                          f"+{plan.recompile_margin_s} s) of the recipe's steady-state median",
@@ -428,7 +335,7 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     plan.validate()
     plan.run.kind = "ab"
     store, manifest = open_run(plan.run)
-    sweep_partial_files(store.root)
+    sweep_partial_files(store)
     session = _Session(plan, store, backend)
     warm_done: set[str] = set()
 
@@ -440,7 +347,7 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
             for recipe in plan.run.recipes:
                 if recipe.name in need:
                     out.append(Job(recipe, plan.run.shape.request(first.id, first.prompt, plan.run.seeds[0]),
-                                   store.root / "warmup" / recipe.name / f"{session.id}-w{i}.mp4", "warmup", f"w{i}"))
+                                   store.warmup_path(recipe.name, session.id, i), "warmup", f"w{i}"))
         warm_done.update(need)
         return out
 
@@ -459,8 +366,8 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     identity = {name: off_identity(store, baseline, name, plan.run.prompts.ids, plan.run.seeds)
                 for name in identity_names}
     speed = build_speed(plan, store, session.failed)
-    atomic_write_json(store.root / "speed.json", speed)
-    atomic_write_text(store.root / "speed.md", speedmod.render_markdown(speed))
+    atomic_write_json(store.speed_json_path, speed)
+    atomic_write_text(store.speed_md_path, speedmod.render_markdown(speed))
 
     manifest.errors = session.errors
     if session.failed or any(not v["passed"] for v in identity.values()):
@@ -475,3 +382,50 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     }
     store.write_manifest(manifest)
     return AbResult(manifest, speed, session.failed, identity)
+
+
+def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds="0", backend="inprocess", urls=(),
+                     api_key=None, warmup=1, speed_protocol="mixed", speed_rounds=2, gpu_hourly_rate=None,
+                     off_identity=False, trajectory=False, seconds=None, num_frames=None, height=None, width=None,
+                     timeout_s=1800.0, device=None, runtime_factory=None) -> AbResult:
+    """``h3eval ab`` as a function of its options (recipe names or paths, a prompt suite name, seeds as text): builds
+    the plan and the backend and runs (or resumes) the A/B run."""
+    from h3.recipe import load_recipe
+    from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE, TINY_MODELS
+    from h3eval.prompts import load_prompts, parse_seeds
+    from h3eval.runner import RequestShape, RunError, RunPlan
+
+    base = load_recipe(baseline)
+    recipes = [base] + [load_recipe(c) for c in candidates]
+    if off_identity:
+        recipes.append(identity_recipe(base))
+    if backend not in ("inprocess", "http"):
+        raise RunError(f"--backend must be inprocess or http, got {backend!r} (clips from elsewhere: h3eval import)")
+    if backend == "http" and not urls:
+        raise RunError("--backend http needs at least one --url")
+    if backend == "inprocess" and urls:
+        raise RunError("--url is for --backend http; the inprocess backend runs the h3 runtime in this process")
+    plan = AbPlan(
+        run=RunPlan(
+            out=Path(out), model=model, recipes=recipes, prompts=load_prompts(prompts), seeds=parse_seeds(seeds),
+            shape=RequestShape(seconds=seconds, num_frames=num_frames, height=height, width=width),
+            baseline=base.name, kind="ab", backend=backend, device=device, trajectory=trajectory,
+            args=dict(command="ab", baseline=baseline, candidates=list(candidates), prompts=str(prompts), model=model,
+                      seeds=seeds, backend=backend, urls=list(urls), warmup=warmup, speed_protocol=speed_protocol,
+                      speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
+                      trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
+                      device=device),
+        ),
+        warmup=warmup, speed_protocol=speed_protocol, speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate,
+    )
+    plan.validate()
+    if backend == "http":
+        from h3eval.backends.http import HttpBackend
+
+        impl = HttpBackend(list(urls), TINY_DEFAULT_SIZE if model in TINY_MODELS else FULL_DEFAULT_SIZE, api_key=api_key,
+                           timeout_s=timeout_s)
+    else:
+        from h3eval.backends.inprocess import InProcessBackend
+
+        impl = InProcessBackend(model, device, runtime_factory)
+    return run_ab(plan, impl)

@@ -51,12 +51,11 @@ def lpips_trunk() -> str:
 
 def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEEDS, prompts: str = "smoke",
              policy: str = "release") -> DemoResult:
-    from h3eval.ab import off_identity
-    from h3eval.commands.ab import run_ab_command
-    from h3eval.commands.report import run_report
+    from h3eval.ab import off_identity, run_ab_from_args
     from h3eval.floor import newseed_floor_from_run
     from h3eval.gaterun import run_gates
     from h3eval.prompts import load_prompts
+    from h3eval.report import run_report
     from h3eval.store import RunStore
 
     started = time.perf_counter()
@@ -65,9 +64,9 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
     suite = load_prompts(prompts)
     # identity (every lever named and off) must come out byte-identical — h3eval ab checks it as an off-identity
     # candidate; fewer-steps must not. One warm-up request per recipe; one round of the mixed-prompt speed protocol.
-    run_ab_command(baseline="baseline", candidates=["identity", "fewer-steps"], prompts=prompts, out=run_dir,
-                   model="tiny", seeds=",".join(str(s) for s in seeds), off_identity=False, trajectory=True, warmup=1,
-                   speed_protocol="mixed", speed_rounds=1, device="cpu")
+    run_ab_from_args(baseline="baseline", candidates=["identity", "fewer-steps"], prompts=prompts, out=run_dir,
+                     model="tiny", seeds=",".join(str(s) for s in seeds), off_identity=False, trajectory=True,
+                     warmup=1, speed_protocol="mixed", speed_rounds=1, device="cpu")
     manifest = RunStore(run_dir).read_manifest()
     if manifest.status != "complete":
         problems = [f"{e.recipe}/{e.prompt_id}-s{e.seed}: {e.error}" for e in manifest.errors[:5]]
@@ -86,7 +85,7 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
                                    determinism={"pairs": len(suite.ids) * len(seeds),
                                                 "identical": identical.get("identity", False),
                                                 "checked_by": "identity recipe vs baseline"})
-    verdict, paths = run_report(run_dir, policy_path(policy), floor=floor_dir / "floor.json")
+    verdict, paths = run_report(run_dir, policy_path(policy), floor=RunStore(floor_dir).floor_path)
     from h3eval.verdict import summary_lines
 
     return DemoResult(run_dir=run_dir, floor_dir=floor_dir, overall=str(verdict.outcome), identical=identical,

@@ -25,7 +25,7 @@ from h3.atomic import atomic_write_json
 from h3.recipe import Recipe
 from h3eval.prompts import PromptSuite
 from h3eval.runner import RequestShape, RunError, RunPlan, fill_run
-from h3eval.store import RunStore
+from h3eval.store import RunStore, read_gate_result
 
 logger = logging.getLogger(__name__)
 
@@ -80,23 +80,24 @@ def determinism_check(store: RunStore, recipe: Recipe, prompts: PromptSuite, see
     from h3eval.ab import off_identity
 
     result = off_identity(store, recipe.name, f"{recipe.name}-repeat", prompts.ids, seeds)
+    # None: no pair could be compared byte for byte (every repeat made on another platform), so nothing is claimed.
+    checked = result["identical"] > 0 or bool(result["differing"])
     return {"pairs": result["identical"] + len(result["differing"]),
-            "identical": result["identical"] > 0 and not result["differing"],
-            "mismatches": [d["pair"] for d in result["differing"]]}
+            "identical": (result["identical"] > 0 and not result["differing"]) if checked else None,
+            "mismatches": [d["pair"] for d in result["differing"]],
+            "not_comparable": result["not_comparable"], "compared": result["compared"],
+            "platform": result["platforms"].get(recipe.name)}
 
 
 def floor_from_results(store: RunStore, recipe: Recipe, gates: list[str]) -> tuple[dict[str, float], dict[str, int]]:
-    """Mean of every gate metric over the new-seed pairs (missing values skipped and counted, never zero-filled)."""
-    from gates.base import GateResult
+    """Mean of every gate metric over the new-seed pairs (missing values skipped and counted, never zero-filled).
 
+    Raises :class:`h3eval.store.GateResultError` on a result file that does not parse: the gate runner writes them
+    atomically, so one that does not parse was damaged, and a floor must not quietly leave it out."""
     sums: dict[str, list[float]] = {}
     for gate in gates:
-        folder = store.gate_dir(gate) / _newseed_name(recipe)
-        for path in sorted(folder.glob("*.json")):
-            try:
-                result = GateResult.model_validate_json(path.read_text())
-            except ValueError:
-                continue
+        for path in store.gate_result_files(gate, _newseed_name(recipe)):
+            result = read_gate_result(path)  # a corrupt result stops the floor with the file named (exit 3)
             for name, metric in result.metrics.items():
                 if metric.value is not None and math.isfinite(metric.value):
                     sums.setdefault(f"{gate}.{name}", []).append(abs(float(metric.value)))
@@ -133,7 +134,7 @@ def measure_floor(
     determinism = determinism_check(store, recipe, prompts, list(seeds))
     metrics, counts = floor_from_results(store, recipe, list(gates))
     floor = write_floor(
-        Path(out) / "floor.json", metrics, recipe=recipe.name, recipe_sha256=recipe.sha256(), model=model,
+        store.floor_path, metrics, recipe=recipe.name, recipe_sha256=recipe.sha256(), model=model,
         prompts_sha256=prompts.sha256, seeds=list(seeds), pairs_per_metric=counts, determinism=determinism,
         gates=list(gates), gate_errors=len(summary.errors), run_status=manifest.status,
     )
@@ -189,7 +190,7 @@ def newseed_floor_from_run(
     ))
     summary = run_gates(out, list(gates), device=device, options=gate_options or {}, progress=progress)
     metrics, counts = floor_from_results(store, recipe, list(gates))
-    write_floor(Path(out) / "floor.json", metrics, recipe=recipe_name, source_run=str(source_run),
+    write_floor(store.floor_path, metrics, recipe=recipe_name, source_run=str(source_run),
                 seeds=list(manifest.seeds), pairs_per_metric=counts, determinism=determinism or {},
                 gates=list(gates), gate_errors=len(summary.errors))
     return {"metrics": metrics, "counts": counts, "gate_errors": summary.errors}

@@ -11,9 +11,11 @@ and artifacts to the same folder. The loop is pair-major so that the gates of on
   bit-identical, and any difference after decoding would be codec noise. A gate with an ``identical_result(ctx)``
   method answers without decoding (exactly zero difference); other gates are run as usual and their result is
   marked ``identical``. The integrity gate has no such method: a clip can be broken on both sides.
-- **Options**: ``key=value`` goes to every chosen gate that knows ``key`` (a gate lists its ``option_names``; one
-  that does not gets them all), ``gate.key=value`` to that gate only. An option no chosen gate knows is an error
-  before anything runs.
+- **Options**: ``key=value`` goes to every chosen gate that knows ``key`` (each gate declares its option schema,
+  ``Gate.Options``), ``gate.key=value`` to that gate only. An option no chosen gate knows, or a value its schema
+  refuses, is an error before anything runs.
+- **Metrics**: a result whose metrics are not among those the gate declares (``Gate.metrics``: name, direction,
+  unit) is an error result: the verdict reads the declarations.
 - **Bad input**: a missing or unfinished clip, an MP4 whose sha256 no longer matches its record, or a gate that
   raises gives that pair (and gate) a result with ``status="error"`` and the message; the other pairs are still
   scored, and the summary says the run failed so that the command exits non-zero.
@@ -27,11 +29,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from pydantic import ValidationError
 
-from gates.base import GATE_RESULT_VERSION, ClipSide, Gate, GateResult, PairContext, PairRef, get_gate
+from gates.base import (GATE_RESULT_VERSION, ClipSide, Gate, GateInputError, GateResult, PairContext, PairRef,
+                        RunClip, RunContext, RunInfo, get_gate)
 from h3.atomic import atomic_write_json, sha256_file
-from h3eval.store import RunStore, StoreError, check_safe_name, clip_stem
+from h3eval.store import (GateResultError, RecordError, RunManifest, RunStore, StoreError, clip_stem, read_clip_record,
+                          read_gate_result)
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +71,8 @@ class GateRunSummary:
 
 
 def result_path(store: RunStore, gate: str, candidate: str, prompt_id: str, seed: int) -> Path:
-    check_safe_name("prompt id", prompt_id)
-    return store.gate_dir(gate) / check_safe_name("recipe name", candidate) / f"{clip_stem(prompt_id, seed)}.json"
+    """Where the result of ``gate`` on one pair lives (the store's :meth:`~h3eval.store.RunStore.gate_result_path`)."""
+    return store.gate_result_path(gate, candidate, prompt_id, seed)
 
 
 def load_valid_result(path: Path, gate: str, pair: PairRef, inputs: dict[str, Any] | None = None) -> GateResult | None:
@@ -78,8 +81,8 @@ def load_valid_result(path: Path, gate: str, pair: PairRef, inputs: dict[str, An
     if not path.is_file():
         return None
     try:
-        result = GateResult.model_validate_json(path.read_text())
-    except (ValidationError, json.JSONDecodeError, UnicodeDecodeError, OSError):
+        result = read_gate_result(path)
+    except GateResultError:
         logger.info("recomputing %s: unreadable result file", path)
         return None
     if result.version != GATE_RESULT_VERSION or result.gate != gate or result.pair != pair:
@@ -116,8 +119,8 @@ def parse_options(items: Iterable[str]) -> dict[str, str]:
 
 
 def options_for(gate: str, options: dict[str, Any], known: frozenset[str] | None = None) -> dict[str, Any]:
-    """The options one gate gets: unscoped ``key`` options it knows (all of them when the gate does not declare
-    ``option_names``), overridden by those scoped ``gate.key`` to it. Options scoped to other gates are dropped."""
+    """The options one gate gets: unscoped ``key`` options it knows (``known``: its ``option_names``; all of them
+    when None), overridden by those scoped ``gate.key`` to it. Options scoped to other gates are dropped."""
     resolved = {k: v for k, v in options.items() if "." not in k and (known is None or k in known)}
     prefix = f"{gate}."
     resolved.update({k[len(prefix) :]: v for k, v in options.items() if k.startswith(prefix)})
@@ -125,25 +128,28 @@ def options_for(gate: str, options: dict[str, Any], known: frozenset[str] | None
 
 
 def check_options(gates: list[Gate], options: dict[str, Any]) -> None:
-    """Fail before anything runs on an option no chosen gate knows (gates declare ``option_names``).
+    """Fail before anything runs on an option no chosen gate knows, or a value a gate's option schema refuses.
 
-    An unscoped ``key`` must be known to at least one chosen gate (unless some chosen gate does not declare its
-    options); a scoped ``gate.key`` for a chosen gate must be known to that gate. Scoped options of gates not chosen
-    are ignored, so that one option set can serve several runs.
+    Every gate declares its options (``Gate.Options``). An unscoped ``key`` must be known to at least one chosen gate;
+    a scoped ``gate.key`` for a chosen gate must be known to that gate. Scoped options of gates not chosen are
+    ignored, so that one option set can serve several runs. Then each chosen gate's share is parsed by its schema.
     """
-    declared = {g.name: getattr(g, "option_names", None) for g in gates}
+    declared = {g.name: g.option_names for g in gates}
     for key in options:
         name, dot, option = key.partition(".")
         if dot:
-            known = declared.get(name, None)
-            if name in declared and known is not None and option not in known:
-                raise GateRunError(f"option {key!r}: gate {name} has no option {option!r}; known: {sorted(known)}")
-        elif all(known is not None for known in declared.values()) and not any(
-            key in known for known in declared.values()
-        ):
+            if name in declared and option not in declared[name]:
+                raise GateRunError(f"option {key!r}: gate {name} has no option {option!r}; "
+                                   f"known: {sorted(declared[name])}")
+        elif not any(key in known for known in declared.values()):
             everything = sorted(set().union(*declared.values())) if declared else []
             raise GateRunError(f"option {key!r} is not an option of the chosen gates ({', '.join(declared)}); "
                                f"known: {everything}")
+    for gate in gates:
+        try:
+            gate.parse_options(options_for(gate.name, options, gate.option_names))
+        except GateInputError as exc:
+            raise GateRunError(str(exc)) from None
 
 
 def check_device(device: str) -> str:
@@ -158,7 +164,41 @@ def check_device(device: str) -> str:
     raise GateRunError(f"--device {device!r}: use cpu or cuda")
 
 
-class _Sides:
+def run_info(manifest: RunManifest) -> RunInfo:
+    """What a gate may know of the run (:class:`gates.base.RunInfo`), from its manifest."""
+    return RunInfo(model=manifest.model, recipes=dict(manifest.recipes), baseline=manifest.baseline,
+                   candidates=tuple(manifest.candidates),
+                   prompt_ids=tuple(manifest.prompts.ids) if manifest.prompts else (), seeds=tuple(manifest.seeds))
+
+
+def run_context(run_dir: str | Path, gate: str) -> RunContext:
+    """What a whole-run gate needs (:class:`gates.base.RunContext`): every clip of the run's recipes (baseline first),
+    finished or with why not, and every pair. Raises GateRunError when ``run_dir`` is not a run directory."""
+    store = RunStore(run_dir)
+    try:
+        manifest = store.read_manifest()
+    except StoreError as exc:
+        raise GateRunError(str(exc)) from exc
+    recipes = ([manifest.baseline] if manifest.baseline else []) + list(manifest.candidates)
+    if not recipes:
+        recipes = list(manifest.recipes)
+    clips = []
+    for recipe in recipes:
+        for pid in (manifest.prompts.ids if manifest.prompts else []):
+            for seed in manifest.seeds:
+                record = store.read_record(recipe, pid, seed)
+                if record is None:
+                    clips.append(RunClip(recipe, pid, seed, None, store.unfinished_reason(recipe, pid, seed)))
+                    continue
+                side = ClipSide(recipe=recipe, mp4=store.clip_path(recipe, pid, seed),
+                                record=record.model_dump(mode="json"))
+                clips.append(RunClip(recipe, pid, seed, side))
+    pairs = [PairRef(baseline=manifest.baseline, candidate=c, prompt_id=p, seed=s) for c, p, s in store.pairs()]
+    return RunContext(run_dir=store.root, info=run_info(manifest), gate_dir=store.gate_dir(gate), clips=clips,
+                      pairs=pairs)
+
+
+class ClipSides:
     """Loads and checks the clips of a run once each (the baseline clip appears in every candidate's pairs)."""
 
     def __init__(self, store: RunStore):
@@ -176,30 +216,22 @@ class _Sides:
         """The clip side, or StoreError naming the file and what is wrong with it."""
         store = self.store
         record_path = store.record_path(recipe, prompt_id, seed)
-        mp4 = store.clip_path(recipe, prompt_id, seed)
         name = f"{side} clip {recipe}/{clip_stem(prompt_id, seed)}"
-        if not record_path.is_file():
-            error_path = store.error_path(recipe, prompt_id, seed)
-            why = ""
-            if error_path.is_file():
-                try:
-                    why = f": generation failed: {json.loads(error_path.read_text()).get('error')}"
-                except (json.JSONDecodeError, OSError):
-                    why = f" (see {error_path})"
-            raise StoreError(f"{name} is not finished: {record_path} is missing{why}")
         try:
-            record = json.loads(record_path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise StoreError(f"{name}: {record_path} is not valid JSON ({exc})") from exc
-        if not mp4.is_file():
-            raise StoreError(f"{name}: {mp4} is missing")
-        expected = record.get("mp4_sha256")
-        if expected and self.sha(mp4) != expected:
-            raise StoreError(
-                f"{name}: {mp4} does not match the mp4_sha256 of its record {record_path.name} "
-                "(truncated or modified after it was written)"
-            )
-        return ClipSide(recipe=recipe, mp4=mp4, record=record)
+            record = read_clip_record(record_path, mp4=store.clip_path(recipe, prompt_id, seed), sha256=self.sha)
+        except RecordError as exc:
+            if exc.problem == "missing":
+                error_path = store.error_path(recipe, prompt_id, seed)
+                why = ""
+                if error_path.is_file():
+                    try:
+                        why = f": generation failed: {json.loads(error_path.read_text()).get('error')}"
+                    except (json.JSONDecodeError, OSError):
+                        why = f" (see {error_path})"
+                raise StoreError(f"{name} is not finished: {record_path} is missing{why}") from None
+            raise StoreError(f"{name}: {exc}") from None
+        return ClipSide(recipe=recipe, mp4=store.clip_path(recipe, prompt_id, seed),
+                        record=record.model_dump(mode="json"))
 
 
 def _error_result(gate: str, pair: PairRef, message: str) -> GateResult:
@@ -207,7 +239,6 @@ def _error_result(gate: str, pair: PairRef, message: str) -> GateResult:
 
 
 def _describe(exc: BaseException) -> str:
-    from gates.common import GateInputError
     from h3.media import MediaError
 
     # Our own errors already say what is wrong with which file; anything else is a bug or an unforeseen input,
@@ -232,6 +263,9 @@ def evaluate_pair(gate: Gate, ctx: PairContext, identical: bool) -> GateResult:
         return _error_result(gate.name, ctx.pair, _describe(exc))
     if result.gate != gate.name or result.pair != ctx.pair:
         return _error_result(gate.name, ctx.pair, f"gate {gate.name} returned a result for another gate or pair")
+    broken = gate.declaration_problems(result)
+    if broken:
+        return _error_result(gate.name, ctx.pair, f"gate {gate.name} broke its declared metrics: " + "; ".join(broken))
     if result.error is not None:
         result.status = "error"
     return result
@@ -269,7 +303,8 @@ def run_gates(
         scored=dict.fromkeys(names, 0), resumed=dict.fromkeys(names, 0), identical=dict.fromkeys(names, 0),
         flagged=dict.fromkeys(names, 0), not_applicable=dict.fromkeys(names, 0),
     )
-    sides = _Sides(store)
+    sides = ClipSides(store)
+    info = run_info(manifest)
 
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -285,7 +320,7 @@ def run_gates(
             task = bar.add_task("", total=len(pairs) * len(gates))
             for candidate, prompt_id, seed in pairs:
                 pair = PairRef(baseline=manifest.baseline, candidate=candidate, prompt_id=prompt_id, seed=seed)
-                _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task)
+                _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task, info)
     finally:
         media_cache.clear()
     logger.info(
@@ -295,7 +330,7 @@ def run_gates(
     return summary
 
 
-def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task) -> None:
+def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task, info) -> None:
     side_error = None
     base = cand = None
     try:
@@ -307,7 +342,7 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
     todo = []
     for gate in gates:
         path = result_path(store, gate.name, pair.candidate, pair.prompt_id, pair.seed)
-        gate_options = options_for(gate.name, options, getattr(gate, "option_names", None))
+        gate_options = options_for(gate.name, options, gate.option_names)
         stamp = None if side_error else _inputs_stamp(sides.sha(base.mp4), sides.sha(cand.mp4), gate_options)
         kept = None if force or side_error else load_valid_result(path, gate.name, pair, stamp)
         if kept is not None:
@@ -334,7 +369,7 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
             artifact_dir.mkdir(parents=True, exist_ok=True)
             ctx = PairContext(
                 run_dir=store.root, pair=pair, baseline=base, candidate=cand, artifact_dir=artifact_dir,
-                device=device, options=gate_options,
+                device=device, options=gate_options, run=info,
             )
             result = evaluate_pair(gate, ctx, identical)
             result.info[INPUTS_KEY] = stamp

@@ -163,6 +163,17 @@ class MetricPolicy(_Strict):
         return self.baseline_metric or f"{metric}.baseline"
 
 
+class RunTestPolicy(_Strict):
+    """Run-level test of a per-pair p-value the gate writes (issue 19): Benjamini-Hochberg at ``fdr`` over the pairs
+    (h3eval.stats.ghost_run_test); the gate FAILs when any pair is a discovery, so a run whose pairs are all benign
+    FAILs with probability at most ``fdr``."""
+
+    metric: str
+    """The gate's per-pair p-value metric (e.g. the ghosting gate's ``ghost_p_value``)."""
+    fdr: float = Field(gt=0, lt=1)
+    """False-discovery rate of the pairs named; the run-level false-FAIL rate under the benign null."""
+
+
 class GatePolicy(_Strict):
     """The policy of one gate."""
 
@@ -176,12 +187,14 @@ class GatePolicy(_Strict):
     """Flag-based check: more flagged pairs than this is a FAIL (None: flags are reported only)."""
     metrics: dict[str, MetricPolicy] = Field(default_factory=dict)
     """Metric name (as the gate writes it) -> how it decides."""
+    run_test: RunTestPolicy | None = None
+    """Decide the run from the pairs' p-values (:class:`RunTestPolicy`) instead of failing on any flagged pair."""
     description: str = ""
 
     @model_validator(mode="after")
     def _decides_something(self) -> "GatePolicy":
-        if not self.metrics and self.max_flagged is None:
-            raise ValueError("a gate policy needs `metrics` or `max_flagged`, else it can decide nothing")
+        if not self.metrics and self.max_flagged is None and self.run_test is None:
+            raise ValueError("a gate policy needs `metrics`, `max_flagged` or `run_test`, else it can decide nothing")
         return self
 
 
@@ -314,16 +327,17 @@ def load_policy(path: str | Path) -> LoadedPolicy:
 def registry_problems(policy: Policy, gates: Mapping[str, Any]) -> list[str]:
     """Mismatches between the policy and the gates' own declarations (for gates that are registered).
 
-    ``gates`` maps a registered gate name to its class. A gate class that declares ``metrics`` (a mapping of
-    metric name -> higher_is_better, or a list of names) has each policy metric checked against it; the baseline
-    side of a ``sides`` metric is not declared separately. Gates not in ``gates`` are handled by the verdict.
+    ``gates`` maps a registered gate name to its class. Every gate class declares ``metrics``: a mapping of metric
+    name -> :class:`gates.base.MetricSpec` (or a plain ``higher_is_better`` bool). Each policy metric must be declared
+    by its gate, with the same direction; the baseline side of a ``sides`` metric is not declared separately. Gates
+    not in ``gates`` are handled by the verdict (no results: INCONCLUSIVE).
     """
     problems: list[str] = []
     for gate_name, gate_policy in policy.gates.items():
         cls = gates.get(gate_name)
-        declared = getattr(cls, "metrics", None) if cls is not None else None
-        if declared is None:
+        if cls is None or not gate_policy.metrics:
             continue
+        declared = getattr(cls, "metrics", None) or {}
         directions = dict(declared) if isinstance(declared, Mapping) else {name: None for name in declared}
         for metric, mp in gate_policy.metrics.items():
             if metric not in directions:

@@ -13,6 +13,10 @@ from h3eval.store import StoreError, check_safe_name
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
 
 
+class SeedsError(ValueError):
+    """A ``--seeds`` value that is not a list or range of non-negative integers."""
+
+
 class PromptSuiteError(ValueError):
     """A prompt file that cannot be used; the message names the file and line."""
 
@@ -103,12 +107,12 @@ def parse_seeds(text: str) -> list[int]:
             else:
                 values = [int(part)]
         except ValueError:
-            raise ValueError(f"seeds must be non-negative integers like '0,1,2' or '0-3', got {text!r}") from None
+            raise SeedsError(f"seeds must be non-negative integers like '0,1,2' or '0-3', got {text!r}") from None
         for value in values:
             if value < 0:
-                raise ValueError(f"seeds must be non-negative, got {value}")
+                raise SeedsError(f"seeds must be non-negative, got {value}")
             if value not in seeds:
                 seeds.append(value)
     if not seeds:
-        raise ValueError(f"no seeds in {text!r}")
+        raise SeedsError(f"no seeds in {text!r}")
     return seeds

@@ -15,6 +15,7 @@ Charts need matplotlib; without it the HTML says that the charts are left out (a
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import html
 import io
 import logging
@@ -25,8 +26,9 @@ from typing import Any, Iterable
 import numpy as np
 
 from h3.atomic import atomic_write_text
-from h3.record import ClipRecord
-from h3eval.verdict import CandidateVerdict, GateVerdict, MetricVerdict, SpeedVerdict, Verdict, write_verdict
+from h3eval.store import RecordError, RunStore, read_clip_record
+from h3eval.verdict import (CandidateVerdict, GateVerdict, MetricVerdict, SpeedVerdict, Verdict, VerdictInputError,
+                            read_verdict, run_verdict, write_verdict)
 
 logger = logging.getLogger(__name__)
 
@@ -266,13 +268,10 @@ def speed_quality_chart(verdict: Verdict) -> str | None:
 def _mean_anatomy(run_dir: Path, recipe: str) -> tuple[dict[str, float], int]:
     sums = {k: 0.0 for k in _STAGES}
     n = 0
-    directory = run_dir / "clips" / recipe
-    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
-        if path.name.endswith(".error.json"):
-            continue
+    for path in RunStore(run_dir).clip_record_paths(recipe):
         try:
-            rec = ClipRecord.model_validate_json(path.read_text(encoding="utf-8"))
-        except ValueError:
+            rec = read_clip_record(path)
+        except RecordError:
             continue
         if rec.extra.get("warmup") is True:
             continue
@@ -340,15 +339,15 @@ def decoded_strip(run_dir: Path, baseline: str, candidate: str, prompt_id: str, 
     """Base64 PNG: rows baseline / candidate / amplified |difference| at the first, middle and last frame."""
     from PIL import Image
 
-    base_mp4 = run_dir / "clips" / baseline / f"{prompt_id}-s{seed}.mp4"
-    cand_mp4 = run_dir / "clips" / candidate / f"{prompt_id}-s{seed}.mp4"
+    store = RunStore(run_dir)
+    base_mp4 = store.clip_path(baseline, prompt_id, seed)
+    cand_mp4 = store.clip_path(candidate, prompt_id, seed)
     if not (base_mp4.exists() and cand_mp4.exists()):
         return None
     num_frames = None
     try:
-        record = ClipRecord.model_validate_json(base_mp4.with_suffix(".json").read_text(encoding="utf-8"))
-        num_frames = record.shape.num_frames
-    except (OSError, ValueError):
+        num_frames = read_clip_record(base_mp4.with_suffix(".json")).shape.num_frames
+    except RecordError:
         pass  # no record: decode every frame of the (then presumably small) clip
     try:
         base = _sample_frames(base_mp4, STRIP_FRAMES, num_frames)
@@ -504,12 +503,32 @@ def render_html(verdict: Verdict, run_dir: str | Path) -> str:
 def write_reports(verdict: Verdict, run_dir: str | Path) -> dict[str, Path]:
     """Write verdict.json, report.md, report.html and junit.xml into ``run_dir`` (each atomically)."""
     run_dir = Path(run_dir)
+    store = RunStore(run_dir)
     paths = {"verdict": write_verdict(verdict, run_dir)}
-    for key, name, text in (
-        ("markdown", "report.md", render_markdown(verdict)),
-        ("html", "report.html", render_html(verdict, run_dir)),
-        ("junit", "junit.xml", render_junit(verdict)),
+    for key, text in (
+        ("markdown", render_markdown(verdict)),
+        ("html", render_html(verdict, run_dir)),
+        ("junit", render_junit(verdict)),
     ):
-        atomic_write_text(run_dir / name, text)
-        paths[key] = run_dir / name
+        atomic_write_text(store.report_path(key), text)
+        paths[key] = store.report_path(key)
     return paths
+
+
+def run_report(
+    run_dir: str | Path,
+    policy: str | Path | None = None,
+    *,
+    floor: str | Path | None = None,
+    today: dt.date | None = None,
+) -> tuple[Verdict, dict[str, Path]]:
+    """Compute (or read) the verdict of ``run_dir`` and write every report file; returns both."""
+    run_dir = Path(run_dir)
+    if policy is not None:
+        verdict = run_verdict(run_dir, policy, floor=floor, today=today)
+    else:
+        path = RunStore(run_dir).verdict_path
+        if not path.exists():
+            raise VerdictInputError(f"{path} does not exist: pass --policy to compute the verdict")
+        verdict = read_verdict(path)
+    return verdict, write_reports(verdict, run_dir)

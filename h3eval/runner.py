@@ -1,4 +1,4 @@
-"""Fill a run: generate every (recipe, prompt, seed) clip, resumably.
+"""Fill a run: generate every (recipe, prompt, seed) clip through a backend, resumably.
 
 Everything is validated before the run directory is touched. A rerun of the same command after a kill keeps every
 finished clip whose MP4 hash matches its record and generates only the rest; a rerun with different inputs is
@@ -14,7 +14,11 @@ from typing import Any, Callable, Iterable
 
 from h3 import provenance
 from h3.recipe import Recipe
-from h3.runtime import FULL_DEFAULT_SIZE, check_checkpoint_dir, TINY_DEFAULT_SIZE, TINY_MODELS, GenerateRequest, H3Runtime, RequestError, resolve_request
+from h3.runtime import (FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE, TINY_MODELS, GenerateRequest, RequestError,
+                        check_checkpoint_dir, resolve_request)
+from h3eval.backends import Backend, BackendError, remove_clip
+from h3eval.backends.inprocess import InProcessBackend, RuntimeFactory, default_runtime_factory
+from h3eval.executed import check_executed, is_unverified
 from h3eval.prompts import PromptSuite
 from h3eval.store import PromptSuiteRef, RunManifest, RunStore, StoreError, utc_now
 
@@ -65,9 +69,6 @@ class RunPlan:
             for seed in self.seeds:
                 for recipe in self.recipes:
                     yield recipe, prompt.id, seed
-
-
-RuntimeFactory = Callable[[str, Recipe, str | None], Any]
 
 
 def validate_plan(plan: RunPlan) -> None:
@@ -134,50 +135,65 @@ def open_run(plan: RunPlan) -> tuple[RunStore, RunManifest]:
     return store, fresh
 
 
-def default_runtime_factory(model: str, recipe: Recipe, device: str | None) -> H3Runtime:
-    return H3Runtime.load(model, recipe, device)
-
-
 def fill_run(
     plan: RunPlan,
-    runtime_factory: RuntimeFactory = default_runtime_factory,
+    runtime_factory: RuntimeFactory | None = None,
     progress: bool = True,
     on_clip: Callable[[str, str, int, Any], None] | None = None,
+    backend: Backend | None = None,
 ) -> RunManifest:
-    """Generate every missing clip of the plan; returns the final manifest (status complete or partial)."""
+    """Generate every missing clip of the plan; returns the final manifest (status complete, partial or failed).
+
+    Clips come from ``backend`` (default: the in-process runtime, built by ``runtime_factory``) and each goes
+    through the configured-versus-executed check (:func:`h3eval.executed.check_executed`): a clip that ran
+    something other than its recipe is removed, its recipe stops, and the run is ``failed``.
+    """
     store, manifest = open_run(plan)
-    runtimes: dict[str, Any] = {}
+    backend = backend or InProcessBackend(plan.model, plan.device, runtime_factory or default_runtime_factory)
     jobs = list(plan.jobs())
     todo = [(r, pid, seed) for r, pid, seed in jobs if store.read_record(r.name, pid, seed) is None]
     logger.info("%d of %d clips to generate in %s", len(todo), len(jobs), plan.out)
     bar = _progress(progress, len(jobs), len(jobs) - len(todo))
     errors = []
+    stopped: set[str] = set()
     try:
         for recipe, pid, seed in todo:
+            if recipe.name in stopped:
+                bar.advance()
+                continue
             prompt = plan.prompts.by_id(pid)
             out = store.clip_path(recipe.name, pid, seed)
             try:
-                if recipe.name not in runtimes:
-                    runtimes[recipe.name] = runtime_factory(plan.model, recipe, plan.device)
                 request = plan.shape.request(pid, prompt.prompt, seed)
                 if plan.trajectory:
-                    record = runtimes[recipe.name].generate(request, out, trajectory=True)
+                    record = backend.generate(recipe, request, out, trajectory=True)
                 else:
-                    record = runtimes[recipe.name].generate(request, out)
+                    record = backend.generate(recipe, request, out)
+                problems = check_executed(recipe, record)
+                if problems and not is_unverified(problems):
+                    remove_clip(out)
+                    stopped.add(recipe.name)
+                    raise ExecutedMismatch("configured-versus-executed mismatch (clip removed, recipe stopped): "
+                                           + "; ".join(problems))
                 store.clear_clip_error(recipe.name, pid, seed)
                 if on_clip is not None:
                     on_clip(recipe.name, pid, seed, record)
-            except (RequestError, StoreError, RuntimeError, ValueError, OSError) as exc:
-                message = f"{type(exc).__name__}: {exc}"
+            except (BackendError, RequestError, StoreError, RuntimeError, ValueError, OSError) as exc:
+                message = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ExecutedMismatch) else str(exc)
                 logger.error("%s/%s-s%d failed: %s", recipe.name, pid, seed, message)
                 errors.append(store.write_clip_error(recipe.name, pid, seed, message))
             bar.advance()
     finally:
         bar.close()
+        backend.close()
     manifest.errors = errors
-    manifest.status = "complete" if not errors else "partial"
+    manifest.status = "failed" if stopped else ("complete" if not errors else "partial")
     store.write_manifest(manifest)
     return manifest
+
+
+class ExecutedMismatch(RuntimeError):
+    """A clip ran something other than its recipe (the configured-versus-executed check)."""
 
 
 class _progress:

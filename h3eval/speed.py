@@ -10,11 +10,12 @@ Definitions (every number in ``speed.json`` uses exactly these):
   client's wall time from submit to file, queueing and transfer included).
 - **RTF** (real-time factor): generation-side latency / clip duration (seed 000: "generation-side latency divided
   by the actual video duration"); below 1 is faster than playback. Reported as the p50 over requests.
-- **$/clip**: p50 request-to-file seconds × hourly rate / 3600 (seed 001 prices GPU time per clip at the pod's
-  hourly rate). Only when ``--gpu-hourly-rate`` is given.
-- **speedup vs baseline**: ratio of mean generation-side latencies over pairs (same request index: same prompt and
-  seed), baseline / candidate, i.e. the time saved over the whole paired workload. 95 % percentile-bootstrap CI,
-  resampling pairs with replacement, B = 2000, numpy ``default_rng(0)``.
+- **$/clip**: :func:`h3eval.stats.usd_per_clip`, p50 request-to-file seconds × hourly rate / 3600 (seed 001 prices
+  GPU time per clip at the pod's hourly rate). Only when ``--gpu-hourly-rate`` is given.
+- **speedup vs baseline**: :func:`h3eval.stats.speedup`, the ratio of mean generation-side latencies over pairs (same
+  request index: same prompt and seed), baseline / candidate, i.e. the time saved over the whole paired workload,
+  with the statistics module's paired BCa bootstrap CI (95 %, its default resamples and seed): the number the
+  verdict and the dashboard report for the same pairs.
 - **recompile flag**: see :func:`detect_recompiles`.
 """
 
@@ -27,23 +28,20 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from h3.record import ClipRecord
+from h3eval import stats
+from h3eval.stats import QUANTILE_METHOD, quantile  # noqa: F401 - the speed table's quantile is the statistics module's
 
 logger = logging.getLogger(__name__)
 
-QUANTILE_METHOD = "linear"
-BOOTSTRAP_B = 2000
-BOOTSTRAP_SEED = 0
-CI_LEVEL = 0.95
+CI_LEVEL = stats.DEFAULT_CONFIDENCE
+BOOTSTRAP_B = stats.DEFAULT_RESAMPLES
+BOOTSTRAP_SEED = stats.DEFAULT_SEED
 # Recompile margin. Seed 001: a per-shape JIT compile cost 12-14 s on requests of ~28 s steady state, i.e. a first
 # request about 1.43-1.5x the steady state; a 1.5x ratio would miss that very case, so the ratio is 1.25x. The
 # absolute floor (+0.5 s) keeps scheduler jitter on sub-second tiny-preset requests from being flagged.
 RECOMPILE_RATIO = 1.25
 RECOMPILE_MARGIN_S = 0.5
 ANATOMY_STAGES = ("text_encode", "denoise", "video_decode", "audio_decode", "frame_prep_d2h", "mux_save", "other")
-
-
-def quantile(values: Sequence[float], q: float) -> float:
-    return float(np.quantile(np.asarray(values, dtype=np.float64), q, method=QUANTILE_METHOD))
 
 
 def _unreported(record: ClipRecord, field: str) -> bool:
@@ -81,14 +79,13 @@ def summarize(records: Sequence[ClipRecord], gpu_hourly_rate: float | None = Non
         out["stage_anatomy_median_s"] = None
     peaks = [r.peak_memory_bytes for r in records if r.peak_memory_bytes is not None]
     out["peak_memory_bytes"] = max(peaks) if peaks else None
-    out["usd_per_clip"] = (out["request_to_file_latency_s"]["p50"] * gpu_hourly_rate / 3600.0
-                           if gpu_hourly_rate is not None else None)
+    out["usd_per_clip"] = stats.usd_per_clip(rtf_s, gpu_hourly_rate)
     return out
 
 
-def speedup(baseline: Sequence[float], candidate: Sequence[float], b: int = BOOTSTRAP_B, seed: int = BOOTSTRAP_SEED,
-            level: float = CI_LEVEL) -> dict[str, Any]:
-    """Ratio of means baseline/candidate over pairs, with a percentile-bootstrap CI over resampled pairs."""
+def speedup(baseline: Sequence[float], candidate: Sequence[float], n_resamples: int = BOOTSTRAP_B,
+            seed: int = BOOTSTRAP_SEED, level: float = CI_LEVEL) -> dict[str, Any]:
+    """:func:`h3eval.stats.speedup` over paired latencies, as speed.json reports it (no CI below two pairs)."""
     base = np.asarray(baseline, dtype=np.float64)
     cand = np.asarray(candidate, dtype=np.float64)
     if base.shape != cand.shape or base.ndim != 1:
@@ -96,14 +93,14 @@ def speedup(baseline: Sequence[float], candidate: Sequence[float], b: int = BOOT
     n = base.size
     if n == 0:
         return {"n_pairs": 0, "speedup": None, "ci_low": None, "ci_high": None}
-    point = float(base.mean() / cand.mean())
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(b, n))
-    ratios = base[idx].mean(axis=1) / cand[idx].mean(axis=1)
-    alpha = (1.0 - level) / 2.0
-    return {"n_pairs": int(n), "speedup": point, "ci_low": quantile(ratios, alpha), "ci_high": quantile(ratios, 1 - alpha),
-            "ci_level": level, "bootstrap": {"method": "percentile", "B": b, "seed": seed},
-            "warning": "fewer than 5 pairs: the CI is not informative" if n < 5 else None}
+    warning = "fewer than 5 pairs: the CI is not informative" if n < 5 else None
+    if n < 2:
+        return {"n_pairs": 1, "speedup": float(base.mean() / cand.mean()), "ci_low": None, "ci_high": None,
+                "ci_level": level, "bootstrap": None, "warning": warning}
+    res = stats.speedup(base, cand, confidence=level, n_resamples=n_resamples, seed=seed)
+    return {"n_pairs": int(n), "speedup": res.ci.estimate, "ci_low": res.ci.low, "ci_high": res.ci.high,
+            "ci_level": level, "bootstrap": {"method": res.ci.method, "B": res.ci.n_resamples, "seed": seed},
+            "warning": warning}
 
 
 def shape_key(record: ClipRecord) -> str:
@@ -173,8 +170,8 @@ def render_markdown(speed: dict[str, Any]) -> str:
                 continue
             g, f = s.get("generation_side_latency_s") or {}, s["request_to_file_latency_s"]
             sp = s.get("speedup") or {}
-            sp_text = (f"{sp['speedup']:.2f}× [{sp['ci_low']:.2f}, {sp['ci_high']:.2f}]" if sp.get("speedup")
-                       else "-")
+            sp_text = ("-" if not sp.get("speedup") else f"{sp['speedup']:.2f}×" if sp.get("ci_low") is None
+                       else f"{sp['speedup']:.2f}× [{sp['ci_low']:.2f}, {sp['ci_high']:.2f}]")
             if sp.get("warning"):
                 sp_text += f" (n={sp['n_pairs']}: CI not informative)"
             rc = s.get("recompiles") or {}

@@ -27,9 +27,18 @@ one metric and return what the verdict reads:
   shift a one-sided paired t-test at level ``alpha`` detects with probability ``power`` given n pairs and the
   observed SD of the deltas (exact noncentral-t power, as ``statsmodels`` ``TTestPower``). When it is larger than
   the margin, the sample cannot resolve the margin and the verdict says so.
+* **Run-level test of per-pair p-values** (:func:`ghost_run_test`, issue 19): Benjamini-Hochberg at a stated
+  false-discovery rate; the run FAILs when any pair is a discovery (Simes' test of the all-benign null).
 * **Speedup** (:func:`speedup`): ``mean(baseline latency) / mean(candidate latency)`` over paired requests (the
   ratio of total times, i.e. of throughput), with a paired BCa CI; also the geometric mean and median of the
   per-request ratios.
+* **Quantiles** (:func:`quantile`): numpy's ``method="linear"`` (Hyndman & Fan type 7).
+* **Cost per clip** (:func:`usd_per_clip`): p50 request-to-file latency × the machine's hourly rate / 3600.
+
+This module is the one home of these numbers: the verdict, the speed summary (``speed.json``, ``speed.md``) and the
+dashboard call these functions, so they cannot disagree on a run (the bootstrap is :func:`bootstrap_ci`, defined
+once; its resample count and seed are parameters, defaulting to :data:`DEFAULT_RESAMPLES` and
+:data:`DEFAULT_SEED`).
 
 The tests check each function against scipy / statsmodels and against a slow, readable loop of the definition.
 """
@@ -394,6 +403,29 @@ def pairs_needed(sd: float, effect: float, *, alpha: float = 0.025, power: float
 
 
 # -- speed ---------------------------------------------------------------------------------------------------------
+QUANTILE_METHOD = "linear"
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """numpy's ``quantile(method="linear")``: Hyndman & Fan type 7, linear interpolation between order statistics
+    at ``(n - 1) * q``."""
+    return float(np.quantile(np.asarray(values, dtype=np.float64), q, method=QUANTILE_METHOD))
+
+
+def usd_per_clip(request_to_file_latency_s: Sequence[float], hourly_rate: float | None) -> float | None:
+    """Cost of one clip: p50 request-to-file seconds × the machine's hourly rate / 3600; None without a rate or a
+    latency.
+
+    Request-to-file (seed 002's latency: request in to finished file on disk) is what a paying request occupies the
+    machine for, queueing and the MP4 mux included; the median keeps one slow first request from setting the price.
+    Seed 001 prices GPU time per clip the same way, at the pod's hourly rate ("about $0.29" for ~80 s at $13.16/h).
+    """
+    latencies = [float(v) for v in request_to_file_latency_s]
+    if hourly_rate is None or not latencies:
+        return None
+    return quantile(latencies, 0.5) * hourly_rate / 3600.0
+
+
 def _ratio_of_means(base, cand, axis=-1):
     return np.mean(base, axis=axis) / np.mean(cand, axis=axis)
 
@@ -501,3 +533,43 @@ def summarize_deltas(
         mcnemar=mcnemar_exact(d) if binary else None,
         notes=notes,
     )
+
+
+# -- run-level test of per-pair p-values (ghosting, issue 19) ---------------------------------------------------------
+@dataclass(frozen=True)
+class RunTest:
+    """Benjamini-Hochberg over a run's per-pair p-values."""
+
+    fail: bool
+    """True when at least one pair is a discovery: the run FAILs."""
+    fdr: float
+    """The false-discovery rate q the discoveries are controlled at."""
+    n: int
+    discoveries: list[int]
+    """Indices (input order) of the pairs rejected by Benjamini-Hochberg at ``fdr``."""
+    run_p_value: float
+    """Simes' combined p-value ``min_i n p_(i) / i`` (1.0 for no pairs): the run FAILs exactly when it is <= fdr."""
+
+
+def ghost_run_test(pvalues: Sequence[float], fdr: float = 0.01) -> RunTest:
+    """Decide a run from its pairs' p-values (each against the benign null, e.g. the ghosting gate's
+    ``ghost_p_value``): Benjamini-Hochberg at false-discovery rate ``fdr``; the run FAILs when any pair is a
+    discovery. Under the all-benign null this is Simes' test, so a benign run FAILs with probability at most ``fdr``
+    for independent or positively dependent p-values (family-wise at the run level); when pairs do carry a defect,
+    the discoveries are the pairs named, with the expected share of benign ones among them at most ``fdr``."""
+    p = np.asarray(pvalues, dtype=np.float64)
+    if p.ndim != 1:
+        raise StatsInputError(f"p-values: expected a 1-D sequence, got shape {p.shape}")
+    if (~np.isfinite(p)).any() or (p < 0).any() or (p > 1).any():
+        raise StatsInputError(f"p-values must be finite and in [0, 1], got {p.tolist()}")
+    if not 0 < fdr < 1:
+        raise StatsInputError(f"fdr must be in (0, 1), got {fdr}")
+    n = int(p.size)
+    if n == 0:
+        return RunTest(False, fdr, 0, [], 1.0)
+    order = np.argsort(p, kind="stable")
+    ranked = p[order]
+    below = np.flatnonzero(ranked <= fdr * np.arange(1, n + 1) / n)
+    discoveries = sorted(order[: below[-1] + 1].tolist()) if below.size else []
+    run_p = float(min(1.0, np.min(n * ranked / np.arange(1, n + 1))))
+    return RunTest(bool(discoveries), fdr, n, discoveries, run_p)

@@ -6,30 +6,34 @@ Layout (DESIGN.md)::
     <run>/clips/<recipe>/<prompt_id>-s<seed>.mp4     the clip (video + audio)
     <run>/clips/<recipe>/<prompt_id>-s<seed>.json    its ClipRecord
     <run>/clips/<recipe>/<prompt_id>-s<seed>.error.json   why it could not be made (when it could not)
-    <run>/gates/<gate>/...                           per-pair gate results and artifacts
-    <run>/verdict.json, report.md, report.html, junit.xml
+    <run>/warmup/<recipe>/<session>-w<i>.{mp4,json}  warm-up requests of ``h3eval ab`` (excluded from every number)
+    <run>/speed/<protocol>/<recipe>/<name>.{mp4,json}  timing requests of ``h3eval ab``'s speed protocol
+    <run>/gates/<gate>/<candidate>/<prompt_id>-s<seed>.json   per-pair gate results (artifacts beside them)
+    <run>/speed.json, speed.md, floor.json, verdict.json, report.md, report.html, junit.xml
 
-Every file is written atomically. A clip counts as finished only when its record exists, parses, and the MP4's
-sha256 matches the record; anything else is regenerated.
+:class:`RunStore` owns every path and listing of that layout; everything else asks it. Clip records are read by one
+function, :func:`read_clip_record` (gate results by :func:`read_gate_result`). Every file is written atomically. A
+clip counts as finished only when its record exists, parses, and the MP4's sha256 matches the record; anything else
+is regenerated.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from datetime import datetime, timezone
+import os
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gates.base import GateResult
 from h3.atomic import atomic_write_json, sha256_file
+from h3.names import clip_stem, is_safe_name
+from h3.provenance import utc_now
 from h3.record import ClipRecord
 
 RUN_MANIFEST_VERSION = 1
 
-# A prompt id or recipe name becomes a path component: no separators, no leading dot, no "..".
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class StoreError(ValueError):
@@ -37,16 +41,12 @@ class StoreError(ValueError):
 
 
 def check_safe_name(kind: str, name: str) -> str:
-    if not isinstance(name, str) or not SAFE_NAME.match(name) or ".." in name:
+    if not is_safe_name(name):
         raise StoreError(
             f"{kind} {name!r} is not a safe file name: use letters, digits, '.', '_' and '-' only, starting with a "
             "letter or digit, no '..', at most 128 characters (it becomes a path inside the run directory)"
         )
     return name
-
-
-def clip_stem(prompt_id: str, seed: int) -> str:
-    return f"{prompt_id}-s{seed}"
 
 
 class PromptSuiteRef(BaseModel):
@@ -98,21 +98,77 @@ class RunManifest(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
+RecordProblem = Literal["missing", "unreadable", "invalid", "mp4_missing", "mp4_mismatch"]
+
+
+class RecordError(StoreError):
+    """A clip record that cannot be used; ``problem`` says how, ``path`` names the file at fault."""
+
+    def __init__(self, message: str, problem: RecordProblem, path: Path):
+        super().__init__(message)
+        self.problem, self.path = problem, path
+
+
+def read_clip_record(record_path: str | Path, *, mp4: str | Path | None = None,
+                     sha256: Callable[[Path], str] = sha256_file) -> ClipRecord:
+    """The one reader of clip records: ``record_path`` parsed and validated (:class:`h3.record.ClipRecord`) and, with
+    ``mp4``, checked against the MP4's sha256 (``sha256`` may be a caching hasher). Raises :class:`RecordError`."""
+    record_path = Path(record_path)
+    if not record_path.is_file():
+        raise RecordError(f"{record_path} is missing", "missing", record_path)
+    try:
+        text = record_path.read_text(encoding="utf-8")
+        record = ClipRecord.model_validate_json(text)
+    except UnicodeDecodeError as exc:
+        raise RecordError(f"{record_path} is not valid JSON ({exc})", "unreadable", record_path) from exc
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            try:
+                json.loads(text)
+            except json.JSONDecodeError as json_exc:
+                raise RecordError(f"{record_path} is not valid JSON ({json_exc})", "unreadable", record_path) from exc
+        first = str(exc).splitlines()[0]
+        raise RecordError(f"{record_path} is not a valid clip record: {first}", "invalid", record_path) from exc
+    if mp4 is not None:
+        mp4 = Path(mp4)
+        if not mp4.is_file():
+            raise RecordError(f"{mp4} is missing", "mp4_missing", mp4)
+        if sha256(mp4) != record.mp4_sha256:
+            raise RecordError(f"{mp4} does not match the mp4_sha256 of its record {record_path.name} (truncated or "
+                              "modified after it was written)", "mp4_mismatch", mp4)
+    return record
+
+
 def read_finished_record(mp4: str | Path) -> ClipRecord | None:
     """The record next to ``mp4`` when the clip is finished (record parses, MP4 hash matches), else None."""
     mp4 = Path(mp4)
-    record_path = mp4.with_suffix(".json")
-    if not record_path.exists() or not mp4.exists():
-        return None
     try:
-        record = ClipRecord.model_validate_json(record_path.read_text())
-    except (ValidationError, json.JSONDecodeError, UnicodeDecodeError):
+        return read_clip_record(mp4.with_suffix(".json"), mp4=mp4)
+    except RecordError:
         return None
-    return record if sha256_file(mp4) == record.mp4_sha256 else None
 
 
-def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+class GateResultError(StoreError):
+    """A gate result file that cannot be read; ``detail`` is the parser's first line, ``unreadable`` whether the file
+    is not JSON at all (rather than JSON that is not a gate result)."""
+
+    def __init__(self, path: Path, detail: str, unreadable: bool = False):
+        super().__init__(f"{path} is not a valid gate result: {detail}")
+        self.path, self.detail, self.unreadable = path, detail, unreadable
+
+
+def read_gate_result(path: str | Path) -> GateResult:
+    """The one reader of per-pair gate result files. ``json.loads`` accepts NaN and the result keeps it, so that the
+    verdict can name it (never dropped). Raises :class:`GateResultError`."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as exc:
+        raise GateResultError(path, str(exc).splitlines()[0], unreadable=True) from exc
+    try:
+        return GateResult.model_validate(raw)
+    except ValidationError as exc:
+        raise GateResultError(path, str(exc).splitlines()[0]) from exc
 
 
 class RunStore:
@@ -125,6 +181,32 @@ class RunStore:
     @property
     def manifest_path(self) -> Path:
         return self.root / "run.json"
+
+    @property
+    def speed_json_path(self) -> Path:
+        return self.root / "speed.json"
+
+    @property
+    def speed_md_path(self) -> Path:
+        return self.root / "speed.md"
+
+    @property
+    def floor_path(self) -> Path:
+        return self.root / "floor.json"
+
+    @property
+    def verdict_path(self) -> Path:
+        return self.root / "verdict.json"
+
+    REPORT_FILES = {"markdown": "report.md", "html": "report.html", "junit": "junit.xml"}
+
+    def report_path(self, kind: str) -> Path:
+        """``markdown``, ``html`` or ``junit``."""
+        return self.root / self.REPORT_FILES[kind]
+
+    def relative(self, path: str | Path) -> str:
+        """``path`` relative to the run directory, with forward slashes (how results and verdicts name files)."""
+        return Path(path).relative_to(self.root).as_posix()
 
     def clip_dir(self, recipe: str) -> Path:
         return self.root / "clips" / check_safe_name("recipe name", recipe)
@@ -139,8 +221,94 @@ class RunStore:
     def error_path(self, recipe: str, prompt_id: str, seed: int) -> Path:
         return self.clip_path(recipe, prompt_id, seed).with_suffix(".error.json")
 
+    def warmup_dir(self, recipe: str) -> Path:
+        return self.root / "warmup" / check_safe_name("recipe name", recipe)
+
+    def warmup_path(self, recipe: str, session: str, index: int) -> Path:
+        return self.warmup_dir(recipe) / f"{session}-w{index}.mp4"
+
+    def speed_dir(self, protocol: str, recipe: str) -> Path:
+        return self.root / "speed" / check_safe_name("speed protocol", protocol) / check_safe_name("recipe name",
+                                                                                                    recipe)
+
+    def speed_path(self, protocol: str, recipe: str, name: str) -> Path:
+        return self.speed_dir(protocol, recipe) / f"{check_safe_name('request name', name)}.mp4"
+
     def gate_dir(self, gate: str) -> Path:
         return self.root / "gates" / check_safe_name("gate name", gate)
+
+    def gate_result_dir(self, gate: str, candidate: str) -> Path:
+        return self.gate_dir(gate) / check_safe_name("recipe name", candidate)
+
+    def gate_result_path(self, gate: str, candidate: str, prompt_id: str, seed: int) -> Path:
+        check_safe_name("prompt id", prompt_id)
+        return self.gate_result_dir(gate, candidate) / f"{clip_stem(prompt_id, seed)}.json"
+
+    # -- listings ----------------------------------------------------------------------------------------------
+    def clip_recipes(self) -> list[str]:
+        """Recipe folders under ``clips/`` (what is on disk, whatever the manifest says), sorted."""
+        root = self.root / "clips"
+        return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+    def clip_record_paths(self, recipe: str) -> list[Path]:
+        """Record files under ``clips/<recipe>/`` (error files left out), sorted."""
+        directory = self.clip_dir(recipe)
+        if not directory.is_dir():
+            return []
+        return [p for p in sorted(directory.glob("*.json")) if not p.name.endswith(".error.json")]
+
+    def finished_records(self, directory: Path) -> list[ClipRecord]:
+        """The finished clips' records of one clip folder (``clips/``, ``speed/`` or ``warmup/`` of one recipe),
+        in file-name order."""
+        return [r for r in (read_finished_record(p) for p in sorted(Path(directory).glob("*.mp4"))) if r is not None]
+
+    def gates_present(self) -> list[str]:
+        """Gate folders under ``gates/``, sorted."""
+        root = self.root / "gates"
+        return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+    def gate_result_files(self, gate: str, candidate: str) -> list[Path]:
+        """Every ``*.json`` in ``gates/<gate>/<candidate>/``, sorted (stray files included: the caller judges)."""
+        directory = self.gate_result_dir(gate, candidate)
+        return sorted(directory.glob("*.json")) if directory.is_dir() else []
+
+    def gate_candidates(self, gate: str) -> list[str]:
+        """Candidate folders under ``gates/<gate>/``, sorted."""
+        directory = self.gate_dir(gate)
+        return sorted(p.name for p in directory.iterdir() if p.is_dir()) if directory.is_dir() else []
+
+    def sweep_partial_files(self) -> list[Path]:
+        """Remove the temporary files of atomic writes a killed process left behind (``.<name>.<random>.tmp``) under
+        ``clips/``, ``speed/`` and ``warmup/``. Only for the one process that fills the run: a finished file is never
+        a ``.tmp``, so nothing complete is touched."""
+        removed = []
+        for sub in ("clips", "speed", "warmup"):
+            for path in (self.root / sub).rglob(".*.tmp") if (self.root / sub).exists() else ():
+                path.unlink(missing_ok=True)
+                removed.append(path)
+        return removed
+
+    def fingerprint(self) -> tuple:
+        """A cheap key that changes whenever a JSON file of the run (manifest, verdict, clip records, gate results) is
+        added, removed or rewritten: names and mtimes, no parsing."""
+        entries: list[tuple[str, int]] = []
+        for name in ("run.json", "verdict.json"):
+            p = self.root / name
+            if p.exists():
+                entries.append((name, p.stat().st_mtime_ns))
+        for sub in ("clips", "gates"):
+            base = self.root / sub
+            if not base.exists():
+                continue
+            for dirpath, _dirs, files in os.walk(base):
+                for name in files:
+                    if name.endswith(".json"):
+                        p = os.path.join(dirpath, name)
+                        try:
+                            entries.append((p, os.stat(p).st_mtime_ns))
+                        except FileNotFoundError:  # replaced between walk and stat: the next call sees it
+                            continue
+        return tuple(sorted(entries))
 
     # -- manifest ----------------------------------------------------------------------------------------------
     def exists(self) -> bool:
@@ -164,19 +332,21 @@ class RunStore:
         return read_finished_record(self.clip_path(recipe, prompt_id, seed))
 
     def load_record(self, recipe: str, prompt_id: str, seed: int) -> ClipRecord:
-        record_path = self.record_path(recipe, prompt_id, seed)
-        if not record_path.exists():
-            raise StoreError(f"no record for {recipe}/{clip_stem(prompt_id, seed)} ({record_path} is missing)")
-        return ClipRecord.model_validate_json(record_path.read_text())
+        """The clip's record whether or not its MP4 still matches (timings, shapes); RecordError when there is none or
+        it does not parse."""
+        return read_clip_record(self.record_path(recipe, prompt_id, seed))
 
-    def iter_records(self, recipe: str) -> Iterator[tuple[Path, ClipRecord]]:
-        directory = self.clip_dir(recipe)
-        if not directory.exists():
-            return
-        for path in sorted(directory.glob("*.json")):
-            if path.name.endswith(".error.json"):
-                continue
-            yield path.with_suffix(".mp4"), ClipRecord.model_validate_json(path.read_text())
+    def unfinished_reason(self, recipe: str, prompt_id: str, seed: int) -> str:
+        """Why a clip has no finished record: its generation error when one was written, else that it is missing or
+        unfinished."""
+        why = "clip missing or unfinished (no record, or its MP4 does not match the record's sha256)"
+        error_path = self.error_path(recipe, prompt_id, seed)
+        if error_path.exists():
+            try:
+                why = "generation failed: " + json.loads(error_path.read_text())["error"]
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+                why = f"generation failed (unreadable {error_path.name})"
+        return why
 
     def write_clip_error(self, recipe: str, prompt_id: str, seed: int, message: str) -> ClipError:
         err = ClipError(recipe=recipe, prompt_id=prompt_id, seed=seed, error=message, at=utc_now())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import h3  # noqa: F401  (first: MKL reproducibility before any torch work; h3/determinism.py)
+
 import os
 from pathlib import Path
 

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 from typer.testing import CliRunner
 
 from h3.record import ClipRecord
 from h3.recipe import Recipe, recipe_from_dict
 from h3eval import speed as speedmod
-from h3eval.ab import check_executed, default_lever_check, lever_enabled, off_identity
+from h3eval.ab import check_executed, off_identity
 from h3eval.store import read_finished_record
 from h3eval.commands.ab import register, run_ab_command
 from h3eval.store import RunStore
@@ -126,36 +127,33 @@ def test_check_executed_field_by_field(mismatch_run):
         "vae tile: recipe asks for [128, 256], executed [256, 256]"]
 
 
-class LeverRecipe(Recipe):
-    """A recipe with lever sections, as the levers' own schema will add them."""
-
-    quantization: dict = {"enabled": True, "dtype": "int8"}
-    step_cache: dict = {"mode": "off"}
-
-
 def test_lever_sections_must_report_applied(mismatch_run):
+    """Each lever's own config checks its telemetry: on must report applied, off must not (h3/levers/base.py)."""
     out, _, _ = mismatch_run
     record = RunStore(out).read_record("fast", "a", 0)
-    recipe = LeverRecipe(**FAST_RECIPE)
-    problems = check_executed(recipe, record)
-    assert problems == ["quantization: is enabled in the recipe but reported no telemetry (did it run?)"]
+    recipe = recipe_from_dict({**FAST_RECIPE, "quant": {"mode": "int8_weight_only"}})
     applied = record.model_copy(deep=True)
-    applied.executed.levers = {"quantization": {"applied": True, "modules": 12}}
+    del applied.executed.levers["quant"]
+    problems = check_executed(recipe, applied)
+    assert problems == ["quant: is enabled in the recipe but reported no telemetry (did it run?)"]
+    applied.executed.levers["quant"] = {"applied": True, "modules": 12}
     assert check_executed(recipe, applied) == []
-    applied.executed.levers["quantization"]["applied"] = False
-    assert check_executed(recipe, applied)[0].startswith("quantization: is enabled in the recipe but reported applied=False")
-    applied.executed.levers = {"quantization": {"applied": True}, "step_cache": {"applied": True, "hits": 3}}
+    applied.executed.levers["quant"]["applied"] = False
+    assert check_executed(recipe, applied)[0].startswith("quant: is enabled in the recipe but reported applied=False")
+    applied.executed.levers.update(quant={"applied": True}, cache={"applied": True, "hits": 3})
     assert check_executed(recipe, applied) == [
-        "step_cache: is off in the recipe but reported that it applied: {'applied': True, 'hits': 3}"]
-    applied.executed.levers = {"quantization": {"applied": True}, "compile": {"applied": True}}
+        "cache: is off in the recipe but reported that it applied: {'applied': True, 'hits': 3}"]
+    applied.executed.levers.update(cache={"applied": False}, compile={"applied": True})
     assert check_executed(recipe, applied) == ["compile: is off in the recipe but reported that it applied: "
                                                "{'applied': True}"]
-    applied.executed.levers = {"quantization": {"applied": True}, "mystery_lever": {"applied": True}}
+    applied.executed.levers.update(compile={"applied": False}, mystery_lever={"applied": True})
     assert "mystery_lever: the runtime reported lever telemetry the recipe does not configure" in check_executed(
         recipe, applied)[0]
-    assert [lever_enabled(s) for s in ({"enabled": False, "x": 1}, {"backend": "sage"}, {"mode": "none"},
-                                       {"threshold": 0.0}, {"threshold": 0.1})] == [False, True, False, False, True]
-    assert default_lever_check({"enabled": False}, None) == []
+    assert [recipe_from_dict({**FAST_RECIPE, **section}).__getattribute__(name).is_on() for name, section in (
+        ("bucketing", {"bucketing": {"enabled": False, "multiple": 8}}),
+        ("attention", {"attention": {"backend": "sage"}}),
+        ("quant", {"quant": {"mode": "none"}}), ("cache", {"cache": {"kind": "none", "threshold": 0.1}}),
+        ("cache", {"cache": {"kind": "fbc"}}))] == [False, True, False, False, True]
 
 
 # -- off-identity ----------------------------------------------------------------------------------------------------
@@ -204,19 +202,22 @@ def test_detect_recompiles_against_a_hand_worked_case(tmp_path):
     assert [s["request"] for s in again["shapes"]] == ["r1", "r5"]
 
 
-def test_speedup_matches_a_readable_bootstrap_loop():
+def test_speedup_is_the_statistics_modules():
+    """speed.json's speedup is h3eval.stats.speedup (the verdict's and the dashboard's): the same paired BCa
+    bootstrap, which is scipy's with the same draws."""
     base = [10.0, 11.0, 9.5, 10.5, 12.0, 9.0]
     cand = [5.0, 5.2, 5.1, 4.8, 6.5, 4.4]
-    got = speedmod.speedup(base, cand, b=500, seed=7)
-    rng = np.random.default_rng(7)
-    idx = rng.integers(0, len(base), size=(500, len(base)))
-    ratios = []
-    for row in idx:  # one resample at a time, in plain Python
-        ratios.append(sum(base[i] for i in row) / sum(cand[i] for i in row))
+    got = speedmod.speedup(base, cand, n_resamples=500, seed=7)
+    ref = scipy.stats.bootstrap((np.array(base), np.array(cand)), lambda b, c, axis=-1: np.mean(b, axis=axis)
+                                / np.mean(c, axis=axis), paired=True, vectorized=True, n_resamples=500, method="BCa",
+                                rng=np.random.default_rng(7))
     assert got["speedup"] == pytest.approx(sum(base) / sum(cand))
-    assert got["ci_low"] == pytest.approx(float(np.percentile(ratios, 2.5)))
-    assert got["ci_high"] == pytest.approx(float(np.percentile(ratios, 97.5)))
+    assert got["ci_low"] == pytest.approx(ref.confidence_interval.low, rel=1e-12)
+    assert got["ci_high"] == pytest.approx(ref.confidence_interval.high, rel=1e-12)
+    assert got["bootstrap"] == {"method": "BCa", "B": 500, "seed": 7}
     assert got["ci_low"] < got["speedup"] < got["ci_high"]
+    one = speedmod.speedup([10.0], [5.0])
+    assert one["speedup"] == 2.0 and one["ci_low"] is None and "not informative" in one["warning"]
 
 
 # -- the full run: interleaving, warm-up, recompile flag, kill and resume --------------------------------------------
@@ -316,8 +317,12 @@ def test_ab_over_http_with_our_server(tmp_path, tiny_runtime, fast_recipe_file):
     base, ident = store.read_record("fast", "a", 0), store.read_record("fast-identity", "a", 0)
     assert base.extra["hash_source"] == ident.extra["hash_source"] == "raw"
     assert ident.extra["server_recipe_name"] == "fast" and ident.recipe_name == "fast-identity"
-    assert result.off_identity["fast-identity"] == {"candidate": "fast-identity", "pairs": 1, "identical": 1,
-                                                    "differing": [], "missing": [], "passed": True}
+    check = result.off_identity["fast-identity"]
+    assert {k: check[k] for k in ("candidate", "pairs", "identical", "differing", "missing", "not_comparable",
+                                  "passed")} == {"candidate": "fast-identity", "pairs": 1, "identical": 1,
+                                                 "differing": [], "missing": [], "not_comparable": [], "passed": True}
+    # Both sides ran on this machine, through the server: the check names the one platform it compared on.
+    assert check["platforms"]["fast"] == check["platforms"]["fast-identity"] == base.hardware["numerics"]
     assert base.timings.generation_side_latency_s == base.extra["inference_time_s"]
     assert result.speed["protocols"]["mixed"]["fast-identity"]["executed_verified"] is True
 

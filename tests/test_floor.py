@@ -61,3 +61,16 @@ def test_floor_needs_two_seeds(tmp_path, fast_recipe_file):
                                  "--seeds", "0", "--gates", "audio", "--out", str(tmp_path / "run")])
     assert result.exit_code == 3 and "at least two seeds" in result.output
     assert not (tmp_path / "run").exists()
+
+
+def test_a_damaged_gate_result_stops_the_floor(tmp_path, fast_recipe):
+    """A new-seed result that does not parse is never silently left out of the floor's mean: the file is named."""
+    from h3eval.floor import floor_from_results
+    from h3eval.store import GateResultError, RunStore
+
+    store = RunStore(tmp_path / "run")
+    bad = store.gate_result_path("audio", f"{fast_recipe.name}-newseed", "a", 0)
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"gate": "audio", "pair": ')
+    with pytest.raises(GateResultError, match=r"a-s0\.json is not a valid gate result"):
+        floor_from_results(store, fast_recipe, ["audio"])

@@ -1,8 +1,10 @@
-"""Ghosting gate: planted ghosts of known strength are found, benign differences are not, identical pairs score 0."""
+"""Ghosting gate: planted ghosts of known strength are found, benign differences are not, identical pairs score 0;
+the FFT search and the block statistics equal a slow float64 definition; the torch (GPU) path equals the numpy one."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import cv2
@@ -10,17 +12,20 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from gates.base import PairContext, PairRef, ClipSide, get_gate
-from gates.ghosting import GhostingConfig, clip_evidence, ghost_frames, ghost_scores, is_flagged, pool_windows
+from bench.ghosting_corpus import plant_ghost, plant_masked_ghost
+from gates import ghosting as G
+from gates.base import ClipSide, PairContext, PairRef, get_gate
+from gates.ghosting import (GhostingConfig, clip_evidence, ghost_frames, ghost_scores, is_flagged, pair_p_value,
+                            pool_windows, simes, window_p_value)
 from h3.media import decode_video, encode_mp4
-from bench.ghosting_calibration import plant_ghost
 
-# The calibrated defaults (bench/results/ghosting_calibration.md), scoring every frame as the calibration does.
+# The calibrated defaults (bench/results/ghosting_calibration.md), scoring every frame so that 12 frames make a window.
 CONFIG = dataclasses.replace(GhostingConfig(), frame_stride=1)
 
 
 def moving_texture(num_frames: int = 12, height: int = 96, width: int = 128, seed: int = 0) -> np.ndarray:
-    """A static textured background with a textured square moving 3 px right and 1 px down per frame."""
+    """A static textured background with a textured square moving 3 px right and 1 px down per frame; 4 lead-in
+    frames first (the copies of the first frames' past)."""
     rng = np.random.default_rng(seed)
 
     def texture(h, w, sigma):
@@ -40,8 +45,6 @@ def moving_texture(num_frames: int = 12, height: int = 96, width: int = 128, see
 
 
 def plant(src: np.ndarray, alpha: float, lag: int, dy: int = 0, dx: int = 0, start: int = 4) -> np.ndarray:
-    """Frames ``start..`` of ``src`` with a ghost of strength alpha: copy of frame t - lag shifted by (dy, dx), planted
-    as the calibration plants it."""
     return plant_ghost(src, start, len(src) - start, alpha, lag, dy, dx)
 
 
@@ -59,12 +62,13 @@ def clip(tmp_path_factory) -> dict[str, np.ndarray]:
     base_src = src[4:]
     rng = np.random.default_rng(1)
     noisy = np.clip(base_src.astype(np.int16) + rng.integers(-1, 2, base_src.shape), 0, 255).astype(np.uint8)
-    gamma = np.clip(np.rint(255.0 * (base_src / 255.0) ** (1 / 1.02)), 0, 255).astype(np.uint8)
+    gamma = np.clip(np.rint(255.0 * (base_src / 255.0) ** (1 / 1.03)), 0, 255).astype(np.uint8)
     raw = {
         "base": base_src,
         "ghost_lag1": plant(src, 0.10, lag=1),
         "ghost_lag2_shift": plant(src, 0.10, lag=2, dy=1, dx=-2),
         "ghost_005_lag3": plant(src, 0.05, lag=3),
+        "masked_lag2": plant_masked_ghost(src, 4, len(src) - 4, 0.10, 2, 0, 0),
         "noise": noisy,
         "gamma": gamma,
         "crf28": roundtrip(tmp, base_src, 28, "crf28"),
@@ -73,32 +77,58 @@ def clip(tmp_path_factory) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("name, alpha, lag, dy, dx", [
-    ("ghost_lag1", 0.10, 1, 0, 0), ("ghost_lag2_shift", 0.10, 2, 1, -2), ("ghost_005_lag3", 0.05, 3, 0, 0)])
-def test_planted_ghost_is_flagged_with_its_strength_copy_and_frames(clip, name, alpha, lag, dy, dx):
+    ("ghost_lag1", 0.10, 1, 0, 0), ("ghost_lag2_shift", 0.10, 2, 1, -2), ("ghost_005_lag3", 0.05, 3, 0, 0),
+    ("masked_lag2", 0.10, 2, 0, 0)])
+def test_planted_ghost_is_found_with_its_strength_copy_and_frames(clip, name, alpha, lag, dy, dx):
     fs = ghost_scores(clip["base"], clip[name], CONFIG)
     (win,) = fs.windows  # 12 frames <= pool_frames: one pooled fit
-    assert is_flagged(fs, CONFIG) and clip_evidence(fs) == win.score
-    # The pooled fit recovers the planted copy and its strength within the codec's blur.
     assert (win.lag, win.dy, win.dx) == (lag, dy, dx)
-    assert win.score == pytest.approx(alpha, abs=0.01)
+    assert win.score == pytest.approx(alpha, abs=0.015) and clip_evidence(fs) == win.score
+    assert 0 < win.stderr < 0.01 and win.evidence == pytest.approx(win.score - CONFIG.lcb_k * win.stderr)
+    assert pair_p_value(fs) == win.p_value
     # Frames t >= lag can hold the copy and carry it at the planted strength; earlier ones cannot be fitted at lag.
-    np.testing.assert_allclose(fs.score[lag:], alpha, atol=0.02)
+    np.testing.assert_allclose(fs.score[lag:], alpha, atol=0.03)
     assert np.all(fs.score[:lag] == 0.0) and np.all(fs.lag[:lag] == -1) and np.all(fs.lag[lag:] == lag)
-    assert ghost_frames(fs, CONFIG) == list(range(lag, len(fs.score)))
+    if alpha >= 0.10:  # flagged on its own
+        assert is_flagged(fs, CONFIG) and win.p_value <= CONFIG.flag_p
+        assert ghost_frames(fs, CONFIG) == list(range(lag, len(fs.score)))
+    else:  # 5% on a 96x128 clip of 12 frames: not flagged alone, but a discovery when every pair of a run has it
+        assert CONFIG.flag_p < win.p_value <= 0.01
 
 
 @pytest.mark.parametrize("name", ["noise", "gamma", "crf28"])
 def test_benign_differences_are_not_flagged(clip, name):
     fs = ghost_scores(clip["base"], clip[name], CONFIG)
     assert not is_flagged(fs, CONFIG), (name, fs.windows)
-    assert clip_evidence(fs) < CONFIG.threshold
+    assert pair_p_value(fs) > 0.01 and fs.windows[0].evidence < 0.02
     assert ghost_frames(fs, CONFIG) == []
 
 
 def test_identical_pair_scores_exactly_zero(clip):
     fs = ghost_scores(clip["base"], clip["base"].copy(), CONFIG)
     assert np.all(fs.score == 0.0) and np.all(fs.lag == -1)
-    assert clip_evidence(fs) == 0.0 and [w.score for w in fs.windows] == [0.0]
+    assert clip_evidence(fs) == 0.0 and [(w.score, w.evidence, w.p_value) for w in fs.windows] == [(0.0, 0.0, 1.0)]
+
+
+def test_codec_leak_aligned_with_the_motion_is_not_evidence():
+    """A pan (3 px right, 1 down per frame) of a texture with fresh sensor noise in every frame. A candidate that
+    keeps 30% of the previous frame *moved with the content* (what a codec's motion-compensated prediction leaks
+    at a coarse quantizer: the grain of the reference) differs visibly from the baseline, but the copy is aligned
+    with the motion (and its difference from the frame is grain, below visible_rms): not a discovery. An unmoved
+    copy of the previous frame at 10% is a ghost."""
+    rng = np.random.default_rng(7)
+    texture = 128 + 45 * ndimage.gaussian_filter(rng.standard_normal((140, 200)), 2.0)
+    texture = 128 + (texture - 128) / (texture - 128).std() * 45
+    src = []
+    for t in range(16):
+        frame = texture[20 + t : 20 + t + 96, 10 + 3 * t : 10 + 3 * t + 128] + rng.normal(0, 12, (96, 128))
+        src.append(np.repeat(frame[..., None], 3, axis=2))
+    src = np.clip(np.rint(np.stack(src)), 0, 255).astype(np.uint8)
+    base = src[4:]
+    leak = plant(src, 0.3, lag=1, dy=-1, dx=-3)  # frame t-1 moved onto frame t: base_{t-1}(x + (1, 3))
+    assert np.abs(leak.astype(float) - base).mean() > 2.0  # the leak changes the frames visibly
+    assert ghost_scores(base, leak, CONFIG).windows[0].p_value > 0.01
+    assert ghost_scores(base, plant(src, 0.10, lag=1), CONFIG).windows[0].p_value <= CONFIG.flag_p
 
 
 @pytest.mark.parametrize("n, pool, expected", [
@@ -121,12 +151,13 @@ def test_ghost_in_part_of_a_long_clip_flags_only_its_windows_and_frames(tmp_path
     config = dataclasses.replace(CONFIG, pool_frames=12)
     fs = ghost_scores(base, cand, config)
     assert [w.frames[0] for w in fs.windows] == [0, 9, 19, 28]
-    flagged_windows = [w for w in fs.windows if w.score >= config.threshold]
-    assert [w.frames[0] for w in flagged_windows] == [19, 28]
-    assert all(w.lag == 1 and (w.dy, w.dx) == (0, 0) for w in flagged_windows)
-    # 12 of 12 frames of the last window carry the copy, 7 of 12 of the one before: pooled 0.10 and about 7/12 of it.
-    assert flagged_windows[-1].score == pytest.approx(0.10, abs=0.01)
-    assert ghost_frames(fs, config) == list(range(24, 40))
+    # Windows 0 and 9 hold no ghost; 19 holds it in 7 of its 12 frames, 28 in all.
+    assert [w.frames[0] for w in fs.windows if w.p_value <= 0.01] == [19, 28]
+    assert fs.windows[-1].p_value <= config.flag_p and fs.windows[-1].score == pytest.approx(0.10, abs=0.015)
+    assert all(w.lag == 1 and (w.dy, w.dx) == (0, 0) for w in fs.windows[2:])
+    assert set(range(28, 40)) <= set(ghost_frames(fs, config)) <= set(range(24, 40))
+    assert pair_p_value(fs) == pytest.approx(min(1.0, min(4 * p / (i + 1) for i, p in enumerate(
+        sorted(w.p_value for w in fs.windows)))))
 
 
 def test_shape_mismatch_is_an_error(clip):
@@ -134,148 +165,120 @@ def test_shape_mismatch_is_an_error(clip):
         ghost_scores(clip["base"], clip["base"][:-1], CONFIG)
 
 
+def test_p_value_is_the_calibrated_tail_and_simes_combines_windows():
+    c = GhostingConfig()
+    assert window_p_value(0.0, c) == 1.0 and window_p_value(-0.01, c) == 1.0
+    e = c.null_tail_u + 3 * c.null_tail_scale
+    assert window_p_value(e, c) == pytest.approx(c.null_tail_p * math.exp(-3))
+    assert window_p_value(e + c.null_tail_scale, c) < window_p_value(e, c)
+    with pytest.raises(ValueError):
+        window_p_value(float("nan"), c)
+    assert simes([]) == 1.0 and simes([0.04, 0.5]) == pytest.approx(0.08) and simes([0.02, 0.03]) == 0.03
+
+
 # --- slow readable reference --------------------------------------------------------------------------------------
-
-
-def reference_pooled(frames_base, frames_cand, config: GhostingConfig, factor: int):
-    """Exhaustive float64 definition of one pooled window over all frames. Per frame: luma, block mean by
-    ``factor``, Gaussian blur; nuisance regressors 1, base, base^2 and base shifted by one pixel; residual and copy
-    projected off them. For every lag, the shift whose pooled ridge least-squares fit (numerators and energies summed
-    over the frames t >= lag, ridge per frame) explains most residual energy; for that copy, the ridge fit per block
-    of every frame, blocks above ``block_alpha_max`` dropped, and the energy-weighted median of the rest; the window
-    score is the largest of these over lags (at least 0), and each frame's score the same median over its own blocks
-    at the winning copy. Returns (score, (lag, dy, dx) at working resolution, per-frame scores)."""
+def reference_luma(frames, config: GhostingConfig, factor: int) -> np.ndarray:
+    """Float64 definition of the preparation: luma, block mean by the factor, Gaussian blur (cv2's kernel for the
+    sigma, edge-repeating reflection), less 128."""
     weights = np.array([0.299, 0.587, 0.114])
-
-    def luma(frames):
-        y = frames.astype(np.float64) @ weights
-        t, h, w = y.shape
-        h, w = h // factor, w // factor
-        y = y[:, : h * factor, : w * factor].reshape(t, h, factor, w, factor).mean(axis=(2, 4))
-        sigma = (0, config.blur_sigma, config.blur_sigma)
-        return ndimage.gaussian_filter(y, sigma=sigma, mode="reflect", truncate=4.0)
-
-    def lower_weighted_median(values, weights):
-        pairs = sorted(zip(values, weights), key=lambda p: p[0])
-        total = sum(w for _, w in pairs)
-        if not pairs or total <= 0:
-            return 0.0
-        running = 0.0
-        for value, weight in pairs:
-            running += weight
-            if running >= 0.5 * total:
-                return value
-        return pairs[-1][0]
-
-    base, cand = luma(frames_base), luma(frames_cand)
-    n, h, w = base.shape
-    m = config.max_shift + 1
-    inner = (slice(m, h - m), slice(m, w - m))
-    ih, iw = h - 2 * m, w - 2 * m
-    bs = config.block if ih >= config.block and iw >= config.block else None
-    designs = []
-    for t in range(n):
-        b = base[t]
-        nuisance = [np.ones((ih, iw)), b[inner], b[inner] ** 2]
-        for ey, ex in [(-1, 0), (1, 0), (0, -1), (0, 1)]:
-            nuisance.append(np.roll(b, (ey, ex), axis=(0, 1))[inner])
-        designs.append(np.stack([c.ravel() for c in nuisance], axis=1))
-
-    def perp(t, v):
-        coef, *_ = np.linalg.lstsq(designs[t], v, rcond=None)
-        return v - designs[t] @ coef
-
-    residuals = [perp(t, (cand[t] - base[t])[inner].ravel()) for t in range(n)]
-
-    def copy(t, key):
-        lag, dy, dx = key
-        return perp(t, np.roll(base[t - lag], (dy, dx), axis=(0, 1))[inner].ravel())
-
-    def block_alphas(t, s):
-        rr, ss = residuals[t].reshape(ih, iw), s.reshape(ih, iw)
-        if bs is None:
-            blocks = [(rr, ss)]
-        else:
-            cells = [(slice(by * bs, (by + 1) * bs), slice(bx * bs, (bx + 1) * bs))
-                     for by in range(ih // bs) for bx in range(iw // bs)]
-            blocks = [(rr[cell], ss[cell]) for cell in cells]
-        out = []
-        for rb, sb in blocks:
-            energy = float(np.sum(sb * sb))
-            alpha = float(np.sum(rb * sb)) / (energy + rb.size * config.ridge_rms**2)
-            if alpha <= config.block_alpha_max:
-                out.append((alpha, energy))
-        return out
-
-    best = (0.0, None)
-    for lag in range(0, min(config.max_lag, n - 1) + 1):
-        best_energy, best_key = 0.0, None
-        for dy in range(-config.max_shift, config.max_shift + 1):
-            for dx in range(-config.max_shift, config.max_shift + 1):
-                if lag == 0 and max(abs(dy), abs(dx)) < config.min_lag0_shift:
-                    continue
-                num = den = 0.0
-                for t in range(lag, n):
-                    s = copy(t, (lag, dy, dx))
-                    num += float(residuals[t] @ s)
-                    den += float(s @ s) + ih * iw * config.ridge_rms**2
-                if num > 0 and num * num / den > best_energy:
-                    best_energy, best_key = num * num / den, (lag, dy, dx)
-        if best_key is None:
-            continue
-        pairs = [p for t in range(lag, n) for p in block_alphas(t, copy(t, best_key))]
-        alpha = max(0.0, lower_weighted_median([p[0] for p in pairs], [p[1] for p in pairs]))
-        if best[1] is None or alpha > best[0]:
-            best = (alpha, best_key)
-    alpha, key = best
-    frame_scores = np.zeros(n)
-    for t in range(key[0], n):
-        pairs = block_alphas(t, copy(t, key))
-        frame_scores[t] = max(0.0, lower_weighted_median([p[0] for p in pairs], [p[1] for p in pairs]))
-    return alpha, key, frame_scores
+    y = frames.astype(np.float64) @ weights
+    n, h, w = y.shape
+    h, w = h // factor, w // factor
+    y = y[:, : h * factor, : w * factor].reshape(n, h, factor, w, factor).mean(axis=(2, 4))
+    size = int(round(config.blur_sigma * 8 + 1)) | 1
+    k = cv2.getGaussianKernel(size, config.blur_sigma).ravel()
+    y = ndimage.correlate1d(y, k, axis=1, mode="reflect")
+    return ndimage.correlate1d(y, k, axis=2, mode="reflect") - 128.0
 
 
-@pytest.mark.parametrize(
-    "height, width, work_long_side, top_k",
-    [
-        # On frames this small the ranking's edge approximations can miss the best shift, so the tiny cases fit
-        # every shift exactly (checking the pooled fit, blocks and median); the 80x112 case runs the default search.
-        (40, 56, 64, 10_000),  # working resolution = full
-        (80, 112, 64, CONFIG.top_k),  # 2x2 box-downsampled; default (ranked + hill-climbing) search
-        (40, 56, 32, 10_000),  # 2x2 box-downsampled to 20x28
-    ],
-)
-def test_pooled_fit_agrees_with_exhaustive_float64_reference(height, width, work_long_side, top_k):
+def reference_fit(base, cand, config: GhostingConfig, t: int, key: tuple[int, int, int]):
+    """Float64 definition on prepared frames for frame t and copy key = (lag, dy, dx) in working pixels: on the fit
+    region the residual and the displacement d = base_{t-lag}(x - s) - base_t projected off the nuisance span (1,
+    base, base^2, base shifted one pixel four ways) by least squares; returns (<r_perp, d_perp>, |d_perp|^2, per-block
+    sums of r_perp d_perp, of d_perp^2, of d^2, and the smallest per-block sum of squares of the copies moved by
+    align_offset)."""
+    h, w = base.shape[1:]
+    g = G._geometry(h, w, config)
+    m, ih, iw, bs = g.m, g.ih, g.iw, g.block
+    region = (slice(m, m + ih), slice(m, m + iw))
+    b = base[t]
+
+    def window(img, dy=0, dx=0):
+        return img[m - dy : m - dy + ih, m - dx : m - dx + iw]
+
+    design = np.stack([np.ones((ih, iw)), b[region], b[region] ** 2, window(b, 1, 0), window(b, -1, 0),
+                       window(b, 0, 1), window(b, 0, -1)], axis=-1).reshape(-1, 7)
+
+    def perp(v):
+        coef, *_ = np.linalg.lstsq(design, v.ravel(), rcond=None)
+        return (v.ravel() - design @ coef).reshape(ih, iw)
+
+    lag, dy, dx = key
+    r = perp(cand[t][region] - b[region])
+    d = window(base[t - lag], dy, dx) - b[region]
+    dp = perp(d)
+
+    def blocks(v):
+        return v.reshape(ih // bs, bs, iw // bs, bs).sum(axis=(1, 3))
+
+    a = config.align_offset
+    moved = np.min([blocks((window(base[t - lag], dy + oy, dx + ox) - b[region]) ** 2)
+                    for oy, ox in ((a, 0), (-a, 0), (0, a), (0, -a))], axis=0)
+    return float(np.sum(r * dp)), float(np.sum(dp * dp)), blocks(r * dp), blocks(dp * dp), blocks(d * d), moved
+
+
+@pytest.mark.parametrize("height, width, work_long_side", [(64, 80, 384), (128, 160, 80)])
+def test_search_and_block_sums_equal_the_float64_definition(height, width, work_long_side):
     src = moving_texture(num_frames=6, height=height, width=width, seed=3)
-    cand = plant(src, 0.12, lag=1, dy=1, dx=2) if height == 40 else plant(src, 0.12, lag=1, dy=2, dx=4)
     rng = np.random.default_rng(5)
+    cand = plant(src, 0.12, lag=1, dy=1, dx=2)
     cand = np.clip(cand.astype(np.int16) + rng.integers(-2, 3, cand.shape), 0, 255).astype(np.uint8)
     base = src[4:]
-    config = dataclasses.replace(CONFIG, work_long_side=work_long_side, top_k=top_k)
-    fs = ghost_scores(base, cand, config)
-    assert fs.factor == -(-max(height, width) // work_long_side)
-    ref_score, ref_key, ref_frames = reference_pooled(base, cand, config, fs.factor)
-    (win,) = fs.windows
-    assert (win.lag, win.dy // fs.factor, win.dx // fs.factor) == ref_key
-    assert win.score == pytest.approx(ref_score, rel=1e-4, abs=1e-5)
-    np.testing.assert_allclose(fs.score, ref_frames, rtol=1e-4, atol=1e-5)
-    assert ref_score > 0.05  # the reference sees the planted copy: the comparison is not 0 == 0
+    config = dataclasses.replace(CONFIG, work_long_side=work_long_side)
+    factor = G.downsample_factor(height, width, work_long_side)
+    be = G._Numpy(1)
+    frames = list(range(len(base)))
+    yb, yc = be.prepare(base, frames, factor, config.blur_sigma), be.prepare(cand, frames, factor, config.blur_sigma)
+    g = G._geometry(yb.shape[1], yb.shape[2], config)
+    row_of = {t: t for t in frames}
+    nums, ens = G._search(be, yb, yc, row_of, frames, config, g, chunk=2)
+    keys = [(1, 1, 2), (0, -3, 2), (2, 0, -1), (3, 4, -4)]
+    blocks = G._window_blocks(be, yb, yc, row_of, frames, keys, config, g)
+    ridge_b = g.block**2 * config.ridge_rms**2
+    # Preparation (cv2 in float32) against its float64 definition: within 1e-3 levels.
+    np.testing.assert_allclose(yb, reference_luma(base, config, factor), atol=1e-3)
+    for lag, dy, dx in keys:
+        for t in frames[lag:]:
+            num, den, bnum, bden, bssd, bmoved = reference_fit(yb, yc, config, t, (lag, dy, dx))
+            r = config.max_shift
+            assert nums[t][lag][dy + r, dx + r] == pytest.approx(num, rel=1e-8, abs=1e-6)
+            assert ens[t][lag][dy + r, dx + r] == pytest.approx(den, rel=1e-8, abs=1e-6)
+            fr, n_b, d_b, use = blocks[(lag, dy, dx)]
+            i = fr.index(t)
+            np.testing.assert_allclose(n_b[i], bnum, rtol=1e-8, atol=1e-6)
+            np.testing.assert_allclose(d_b[i], bden + ridge_b, rtol=1e-8, atol=1e-6)
+            alpha = bnum / (bden + ridge_b)
+            expected = ((alpha <= config.block_alpha_max) & (bden >= config.visible_rms**2 * g.block**2)
+                        & (bssd > config.align_ratio * bmoved))
+            assert (use[i] == expected).all()
+    assert abs(nums[1][1][1 + 4, 2 + 4]) > 1.0  # the planted copy: the comparison is not 0 == 0
 
 
-def test_frame_stride_pools_only_scored_frames(clip):
-    config = dataclasses.replace(CONFIG, frame_stride=2)
-    fs = ghost_scores(clip["base"], clip["ghost_lag1"], config)
-    assert fs.scored.tolist() == [t % 2 == 0 for t in range(len(fs.score))]
-    assert [w.frames for w in fs.windows] == [list(range(0, 12, 2))]
-    assert np.all(fs.score[~fs.scored] == 0.0) and np.all(fs.lag[~fs.scored] == -1)
-    # Pooled over 6 frames instead of 12, same copy, same strength within the codec's blur.
-    assert (fs.windows[0].lag, fs.windows[0].dy, fs.windows[0].dx) == (1, 0, 0)
-    assert fs.windows[0].score == pytest.approx(0.10, abs=0.01)
+def test_torch_path_equals_the_numpy_path(clip):
+    """The GPU code path (torch), run on the CPU, gives the numpy path's windows up to float32 rounding of the
+    preprocessing."""
+    pytest.importorskip("torch")
+    for name in ("ghost_lag2_shift", "crf28"):
+        a = ghost_scores(clip["base"], clip[name], CONFIG)
+        b = ghost_scores(clip["base"], clip[name], CONFIG, device="torch:cpu")
+        for wa, wb in zip(a.windows, b.windows, strict=True):
+            assert (wa.lag, wa.dy, wa.dx, wa.blocks) == (wb.lag, wb.dy, wb.dx, wb.blocks)
+            assert wa.score == pytest.approx(wb.score, rel=1e-5, abs=1e-7)
+            assert wa.evidence == pytest.approx(wb.evidence, rel=1e-5, abs=1e-7)
+        np.testing.assert_allclose(a.score, b.score, rtol=1e-5, atol=1e-7)
 
 
 # --- the gate ------------------------------------------------------------------------------------------------------
-
-
 def make_ctx(tmp_path: Path, base: np.ndarray, cand: np.ndarray, options=None) -> PairContext:
     run = tmp_path / "run"
     paths = {}
@@ -296,21 +299,22 @@ def make_ctx(tmp_path: Path, base: np.ndarray, cand: np.ndarray, options=None) -
 
 
 def test_gate_flags_ghost_and_writes_strip(tmp_path):
-    src = moving_texture()
+    src = moving_texture(num_frames=20)
     ctx = make_ctx(tmp_path, src[4:], plant(src, 0.10, lag=1))
     result = get_gate("ghosting").evaluate(ctx)
     assert result.status == "ok" and result.error is None
     assert result.flagged and result.flags
-    assert result.metrics["ghost_strength"].value == pytest.approx(0.10, abs=0.01)
-    assert result.metrics["ghost_strength"].higher_is_better is False
-    assert result.metrics["ghost_score_max"].value == pytest.approx(0.10, abs=0.02)
-    # default frame_stride 2: frames 2, 4, .., 10 can hold the lag-1 copy (frame 0's copy lies before the clip)
-    assert result.info["ghost_frame_indices"] == [2, 4, 6, 8, 10]
-    assert result.metrics["ghost_frames"].value == 5
+    m = result.metrics
+    assert m["ghost_strength"].value == pytest.approx(0.10, abs=0.015) and m["ghost_strength"].higher_is_better is False
+    assert m["ghost_p_value"].value <= GhostingConfig().flag_p and m["ghost_p_value"].higher_is_better is True
+    assert m["ghost_evidence"].higher_is_better is False and 0 < m["ghost_evidence"].value < m["ghost_strength"].value
+    # default frame_stride 2: frames 2, 4, .., 18 can hold the lag-1 copy (frame 0's copy lies before the clip)
+    assert result.info["ghost_frame_indices"] == list(range(2, 20, 2))
+    assert m["ghost_frames"].value == 9
     (window,) = result.info["windows"]
-    assert (window["lag"], window["dy"], window["dx"], window["first_frame"], window["last_frame"]) == (1, 0, 0, 0, 10)
-    assert "frames 0-10" in result.flags[0] and "t-1" in result.flags[0]
-    assert len(result.series["ghost_score"]) == 12
+    assert (window["lag"], window["dy"], window["dx"], window["first_frame"], window["last_frame"]) == (1, 0, 0, 0, 18)
+    assert "frames 0-18" in result.flags[0] and "t-1" in result.flags[0]
+    assert len(result.series["ghost_score"]) == 20
     assert len(result.artifacts) == 1 and not Path(result.artifacts[0]).is_absolute()
     png = cv2.imread(str(ctx.run_dir / result.artifacts[0]))
     assert png.shape == (3 * 360, 4 * 480, 3)  # 3 worst frames x (baseline | candidate | difference | heatmap)
@@ -321,6 +325,7 @@ def test_gate_identical_pair_is_zero_and_not_flagged(tmp_path):
     result = get_gate("ghosting").evaluate(make_ctx(tmp_path, src[4:], src[4:]))
     assert not result.flagged
     assert result.metrics["ghost_score_max"].value == 0.0 and result.metrics["ghost_strength"].value == 0.0
+    assert result.metrics["ghost_p_value"].value == 1.0
     assert result.metrics["ghost_frames"].value == 0.0 and result.info["ghost_frame_indices"] == []
     assert result.artifacts == []
 
@@ -353,10 +358,25 @@ def test_gate_corrupt_clip_is_a_per_pair_error_naming_the_file(tmp_path):
 def test_gate_options_arrive_as_strings_from_the_cli(tmp_path):
     src = moving_texture()
     ghost = plant(src, 0.10, lag=1)
-    strict = get_gate("ghosting").evaluate(make_ctx(tmp_path / "a", src[4:], ghost, {"threshold": "0.5"}))
+    strict = get_gate("ghosting").evaluate(make_ctx(tmp_path / "a", src[4:], ghost, {"flag_p": "0"}))
     assert strict.status == "ok" and not strict.flagged
-    assert strict.info["config"]["threshold"] == 0.5 and strict.info["ghost_frame_indices"] == []
+    assert strict.info["config"]["flag_p"] == 0.0 and strict.info["ghost_frame_indices"] == []
     bad = get_gate("ghosting").evaluate(make_ctx(tmp_path / "b", src[4:], ghost, {"frame_stride": "two"}))
     assert bad.status == "error" and "frame_stride" in bad.error
     zero = get_gate("ghosting").evaluate(make_ctx(tmp_path / "c", src[4:], ghost, {"pool_frames": "0"}))
     assert zero.status == "error" and "pool_frames" in zero.error
+    p = get_gate("ghosting").evaluate(make_ctx(tmp_path / "d", src[4:], ghost, {"flag_p": "2"}))
+    assert p.status == "error" and "flag_p" in p.error
+
+
+@pytest.mark.gpu
+def test_cuda_path_equals_the_numpy_path(clip):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device (this machine has none)")
+    for name in ("ghost_lag2_shift", "crf28"):
+        a = ghost_scores(clip["base"], clip[name], CONFIG)
+        b = ghost_scores(clip["base"], clip[name], CONFIG, device="cuda")
+        for wa, wb in zip(a.windows, b.windows, strict=True):
+            assert (wa.lag, wa.dy, wa.dx, wa.blocks) == (wb.lag, wb.dy, wb.dx, wb.blocks)
+            assert wa.evidence == pytest.approx(wb.evidence, rel=1e-5, abs=1e-7)

@@ -164,6 +164,47 @@ def test_options_are_scoped_and_validated(run):
     assert not summary.failed
 
 
+def test_every_gate_refuses_unknown_or_malformed_options_before_the_run(run):
+    # The trajectory gate and VBench used to read their options with dict.get: a typo silently ran the defaults.
+    with pytest.raises(GateRunError, match=r"option 'growth_rat' is not an option of the chosen gates.*growth_rate"):
+        run_gates(run.root, ["trajectory"], options={"growth_rat": "3"}, progress=False)
+    with pytest.raises(GateRunError, match=r"gate vbench has no option 'dimension'"):
+        run_gates(run.root, ["audio", "vbench"], options={"vbench.dimension": "temporal_flickering"}, progress=False)
+    with pytest.raises(GateRunError, match=r"trajectory: option growth_rate='fast'"):
+        run_gates(run.root, ["trajectory"], options={"growth_rate": "fast"}, progress=False)
+    with pytest.raises(GateRunError, match=r"ghosting: option pool_frames='0'.*greater than or equal to 1"):
+        run_gates(run.root, ["ghosting"], options={"ghosting.pool_frames": "0"}, progress=False)
+    assert not (run.root / "gates").exists()  # nothing ran
+    for name in ("integrity", "fidelity", "audio", "ghosting", "trajectory", "opcheck", "vbench"):
+        gate = get_gate(name)
+        assert gate.option_names == frozenset(gate.Options.model_fields), name
+        assert gate.metrics, f"{name} declares no metrics"
+
+
+def test_a_result_that_breaks_the_declared_metrics_is_an_error(run, monkeypatch):
+    import gates.base as gates_base
+    from gates.base import Gate, Metric, MetricSpec
+
+    class Sloppy(Gate):
+        name = "sloppy"
+        metrics = {"distance": MetricSpec(higher_is_better=False)}
+
+        def evaluate(self, ctx):
+            # p0: the direction contradicts the declaration; drift: a metric that is not declared at all.
+            return GateResult(gate=self.name, pair=ctx.pair, metrics={
+                "distance": Metric(value=0.5, higher_is_better=ctx.pair.prompt_id == "p0"),
+                **({"surprise": Metric(value=1.0, higher_is_better=False)} if ctx.pair.candidate == "drift" else {})})
+
+    monkeypatch.setitem(gates_base._REGISTRY, "sloppy", Sloppy)
+    summary = run_gates(run.root, ["sloppy"], progress=False)
+    errors = {(e["candidate"], e["prompt_id"]): e["error"] for e in summary.errors}
+    assert sorted(errors) == [("drift", "p0"), ("drift", "p1"), ("same", "p0")]
+    assert "metric 'distance' is written with higher_is_better=True, unit=None but declared with " \
+           "higher_is_better=False" in errors[("same", "p0")]
+    assert "metric 'surprise' is not declared (declared: distance)" in errors[("drift", "p1")]
+    assert _read(run, "sloppy", "same", "p1").status == "ok"
+
+
 def test_gate_rejects_unknown_options_itself(run):
     from _gate_clips import pair_context
 

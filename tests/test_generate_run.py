@@ -198,3 +198,42 @@ def test_prompt_file_errors_name_the_line(tmp_path):
     path.write_text('{"id": "a"}\n')
     with pytest.raises(PromptSuiteError, match="'prompt'"):
         load_prompts(path)
+
+
+def test_generate_checks_configured_versus_executed(tmp_path, fast_recipe, tiny_runtime):
+    """generate fills runs through a backend, so each clip gets the configured-versus-executed check: a clip that
+    ran something else than its recipe is removed, the recipe stops, and the run is failed."""
+    prompts = write_prompts(tmp_path / "p.jsonl", ids=("a", "b"))
+    four = fast_recipe.model_copy(update={"name": "four", "steps": 4})
+
+    class AsksFourRunsTwo:  # the loaded runtime (2 steps) reporting under the recipe that asks for 4
+        def generate(self, request, out, extra=None, **kwargs):
+            loaded = tiny_runtime.recipe
+            tiny_runtime.recipe = loaded.model_copy(update={"name": "four"})
+            try:
+                return tiny_runtime.generate(request, out, extra, **kwargs)
+            finally:
+                tiny_runtime.recipe = loaded
+
+    plan = RunPlan(out=tmp_path / "run", model="tiny", recipes=[four], prompts=load_prompts(prompts), seeds=[0],
+                   shape=RequestShape())
+    manifest = fill_run(plan, runtime_factory=lambda *args: AsksFourRunsTwo(), progress=False)
+    assert manifest.status == "failed" and len(manifest.errors) == 1
+    assert manifest.errors[0].error == ("configured-versus-executed mismatch (clip removed, recipe stopped): "
+                                        "steps: recipe asks for 4 DiT forward passes, 2 ran")
+    store = RunStore(tmp_path / "run")
+    assert not store.clip_path("four", "a", 0).exists() and not store.record_path("four", "a", 0).exists()
+    assert store.error_path("four", "a", 0).exists() and not store.error_path("four", "b", 0).exists()
+
+
+def test_a_bug_is_not_reported_as_bad_input(finished_run, fast_recipe_file, monkeypatch):
+    """Only the product's own input errors exit 3; a bare ValueError from inside is a bug and keeps its traceback."""
+    out, prompts = finished_run
+
+    def broken(*args, **kwargs):
+        raise ValueError("a bug, not bad input")
+
+    monkeypatch.setattr("h3eval.runner.fill_run", broken)
+    result = runner.invoke(app, ["generate", "--recipe", str(fast_recipe_file), "--prompts", str(prompts),
+                                 "--seeds", "0,1", "--out", str(out)])
+    assert result.exit_code != 3 and isinstance(result.exception, ValueError), result.output

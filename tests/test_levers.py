@@ -209,13 +209,13 @@ def adaln_pipe(base, transformer):
 
 
 def test_adaln_precompute_is_bit_identical_and_cached(base, tmp_path):
-    from h3.levers.adaln import AdalnPrecomputeConfig, apply_adaln_precompute
+    from h3.levers.adaln import AdalnConfig, apply_adaln_precompute
 
     transformer = fresh_transformer(base)
     expected_params = sum(p.numel() for b in transformer.transformer_blocks for p in b.adaln_proj.parameters())
-    config = AdalnPrecomputeConfig(num_inference_steps=FAST_RECIPE["steps"] + 1, model_sha256="t" * 64,
-                                   cache_dir=tmp_path)
-    handle = apply_adaln_precompute(adaln_pipe(base, transformer), config)
+    config = AdalnConfig(precompute=True)
+    plan = dict(num_inference_steps=FAST_RECIPE["steps"] + 1, model_sha256="t" * 64, cache_dir=tmp_path)
+    handle = apply_adaln_precompute(adaln_pipe(base, transformer), config, **plan)
     assert not any("adaln_proj.linear" in n for n, _ in transformer.named_parameters())
     for (v, a), (vb, ab) in zip(forward_all(transformer, base.calls), base.outputs):
         assert torch.equal(v, vb) and torch.equal(a, ab)
@@ -224,9 +224,9 @@ def test_adaln_precompute_is_bit_identical_and_cached(base, tmp_path):
     assert telemetry["table_lookups"] == len(base.calls) == telemetry["schedule_steps"]
     assert telemetry["disk_cache"] == "miss"
     with pytest.raises(LeverError, match="already applied"):
-        apply_adaln_precompute(adaln_pipe(base, transformer), config)
+        apply_adaln_precompute(adaln_pipe(base, transformer), config, **plan)
     handle.remove()
-    again = apply_adaln_precompute(adaln_pipe(base, transformer), config)
+    again = apply_adaln_precompute(adaln_pipe(base, transformer), config, **plan)
     assert again.telemetry()["disk_cache"] == "hit"
     for (v, _), (vb, _) in zip(forward_all(transformer, base.calls), base.outputs):
         assert torch.equal(v, vb)
@@ -297,7 +297,7 @@ def test_quantization_on_transformer_reports_what_ran(base):
     for (v, _), (vb, _) in zip(outputs, base.outputs):
         assert_close(v, vb, 0.05, "int8 W8A8 transformer vs float32")
     with pytest.raises(LeverError, match="already applied"):
-        apply_quantization(transformer, QuantizationConfig(mode="int8_w8a8"))
+        apply_quantization(transformer, QuantizationConfig(mode="int8_w8a8", exclude=[]))
 
 
 def test_fp8_and_sage_are_refused_on_the_cpu():
@@ -392,7 +392,7 @@ def test_padding_contributes_exactly_zero(base):
     results = {}
     for pad in (0, 7):
         transformer = fresh_transformer(base)
-        handle = apply_bucketing(transformer, BucketingConfig(multiple=64, pad_position=pad, pad_tag=pad % 3))
+        handle = apply_bucketing(transformer, BucketingConfig(multiple=64), pad_position=pad, pad_tag=pad % 3)
         results[pad] = forward_all(transformer, base.calls)
         telemetry = handle.telemetry()
         seq = base.calls[0]["position_ids"].shape[0]
@@ -435,7 +435,7 @@ def test_bucketing_hands_any_backend_the_real_rows_and_no_mask(base):
     preflight(recipe_from_dict({**FAST_RECIPE, "attention": {"backend": "sage"}, "bucketing": {"enabled": True}}),
               "cuda")  # accepted
     transformer = fresh_transformer(base)
-    backend = apply_attention_backend(transformer, AttentionBackendConfig("_native_math"))
+    backend = apply_attention_backend(transformer, AttentionBackendConfig(backend="_native_math"))
     apply_bucketing(transformer, BucketingConfig(multiple=64))
     seen = []
     probe = observe_attention_dispatch(lambda name, kw: seen.append((name, kw["query"].shape[1], kw.get("attn_mask"))))
@@ -488,7 +488,7 @@ def test_taylorseer_and_magcache(base):
     with pytest.raises(LeverError, match="mag_ratios"):
         apply_step_cache(fresh_transformer(base), StepCacheConfig(kind="mag"))
     transformer = fresh_transformer(base)
-    handle = apply_step_cache(transformer, StepCacheConfig(kind="mag", calibrate=True, num_inference_steps=2))
+    handle = apply_step_cache(transformer, StepCacheConfig(kind="mag", calibrate=True), num_inference_steps=2)
     handle.begin_request()
     outputs = forward_all(transformer, base.calls)
     assert handle.telemetry()["cached_steps"] == 0  # calibration never skips
@@ -528,8 +528,8 @@ def test_magcache_skips_steps_by_its_rule(base):
     transformer = fresh_transformer(base)
     plain = forward_all(fresh_transformer(base), calls)
     handle = apply_step_cache(transformer, StepCacheConfig(kind="mag", mag_ratios=ratios, threshold=0.05,
-                                                           max_skip_steps=2, retention_ratio=0.2,
-                                                           num_inference_steps=len(ratios)))
+                                                           max_skip_steps=2, retention_ratio=0.2),
+                              num_inference_steps=len(ratios))
     handle.begin_request()
     outputs = forward_all(transformer, calls)
     t = handle.telemetry()
@@ -569,8 +569,8 @@ def test_offload_without_streams_on_cpu(base):
     transformer = fresh_transformer(base)
     pipe = SimpleNamespace(transformer=transformer, text_encoder=None)
     with pytest.raises(LeverError, match="needs a CUDA GPU"):
-        apply_offload(pipe, OffloadConfig(onload_device="cpu", use_stream=True))
-    handle = apply_offload(pipe, OffloadConfig(onload_device="cpu", use_stream=False))
+        apply_offload(pipe, OffloadConfig(use_stream=True), onload_device="cpu")
+    handle = apply_offload(pipe, OffloadConfig(use_stream=False), onload_device="cpu")
     outputs = forward_all(transformer, base.calls)
     telemetry = handle.telemetry()
     assert telemetry["groups"]["transformer"] >= len(transformer.transformer_blocks)
@@ -580,14 +580,14 @@ def test_offload_without_streams_on_cpu(base):
 
 
 def test_vae_tile_per_resolution(base):
-    from h3.levers.vae import VaeTilingConfig, apply_vae
+    from h3.levers.vae import VaeConfig, apply_vae
 
     vae = base.runtime.pipe.vae
     z = torch.randn(1, 24, 5, 6, 6, generator=torch.Generator().manual_seed(0))  # 17 frames of 96x96
     pipe = SimpleNamespace(vae=copy.deepcopy(vae), audio_vae=None)
     vae_ref = copy.deepcopy(vae)
     vae_ref.enable_tiling(tile_sample_min_height=80, tile_sample_min_width=80)
-    handle = apply_vae(pipe, VaeTilingConfig(tiles={"96x96": [80, 80]}))
+    handle = apply_vae(pipe, VaeConfig(tiles={"96x96": [80, 80]}))
     with torch.no_grad():
         out = pipe.vae.decode(z).sample
         ref = vae_ref.decode(z).sample
@@ -650,7 +650,7 @@ def test_offload_with_streams_on_gpu(base):
 
     transformer = fresh_transformer(base)
     handle = apply_offload(SimpleNamespace(transformer=transformer, text_encoder=None),
-                           OffloadConfig(onload_device="cuda", use_stream=True))
+                           OffloadConfig(use_stream=True), onload_device="cuda")
     calls = [{k: (v.cuda() if torch.is_tensor(v) else v) for k, v in c.items()} for c in base.calls]
     outputs = forward_all(transformer, calls)
     assert handle.telemetry()["pinned_memory"] is True
@@ -693,7 +693,7 @@ def test_attention_backend_lever_runs_and_reports_on_gpu(backend, rel_l2_max):
         {k: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in c.items()} for c in calls])
     model = model.cuda().bfloat16()
     native = forward_all(model, calls)
-    handle = apply_attention_backend(model, AttentionBackendConfig(backend))
+    handle = apply_attention_backend(model, AttentionBackendConfig(backend=backend))
     seen = []
     probe = observe_attention_dispatch(lambda name, kw: seen.append(name))
     try:
@@ -758,7 +758,7 @@ def test_attention_backend_stays_on_its_transformer(base):
     from h3.levers.attention_backend import AttentionBackendConfig, apply_attention_backend
 
     candidate, baseline = fresh_transformer(base), fresh_transformer(base)
-    handle = apply_attention_backend(candidate, AttentionBackendConfig("_native_math"))
+    handle = apply_attention_backend(candidate, AttentionBackendConfig(backend="_native_math"))
     seen: list[str] = []
     probe = observe_attention_dispatch(lambda name, kw: seen.append(name))
     try:
@@ -779,7 +779,8 @@ def test_quantization_remove_restores_float_weights_on_their_device(base):
 
     transformer = fresh_transformer(base)
     before = {n: (p.device, p.dtype, p.clone()) for n, p in transformer.named_parameters()}
-    handle = apply_quantization(transformer, QuantizationConfig(mode="int8_weight_only", keep_originals=True))
+    handle = apply_quantization(transformer, QuantizationConfig(mode="int8_weight_only", exclude=[]),
+                                keep_originals=True)
     handle.remove()
     after = dict(transformer.named_parameters())
     assert set(after) == set(before)
@@ -897,9 +898,9 @@ def test_offload_with_streams_leaves_no_quantized_weight_on_the_gpu(base):
     from h3.levers.quantization import QuantizationConfig, QuantizedLinear, apply_quantization
 
     transformer = fresh_transformer(base)
-    apply_quantization(transformer, QuantizationConfig(mode="int8_weight_only", keep_originals=False))
+    apply_quantization(transformer, QuantizationConfig(mode="int8_weight_only", exclude=[]), keep_originals=False)
     handle = apply_offload(SimpleNamespace(transformer=transformer, text_encoder=None),
-                           OffloadConfig(onload_device="cuda", use_stream=True))
+                           OffloadConfig(use_stream=True), onload_device="cuda")
     calls = [{k: (v.cuda() if torch.is_tensor(v) else v) for k, v in c.items()} for c in base.calls]
     forward_all(transformer, calls)
     torch.cuda.synchronize()
@@ -933,7 +934,7 @@ def test_offload_keeps_the_top_level_group_resident(base, monkeypatch):
     for resident in (True, False):
         transformer = fresh_transformer(base)
         handle = apply_offload(SimpleNamespace(transformer=transformer, text_encoder=None),
-                               OffloadConfig(onload_device="cpu", use_stream=False, resident_top_level=resident))
+                               OffloadConfig(use_stream=False, resident_top_level=resident), onload_device="cpu")
         offloaded.clear()
         outputs = forward_all(transformer, base.calls)
         outside = sum(p.numel() for p in transformer.parameters()) - sum(

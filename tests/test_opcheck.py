@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gates.base import ClipSide, PairContext, PairRef, get_gate
+from gates.base import ClipSide, GateInputError, PairContext, PairRef, get_gate
+from h3eval.gaterun import run_info
 from gates.opcheck import Budget, check_op, error_stats, sweep_op
 from h3.ops import (NotApplicable, Op, OpOutput, attention_reference, get_op, ops_for_recipe, reference_op,
                     register_op, route_reference, spec, unregister_op)
@@ -366,7 +367,7 @@ def run(tiny_runtime, tmp_path_factory):
         art.mkdir(parents=True, exist_ok=True)
         ctx = PairContext(run_dir=root, pair=PairRef(baseline="fast", candidate=candidate, prompt_id="squat", seed=0),
                           baseline=side, candidate=ClipSide(candidate, clip, side.record), artifact_dir=art,
-                          options={"steps": "all", "layers": "all", **options})
+                          options={"steps": "all", "layers": "all", **options}, run=run_info(store.read_manifest()))
         return gate.evaluate(ctx)
 
     return root, evaluate, gate
@@ -564,9 +565,11 @@ def test_gate_reuses_the_capture_and_names_a_missing_recipe(run):
     evaluate(sweep="false")
     index = root / "gates" / "opcheck" / "captures" / "fast" / "squat-s0" / "index.json"
     stamp = index.stat().st_mtime_ns
-    again = evaluate(sweep="false", unrelated_option="1")
+    again = evaluate(sweep="false")
     assert index.stat().st_mtime_ns == stamp and again.status == "ok"
-    assert again.info["ignored_options"] == ["unrelated_option"]
+    # Every gate refuses an option it does not declare (the runner hands each gate only its own).
+    with pytest.raises(GateInputError, match=r"unknown opcheck option\(s\) \['unrelated_option'\]"):
+        evaluate(sweep="false", unrelated_option="1")
     assert not list(index.parent.parent.glob(".*partial"))  # no staging left behind
     missing = evaluate("no-such-recipe")
     assert missing.status == "error" and "run.json" in missing.error and "'no-such-recipe'" in missing.error

@@ -275,13 +275,27 @@ def test_direction_contradiction_is_inconclusive(tmp_path, policy_file):
 
 
 def test_metric_absent_from_results_is_inconclusive(tmp_path, policy_file):
+    # A metric the gate declares (a typo is refused earlier, by the gate's declaration) but no result carries.
+    store = make_run(tmp_path / "run")
+    write_clean_results(store, "fast")
+    text = TEST_POLICY.replace("[gates.fidelity.metrics.lpips_mean]", "[gates.fidelity.metrics.lpips_p95]")
+    v = compute_verdict(store.root, load_policy(write_text(tmp_path / "p.toml", text)), today=TODAY)
+    _, m = _metric(v, "fast", "fidelity", "lpips_p95")
+    assert m.outcome == "INCONCLUSIVE"
+    assert any("has metric 'lpips_p95' (metrics present: lpips_mean)" in r for r in m.reasons)
+
+
+def test_policy_metric_the_registered_gate_does_not_declare_is_refused(tmp_path):
     store = make_run(tmp_path / "run")
     write_clean_results(store, "fast")
     text = TEST_POLICY.replace("[gates.fidelity.metrics.lpips_mean]", "[gates.fidelity.metrics.lpips_typo]")
-    v = compute_verdict(store.root, load_policy(write_text(tmp_path / "p.toml", text)), today=TODAY)
-    _, m = _metric(v, "fast", "fidelity", "lpips_typo")
-    assert m.outcome == "INCONCLUSIVE"
-    assert any("has metric 'lpips_typo' (metrics present: lpips_mean)" in r for r in m.reasons)
+    with pytest.raises(PolicyError, match="gate 'fidelity' has no metric 'lpips_typo' .*lpips_mean"):
+        compute_verdict(store.root, load_policy(write_text(tmp_path / "p.toml", text)), today=TODAY)
+    flipped = TEST_POLICY.replace('direction = "higher_is_better"\nmargin = 0.01',
+                                  'direction = "lower_is_better"\nmargin = 0.01')
+    with pytest.raises(PolicyError, match="overall_consistency: policy says lower_is_better but the gate declares "
+                                          "higher_is_better"):
+        compute_verdict(store.root, load_policy(write_text(tmp_path / "q.toml", flipped)), today=TODAY)
 
 
 def test_registered_gate_validates_policy_metrics(tmp_path, monkeypatch, policy_file):
@@ -508,10 +522,10 @@ def test_holm_turns_four_marginal_passes_into_inconclusive(tmp_path):
     t_needed = sps.t.isf(0.01, 15)
     deltas = z * 0.01 / t_needed * 4  # mean 0, sd so that (0 + 0.01) / (sd / 4) = t_{0.99, 15}
     names = ["m1", "m2", "m3", "m4"]
-    for (pid, s), d in zip(pairs_of(store), deltas):
-        write_result(store, "vbench", "fast", pid, s, {n: (float(d), True) for n in names})
+    for (pid, s), d in zip(pairs_of(store), deltas):  # a gate of the run's own, not registered: no declarations
+        write_result(store, "custom", "fast", pid, s, {n: (float(d), True) for n in names})
     body = "".join(f"""
-[gates.vbench.metrics.{n}]
+[gates.custom.metrics.{n}]
 compare = "delta"
 direction = "higher_is_better"
 margin = 0.01
@@ -519,7 +533,7 @@ margin = 0.01
     head = 'version = 1\nname = "holm"\nmin_pairs = 8\nn_resamples = 2000\n'
     v = compute_verdict(store.root, load_policy(write_text(tmp_path / "h.toml", head + body)), today=TODAY)
     for n in names:
-        _, m = _metric(v, "fast", "vbench", n)
+        _, m = _metric(v, "fast", "custom", n)
         assert m.p_value == pytest.approx(0.01, rel=1e-9) and m.p_holm == pytest.approx(0.04, rel=1e-9)
         assert m.ci_low > -0.01  # the CI alone would pass it
         assert m.outcome == "INCONCLUSIVE" and "Holm-adjusted p 0.04 exceeds 0.025" in m.reasons[0]

@@ -64,15 +64,68 @@ def test_validation_errors_are_422_naming_the_field(tiny_runtime, tmp_path):
         "seconds": {"prompt": "x", "seconds": 20},
         "turbo": {"prompt": "x", "turbo": True},
         "h3_levers_sha256": {"prompt": "x", "h3_levers_sha256": "0" * 64},
+        "model": {"prompt": "x", "model": "sora-2"},
+        "guidance_scale": {"prompt": "x", "guidance_scale": 5.0},
+        "negative_prompt": {"prompt": "x", "negative_prompt": "blurry"},
+        "input_reference": {"prompt": "x", "input_reference": "https://example.com/first.png"},
+        "num_frames": {"prompt": "x", "seconds": 5, "num_frames": 124},
     }
     with serving(create_app(tiny_runtime, tmp_path / "srv")) as url, httpx.Client() as client:
         for field, body in cases.items():
-            response = client.post(f"{url}/v1/videos", json=body)
-            assert response.status_code == 422, (field, response.text)
-            locs = [d["loc"] for d in response.json()["detail"]]
-            assert any(field in loc for loc in locs), (field, locs)
+            for encoding in ("json", "multipart"):
+                if encoding == "json":
+                    response = client.post(f"{url}/v1/videos", json=body)
+                else:  # what the openai SDK sends: every value as a form field
+                    response = client.post(f"{url}/v1/videos", files={k: (None, v if isinstance(v, str) else
+                                                                               json.dumps(v)) for k, v in body.items()})
+                assert response.status_code == 422, (field, encoding, response.text)
+                locs = [d["loc"] for d in response.json()["detail"]]
+                assert any(field in loc for loc in locs), (field, encoding, locs)
+                assert field in response.json()["error"]["message"]
         assert client.get(f"{url}/v1/videos").json()["data"] == []  # nothing was queued
     assert list((tmp_path / "srv" / "jobs").iterdir()) == []
+
+
+def test_json_multipart_and_sglang_extra_body_resolve_alike(tiny_runtime, tmp_path):
+    body = {"prompt": "a cat", "seed": 11, "size": "100x60", "seconds": 6, "fps": 24, "num_inference_steps": 2,
+            "guidance_scale": 1, "negative_prompt": "", "model": "fast"}
+    shape = ("seed", "size", "seconds", "num_frames", "fps", "num_inference_steps", "model", "prompt")
+    # a per-job timeout of 1 ms: accepted jobs end at their first module call, nothing is generated
+    with serving(create_app(tiny_runtime, tmp_path / "srv", job_timeout_s=0.001)) as url, httpx.Client() as client:
+        as_json = client.post(f"{url}/v1/videos", json=body).json()
+        as_form = client.post(f"{url}/v1/videos", files={k: (None, str(v)) for k, v in body.items()}).json()
+        wrapped = client.post(f"{url}/v1/videos", json={"prompt": "a cat", "extra_body": {
+            k: v for k, v in body.items() if k != "prompt"}}).json()
+        form_wrapped = client.post(f"{url}/v1/videos", data={"prompt": "a cat", "extra_body": json.dumps(
+            {k: v for k, v in body.items() if k != "prompt"})}).json()
+        # 100x60 snaps to the nearest multiples of 32 (96x64); 6 s = 144 frames snaps up to 17*9+5 = 158.
+        expected = {"seed": 11, "size": "96x64", "seconds": "6.583", "num_frames": 158, "fps": 24,
+                    "num_inference_steps": 2, "model": "h3-tiny", "prompt": "a cat"}
+        for job in (as_json, as_form, wrapped, form_wrapped):
+            assert {k: job[k] for k in shape} == expected, job
+        clash = client.post(f"{url}/v1/videos", json={"prompt": "a cat", "seed": 1, "extra_body": {"seed": 2}})
+        assert clash.status_code == 422 and clash.json()["error"]["param"] == "seed"
+
+
+def test_delete_a_queued_job_before_it_runs_but_not_the_running_one(tiny_runtime, tmp_path):
+    root = tmp_path / "srv"
+    with serving(create_app(tiny_runtime, root, job_timeout_s=3.0)) as url, httpx.Client() as client:
+        # the largest job this CPU server takes: it is still running when the deletes below come in
+        running = client.post(f"{url}/v1/videos", json={"prompt": PROMPT, "seconds": 15, "size": "256x256"}).json()
+        waiting = client.post(f"{url}/v1/videos", json={"prompt": "a cat", "seed": 1}).json()
+        wait_status(client, url, running["id"], ("in_progress",))
+        busy = client.delete(f"{url}/v1/videos/{running['id']}")
+        assert busy.status_code == 409 and "being generated" in busy.json()["error"]["message"]
+        gone = client.delete(f"{url}/v1/videos/{waiting['id']}")
+        assert gone.status_code == 200 and gone.json() == {"id": waiting["id"], "object": "video.deleted",
+                                                           "deleted": True}
+        assert client.get(f"{url}/v1/videos/{waiting['id']}").status_code == 404
+        assert wait_status(client, url, running["id"])["status"] in ("completed", "failed")  # failed: its timeout
+        health = client.get(f"{url}/health").json()
+        assert (health["queued"], health["in_progress"]) == (0, 0)  # the deleted job was never taken
+        assert client.delete(f"{url}/v1/videos/{running['id']}").status_code == 200
+        assert client.get(f"{url}/v1/videos").json()["data"] == []
+    assert list((root / "jobs").iterdir()) == [] and list((root / "videos").iterdir()) == []
 
 
 def test_api_key_is_required_when_set(tiny_runtime, tmp_path):

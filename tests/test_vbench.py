@@ -19,10 +19,11 @@ from typer.testing import CliRunner
 
 from gates.base import PairRef, get_gate, known_gates
 from gates.vbench import ClipInput, clip_scores, evaluate_run, pair_result
-from h3eval.vbench import dimensions as dimmod
-from h3eval.vbench.dimensions import DIMENSIONS, UnknownDimensionError, resolve_dimensions
-from h3eval.vbench.env import LOCK_FILES, MARKER_NAME, VBenchEnvError, check_env, read_lock
-from h3eval.vbench.pins import (
+from h3eval.gaterun import run_context
+from gates.vbench import dimensions as dimmod
+from gates.vbench.dimensions import DIMENSIONS, UnknownDimensionError, resolve_dimensions
+from gates.vbench.env import LOCK_FILES, MARKER_NAME, VBenchEnvError, check_env, read_lock
+from gates.vbench.pins import (
     SOURCE_PINS_PATH,
     MissingCheckpointError,
     VBenchPinError,
@@ -219,7 +220,7 @@ def test_normalization_matches_the_leaderboard_formula():
 
 
 def test_runner_checkpoint_table_agrees_with_the_dimension_table():
-    spec = importlib.util.spec_from_file_location("vbench_runner", REPO / "gates" / "vbench_runner.py")
+    spec = importlib.util.spec_from_file_location("vbench_runner", REPO / "gates" / "vbench" / "runner.py")
     runner = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(runner)
     for name, dim in DIMENSIONS.items():
@@ -283,7 +284,7 @@ def _tiny_run(root: Path):
 def test_scoring_refuses_to_start_without_a_valid_environment_and_writes_nothing(tmp_path):
     store = _tiny_run(tmp_path / "run")
     with pytest.raises(VBenchPinError, match=r"scoring will not start:\n  - no VBench environment at"):
-        evaluate_run(store.root, ["temporal_flickering"], env=tmp_path / "no-env")
+        evaluate_run(run_context(store.root, "vbench"), ["temporal_flickering"], env=tmp_path / "no-env")
     assert not (store.root / "gates" / "vbench").exists()
 
 
@@ -314,7 +315,7 @@ def test_verify_cli_exits_nonzero_and_names_each_problem(tmp_path):
 def test_the_runner_blocks_every_download_path_vbench_uses(attempt):
     """VBench fetches missing models with urlretrieve, torch.hub and `wget`; inside the runner all of them fail
     with one clear error (run here in a child of the product's python: the guard is plain standard library)."""
-    code = (f"import importlib.util, sys; spec = importlib.util.spec_from_file_location('r', {str(REPO / 'gates' / 'vbench_runner.py')!r}); "
+    code = (f"import importlib.util, sys; spec = importlib.util.spec_from_file_location('r', {str(REPO / 'gates' / 'vbench' / 'runner.py')!r}); "
             "r = importlib.util.module_from_spec(spec); spec.loader.exec_module(r); r.block_network(); " + attempt)
     import subprocess
 

@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 
 from gates.vbench import RUNNER, evaluate_run
+from h3eval.gaterun import run_context
 from h3.atomic import atomic_write_json, sha256_file
 from h3.media import decode_video
-from h3eval.vbench.env import check_env, setup_env
-from h3eval.vbench.pins import SOURCE_PINS_PATH, VBenchPinError, verify
+from gates.vbench.env import check_env, setup_env
+from gates.vbench.pins import SOURCE_PINS_PATH, VBenchPinError, verify
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +94,7 @@ def test_environment_is_isolated_and_pins_match_the_wheel_record(env):
 
 def test_tiny_run_is_scored_end_to_end_and_matches_the_definition(env, tmp_path):
     store = _tiny_run(tmp_path / "run")
-    summary = evaluate_run(store.root, [DIM], env=env)
+    summary = evaluate_run(run_context(store.root, "vbench"), [DIM], env=env)
 
     assert summary["partial"] is False and summary["complete"] is True
     assert summary["mode"] == "custom_input" and summary["long_video_handling"] == "whole_clip"
@@ -126,7 +127,7 @@ def test_tiny_run_is_scored_end_to_end_and_matches_the_definition(env, tmp_path)
             assert pair["metrics"][f"{DIM}_delta"]["value"] == pytest.approx(-FLICKER / 255, abs=0.01)
 
     # Resumable: a second call reuses every clip's scores.
-    again = evaluate_run(store.root, [DIM], env=env)
+    again = evaluate_run(run_context(store.root, "vbench"), [DIM], env=env)
     assert again["reused_clips"] == 8 and again["rescored_clips"] == 0
 
 
@@ -142,7 +143,7 @@ def test_undecodable_and_missing_clips_make_the_result_partial_never_zero(env, t
     # A missing clip: its record is gone.
     store.record_path("baseline", "p1", 1).unlink()
 
-    summary = evaluate_run(store.root, [DIM], env=env)
+    summary = evaluate_run(run_context(store.root, "vbench"), [DIM], env=env)
     assert summary["partial"] is True and summary["complete"] is False
     assert summary["denominators"][DIM] == {"clips": {"eligible": 8, "scored": 6, "missing": 1, "error": 1},
                                            "pairs": {"eligible": 4, "scored": 2, "missing": 1, "error": 1}}
@@ -165,7 +166,7 @@ def test_one_changed_byte_in_a_pinned_file_stops_scoring(env, tmp_path):
     try:
         target.write_bytes(bytes(tampered))
         with pytest.raises(VBenchPinError, match=f"pinned VBench file changed: {target}"):
-            evaluate_run(store.root, [DIM], env=env)
+            evaluate_run(run_context(store.root, "vbench"), [DIM], env=env)
         assert not (store.root / "gates" / "vbench").exists()
     finally:
         target.write_bytes(original)

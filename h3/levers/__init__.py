@@ -1,6 +1,8 @@
-"""The levers: each one file, an ``XConfig`` + ``apply_x(target, config) -> handle`` with ``remove()`` and
-``telemetry()``. :func:`apply_recipe_levers` applies the ones a recipe switches on, in an order where each composes
-with the ones before it:
+"""The levers: one file each, holding the lever's config (its recipe section, see :class:`LeverConfig`) and its
+``apply_x(target, config) -> handle`` with ``remove()`` and ``telemetry()`` (diffusers' ``XConfig`` + ``apply_x``).
+
+:data:`REGISTRY` lists the levers in the order :func:`apply_recipe_levers` applies them, each composing with the
+ones before it:
 
 1. ``lora`` (step distillation) — changes the weights the next two read;
 2. ``adaln`` (modulation precompute) — its tables include the LoRA's effect on ``adaln_proj``;
@@ -8,65 +10,87 @@ with the ones before it:
 4. ``attention`` (backend), 5. ``bucketing``, 6. ``sparse_attention`` — the last two install attention processors that
    keep the backend of step 4 for their dense calls;
 7. ``cache`` (step caches), 8. ``offload`` (group offloading), 9. ``compile`` (regional torch.compile, last so that it
-   traces the final modules), 10. ``vae`` (tiles per resolution, residency).
+   traces the final modules), 10. ``vae`` (the stock tiling, tiles per resolution, residency).
 
-Every lever is named in ``executed.levers`` of each clip record: ``{"applied": false}`` when the recipe has it off.
+The recipe (:mod:`h3.recipe`) is composed from the same list: one section per lever, named by the config's
+``name``. Every lever is named in ``executed.levers`` of each clip record: ``{"applied": false}`` when the recipe
+has it off. Adding a lever is one new file here plus one line in :data:`REGISTRY`
+(``tests/test_lever_registry.py`` shows it with a toy lever).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
-import os
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from h3.levers.base import LeverError, LeverHandle
+from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle
+
+if TYPE_CHECKING:
+    from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
-LEVERS = ("lora", "adaln", "quant", "attention", "bucketing", "sparse_attention", "cache", "offload", "compile", "vae")
 
-__all__ = ["LEVERS", "LeverError", "LeverHandle", "apply_recipe_levers", "keeps_on_cpu", "lever_telemetry"]
+def _config(module: str, name: str) -> type[LeverConfig]:
+    """The config class ``name`` of the lever file ``h3/levers/<module>.py``."""
+    config = getattr(importlib.import_module(f"h3.levers.{module}"), name)
+    if not (isinstance(config, type) and issubclass(config, LeverConfig)):
+        raise TypeError(f"h3.levers.{module}.{name} is not a LeverConfig")
+    return config
+
+
+REGISTRY: tuple[type[LeverConfig], ...] = (
+    _config("lora", "LoraConfig"),
+    _config("adaln", "AdalnConfig"),
+    _config("quantization", "QuantizationConfig"),
+    _config("attention_backend", "AttentionBackendConfig"),
+    _config("bucketing", "BucketingConfig"),
+    _config("sparse_attention", "SparseAttentionConfig"),
+    _config("step_cache", "StepCacheConfig"),
+    _config("offload", "OffloadConfig"),
+    _config("compile", "CompileConfig"),
+    _config("vae", "VaeConfig"),
+)
+"""Every lever, in the order it is applied, one line each (the lever's file and its config class); each config's
+``name`` is its recipe section."""
+
+LEVERS: tuple[str, ...] = tuple(config.name for config in REGISTRY)
+
+__all__ = ["LEVERS", "REGISTRY", "ApplyContext", "LeverConfig", "LeverError", "LeverHandle", "apply_recipe_levers",
+           "keeps_on_cpu", "lever_configs", "lever_telemetry", "preflight"]
+
+
+def _check_registry() -> None:
+    names = [config.name for config in REGISTRY]
+    if len(set(names)) != len(names):
+        raise RuntimeError(f"two levers share a name in h3.levers.REGISTRY: {names}")
+
+
+_check_registry()
+
+
+def lever_configs(recipe) -> list[LeverConfig]:
+    """The recipe's lever sections, in the order they apply (the recipe's field order: :data:`REGISTRY`'s)."""
+    return [value for value in (getattr(recipe, field) for field in type(recipe).model_fields)
+            if isinstance(value, LeverConfig)]
 
 
 def keeps_on_cpu(recipe, component: str) -> bool:
-    """Whether the runtime must leave ``component`` on the CPU at load (the offload lever moves it per group)."""
-    if not recipe.offload.enabled:
-        return False
-    return component == "transformer" or (component == "text_encoder" and recipe.offload.text_encoder)
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("H3_CACHE_DIR", Path.home() / ".cache" / "h3"))
+    """Whether the runtime must leave ``component`` on the CPU at load (a lever moves it itself: offload)."""
+    return any(config.keeps_on_cpu(component) for config in lever_configs(recipe))
 
 
 def preflight(recipe, device) -> None:
     """Refuse, before any weight loads, a recipe whose levers cannot run on ``device`` (no silent fallback) or whose
-    LoRA file is missing."""
-    from h3.levers.attention_backend import CUDA_ONLY
-
-    on_cuda = str(device).startswith("cuda")
-    problems = []
-    if recipe.quant.mode == "fp8_w8a8" and not on_cuda:
-        problems.append("quant.mode = 'fp8_w8a8' needs a GPU with FP8 tensor cores (Hopper/Ada)")
-    if recipe.attention.backend in CUDA_ONLY and not on_cuda:
-        problems.append(f"attention.backend = {recipe.attention.backend!r} needs a CUDA GPU")
-    if recipe.offload.enabled and recipe.offload.use_stream and not on_cuda:
-        problems.append("offload.use_stream (prefetch on a side CUDA stream) needs a CUDA GPU")
+    input files (the LoRA) are missing."""
+    problems = [p for config in lever_configs(recipe) for p in config.device_problems(str(device))]
     if problems:
         raise LeverError(f"recipe {recipe.name!r} cannot run on {device}: " + "; ".join(problems)
                          + ". Refusing to fall back silently.")
-    if recipe.lora.enabled and recipe.lora.path == "@turbo4-tiny":
-        from h3.tiny_trained import TURBO4_LORA_FILE
-
-        if not TURBO4_LORA_FILE.is_file():
-            raise LeverError(f"recipe {recipe.name!r}: LoRA file {TURBO4_LORA_FILE} (lora.path = '@turbo4-tiny') does "
-                             "not exist; it ships with the trained tiny preset (python -m h3.train exports it)")
-    elif recipe.lora.enabled and recipe.lora.path != "@tiny":
-        from h3.levers.lora import resolve_lora_path
-
+    for config in lever_configs(recipe):
         try:
-            resolve_lora_path(recipe.lora.path, is_tiny=False)
+            config.check_inputs()
         except LeverError as exc:
             raise LeverError(f"recipe {recipe.name!r}: {exc}") from None
 
@@ -77,104 +101,28 @@ def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: boo
     the float weights that quantization and the AdaLN precompute would drop, so that removing the handles restores
     the model (benchmarks that measure several recipes on one model); the runtime drops them to save memory."""
     preflight(recipe, device)
-    handles: dict[str, LeverHandle] = {}
-    transformer = pipe.transformer
-    device = str(device)
+    ctx = ApplyContext(device=str(device), model_sha256=model_sha256, is_tiny=is_tiny, steps=recipe.steps,
+                       reversible=reversible)
     try:
-        weights_tag = ""
-        if recipe.lora.enabled:
-            from h3.levers.lora import LoraLeverConfig, apply_lora
-
-            handles["lora"] = apply_lora(
-                pipe, LoraLeverConfig(path=recipe.lora.path, scale=recipe.lora.scale, fuse=recipe.lora.fuse,
-                                      adapter_name=recipe.lora.adapter_name),
-                is_tiny=is_tiny,
-            )
-            from h3.atomic import sha256_file
-
-            weights_tag = f"lora={sha256_file(handles['lora'].path)};scale={recipe.lora.scale};fuse={recipe.lora.fuse}"
-        if recipe.adaln.precompute:
-            from h3.levers.adaln import AdalnPrecomputeConfig, apply_adaln_precompute
-
-            handles["adaln"] = apply_adaln_precompute(
-                pipe,
-                AdalnPrecomputeConfig(
-                    num_inference_steps=recipe.num_inference_steps, model_sha256=model_sha256,
-                    weights_tag=weights_tag, cache_dir=_cache_dir() / "adaln" if recipe.adaln.disk_cache else None,
-                    compute_device=device,
-                ),
-                keep_originals=reversible,
-            )
-        if recipe.quant.mode != "none":
-            from h3.levers.quantization import QuantizationConfig, apply_quantization
-
-            handles["quant"] = apply_quantization(
-                transformer, QuantizationConfig(mode=recipe.quant.mode, exclude=list(recipe.quant.exclude),
-                                                keep_originals=reversible, compute_device=device),
-            )
-        backend = recipe.attention.backend
-        if backend != "native":
-            from h3.levers.attention_backend import AttentionBackendConfig, apply_attention_backend
-
-            handles["attention"] = apply_attention_backend(transformer, AttentionBackendConfig(backend), device)
-        if recipe.bucketing.enabled:
-            from h3.levers.bucketing import BucketingConfig, apply_bucketing
-
-            handles["bucketing"] = apply_bucketing(transformer, BucketingConfig(multiple=recipe.bucketing.multiple))
-        if recipe.sparse_attention.enabled:
-            from h3.levers.sparse_attention import SparseAttentionConfig, apply_sparse_attention
-
-            sa = recipe.sparse_attention
-            handles["sparse_attention"] = apply_sparse_attention(
-                transformer, SparseAttentionConfig(block_size=sa.block_size, sparsity=sa.sparsity,
-                                                   dense_steps=sa.dense_steps, dense_layers=list(sa.dense_layers)),
-            )
-        if recipe.cache.kind != "none":
-            from h3.levers.step_cache import StepCacheConfig, apply_step_cache
-
-            c = recipe.cache
-            handles["cache"] = apply_step_cache(
-                transformer,
-                StepCacheConfig(kind=c.kind, threshold=c.threshold, num_inference_steps=recipe.steps,
-                                mag_ratios=c.mag_ratios, calibrate=c.calibrate, max_skip_steps=c.max_skip_steps,
-                                retention_ratio=c.retention_ratio, cache_interval=c.cache_interval,
-                                disable_cache_before_step=c.disable_cache_before_step, max_order=c.max_order),
-            )
-        if recipe.offload.enabled:
-            from h3.levers.offload import OffloadConfig, apply_offload
-
-            o = recipe.offload
-            handles["offload"] = apply_offload(
-                pipe, OffloadConfig(onload_device=device, num_blocks_per_group=o.num_blocks_per_group,
-                                    use_stream=o.use_stream, record_stream=o.record_stream, text_encoder=o.text_encoder,
-                                    resident_top_level=o.resident_top_level),
-            )
-        if recipe.compile.enabled:
-            from h3.levers.compile import CompileConfig, apply_compile
-
-            cc = recipe.compile
-            handles["compile"] = apply_compile(
-                transformer, CompileConfig(backend=cc.backend, mode=cc.mode, fullgraph=cc.fullgraph, dynamic=cc.dynamic)
-            )
-            # Call counters inside compiled blocks stay frozen (see QuantizedLinear.forward); say so, not "0 calls".
-            for name in ("quant", "lora"):
-                if name in handles:
-                    handles[name].compiled = True
-        if recipe.vae.tiles or not recipe.vae.resident:
-            from h3.levers.vae import VaeTilingConfig, apply_vae
-
-            handles["vae"] = apply_vae(pipe, VaeTilingConfig(tiles=dict(recipe.vae.tiles),
-                                                              resident=recipe.vae.resident, device=device))
+        for config in lever_configs(recipe):
+            config.prepare(pipe, ctx)
+            if config.is_on():
+                ctx.handles[config.name] = config.apply(pipe, ctx)
     except LeverError as exc:
-        for handle in reversed(handles.values()):
+        for handle in reversed(ctx.handles.values()):
             try:
                 handle.remove()
             except LeverError:
                 pass  # irreversible levers (fused LoRA, dropped weights): the runtime is discarded anyway
         raise LeverError(f"recipe {recipe.name!r}: {exc}") from exc
-    return handles
+    return ctx.handles
 
 
-def lever_telemetry(handles: dict[str, LeverHandle]) -> dict[str, Any]:
-    """Every lever by name: the handle's telemetry, or ``{"applied": False}`` for a lever the recipe left off."""
-    return {name: (handles[name].telemetry() if name in handles else {"applied": False}) for name in LEVERS}
+def lever_telemetry(handles: dict[str, LeverHandle], recipe=None, executed: "Executed | None" = None
+                    ) -> dict[str, Any]:
+    """Every lever by name: what its config reports for this request (the handle's telemetry, or ``{"applied":
+    False}`` for a lever the recipe left off). Without ``recipe`` and ``executed`` (benchmarks that apply levers to
+    a bare transformer), the handles' own telemetry."""
+    if recipe is None or executed is None:
+        return {name: (handles[name].telemetry() if name in handles else {"applied": False}) for name in LEVERS}
+    return {config.name: config.telemetry(handles.get(config.name), executed) for config in lever_configs(recipe)}

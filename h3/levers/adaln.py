@@ -4,7 +4,8 @@ MiniMax-H3's 33.1 B parameters, seed 002) leave the device.
 
 The tables are computed by the model's own modules on the runtime's device, from the same ``timestep`` tensors the
 pipeline passes at each step, so the modulation values are bit-identical to the baseline's (seed 002 measured "AdaLN
-fusion ... bitwise-identical outputs"). A table is selected per forward by the exact timestep values of the call; a
+fusion ... bitwise-identical outputs"), on one platform with MKL's reproducibility mode on (h3/determinism.py: without
+it MKL rounds by operand alignment, and the precomputed tables sit at other addresses). A table is selected per forward by the exact timestep values of the call; a
 timestep outside the precomputed schedule is an error, never a silent recomputation.
 
 Tables are cached on disk under ``$H3_CACHE_DIR/adaln/``, keyed by the checkpoint hash, the LoRA that shaped the
@@ -18,32 +19,37 @@ import io
 import json
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from h3.levers.base import LeverError, LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class AdalnPrecomputeConfig:
-    num_inference_steps: int
-    """diffusers' step count (grid points incl. the terminal zero), as the pipeline passes it."""
-    model_sha256: str
-    """Identity of the checkpoint, part of the disk-cache key."""
-    weights_tag: str = ""
-    """What else changed the weights (LoRA file hash, scale, fused), part of the disk-cache key."""
-    cache_dir: Path | None = None
-    """Disk cache folder; None disables the disk cache."""
-    extra_key: dict[str, Any] = field(default_factory=dict)
-    compute_device: str | None = None
-    """Where the tables are computed: the device the model runs on, so that they match its arithmetic bit for bit
-    (under offloading the weights still sit on the CPU at load time). None: the modules' own device."""
+class AdalnConfig(LeverConfig):
+    """AdaLN modulation precompute: per-block modulation tables for the recipe's schedule, ``adaln_proj`` dropped
+    (recipe section ``[adaln]``)."""
+
+    name = "adaln"
+
+    precompute: bool = False
+    disk_cache: bool = True
+    """Keep the tables under ``$H3_CACHE_DIR/adaln/`` keyed by checkpoint, LoRA and schedule."""
+
+    def is_on(self) -> bool:
+        return self.precompute
+
+    def apply(self, pipe, ctx: ApplyContext) -> "AdalnHandle":
+        lora = ctx.handles.get("lora")
+        return apply_adaln_precompute(
+            pipe, self, num_inference_steps=ctx.num_inference_steps, model_sha256=ctx.model_sha256,
+            weights_tag=lora.weights_tag if lora is not None else "", compute_device=ctx.device,
+            keep_originals=ctx.reversible,
+        )
 
 
 class PrecomputedAdaLNModulation(nn.Module):
@@ -135,31 +141,43 @@ class AdalnHandle(LeverHandle):
         unmark_applied(self.transformer, "adaln")
 
 
-def _cache_path(config: AdalnPrecomputeConfig, transformer, keys: list[tuple[float, ...]], device) -> Path | None:
-    if config.cache_dir is None:
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("H3_CACHE_DIR", Path.home() / ".cache" / "h3")) / "adaln"
+
+
+def _cache_path(cache_dir: Path | None, model_sha256: str, weights_tag: str, extra_key: dict[str, Any], transformer,
+                keys: list[tuple[float, ...]], device) -> Path | None:
+    if cache_dir is None:
         return None
     blob = json.dumps(
         {
-            "model": config.model_sha256,
-            "weights": config.weights_tag,
+            "model": model_sha256,
+            "weights": weights_tag,
             "dtype": str(next(transformer.transformer_blocks[0].adaln_proj.parameters()).dtype),
             "device": torch.device(device).type,
             "blocks": len(transformer.transformer_blocks),
             "keys": [list(k) for k in keys],
-            **config.extra_key,
+            **extra_key,
         },
         sort_keys=True,
     )
     digest = hashlib.sha256(blob.encode()).hexdigest()
-    return Path(config.cache_dir) / f"{config.model_sha256[:16]}-{digest[:24]}.pt"
+    return Path(cache_dir) / f"{model_sha256[:16]}-{digest[:24]}.pt"
 
 
 @torch.no_grad()
-def apply_adaln_precompute(pipe, config: AdalnPrecomputeConfig, *, keep_originals: bool = True) -> AdalnHandle:
+def apply_adaln_precompute(pipe, config: AdalnConfig, *, num_inference_steps: int, model_sha256: str,
+                           weights_tag: str = "", cache_dir: Path | None = None, compute_device: str | None = None,
+                           extra_key: dict[str, Any] | None = None, keep_originals: bool = True) -> AdalnHandle:
     """Replace every block's ``adaln_proj`` by its table for the recipe's schedule.
 
-    ``keep_originals`` keeps the dropped modules on the CPU so that ``remove()`` can restore them; the runtime passes
-    False so that the weights are freed entirely.
+    ``num_inference_steps``: diffusers' step count (grid points incl. the terminal zero), as the pipeline passes it.
+    ``model_sha256`` (the checkpoint) and ``weights_tag`` (what else changed the weights: LoRA file hash, scale,
+    fused) key the disk cache, which lives in ``cache_dir`` (default ``$H3_CACHE_DIR/adaln``; off when
+    ``config.disk_cache`` is false). ``compute_device``: where the tables are computed, the device the model runs on,
+    so that they match its arithmetic bit for bit (under offloading the weights still sit on the CPU at load time);
+    None: the modules' own device. ``keep_originals`` keeps the dropped modules on the CPU so that ``remove()`` can
+    restore them; the runtime passes False so that the weights are freed entirely.
     """
     transformer = pipe.transformer
     blocks = list(transformer.transformer_blocks)
@@ -169,15 +187,16 @@ def apply_adaln_precompute(pipe, config: AdalnPrecomputeConfig, *, keep_original
     if isinstance(first, PrecomputedAdaLNModulation):
         raise LeverError("lever 'adaln' is already applied to this transformer; remove it first")
     home = next(first.parameters()).device
-    device = torch.device(config.compute_device) if config.compute_device else home
-    steps = schedule_timesteps(pipe, config.num_inference_steps, device)
+    device = torch.device(compute_device) if compute_device else home
+    steps = schedule_timesteps(pipe, num_inference_steps, device)
     keys: dict[tuple[float, ...], int] = {}
     for t in steps:
         keys.setdefault(_key(t), len(keys))
     unique_steps = {_key(t): t for t in steps}
     mark_applied(transformer, "adaln")
     try:
-        path = _cache_path(config, transformer, list(keys), device)
+        directory = (cache_dir or default_cache_dir()) if config.disk_cache else None
+        path = _cache_path(directory, model_sha256, weights_tag, extra_key or {}, transformer, list(keys), device)
         tables = None
         disk = "off" if path is None else "miss"
         if path is not None and path.is_file():

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
-from h3.levers.base import LeverError, LeverHandle, mark_applied, require_cuda, unmark_applied
+from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, require_cuda,
+                           unmark_applied)
+
+if TYPE_CHECKING:
+    from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
@@ -21,9 +24,39 @@ CUDA_ONLY = {"sage": "sageattention", "flash": "flash_attn", "_flash_3": "flash_
              "_native_flash": None, "_native_efficient": None, "_native_cudnn": None}
 
 
-@dataclass
-class AttentionBackendConfig:
-    backend: str = "native"
+class AttentionBackendConfig(LeverConfig):
+    """Attention backend, through diffusers' attention dispatcher (recipe section ``[attention]``)."""
+
+    name = "attention"
+
+    backend: Literal["native", "_native_math", "_native_flash", "_native_efficient", "_native_cudnn", "flex",
+                     "sage", "flash", "_flash_3"] = "native"
+    """diffusers ``AttentionBackendName``; ``native`` is PyTorch SDPA."""
+
+    def is_on(self) -> bool:
+        return self.backend != "native"
+
+    def device_problems(self, device: str) -> list[str]:
+        if self.backend in CUDA_ONLY and not str(device).startswith("cuda"):
+            return [f"attention.backend = {self.backend!r} needs a CUDA GPU"]
+        return []
+
+    def apply(self, pipe, ctx: ApplyContext) -> "AttentionBackendHandle":
+        return apply_attention_backend(pipe.transformer, self, ctx.device)
+
+    def telemetry(self, handle: LeverHandle | None, executed: "Executed") -> dict[str, Any]:
+        """The handle's telemetry plus the backend asked for and what the dispatcher really ran during denoising
+        (seen by the runtime's stage-anatomy probe)."""
+        return {**super().telemetry(handle, executed), "backend": self.backend,
+                "dispatched": list(executed.attention_backends)}
+
+    def check_executed(self, telemetry: dict[str, Any] | None, executed: "Executed") -> list[str]:
+        """The dispatcher ran one backend during denoising, the one asked for (``native`` included: the lever is
+        off then, and what ran must still be SDPA)."""
+        if executed.attention_backends != [self.backend]:
+            return [f"attention.backend: recipe asks for {self.backend!r}, the dispatcher ran "
+                    f"{executed.attention_backends}"]
+        return []
 
 
 class AttentionBackendHandle(LeverHandle):

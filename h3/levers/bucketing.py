@@ -22,17 +22,28 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from pydantic import Field
 
-from h3.levers.base import LeverError, LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
 
 logger = logging.getLogger(__name__)
 
-@dataclass
-class BucketingConfig:
-    multiple: int = 64
-    pad_position: int = 0
-    """Value of the padding rows' (t, h, w) positions and modality tag; tests vary it to show padding has no effect."""
-    pad_tag: int = 0
+
+class BucketingConfig(LeverConfig):
+    """Shape bucketing: pad the packed sequence to a multiple of ``multiple`` rows; attention runs on the real rows
+    only (recipe section ``[bucketing]``)."""
+
+    name = "bucketing"
+
+    enabled: bool = False
+    multiple: int = Field(default=64, ge=1)
+    """Bucket granularity in rows (seed 001: SGLang's 64-token-aligned length)."""
+
+    def is_on(self) -> bool:
+        return self.enabled
+
+    def apply(self, pipe, ctx: ApplyContext) -> "BucketingHandle":
+        return apply_bucketing(pipe.transformer, self)
 
 
 @dataclass
@@ -114,9 +125,11 @@ def _pad(tensor: torch.Tensor, rows: int, value: int) -> torch.Tensor:
 class BucketingHandle(LeverHandle):
     name = "bucketing"
 
-    def __init__(self, transformer, config: BucketingConfig, previous_processors):
+    def __init__(self, transformer, config: BucketingConfig, previous_processors, pad_position: int = 0,
+                 pad_tag: int = 0):
         super().__init__()
         self.transformer, self.config = transformer, config
+        self.pad_position, self.pad_tag = pad_position, pad_tag
         self.padding = PaddingState()
         transformer._h3_padding = self.padding
         self.previous = previous_processors
@@ -137,8 +150,8 @@ class BucketingHandle(LeverHandle):
         extra = padded - seq_len
         if extra:
             kwargs = dict(kwargs)
-            kwargs["position_ids"] = _pad(kwargs["position_ids"], extra, self.config.pad_position)
-            kwargs["token_tags"] = _pad(kwargs["token_tags"], extra, self.config.pad_tag)
+            kwargs["position_ids"] = _pad(kwargs["position_ids"], extra, self.pad_position)
+            kwargs["token_tags"] = _pad(kwargs["token_tags"], extra, self.pad_tag)
             kwargs["timestep_indices"] = _pad(kwargs["timestep_indices"], extra, 0)
         self.padding.valid_len, self.padding.padded_len = seq_len, padded
         self.calls += 1
@@ -173,9 +186,12 @@ class BucketingHandle(LeverHandle):
         unmark_applied(self.transformer, "bucketing")
 
 
-def apply_bucketing(transformer, config: BucketingConfig) -> BucketingHandle:
+def apply_bucketing(transformer, config: BucketingConfig, *, pad_position: int = 0,
+                    pad_tag: int = 0) -> BucketingHandle:
+    """``pad_position`` / ``pad_tag``: the padding rows' (t, h, w) positions and modality tag; tests vary them to show
+    that the padding has no effect."""
     if config.multiple < 1:
         raise LeverError(f"bucketing.multiple must be >= 1, got {config.multiple}")
     mark_applied(transformer, "bucketing")
     previous = [block.attn.processor for block in transformer.transformer_blocks]
-    return BucketingHandle(transformer, config, previous)
+    return BucketingHandle(transformer, config, previous, pad_position, pad_tag)

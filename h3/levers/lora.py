@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from h3.levers.base import LeverError, LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
 
 logger = logging.getLogger(__name__)
 
@@ -31,12 +30,39 @@ TINY_LORA_ALPHA = 2.0
 metadata (scale 1.0) is caught by the tests."""
 
 
-@dataclass
-class LoraLeverConfig:
-    path: str
+class LoraConfig(LeverConfig):
+    """Step distillation: a few-step LoRA loaded through diffusers' MiniMax-H3 LoRA loader (recipe section
+    ``[lora]``)."""
+
+    name = "lora"
+
+    enabled: bool = False
+    path: str | None = None
+    """LoRA file (.safetensors, diffusers/PEFT or original MiniMax-H3 names); ``$VARS`` are expanded. ``@tiny`` is
+    the seeded demo LoRA of the tiny preset (refused on a real checkpoint)."""
     scale: float | None = None
+    """Adapter weight on top of the file's own ``alpha / rank``; None keeps the file's (alpha or metadata) scale."""
     fuse: bool = False
+    """Fuse the adapter into the base weights at load time (no per-step LoRA matmuls) instead of running it unfused."""
     adapter_name: str = "distill"
+
+    def is_on(self) -> bool:
+        return self.enabled
+
+    def check_inputs(self) -> None:
+        if not self.enabled or self.path == TINY_LORA:
+            return
+        if self.path == TURBO4_TINY_LORA:  # the model is checked at load; here only that the file shipped
+            from h3.tiny_trained import TURBO4_LORA_FILE
+
+            if not TURBO4_LORA_FILE.is_file():
+                raise LeverError(f"LoRA file {TURBO4_LORA_FILE} (lora.path = '@turbo4-tiny') does not exist; it ships "
+                                 "with the trained tiny preset (python -m h3.train exports it)")
+            return
+        resolve_lora_path(self.path, is_tiny=False)
+
+    def apply(self, pipe, ctx: ApplyContext) -> "LoraHandle":
+        return apply_lora(pipe, self, is_tiny=ctx.is_tiny)
 
 
 def resolve_lora_path(path: str | None, *, is_tiny: bool, transformer: torch.nn.Module | None = None) -> Path:
@@ -131,13 +157,12 @@ def _lora_layers(transformer: torch.nn.Module, adapter: str) -> dict[str, Any]:
 class LoraHandle(LeverHandle):
     name = "lora"
 
-    def __init__(self, pipe, config: LoraLeverConfig, path: Path, file_modules: list[str], matched: list[str],
+    def __init__(self, pipe, config: LoraConfig, path: Path, file_modules: list[str], matched: list[str],
                  scalings: list[float]):
         super().__init__()
         self.pipe, self.config, self.path = pipe, config, path
         self.file_modules, self.matched, self.scalings = file_modules, matched, scalings
         self.calls = 0
-        self.compiled = False
         self._hooks = []
         if not config.fuse:
             for layer in _lora_layers(pipe.transformer, config.adapter_name).values():
@@ -146,6 +171,13 @@ class LoraHandle(LeverHandle):
     def _count(self, *_):
         if not torch.compiler.is_compiling():  # see QuantizedLinear.forward
             self.calls += 1
+
+    @property
+    def weights_tag(self) -> str:
+        """What this LoRA did to the weights (file hash, scale, fused), for caches keyed by the weights (AdaLN)."""
+        from h3.atomic import sha256_file
+
+        return f"lora={sha256_file(self.path)};scale={self.config.scale};fuse={self.config.fuse}"
 
     def begin_request(self) -> None:
         self.calls = 0
@@ -172,7 +204,7 @@ class LoraHandle(LeverHandle):
         unmark_applied(self.pipe.transformer, "lora")
 
 
-def apply_lora(pipe, config: LoraLeverConfig, *, is_tiny: bool = False) -> LoraHandle:
+def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False) -> LoraHandle:
     """Load ``config.path`` into ``pipe.transformer``; fuse it when asked. Refuses a LoRA that matches no module."""
     from diffusers.loaders.lora_pipeline import MiniMaxH3LoraLoaderMixin
 

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from h3.levers.base import LeverError, LeverHandle, mark_applied, unmark_applied
+from pydantic import Field
+
+from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
 
 logger = logging.getLogger(__name__)
 
@@ -31,17 +32,30 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT8_MAX = 127.0
 
 
-@dataclass
-class QuantizationConfig:
-    mode: str
-    exclude: list[str] = field(default_factory=list)
-    keep_originals: bool = True
-    """Keep the float modules (on the CPU) so that ``remove()`` can restore them; the runtime drops them."""
-    compute_device: str | None = None
-    """Where the quantized linears will compute (the runtime's device; parameters may sit on the CPU under
-    offloading). None: the module's own device."""
-    allow_cpu_fp8: bool = False
-    """Tests only: let FP8 run through the CPU's emulated ``_scaled_mm`` to check its numerics."""
+class QuantizationConfig(LeverConfig):
+    """Linear quantization of the transformer (per-channel weight scales, per-token activation scales); recipe
+    section ``[quant]``."""
+
+    name = "quant"
+
+    mode: Literal["none", "int8_weight_only", "int8_w8a8", "fp8_w8a8"] = "none"
+    exclude: list[str] = Field(
+        default_factory=lambda: [r"(^|\.)proj_in$", r"(^|\.)audio_proj_in$", r"(^|\.)proj_out$",
+                                 r"(^|\.)audio_proj_out$", r"time_embedder", r"norm"]
+    )
+    """Regular expressions (``re.search``) over module names that stay in floating point: by default the float32
+    input/output projections and time embedder, and the norms (``norm_out``'s modulation)."""
+
+    def is_on(self) -> bool:
+        return self.mode != "none"
+
+    def device_problems(self, device: str) -> list[str]:
+        if self.mode == "fp8_w8a8" and not str(device).startswith("cuda"):
+            return ["quant.mode = 'fp8_w8a8' needs a GPU with FP8 tensor cores (Hopper/Ada)"]
+        return []
+
+    def apply(self, pipe, ctx: ApplyContext) -> "QuantizationHandle":
+        return apply_quantization(pipe.transformer, self, keep_originals=ctx.reversible, compute_device=ctx.device)
 
 
 def quantize_per_channel(weight: torch.Tensor, qmax: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,8 +157,6 @@ class QuantizationHandle(LeverHandle):
         super().__init__()
         self.root, self.mode = root, mode
         self.replaced, self.excluded, self.skipped_shape, self.originals = replaced, excluded, skipped_shape, originals
-        self.compiled = False
-        """Set by the runtime when the compile lever traces these modules: their calls are then not counted."""
 
     def begin_request(self) -> None:
         for module in self.replaced.values():
@@ -177,14 +189,21 @@ def _set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
 
 
 @torch.no_grad()
-def apply_quantization(module: nn.Module, config: QuantizationConfig) -> QuantizationHandle:
-    """Replace every ``nn.Linear`` of ``module`` not matched by ``config.exclude`` with a QuantizedLinear."""
+def apply_quantization(module: nn.Module, config: QuantizationConfig, *, keep_originals: bool = True,
+                       compute_device: str | None = None, allow_cpu_fp8: bool = False) -> QuantizationHandle:
+    """Replace every ``nn.Linear`` of ``module`` not matched by ``config.exclude`` with a QuantizedLinear.
+
+    ``keep_originals`` keeps the float modules (on the CPU) so that ``remove()`` can restore them; the runtime drops
+    them. ``compute_device``: where the quantized linears will compute (the runtime's device; parameters may sit on
+    the CPU under offloading); None: the module's own device. ``allow_cpu_fp8`` (tests only) lets FP8 run through
+    the CPU's emulated ``_scaled_mm`` to check its numerics.
+    """
     if config.mode not in MODES:
         raise LeverError(f"unknown quantization mode {config.mode!r}; one of {', '.join(MODES)}")
     device = next(module.parameters()).device
-    compute = torch.device(config.compute_device) if config.compute_device else device
+    compute = torch.device(compute_device) if compute_device else device
     if config.mode == "fp8_w8a8":
-        if compute.type == "cpu" and not config.allow_cpu_fp8:
+        if compute.type == "cpu" and not allow_cpu_fp8:
             raise LeverError(
                 "quant.mode = 'fp8_w8a8' needs a GPU with FP8 tensor cores (Hopper/Ada); this runtime is on the CPU. "
                 "Refusing to fall back silently."
@@ -205,7 +224,7 @@ def apply_quantization(module: nn.Module, config: QuantizationConfig) -> Quantiz
             skipped.append(name)
             continue
         quantized = QuantizedLinear(child, config.mode).to(device)
-        if config.keep_originals:
+        if keep_originals:
             originals[name] = child.to("cpu")
         replaced[name] = quantized
         _set_submodule(module, name, quantized)

@@ -20,12 +20,12 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from pydantic import Field
 
-from h3.levers.base import LeverError, LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
 from h3.levers.bucketing import PaddingState, attend_valid_rows, output_projection, project_qkv
 
 logger = logging.getLogger(__name__)
@@ -36,12 +36,27 @@ FLEX_BACKEND = "inductor"
 _FLEX = None  # (the compiled flex_attention, its graph-counting backend), shared by every handle in the process
 
 
-@dataclass
-class SparseAttentionConfig:
-    block_size: int = 128
-    sparsity: float = 0.5
-    dense_steps: int = 1
-    dense_layers: list[int] = field(default_factory=list)
+class SparseAttentionConfig(LeverConfig):
+    """Content-based block-sparse attention on the transformer blocks (flex_attention block masks); recipe section
+    ``[sparse_attention]``."""
+
+    name = "sparse_attention"
+
+    enabled: bool = False
+    block_size: int = Field(default=128, ge=16)
+    """Query and key block, in tokens; routing mean-pools each block."""
+    sparsity: float = Field(default=0.5, ge=0.0, lt=1.0)
+    """Target fraction of key blocks each query block skips (top-k keeps ``ceil((1 - sparsity) * n_blocks)``)."""
+    dense_steps: int = Field(default=1, ge=0)
+    """The first N denoising steps run dense (seed 001: "only the first denoising step run with full attention")."""
+    dense_layers: list[int] = Field(default_factory=list)
+    """Transformer block indices that always run dense."""
+
+    def is_on(self) -> bool:
+        return self.enabled
+
+    def apply(self, pipe, ctx: ApplyContext) -> "SparseAttentionHandle":
+        return apply_sparse_attention(pipe.transformer, self)
 
 
 def keep_blocks(sparsity: float, n_valid: int) -> int:

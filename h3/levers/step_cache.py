@@ -13,30 +13,42 @@ steps left to find"): pair them with full-step recipes.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import Field
 
-from h3.levers.base import LeverError, LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, mark_applied, unmark_applied
 
 logger = logging.getLogger(__name__)
 
 KINDS = ("fbc", "mag", "taylorseer")
 
 
-@dataclass
-class StepCacheConfig:
-    kind: str
-    threshold: float = 0.05
-    num_inference_steps: int = 28
+class StepCacheConfig(LeverConfig):
+    """Step caches from diffusers' hooks, through ``transformer.enable_cache`` (recipe section ``[cache]``)."""
+
+    name = "cache"
+
+    kind: Literal["none", "fbc", "mag", "taylorseer"] = "none"
+    threshold: float = Field(default=0.05, ge=0.0)
+    """FirstBlockCache / MagCache threshold."""
     mag_ratios: list[float] | None = None
+    """MagCache: the checkpoint's magnitude ratios (required unless ``calibrate``)."""
     calibrate: bool = False
-    max_skip_steps: int = 3
-    retention_ratio: float = 0.2
-    cache_interval: int = 5
-    disable_cache_before_step: int = 3
-    max_order: int = 1
+    max_skip_steps: int = Field(default=3, ge=1)
+    retention_ratio: float = Field(default=0.2, ge=0.0, le=1.0)
+    cache_interval: int = Field(default=5, ge=1)
+    """TaylorSeer: full computation every N steps."""
+    disable_cache_before_step: int = Field(default=3, ge=0)
+    """TaylorSeer: warm-up steps always computed."""
+    max_order: int = Field(default=1, ge=0)
+
+    def is_on(self) -> bool:
+        return self.kind != "none"
+
+    def apply(self, pipe, ctx: ApplyContext) -> "StepCacheHandle":
+        return apply_step_cache(pipe.transformer, self, num_inference_steps=ctx.steps)
 
 
 def _register_block_metadata() -> None:
@@ -51,7 +63,7 @@ def _register_block_metadata() -> None:
         )
 
 
-def diffusers_cache_config(config: StepCacheConfig):
+def diffusers_cache_config(config: StepCacheConfig, num_inference_steps: int = 28):
     from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig, TaylorSeerCacheConfig
 
     if config.kind == "fbc":
@@ -62,7 +74,7 @@ def diffusers_cache_config(config: StepCacheConfig):
                              "to measure them)")
         return MagCacheConfig(
             threshold=config.threshold, max_skip_steps=config.max_skip_steps, retention_ratio=config.retention_ratio,
-            num_inference_steps=config.num_inference_steps, mag_ratios=config.mag_ratios, calibrate=config.calibrate,
+            num_inference_steps=num_inference_steps, mag_ratios=config.mag_ratios, calibrate=config.calibrate,
         )
     if config.kind == "taylorseer":
         return TaylorSeerCacheConfig(
@@ -125,11 +137,14 @@ class StepCacheHandle(LeverHandle):
         unmark_applied(self.transformer, "cache")
 
 
-def apply_step_cache(transformer, config: StepCacheConfig) -> StepCacheHandle:
+def apply_step_cache(transformer, config: StepCacheConfig, *, num_inference_steps: int = 28
+                     ) -> StepCacheHandle:
+    """``num_inference_steps``: the DiT forwards per request, which MagCache's ratios are laid out over (MagCache
+    only; 28 is diffusers' default)."""
     if config.kind not in KINDS:
         raise LeverError(f"unknown cache.kind {config.kind!r}; one of {', '.join(KINDS)}")
     _register_block_metadata()
-    diff_config = diffusers_cache_config(config)
+    diff_config = diffusers_cache_config(config, num_inference_steps)
     mark_applied(transformer, "cache")
     try:
         transformer.enable_cache(diff_config)

@@ -9,32 +9,93 @@ resolutions with the tile measured for each.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import Field, field_validator
 
-from h3.levers.base import LeverHandle, mark_applied, unmark_applied
+from h3.levers.base import ApplyContext, LeverConfig, LeverHandle, mark_applied, unmark_applied
+
+if TYPE_CHECKING:
+    from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
 SPATIAL_COMPRESSION = 16
 
 
-@dataclass
-class VaeTilingConfig:
-    tiles: dict[str, list[int]] = field(default_factory=dict)
-    """``"HEIGHTxWIDTH" -> [tile_height, tile_width]`` in pixels."""
+class VaeConfig(LeverConfig):
+    """Video VAE spatial tiling and residency (recipe section ``[vae]``). MiniMax-H3 ships with tiling on at 256×256
+    tiles (64 px minimum overlap): every recipe sets that stock tiling (:meth:`prepare`); the lever proper is the
+    per-resolution tile and the parked VAEs."""
+
+    name = "vae"
+
+    tiling: bool = True
+    tile_height: int = Field(default=256, ge=32)
+    tile_width: int = Field(default=256, ge=32)
+    tile_overlap: int = Field(default=64, ge=0)
+    tiles: dict[str, list[int]] = Field(default_factory=dict)
+    """Per-resolution tile size, ``"HEIGHTxWIDTH" = [tile_height, tile_width]`` (seed 000: 304×320 at 768×1344 cut
+    video decode 39.5%); resolutions not listed use ``tile_height``/``tile_width``. Empty: the lever is off."""
     resident: bool = True
-    device: str = "cpu"
+    """Keep both VAEs on the device across requests; False parks them on the CPU between decodes."""
+
+    @field_validator("tile_height", "tile_width", "tile_overlap")
+    @classmethod
+    def _multiple_of_16(cls, value: int) -> int:
+        if value % 16:
+            raise ValueError(f"must be a multiple of 16 (the VAE's spatial compression), got {value}")
+        return value
+
+    @field_validator("tiles")
+    @classmethod
+    def _tiles(cls, value: dict[str, list[int]]) -> dict[str, list[int]]:
+        for key, tile in value.items():
+            parts = key.split("x")
+            if len(parts) != 2 or not all(p.isdigit() for p in parts):
+                raise ValueError(f"tile key {key!r} must be 'HEIGHTxWIDTH', e.g. '768x1344'")
+            if len(tile) != 2 or any(t < 32 or t % 16 for t in tile):
+                raise ValueError(f"tile for {key} must be [height, width], multiples of 16 and >= 32, got {tile}")
+        return value
+
+    def is_on(self) -> bool:
+        return bool(self.tiles) or not self.resident
+
+    def prepare(self, pipe, ctx: ApplyContext) -> None:
+        """The stock tiling (on or off, and its default tile), on every recipe; the lever's per-resolution tiles then
+        fall back to this default tile."""
+        vae = getattr(pipe, "vae", None)
+        if vae is None:  # a transformer-only pipeline (benchmarks)
+            return
+        if self.tiling:
+            vae.enable_tiling(
+                tile_sample_min_height=self.tile_height,
+                tile_sample_min_width=self.tile_width,
+                tile_sample_min_overlap_height=self.tile_overlap,
+                tile_sample_min_overlap_width=self.tile_overlap,
+            )
+        else:
+            vae.disable_tiling()
+
+    def apply(self, pipe, ctx: ApplyContext) -> "VaeHandle":
+        return apply_vae(pipe, self, device=ctx.device)
+
+    def check_executed(self, telemetry: dict[str, Any] | None, executed: "Executed") -> list[str]:
+        """The stock tiling and its tile as the recipe asks (what ran at each resolution is in ``tiles_used``)."""
+        if executed.vae_tiling != self.tiling:
+            return [f"vae.tiling: recipe asks for {self.tiling}, executed {executed.vae_tiling}"]
+        if self.tiling and executed.vae_tile != [self.tile_height, self.tile_width]:
+            return [f"vae tile: recipe asks for {[self.tile_height, self.tile_width]}, executed {executed.vae_tile}"]
+        return []
 
 
 class VaeHandle(LeverHandle):
     name = "vae"
 
-    def __init__(self, pipe, config: VaeTilingConfig):
+    def __init__(self, pipe, config: VaeConfig, device: str):
         super().__init__()
-        self.pipe, self.config = pipe, config
+        self.pipe, self.config, self.device = pipe, config, device
         self.tiles = {tuple(int(v) for v in key.split("x")): tuple(tile) for key, tile in config.tiles.items()}
         vae = pipe.vae
         self.default_tile = (vae.tile_sample_min_height, vae.tile_sample_min_width)
@@ -59,7 +120,7 @@ class VaeHandle(LeverHandle):
 
     def _onload(self, module):
         if not self.config.resident:
-            module.to(self.config.device)
+            module.to(self.device)
             self.moves += 1
 
     def _offload(self, module):
@@ -75,7 +136,7 @@ class VaeHandle(LeverHandle):
         self.used.append(list(tile))
         self._onload(vae)
         try:
-            return original(z.to(self.config.device) if not self.config.resident else z, *args, **kwargs)
+            return original(z.to(self.device) if not self.config.resident else z, *args, **kwargs)
         finally:
             self._offload(vae)
 
@@ -108,10 +169,12 @@ class VaeHandle(LeverHandle):
         vae.tile_sample_min_height, vae.tile_sample_min_width = self.default_tile
         if not self.config.resident:
             for module in (self.pipe.vae, self.pipe.audio_vae):
-                module.to(self.config.device)
+                module.to(self.device)
         unmark_applied(vae, "vae")
 
 
-def apply_vae(pipe, config: VaeTilingConfig) -> VaeHandle:
+def apply_vae(pipe, config: VaeConfig, *, device: str = "cpu") -> VaeHandle:
+    """Per-resolution tiles of ``pipe.vae`` and, unless ``config.resident``, both VAEs parked on the CPU between
+    decodes and brought to ``device`` for each."""
     mark_applied(pipe.vae, "vae")
-    return VaeHandle(pipe, config)
+    return VaeHandle(pipe, config, device)

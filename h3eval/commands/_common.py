@@ -14,15 +14,22 @@ EXIT_INPUT_ERROR = 3
 
 
 def input_errors() -> tuple[type[BaseException], ...]:
+    """The product's own errors for bad input (a file, a name, an option, a run directory); anything else is a bug
+    and keeps its traceback (a bare ValueError or KeyError is never taken for bad input)."""
+    from gates.base import GateInputError, UnknownGateError
+    from h3.levers import LeverError
     from h3.media import MediaError
     from h3.recipe import RecipeError
     from h3.runtime import CheckpointError, RequestError
-    from h3eval.prompts import PromptSuiteError
+    from h3eval.gaterun import GateRunError
+    from h3eval.policy import PolicyError
+    from h3eval.prompts import PromptSuiteError, SeedsError
     from h3eval.runner import RunError
     from h3eval.store import StoreError
+    from h3eval.verdict import VerdictInputError
 
-    return (RecipeError, CheckpointError, RequestError, PromptSuiteError, RunError, StoreError, MediaError,
-            FileNotFoundError, KeyError, ValueError)
+    return (RecipeError, CheckpointError, RequestError, LeverError, PromptSuiteError, SeedsError, RunError,
+            StoreError, MediaError, GateRunError, GateInputError, UnknownGateError, PolicyError, VerdictInputError)
 
 
 def fail(message: str, code: int = EXIT_INPUT_ERROR) -> "typer.Exit":
@@ -40,7 +47,7 @@ def handle_errors(fn: Callable) -> Callable:
         except typer.Exit:
             raise
         except input_errors() as exc:
-            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+            message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)  # KeyError quotes its str
             raise fail(str(message)) from None
 
     return wrapper

@@ -7,6 +7,7 @@ from typing import List, Optional
 
 import typer
 
+from h3eval.ab import run_ab_from_args as run_ab_command
 from h3eval.commands._common import handle_errors, setup_logging
 
 
@@ -52,54 +53,14 @@ def register(app: typer.Typer) -> None:
         for name, check in result.off_identity.items():
             if not check["passed"]:
                 typer.echo(f"  {name}: off-identity FAILED ({len(check['differing'])} differing, "
-                           f"{len(check['missing'])} missing of {check['pairs']})", err=True)
+                           f"{len(check['missing'])} missing of {check['pairs']}; {check['compared']})", err=True)
+            else:
+                typer.echo(f"  {name}: off-identity: {check['identical']} of {check['pairs']} pairs byte-identical "
+                           f"({check['compared']})")
+            if check["not_comparable"]:
+                typer.echo(f"  {name}: {len(check['not_comparable'])} pair(s) not comparable byte for byte: "
+                           f"{check['not_comparable'][0]['why']}", err=True)
         for err in manifest.errors:
             typer.echo(f"  {err.error}", err=True)
         if manifest.status != "complete":
             raise typer.Exit(1)
-
-
-def run_ab_command(*, baseline, candidates, prompts, out, model="tiny", seeds="0", backend="inprocess", urls=(),
-                   api_key=None, warmup=1, speed_protocol="mixed", speed_rounds=2, gpu_hourly_rate=None,
-                   off_identity=False, trajectory=False, seconds=None, num_frames=None, height=None, width=None,
-                   timeout_s=1800.0, device=None, runtime_factory=None):
-    from h3.recipe import load_recipe
-    from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE, TINY_MODELS
-    from h3eval.ab import AbPlan, identity_recipe, run_ab
-    from h3eval.prompts import load_prompts, parse_seeds
-    from h3eval.runner import RequestShape, RunError, RunPlan
-
-    base = load_recipe(baseline)
-    recipes = [base] + [load_recipe(c) for c in candidates]
-    if off_identity:
-        recipes.append(identity_recipe(base))
-    if backend not in ("inprocess", "http"):
-        raise RunError(f"--backend must be inprocess or http, got {backend!r} (clips from elsewhere: h3eval import)")
-    if backend == "http" and not urls:
-        raise RunError("--backend http needs at least one --url")
-    if backend == "inprocess" and urls:
-        raise RunError("--url is for --backend http; the inprocess backend runs the h3 runtime in this process")
-    plan = AbPlan(
-        run=RunPlan(
-            out=Path(out), model=model, recipes=recipes, prompts=load_prompts(prompts), seeds=parse_seeds(seeds),
-            shape=RequestShape(seconds=seconds, num_frames=num_frames, height=height, width=width),
-            baseline=base.name, kind="ab", backend=backend, device=device, trajectory=trajectory,
-            args=dict(command="ab", baseline=baseline, candidates=list(candidates), prompts=str(prompts), model=model,
-                      seeds=seeds, backend=backend, urls=list(urls), warmup=warmup, speed_protocol=speed_protocol,
-                      speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
-                      trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
-                      device=device),
-        ),
-        warmup=warmup, speed_protocol=speed_protocol, speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate,
-    )
-    plan.validate()
-    if backend == "http":
-        from h3eval.backends.http import HttpBackend
-
-        impl = HttpBackend(list(urls), TINY_DEFAULT_SIZE if model in TINY_MODELS else FULL_DEFAULT_SIZE, api_key=api_key,
-                           timeout_s=timeout_s)
-    else:
-        from h3eval.backends.inprocess import InProcessBackend
-
-        impl = InProcessBackend(model, device, runtime_factory)
-    return run_ab(plan, impl)

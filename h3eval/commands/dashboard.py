@@ -9,6 +9,8 @@ from pathlib import Path
 
 import typer
 
+from h3eval.store import RunStore
+
 logger = logging.getLogger(__name__)
 
 APP = Path(__file__).resolve().parents[2] / "dashboard" / "app.py"
@@ -23,8 +25,9 @@ def streamlit_argv(run_dirs: list[Path], port: int = 8501, address: str = "127.0
     if not run_dirs:
         raise DashboardError("give at least one run directory")
     for run_dir in run_dirs:
-        if not (Path(run_dir) / "run.json").is_file():
-            raise DashboardError(f"{run_dir} is not a run directory: {Path(run_dir) / 'run.json'} is missing")
+        manifest = RunStore(run_dir).manifest_path
+        if not manifest.is_file():
+            raise DashboardError(f"{run_dir} is not a run directory: {manifest} is missing")
     if not 1 <= port <= 65535:
         raise DashboardError(f"--port {port} is not a TCP port (1-65535)")
     return [

@@ -43,10 +43,13 @@ def register(app: typer.Typer) -> None:
             gate_options=parse_options(option), args=dict(recipe=recipe, prompts=str(prompts), seeds=seeds),
         )
         det = result["determinism"]
-        typer.echo(f"determinism: {'identical' if det['identical'] else 'BROKEN'} over {det['pairs']} repeat pair(s)"
-                   + (f"; differing: {', '.join(det['mismatches'])}" if det["mismatches"] else ""))
+        state = {True: "identical", False: "BROKEN", None: "not checked"}[det["identical"]]
+        typer.echo(f"determinism: {state} over {det['pairs']} repeat pair(s) ({det['compared']})"
+                   + (f"; differing: {', '.join(det['mismatches'])}" if det["mismatches"] else "")
+                   + (f"; not comparable: {len(det['not_comparable'])} pair(s) made on another platform"
+                      if det["not_comparable"] else ""))
         for key, value in sorted(result["metrics"].items()):
             typer.echo(f"  new-seed floor {key} = {value:.6g} (n={result['counts'][key]})")
         typer.echo(f"wrote {Path(out) / 'floor.json'}")
-        if not det["identical"]:
+        if det["identical"] is False:
             raise typer.Exit(1)

@@ -26,13 +26,14 @@ def gate_command(
     progress: bool = True,
 ) -> int:
     """The command's work, callable from tests: returns the exit code and echoes a one-line-per-gate summary."""
+    from gates.base import UnknownGateError
     from h3eval.gaterun import GateRunError, parse_options, run_gates
 
     names = [name.strip() for name in gates.split(",") if name.strip()]
     try:
         summary = run_gates(run_dir, names, device=device, options=parse_options(options or []), force=force,
                             progress=progress)
-    except KeyError as exc:
+    except UnknownGateError as exc:
         typer.echo(f"error: {exc.args[0] if exc.args else exc}", err=True)
         return EXIT_INPUT_ERROR
     except GateRunError as exc:

@@ -7,37 +7,16 @@ Exits with the verdict's code (0 PASS, 1 FAIL, 2 INCONCLUSIVE) so one CI step bo
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from h3eval.commands.verdict import INPUT_ERRORS, UsageExit3Command, run_verdict, usage_error
-from h3eval.report import write_reports
-from h3eval.verdict import Verdict, VerdictInputError, read_verdict
+from h3eval.commands.verdict import INPUT_ERRORS, UsageExit3Command, usage_error
+from h3eval.report import run_report
 
 logger = logging.getLogger(__name__)
-
-
-def run_report(
-    run_dir: str | Path,
-    policy: str | Path | None = None,
-    *,
-    floor: str | Path | None = None,
-    today: dt.date | None = None,
-) -> tuple[Verdict, dict[str, Path]]:
-    """Compute (or read) the verdict of ``run_dir`` and write every report file; returns both."""
-    run_dir = Path(run_dir)
-    if policy is not None:
-        verdict = run_verdict(run_dir, policy, floor=floor, today=today)
-    else:
-        path = run_dir / "verdict.json"
-        if not path.exists():
-            raise VerdictInputError(f"{path} does not exist: pass --policy to compute the verdict")
-        verdict = read_verdict(path)
-    return verdict, write_reports(verdict, run_dir)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,6 +1,6 @@
 """``h3eval vbench setup|pin|verify``: the pinned VBench scoring environment, its pins, and their check.
 
-Scoring itself is ``h3eval gate RUNDIR --gates vbench [--dimensions ...]`` (gates/vbench.py).
+Scoring itself is ``h3eval gate RUNDIR --gates vbench [--dimensions ...]`` (gates/vbench/).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Optional
 
 import typer
 
-from h3eval.vbench.dimensions import DIMENSIONS, UnknownDimensionError, resolve_dimensions
-from h3eval.vbench.env import VBenchEnvError, default_env_path, setup_env
-from h3eval.vbench.pins import CHECKPOINT_PINS_PATH, VBenchPinError, pin_checkpoints, verify
+from gates.vbench.dimensions import DIMENSIONS, UnknownDimensionError, resolve_dimensions
+from gates.vbench.env import VBenchEnvError, default_env_path, setup_env
+from gates.vbench.pins import CHECKPOINT_PINS_PATH, VBenchPinError, pin_checkpoints, verify
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         dimensions: Optional[list[str]] = typer.Option(None, "--dimensions", "-d", help=_DIM_HELP),
         force: bool = typer.Option(False, "--force", help="Rebuild from scratch even if the environment looks fine"),
     ) -> None:
-        """Build the isolated VBench environment from the committed locks (gates/vbench-requirements*.lock)."""
+        """Build the isolated VBench environment from the committed locks (gates/vbench/vbench-requirements*.lock)."""
         try:
             marker = run_setup(env, dimensions, force)
         except (VBenchEnvError, UnknownDimensionError) as exc:

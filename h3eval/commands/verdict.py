@@ -7,7 +7,6 @@ arguments themselves, so that every usage error exits 3.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 from pathlib import Path
@@ -21,27 +20,11 @@ try:  # typer 0.29 carries its own copy of click; its usage errors are that copy
 except ImportError:  # pragma: no cover - older typer on the click package
     from click.exceptions import UsageError as _UsageError
 
-from h3eval.policy import PolicyError, load_policy
+from h3eval.policy import PolicyError
 from h3eval.store import StoreError
-from h3eval.verdict import EXIT_USAGE, Verdict, VerdictInputError, compute_verdict, summary_lines, write_verdict
+from h3eval.verdict import EXIT_USAGE, VerdictInputError, run_verdict, summary_lines
 
 logger = logging.getLogger(__name__)
-
-
-def run_verdict(
-    run_dir: str | Path,
-    policy: str | Path,
-    *,
-    floor: str | Path | None = None,
-    write: bool = False,
-    today: dt.date | None = None,
-) -> Verdict:
-    """Judge ``run_dir`` under the policy file; optionally write ``verdict.json``. Raises on input errors."""
-    loaded = load_policy(policy)
-    verdict = compute_verdict(run_dir, loaded, floor_path=floor, today=today)
-    if write:
-        write_verdict(verdict, run_dir)
-    return verdict
 
 
 INPUT_ERRORS = (PolicyError, VerdictInputError, StoreError, OSError)

@@ -3,11 +3,11 @@
 Seed 002 "pinned one specific VBench revision and verified all seven of its scorer files before every run, so the
 scoring code is bit-for-bit reproducible". Here:
 
-- ``gates/vbench-pins.json`` (committed): sha256 of the files inside the installed ``vbench`` 0.1.5 package that
+- ``gates/vbench/vbench-pins.json`` (committed): sha256 of the files inside the installed ``vbench`` 0.1.5 package that
   define the scored dimensions: the dimension modules, ``utils.py``, ``VBench_full_info.json``, the package's
   ``__init__.py`` and ``distributed.py``, and the third-party model code those dimensions import (AMT, RAFT,
   ViCLIP). Paths are relative to the environment's site-packages.
-- ``gates/vbench-checkpoints.json`` (committed by the user): sha256 of every checkpoint file under the VBench
+- ``gates/vbench/vbench-checkpoints.json`` (committed by the user): sha256 of every checkpoint file under the VBench
   cache folder (``$VBENCH_CACHE_DIR`` or ``~/.cache/vbench``), written once on a trusted machine by
   ``h3eval vbench pin``.
 
@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from h3.atomic import atomic_write_json, sha256_file
-from h3eval.store import utc_now
-from h3eval.vbench.dimensions import DIMENSIONS, VBENCH_VERSION
-from h3eval.vbench.env import GATES_DIR, EnvInfo, VBenchEnvError, check_env
+from h3.provenance import utc_now
+from gates.vbench.dimensions import DIMENSIONS, VBENCH_VERSION
+from gates.vbench.env import VBENCH_DIR, EnvInfo, VBenchEnvError, check_env
 
 logger = logging.getLogger(__name__)
 
-SOURCE_PINS_PATH = GATES_DIR / "vbench-pins.json"
-CHECKPOINT_PINS_PATH = GATES_DIR / "vbench-checkpoints.json"
+SOURCE_PINS_PATH = VBENCH_DIR / "vbench-pins.json"
+CHECKPOINT_PINS_PATH = VBENCH_DIR / "vbench-checkpoints.json"
 PINS_VERSION = 1
 
 # Model code the pinned dimensions import from vbench/third_party (motion_smoothness: AMT, dynamic_degree: RAFT,
@@ -69,7 +69,8 @@ def pinned_source_paths(site_packages: Path) -> list[str]:
 
 
 def make_source_pins(site_packages: Path) -> dict[str, Any]:
-    """The manifest of the installed package (maintainer step; the result is committed as gates/vbench-pins.json)."""
+    """The manifest of the installed package (maintainer step; the result is committed as
+    gates/vbench/vbench-pins.json)."""
     site_packages = Path(site_packages)
     files = {}
     for rel in pinned_source_paths(site_packages):
@@ -154,7 +155,7 @@ def pin_checkpoints(cache_dir: Path | None = None, dimensions: list[str] | None 
     Entries of other checkpoints already in ``out`` are kept. Any missing checkpoint is an error before anything
     is written.
     """
-    from h3eval.vbench.dimensions import resolve_dimensions
+    from gates.vbench.dimensions import resolve_dimensions
 
     cache_dir = Path(cache_dir) if cache_dir else vbench_cache_dir()
     dims = [d for d in resolve_dimensions(dimensions) if DIMENSIONS[d].checkpoints]

@@ -1,6 +1,6 @@
 """VBench scoring subprocess: run by the scoring environment's own python, never imported by the product.
 
-    ENV/bin/python gates/vbench_runner.py REQUEST.json RESULT.json
+    ENV/bin/python gates/vbench/runner.py REQUEST.json RESULT.json
 
 It reads only what REQUEST.json names (clip paths, their prompts, the dimensions, the VBench cache folder, the
 device and the sha256 of every pinned VBench file) and writes RESULT.json atomically. VBench runs in its
@@ -29,7 +29,7 @@ import traceback
 RESULT_VERSION = 1
 
 # Local-mode checkpoint paths of vbench 0.1.5 utils.init_submodules (relative to the VBench cache folder); must
-# agree with h3eval/vbench/dimensions.py.
+# agree with gates/vbench/dimensions.py.
 CHECKPOINTS = {
     "subject_consistency": ["dino_model/dino_vitbase16_pretrain.pth", "dino_model/facebookresearch_dino_main"],
     "background_consistency": ["clip_model/ViT-B-32.pt"],

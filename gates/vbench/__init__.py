@@ -1,19 +1,19 @@
 """The ``vbench`` gate: pinned VBench scores per clip, in VBench's own environment, paired clip by clip.
 
-Before anything is scored, :func:`h3eval.vbench.pins.verify` checks the scoring environment against its locks, every
+Before anything is scored, :func:`gates.vbench.pins.verify` checks the scoring environment against its locks, every
 pinned VBench scorer file and every checkpoint the requested dimensions load; any problem stops the gate with all
-problems named (nothing is scored, nothing is written). Scoring runs ``gates/vbench_runner.py`` in a subprocess of
+problems named (nothing is scored, nothing is written). Scoring runs ``gates/vbench/runner.py`` in a subprocess of
 the scoring environment, in VBench's custom-input mode with each clip's prompt passed explicitly.
 
 Two ways in:
 
-- **Whole run** (preferred, what ``h3eval gate RUNDIR --gates vbench`` should call when present):
-  ``VBenchGate.evaluate_run(run_dir, dimensions=None, env=None, cache_dir=None, device="auto")`` scores every clip
-  of the run (baseline and candidates) in ONE subprocess (each VBench model is loaded once) and writes every file
-  below itself; it returns the summary. A runner should call it instead of looping :meth:`VBenchGate.evaluate`
-  over pairs whenever ``hasattr(gate, "evaluate_run")``.
-- **Per pair** (the standard :class:`gates.base.Gate` contract): :meth:`VBenchGate.evaluate` scores the pair's two
-  clips in one subprocess and returns the :class:`GateResult`; options ``dimensions``, ``env``, ``cache_dir``.
+- **Per pair** (the standard :class:`gates.base.Gate` contract, what ``h3eval gate RUNDIR --gates vbench`` runs):
+  :meth:`VBenchGate.evaluate` scores the pair's two clips in one subprocess and returns the :class:`GateResult`;
+  options ``dimensions``, ``env``, ``cache_dir``, ``device``.
+- **Whole run**: :func:`evaluate_run` (``VBenchGate.evaluate_run``) takes the :class:`gates.base.RunContext` the suite
+  builds (``h3eval.gaterun.run_context(run_dir, "vbench")``), scores every clip of the run (baseline and
+  candidates) in ONE subprocess (each VBench model is loaded once) and writes every file below itself; it returns
+  the summary. The gate runner does not call it yet (it scores pair by pair, resumably); scripts and tests do.
 
 Files (``<run>/gates/vbench/``):
 
@@ -28,7 +28,7 @@ Files (``<run>/gates/vbench/``):
 
 Long videos: VBench calls clips of 5 s and longer long videos; the product scores them whole in standard VBench
 (not VBench-Long's split-into-clips), flags ``long_video`` per clip and records ``long_video_handling``. See
-:data:`h3eval.vbench.dimensions.LONG_VIDEO_SECONDS`.
+:data:`gates.vbench.dimensions.LONG_VIDEO_SECONDS`.
 """
 
 from __future__ import annotations
@@ -43,10 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gates.base import ClipSide, Gate, GateResult, Metric, PairContext, PairRef, register_gate
+from gates.base import (ClipSide, Gate, GateOptions, GateResult, Metric, MetricSpec, PairContext, PairRef, RunContext,
+                        register_gate)
 from h3.atomic import atomic_write_json, sha256_file
-from h3eval.store import RunStore, clip_stem, utc_now
-from h3eval.vbench.dimensions import (
+from h3.names import clip_stem
+from h3.provenance import utc_now
+from gates.vbench.dimensions import (
     DIMENSIONS,
     LONG_VIDEO_HANDLING,
     LONG_VIDEO_SECONDS,
@@ -54,8 +56,8 @@ from h3eval.vbench.dimensions import (
     VBENCH_VERSION,
     resolve_dimensions,
 )
-from h3eval.vbench.env import default_env_path
-from h3eval.vbench.pins import (
+from gates.vbench.env import default_env_path
+from gates.vbench.pins import (
     CHECKPOINT_PINS_PATH,
     SOURCE_PINS_PATH,
     VerifyReport,
@@ -67,7 +69,7 @@ from h3eval.vbench.pins import (
 logger = logging.getLogger(__name__)
 
 GATE_NAME = "vbench"
-RUNNER = Path(__file__).resolve().parent / "vbench_runner.py"
+RUNNER = Path(__file__).resolve().parent / "runner.py"
 SUMMARY_VERSION = 1
 CLIP_SCORES_VERSION = 1
 
@@ -180,52 +182,39 @@ def pair_result(pair: PairRef, baseline: dict[str, dict[str, Any]], candidate: d
     )
 
 
-def _clip_inputs(store: RunStore) -> tuple[list[tuple[str, str, int]], list[ClipInput], list[tuple[str, str, int, str]],
-                                            list[str], list[tuple[str, str, int]]]:
-    """(every eligible clip, the finished ones, the missing ones with why, recipes, pairs) of a run."""
-    manifest = store.read_manifest()
-    recipes = ([manifest.baseline] if manifest.baseline else []) + list(manifest.candidates)
-    if not recipes:
-        recipes = list(manifest.recipes)
-    prompt_ids = manifest.prompts.ids if manifest.prompts else []
+def _clip_inputs(run: RunContext) -> tuple[list[tuple[str, str, int]], list[ClipInput], list[tuple[str, str, int, str]],
+                                            list[str]]:
+    """(every eligible clip, the finished ones, the missing ones with why, recipes) of a run."""
+    recipes = list(dict.fromkeys(c.recipe for c in run.clips))
     eligible, found, missing = [], [], []
-    for recipe in recipes:
-        for pid in prompt_ids:
-            for seed in manifest.seeds:
-                eligible.append((recipe, pid, seed))
-                record = store.read_record(recipe, pid, seed)
-                if record is None:
-                    why = "clip missing or unfinished (no record, or its MP4 does not match the record's sha256)"
-                    error_path = store.error_path(recipe, pid, seed)
-                    if error_path.exists():
-                        try:
-                            why = "generation failed: " + json.loads(error_path.read_text())["error"]
-                        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-                            why = f"generation failed (unreadable {error_path.name})"
-                    missing.append((recipe, pid, seed, why))
-                    continue
-                found.append(ClipInput(recipe, pid, seed, store.clip_path(recipe, pid, seed), record.request.prompt,
-                                       record.mp4_sha256, record.shape.duration_s))
-    return eligible, found, missing, recipes, store.pairs()
+    for clip in run.clips:
+        eligible.append((clip.recipe, clip.prompt_id, clip.seed))
+        if clip.side is None:
+            missing.append((clip.recipe, clip.prompt_id, clip.seed, clip.missing or "clip missing"))
+            continue
+        record = clip.side.record
+        found.append(ClipInput(clip.recipe, clip.prompt_id, clip.seed, clip.side.mp4, record["request"]["prompt"],
+                               record["mp4_sha256"], record["shape"]["duration_s"]))
+    return eligible, found, missing, recipes
 
 
-def evaluate_run(run_dir: str | Path, dimensions: list[str] | None = None, env: str | Path | None = None,
+def evaluate_run(run: RunContext, dimensions: list[str] | None = None, env: str | Path | None = None,
                  cache_dir: str | Path | None = None, device: str = "auto",
                  source_pins_path: Path = SOURCE_PINS_PATH, checkpoint_pins_path: Path = CHECKPOINT_PINS_PATH,
                  ) -> dict[str, Any]:
     """Score every clip of the run on ``dimensions``, write per-clip, per-pair and summary files; the summary.
 
+    ``run`` is what the suite hands a whole-run gate (``h3eval.gaterun.run_context(run_dir, "vbench")``).
     Refuses to start (VBenchPinError / VBenchEnvError message, nothing written) when verification finds a problem.
     Resumable: a clip whose scores file already holds every requested dimension for the same MP4 sha256 and the same
     pins is not scored again.
     """
     started = time.monotonic()
-    store = RunStore(run_dir)
     dims = resolve_dimensions(dimensions)
-    eligible, found, missing, recipes, pairs = _clip_inputs(store)
+    eligible, found, missing, recipes = _clip_inputs(run)
     report = require_verified(verify(Path(env) if env else default_env_path(), dims, cache_dir,
                                      source_pins_path=source_pins_path, checkpoint_pins_path=checkpoint_pins_path))
-    gate_dir = store.gate_dir(GATE_NAME)
+    gate_dir = run.gate_dir
     provenance = report.provenance()
 
     scores: dict[str, dict[str, dict[str, Any]]] = {}
@@ -274,15 +263,14 @@ def evaluate_run(run_dir: str | Path, dimensions: list[str] | None = None, env: 
     info = {"vbench_version": VBENCH_VERSION, "mode": VBENCH_MODE, "long_video_handling": LONG_VIDEO_HANDLING,
             "source_pins_sha256": provenance["source_pins_sha256"],
             "checkpoint_pins_sha256": provenance["checkpoint_pins_sha256"], "device": runner_info.get("device")}
-    manifest = store.read_manifest()
     pair_counts = {d: {"eligible": 0, "scored": 0, "missing": 0, "error": 0} for d in dims}
     missing_keys = {f"{r}/{clip_stem(p, s)}" for r, p, s, _ in missing}
-    for cand, pid, seed in pairs:
-        bkey = f"{manifest.baseline}/{clip_stem(pid, seed)}"
-        ckey = f"{cand}/{clip_stem(pid, seed)}"
-        result = pair_result(PairRef(baseline=manifest.baseline, candidate=cand, prompt_id=pid, seed=seed),
-                             scores[bkey], scores[ckey], dims, info)
-        atomic_write_json(gate_dir / cand / f"{clip_stem(pid, seed)}.json", result.model_dump(mode="json"))
+    for pair in run.pairs:
+        bkey = f"{pair.baseline}/{clip_stem(pair.prompt_id, pair.seed)}"
+        ckey = f"{pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}"
+        result = pair_result(pair, scores[bkey], scores[ckey], dims, info)
+        atomic_write_json(gate_dir / pair.candidate / f"{clip_stem(pair.prompt_id, pair.seed)}.json",
+                          result.model_dump(mode="json"))
         for d in dims:
             counts = pair_counts[d]
             counts["eligible"] += 1
@@ -361,6 +349,17 @@ def _read_previous(gate_dir: Path, clip: ClipInput, dims: list[str], provenance:
     return {d: scores[d] for d in dims}
 
 
+class VBenchOptions(GateOptions):
+    dimensions: str | list[str] | None = None
+    """Dimensions to score (comma-separated); default: every supported one."""
+    env: str | None = None
+    """The scoring environment (default ``$H3EVAL_VBENCH_ENV``, else ``~/.cache/h3eval/vbench-env``)."""
+    cache_dir: str | None = None
+    """VBench's checkpoint folder (default ``$VBENCH_CACHE_DIR``, else ``~/.cache/vbench``)."""
+    device: str | None = None
+    """Where VBench scores (default: the gate run's device)."""
+
+
 @register_gate
 class VBenchGate(Gate):
     """Pinned VBench scores of both clips of a pair (see the module docstring)."""
@@ -368,16 +367,22 @@ class VBenchGate(Gate):
     name: ClassVar[str] = GATE_NAME
     needs = ("video",)
     description: ClassVar[str] = "pinned VBench (custom-input mode) in its own environment, hash-verified, per clip"
+    Options = VBenchOptions
+    # The candidate's raw score and candidate minus baseline, per dimension, both in the dimension's direction.
+    metrics = {name: MetricSpec(higher_is_better=dim.higher_is_better) for key, dim in DIMENSIONS.items()
+               for name in (key, f"{key}_delta")}
 
     evaluate_run = staticmethod(evaluate_run)
 
     def evaluate(self, ctx: PairContext) -> GateResult:
-        dims = resolve_dimensions(ctx.options.get("dimensions"))
-        env = ctx.options.get("env")
-        report = require_verified(verify(Path(env) if env else default_env_path(), dims, ctx.options.get("cache_dir")))
+        options = self.parse_options(ctx.options)
+        # A string from the command line is one comma-separated list (resolve_dimensions takes a list of them).
+        dims = resolve_dimensions([options.dimensions] if isinstance(options.dimensions, str) else options.dimensions)
+        report = require_verified(verify(Path(options.env) if options.env else default_env_path(), dims,
+                                         options.cache_dir))
         clips = [self._clip_input(side, ctx) for side in (ctx.baseline, ctx.candidate)]
         with tempfile.TemporaryDirectory(prefix="vbench-pair-") as work:
-            result = run_scorer(clips, dims, report, Path(work), ctx.options.get("device", ctx.device))
+            result = run_scorer(clips, dims, report, Path(work), options.device or ctx.device)
         provenance = report.provenance()
         info = {"vbench_version": VBENCH_VERSION, "mode": VBENCH_MODE, "long_video_handling": LONG_VIDEO_HANDLING,
                 "source_pins_sha256": provenance["source_pins_sha256"],

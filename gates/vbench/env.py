@@ -7,10 +7,10 @@ versions and sha256 of every distribution, so two machines build the same enviro
 
 Two locks, so that a machine (or CI) that only scores temporal_flickering does not install the model stack:
 
-- ``gates/vbench-requirements.lock`` (group ``core``): vbench itself and what ``import vbench`` needs (its
+- ``gates/vbench/vbench-requirements.lock`` (group ``core``): vbench itself and what ``import vbench`` needs (its
   ``__init__`` imports ``vbench.utils``, which imports torch, torchvision, decord, PIL and cv2), enough for
   temporal_flickering.
-- ``gates/vbench-requirements-models.lock`` (group ``models``): added on top for the dimensions that load a model
+- ``gates/vbench/vbench-requirements-models.lock`` (group ``models``): added on top for the dimensions that load a model
   (openai-clip, pyiqa, timm, transformers 4.33.2, omegaconf, easydict, einops, ...).
 
 vbench is installed with ``--no-deps``: its declared requirements also cover dimensions the product does not score
@@ -37,15 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from h3.atomic import atomic_write_json, sha256_file
-from h3eval.vbench.dimensions import VBENCH_VERSION, requirement_groups
-from h3eval.store import utc_now
+from gates.vbench.dimensions import VBENCH_VERSION, requirement_groups
+from h3.provenance import utc_now
 
 logger = logging.getLogger(__name__)
 
-GATES_DIR = Path(__file__).resolve().parent.parent.parent / "gates"
+VBENCH_DIR = Path(__file__).resolve().parent
+"""This package's folder: it holds the locks and the pins next to the code."""
 LOCK_FILES: dict[str, Path] = {
-    "core": GATES_DIR / "vbench-requirements.lock",
-    "models": GATES_DIR / "vbench-requirements-models.lock",
+    "core": VBENCH_DIR / "vbench-requirements.lock",
+    "models": VBENCH_DIR / "vbench-requirements-models.lock",
 }
 MARKER_NAME = "h3eval-vbench-env.json"
 ENV_VAR = "H3EVAL_VBENCH_ENV"
@@ -216,7 +217,7 @@ def setup_env(env: Path | None = None, dimensions: list[str] | None = None, forc
     An existing environment that already satisfies the locks is kept (nothing is reinstalled); ``force`` rebuilds
     from scratch. A folder that exists but is not one of ours is never deleted.
     """
-    from h3eval.vbench.dimensions import resolve_dimensions
+    from gates.vbench.dimensions import resolve_dimensions
 
     env = Path(env) if env else default_env_path()
     dims = resolve_dimensions(dimensions)

@@ -1,0 +1,222 @@
+"""The verdict: a run directory and a policy in, PASS / FAIL / INCONCLUSIVE out, with the reasons and the evidence.
+
+Per candidate, per gate of the policy, and per metric of the gate, the verdict reads the per-pair gate results
+(``<run>/gates/<gate>/<candidate>/<prompt_id>-s<seed>.json``, :class:`gates.base.GateResult`), computes the paired
+statistics of :mod:`h3eval.stats`, and decides with the policy's thresholds. Speed is computed from the clip
+records (per-request latency, paired by (prompt, seed), warm-up requests excluded).
+
+Outcomes and how they combine:
+
+* A metric is PASS when the CI bound on its bad side clears the threshold or margin *and* its p-value (one-sided
+  t-test against the threshold or margin, Holm-adjusted across the required metrics of the same candidate, all
+  gates together) is at most ``(1 - confidence) / 2``; FAIL when its point estimate is beyond the threshold or
+  margin (or a single pair is beyond ``pair_limit``); INCONCLUSIVE otherwise, with the minimum detectable effect
+  and the pairs needed. It is INCONCLUSIVE, never PASS, when the gate has no results, pairs are missing or fewer than
+  ``min_pairs``, a value is NaN, the direction the gate wrote contradicts the policy, or a floor-relative
+  threshold has no floor.
+* A gate is FAIL if a required metric (or its flag check) is FAIL, else INCONCLUSIVE if one is INCONCLUSIVE, else
+  PASS. A candidate combines its required gates and the speed check the same way; the run combines candidates.
+* An active waiver turns the FAIL / INCONCLUSIVE it covers into PASS and says so; an expired one is ignored, with a
+  warning.
+
+Exit codes (:data:`EXIT_CODES`): 0 PASS, 1 FAIL, 2 INCONCLUSIVE, 3 a usage or input error.
+
+The package has three parts: :mod:`~h3eval.verdict.schema` (what ``verdict.json`` holds),
+:mod:`~h3eval.verdict.gather` (reading the run) and :mod:`~h3eval.verdict.decide` (outcomes); :func:`compute_verdict`
+runs them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from h3.atomic import atomic_write_json
+from h3eval.policy import (SPEED_GATE, LoadedPolicy, NoiseFloor, PolicyError, load_floor, load_policy,
+                           registry_problems, resolve_floor_path, today_utc)
+from h3eval.store import RunManifest, RunStore, StoreError
+from h3eval.verdict.decide import (apply_waiver, candidate_outcome, combine, decide_gate, decide_metrics,
+                                   decide_speed, gate_level_checks, metric_statistics, run_test_outcome,
+                                   waiver_for)
+from h3eval.verdict.gather import (gather_metric, gather_speed, input_hashes, load_results, registered_gate_classes,
+                                   versions)
+from h3eval.verdict.schema import (EXIT_CODES, EXIT_USAGE, VERDICT_SCHEMA, VERDICT_VERSION, WORST_SHOWN,
+                                   CandidateVerdict, ClipHashes, FileHash, GateVerdict, InputHashes, MetricVerdict,
+                                   Outcome, PairValue, Settings, SpeedPair, SpeedVerdict, Verdict, VerdictInputError,
+                                   WaiverApplied)
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "EXIT_CODES", "EXIT_USAGE", "VERDICT_SCHEMA", "VERDICT_VERSION", "WORST_SHOWN", "CandidateVerdict", "ClipHashes",
+    "FileHash", "GateVerdict", "InputHashes", "MetricVerdict", "Outcome", "PairValue", "Settings", "SpeedPair",
+    "SpeedVerdict", "Verdict", "VerdictInputError", "WaiverApplied", "combine", "compute_verdict", "read_verdict",
+    "run_verdict", "speed_verdict", "summary_lines", "write_verdict",
+]
+
+
+def speed_verdict(store: RunStore, manifest: RunManifest, candidate: str, loaded: LoadedPolicy, settings: Settings,
+                  expected: list[tuple[str, int]]) -> SpeedVerdict:
+    """Speedup of ``candidate`` over the baseline from paired clip records (warm-up requests excluded)."""
+    sp = loaded.policy.speed
+    assert sp is not None
+    sv, problems = gather_speed(store, manifest, candidate, sp, expected)
+    return decide_speed(sv, problems, sp, loaded.policy.min_pairs, settings)
+
+
+def _judge_candidate(store: RunStore, manifest: RunManifest, candidate: str, loaded: LoadedPolicy,
+                     classes: dict[str, type], present: list[str], expected: list[tuple[str, int]],
+                     floor: NoiseFloor | None, settings: Settings, gate_hashes: dict[str, str]) -> CandidateVerdict:
+    """One candidate: every gate of the policy (gathered, then decided together: Holm spans the candidate's
+    metrics), the speed check, and their combination."""
+    policy = loaded.policy
+    gate_verdicts: list[GateVerdict] = []
+    gate_level: dict[str, list[str]] = {}
+    """Outcomes of the gate-level checks (results present, flags, missing pairs) per gate."""
+    works = []
+    for gate, gp in policy.gates.items():
+        gv = GateVerdict(gate=gate, candidate=candidate, required=gp.required, outcome="INCONCLUSIVE",
+                         raw_outcome="INCONCLUSIVE", n_expected=len(expected), evidence=[f"gates/{gate}/{candidate}/"])
+        gate_verdicts.append(gv)
+        if gate not in classes and gate not in present:
+            gv.reasons.append(
+                f"unknown gate {gate!r}: not registered (known: {', '.join(sorted(classes)) or 'none'}) and no "
+                f"results under gates/{gate}/ in this run"
+            )
+            gate_level[gate] = ["INCONCLUSIVE"]
+            continue
+        results, stray, n_files = load_results(store, gate, candidate, manifest.baseline, expected, gate_hashes)
+        gv.warnings.extend(stray)
+        gv.n_results = n_files
+        gate_level[gate] = gate_level_checks(gv, gp, results, expected, policy.min_pairs)
+        if results and gp.run_test is not None:
+            gate_level[gate].append(run_test_outcome(gv, gp, results, expected, policy.min_pairs))
+        if not results:
+            continue
+        for metric, mp in gp.metrics.items():
+            mv = gather_metric(gate, metric, mp, candidate, gp, policy.min_pairs, expected, results, floor)
+            works.append(metric_statistics(mv, mp, settings))
+            gv.metrics.append(mv)
+    decide_metrics(works, policy, settings, candidate)
+    for gv in gate_verdicts:
+        decide_gate(gv, policy.gates[gv.gate], gate_level[gv.gate], policy, settings)
+
+    speed: SpeedVerdict | None = None
+    if policy.speed is not None:
+        speed = speed_verdict(store, manifest, candidate, loaded, settings, expected)
+        waiver = waiver_for(policy.waivers, SPEED_GATE, None, candidate, settings.today, speed.warnings)
+        speed.outcome, speed.waiver = apply_waiver(speed.raw_outcome, waiver)
+    outcome, reasons = candidate_outcome(gate_verdicts, speed)
+    return CandidateVerdict(candidate=candidate, outcome=outcome, reasons=reasons, gates=gate_verdicts, speed=speed)
+
+
+def compute_verdict(
+    run_dir: str | Path,
+    loaded: LoadedPolicy,
+    *,
+    floor_path: str | Path | None = None,
+    today: dt.date | None = None,
+) -> Verdict:
+    """Judge ``run_dir`` under ``loaded``. Raises :class:`VerdictInputError` / :class:`PolicyError` (exit 3)."""
+    store = RunStore(run_dir)
+    try:
+        manifest = store.read_manifest()
+    except StoreError as exc:
+        raise VerdictInputError(str(exc)) from None
+    if manifest.baseline is None or manifest.prompts is None or not manifest.candidates or not manifest.seeds:
+        raise VerdictInputError(
+            f"{store.manifest_path}: a verdict needs a paired run (baseline, candidates, prompts and seeds); "
+            f"this one has baseline={manifest.baseline!r}, candidates={manifest.candidates}, "
+            f"prompts={'yes' if manifest.prompts else 'none'}, seeds={manifest.seeds}"
+        )
+    policy = loaded.policy
+    classes = registered_gate_classes()
+    problems = registry_problems(policy, classes)
+    if problems:
+        raise PolicyError(f"{loaded.path}: policy does not match the registered gates:\n  " + "\n  ".join(problems))
+    fpath = resolve_floor_path(loaded, floor_path)
+    floor = load_floor(fpath) if fpath is not None else None
+
+    settings = Settings(
+        confidence=policy.confidence, alpha_one_sided=(1 - policy.confidence) / 2, power=policy.power,
+        n_resamples=policy.n_resamples, seed=policy.seed, holm=policy.holm, today=today or today_utc(),
+    )
+    expected = [(p, s) for p in manifest.prompts.ids for s in manifest.seeds]
+    gate_hashes: dict[str, str] = {}
+    warnings: list[str] = []
+    present = store.gates_present()
+    unchecked = [g for g in present if g not in policy.gates]
+    if unchecked:
+        warnings.append(f"gate results present but not checked by policy {policy.name!r}: {', '.join(unchecked)}")
+
+    candidates = [_judge_candidate(store, manifest, candidate, loaded, classes, present, expected, floor, settings,
+                                   gate_hashes) for candidate in manifest.candidates]
+    overall = combine([c.outcome for c in candidates])
+    reasons = [f"{c.candidate}: {c.outcome}" for c in candidates]
+    return Verdict(
+        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        run_dir=str(store.root),
+        baseline=manifest.baseline,
+        policy_name=policy.name,
+        outcome=overall,
+        exit_code=EXIT_CODES[overall],
+        reasons=reasons,
+        warnings=warnings,
+        candidates=candidates,
+        settings=settings,
+        inputs=input_hashes(store, manifest, loaded, floor, gate_hashes),
+        versions=versions(),
+    )
+
+
+def write_verdict(verdict: Verdict, run_dir: str | Path) -> Path:
+    path = RunStore(run_dir).verdict_path
+    atomic_write_json(path, verdict.dump())
+    return path
+
+
+def read_verdict(path: str | Path) -> Verdict:
+    path = Path(path)
+    try:
+        return Verdict.model_validate_json(path.read_text(encoding="utf-8"))
+    except (ValidationError, OSError) as exc:
+        raise VerdictInputError(f"{path} is not a readable verdict: {str(exc).splitlines()[0]}") from None
+
+
+def summary_lines(verdict: Verdict) -> list[str]:
+    """Short human-readable lines: overall, then each candidate and gate (for the CLI)."""
+    lines = [f"{verdict.outcome}  policy {verdict.policy_name!r}, baseline {verdict.baseline!r}"]
+    for c in verdict.candidates:
+        lines.append(f"  {c.candidate}: {c.outcome}")
+        for g in c.gates:
+            tag = "" if g.required else " (advisory)"
+            waived = f" [waived by {g.waiver.owner} until {g.waiver.expires}]" if g.waiver else ""
+            lines.append(f"    {g.gate}{tag}: {g.outcome}{waived}")
+            for reason in g.reasons:
+                lines.append(f"      - {reason}")
+        if c.speed is not None:
+            lines.append(f"    speed: {c.speed.outcome}")
+            for reason in c.speed.reasons:
+                lines.append(f"      - {reason}")
+    for w in verdict.warnings:
+        lines.append(f"  warning: {w}")
+    return lines
+
+
+def run_verdict(
+    run_dir: str | Path,
+    policy: str | Path,
+    *,
+    floor: str | Path | None = None,
+    write: bool = False,
+    today: dt.date | None = None,
+) -> Verdict:
+    """Judge ``run_dir`` under the policy file; optionally write ``verdict.json``. Raises on input errors."""
+    loaded = load_policy(policy)
+    verdict = compute_verdict(run_dir, loaded, floor_path=floor, today=today)
+    if write:
+        write_verdict(verdict, run_dir)
+    return verdict

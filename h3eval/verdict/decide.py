@@ -1,0 +1,385 @@
+"""Deciding a verdict: outcomes from the gathered evidence and the policy (paired statistics of
+:mod:`h3eval.stats`, thresholds, margins, Holm, waivers), and how outcomes combine.
+
+Outcomes and how they combine (see :mod:`h3eval.verdict`): FAIL beats INCONCLUSIVE beats PASS; a metric, gate or
+candidate that checked nothing is INCONCLUSIVE, never a silent PASS; an active waiver turns the FAIL /
+INCONCLUSIVE it covers into PASS and says so.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from h3eval import stats as S
+from h3eval.policy import GatePolicy, MetricPolicy, Policy, SpeedPolicy, Waiver
+from h3eval.store import clip_stem
+from h3eval.verdict.gather import LoadedResult
+from h3eval.verdict.schema import (WORST_SHOWN, GateVerdict, MetricVerdict, Outcome, Settings, SpeedVerdict,
+                                   WaiverApplied)
+
+
+def combine(outcomes: list[str]) -> Outcome:
+    """FAIL beats INCONCLUSIVE beats PASS; nothing to combine is INCONCLUSIVE (never a silent PASS)."""
+    if not outcomes:
+        return "INCONCLUSIVE"
+    if "FAIL" in outcomes:
+        return "FAIL"
+    if "INCONCLUSIVE" in outcomes:
+        return "INCONCLUSIVE"
+    return "PASS"
+
+
+def waiver_for(
+    waivers: list[Waiver], gate: str, metric: str | None, candidate: str, today: dt.date, warnings: list[str]
+) -> Waiver | None:
+    for w in waivers:
+        if not w.covers(gate, metric, candidate) or (metric is None) != (w.metric is None):
+            continue
+        if w.active(today):
+            return w
+        warnings.append(f"waiver by {w.owner} ({w.reason}) expired on {w.expires.isoformat()}; not applied")
+    return None
+
+
+def apply_waiver(outcome: Outcome, waiver: Waiver | None) -> tuple[Outcome, WaiverApplied | None]:
+    if waiver is None or outcome == "PASS":
+        return outcome, None
+    return "PASS", WaiverApplied(owner=waiver.owner, reason=waiver.reason, expires=waiver.expires, raw_outcome=outcome)
+
+
+def _fmt(x: float | None, digits: int = 4) -> str:
+    return "n/a" if x is None else f"{x:.{digits}g}"
+
+
+class _MetricWork:
+    """A metric verdict under construction: numbers gathered, stats computed, decision pending Holm."""
+
+    def __init__(self, mv: MetricVerdict, mp: MetricPolicy, summary: S.DeltaSummary | None, values: np.ndarray | None,
+                 power: float = S.DEFAULT_POWER):
+        self.mv, self.mp, self.summary, self.values, self.power = mv, mp, summary, values, power
+
+
+def metric_statistics(mv: MetricVerdict, mp: MetricPolicy, settings: Settings) -> _MetricWork:
+    """The paired statistics of a gathered metric (oriented deltas, CI, tests); a metric that cannot be judged
+    (reasons already given, or numbers the statistics refuse) gets none."""
+    if mv.reasons:
+        return _MetricWork(mv, mp, None, None, settings.power)
+    key = f"{mv.gate}.{mv.metric}"
+    pairs = mv.pairs
+    values = np.array([p.value if p.value is not None else np.nan for p in pairs])
+    try:
+        if mp.compare == "pair":
+            deltas = _pair_room(values, mp, mv.threshold)
+        elif mp.compare == "sides":
+            cand = values
+            base = np.array([p.baseline_value if p.baseline_value is not None else np.nan for p in pairs])
+            identical = np.isnan(cand)
+            if mp.binary:
+                S.check_binary(cand[~identical], f"{key} (candidate)")
+                S.check_binary(base[~identical], f"{key} (baseline)")
+            deltas = np.where(identical, 0.0, (cand - base) * (1 if mp.higher_is_better else -1))
+        else:
+            raw = np.where(np.isnan(values), 0.0, values)
+            deltas = S.orient(raw, mp.higher_is_better)
+            if mp.binary and not np.isin(deltas, (-1.0, 0.0, 1.0)).all():
+                raise S.StatsInputError(f"{key}: a 0/1 metric's deltas must be -1, 0 or 1")
+        for p, d in zip(pairs, deltas):
+            p.delta = float(d)
+        margin = 0.0 if mp.compare == "pair" else float(mv.threshold)  # type: ignore[arg-type]
+        summary = S.summarize_deltas(
+            deltas, margin, binary=mp.binary, confidence=settings.confidence, power=settings.power,
+            n_resamples=settings.n_resamples, seed=settings.seed,
+        )
+    except S.StatsInputError as exc:
+        mv.reasons.append(str(exc))
+        return _MetricWork(mv, mp, None, None, settings.power)
+    mv.stats = _summary_dict(summary, mp, mv.threshold)
+    return _MetricWork(mv, mp, summary, values, settings.power)
+
+
+def _pair_room(values: np.ndarray, mp: MetricPolicy, threshold: float | None) -> np.ndarray:
+    """Room left to the threshold per pair, oriented (positive = inside). Without a threshold: oriented values."""
+    reference = threshold if threshold is not None else 0.0
+    return (values - reference) if mp.higher_is_better else (reference - values)
+
+
+def _summary_dict(summary: S.DeltaSummary, mp: MetricPolicy, threshold: float | None) -> dict[str, Any]:
+    data = asdict(summary)
+    if mp.compare == "pair" and threshold is not None:
+        # For a pair metric the "delta" is the room left to the threshold: its signs say within / beyond.
+        word = "min" if mp.higher_is_better else "max"
+        data["signs"]["describe"] = (f"within {word} {threshold:.4g} on {summary.signs.better + summary.signs.tied}, "
+                                     f"beyond on {summary.signs.worse} of {summary.n}")
+    else:
+        data["signs"]["describe"] = summary.signs.describe()
+    return data
+
+
+def decide_metric(work: _MetricWork, alpha: float) -> None:
+    """Set the raw outcome of a metric whose statistics are computed (Holm p already set)."""
+    mv, mp, s = work.mv, work.mp, work.summary
+    assert s is not None and work.values is not None
+    decisive_p = mv.p_holm if mv.p_holm is not None else mv.p_value
+    p_ok = decisive_p is None or decisive_p <= alpha
+    holm_note = f"Holm-adjusted p {_fmt(mv.p_holm)}" if mv.p_holm is not None else f"p {_fmt(mv.p_value)}"
+    outcomes: list[str] = []
+    signs = s.signs.describe()
+    if mp.compare == "pair":
+        bad = "above" if not mp.higher_is_better else "below"
+        mean_v = float(np.mean(work.values))
+        # CI of the mean value from the CI of the room: value = threshold -/+ room.
+        t = mv.threshold
+        if t is not None:
+            if mp.higher_is_better:
+                mv.ci_low, mv.ci_high = t + s.ci.low, t + s.ci.high
+            else:
+                mv.ci_low, mv.ci_high = t - s.ci.high, t - s.ci.low
+        else:
+            ci = S.mean_ci(work.values, confidence=s.ci.confidence, n_resamples=max(999, s.ci.n_resamples))
+            mv.ci_low, mv.ci_high = ci.low, ci.high
+        mv.mean_value = mean_v
+        if t is not None:
+            word = "max" if not mp.higher_is_better else "min"
+            bound = mv.ci_high if not mp.higher_is_better else mv.ci_low
+            over = s.signs.worse
+            if s.mean <= 0:
+                outcomes.append("FAIL")
+                mv.reasons.append(
+                    f"mean {_fmt(mean_v)} is {bad} {word} {_fmt(t)} ({over} of {s.n} pairs {bad} it); "
+                    f"{int(s.ci.confidence * 100)}% CI [{_fmt(mv.ci_low)}, {_fmt(mv.ci_high)}]"
+                )
+            elif s.ci.low > 0 and p_ok:
+                outcomes.append("PASS")
+                mv.reasons.append(
+                    f"mean {_fmt(mean_v)}, CI bound {_fmt(bound)} within {word} {_fmt(t)} ({holm_note})"
+                )
+            else:
+                outcomes.append("INCONCLUSIVE")
+                gap = s.mean
+                needed = S.pairs_needed(s.sd, gap, alpha=alpha, power=work.power) if gap > 0 else None
+                if s.ci.low > 0:  # the CI clears it; the multiplicity-adjusted test does not
+                    mv.reasons.append(f"mean {_fmt(mean_v)} and its CI bound {_fmt(bound)} are within {word} "
+                                      f"{_fmt(t)}, but the {holm_note} exceeds {_fmt(alpha)}")
+                else:
+                    mv.reasons.append(f"mean {_fmt(mean_v)} is within {word} {_fmt(t)} but the CI bound "
+                                      f"{_fmt(bound)} is not ({holm_note})")
+                mv.warnings.append(
+                    f"sample size: {s.n} pairs resolve a shift of {_fmt(s.mde)} at power {work.power}; the gap "
+                    f"to the threshold is {_fmt(gap)}" + (f"; about {needed} pairs would resolve it" if needed else "")
+                )
+        if mv.pair_limit is not None:
+            limit = mv.pair_limit
+            beyond = [p for p in mv.pairs if (p.value < limit if mp.higher_is_better else p.value > limit)]
+            if beyond:
+                outcomes.append("FAIL")
+                shown = ", ".join(f"{clip_stem(p.prompt_id, p.seed)}={_fmt(p.value)}" for p in beyond[:5])
+                mv.reasons.append(f"{len(beyond)} of {s.n} pair(s) {bad} pair_limit {_fmt(mv.pair_limit)}: {shown}")
+            else:
+                outcomes.append("PASS")
+        order = sorted(mv.pairs, key=lambda p: p.value if mp.higher_is_better else -p.value)  # type: ignore[operator]
+    else:
+        margin = float(mv.threshold)  # type: ignore[arg-type]
+        mv.mean_value, mv.ci_low, mv.ci_high = s.mean, s.ci.low, s.ci.high
+        detail = f"{signs}; Wilcoxon p {_fmt(s.wilcoxon.pvalue)}"
+        if s.mcnemar is not None:
+            detail += (f"; McNemar exact p {_fmt(s.mcnemar.pvalue)} ({s.mcnemar.regressed} regressed, "
+                       f"{s.mcnemar.improved} improved)")
+        ci_text = f"{int(s.ci.confidence * 100)}% CI [{_fmt(s.ci.low)}, {_fmt(s.ci.high)}]"
+        if s.mean <= -margin:
+            outcomes.append("FAIL")
+            mv.reasons.append(
+                f"mean delta {_fmt(s.mean)} is worse than the margin -{_fmt(margin)} ({ci_text}; {detail})"
+            )
+        elif s.noninferiority.holds and p_ok:
+            outcomes.append("PASS")
+            mv.reasons.append(
+                f"non-inferior: lower bound {_fmt(s.ci.low)} > -{_fmt(margin)} ({ci_text}; {holm_note}; "
+                f"TOST p {_fmt(s.noninferiority.tost_p)}; {detail})"
+            )
+            if s.wilcoxon.pvalue <= 2 * alpha and s.signs.worse > s.signs.better:
+                mv.warnings.append(f"consistently worse ({detail}) though within the margin")
+        else:
+            outcomes.append("INCONCLUSIVE")
+            if s.noninferiority.holds:  # the CI clears the margin; the multiplicity-adjusted test does not
+                mv.reasons.append(
+                    f"lower bound {_fmt(s.ci.low)} clears -{_fmt(margin)} but the {holm_note} exceeds {_fmt(alpha)} "
+                    f"({ci_text}; {detail})"
+                )
+            else:
+                mv.reasons.append(
+                    f"mean delta {_fmt(s.mean)} is within the margin -{_fmt(margin)} but the lower bound "
+                    f"{_fmt(s.ci.low)} is not ({ci_text}; {holm_note}; {detail})"
+                )
+        if s.underpowered:
+            mv.warnings.append(
+                f"sample size: {s.n} pairs resolve only shifts of {_fmt(s.mde)} or more at power {work.power} "
+                f"(sd {_fmt(s.sd)}), larger than the margin {_fmt(margin)}"
+                + (f"; about {s.pairs_needed} pairs would resolve it" if s.pairs_needed else "")
+            )
+        order = sorted(mv.pairs, key=lambda p: p.delta if p.delta is not None else 0.0)
+    mv.worst = order[:WORST_SHOWN]
+    mv.evidence = list(dict.fromkeys([p.file for p in mv.worst] + [a for p in mv.worst for a in p.artifacts]))
+    mv.raw_outcome = combine(outcomes)
+
+
+def decide_speed(sv: SpeedVerdict, problems: list[str], sp: SpeedPolicy, policy_min_pairs: int,
+                 settings: Settings) -> SpeedVerdict:
+    """PASS when the speedup's CI lower bound clears ``min_speedup``, FAIL when the estimate is below it."""
+    min_pairs = sp.min_pairs or policy_min_pairs
+    reasons: list[str] = []
+    if problems:
+        reasons.append(f"{len(problems)} pair(s) without usable timings: " + "; ".join(problems[:5]))
+    if sv.n_pairs < min_pairs:
+        reasons.append(f"only {sv.n_pairs} timed pair(s) (warm-up excluded: {sv.excluded_warmup}); the policy "
+                       f"needs at least {min_pairs}")
+    if reasons:
+        sv.reasons = reasons
+        return sv
+    res = S.speedup([p.baseline_s for p in sv.pairs], [p.candidate_s for p in sv.pairs],
+                    confidence=settings.confidence, n_resamples=settings.n_resamples, seed=settings.seed)
+    sv.speedup, sv.ci_low, sv.ci_high = res.ci.estimate, res.ci.low, res.ci.high
+    sv.geometric_mean_ratio, sv.median_ratio = res.geometric_mean_ratio, res.median_ratio
+    sv.baseline_mean_s, sv.candidate_mean_s, sv.faster = res.baseline_mean_s, res.candidate_mean_s, res.faster
+    text = (f"speedup {res.ci.estimate:.3f}x ({int(settings.confidence * 100)}% CI [{res.ci.low:.3f}, "
+            f"{res.ci.high:.3f}]; {sp.latency} {res.baseline_mean_s:.3g} s -> {res.candidate_mean_s:.3g} s; faster on "
+            f"{res.faster} of {res.n})")
+    if res.ci.estimate < sp.min_speedup:
+        sv.raw_outcome = "FAIL"
+        sv.reasons.append(f"{text} is below the minimum {sp.min_speedup}x")
+    elif res.ci.low >= sp.min_speedup:
+        sv.raw_outcome = "PASS"
+        sv.reasons.append(f"{text}; lower bound at least {sp.min_speedup}x")
+    else:
+        sv.raw_outcome = "INCONCLUSIVE"
+        sv.reasons.append(f"{text}: the estimate clears {sp.min_speedup}x but the lower bound does not")
+    return sv
+
+
+# -- gates and candidates ------------------------------------------------------------------------------------------
+def gate_level_checks(gv: GateVerdict, gp: GatePolicy, results: dict[tuple[str, int], LoadedResult],
+                      expected: list[tuple[str, int]], policy_min_pairs: int) -> list[str]:
+    """The gate-level outcomes of one candidate's gate (results present, flags, missing pairs); fills ``gv``."""
+    if not results:
+        gv.reasons.append(f"gate {gv.gate!r} has no results for candidate {gv.candidate!r} in this run "
+                          f"(expected gates/{gv.gate}/{gv.candidate}/<prompt>-s<seed>.json)")
+        return ["INCONCLUSIVE"]
+    usable = {k: r for k, r in results.items() if r.problem is None}
+    gv.n_usable = len(usable)
+    for p, s in expected:
+        lr = results.get((p, s))
+        if lr is None:
+            gv.unusable.append(f"{clip_stem(p, s)}: no result file")
+        elif lr.problem:
+            gv.unusable.append(f"{clip_stem(p, s)}: {lr.problem}")
+    if gp.max_flagged is None:
+        return []
+    outcomes = []
+    flagged = [r for r in usable.values() if r.result is not None and r.result.flagged]
+    gv.flagged = [f"{clip_stem(r.prompt_id, r.seed)}: {'; '.join(r.result.flags) or 'flagged'}"
+                  for r in flagged if r.result is not None]
+    gv.evidence.extend(r.rel for r in flagged)
+    gv.evidence.extend(a for r in flagged if r.result is not None for a in r.result.artifacts)
+    min_pairs = gp.min_pairs or policy_min_pairs
+    if len(flagged) > gp.max_flagged:
+        gv.reasons.append(f"flagged on {len(flagged)} of {len(usable)} pairs (max_flagged "
+                          f"{gp.max_flagged}): " + " | ".join(gv.flagged[:5]))
+        outcomes.append("FAIL")
+    if len(expected) - len(usable) > gp.max_missing:
+        gv.reasons.append(f"{len(expected) - len(usable)} of {len(expected)} expected pairs have no "
+                          f"usable result (max_missing {gp.max_missing}): " + "; ".join(gv.unusable[:5]))
+        outcomes.append("INCONCLUSIVE")
+    elif len(usable) < min_pairs:
+        gv.reasons.append(f"only {len(usable)} usable pair(s); the policy needs at least {min_pairs}")
+        outcomes.append("INCONCLUSIVE")
+    else:
+        outcomes.append("PASS")
+    return outcomes
+
+
+def run_test_outcome(gv: GateVerdict, gp: GatePolicy, results: dict[tuple[str, int], LoadedResult],
+                     expected: list[tuple[str, int]], policy_min_pairs: int) -> Outcome:
+    """The run-level test of a per-pair p-value (issue 19): FAIL when Benjamini-Hochberg over the pairs' p-values
+    finds a discovery; INCONCLUSIVE when a p-value is absent or not in [0, 1] (never read as a pass), or pairs are
+    missing or too few; else PASS."""
+    rt = gp.run_test
+    assert rt is not None
+    usable = {k: r for k, r in results.items() if r.problem is None}
+    values, keys, bad = [], [], []
+    for (prompt_id, seed), lr in sorted(usable.items()):
+        m = lr.result.metrics.get(rt.metric) if lr.result is not None else None
+        v = None if m is None else m.value
+        if v is None or not math.isfinite(v) or not 0.0 <= v <= 1.0:
+            bad.append(f"{clip_stem(prompt_id, seed)}: {rt.metric} = {v} ({lr.rel})")
+            continue
+        values.append(v)
+        keys.append(lr)
+    test = S.ghost_run_test(values, rt.fdr)
+    named = [f"{clip_stem(keys[i].prompt_id, keys[i].seed)} (p {values[i]:.3g})" for i in test.discoveries]
+    text = f"{rt.metric}: Benjamini-Hochberg at FDR {rt.fdr} over {test.n} pairs, Simes p {test.run_p_value:.3g}"
+    if test.fail:
+        gv.flagged = named
+        gv.evidence.extend(keys[i].rel for i in test.discoveries)
+        gv.reasons.append(f"{text}: {len(named)} pair(s) are discoveries: " + ", ".join(named[:5]))
+        return "FAIL"
+    min_pairs = gp.min_pairs or policy_min_pairs
+    problems = bad[:5]
+    if len(expected) - len(usable) > gp.max_missing:
+        problems.append(f"{len(expected) - len(usable)} of {len(expected)} expected pairs have no usable result")
+    if len(values) < min_pairs:
+        problems.append(f"only {len(values)} pair(s) with a p-value; the policy needs at least {min_pairs}")
+    if problems:
+        gv.reasons.append(f"{text}: no discovery, but " + "; ".join(problems))
+        return "INCONCLUSIVE"
+    gv.reasons.append(f"{text}: no discovery")
+    return "PASS"
+
+
+def decide_metrics(works: list[_MetricWork], policy: Policy, settings: Settings, candidate: str) -> None:
+    """Holm across the decisive p-values of the candidate's required metrics (advisory ones: their own family),
+    then each metric's outcome, then its waiver."""
+    for family in (True, False):
+        fam = [w for w in works if w.summary is not None and w.mp.required == family and w.mv.threshold is not None]
+        pvals = [w.summary.noninferiority.p_value for w in fam]  # type: ignore[union-attr]
+        adjusted = S.holm(pvals) if policy.holm else pvals
+        for w, p, q in zip(fam, pvals, adjusted):
+            w.mv.p_value, w.mv.p_holm = p, (q if policy.holm else None)
+    for w in works:
+        if w.summary is not None:
+            decide_metric(w, settings.alpha_one_sided)
+        else:
+            w.mv.raw_outcome = "INCONCLUSIVE"
+        waiver = waiver_for(policy.waivers, w.mv.gate, w.mv.metric, candidate, settings.today, w.mv.warnings)
+        w.mv.outcome, w.mv.waiver = apply_waiver(w.mv.raw_outcome, waiver)
+
+
+def decide_gate(gv: GateVerdict, gp: GatePolicy, gate_level: list[str], policy: Policy, settings: Settings) -> None:
+    """A gate's outcome from its gate-level checks and its required metrics; then its waiver."""
+    parts = list(gate_level)
+    parts.extend(m.outcome for m in gv.metrics if m.required)
+    if gv.metrics and not any(m.required for m in gv.metrics) and gp.max_flagged is None and gp.run_test is None:
+        gv.warnings.append("every metric of this gate is advisory: the gate decides nothing")
+        parts.append("PASS")
+    # combine([]) is INCONCLUSIVE: a gate that checked nothing never passes silently.
+    gv.raw_outcome = combine(parts)
+    for m in gv.metrics:
+        if m.outcome != "PASS":
+            gv.reasons.append(f"{m.metric}{'' if m.required else ' (advisory)'}: {m.outcome}: " + "; ".join(m.reasons))
+    waiver = waiver_for(policy.waivers, gv.gate, None, gv.candidate, settings.today, gv.warnings)
+    gv.outcome, gv.waiver = apply_waiver(gv.raw_outcome, waiver)
+
+
+def candidate_outcome(gate_verdicts: list[GateVerdict], speed: SpeedVerdict | None) -> tuple[Outcome, list[str]]:
+    """The candidate's outcome over its required gates and speed check, with the reasons of those not passing."""
+    decisive = [g.outcome for g in gate_verdicts if g.required]
+    if speed is not None and speed.required:
+        decisive.append(speed.outcome)
+    reasons = [f"{g.gate}: {g.outcome}" + (f" ({g.reasons[0]})" if g.reasons else "")
+               for g in gate_verdicts if g.required and g.outcome != "PASS"]
+    if speed is not None and speed.required and speed.outcome != "PASS":
+        reasons.append(f"speed: {speed.outcome} ({speed.reasons[0] if speed.reasons else ''})")
+    return combine(decisive), reasons

@@ -1,0 +1,144 @@
+"""The import floors: ``h3`` <- ``gates`` <- ``h3eval`` <- ``dashboard`` / ``bench``; nothing imports upward, and
+library code never imports a CLI module (BRIEFING, STYLE.md).
+
+The checker walks the AST of every module (imports inside functions included, and ``importlib.import_module`` of a
+literal name), so a lazy import cannot hide an upward dependency. It is itself tested on a planted tree: a checker
+that cannot fail proves nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+FLOORS = {"h3": 0, "gates": 1, "h3eval": 2, "dashboard": 3, "bench": 3}
+"""Each top-level package's floor; a module may import packages on its own floor or below."""
+CLI_MODULES = ("h3.cli", "h3eval.cli", "h3eval.commands")
+"""Command-line modules: thin layers over library functions, which never import them."""
+LIBRARY_PACKAGES = ("h3", "gates", "h3eval", "dashboard")
+
+
+def module_name(root: Path, path: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_cli(name: str) -> bool:
+    return any(name == cli or name.startswith(cli + ".") for cli in CLI_MODULES)
+
+
+def imported_names(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, list[str]]]:
+    """Every import in ``tree`` as (line, names it may load): the module, then for ``from X import y`` also ``X.y``
+    (``from h3eval import commands`` loads the module h3eval.commands). Relative imports are resolved."""
+    found: list[tuple[int, list[str]]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, [alias.name]) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((node.lineno, [target] + [f"{target}.{a.name}" for a in node.names if a.name != "*"]))
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                   or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__")))):
+            found.append((node.lineno, [node.args[0].value]))
+    return found
+
+
+def _violation(module: str, target: str) -> str | None:
+    top, other = module.split(".")[0], target.split(".")[0]
+    if other in FLOORS and FLOORS[other] > FLOORS[top]:
+        return f"upward: {top} is floor {FLOORS[top]}, {other} is floor {FLOORS[other]}"
+    if top in LIBRARY_PACKAGES and not _is_cli(module) and _is_cli(target):
+        return "library code imports a CLI module"
+    return None
+
+
+def floor_violations(root: Path, packages=tuple(FLOORS)) -> list[str]:
+    """Every upward import and every library module importing a CLI module under ``root``, as
+    ``path:line: module imports target (why)``, one per import statement."""
+    problems = []
+    for package in packages:
+        if not (root / package).is_dir():
+            continue
+        for path in sorted((root / package).rglob("*.py")):
+            module = module_name(root, path)
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for line, names in imported_names(tree, module, path.name == "__init__.py"):
+                for target in names:
+                    why = _violation(module, target)
+                    if why:
+                        problems.append(f"{path.relative_to(root)}:{line}: {module} imports {target} ({why})")
+                        break
+    return problems
+
+
+def test_no_module_imports_upward_or_a_cli_module():
+    problems = floor_violations(REPO)
+    assert problems == [], "import floors broken:\n" + "\n".join(problems)
+
+
+def test_the_floor_check_covers_every_package():
+    """Every package the floors name exists and has modules the check read (a renamed folder would pass vacuously)."""
+    for package in FLOORS:
+        assert list((REPO / package).rglob("*.py")), f"{package}/ has no module"
+
+
+PLANTED = {
+    "h3/ok.py": "import numpy\nfrom h3 import names\n",
+    "h3/lazy.py": "def f():\n    from gates.base import Gate\n    return Gate\n",
+    "gates/g.py": "import h3.names\nfrom h3eval.store import RunStore\n",
+    "gates/sub/__init__.py": "from ..g import x\nfrom . import y\n",
+    "h3eval/lib.py": "from h3eval.commands.ab import run_ab_command\nimport dashboard.data\n",
+    "h3eval/dyn.py": "import importlib\nimportlib.import_module('dashboard.app')\n",
+    "h3eval/commands/ab.py": "from h3eval.ab import x\nfrom h3eval import commands\n",
+    "h3eval/fromcli.py": "from h3eval import commands\n",
+    "dashboard/d.py": "from h3eval.store import RunStore\nfrom bench import x\n",
+    "bench/b.py": "from h3eval.commands.dashboard import streamlit_argv\n",
+}
+
+
+@pytest.fixture
+def planted(tmp_path):
+    for rel, text in PLANTED.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_the_checker_finds_planted_upward_imports(planted):
+    problems = floor_violations(planted)
+    found = sorted(p.split(" (")[0] for p in problems)
+    assert found == sorted([
+        "h3/lazy.py:2: h3.lazy imports gates.base",
+        "gates/g.py:2: gates.g imports h3eval.store",
+        "h3eval/lib.py:1: h3eval.lib imports h3eval.commands.ab",
+        "h3eval/lib.py:2: h3eval.lib imports dashboard.data",
+        "h3eval/dyn.py:2: h3eval.dyn imports dashboard.app",
+        "h3eval/fromcli.py:1: h3eval.fromcli imports h3eval.commands",
+    ]), "\n".join(problems)
+    assert any("upward: h3 is floor 0, gates is floor 1" in p for p in problems)
+    assert any("library code imports a CLI module" in p for p in problems)
+    # A relative import stays inside its package; a CLI module importing the library, a package on the same
+    # floor and a bench script importing a CLI helper are all allowed.
+    assert not [p for p in problems if p.startswith(("gates/sub", "h3eval/commands", "dashboard", "bench", "h3/ok"))]
+
+
+def test_relative_imports_are_resolved(tmp_path):
+    (tmp_path / "gates" / "sub").mkdir(parents=True)
+    (tmp_path / "gates" / "sub" / "__init__.py").write_text("")
+    (tmp_path / "gates" / "sub" / "m.py").write_text("from ...h3eval import store\n")
+    assert floor_violations(tmp_path) == [
+        "gates/sub/m.py:1: gates.sub.m imports h3eval (upward: gates is floor 1, h3eval is floor 2)"]
