@@ -1,11 +1,15 @@
 """The H3 runtime: diffusers' MiniMax-H3 modular pipeline, configured by a recipe, with stage anatomy and records.
 
-``H3Runtime.load("tiny" | PATH, recipe)`` gives a runtime; ``runtime.generate(request, out)`` writes one clip (MP4 with
-24 fps video and 32 kHz stereo audio) and its :class:`~h3.record.ClipRecord` next to it.
+``H3Runtime.load("tiny" | "tiny-random" | "tiny-trained" | PATH, recipe)`` gives a runtime;
+``runtime.generate(request, out)`` writes one clip (MP4 with 24 fps video and 32 kHz stereo audio) and its
+:class:`~h3.record.ClipRecord` next to it.
 
-The tiny preset and a real checkpoint share one loading path: the tiny preset is built once from its seed, saved in
-the Hugging Face layout of ``MiniMaxAI/MiniMax-H3`` into a cache folder, and loaded from there with
-``ModularPipeline.from_pretrained`` exactly as a downloaded checkpoint is.
+``tiny-random`` is the random-weight preset (h3.tiny), built once from its seed and saved in the Hugging Face layout of
+``MiniMaxAI/MiniMax-H3`` into a cache folder; ``tiny`` names it too until the trained weights ship (issue 17), then
+``tiny`` becomes the trained preset. ``tiny-trained`` is the trained preset (h3.tiny_trained): a checkpoint in the same
+layout shipped in the package (made by ``python -m h3.train``). All load exactly as a downloaded checkpoint does, with
+``ModularPipeline.from_pretrained``. The random presets (``h3-random``, ``h3-random-small``: h3.random_model) are the
+real pipeline at the released or the tiny configs with seeded weights drawn on the device.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ MAX_FRAMES = 345
 # 128x128, not 64x64: libx264 output was seen to vary run to run on 64x64 frames (uninitialized reads on tiny
 # frames; bench notes in h3/media.py), never at 128 or 256.
 TINY_DEFAULT_SIZE = (128, 128)
+TINY_MODELS = ("tiny", "tiny-random", "tiny-trained")
+"""Model names that are presets rather than checkpoint directories."""
 # MiniMax-H3's own 16:9 canvas (diffusers' resolve_canvas_size(16, 9) with the released short edge 768).
 FULL_DEFAULT_SIZE = (768, 1344)
 
@@ -175,8 +181,8 @@ def check_checkpoint_dir(path: str | os.PathLike) -> Path:
     return root
 
 
-SMALL_MODELS = ("tiny", "h3-random-small")
-"""Models with the tiny preset's small configs (a CPU clip in seconds)."""
+SMALL_MODELS = (*TINY_MODELS, "h3-random-small")
+"""Models with the tiny preset's small configs and canvas (a CPU clip in seconds)."""
 
 
 def model_default_size(model: str) -> tuple[int, int]:
@@ -186,10 +192,13 @@ def model_default_size(model: str) -> tuple[int, int]:
 
 
 def check_model(model: str) -> None:
-    """Raise CheckpointError unless ``model`` is ``tiny``, a random preset or a complete checkpoint directory."""
+    """Raise CheckpointError unless ``model`` is a tiny preset (the trained one present), a random preset or a complete
+    checkpoint directory."""
     from h3.random_model import is_random_preset
 
-    if model != "tiny" and not is_random_preset(model):
+    if model == "tiny-trained":
+        trained_tiny_dir()
+    elif model not in TINY_MODELS and not is_random_preset(model):
         check_checkpoint_dir(model)
 
 
@@ -217,6 +226,17 @@ def tiny_identity() -> str:
     from h3 import tiny
 
     return tiny.tiny_identity()
+
+
+def trained_tiny_dir() -> Path:
+    """The shipped trained tiny checkpoint, or a CheckpointError that says what is missing and how to make it."""
+    from h3.tiny_trained import TRAINED_DIR
+
+    if not (TRAINED_DIR / "modular_model_index.json").is_file():
+        raise CheckpointError(
+            f"the trained tiny preset is missing: {TRAINED_DIR}/modular_model_index.json (it ships with the package; "
+            "train it with `python -m h3.train all --out DIR` and copy DIR/tiny there), or use --model tiny-random")
+    return TRAINED_DIR
 
 
 def default_device() -> str:
@@ -365,27 +385,31 @@ class H3Runtime:
     @classmethod
     def load(cls, model: str, recipe: Recipe, device: str | None = None, *, shared: bool = False,
              text_encoder: str = "resident", transformer_dtype: str | None = None) -> "H3Runtime":
-        """``model``: ``tiny``, a random preset (``h3-random``, ``h3-random-small``: :mod:`h3.random_model`) or a
-        checkpoint directory. ``shared``: a model several recipes take turns on (:meth:`switch_recipe`).
-        ``text_encoder``: ``resident`` or ``offload`` (streamed from host memory, :mod:`h3.residency`).
-        ``transformer_dtype``: run the transformer in this dtype instead of the recipe's (the parallel check's
-        higher-precision reference, h3eval/parallel_check.py); everything else keeps the recipe's."""
+        """``model``: ``tiny`` or ``tiny-random`` (the random-weight tiny preset), ``tiny-trained`` (the trained one),
+        a random preset (``h3-random``, ``h3-random-small``: :mod:`h3.random_model`) or a checkpoint directory.
+        ``shared``: a model several recipes take turns on (:meth:`switch_recipe`). ``text_encoder``: ``resident`` or
+        ``offload`` (streamed from host memory, :mod:`h3.residency`). ``transformer_dtype``: run the transformer in
+        this dtype instead of the recipe's (the parallel check's higher-precision reference,
+        h3eval/parallel_check.py); everything else keeps the recipe's."""
         from h3.random_model import is_random_preset
 
         kwargs = dict(shared=shared, text_encoder=text_encoder, transformer_dtype=transformer_dtype)
-        if model == "tiny":
-            return cls.tiny(recipe, device, **kwargs)
+        if model in ("tiny", "tiny-random"):
+            return cls.tiny(recipe, device, name=model, **kwargs)
+        if model == "tiny-trained":
+            return cls.tiny_trained(recipe, device, **kwargs)
         if is_random_preset(model):
             return cls.random(model, recipe, device, **kwargs)
         return cls.from_pretrained(model, recipe, device, **kwargs)
 
     @classmethod
-    def tiny(cls, recipe: Recipe, device: str | None = None, **kwargs: Any) -> "H3Runtime":
+    def tiny(cls, recipe: Recipe, device: str | None = None, name: str = "tiny", **kwargs: Any) -> "H3Runtime":
+        """The random-weight tiny preset (h3.tiny), built from its seed into the cache folder."""
         from h3 import tiny
 
         runtime = cls.from_pretrained(tiny_checkpoint_dir(), recipe, device, _default_size=TINY_DEFAULT_SIZE,
                                       **kwargs)
-        runtime.model = "tiny"
+        runtime.model = name
         runtime.model_sha256 = tiny.tiny_identity()
         runtime.weights = tiny.WEIGHTS
         return runtime
@@ -417,6 +441,17 @@ class H3Runtime:
         return cls(pipe, recipe, model, random_model.identity(configs, dtype, torch.device(device).type), device,
                    configs.default_size, weights="random", weight_source=source, shared=shared, text_encoder=placed,
                    transformer_dtype=transformer_dtype)
+
+    @classmethod
+    def tiny_trained(cls, recipe: Recipe, device: str | None = None, **kwargs: Any) -> "H3Runtime":
+        """The trained tiny preset (h3.tiny_trained), shipped in the package."""
+        from h3.tiny_trained import trained_identity
+
+        root = trained_tiny_dir()
+        runtime = cls.from_pretrained(root, recipe, device, _default_size=TINY_DEFAULT_SIZE, **kwargs)
+        runtime.model = "tiny-trained"
+        runtime.model_sha256 = trained_identity(root)
+        return runtime
 
     @classmethod
     def from_pretrained(
@@ -472,7 +507,12 @@ class H3Runtime:
 
     # -- recipe ------------------------------------------------------------------------------------------------
     def _is_tiny(self) -> bool:
-        return self.model == "tiny" or Path(self.model).name == f"tiny-{tiny_identity()[:16]}"
+        """A tiny preset, random or trained (by name once loaded, by its folder while loading): the LoRA lever's
+        ``@tiny`` and ``@turbo4-tiny`` load only into them."""
+        from h3.tiny_trained import TRAINED_DIR
+
+        return (self.model in TINY_MODELS or Path(self.model).name == f"tiny-{tiny_identity()[:16]}"
+                or Path(self.model).resolve() == TRAINED_DIR.resolve())
 
     def _apply_recipe(self, applied: dict | None = None) -> None:
         from h3.levers import apply_recipe_levers

@@ -63,7 +63,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from h3.atomic import atomic_write_bytes, atomic_write_json, sha256_file
-from h3.runtime import FPS, MAX_SECONDS, MIN_SECONDS, GenerateRequest
+from h3.runtime import FPS, MAX_SECONDS, MIN_SECONDS, TINY_MODELS, GenerateRequest
 from h3.server_previews import SPRITESHEET, THUMBNAIL, make_preview, sprite_layout
 from h3.server_request import (FIELDS, RequestProblem, RequestSchema, ServerLimits, default_limits, error_body,
                                levers_sha256, read_request_body, show)
@@ -381,7 +381,8 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
     recipe = runtime.recipe
     from h3.random_model import is_random_preset
 
-    served = runtime.model if runtime.model == "tiny" or is_random_preset(runtime.model) else Path(runtime.model).name
+    preset = runtime.model in TINY_MODELS or is_random_preset(runtime.model)
+    served = runtime.model if preset else Path(runtime.model).name
     model_id = model_name or (served if served.startswith("h3-") else f"h3-{served}")
     served_recipes = list(getattr(runtime, "served_recipes", None) or [recipe])
     names = tuple(dict.fromkeys([model_id, *(r.name for r in served_recipes)]))

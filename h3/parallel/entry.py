@@ -46,11 +46,10 @@ def check_before_launch(recipe: Recipe, model: str, device: str | None) -> None:
         if torch.cuda.device_count() < degree:
             raise ParallelError(f"degree {degree} needs {degree} GPUs; {torch.cuda.device_count()} are visible")
     preflight(recipe, str(target))
-    check_model(model)  # tiny, a random preset (h3.random_model) or a complete checkpoint directory
-    if model == "tiny":
-        from h3.parallel.world import prepare_model
+    check_model(model)  # a tiny preset, a random preset (h3.random_model) or a complete checkpoint directory
+    from h3.parallel.world import prepare_model
 
-        prepare_model(model)  # once here, not N times at once in the ranks
+    prepare_model(model)  # once here, not N times at once in the ranks
 
 
 def must_launch(recipe: Recipe) -> bool:

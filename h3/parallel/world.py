@@ -103,7 +103,7 @@ def prepare_model(model: str) -> None:
     no weights on a rank other than 0 once torch.distributed is initialized, so a rank that built the preset after
     joining would publish a checkpoint with an empty ``text_encoder/`` (seen: a CheckpointError naming its missing
     files). Built before joining, every rank writes a whole copy and the first one to finish is kept."""
-    if model == "tiny":
+    if model in ("tiny", "tiny-random"):  # the random-weight tiny preset's cache folder (tiny-trained ships built)
         from h3.runtime import tiny_checkpoint_dir
 
         tiny_checkpoint_dir()
