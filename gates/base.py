@@ -252,6 +252,7 @@ BUILTIN_GATE_MODULES: list[str] = [
     "gates.vbench",
     "gates.opcheck",
     "gates.ghosting",
+    "gates.reference_free",
 ]
 
 
