@@ -253,6 +253,7 @@ BUILTIN_GATE_MODULES: list[str] = [
     "gates.opcheck",
     "gates.ghosting",
     "gates.reference_free",
+    "gates.prompt_faithfulness",
 ]
 
 
