@@ -143,7 +143,13 @@ class SpeedVerdict(_Model):
 class CandidateVerdict(_Model):
     candidate: str
     outcome: Outcome
+    judge: str | None = None
+    """The signoff kind whose judge was used (``exact``, ``near``, ``resample``), or None for a policy without judges
+    or a recipe that declares no kind."""
+    judge_reason: str | None = None
+    """Which judge and why: the recipe's declaration and the policy's reason for judging that kind so."""
     reasons: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
     gates: list[GateVerdict] = Field(default_factory=list)
     speed: SpeedVerdict | None = None
 
