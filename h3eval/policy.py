@@ -255,6 +255,9 @@ class JudgePolicy(_Strict):
     why: str = ""
     """Why recipes of this kind are judged this way (written into the verdict and the report)."""
     gates: dict[str, GatePolicy] = Field(default_factory=dict)
+    speed_required: bool | None = None
+    """Overrides ``[speed] required`` for this kind (None: as the [speed] table says). An exact recipe is often a
+    memory lever (offload: seed 002's block streaming) or the wiring check (identity), not a speedup."""
     warn_below_pairs: int = Field(default=16, ge=2)
     """Fewer expected pairs than this gives the candidate a power warning (seed 002: the 4-clip check pointed the
     wrong way, the 16-clip paired test reversed it)."""

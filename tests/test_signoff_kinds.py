@@ -88,6 +88,7 @@ def test_exact_is_judged_by_same_seed_fidelity(judged):
     assert c.judge == "exact" and c.outcome == "PASS", c.reasons
     assert {g.gate for g in c.gates} == {"integrity", "fidelity", "audio"}
     assert "declares [signoff] kind = 'exact'" in c.judge_reason and "same computation" in c.judge_reason
+    assert c.speed is not None and not c.speed.required  # reported, not deciding, for an exact recipe
 
 
 def test_resample_is_judged_reference_free_and_a_planted_loss_fails_by_name(judged):
@@ -112,6 +113,20 @@ def test_a_recipe_without_a_kind_is_inconclusive_never_guessed(judged):
     c = _candidate(verdict, "undeclared")
     assert c.judge is None and c.outcome == "INCONCLUSIVE"
     assert "declares no [signoff] kind" in c.reasons[0]
+
+
+def test_floor_of_a_per_clip_score_is_its_difference_between_seeds(tmp_path):
+    from types import SimpleNamespace
+
+    from h3eval.floor import floor_from_results
+
+    store = make_run(tmp_path, candidates=["b-newseed"], n_prompts=2)
+    write_result(store, "reference_free", "b-newseed", "p00", 0, {"sharpness": (5.0, True), "sharpness.baseline":
+                                                                  (3.0, True)})
+    write_result(store, "reference_free", "b-newseed", "p01", 0, {"sharpness": (1.0, True), "sharpness.baseline":
+                                                                  (2.0, True)})
+    metrics, counts = floor_from_results(store, SimpleNamespace(name="b"), ["reference_free"])
+    assert metrics == {"reference_free.sharpness": 1.5} and counts == {"reference_free.sharpness": 2}
 
 
 def test_power_warning_under_16_pairs(tmp_path):

@@ -145,6 +145,8 @@ def _judge_candidate(store: RunStore, manifest: RunManifest, candidate: str, loa
     speed: SpeedVerdict | None = None
     if policy.speed is not None:
         speed = speed_verdict(store, manifest, candidate, loaded, settings, expected)
+        if kind is not None and policy.judges[kind].speed_required is not None:
+            speed.required = policy.judges[kind].speed_required
         waiver = waiver_for(policy.waivers, SPEED_GATE, None, candidate, settings.today, speed.warnings)
         speed.outcome, speed.waiver = apply_waiver(speed.raw_outcome, waiver)
     outcome, reasons = candidate_outcome(gate_verdicts, speed)
