@@ -99,6 +99,9 @@ class FloorFraction(_Strict):
 
     fraction_of_floor: float = Field(gt=0)
     """Multiplier of the floor value (e.g. 0.1 = a tenth of what a new seed changes)."""
+    at_least: float = Field(default=0.0, ge=0)
+    """The threshold is never below this (in the metric's units): a score that never moves between seeds (no
+    clipping on any clip: a floor of 0) would otherwise leave a margin of 0, which no candidate can be shown to meet."""
 
 
 Threshold = float | FloorFraction
@@ -485,10 +488,11 @@ def resolve_threshold(threshold: Threshold, key: str, floor: NoiseFloor | None) 
             return ThresholdResolution(value=None, source=f"fraction {threshold.fraction_of_floor} of the floor of "
                                                           f"{key}, which {floor.path.name} does not have")
         base = floor.metrics[key]
-        return ThresholdResolution(
-            value=threshold.fraction_of_floor * base,
-            source=f"{threshold.fraction_of_floor} x floor {base:.6g} ({key} from {floor.path.name})",
-        )
+        value = threshold.fraction_of_floor * base
+        source = f"{threshold.fraction_of_floor} x floor {base:.6g} ({key} from {floor.path.name})"
+        if value < threshold.at_least:
+            value, source = threshold.at_least, f"at_least {threshold.at_least:g} (> {source})"
+        return ThresholdResolution(value=value, source=source)
     return ThresholdResolution(value=float(threshold), source="policy")
 
 

@@ -40,7 +40,7 @@ def test_a_gate_is_either_shared_or_a_judges():
 
 
 KINDS = {"same": "exact", "resampled": "resample", "softer": "resample", "undeclared": None}
-FLOOR = {f"reference_free.{d}": 1.0 for d in RF_DIMENSIONS} | {
+FLOOR = {f"reference_free.{d}": 1.0 for d in RF_DIMENSIONS} | {"reference_free.clipping_fraction": 0.0} | {
     "vbench.temporal_flickering_delta": 0.01, "fidelity.lpips_mean": 0.4, "audio.stft_distance": 2.0}
 
 
@@ -65,6 +65,8 @@ def judged(tmp_path_factory):
                 # A benign resample moves each score a little (a fifth of the floor); `softer` loses 3 floors of
                 # sharpness on every clip.
                 cand_value = base + float(rng.normal(0, 0.2))
+                if dim == "clipping_fraction":  # never moves: a floor of 0, the margin's at_least decides
+                    base = cand_value = 0.0
                 if cand == "softer" and dim == "sharpness":
                     cand_value = base - 3.0
                 metrics[dim] = (cand_value, spec.higher_is_better)
@@ -99,6 +101,8 @@ def test_resample_is_judged_reference_free_and_a_planted_loss_fails_by_name(judg
     assert ok.outcome == "PASS", ok.reasons
     rf = next(g for g in ok.gates if g.gate == "reference_free")
     assert len(rf.metrics) == len(RF_DIMENSIONS) and all(m.outcome == "PASS" for m in rf.metrics)
+    clipping = next(m for m in rf.metrics if m.metric == "clipping_fraction")
+    assert clipping.threshold == 0.0001 and clipping.threshold_source.startswith("at_least")
     # The suite has no ground truth: prompt faithfulness says so and decides nothing.
     pf = next(g for g in ok.gates if g.gate == "prompt_faithfulness")
     assert not pf.required and "not applicable" in pf.reasons[0]
