@@ -107,6 +107,18 @@ class FloorFraction(_Strict):
 Threshold = float | FloorFraction
 
 
+class RegressionTest(_Strict):
+    """FAIL a ``sides`` / ``delta`` metric on which the candidate is *consistently* worse, even inside the margin
+    (seed 002: imaging quality "dropped on 14 of 16 clips"). The one-sided Wilcoxon signed-rank test of "the candidate
+    is worse" is Holm-adjusted across the candidate's metrics that carry this test; the metric FAILs when that p-value
+    is at most ``alpha`` and the mean shift is at least ``min_shift``. Under a benign candidate (deltas symmetric about
+    0, e.g. fresh seeds of the baseline) this FAILs a run with probability at most ``alpha``."""
+
+    alpha: float = Field(gt=0, lt=0.5)
+    min_shift: Threshold
+    """The smallest mean worsening (in the metric's units, or a fraction of its floor) that counts."""
+
+
 class MetricPolicy(_Strict):
     """How one gate metric decides."""
 
@@ -132,10 +144,14 @@ class MetricPolicy(_Strict):
     """False: advisory, reported but not deciding."""
     min_pairs: int | None = Field(default=None, ge=2)
     """Overrides the gate's / policy's ``min_pairs`` for this metric."""
+    regression: RegressionTest | None = None
+    """``sides`` / ``delta``: also FAIL a consistent worsening inside the margin (:class:`RegressionTest`)."""
     description: str = ""
 
     @model_validator(mode="after")
     def _consistent(self) -> "MetricPolicy":
+        if self.regression is not None and self.compare == "pair":
+            raise ValueError("`regression` is for compare = 'sides' or 'delta'")
         if self.compare == "pair":
             if self.margin is not None or self.binary or self.baseline_metric is not None:
                 raise ValueError("`margin`, `binary` and `baseline_metric` are for compare = 'sides' or 'delta'")

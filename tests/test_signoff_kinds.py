@@ -39,7 +39,7 @@ def test_a_gate_is_either_shared_or_a_judges():
         parse_policy({**base, "judges": {"nearly": {"gates": {"fidelity": {"max_flagged": 0}}}}})
 
 
-KINDS = {"same": "exact", "resampled": "resample", "softer": "resample", "undeclared": None}
+KINDS = {"same": "exact", "resampled": "resample", "softer": "resample", "duller": "resample", "undeclared": None}
 FLOOR = {f"reference_free.{d}": 1.0 for d in RF_DIMENSIONS} | {"reference_free.clipping_fraction": 0.0} | {
     "vbench.temporal_flickering_delta": 0.01, "fidelity.lpips_mean": 0.4, "audio.stft_distance": 2.0}
 
@@ -69,6 +69,8 @@ def judged(tmp_path_factory):
                     base = cand_value = 0.0
                 if cand == "softer" and dim == "sharpness":
                     cand_value = base - 3.0
+                if cand == "duller" and dim == "contrast":  # inside the margin, but worse on every clip
+                    cand_value = base - 0.3 + float(rng.normal(0, 0.05))
                 metrics[dim] = (cand_value, spec.higher_is_better)
                 metrics[f"{dim}.baseline"] = (base, spec.higher_is_better)
             write_result(store, "reference_free", cand, pid, seed, metrics)
@@ -110,6 +112,18 @@ def test_resample_is_judged_reference_free_and_a_planted_loss_fails_by_name(judg
     failed = [m.metric for g in soft.gates for m in g.metrics if m.outcome == "FAIL"]
     assert failed == ["sharpness"] and "sharpness" in " ".join(soft.reasons)
     assert "judged as resample" in "\n".join(summary_lines(verdict))
+
+
+def test_a_consistent_worsening_inside_the_margin_fails_as_a_regression(judged):
+    _, verdict = judged
+    duller = _candidate(verdict, "duller")
+    contrast = next(m for g in duller.gates for m in g.metrics if m.metric == "contrast")
+    assert duller.outcome == "FAIL" and contrast.outcome == "FAIL"
+    assert contrast.mean_value > -contrast.threshold  # within the non-inferiority margin...
+    assert contrast.p_worse == pytest.approx(2.0 ** -16) and "consistently worse" in contrast.reasons[-1]
+    # ...and a benign candidate's symmetric deltas trigger no regression.
+    ok = _candidate(verdict, "resampled")
+    assert all(m.p_worse_holm > 0.01 for g in ok.gates for m in g.metrics if m.p_worse_holm is not None)
 
 
 def test_a_recipe_without_a_kind_is_inconclusive_never_guessed(judged):

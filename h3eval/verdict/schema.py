@@ -81,6 +81,11 @@ class MetricVerdict(_Model):
     p_value: float | None = None
     """The decisive one-sided p-value before Holm."""
     p_holm: float | None = None
+    p_worse: float | None = None
+    """The regression test's one-sided Wilcoxon p-value that the candidate is worse (policy ``regression``)."""
+    p_worse_holm: float | None = None
+    regression_shift: float | None = None
+    """The regression test's resolved ``min_shift``."""
     pairs: list[PairValue] = Field(default_factory=list)
     worst: list[PairValue] = Field(default_factory=list)
     evidence: list[str] = Field(default_factory=list)
