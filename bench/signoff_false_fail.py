@@ -151,7 +151,8 @@ def resample_run(root: Path, scores: dict, rng: np.random.Generator) -> dict:
     return drawn
 
 
-def make_near_pool(proof: Path, out: Path, model: str, seeds: list[int], env: Path, trunk: str):
+def make_near_pool(proof: Path, out: Path, model: str, seeds: list[int], env: Path, trunk: str,
+                   size: int | None = None):
     """The near pool: baseline (linked from the proof run where it has the clip) and baseline-int8wo, gated."""
     from bench.signoff_proof import generate, link_clips, recipe
     from h3eval.gaterun import run_gates
@@ -164,7 +165,7 @@ def make_near_pool(proof: Path, out: Path, model: str, seeds: list[int], env: Pa
     prompts = PromptSuite(path=Path(manifest.prompts.path), sha256=manifest.prompts.sha256,
                           prompts=[Prompt(id=pid, prompt=rec.request.prompt) for pid, rec in records.items()])
     link_clips(src, RunStore(out), "baseline", manifest.prompts.ids, manifest.seeds)
-    generate(out, model, [recipe("baseline", model), recipe(NEAR, model)], prompts, seeds, "ab")
+    generate(out, model, [recipe("baseline", model), recipe(NEAR, model)], prompts, seeds, "ab", size=size)
     return run_gates(out, NEAR_GATES, device="cpu", options={"fidelity.lpips_trunk": trunk}, progress=False)
 
 
@@ -215,6 +216,7 @@ def main() -> None:
     parser.add_argument("--near-out", default="/tmp/signoff18/near")
     parser.add_argument("--near-seeds", default="0,1,2,3,4,5", help="empty: skip the near judge")
     parser.add_argument("--model", default="tiny")
+    parser.add_argument("--size", type=int, default=None)
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--vbench-env", default=None)
     parser.add_argument("--margins", default="", help="also simulate the resample judge at these margin multiples "
@@ -238,7 +240,7 @@ def main() -> None:
     near_dir = Path(args.near_out)
     gate_errors = []
     if near_seeds:
-        gate_errors = make_near_pool(pool, near_dir, args.model, near_seeds, env, trunk).errors
+        gate_errors = make_near_pool(pool, near_dir, args.model, near_seeds, env, trunk, args.size).errors
     near_pairs = [(p, s) for p in manifest.prompts.ids for s in near_seeds]
 
     results: dict = {}
@@ -268,7 +270,8 @@ def main() -> None:
     shipped_k = shipped["sharpness"]["margin"]["fraction_of_floor"]
     payload = {"pool": str(pool), "floor": json.loads(floor.read_text()), "runs_per_judge": args.runs,
                "pairs_per_run": 16, "lpips_trunk": trunk, "results": results, "fail_examples": examples,
-               "pool_clips": len(scores), "near_pool_pairs": len(near_pairs), "gate_errors": gate_errors, "near_pool": str(near_dir) if near_seeds else None,
+               "pool_clips": len(scores), "near_pool_pairs": len(near_pairs), "gate_errors": gate_errors,
+               "near_pool": str(near_dir) if near_seeds else None,
                "shipped_resample_margin_x_floor": shipped_k, "seconds": round(time.perf_counter() - started, 1),
                "caveats": ["runs resample one pool of clips, so they are not independent: the Clopper-Pearson "
                            "interval assumes independence and is optimistic",
@@ -286,7 +289,8 @@ def main() -> None:
         f"`[speed]`), floor `{floor}`. Resample pool: {len(scores)} baseline clips ({len(manifest.prompts.ids)} "
         f"world-demo captions x seeds {manifest.seeds}) of the trained tiny preset; near pool: `{NEAR}` against the "
         f"baseline at {len(near_pairs)} (prompt, seed) pairs (seeds {near_seeds}); each clip made once and scored "
-        f"once, pairs resampled per run (see the script's docstring). Shipped resample margin: {shipped_k} x the new-seed floor; LPIPS trunk "
+        f"once, pairs resampled per run (see the script's docstring). Shipped resample margin: {shipped_k} x the "
+        f"new-seed floor; LPIPS trunk "
         f"`{trunk}`.", "", *rows, "",
         "Caveats: " + "; ".join(payload["caveats"]) + ".",
     ])

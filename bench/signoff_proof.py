@@ -57,12 +57,23 @@ def zero_text_hook(module, args, kwargs):
     return args, kwargs
 
 
+WARMUP = {"size": None}
+
+
 def runtime_factory(model, recipe, device):
-    from h3.runtime import H3Runtime
+    """The runtime of ``recipe``, warmed up by one throwaway request at the run's shape, so that no recorded request
+    pays the first-call costs (the product's A/B protocol excludes warm-up the same way); the planted fault's hook on
+    ``cond-fault``."""
+    import tempfile
+
+    from h3.runtime import GenerateRequest, H3Runtime
 
     runtime = H3Runtime.load(model, recipe, device)
     if recipe.name == FAULT:
         runtime.pipe.transformer.register_forward_pre_hook(zero_text_hook, with_kwargs=True)
+    size = WARMUP["size"]
+    with tempfile.TemporaryDirectory(prefix="warmup-") as tmp:
+        runtime.generate(GenerateRequest(prompt="warm-up", seed=0, height=size, width=size), Path(tmp) / "w.mp4")
     return runtime
 
 
@@ -95,11 +106,12 @@ def link_clips(src_store, dst_store, recipe_name: str, prompt_ids, seeds) -> Non
 
 
 def generate(out: Path, model: str, recipes: list, prompts, seeds: list[int], kind: str,
-             num_frames: int | None = None) -> None:
+             num_frames: int | None = None, size: int | None = None) -> None:
     from h3eval.runner import RequestShape, RunPlan, fill_run
 
+    WARMUP["size"] = size
     plan = RunPlan(out=out, model=model, recipes=recipes, prompts=prompts, seeds=seeds, baseline="baseline",
-                   kind=kind, device="cpu", shape=RequestShape(num_frames=num_frames),
+                   kind=kind, device="cpu", shape=RequestShape(num_frames=num_frames, height=size, width=size),
                    args={"command": "bench/signoff_proof.py"})
     manifest = fill_run(plan, runtime_factory=runtime_factory, progress=True)
     if manifest.status != "complete":
@@ -139,7 +151,10 @@ def main() -> None:
     parser.add_argument("--vbench-env", default=None, help="pinned VBench environment (default: the gate's default)")
     parser.add_argument("--turbo", default="turbo4-tiny", help="the distilled recipe (turbo4-tiny on the trained tiny)")
     parser.add_argument("--lora03", default="turbo4-tiny-lora03")
-    parser.add_argument("--num-frames", type=int, default=None, help="shorter clips (dry runs); default: the model's")
+    parser.add_argument("--num-frames", type=int, default=None, help="default: the model's")
+    parser.add_argument("--size", type=int, default=None, help="square frame side (a checkpoint folder as the model "
+                                                               "defaults to the full-size shape); default: the model's")
+    parser.add_argument("--judge-only", action="store_true", help="the clips are made: gate, floor and judge only")
     parser.add_argument("--no-record", action="store_true", help="do not write bench/results (dry runs)")
     args = parser.parse_args()
 
@@ -161,7 +176,9 @@ def main() -> None:
     timings = {}
 
     t = time.perf_counter()
-    generate(proof_dir, args.model, [recipe(n, args.model) for n in names], prompts, seeds, "ab", args.num_frames)
+    if not args.judge_only:
+        generate(proof_dir, args.model, [recipe(n, args.model) for n in names], prompts, seeds, "ab",
+                 args.num_frames, args.size)
     timings["generate_s"] = round(time.perf_counter() - t, 1)
 
     trunk = lpips_trunk()

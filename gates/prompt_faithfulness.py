@@ -73,7 +73,8 @@ class PromptFaithfulnessGate(Gate):
             parse_caption(captions["candidate"])
         except ValueError as exc:
             result.status = "not_applicable"
-            result.info["reason"] = f"the prompt is not a caption of the procedural world, so it has no ground truth ({exc})"
+            result.info["reason"] = ("the prompt is not a caption of the procedural world, so it has no ground "
+                                     f"truth ({exc})")
             return result
         shares = {}
         for side in ("baseline", "candidate"):

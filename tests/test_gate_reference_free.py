@@ -72,7 +72,7 @@ def test_niqe_sees_a_planted_blur_and_noise():
     assert rf.niqe_upscale_factor(128, 128) == 2 and rf.niqe_upscale_factor(768, 1344) == 1
 
 
-# -- image statistics ---------------------------------------------------------------------------------------------------
+# -- image statistics ------------------------------------------------------------------------------------------------
 def test_sharpness_is_the_laplacian_variance_scipy_computes():
     gray = RNG.uniform(0, 255, (40, 52))
     reference = scipy.ndimage.laplace(gray, mode="mirror").var()  # mirror = OpenCV's BORDER_REFLECT_101
@@ -137,7 +137,7 @@ def test_exposure_clipping_and_contrast():
     assert rf.contrast(gray) == pytest.approx(np.std(gray / 255.0), rel=1e-12)
 
 
-# -- motion --------------------------------------------------------------------------------------------------------------
+# -- motion ----------------------------------------------------------------------------------------------------------
 def _texture(h=96, w=96, seed=0):
     return scipy.ndimage.gaussian_filter(np.random.default_rng(seed).uniform(0, 255, (h, w * 2)), 2.0)
 
@@ -181,7 +181,7 @@ def test_motion_smoothness_is_vbench_interpolation_score():
     assert smooth > 0.99 and jerky < smooth - 0.01
 
 
-# -- audio ---------------------------------------------------------------------------------------------------------------
+# -- audio -----------------------------------------------------------------------------------------------------------
 def test_loudness_is_pyloudnorm_and_silence_reads_the_absolute_gate():
     import pyloudnorm
 
@@ -230,7 +230,7 @@ def test_av_sync_on_world_clips_and_a_planted_delay():
     assert rf.score_clip(frames, float(FPS), late, SAMPLE_RATE, options)[0]["av_sync"] == 0.0
 
 
-# -- the gate --------------------------------------------------------------------------------------------------------------
+# -- the gate --------------------------------------------------------------------------------------------------------
 def test_gate_writes_both_sides_with_declared_directions(tmp_path):
     from h3eval.gaterun import run_gates
     from h3eval.synth import make_synthetic_run
