@@ -13,7 +13,7 @@
 
 Clips are slow to make on the CPU, so they are made once and every gate scores each clip or pair once: the resample
 pool is the baseline's clips of bench/signoff_proof.py's run (the world-demo captions x 4 seeds), the near pool a run
-of the baseline and ``baseline-int8wo`` at ``--near-seeds`` (this script makes it, reusing the proof's baseline clips);
+of the baseline and ``baseline-int8wo`` at ``--near-seeds`` (this script makes it);
 a simulated run is 16 pairs resampled from the pool, written as gate results into a run directory of its own and
 judged by the real verdict code (``h3eval.verdict.compute_verdict``) under gates/policies/release.toml with the
 pool's new-seed floor. The ``[speed]`` check is left out of the simulated policy: a benign candidate that is the
@@ -153,8 +153,9 @@ def resample_run(root: Path, scores: dict, rng: np.random.Generator) -> dict:
 
 def make_near_pool(proof: Path, out: Path, model: str, seeds: list[int], env: Path, trunk: str,
                    size: int | None = None):
-    """The near pool: baseline (linked from the proof run where it has the clip) and baseline-int8wo, gated."""
-    from bench.signoff_proof import generate, link_clips, recipe
+    """The near pool: the baseline and baseline-int8wo at ``seeds`` (the baseline made again: a run directory is
+    made by its runner, and a 29-step tiny clip costs about a second), gated."""
+    from bench.signoff_proof import generate, recipe
     from h3eval.gaterun import run_gates
     from h3eval.prompts import PromptSuite, Prompt
     from h3eval.store import RunStore
@@ -164,7 +165,6 @@ def make_near_pool(proof: Path, out: Path, model: str, seeds: list[int], env: Pa
     records = {pid: src.read_record("baseline", pid, manifest.seeds[0]) for pid in manifest.prompts.ids}
     prompts = PromptSuite(path=Path(manifest.prompts.path), sha256=manifest.prompts.sha256,
                           prompts=[Prompt(id=pid, prompt=rec.request.prompt) for pid, rec in records.items()])
-    link_clips(src, RunStore(out), "baseline", manifest.prompts.ids, manifest.seeds)
     generate(out, model, [recipe("baseline", model), recipe(NEAR, model)], prompts, seeds, "ab", size=size)
     return run_gates(out, NEAR_GATES, device="cpu", options={"fidelity.lpips_trunk": trunk}, progress=False)
 

@@ -90,21 +90,6 @@ def recipe(name: str, model: str = "tiny"):
     return loaded
 
 
-def link_clips(src_store, dst_store, recipe_name: str, prompt_ids, seeds) -> None:
-    """Hard-link finished clips (mp4, trajectory, record last) of one recipe into another run (resume keeps them)."""
-    from h3eval.floor import _link_or_copy
-
-    for pid in prompt_ids:
-        for seed in seeds:
-            src = src_store.clip_path(recipe_name, pid, seed)
-            if src_store.read_record(recipe_name, pid, seed) is None:
-                continue
-            dst = dst_store.clip_path(recipe_name, pid, seed)
-            for suffix in (".mp4", ".traj.npz", ".json"):
-                if src.with_suffix(suffix).exists() and not dst.with_suffix(suffix).exists():
-                    _link_or_copy(src.with_suffix(suffix), dst.with_suffix(suffix))
-
-
 def generate(out: Path, model: str, recipes: list, prompts, seeds: list[int], kind: str,
              num_frames: int | None = None, size: int | None = None) -> None:
     from h3eval.runner import RequestShape, RunPlan, fill_run

@@ -21,8 +21,13 @@ def _skvideo_niqe(gray: np.ndarray) -> float:
     """scikit-video 1.1.11's niqe() itself, with the two names numpy 2 / scipy >= 1.3 removed put back exactly as
     they were (np.int = int; scipy.misc.imresize(img, 0.5, 'bicubic', mode='F') = PIL's float-mode bicubic resize of
     (w * 0.5, h * 0.5) truncated, scipy 1.2's code path)."""
-    import scipy.misc
+    import warnings
+
     from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # scipy.misc's own notice that it is going away
+        import scipy.misc
 
     def imresize(arr, size, interp="bilinear", mode=None):
         assert isinstance(size, float) and interp == "bicubic" and mode == "F"
