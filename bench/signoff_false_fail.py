@@ -76,11 +76,15 @@ def clip_scores(pool: Path, env: Path) -> dict:
     return out
 
 
-def sim_policy(margin_k: float | None):
+def sim_policy(margin_k: float | None, drop_gates: tuple[str, ...] = ()):
     from h3eval.policy import LoadedPolicy, parse_policy
 
     data = tomllib.loads(RELEASE.read_text())
     data.pop("speed")
+    for gate in drop_gates:  # recorded in the results: a checkpoint whose clips every side fails (e.g. silent audio)
+        data["gates"].pop(gate, None)
+        for judge in data["judges"].values():
+            judge["gates"].pop(gate, None)
     # A FAIL never depends on the bootstrap (it is a mean beyond the margin, a flag, a run-test discovery); fewer
     # resamples only move the PASS / INCONCLUSIVE split, and make thousands of verdicts affordable on 2 cores.
     data["n_resamples"] = 999
@@ -90,7 +94,8 @@ def sim_policy(margin_k: float | None):
         data["judges"]["resample"]["gates"]["vbench"]["metrics"]["temporal_flickering_delta"]["margin"][
             "fraction_of_floor"] = margin_k
     return LoadedPolicy(policy=parse_policy(data, RELEASE), path=RELEASE, sha256="simulated: release.toml without "
-                        f"[speed]" + (f", margin {margin_k} x floor" if margin_k is not None else ""))
+                        f"[speed]" + (f", margin {margin_k} x floor" if margin_k is not None else "")
+                        + (f", without {', '.join(drop_gates)}" if drop_gates else ""))
 
 
 def _manifest(root: Path, candidate: str, kind: str, prompt_ids: list[str], seeds: list[int]):
@@ -222,6 +227,9 @@ def main() -> None:
     parser.add_argument("--margins", default="", help="also simulate the resample judge at these margin multiples "
                                                       "of the floor (comma-separated), for the sensitivity table")
     parser.add_argument("--seed", type=int, default=18)
+    parser.add_argument("--drop-gates", default="", help="judge without these gates (comma-separated; recorded)")
+    parser.add_argument("--name", default="signoff_false_fail", help="results file name in bench/results")
+    parser.add_argument("--note", default="", help="a line on where the clips came from (recorded)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
 
@@ -248,7 +256,7 @@ def main() -> None:
     examples: dict = {}
     judges = [("resample", None)] + [("resample", float(m)) for m in args.margins.split(",") if m]
     for kind, margin in judges + ([("near", None)] if near_seeds else []):
-        loaded = sim_policy(margin)
+        loaded = sim_policy(margin, tuple(g for g in args.drop_gates.split(",") if g))
         outcomes, failed_on = [], {}
         for i in range(args.runs):
             with tempfile.TemporaryDirectory(prefix="sim18-") as tmp:
@@ -272,7 +280,8 @@ def main() -> None:
                "pairs_per_run": 16, "lpips_trunk": trunk, "results": results, "fail_examples": examples,
                "pool_clips": len(scores), "near_pool_pairs": len(near_pairs), "gate_errors": gate_errors,
                "near_pool": str(near_dir) if near_seeds else None,
-               "shipped_resample_margin_x_floor": shipped_k, "seconds": round(time.perf_counter() - started, 1),
+               "shipped_resample_margin_x_floor": shipped_k, "dropped_gates": args.drop_gates or None,
+               "seconds": round(time.perf_counter() - started, 1), "note": args.note,
                "caveats": ["runs resample one pool of clips, so they are not independent: the Clopper-Pearson "
                            "interval assumes independence and is optimistic",
                            "the floor is measured on the same pool (in sample)",
@@ -287,17 +296,18 @@ def main() -> None:
     md = "\n".join([
         f"Simulated runs of 16 benign pairs judged by `compute_verdict` under gates/policies/release.toml (without "
         f"`[speed]`), floor `{floor}`. Resample pool: {len(scores)} baseline clips ({len(manifest.prompts.ids)} "
-        f"world-demo captions x seeds {manifest.seeds}) of the trained tiny preset; near pool: `{NEAR}` against the "
+        f"world-demo captions x seeds {manifest.seeds}) of `--model {args.model}`; near pool: `{NEAR}` against the "
         f"baseline at {len(near_pairs)} (prompt, seed) pairs (seeds {near_seeds}); each clip made once and scored "
         f"once, pairs resampled per run (see the script's docstring). Shipped resample margin: {shipped_k} x the "
-        f"new-seed floor; LPIPS trunk "
-        f"`{trunk}`.", "", *rows, "",
+        f"new-seed floor; LPIPS trunk `{trunk}`"
+        + (f"; judged without {args.drop_gates}" if args.drop_gates else "") + ".", "",
+        *([args.note, ""] if args.note else []), *rows, "",
         "Caveats: " + "; ".join(payload["caveats"]) + ".",
     ])
     if not args.no_record:
         from bench._results import write
 
-        write("signoff_false_fail", payload, md)
+        write(args.name, payload, md)
     print(md)
 
 

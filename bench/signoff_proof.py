@@ -140,6 +140,8 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=None, help="square frame side (a checkpoint folder as the model "
                                                                "defaults to the full-size shape); default: the model's")
     parser.add_argument("--judge-only", action="store_true", help="the clips are made: gate, floor and judge only")
+    parser.add_argument("--name", default="signoff_proof", help="results file name in bench/results")
+    parser.add_argument("--note", default="", help="a line on how the clips were made (recorded)")
     parser.add_argument("--no-record", action="store_true", help="do not write bench/results (dry runs)")
     args = parser.parse_args()
 
@@ -201,6 +203,7 @@ def main() -> None:
         "vbench_env": str(env), "vbench_summary": {k: flicker.get(k) for k in ("partial", "denominators")},
         "gate_errors": summary.errors + exact.errors, "rows": rows, "all_as_expected": met, "timings": timings,
         "seconds": round(time.perf_counter() - started, 1), "run_dir": str(proof_dir), "verdict_lines": lines,
+        "note": args.note,
     }
     table = ["| candidate | judge | outcome | expected | failed on |", "|---|---|---|---|---|"]
     for r in rows:
@@ -210,13 +213,13 @@ def main() -> None:
         f"Trained tiny preset (`--model {args.model}`), prompts `{args.prompts}` x seeds {seeds} = "
         f"{payload['pairs']} pairs, policy `gates/policies/release.toml`, floor from the baseline's new-seed pairs "
         f"of the same run; LPIPS trunk `{trunk}`; VBench temporal_flickering from {env}.", "",
-        *table, "", f"All as expected: **{met}**.", "", "## Verdict", "", "```", *lines, "```", "",
+        *([args.note, ""] if args.note else []), *table, "", f"All as expected: **{met}**.", "", "## Verdict", "", "```", *lines, "```", "",
         f"Generation {timings['generate_s']} s, gates and floor {timings['gates_s']} s on this machine's CPU.",
     ])
     if not args.no_record:
         from bench._results import write
 
-        write("signoff_proof", payload, md)
+        write(args.name, payload, md)
     print(md)
 
 
