@@ -255,6 +255,8 @@ BUILTIN_GATE_MODULES: list[str] = [
     "gates.vbench",
     "gates.opcheck",
     "gates.ghosting",
+    "gates.reference_free",
+    "gates.prompt_faithfulness",
 ]
 
 

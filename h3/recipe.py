@@ -33,6 +33,27 @@ class RecipeError(ValueError):
     """A recipe could not be found, parsed or validated."""
 
 
+SignoffKind = Literal["exact", "near", "resample"]
+
+NOT_COMPUTATION = ("signoff",)
+"""Recipe keys that say how a recipe is judged, not what it computes: left out of :meth:`Recipe.sha256` (a clip's
+recipe hash names its computation, so declaring a signoff kind never invalidates finished clips)."""
+
+
+class SignoffConfig(BaseModel):
+    """How a recipe is signed off against the baseline (``[signoff]``); the release policy picks its judge by kind."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, **FINITE_NUMBERS)
+
+    kind: SignoffKind
+    """``exact``: the same computation (the output should be bit-identical: AdaLN precompute, offload, identity);
+    ``near``: a small numerical difference, same sample (compile, FP8/INT8 with small error, attention kernels);
+    ``resample``: a legitimately different sample of the same prompt (fewer steps, a distillation LoRA, sparse
+    attention with its LoRA, step caches), judged reference-free against the baseline, not by same-seed fidelity."""
+    reason: str = ""
+    """Why this kind (shown in the verdict's report)."""
+
+
 class _RecipeBase(BaseModel):
     """The settings that are not levers; :class:`Recipe` adds one section per lever of :data:`h3.levers.REGISTRY`."""
 
@@ -46,6 +67,10 @@ class _RecipeBase(BaseModel):
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     """Compute dtype of the transformer, the VAEs and the text encoder (modules the checkpoint keeps in float32 stay
     float32)."""
+
+    signoff: SignoffConfig | None = None
+    """How the recipe is signed off (``[signoff] kind = ...``); None: undeclared, which a policy that judges by kind
+    refuses to guess (INCONCLUSIVE)."""
 
     @field_validator("name")
     @classmethod
@@ -66,7 +91,9 @@ class _RecipeBase(BaseModel):
         return data
 
     def sha256(self) -> str:
-        return hashlib.sha256(json.dumps(self.resolved(), sort_keys=True).encode()).hexdigest()
+        """Hash of the computation: the resolved recipe without :data:`NOT_COMPUTATION` keys."""
+        data = {k: v for k, v in self.resolved().items() if k not in NOT_COMPUTATION}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
     @property
     def num_inference_steps(self) -> int:

@@ -58,7 +58,7 @@ def levers_sha256(recipe: Any) -> str:
     """Hash of what a recipe configures (every lever), leaving out its name and description."""
     import hashlib
 
-    levers = {k: v for k, v in recipe.resolved().items() if k not in ("name", "description")}
+    levers = {k: v for k, v in recipe.resolved().items() if k not in ("name", "description", "signoff")}
     return hashlib.sha256(json.dumps(levers, sort_keys=True).encode()).hexdigest()
 
 

@@ -20,8 +20,8 @@ logger = logging.getLogger(__name__)
 
 DEMO_RECIPES = ("baseline", "identity", "fewer-steps")
 DEMO_SEEDS = (0, 1, 2, 3)
-CPU_GATES = ("integrity", "fidelity", "ghosting", "audio", "trajectory")
-FLOOR_GATES = ("fidelity", "audio", "ghosting", "trajectory")
+CPU_GATES = ("integrity", "fidelity", "ghosting", "audio", "trajectory", "reference_free")
+FLOOR_GATES = ("fidelity", "audio", "ghosting", "trajectory", "reference_free")
 ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
 
 

@@ -90,7 +90,9 @@ def determinism_check(store: RunStore, recipe: Recipe, prompts: PromptSuite, see
 
 
 def floor_from_results(store: RunStore, recipe: Recipe, gates: list[str]) -> tuple[dict[str, float], dict[str, int]]:
-    """Mean of every gate metric over the new-seed pairs (missing values skipped and counted, never zero-filled).
+    """Mean of every gate metric over the new-seed pairs (missing values skipped and counted, never zero-filled):
+    of the absolute value of a pair metric, and of ``|score - score.baseline|`` for a per-clip score that a gate
+    writes for both sides (the reference-free dimensions, prompt faithfulness).
 
     Raises :class:`h3eval.store.GateResultError` on a result file that does not parse: the gate runner writes them
     atomically, so one that does not parse was damaged, and a floor must not quietly leave it out."""
@@ -99,8 +101,15 @@ def floor_from_results(store: RunStore, recipe: Recipe, gates: list[str]) -> tup
         for path in store.gate_result_files(gate, _newseed_name(recipe)):
             result = read_gate_result(path)  # a corrupt result stops the floor with the file named (exit 3)
             for name, metric in result.metrics.items():
-                if metric.value is not None and math.isfinite(metric.value):
-                    sums.setdefault(f"{gate}.{name}", []).append(abs(float(metric.value)))
+                if name.endswith(".baseline"):
+                    continue  # the baseline side of a per-clip score: folded into its metric's difference below
+                value = metric.value
+                side = result.metrics.get(f"{name}.baseline")
+                if side is not None:
+                    # A per-clip score (compare = "sides"): its floor is how much the score moves between seeds.
+                    value = None if value is None or side.value is None else float(value) - float(side.value)
+                if value is not None and math.isfinite(value):
+                    sums.setdefault(f"{gate}.{name}", []).append(abs(float(value)))
     return ({k: sum(v) / len(v) for k, v in sums.items()}, {k: len(v) for k, v in sums.items()})
 
 

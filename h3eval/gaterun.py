@@ -279,8 +279,10 @@ def run_gates(
     options: dict[str, Any] | None = None,
     force: bool = False,
     progress: bool = True,
+    candidates: list[str] | None = None,
 ) -> GateRunSummary:
-    """Run ``gate_names`` over every pair of the run at ``run_dir``; see the module docstring.
+    """Run ``gate_names`` over every pair of the run at ``run_dir`` (only ``candidates``' pairs when given: a judge's
+    gates need not run on candidates another judge decides); see the module docstring.
 
     Raises KeyError (unknown gate, with the known ones) or GateRunError before anything is written (also when another
     process is writing into the run: the store's lock).
@@ -299,6 +301,11 @@ def run_gates(
     options = dict(options or {})
     check_options(gates, options)
     pairs = store.pairs()
+    if candidates is not None:
+        unknown = sorted(set(candidates) - set(manifest.candidates))
+        if unknown:
+            raise GateRunError(f"{unknown} are not candidates of this run ({', '.join(manifest.candidates)})")
+        pairs = [pair for pair in pairs if pair[0] in candidates]
     names = [g.name for g in gates]
     summary = GateRunSummary(
         run_dir=str(store.root), gates=names, device=device, pairs=len(pairs),

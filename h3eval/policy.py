@@ -103,9 +103,24 @@ class FloorFraction(_Strict):
 
     fraction_of_floor: float = Field(gt=0)
     """Multiplier of the floor value (e.g. 0.1 = a tenth of what a new seed changes)."""
+    at_least: float = Field(default=0.0, ge=0)
+    """The threshold is never below this (in the metric's units): a score that never moves between seeds (no
+    clipping on any clip: a floor of 0) would otherwise leave a margin of 0, which no candidate can be shown to meet."""
 
 
 Threshold = float | FloorFraction
+
+
+class RegressionTest(_Strict):
+    """FAIL a ``sides`` / ``delta`` metric on which the candidate is *consistently* worse, even inside the margin
+    (seed 002: imaging quality "dropped on 14 of 16 clips"). The one-sided Wilcoxon signed-rank test of "the candidate
+    is worse" is Holm-adjusted across the candidate's metrics that carry this test; the metric FAILs when that p-value
+    is at most ``alpha`` and the mean shift is at least ``min_shift``. Under a benign candidate (deltas symmetric about
+    0, e.g. fresh seeds of the baseline) this FAILs a run with probability at most ``alpha``."""
+
+    alpha: float = Field(gt=0, lt=0.5)
+    min_shift: Threshold
+    """The smallest mean worsening (in the metric's units, or a fraction of its floor) that counts."""
 
 
 class MetricPolicy(_Strict):
@@ -133,10 +148,14 @@ class MetricPolicy(_Strict):
     """False: advisory, reported but not deciding."""
     min_pairs: int | None = Field(default=None, ge=2)
     """Overrides the gate's / policy's ``min_pairs`` for this metric."""
+    regression: RegressionTest | None = None
+    """``sides`` / ``delta``: also FAIL a consistent worsening inside the margin (:class:`RegressionTest`)."""
     description: str = ""
 
     @model_validator(mode="after")
     def _consistent(self) -> "MetricPolicy":
+        if self.regression is not None and self.compare == "pair":
+            raise ValueError("`regression` is for compare = 'sides' or 'delta'")
         if self.compare == "pair":
             if self.margin is not None or self.binary or self.baseline_metric is not None:
                 raise ValueError("`margin`, `binary` and `baseline_metric` are for compare = 'sides' or 'delta'")
@@ -193,6 +212,9 @@ class GatePolicy(_Strict):
     """Metric name (as the gate writes it) -> how it decides."""
     run_test: RunTestPolicy | None = None
     """Decide the run from the pairs' p-values (:class:`RunTestPolicy`) instead of failing on any flagged pair."""
+    when_applicable: bool = False
+    """True: a gate that found every pair ``not_applicable`` (e.g. prompt faithfulness on a suite without ground
+    truth) decides nothing and says so; when any pair is applicable, the gate decides as usual."""
     description: str = ""
 
     @model_validator(mode="after")
@@ -265,6 +287,32 @@ class Waiver(_Strict):
         return self.metric is None or self.metric == metric
 
 
+SignoffKind = Literal["exact", "near", "resample"]
+SIGNOFF_KINDS: tuple[str, ...] = ("exact", "near", "resample")
+
+
+class JudgePolicy(_Strict):
+    """How the candidates of one signoff kind (their recipe's ``[signoff] kind``) are judged: these gates on top of
+    the policy's shared ``gates`` (integrity, speed...)."""
+
+    description: str = ""
+    why: str = ""
+    """Why recipes of this kind are judged this way (written into the verdict and the report)."""
+    gates: dict[str, GatePolicy] = Field(default_factory=dict)
+    speed_required: bool | None = None
+    """Overrides ``[speed] required`` for this kind (None: as the [speed] table says). An exact recipe is often a
+    memory lever (offload: seed 002's block streaming) or the wiring check (identity), not a speedup."""
+    warn_below_pairs: int = Field(default=16, ge=2)
+    """Fewer expected pairs than this gives the candidate a power warning (seed 002: the 4-clip check pointed the
+    wrong way, the 16-clip paired test reversed it)."""
+
+    @model_validator(mode="after")
+    def _decides_something(self) -> "JudgePolicy":
+        if not self.gates:
+            raise ValueError("a judge needs `gates`, else it decides nothing")
+        return self
+
+
 class Policy(_Strict):
     """A signoff policy."""
 
@@ -286,8 +334,25 @@ class Policy(_Strict):
     floor_file: str | None = None
     """Noise-floor JSON, relative to the policy file; the command line's ``--floor`` overrides it."""
     gates: dict[str, GatePolicy] = Field(default_factory=dict)
+    """Gates every candidate is judged by."""
+    judges: dict[SignoffKind, JudgePolicy] = Field(default_factory=dict)
+    """Per signoff kind, the gates added for candidates of that kind (``[judges.resample.gates.reference_free]``...).
+    When there are judges, a candidate whose recipe declares no kind, or a kind without a judge, is INCONCLUSIVE."""
     speed: SpeedPolicy | None = None
     waivers: list[Waiver] = Field(default_factory=list)
+
+    def gates_for(self, kind: str | None) -> dict[str, GatePolicy]:
+        """The shared gates plus the judge's of ``kind`` (only the shared ones when there is no such judge)."""
+        judge = self.judges.get(kind) if kind is not None else None  # type: ignore[call-overload]
+        return {**self.gates, **(judge.gates if judge else {})}
+
+    def all_gates(self) -> dict[str, GatePolicy]:
+        """Every gate any candidate may be judged by (a gate of several judges: the first judge's policy)."""
+        out = dict(self.gates)
+        for judge in self.judges.values():
+            for name, gp in judge.gates.items():
+                out.setdefault(name, gp)
+        return out
 
     @field_validator("version")
     @classmethod
@@ -298,17 +363,24 @@ class Policy(_Strict):
 
     @model_validator(mode="after")
     def _checks(self) -> "Policy":
-        if SPEED_GATE in self.gates:
+        if SPEED_GATE in self.gates or any(SPEED_GATE in j.gates for j in self.judges.values()):
             raise ValueError(f"`{SPEED_GATE}` is reserved for the [speed] table, not a gate")
-        if not self.gates and self.speed is None:
+        if not self.gates and not self.judges and self.speed is None:
             raise ValueError("the policy names no gate and no [speed] check: it would decide nothing")
+        for kind, judge in self.judges.items():
+            shared = sorted(set(judge.gates) & set(self.gates))
+            if shared:
+                raise ValueError(f"judges.{kind} repeats shared gate(s) {shared}: a gate is either shared or a judge's")
+        every = self.all_gates()
         for i, w in enumerate(self.waivers):
             if w.gate == SPEED_GATE and (self.speed is None or w.metric is not None):
                 raise ValueError(f"waivers[{i}]: a speed waiver needs a [speed] table and takes no `metric`")
-            if w.gate != SPEED_GATE and w.gate not in self.gates:
+            if w.gate != SPEED_GATE and w.gate not in every:
                 raise ValueError(f"waivers[{i}] names gate {w.gate!r}, which the policy does not check")
-            if w.metric is not None and w.gate != SPEED_GATE and w.metric not in self.gates[w.gate].metrics:
-                raise ValueError(f"waivers[{i}] names metric {w.metric!r}, not in gates.{w.gate}.metrics")
+            if w.metric is not None and w.gate != SPEED_GATE and not any(
+                    w.metric in gp.metrics for gp in [self.gates.get(w.gate)] + [j.gates.get(w.gate)
+                                                                             for j in self.judges.values()] if gp):
+                raise ValueError(f"waivers[{i}] names metric {w.metric!r}, not among gate {w.gate}'s metrics")
         return self
 
 
@@ -360,7 +432,8 @@ def registry_problems(policy: Policy, gates: Mapping[str, Any]) -> list[str]:
     not in ``gates`` are handled by the verdict (no results: INCONCLUSIVE).
     """
     problems: list[str] = []
-    for gate_name, gate_policy in policy.gates.items():
+    tables = [("gates", policy.gates)] + [(f"judges.{k}.gates", j.gates) for k, j in policy.judges.items()]
+    for where, gate_name, gate_policy in [(w, g, gp) for w, t in tables for g, gp in t.items()]:
         cls = gates.get(gate_name)
         if cls is None or not gate_policy.metrics:
             continue
@@ -369,7 +442,7 @@ def registry_problems(policy: Policy, gates: Mapping[str, Any]) -> list[str]:
         for metric, mp in gate_policy.metrics.items():
             if metric not in directions:
                 problems.append(
-                    f"gates.{gate_name}.metrics.{metric}: gate {gate_name!r} has no metric {metric!r} "
+                    f"{where}.{gate_name}.metrics.{metric}: gate {gate_name!r} has no metric {metric!r} "
                     f"(it declares: {', '.join(sorted(directions)) or 'none'})"
                 )
                 continue
@@ -377,7 +450,7 @@ def registry_problems(policy: Policy, gates: Mapping[str, Any]) -> list[str]:
             hib = getattr(hib, "higher_is_better", hib)
             if isinstance(hib, bool) and hib != mp.higher_is_better:
                 problems.append(
-                    f"gates.{gate_name}.metrics.{metric}: policy says {mp.direction} but the gate declares "
+                    f"{where}.{gate_name}.metrics.{metric}: policy says {mp.direction} but the gate declares "
                     f"{'higher' if hib else 'lower'}_is_better"
                 )
     return problems
@@ -460,10 +533,11 @@ def resolve_threshold(threshold: Threshold, key: str, floor: NoiseFloor | None) 
             return ThresholdResolution(value=None, source=f"fraction {threshold.fraction_of_floor} of the floor of "
                                                           f"{key}, which {floor.path.name} does not have")
         base = floor.metrics[key]
-        return ThresholdResolution(
-            value=threshold.fraction_of_floor * base,
-            source=f"{threshold.fraction_of_floor} x floor {base:.6g} ({key} from {floor.path.name})",
-        )
+        value = threshold.fraction_of_floor * base
+        source = f"{threshold.fraction_of_floor} x floor {base:.6g} ({key} from {floor.path.name})"
+        if value < threshold.at_least:
+            value, source = threshold.at_least, f"at_least {threshold.at_least:g} (> {source})"
+        return ThresholdResolution(value=value, source=source)
     return ThresholdResolution(value=float(threshold), source="policy")
 
 

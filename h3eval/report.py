@@ -117,7 +117,10 @@ def render_markdown(verdict: Verdict) -> str:
 
     for c in verdict.candidates:
         out += [f"## {c.candidate}: {c.outcome}", ""]
+        if c.judge is not None:
+            out += [f"Judged as **{c.judge}**: {_md_escape(c.judge_reason or '')}", ""]
         out += [f"- {_md_escape(r)}" for r in c.reasons] + ([""] if c.reasons else [])
+        out += [f"- warning: {_md_escape(w)}" for w in c.warnings] + ([""] if c.warnings else [])
         for item in _iter_items(c):
             if isinstance(item, SpeedVerdict):
                 out += [f"### speed: {item.outcome}{_waiver_text(item)}", ""]

@@ -33,6 +33,7 @@ def synthetic_record(
     latency_s: float = 1.0,
     fps: int = 24,
     sample_rate: int = 32000,
+    prompt: str | None = None,
 ) -> ClipRecord:
     """A valid record for a clip made outside the runtime; the stage anatomy splits ``latency_s`` plausibly."""
     num_frames, height, width, _ = frames.shape
@@ -47,7 +48,7 @@ def synthetic_record(
         mux_save=0.05 * latency_s,
     )
     return ClipRecord(
-        request=RequestSpec(prompt=f"synthetic prompt {prompt_id}", prompt_id=prompt_id, seed=seed,
+        request=RequestSpec(prompt=prompt or f"synthetic prompt {prompt_id}", prompt_id=prompt_id, seed=seed,
                             num_frames=num_frames, height=height, width=width),
         shape=ResolvedShape(
             num_frames=num_frames, height=height, width=width, fps=fps, duration_s=num_frames / fps,
@@ -86,6 +87,7 @@ def make_synthetic_run(
     frames_fn: FramesFn | None = None,
     audio_fn: AudioFn | None = None,
     latency_fn: TimingFn | None = None,
+    prompt_fn: Callable[[str], str] | None = None,
 ) -> RunStore:
     """Write a complete run: manifest and every (recipe, prompt, seed) clip with a valid record."""
     store = RunStore(root)
@@ -110,7 +112,8 @@ def make_synthetic_run(
                 pcm = audio_fn(recipe, pid, seed)
                 mp4 = store.clip_path(recipe, pid, seed)
                 encode_mp4(mp4, frames, pcm)
-                record = synthetic_record(recipe, pid, seed, frames, pcm, mp4, latency_s=latency_fn(recipe, pid, seed))
+                record = synthetic_record(recipe, pid, seed, frames, pcm, mp4, latency_s=latency_fn(recipe, pid, seed),
+                                          prompt=prompt_fn(pid) if prompt_fn else None)
                 atomic_write_json(store.record_path(recipe, pid, seed), record.model_dump(mode="json"))
     manifest.status = "complete"
     store.write_manifest(manifest)

@@ -67,6 +67,14 @@ def test_results_for_every_gate_and_pair(run):
     assert png.startswith("gates/fidelity/drift/")
 
 
+def test_gates_can_run_on_some_candidates_only(run):
+    summary = run_gates(run.root, ["audio"], progress=False, candidates=["drift"])
+    assert summary.pairs == 2 and summary.scored == {"audio": 2}
+    assert not (run.root / "gates" / "audio" / "same").exists()
+    with pytest.raises(GateRunError, match="not candidates"):
+        run_gates(run.root, ["audio"], progress=False, candidates=["nope"])
+
+
 def test_resume_keeps_valid_results_and_redoes_missing_or_broken(run):
     run_gates(run.root, ["audio"], progress=False)
     kept = result_path(run, "audio", "drift", "p0", 0)

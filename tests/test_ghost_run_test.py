@@ -131,7 +131,7 @@ def test_verdict_never_passes_a_missing_or_invalid_p_value(ghost_run, bad):
 
 def test_shipped_release_policy_decides_ghosting_per_run():
     release = load_policy(POLICIES / "release.toml").policy
-    ghosting = release.gates["ghosting"]
+    ghosting = release.judges["near"].gates["ghosting"]
     assert ghosting.max_flagged is None
     assert ghosting.run_test.metric == "ghost_p_value" and ghosting.run_test.fdr == 0.01
     with pytest.raises(PolicyError, match="fdr"):

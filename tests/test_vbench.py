@@ -211,6 +211,28 @@ def test_unknown_dimension_lists_the_supported_ones():
         "temporal_flickering", "imaging_quality"]
 
 
+def test_a_dimension_string_is_one_comma_separated_list_not_its_characters(tmp_path):
+    """Issue 18: `-o vbench.dimensions=temporal_flickering` failed with "unknown VBench dimension 't'"."""
+    from h3eval.commands.gate import gate_command
+    from h3eval.synth import make_synthetic_run
+    from gates.vbench import VBenchGate
+
+    assert resolve_dimensions("temporal_flickering") == ["temporal_flickering"]
+    assert resolve_dimensions("temporal_flickering, imaging_quality") == ["temporal_flickering", "imaging_quality"]
+    assert VBenchGate.parse_options({"dimensions": "temporal_flickering"}).dimensions == ["temporal_flickering"]
+    make_synthetic_run(tmp_path, candidates=["c"], prompt_ids=["p0"], seeds=[0],
+                       frames_fn=lambda r, p, s: np.full((4, 16, 16, 3), 90, np.uint8),
+                       audio_fn=lambda r, p, s: np.zeros((4000, 2), np.int16))
+    missing_env = tmp_path / "no-env"
+    # Through the CLI's own parsing: the dimension is accepted; scoring then stops on the missing environment.
+    assert gate_command(tmp_path, "vbench", options=["vbench.dimensions=temporal_flickering",
+                                                     f"vbench.env={missing_env}"], progress=False) == 1
+    result = json.loads((tmp_path / "gates" / "vbench" / "c" / "p0-s0.json").read_text())
+    assert "no VBench environment" in result["error"] and "unknown VBench dimension" not in result["error"]
+    # An unknown name is still refused, before anything runs (exit 3), with the supported ones listed.
+    assert gate_command(tmp_path, "vbench", options=["vbench.dimensions=temporal_flicker"], progress=False) == 3
+
+
 def test_normalization_matches_the_leaderboard_formula():
     # VBench scripts/cal_final_score.py: (raw - Min) / (Max - Min) with NORMALIZE_DIC.
     tf = DIMENSIONS["temporal_flickering"]

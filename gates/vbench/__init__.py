@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import field_validator
+
 from gates.base import (ClipSide, Gate, GateOptions, GateResult, Metric, MetricSpec, PairContext, PairRef, RunContext,
                         register_gate)
 from h3.atomic import atomic_write_json, sha256_file
@@ -50,6 +52,7 @@ from h3.names import clip_stem
 from h3.provenance import utc_now
 from gates.vbench.dimensions import (
     DIMENSIONS,
+    UnknownDimensionError,
     LONG_VIDEO_HANDLING,
     LONG_VIDEO_SECONDS,
     VBENCH_MODE,
@@ -352,6 +355,17 @@ def _read_previous(gate_dir: Path, clip: ClipInput, dims: list[str], provenance:
 class VBenchOptions(GateOptions):
     dimensions: str | list[str] | None = None
     """Dimensions to score (comma-separated); default: every supported one."""
+
+    @field_validator("dimensions")
+    @classmethod
+    def _known_dimensions(cls, value: str | list[str] | None) -> list[str] | None:
+        """Checked when the options are (before the run starts): an unknown name is refused with the known ones."""
+        if value is None:
+            return None
+        try:
+            return resolve_dimensions(value)
+        except UnknownDimensionError as exc:
+            raise ValueError(str(exc)) from None
     env: str | None = None
     """The scoring environment (default ``$H3EVAL_VBENCH_ENV``, else ``~/.cache/h3eval/vbench-env``)."""
     cache_dir: str | None = None
@@ -376,8 +390,7 @@ class VBenchGate(Gate):
 
     def evaluate(self, ctx: PairContext) -> GateResult:
         options = self.parse_options(ctx.options)
-        # A string from the command line is one comma-separated list (resolve_dimensions takes a list of them).
-        dims = resolve_dimensions([options.dimensions] if isinstance(options.dimensions, str) else options.dimensions)
+        dims = resolve_dimensions(options.dimensions)  # a string from the command line is one comma-separated list
         report = require_verified(verify(Path(options.env) if options.env else default_env_path(), dims,
                                          options.cache_dir))
         clips = [self._clip_input(side, ctx) for side in (ctx.baseline, ctx.candidate)]

@@ -71,8 +71,13 @@ class UnknownDimensionError(ValueError):
     pass
 
 
-def resolve_dimensions(names: list[str] | tuple[str, ...] | None) -> list[str]:
-    """Validated, de-duplicated dimension names in the given order (all of them when ``names`` is empty/None)."""
+def resolve_dimensions(names: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """Validated, de-duplicated dimension names in the given order (all of them when ``names`` is empty/None).
+
+    ``names`` is a list of names or comma-separated lists, or one such string: a string is never iterated character by
+    character (``-o vbench.dimensions=temporal_flickering`` once failed with "unknown VBench dimension 't'")."""
+    if isinstance(names, str):
+        names = [names]
     if not names:
         return list(DEFAULT_DIMENSIONS)
     out: list[str] = []

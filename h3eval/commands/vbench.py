@@ -37,6 +37,26 @@ def run_setup(env: Path | None, dimensions: list[str] | None, force: bool) -> di
     return setup_env(env or default_env_path(), dimensions, force=force)
 
 
+def run_fetch(dimensions: list[str] | None, cache_dir: Path | None, pins: Path = CHECKPOINT_PINS_PATH,
+              show_progress: bool = True) -> dict:
+    """Download the checkpoints ``dimensions`` need (gates.vbench.fetch) with a progress bar on stderr."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    from gates.vbench.fetch import fetch_checkpoints
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=Console(stderr=True), disable=not show_progress) as bar:
+        tasks: dict[str, int] = {}
+
+        def progress(name: str, done: int, total: int | None) -> None:
+            if name not in tasks:
+                tasks[name] = bar.add_task(name, total=total)
+            bar.update(tasks[name], completed=done, total=total)
+
+        return fetch_checkpoints(dimensions, cache_dir, pins, progress=progress).to_dict()
+
+
 def run_verify(env: Path | None, dimensions: list[str] | None, cache_dir: Path | None) -> dict:
     dims = resolve_dimensions(dimensions)
     report = verify(env or default_env_path(), dims, cache_dir)
@@ -52,13 +72,25 @@ def register(app: typer.Typer) -> None:
         env: Optional[Path] = typer.Option(None, "--env", envvar="H3EVAL_VBENCH_ENV", help=_ENV_HELP),
         dimensions: Optional[list[str]] = typer.Option(None, "--dimensions", "-d", help=_DIM_HELP),
         force: bool = typer.Option(False, "--force", help="Rebuild from scratch even if the environment looks fine"),
+        fetch_checkpoints: bool = typer.Option(
+            False, "--fetch-checkpoints",
+            help="Also download every checkpoint the dimensions need from its official location (resumable), "
+                 "verify it against gates/vbench/vbench-checkpoints.json or pin it on first download"),
+        cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", envvar="VBENCH_CACHE_DIR", help=_CACHE_HELP),
     ) -> None:
         """Build the isolated VBench environment from the committed locks (gates/vbench/vbench-requirements*.lock)."""
+        from gates.vbench.fetch import FetchError
+
         try:
             marker = run_setup(env, dimensions, force)
-        except (VBenchEnvError, UnknownDimensionError) as exc:
+            if fetch_checkpoints:
+                marker = {**marker, "checkpoints": run_fetch(dimensions, cache_dir)}
+        except (VBenchEnvError, UnknownDimensionError, FetchError, VBenchPinError) as exc:
             _fail(str(exc), _code(exc))
         typer.echo(json.dumps(marker, indent=2))
+        if fetch_checkpoints and marker["checkpoints"]["pinned_now"]:
+            typer.echo(f"pinned on first download (trust on first use): {', '.join(marker['checkpoints']['pinned_now'])}"
+                       f"; commit {CHECKPOINT_PINS_PATH}", err=True)
 
     @vbench_app.command("pin")
     def pin_cmd(

@@ -69,17 +69,48 @@ def speed_verdict(store: RunStore, manifest: RunManifest, candidate: str, loaded
     return decide_speed(sv, problems, sp, loaded.policy.min_pairs, settings)
 
 
+def choose_judge(policy, manifest: RunManifest, candidate: str) -> tuple[str | None, str | None, list[str]]:
+    """(kind, why, problems) of the judge for ``candidate``: its recipe's ``[signoff] kind`` (from the run's resolved
+    recipes) when the policy judges by kind. A problem (no kind declared, no judge for it) makes the candidate
+    INCONCLUSIVE: a kind is never guessed."""
+    if not policy.judges:
+        return None, None, []
+    recipe = manifest.recipes.get(candidate) or {}
+    signoff = recipe.get("signoff") if isinstance(recipe, dict) else None
+    kind = signoff.get("kind") if isinstance(signoff, dict) else None
+    known = ", ".join(policy.judges)
+    if kind is None:
+        return None, None, [f"recipe {candidate!r} declares no [signoff] kind; policy {policy.name!r} judges by kind "
+                            f"({known}) and does not guess one"]
+    if kind not in policy.judges:
+        return None, None, [f"recipe {candidate!r} declares [signoff] kind = {kind!r}, which policy {policy.name!r} "
+                            f"has no judge for (it judges: {known})"]
+    judge = policy.judges[kind]
+    declared = f"recipe {candidate!r} declares [signoff] kind = {kind!r}"
+    if signoff.get("reason"):
+        declared += f" ({signoff['reason']})"
+    return kind, f"{declared}: {judge.why or judge.description or kind}", []
+
+
 def _judge_candidate(store: RunStore, manifest: RunManifest, candidate: str, loaded: LoadedPolicy,
                      classes: dict[str, type], present: list[str], expected: list[tuple[str, int]],
                      floor: NoiseFloor | None, settings: Settings, gate_hashes: dict[str, str]) -> CandidateVerdict:
-    """One candidate: every gate of the policy (gathered, then decided together: Holm spans the candidate's
-    metrics), the speed check, and their combination."""
+    """One candidate: its judge (by the recipe's signoff kind, when the policy has judges), every gate of it
+    (gathered, then decided together: Holm spans the candidate's metrics), the speed check, and their combination."""
     policy = loaded.policy
+    kind, judge_reason, judge_problems = choose_judge(policy, manifest, candidate)
+    gates = policy.gates_for(kind)
+    cand_warnings: list[str] = []
+    if kind is not None and len(expected) < policy.judges[kind].warn_below_pairs:
+        cand_warnings.append(
+            f"only {len(expected)} pairs (prompts x seeds): under {policy.judges[kind].warn_below_pairs} a paired "
+            f"comparison can point the wrong way (seed 002: a 4-clip check suggested an improvement that the 16-clip "
+            f"test reversed)")
     gate_verdicts: list[GateVerdict] = []
     gate_level: dict[str, list[str]] = {}
     """Outcomes of the gate-level checks (results present, flags, missing pairs) per gate."""
     works = []
-    for gate, gp in policy.gates.items():
+    for gate, gp in gates.items():
         gv = GateVerdict(gate=gate, candidate=candidate, required=gp.required, outcome="INCONCLUSIVE",
                          raw_outcome="INCONCLUSIVE", n_expected=len(expected), evidence=[f"gates/{gate}/{candidate}/"])
         gate_verdicts.append(gv)
@@ -93,6 +124,13 @@ def _judge_candidate(store: RunStore, manifest: RunManifest, candidate: str, loa
         results, stray, n_files = load_results(store, gate, candidate, manifest.baseline, expected, gate_hashes)
         gv.warnings.extend(stray)
         gv.n_results = n_files
+        if gp.when_applicable and results and all(
+                r.result is not None and r.result.status == "not_applicable" for r in results.values()):
+            why = next(iter(results.values())).result.info.get("reason", "")  # type: ignore[union-attr]
+            gv.required = False
+            gv.reasons.append(f"not applicable on this run's pairs, so it decides nothing: {why}")
+            gate_level[gate] = ["INCONCLUSIVE"]
+            continue
         gate_level[gate] = gate_level_checks(gv, gp, results, expected, policy.min_pairs)
         if results and gp.run_test is not None:
             gate_level[gate].append(run_test_outcome(gv, gp, results, expected, policy.min_pairs))
@@ -104,15 +142,21 @@ def _judge_candidate(store: RunStore, manifest: RunManifest, candidate: str, loa
             gv.metrics.append(mv)
     decide_metrics(works, policy, settings, candidate)
     for gv in gate_verdicts:
-        decide_gate(gv, policy.gates[gv.gate], gate_level[gv.gate], policy, settings)
+        decide_gate(gv, gates[gv.gate], gate_level[gv.gate], policy, settings)
 
     speed: SpeedVerdict | None = None
     if policy.speed is not None:
         speed = speed_verdict(store, manifest, candidate, loaded, settings, expected)
+        if kind is not None and policy.judges[kind].speed_required is not None:
+            speed.required = policy.judges[kind].speed_required
         waiver = waiver_for(policy.waivers, SPEED_GATE, None, candidate, settings.today, speed.warnings)
         speed.outcome, speed.waiver = apply_waiver(speed.raw_outcome, waiver)
     outcome, reasons = candidate_outcome(gate_verdicts, speed)
-    return CandidateVerdict(candidate=candidate, outcome=outcome, reasons=reasons, gates=gate_verdicts, speed=speed)
+    if judge_problems:
+        outcome = combine([outcome, "INCONCLUSIVE"])
+        reasons = judge_problems + reasons
+    return CandidateVerdict(candidate=candidate, outcome=outcome, judge=kind, judge_reason=judge_reason,
+                            reasons=reasons, warnings=cand_warnings, gates=gate_verdicts, speed=speed)
 
 
 def compute_verdict(
@@ -150,7 +194,7 @@ def compute_verdict(
     gate_hashes: dict[str, str] = {}
     warnings: list[str] = []
     present = store.gates_present()
-    unchecked = [g for g in present if g not in policy.gates]
+    unchecked = [g for g in present if g not in policy.all_gates()]
     if unchecked:
         warnings.append(f"gate results present but not checked by policy {policy.name!r}: {', '.join(unchecked)}")
 
@@ -208,7 +252,14 @@ def summary_lines(verdict: Verdict) -> list[str]:
     lines = [f"{verdict.outcome}  policy {verdict.policy_name!r}, baseline {verdict.baseline!r}"]
     lines += [f"  NOTE: {notice}" for notice in verdict.notices]
     for c in verdict.candidates:
-        lines.append(f"  {c.candidate}: {c.outcome}")
+        lines.append(f"  {c.candidate}: {c.outcome}" + (f" (judged as {c.judge})" if c.judge else ""))
+        if c.judge_reason:
+            lines.append(f"    judge: {c.judge_reason}")
+        for reason in c.reasons:
+            if reason.startswith("recipe "):
+                lines.append(f"    - {reason}")
+        for w in c.warnings:
+            lines.append(f"    warning: {w}")
         for g in c.gates:
             tag = "" if g.required else " (advisory)"
             waived = f" [waived by {g.waiver.owner} until {g.waiver.expires}]" if g.waiver else ""

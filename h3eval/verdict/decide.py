@@ -215,6 +215,14 @@ def decide_metric(work: _MetricWork, alpha: float) -> None:
                     f"mean delta {_fmt(s.mean)} is within the margin -{_fmt(margin)} but the lower bound "
                     f"{_fmt(s.ci.low)} is not ({ci_text}; {holm_note}; {detail})"
                 )
+        rt = mp.regression
+        if rt is not None and mv.p_worse_holm is not None and mv.regression_shift is not None:
+            if mv.p_worse_holm <= rt.alpha and s.mean <= -mv.regression_shift:
+                outcomes.append("FAIL")
+                mv.reasons.append(
+                    f"consistently worse: {signs}; one-sided Wilcoxon p {_fmt(mv.p_worse)} "
+                    f"(Holm {_fmt(mv.p_worse_holm)}) <= {_fmt(rt.alpha)} and mean delta {_fmt(s.mean)} <= "
+                    f"-{_fmt(mv.regression_shift)} (regression)")
         if s.underpowered:
             mv.warnings.append(
                 f"sample size: {s.n} pairs resolve only shifts of {_fmt(s.mde)} or more at power {work.power} "
@@ -366,6 +374,12 @@ def decide_metrics(works: list[_MetricWork], policy: Policy, settings: Settings,
         adjusted = S.holm(pvals) if policy.holm else pvals
         for w, p, q in zip(fam, pvals, adjusted):
             w.mv.p_value, w.mv.p_holm = p, (q if policy.holm else None)
+    # The regression test (policy `regression`): one-sided Wilcoxon "the candidate is worse", Holm across the
+    # candidate's metrics that carry it.
+    reg = [w for w in works if w.summary is not None and w.mp.regression is not None]
+    p_worse = [S.wilcoxon_signed_rank([p.delta for p in w.mv.pairs], alternative="less").pvalue for w in reg]
+    for w, p, q in zip(reg, p_worse, S.holm(p_worse)):
+        w.mv.p_worse, w.mv.p_worse_holm = p, q
     for w in works:
         if w.summary is not None:
             decide_metric(w, settings.alpha_one_sided)

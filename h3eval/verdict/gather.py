@@ -99,6 +99,11 @@ def gather_metric(
         mv.threshold, mv.threshold_source = res.value, res.source
         if res.value is None:
             mv.reasons.append(f"threshold unknown: {res.source}")
+    if mp.regression is not None:
+        res = resolve_threshold(mp.regression.min_shift, key, floor)
+        mv.regression_shift = res.value
+        if res.value is None:
+            mv.reasons.append(f"regression min_shift unknown: {res.source}")
     if mp.pair_limit is not None:
         res = resolve_threshold(mp.pair_limit, key, floor)
         mv.pair_limit = res.value

