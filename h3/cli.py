@@ -67,8 +67,18 @@ def generate(
     height: Optional[int] = typer.Option(None, "--height"),
     width: Optional[int] = typer.Option(None, "--width"),
     device: Optional[str] = typer.Option(None, "--device", envvar="H3_DEVICE"),
+    first_frame: Optional[Path] = typer.Option(None, "--first-frame",
+                                               help="Image the clip starts from (fl2va; diffusers' `image`)."),
+    last_frame: Optional[Path] = typer.Option(None, "--last-frame",
+                                              help="Image the clip ends on (fl2va; diffusers' `last_image`)."),
+    reference: Optional[Path] = typer.Option(None, "--reference",
+                                             help="Reference image whose subject the clip keeps (ref2va)."),
 ) -> None:
-    """Generate one clip (MP4, 24 fps, 32 kHz stereo) and its JSON record."""
+    """Generate one clip (MP4, 24 fps, 32 kHz stereo) and its JSON record.
+
+    With --first-frame and/or --last-frame the fl2va workflow runs, with --reference ref2va; the record keeps each
+    image's sha256."""
+    from h3.conditioning import ConditioningError, image_from_file
     from h3.levers import LeverError
     from h3.media import MediaError
     from h3.recipe import RecipeError, load_recipe
@@ -79,16 +89,19 @@ def generate(
     try:
         if out.suffix.lower() != ".mp4":
             raise RequestError(f"--out must name an .mp4 file, got {out}")
+        images = {role: image_from_file(path, f"--{role.replace('_', '-')}") for role, path in
+                  (("first_frame", first_frame), ("last_frame", last_frame), ("reference", reference))
+                  if path is not None}
         request = GenerateRequest(prompt=prompt, seed=seed, num_frames=num_frames, seconds=seconds, height=height,
-                                  width=width)
+                                  width=width, **images)
         resolve_request(request, TINY_DEFAULT_SIZE if model == "tiny" else FULL_DEFAULT_SIZE)
         runtime = H3Runtime.load(model, load_recipe(recipe), device)
         record = runtime.generate(request, out)
-    except (RecipeError, CheckpointError, RequestError, LeverError, MediaError, OSError) as exc:
+    except (RecipeError, CheckpointError, RequestError, ConditioningError, LeverError, MediaError, OSError) as exc:
         raise bad_input(str(exc)) from None
     typer.echo(
         f"{out}: {record.shape.num_frames} frames {record.shape.width}x{record.shape.height} @ {record.shape.fps} fps, "
-        f"audio {record.shape.audio_sample_rate} Hz x{record.shape.audio_channels}; "
+        f"audio {record.shape.audio_sample_rate} Hz x{record.shape.audio_channels}; {record.request.workflow}; "
         f"generation-side {record.timings.generation_side_latency_s:.2f} s"
     )
 
