@@ -1,4 +1,9 @@
-"""Prompt suites: JSONL files, one object per line with a stable ``id``, the ``prompt`` and its provenance."""
+"""Prompt suites: JSONL files, one object per line with a stable ``id``, the ``prompt`` and its provenance.
+
+A line of an fl2va or ref2va suite also carries its images (issue 25): ``first_frame`` and/or ``last_frame``, or
+``reference``, each ``{"path": "<file relative to the JSONL's folder>", "sha256": "<of the file>"}``. The hash is
+checked on load, so the suite's own sha256 (of the JSONL) pins its images too.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from h3.conditioning import ROLES, ConditioningError, ImageInput, image_from_file, workflow_of
 from h3eval.store import StoreError, check_safe_name
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
@@ -26,6 +32,12 @@ class Prompt:
     id: str
     prompt: str
     meta: dict[str, Any] = field(default_factory=dict)
+    images: dict[str, ImageInput] = field(default_factory=dict)
+    """The line's image inputs by role (h3.conditioning.ROLES): keyframes for fl2va, a reference for ref2va."""
+
+    @property
+    def workflow(self) -> str:
+        return workflow_of(**self.images)
 
 
 @dataclass
@@ -87,10 +99,43 @@ def load_prompts(name_or_path: str | Path) -> PromptSuite:
         if pid in seen:
             raise PromptSuiteError(f"{path}:{lineno}: duplicate prompt id {pid!r} (first on line {seen[pid]})")
         seen[pid] = lineno
-        prompts.append(Prompt(id=pid, prompt=prompt, meta={k: v for k, v in obj.items() if k not in ("id", "prompt")}))
+        images = {role: _line_image(path, lineno, role, obj[role]) for role in ROLES if obj.get(role) is not None}
+        try:
+            workflow_of(**images)
+        except ConditioningError as exc:
+            raise PromptSuiteError(f"{path}:{lineno}: {exc}") from None
+        meta = {k: v for k, v in obj.items() if k not in ("id", "prompt") and k not in ROLES}
+        prompts.append(Prompt(id=pid, prompt=prompt, meta=meta, images=images))
     if not prompts:
         raise PromptSuiteError(f"prompt file {path} has no prompts")
     return PromptSuite(path=path, sha256=hashlib.sha256(raw).hexdigest(), prompts=prompts)
+
+
+def _line_image(suite: Path, lineno: int, role: str, entry: Any) -> ImageInput:
+    """A line's image: ``{"path", "sha256"}``, the path inside the suite's folder, the file matching its hash."""
+    where = f"{suite}:{lineno}: {role}"
+    if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("sha256"), str)):
+        raise PromptSuiteError(f'{where} must be {{"path": "<file beside the suite>", "sha256": "<its sha256>"}}')
+    folder = suite.resolve().parent
+    file = (folder / entry["path"]).resolve()
+    if folder not in file.parents:
+        raise PromptSuiteError(f"{where}: {entry['path']!r} is outside the suite's folder {folder}")
+    try:
+        image = image_from_file(file, role)
+    except ConditioningError as exc:
+        raise PromptSuiteError(f"{suite}:{lineno}: {exc}") from None
+    if image.sha256 != entry["sha256"]:
+        raise PromptSuiteError(f"{where}: {entry['path']} does not match the sha256 the suite names (the image "
+                               f"changed: {image.sha256[:12]} vs {entry['sha256'][:12]})")
+    return image
+
+
+def image_entry(suite_dir: Path, file: Path) -> dict[str, str]:
+    """The ``{"path", "sha256"}`` a suite line names ``file`` by (for scripts that write suites)."""
+    import hashlib
+
+    return {"path": file.resolve().relative_to(suite_dir.resolve()).as_posix(),
+            "sha256": hashlib.sha256(file.read_bytes()).hexdigest()}
 
 
 def parse_seeds(text: str) -> list[int]:

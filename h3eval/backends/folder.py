@@ -6,6 +6,11 @@ Clips are paired by name, ``<prompt_id>-s<seed>.mp4`` in the baseline and each c
 ``peak_memory_mb``). Each clip is decoded (frames and PCM hashed, ``extra["hash_source"] = "decoded"``) and copied
 atomically into ``clips/<recipe>/``. A candidate clip with no baseline partner, or whose shape, fps or duration
 differs from its partner's, is not imported: it becomes a clear error in the run record and the rest continues.
+
+With a prompt suite (``--prompts``), each clip's request is its suite line: the prompt text, and for fl2va / ref2va
+suites the workflow and the sha256 of each keyframe or reference image, which the run keeps under ``inputs/`` (so
+the keyframe gate can score imported clips against the images they were made from). A clip whose prompt id is not
+in the suite is not imported.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 
 from h3.atomic import tmp_path_for
 from h3.media import MediaError
-from h3.record import ClipRecord, RequestSpec
+from h3.record import ClipRecord, ConditioningImage, RequestSpec
 from h3eval.backends import foreign_record, write_record
 from h3eval.runner import RunError
 from h3eval.store import (
@@ -92,7 +97,8 @@ def read_manifest(path: Path, sides: set[str]) -> list[FolderClip]:
     return clips
 
 
-def _import_clip(store: RunStore, clip: FolderClip, source: str) -> ClipRecord:
+def _import_clip(store: RunStore, clip: FolderClip, source: str, line: Any = None) -> ClipRecord:
+    """``line``: the clip's prompt-suite line (h3eval.prompts.Prompt), whose text and images the record takes."""
     out = store.clip_path(clip.side, clip.prompt_id, clip.seed)
     tmp = tmp_path_for(out)
     try:
@@ -106,7 +112,13 @@ def _import_clip(store: RunStore, clip: FolderClip, source: str) -> ClipRecord:
             peak_memory_bytes=int(peak * 2**20) if peak is not None else None, device="imported",
             extra={"imported_from": str(clip.path), "warmup": False},
         )
-        if not clip.prompt:
+        if line is not None:
+            record.request.prompt = clip.prompt or line.prompt
+            record.request.workflow = line.workflow
+            record.request.conditioning = [ConditioningImage(role=role, sha256=image.sha256, width=image.width,
+                                                             height=image.height, media_type=image.media_type)
+                                           for role, image in line.images.items()]
+        elif not clip.prompt:
             record.extra["unreported"].append("request.prompt")
         record.request.height, record.request.width = record.shape.height, record.shape.width
         tmp.replace(out)
@@ -127,8 +139,10 @@ def _same_form(a: ClipRecord, b: ClipRecord) -> list[str]:
     return diffs
 
 
-def import_folders(baseline_dir: str, candidate_dirs: list[str], out: Path, manifest: Path | None = None) -> RunManifest:
-    """Import folders of clips as an ``import`` run; resumable (finished clips are kept)."""
+def import_folders(baseline_dir: str, candidate_dirs: list[str], out: Path, manifest: Path | None = None,
+                   prompts: Any = None) -> RunManifest:
+    """Import folders of clips as an ``import`` run; resumable (finished clips are kept). ``prompts``: the
+    h3eval.prompts.PromptSuite the clips were made from (their text, workflow and images), or None."""
     base_name, base_dir = side_name(baseline_dir, "baseline")
     candidates = [side_name(c, f"candidate{i}") for i, c in enumerate(candidate_dirs)]
     names = [base_name] + [c[0] for c in candidates]
@@ -154,12 +168,15 @@ def import_folders(baseline_dir: str, candidate_dirs: list[str], out: Path, mani
     recipes = {n: {"name": n, "imported_from": str(base_dir if n == base_name else dict(candidates)[n])} for n in names}
     recipe_sha = {n: hashlib.sha256(json.dumps(r, sort_keys=True).encode()).hexdigest() for n, r in recipes.items()}
     listing = hashlib.sha256(json.dumps([[c.side, c.prompt_id, c.seed, str(c.path)] for c in clips]).encode())
+    if prompts is not None:
+        listing.update(prompts.sha256.encode())
     now = utc_now()
     fresh = RunManifest(kind="import", created_at=now, updated_at=now, model="imported", backend="folder",
                         baseline=base_name, candidates=names[1:], recipes=recipes, recipe_sha256=recipe_sha,
                         prompts=PromptSuiteRef(path=str(manifest or base_dir), sha256=listing.hexdigest(), ids=ids),
                         seeds=seeds, args={"command": "import", "baseline_dir": baseline_dir,
-                                           "candidate_dirs": candidate_dirs, "manifest": str(manifest)})
+                                           "candidate_dirs": candidate_dirs, "manifest": str(manifest),
+                                           "prompts": str(prompts.path) if prompts is not None else None})
     if store.exists():
         existing = store.read_manifest()
         if (existing.kind, existing.recipe_sha256, existing.prompts and existing.prompts.sha256) != (
@@ -172,6 +189,10 @@ def import_folders(baseline_dir: str, candidate_dirs: list[str], out: Path, mani
         run = fresh
     run.status = "running"
     store.write_manifest(run)
+    if prompts is not None:
+        from h3eval.runner import save_inputs
+
+        save_inputs(store, prompts)
     errors: list[ClipError] = []
 
     def error(side: str, key: tuple[str, int], message: str) -> None:
@@ -185,8 +206,15 @@ def import_folders(baseline_dir: str, candidate_dirs: list[str], out: Path, mani
         done = read_finished_record(store.clip_path(side, *key))
         if done is not None:
             return done
+        line = None
+        if prompts is not None:
+            try:
+                line = prompts.by_id(key[0])
+            except KeyError:
+                error(side, key, f"{clip.path}: prompt id {key[0]!r} is not in the prompt suite {prompts.path}")
+                return None
         try:
-            record = _import_clip(store, clip, base_dir if side == base_name else dict(candidates)[side])
+            record = _import_clip(store, clip, base_dir if side == base_name else dict(candidates)[side], line)
         except (MediaError, OSError) as exc:
             error(side, key, f"cannot import {clip.path}: {exc}")
             return None
