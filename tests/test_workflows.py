@@ -52,6 +52,20 @@ def test_suites_check_their_images(tmp_path, fl2va_suite):
     assert prompt.images["first_frame"].sha256 == hashlib.sha256((fl2va_suite.parent / "kf/a-first.png")
                                                                  .read_bytes()).hexdigest()
     assert "first_frame" not in prompt.meta
+    # The world suites' spelling (h3.world.suites): keyframes {first, last} and references [path], no hashes; the
+    # suite's hash then folds in each image's.
+    world = write_suite(tmp_path / "world", [{"id": "w", "prompt": "p", "keyframes": {"first": "kf/a-first.png",
+                                                                                    "last": "kf/a-last.png"}},
+                                             {"id": "r", "prompt": "q", "references": ["kf/a-last.png"]}])
+    shutil.copytree(fl2va_suite.parent / "kf", world.parent / "kf")
+    loaded = load_prompts(world)
+    assert [p.workflow for p in loaded.prompts] == ["fl2va", "ref2va"]
+    assert loaded.prompts[0].images["last_frame"].sha256 == prompt.images["last_frame"].sha256
+    expected = hashlib.sha256(world.read_bytes() + "".join(
+        i.sha256 for p in loaded.prompts for i in p.images.values()).encode()).hexdigest()
+    assert loaded.sha256 == expected
+    png(world.parent / "kf" / "a-last.png", (1, 2, 3))  # the image changes: another suite
+    assert load_prompts(world).sha256 != expected
     folder = fl2va_suite.parent
     good = image_entry(folder, folder / "kf" / "a-first.png")
     cases = {
@@ -59,12 +73,13 @@ def test_suites_check_their_images(tmp_path, fl2va_suite):
         "outside the suite's folder": {"reference": {"path": "../x.png", "sha256": "0" * 64}},
         "cannot read": {"last_frame": {"path": "kf/none.png", "sha256": "0" * 64}},
         "not both": {"first_frame": good, "reference": good},
-        "must be {": {"first_frame": "kf/a-first.png"},
+        "must be a path": {"first_frame": 5},
+        "one reference image per request": {"references": ["kf/a-first.png", "kf/a-last.png"]},
     }
     for i, (message, fields) in enumerate(cases.items()):
         path = write_suite(tmp_path / f"case{i}", [{"id": "x", "prompt": "p", **fields}])
         shutil.copytree(folder / "kf", path.parent / "kf")
-        with pytest.raises(PromptSuiteError, match=message.replace("{", r"\{")):
+        with pytest.raises(PromptSuiteError, match=message):
             load_prompts(path)
 
 
