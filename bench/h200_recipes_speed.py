@@ -64,6 +64,8 @@ NOT_A_FORWARD = {
     "fewer-steps": "stock's forward, 8 of them instead of 29",
     "offload-int8-adaln": "`bench/h200_offload.py` at 5 s 544×960 (target row below)",
     "turbo4-tinydemo": "tiny preset only (its LoRA is the seeded '@tiny' one); not a full-size recipe",
+    "turbo4-tiny": "trained tiny preset only (its LoRA is the distilled '@turbo4-tiny'); not a full-size recipe",
+    "turbo4-tiny-int8": "trained tiny preset only (its LoRA is the distilled '@turbo4-tiny'); not a full-size recipe",
 }
 
 

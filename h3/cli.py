@@ -60,7 +60,7 @@ def generate(
     prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
     out: Path = typer.Option(..., "--out", help="Output .mp4 (the record goes to the same name with .json)."),
     seed: int = typer.Option(0, "--seed"),
-    model: str = typer.Option("tiny", "--model", envvar="H3_MODEL", help="'tiny' or a checkpoint directory."),
+    model: str = typer.Option("tiny", "--model", envvar="H3_MODEL", help="'tiny', 'tiny-random', 'tiny-trained' or a checkpoint directory."),
     recipe: str = typer.Option("baseline", "--recipe", envvar="H3_RECIPE", help="Recipe name or TOML path."),
     seconds: Optional[float] = typer.Option(None, "--seconds"),
     num_frames: Optional[int] = typer.Option(None, "--num-frames"),
@@ -83,7 +83,7 @@ def generate(
     from h3.media import MediaError
     from h3.recipe import RecipeError, load_recipe
     from h3.runtime import CheckpointError, GenerateRequest, H3Runtime, RequestError, resolve_request
-    from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE
+    from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE, TINY_MODELS
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     try:
@@ -94,7 +94,7 @@ def generate(
                   if path is not None}
         request = GenerateRequest(prompt=prompt, seed=seed, num_frames=num_frames, seconds=seconds, height=height,
                                   width=width, **images)
-        resolve_request(request, TINY_DEFAULT_SIZE if model == "tiny" else FULL_DEFAULT_SIZE)
+        resolve_request(request, TINY_DEFAULT_SIZE if model in TINY_MODELS else FULL_DEFAULT_SIZE)
         runtime = H3Runtime.load(model, load_recipe(recipe), device)
         record = runtime.generate(request, out)
     except (RecipeError, CheckpointError, RequestError, ConditioningError, LeverError, MediaError, OSError) as exc:
@@ -108,7 +108,7 @@ def generate(
 
 @app.command("serve")
 def serve(
-    model: str = typer.Option("tiny", "--model", envvar="H3_MODEL", help="'tiny' or a checkpoint directory."),
+    model: str = typer.Option("tiny", "--model", envvar="H3_MODEL", help="'tiny', 'tiny-random', 'tiny-trained' or a checkpoint directory."),
     recipe: str = typer.Option("baseline", "--recipe", envvar="H3_RECIPE", help="Recipe name or TOML path."),
     host: str = typer.Option("127.0.0.1", "--host", envvar="H3_HOST"),
     port: int = typer.Option(30000, "--port", envvar="H3_PORT", help="TCP port, 1 to 65535."),

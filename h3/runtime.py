@@ -1,11 +1,14 @@
 """The H3 runtime: diffusers' MiniMax-H3 modular pipeline, configured by a recipe, with stage anatomy and records.
 
-``H3Runtime.load("tiny" | PATH, recipe)`` gives a runtime; ``runtime.generate(request, out)`` writes one clip (MP4 with
-24 fps video and 32 kHz stereo audio) and its :class:`~h3.record.ClipRecord` next to it.
+``H3Runtime.load("tiny" | "tiny-random" | "tiny-trained" | PATH, recipe)`` gives a runtime;
+``runtime.generate(request, out)`` writes one clip (MP4 with 24 fps video and 32 kHz stereo audio) and its
+:class:`~h3.record.ClipRecord` next to it.
 
-The tiny preset and a real checkpoint share one loading path: the tiny preset is built once from its seed, saved in
-the Hugging Face layout of ``MiniMaxAI/MiniMax-H3`` into a cache folder, and loaded from there with
-``ModularPipeline.from_pretrained`` exactly as a downloaded checkpoint is.
+``tiny-random`` is the random-weight preset (h3.tiny), built once from its seed and saved in the Hugging Face layout of
+``MiniMaxAI/MiniMax-H3`` into a cache folder; ``tiny`` names it too until the trained weights ship (issue 17), then
+``tiny`` becomes the trained preset. ``tiny-trained`` is the trained preset (h3.tiny_trained): a checkpoint in the same
+layout shipped in the package (made by ``python -m h3.train``). All load exactly as a downloaded checkpoint does, with
+``ModularPipeline.from_pretrained``.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ MAX_FRAMES = 345
 # 128x128, not 64x64: libx264 output was seen to vary run to run on 64x64 frames (uninitialized reads on tiny
 # frames; bench notes in h3/media.py), never at 128 or 256.
 TINY_DEFAULT_SIZE = (128, 128)
+TINY_MODELS = ("tiny", "tiny-random", "tiny-trained")
+"""Model names that are presets rather than checkpoint directories."""
 # MiniMax-H3's own 16:9 canvas (diffusers' resolve_canvas_size(16, 9) with the released short edge 768).
 FULL_DEFAULT_SIZE = (768, 1344)
 
@@ -223,6 +228,17 @@ def tiny_identity() -> str:
     return tiny.tiny_identity()
 
 
+def trained_tiny_dir() -> Path:
+    """The shipped trained tiny checkpoint, or a CheckpointError that says what is missing and how to make it."""
+    from h3.tiny_trained import TRAINED_DIR
+
+    if not (TRAINED_DIR / "modular_model_index.json").is_file():
+        raise CheckpointError(
+            f"the trained tiny preset is missing: {TRAINED_DIR}/modular_model_index.json (it ships with the package; "
+            "train it with `python -m h3.train all --out DIR` and copy DIR/tiny there), or use --model tiny-random")
+    return TRAINED_DIR
+
+
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -313,21 +329,35 @@ class H3Runtime:
     # -- loading -----------------------------------------------------------------------------------------------
     @classmethod
     def load(cls, model: str, recipe: Recipe, device: str | None = None) -> "H3Runtime":
-        if model == "tiny":
-            return cls.tiny(recipe, device)
+        if model in ("tiny", "tiny-random"):
+            return cls.tiny(recipe, device, name=model)
+        if model == "tiny-trained":
+            return cls.tiny_trained(recipe, device)
         return cls.from_pretrained(model, recipe, device)
 
     @classmethod
-    def tiny(cls, recipe: Recipe, device: str | None = None) -> "H3Runtime":
+    def tiny(cls, recipe: Recipe, device: str | None = None, name: str = "tiny") -> "H3Runtime":
+        """The random-weight tiny preset (h3.tiny), built from its seed into the cache folder."""
         from h3 import tiny
 
         runtime = cls.from_pretrained(tiny_checkpoint_dir(), recipe, device, _default_size=TINY_DEFAULT_SIZE)
-        runtime.model = "tiny"
+        runtime.model = name
         runtime.model_sha256 = tiny.tiny_identity()
         # The random preset has one DiT, seeded: it stands in for both partitions, and encodes a reference image at
         # the tiny canvas's edge rather than the released 2048 (a 2048-pixel VAE encode would dominate a CPU test).
         runtime.share_ref_partition("the random tiny preset has one DiT")
         runtime.pipe.register_to_config(reference_image_short_edge=TINY_DEFAULT_SIZE[0])
+        return runtime
+
+    @classmethod
+    def tiny_trained(cls, recipe: Recipe, device: str | None = None) -> "H3Runtime":
+        """The trained tiny preset (h3.tiny_trained), shipped in the package."""
+        from h3.tiny_trained import trained_identity
+
+        root = trained_tiny_dir()
+        runtime = cls.from_pretrained(root, recipe, device, _default_size=TINY_DEFAULT_SIZE)
+        runtime.model = "tiny-trained"
+        runtime.model_sha256 = trained_identity(root)
         return runtime
 
     @classmethod
@@ -378,7 +408,10 @@ class H3Runtime:
     def _apply_recipe(self) -> None:
         from h3.levers import apply_recipe_levers
 
-        is_tiny = Path(self.model).name == f"tiny-{tiny_identity()[:16]}"
+        from h3.tiny_trained import TRAINED_DIR
+
+        is_tiny = (Path(self.model).name == f"tiny-{tiny_identity()[:16]}"
+                   or Path(self.model).resolve() == TRAINED_DIR.resolve())
         self.levers = apply_recipe_levers(
             self.pipe, self.recipe, device=self.device, model_sha256=self.model_sha256, is_tiny=is_tiny
         )

@@ -67,7 +67,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from h3.atomic import atomic_write_bytes, atomic_write_json, sha256_file
-from h3.runtime import FPS, MAX_SECONDS, MIN_SECONDS, GenerateRequest
+from h3.runtime import FPS, MAX_SECONDS, MIN_SECONDS, TINY_MODELS, GenerateRequest
 from h3.server_previews import SPRITESHEET, THUMBNAIL, make_preview, sprite_layout
 from h3.server_request import (FIELDS, RequestProblem, RequestSchema, ServerLimits, default_limits, error_body,
                                levers_sha256, read_request_body, show)
@@ -350,7 +350,7 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
                                       job_timeout_s=job_timeout_s, max_body_bytes=max_body_bytes)
     store = JobStore(Path(output_dir), max_queue)
     recipe = runtime.recipe
-    model_id = model_name or f"h3-{runtime.model if runtime.model == 'tiny' else Path(runtime.model).name}"
+    model_id = model_name or f"h3-{runtime.model if runtime.model in TINY_MODELS else Path(runtime.model).name}"
     names = tuple(dict.fromkeys([model_id, recipe.name]))
     schema = RequestSchema(runtime, limits, names)
     loaded_at = int(time.time())

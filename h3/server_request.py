@@ -21,7 +21,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
 from h3.conditioning import ConditioningError, ImageInput, image_from_bytes, workflow_of
-from h3.runtime import FPS, MAX_SECONDS, MIN_SECONDS, GenerateRequest, RequestError, resolve_request
+from h3.runtime import FPS, MAX_SECONDS, MIN_SECONDS, TINY_MODELS, GenerateRequest, RequestError, resolve_request
 
 # ASCII only: Python's int() and \d would read Arabic-Indic and other Unicode digits ("١٢٨" as 128).
 SIZE = re.compile(r"^([0-9]{1,6})[xX]([0-9]{1,6})$")
@@ -137,7 +137,7 @@ def default_limits(runtime: Any, **overrides: Any) -> ServerLimits:
         pixels = budget
         basis["max_pixels"] = f"the model's canvas budget (canvas_max_pixels {budget}; MiniMax-H3: 768x1344)"
     pixels = max(pixels, height * width)
-    if getattr(runtime, "model", None) == "tiny":
+    if getattr(runtime, "model", None) in TINY_MODELS:
         timeout, basis["job_timeout_s"] = TINY_JOB_TIMEOUT_S, "tiny preset"
     else:
         timeout, basis["job_timeout_s"] = CHECKPOINT_JOB_TIMEOUT_S, "checkpoint: seed 000's 1545 s baseline x2.3"

@@ -392,7 +392,7 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
     """``h3eval ab`` as a function of its options (recipe names or paths, a prompt suite name, seeds as text): builds
     the plan and the backend and runs (or resumes) the A/B run."""
     from h3.recipe import load_recipe
-    from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE
+    from h3.runtime import FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE, TINY_MODELS
     from h3eval.prompts import load_prompts, parse_seeds
     from h3eval.runner import RequestShape, RunError, RunPlan
 
@@ -423,7 +423,7 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
     if backend == "http":
         from h3eval.backends.http import HttpBackend
 
-        impl = HttpBackend(list(urls), TINY_DEFAULT_SIZE if model == "tiny" else FULL_DEFAULT_SIZE, api_key=api_key,
+        impl = HttpBackend(list(urls), TINY_DEFAULT_SIZE if model in TINY_MODELS else FULL_DEFAULT_SIZE, api_key=api_key,
                            timeout_s=timeout_s)
     else:
         from h3eval.backends.inprocess import InProcessBackend

@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterable
 
 from h3 import provenance
 from h3.recipe import Recipe
-from h3.runtime import (FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE, GenerateRequest, RequestError, check_checkpoint_dir,
-                        resolve_request)
+from h3.runtime import (FULL_DEFAULT_SIZE, TINY_DEFAULT_SIZE, TINY_MODELS, GenerateRequest, RequestError,
+                        check_checkpoint_dir, resolve_request)
 from h3eval.backends import Backend, BackendError, remove_clip
 from h3eval.backends.inprocess import InProcessBackend, RuntimeFactory, default_runtime_factory
 from h3eval.executed import check_executed, is_unverified
@@ -81,9 +81,9 @@ def validate_plan(plan: RunPlan) -> None:
     for seed in plan.seeds:
         if not isinstance(seed, int) or seed < 0:
             raise RunError(f"seeds must be non-negative integers, got {seed!r}")
-    if plan.model != "tiny":
+    if plan.model not in TINY_MODELS:
         check_checkpoint_dir(plan.model)
-    default_size = TINY_DEFAULT_SIZE if plan.model == "tiny" else FULL_DEFAULT_SIZE
+    default_size = TINY_DEFAULT_SIZE if plan.model in TINY_MODELS else FULL_DEFAULT_SIZE
     try:
         first = plan.prompts.prompts[0]
         resolve_request(plan.shape.request(first.id, first.prompt, plan.seeds[0], first.images), default_size)

@@ -105,6 +105,9 @@ SHIPPED_ON_CPU = {
     "turbo4-fp8": "fp8_w8a8' needs a GPU", "turbo4-fp8-sage": "'sage' needs a CUDA GPU",
     "turbo4-fp8-sage-compile": "'sage' needs a CUDA GPU",
     "offload-int8-adaln": "use_stream .* needs a CUDA GPU",
+    # The trained tiny preset's LoRA: refused before any weight loads until it ships (h3/assets/tiny).
+    "turbo4-tiny": r"turbo4-tiny\.safetensors \(lora.path = '@turbo4-tiny'\) does not exist",
+    "turbo4-tiny-int8": r"turbo4-tiny\.safetensors \(lora.path = '@turbo4-tiny'\) does not exist",
 }
 
 

@@ -20,6 +20,9 @@ from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, m
 logger = logging.getLogger(__name__)
 
 TINY_LORA = "@tiny"
+TURBO4_TINY_LORA = "@turbo4-tiny"
+"""The trained tiny preset's distilled 4-step LoRA (h3/assets/tiny/lora/turbo4-tiny.safetensors, made by
+``python -m h3.train``), in the MiniMax-H3 format the real turbo LoRAs use."""
 TINY_LORA_SEED = 9001
 TINY_LORA_RANK = 4
 TINY_LORA_ALPHA = 2.0
@@ -47,8 +50,16 @@ class LoraConfig(LeverConfig):
         return self.enabled
 
     def check_inputs(self) -> None:
-        if self.enabled and self.path != TINY_LORA:
-            resolve_lora_path(self.path, is_tiny=False)
+        if not self.enabled or self.path == TINY_LORA:
+            return
+        if self.path == TURBO4_TINY_LORA:  # the model is checked at load; here only that the file shipped
+            from h3.tiny_trained import TURBO4_LORA_FILE
+
+            if not TURBO4_LORA_FILE.is_file():
+                raise LeverError(f"LoRA file {TURBO4_LORA_FILE} (lora.path = '@turbo4-tiny') does not exist; it ships "
+                                 "with the trained tiny preset (python -m h3.train exports it)")
+            return
+        resolve_lora_path(self.path, is_tiny=False)
 
     def apply(self, pipe, ctx: ApplyContext) -> "LoraHandle":
         return apply_lora(pipe, self, is_tiny=ctx.is_tiny)
@@ -62,10 +73,24 @@ def resolve_lora_path(path: str | None, *, is_tiny: bool, transformer: torch.nn.
         if not is_tiny:
             raise LeverError("lora.path '@tiny' is the tiny preset's demo LoRA; it cannot load into a real checkpoint")
         cache = Path(os.environ.get("H3_CACHE_DIR", Path.home() / ".cache" / "h3")) / "lora"
-        target = cache / f"tiny-distill-r{TINY_LORA_RANK}-s{TINY_LORA_SEED}.safetensors"
+        # Keyed by the transformer's shapes too: the random and the trained tiny presets differ.
+        target = cache / f"tiny-distill-r{TINY_LORA_RANK}-s{TINY_LORA_SEED}-{_shape_key(transformer)}.safetensors"
         if not target.is_file():
             write_tiny_lora(target, transformer)
         return target
+    if path == TURBO4_TINY_LORA:
+        from h3.tiny_trained import TRANSFORMER_CONFIG, TURBO4_LORA_FILE
+
+        config = dict(getattr(transformer, "config", None) or {})
+        same = all(list(config[k]) == list(v) if isinstance(v, tuple) else config[k] == v
+                   for k, v in TRANSFORMER_CONFIG.items() if k in config) and set(TRANSFORMER_CONFIG) <= set(config)
+        if not (is_tiny and same):
+            raise LeverError("lora.path '@turbo4-tiny' is the trained tiny preset's 4-step LoRA (--model tiny-trained); "
+                             "it cannot load into another model")
+        if not TURBO4_LORA_FILE.is_file():
+            raise LeverError(f"LoRA file {TURBO4_LORA_FILE} (recipe key lora.path = '@turbo4-tiny') does not exist; "
+                             "it ships with the trained tiny preset (python -m h3.train exports it)")
+        return TURBO4_LORA_FILE
     expanded = os.path.expandvars(os.path.expanduser(path))
     if "$" in expanded:
         raise LeverError(
@@ -79,6 +104,15 @@ def resolve_lora_path(path: str | None, *, is_tiny: bool, transformer: torch.nn.
             "(.safetensors) there or point lora.path at it. Refusing to run the recipe without it."
         )
     return resolved
+
+
+def _shape_key(transformer: torch.nn.Module | None) -> str:
+    import hashlib
+
+    if transformer is None:
+        return "none"
+    shapes = [(n, tuple(m.weight.shape)) for n, m in transformer.named_modules() if isinstance(m, torch.nn.Linear)]
+    return hashlib.sha256(repr(shapes).encode()).hexdigest()[:12]
 
 
 def tiny_lora_state_dict(transformer: torch.nn.Module, rank: int = TINY_LORA_RANK, seed: int = TINY_LORA_SEED,

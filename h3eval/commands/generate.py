@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
         recipe: str = typer.Option(..., "--recipe", envvar="H3EVAL_RECIPE", help="Recipe name or TOML path."),
         prompts: str = typer.Option(..., "--prompts", envvar="H3EVAL_PROMPTS", help="Prompt suite name or JSONL."),
         out: Path = typer.Option(..., "--out", envvar="H3EVAL_OUT", help="Run directory (created or resumed)."),
-        model: str = typer.Option("tiny", "--model", envvar="H3EVAL_MODEL", help="'tiny' or a checkpoint dir."),
+        model: str = typer.Option("tiny", "--model", envvar="H3EVAL_MODEL", help="'tiny', 'tiny-random', 'tiny-trained' or a checkpoint dir."),
         seeds: str = typer.Option("0", "--seeds", envvar="H3EVAL_SEEDS", help="Seeds, e.g. 0,1 or 0-3."),
         seconds: Optional[float] = typer.Option(None, "--seconds", help="Duration (snapped to 17n+5 frames)."),
         num_frames: Optional[int] = typer.Option(None, "--num-frames", help="Frame count (snapped to 17n+5)."),

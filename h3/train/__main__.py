@@ -1,0 +1,92 @@
+"""``python -m h3.train STAGE --out DIR``: train the tiny MiniMax-H3 on the procedural world (see h3.train.run).
+
+    python -m h3.train all --out runs/tiny-train                 # everything, on the first CUDA device
+    python -m h3.train all --out /tmp/t --smoke --device cpu     # a few steps of everything (a dry run)
+    python -m h3.train dit --out runs/tiny-train --max-seconds 500   # one resumable slice of one stage
+    python -m h3.train plot --out runs/tiny-train               # the loss plot of an exported record
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import shlex
+import sys
+from pathlib import Path
+
+
+def _parse_set(values: list[str], cfg):
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+    for item in values:
+        key, _, raw = item.partition("=")
+        if key not in fields:
+            raise SystemExit(f"--set {item}: unknown key {key!r}; known: {', '.join(sorted(fields))}")
+        current = getattr(cfg, key)
+        value = json.loads(raw) if not isinstance(current, str) else raw
+        if isinstance(current, tuple):
+            value = tuple(value)
+        setattr(cfg, key, value)
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    from h3.train.common import TrainConfig
+    from h3.train.run import STAGES, run
+
+    parser = argparse.ArgumentParser(prog="python -m h3.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("stage", choices=("all", "plot") + STAGES)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--device")
+    parser.add_argument("--smoke", action="store_true", help="a few steps of everything at tiny batch sizes")
+    parser.add_argument("--config", type=Path, help="a config.json written by an earlier slice")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a TrainConfig field")
+    parser.add_argument("--max-seconds", type=float)
+    parser.add_argument("--deadline", type=float, help="end at this time.time() value (what torchrun ranks get)")
+    parser.add_argument("--stage-seconds", default="", help="per-stage budgets, e.g. dit=300,distill=90")
+    parser.add_argument("--stop-after", type=int, help="end each training stage's slice after N steps")
+    parser.add_argument("--finish-on-budget", action="store_true")
+    parser.add_argument("--code-commit", default="")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
+
+    if args.stage == "plot":
+        from h3.train.export import PLOT_NAME, RECORD_NAME, plot_record
+
+        root = args.out / "tiny" if (args.out / "tiny").is_dir() else args.out
+        record = json.loads((root / RECORD_NAME).read_text())
+        plot_record(record, root / PLOT_NAME)
+        print(root / PLOT_NAME)
+        return 0
+    if args.config:
+        saved = json.loads(args.config.read_text())
+        cfg = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["config"].items()})
+        command, commit = saved.get("command", ""), saved.get("code_commit", "")
+    else:
+        cfg = TrainConfig.smoke() if args.smoke else TrainConfig()
+        command, commit = "python -m h3.train " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])), \
+            args.code_commit
+    if args.seed is not None:
+        cfg.seed = args.seed
+    if args.device:
+        cfg.device = args.device
+    cfg = _parse_set(args.set, cfg)
+    if cfg.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("no CUDA device here: pass --device cpu (with --smoke for a dry run)")
+    stage_seconds = {}
+    for item in filter(None, args.stage_seconds.split(",")):
+        key, _, value = item.partition("=")
+        stage_seconds[key] = float(value)
+    return run(args.stage, cfg, args.out, max_seconds=args.max_seconds, stage_seconds=stage_seconds,
+               stop_after=args.stop_after, finish_on_budget=args.finish_on_budget, command=command,
+               code_commit=commit or args.code_commit, deadline=args.deadline)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""What every training stage shares: its configuration, deterministic per-step seeds, resumable state, the learning
+rate schedule, the EMA of the weights, and a wall-clock budget that ends a slice cleanly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+
+@dataclass
+class TrainConfig:
+    """Every knob of ``python -m h3.train``; the training record stores it whole. The step counts are maxima: with
+    ``--finish-on-budget`` a stage ends where its wall-clock budget does (the record's ``reproduce`` line gives the
+    counts that ran)."""
+
+    seed: int = 17
+    device: str = "cuda"
+    # video VAE
+    video_vae_steps: int = 5000
+    video_vae_batch: int = 48
+    video_vae_frames: int = 22  # 17 + 5: one encoder chunk plus the overlap the decoder blends
+    video_vae_lr: float = 1.5e-3
+    video_vae_kl: float = 1e-3
+    # audio VAE
+    audio_vae_steps: int = 5000
+    audio_vae_batch: int = 96
+    audio_vae_latents: int = 40  # 1 s crops, hop-aligned
+    audio_vae_lr: float = 2e-3
+    audio_vae_kl: float = 1e-4
+    """Weight of an L2 penalty on the posterior mean (the audio VAE is trained on its mean, as it is used)."""
+    # latent pool
+    pool_size: int = 6144
+    pool_keyframe_share: float = 0.25
+    """Share of the pool that also carries fl2va keyframe and ref2va reference presentations."""
+    # DiT
+    dit_steps: int = 30000
+    dit_batch: int = 192
+    dit_lr: float = 2e-3
+    dit_warmup: int = 300
+    dit_ema: float = 0.998
+    dit_task_mix: tuple = (0.76, 0.12, 0.12)
+    """t2va, fl2va (first, last or both keyframes), ref2va."""
+    dit_audio_weight: float = 1.0
+    dit_text_noise: float = 0.02
+    """Gaussian noise (relative to the embeddings' std) on the text rows: the runtime encodes in the recipe's dtype."""
+    # distillation
+    distill_teacher_samples: int = 1024
+    distill_teacher_steps: int = 29
+    distill_student_steps: int = 4
+    distill_steps: int = 3000
+    distill_batch: int = 48
+    distill_lr: float = 1e-3
+    lora_rank: int = 16
+    lora_adaln_rank: int = 4
+    checkpoint_every: int = 500
+    log_every: int = 50
+    # devices
+    ranks: int = 2
+    """Data-parallel ranks of the dit and distill stages (torchrun, one per GPU; fewer when fewer GPUs are there). On
+    a GPU host the audio VAE trains on the second GPU beside the video VAE, and the pool encodes on both."""
+
+    @classmethod
+    def smoke(cls, **overrides) -> "TrainConfig":
+        """A few steps of everything at tiny batch sizes: the CPU tests and a dry run of the whole command."""
+        base = dict(device="cpu", video_vae_steps=3, video_vae_batch=2, audio_vae_steps=3, audio_vae_batch=2,
+                    audio_vae_latents=8, pool_size=8, pool_keyframe_share=0.5, dit_steps=4, dit_batch=2,
+                    dit_warmup=2, distill_teacher_samples=4, distill_teacher_steps=3, distill_steps=2,
+                    distill_batch=2, checkpoint_every=2, log_every=1, ranks=1)
+        base.update(overrides)
+        return cls(**base)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def step_seed(seed: int, stage: str, step: int) -> int:
+    """A 63-bit seed for (run seed, stage, step): any step's batch is drawn without drawing the steps before it."""
+    digest = hashlib.sha256(f"h3.train/{seed}/{stage}/{step}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def generators(seed: int, stage: str, step: int, device) -> tuple[torch.Generator, torch.Generator]:
+    """(CPU generator, device generator) for one step."""
+    s = step_seed(seed, stage, step)
+    cpu = torch.Generator().manual_seed(s)
+    dev = torch.Generator(device=device).manual_seed(s) if torch.device(device).type != "cpu" else cpu
+    return cpu, dev
+
+
+def lr_at(step: int, peak: float, warmup: int) -> float:
+    """Linear warm-up, then constant (the DiT ships its EMA). The rate never depends on the step count, so a stage
+    that a wall-clock budget ends after N steps is reproduced exactly by running N steps."""
+    return peak * min(1.0, (step + 1) / warmup)
+
+
+class EMA:
+    """Exponential moving average of a module's floating-point parameters."""
+
+    def __init__(self, module: torch.nn.Module, decay: float):
+        self.decay = decay
+        self.shadow = {k: v.detach().clone() for k, v in module.state_dict().items() if v.is_floating_point()}
+
+    @torch.no_grad()
+    def update(self, module: torch.nn.Module, step: int) -> None:
+        decay = min(self.decay, (1 + step) / (10 + step))
+        current = module.state_dict()
+        keys = [k for k in self.shadow if k in current]
+        torch._foreach_lerp_([self.shadow[k] for k in keys], [current[k].detach() for k in keys], 1 - decay)
+
+    def copy_to(self, module: torch.nn.Module) -> None:
+        state = module.state_dict()
+        state.update({k: v.to(state[k].dtype) for k, v in self.shadow.items()})
+        module.load_state_dict(state)
+
+
+class Budget:
+    """Ends a slice when its wall-clock budget is spent (checked between steps; the state is saved first)."""
+
+    def __init__(self, seconds: float | None):
+        self.deadline = None if seconds is None else time.monotonic() + seconds
+
+    def left(self) -> float:
+        return float("inf") if self.deadline is None else self.deadline - time.monotonic()
+
+    def expired(self) -> bool:
+        return self.left() <= 0
+
+
+def save_state(path: Path, state: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_state(path: Path, device="cpu") -> dict | None:
+    return torch.load(path, map_location=device, weights_only=False) if path.is_file() else None
+
+
+def write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+@dataclass
+class StageLog:
+    """Loss numbers of a stage, one row per logged step."""
+
+    rows: list = field(default_factory=list)
+
+    def add(self, step: int, **values) -> None:
+        self.rows.append({"step": step, **{k: round(float(v), 6) for k, v in values.items()}})
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+class Dist:
+    """The ranks of a data-parallel stage (``torchrun``-launched: WORLD_SIZE, RANK, LOCAL_RANK in the environment).
+
+    With one rank every method is a no-op, so a stage runs the same code in a single process. With several, each rank
+    draws its own batches (stage name + rank), the gradients are averaged by one all-reduce of a flat buffer per step
+    (no DDP wrapper: the packed forward swaps attention processors on the bare module), and a stop decision is
+    agreed on by every rank, so all ranks stop after the same step. Rank 0 alone writes state and logs."""
+
+    def __init__(self, rank: int = 0, world: int = 1):
+        self.rank, self.world = rank, world
+
+    @classmethod
+    def from_env(cls) -> "Dist":
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world <= 1:
+            return cls()
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            backend = "nccl" if torch.cuda.is_available() and os.environ.get("H3_TRAIN_GLOO") != "1" else "gloo"
+            if backend == "nccl":
+                torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            dist.init_process_group(backend)
+        return cls(dist.get_rank(), dist.get_world_size())
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def stream(self, stage: str) -> str:
+        """The name a rank's per-step draws are seeded with (rank 0 keeps the single-process stream)."""
+        return stage if self.rank == 0 else f"{stage}/rank{self.rank}"
+
+    def any(self, flag: bool, device) -> bool:
+        if self.world == 1:
+            return flag
+        import torch.distributed as dist
+
+        t = torch.tensor([1.0 if flag else 0.0], device=device)
+        dist.all_reduce(t)
+        return bool(t.item() > 0)
+
+    def average_grads(self, params) -> None:
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+
+        # Every parameter takes part (a zero where this rank's layout left it unused), so every rank's buffer has the
+        # same length whatever task each one drew.
+        params = list(params)
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
+        dist.all_reduce(flat)
+        flat /= self.world
+        offset = 0
+        for p in params:
+            part = flat[offset:offset + p.numel()].view_as(p).to(p.dtype)
+            if p.grad is None:
+                p.grad = part.clone()
+            else:
+                p.grad.copy_(part)
+            offset += p.numel()
+
+    def broadcast(self, module: torch.nn.Module) -> None:
+        if self.world == 1:
+            return
+        import torch.distributed as dist
+
+        for t in module.state_dict().values():
+            dist.broadcast(t, 0)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+
+def autocast(device):
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)

@@ -1,0 +1,160 @@
+"""Stage 5: the 4-step LoRA, distilled against the 29-step teacher.
+
+The teacher is the trained DiT (its EMA weights) sampling t2va requests of the pool with the pipeline's own
+29-step schedule (MiniMaxH3Scheduler, video shift 12 / audio shift 3), from seeded noise. The student is the same DiT,
+frozen, plus a :class:`~h3.train.lora.DistillLora`, run on the 4-step schedule from the same noise: at each of its 4
+steps it is trained so that the scheduler's x0 estimate (``x_t + sigma v``) equals the teacher's final latents, along
+the student's own trajectory (each step's input is the student's previous output, detached). The last step's x0
+estimate is the clip the student produces, so the final term is the output matching the teacher's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from h3.train.common import (
+    Budget, Dist, StageLog, TrainConfig, autocast, generators, load_state, lr_at, save_state, set_lr,
+)
+from h3.train.dit import Batches, sample
+from h3.train.lora import DistillLora
+from h3.train.packing import AUDIO_SHIFT, VIDEO_SHIFT, packed_forward
+from h3.train.pool import Pool
+
+logger = logging.getLogger(__name__)
+
+DISTILL_WARMUP = 100
+
+
+@torch.no_grad()
+def teacher_set(transformer, pool: Pool, cfg: TrainConfig, chunk: int = 128, rank: int = 0,
+                world: int = 1) -> list[dict]:
+    """Teacher samples grouped by layout: presentation ids, noise and the teacher's 29-step latents. With several
+    ranks, rank ``r`` makes (and trains on) every ``world``-th of the picked samples."""
+    batches = Batches(pool, cfg)
+    cpu_g, _ = generators(cfg.seed, "teacher/pick", 0, cfg.device)
+    t2va = [i for i, task in enumerate(pool.tasks) if task == "t2va"]
+    picks = [t2va[int(i)] for i in torch.randperm(len(t2va), generator=cpu_g)[:cfg.distill_teacher_samples]]
+    picks = picks[rank::world]
+    by_len: dict[int, list[int]] = {}
+    for p in picks:
+        by_len.setdefault(int(pool.texts[p].shape[0]), []).append(p)
+    groups = []
+    for n, (length, members) in enumerate(sorted(by_len.items())):
+        key = ("t2va", length)
+        layout = batches.layout(key, pool.tags[members[0]])
+        for start in range(0, len(members), chunk):
+            part = members[start:start + chunk]
+            _, gen = generators(cfg.seed, "teacher/noise" if rank == 0 else f"teacher/noise/rank{rank}",
+                                n * 100000 + start, cfg.device)
+            text = torch.stack([pool.texts[p] for p in part]).float()
+            nv = torch.randn((len(part), len(layout.video_indices), 24 * 16), generator=gen, device=cfg.device)
+            na = torch.randn((len(part), len(layout.audio_indices), 32), generator=gen, device=cfg.device)
+            xv, xa = sample(transformer, layout, text, nv, na, cfg.distill_teacher_steps, device=cfg.device)
+            groups.append({"key": key, "presentations": part, "noise_v": nv, "noise_a": na, "x0_v": xv, "x0_a": xa})
+        logger.info("teacher: %d/%d samples", sum(len(g["presentations"]) for g in groups), len(picks))
+    return groups
+
+
+def student_grid(steps: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    from diffusers import MiniMaxH3Scheduler
+
+    sv, sa = MiniMaxH3Scheduler(shift=VIDEO_SHIFT), MiniMaxH3Scheduler(shift=AUDIO_SHIFT)
+    sv.set_timesteps(steps + 1, device=device)
+    sa.set_timesteps(steps + 1, device=device)
+    return sv.timesteps, sv.sigmas, sa.timesteps, sa.sigmas
+
+
+def distill_loss(transformer, batches: Batches, group: dict, index: torch.Tensor, grid, cfg: TrainConfig):
+    tv, sgv, ta, sga = grid
+    layout = batches.layout(group["key"], batches.pool.tags[group["presentations"][0]])
+    text = torch.stack([batches.pool.texts[group["presentations"][int(i)]] for i in index]).float()
+    xv, xa = group["noise_v"][index], group["noise_a"][index]
+    target_v, target_a = group["x0_v"][index], group["x0_a"][index]
+    b = xv.shape[0]
+    total, parts = 0.0, {}
+    for i in range(len(tv)):
+        with autocast(cfg.device):
+            pv, pa = packed_forward(transformer, layout, xv, xa, text, tv[i].expand(b), ta[i].expand(b))
+        x0v = xv + (1 - tv[i]) * pv.float()
+        x0a = xa + (1 - ta[i]) * pa.float()
+        lv = (x0v - target_v).pow(2).mean()
+        la = (x0a - target_a).pow(2).mean()
+        total = total + lv + la
+        parts[f"step{i}"] = (lv + la).item()
+        rv, ra = sgv[i + 1] / sgv[i], sga[i + 1] / sga[i]
+        xv = (rv * xv + (1 - rv) * x0v).detach()
+        xa = (ra * xa + (1 - ra) * x0a).detach()
+    return total / len(tv), parts
+
+
+def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budget,
+                  stop_after: int | None = None, dist: Dist | None = None) -> tuple[DistillLora, dict]:
+    """``transformer`` holds the teacher weights (frozen here); returns the trained LoRA (detached) and the log. With
+    several ranks (``dist``) each makes its share of the teacher set and the LoRA's gradients are averaged."""
+    dist = dist or Dist()
+    transformer.requires_grad_(False)
+    transformer.eval()
+    teacher_path = out / "distill" / ("teacher.pt" if dist.world == 1 else f"teacher-{dist.rank}of{dist.world}.pt")
+    groups = load_state(teacher_path, cfg.device)
+    if groups is None:
+        started = time.monotonic()
+        groups = teacher_set(transformer, pool, cfg, rank=dist.rank, world=dist.world)
+        save_state(teacher_path, groups)
+        logger.info("teacher set in %.1f s", time.monotonic() - started)
+    batches = Batches(pool, cfg)
+    lora = DistillLora(transformer, cfg.lora_rank, cfg.lora_adaln_rank, seed=cfg.seed).to(cfg.device)
+    optimizer = torch.optim.AdamW(lora.parameters(), lr=cfg.distill_lr, betas=(0.9, 0.99), weight_decay=0.0)
+    path = out / "distill" / "state.pt"
+    state = load_state(path, cfg.device)
+    log, step, seconds, total, planned = StageLog(), 0, 0.0, cfg.distill_steps, cfg.distill_steps
+    if state is not None:
+        lora.load_state_dict(state["lora"])
+        if "opt" in state:  # a finished stage travels without it (bench/device/train_tiny.sh)
+            optimizer.load_state_dict(state["opt"])
+        step, log.rows, seconds = state["step"], state["log"], state["seconds"]
+        total, planned = state["total_steps"], state.get("planned_steps", state["total_steps"])
+    dist.broadcast(lora)
+    grid = student_grid(cfg.distill_student_steps, cfg.device)
+    sizes = torch.tensor([len(g["presentations"]) for g in groups], dtype=torch.float)
+    lora.attach(transformer)
+    started, ran = time.monotonic(), 0
+
+    def save():
+        if not dist.main:
+            return
+        save_state(path, {"lora": lora.state_dict(), "opt": optimizer.state_dict(), "step": step, "log": log.rows,
+                          "seconds": seconds + time.monotonic() - started, "total_steps": total,
+                          "planned_steps": planned})
+
+    try:
+        while step < total:
+            if dist.any(budget.expired(), cfg.device) or (stop_after is not None and ran >= stop_after):
+                save()
+                return lora, {"done": False, "step": step, "log": log.rows,
+                              "seconds": seconds + time.monotonic() - started}
+            set_lr(optimizer, lr_at(step, cfg.distill_lr, DISTILL_WARMUP))
+            cpu_g, _ = generators(cfg.seed, dist.stream("distill"), step, cfg.device)
+            group = groups[int(torch.multinomial(sizes, 1, generator=cpu_g))]
+            index = torch.randint(len(group["presentations"]), (cfg.distill_batch,), generator=cpu_g).to(cfg.device)
+            loss, parts = distill_loss(transformer, batches, group, index, grid, cfg)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            dist.average_grads(lora.parameters())
+            torch.nn.utils.clip_grad_norm_(lora.parameters(), 1.0)
+            optimizer.step()
+            step += 1
+            ran += 1
+            if (step % cfg.log_every == 0 or step == total) and dist.main:
+                log.add(step, loss=loss.item(), **parts)
+                logger.info("distill step %d/%d loss %.4f %s", step, total, loss.item(),
+                            {k: round(v, 4) for k, v in parts.items()})
+            if step % cfg.checkpoint_every == 0:
+                save()
+        save()
+    finally:
+        lora.detach()
+    return lora, {"done": True, "step": step, "log": log.rows, "seconds": seconds + time.monotonic() - started}

@@ -1,0 +1,117 @@
+"""Stage 6: the shipped checkpoint and its training record.
+
+Writes ``<out>/tiny``: the trained components in the Hugging Face layout the runtime loads (h3.tiny_trained
+.save_checkpoint: safetensors, the tiny canvas configs, ``transformer_ref`` on the same DiT), the distilled LoRA at
+``lora/turbo4-tiny.safetensors``, and ``training_record.json`` (command, seed, configuration, steps and seconds per
+stage, loss numbers, device, versions, the commit of the code). Refuses to finish if a file is over 16 MB or the
+checkpoint over 30 MB (the repository's limits for shipped weights).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shutil
+from pathlib import Path
+
+import torch
+
+from h3.train.common import write_json
+
+logger = logging.getLogger(__name__)
+
+MAX_FILE_BYTES = 16 * 1000 * 1000
+MAX_TOTAL_BYTES = 30 * 1000 * 1000
+RECORD_NAME = "training_record.json"
+PLOT_NAME = "training_losses.png"
+
+
+def check_sizes(root: Path) -> dict:
+    files = {p.relative_to(root).as_posix(): p.stat().st_size for p in sorted(root.rglob("*")) if p.is_file()}
+    too_big = {k: v for k, v in files.items() if v > MAX_FILE_BYTES}
+    total = sum(files.values())
+    if too_big or total > MAX_TOTAL_BYTES:
+        raise RuntimeError(f"checkpoint {root} over the limits (16 MB a file, 30 MB in all): {too_big or total}")
+    return {"files": files, "total_bytes": total}
+
+
+def verify_lora(lora, transformer, path: Path) -> dict:
+    """Load the exported file through diffusers' MiniMaxH3LoraLoaderMixin conversion and compare every module's
+    delta with the trained one."""
+    from h3.train.lora import loaded_deltas
+
+    loaded = loaded_deltas(path)
+    trained = lora.deltas(transformer)
+    missing = sorted(set(trained) - set(loaded))
+    extra = sorted(set(loaded) - set(trained))
+    worst = max(float((loaded[k].cpu() - trained[k].float().cpu()).abs().max() /
+                      trained[k].float().abs().max().clamp(min=1e-12)) for k in trained if k in loaded)
+    return {"modules_trained": len(trained), "modules_in_file": len(loaded), "missing": missing, "extra": extra,
+            "max_relative_difference": worst, "ok": not missing and not extra and worst < 1e-4}
+
+
+def plot_record(record: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = [s for s in ("video_vae", "audio_vae", "dit", "distill") if record["losses"].get(s)]
+    fig, axes = plt.subplots(1, len(stages), figsize=(4.2 * len(stages), 3.4))
+    for ax, stage in zip(axes if len(stages) > 1 else [axes], stages):
+        rows = record["losses"][stage]
+        keys = [k for k in rows[0] if k != "step"]
+        for key in keys:
+            pts = [(r["step"], r[key]) for r in rows if key in r and r[key] > 0]
+            if pts:
+                ax.plot(*zip(*pts), label=key, lw=1)
+        ax.set_yscale("log")
+        ax.set_title(stage)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=6)
+    fig.suptitle(f"h3 tiny training (seed {record['seed']}, {record.get('device', '?')})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def environment(device: str) -> dict:
+    import diffusers
+    import transformers
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "diffusers": diffusers.__version__,
+            "transformers": transformers.__version__, "platform": platform.platform()}
+    if torch.device(device).type == "cuda" and torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    else:
+        info["device"] = f"cpu ({os.cpu_count()} cores)"
+    return info
+
+
+def export_checkpoint(components: dict, lora, out: Path, record: dict) -> Path:
+    from h3.tiny_trained import save_checkpoint
+
+    target, staging = out / "tiny", out / ".tiny-staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    cpu = {k: (v.to("cpu").float() if isinstance(v, torch.nn.Module) else v) for k, v in components.items()}
+    save_checkpoint(cpu, staging)
+    lora_path = staging / "lora" / "turbo4-tiny.safetensors"
+    lora.to("cpu").save(lora_path)
+    try:
+        record["lora"] = {"file": "lora/turbo4-tiny.safetensors", **verify_lora(lora, cpu["transformer"], lora_path)}
+    except ImportError as exc:  # the loader's conversion needs peft's helpers on some installs
+        record["lora"] = {"file": "lora/turbo4-tiny.safetensors", "verified": f"not here: {exc}"}
+    record["sizes"] = check_sizes(staging)
+    write_json(staging / "training_record.json", record)
+    try:
+        plot_record(record, staging / PLOT_NAME)
+        record["plot"] = PLOT_NAME
+        write_json(staging / "training_record.json", record)
+    except ImportError as exc:
+        logger.warning("no loss plot here (%s); make it with `python -m h3.train plot`", exc)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target

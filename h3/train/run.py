@@ -1,0 +1,246 @@
+"""The stages in order, resumable: ``python -m h3.train all --out DIR`` runs what is not done yet.
+
+Stages and their state under ``DIR/state``: video_vae, audio_vae (run side by side on a GPU), pool, dit, distill;
+export writes ``DIR/tiny`` (the checkpoint that ships as h3/assets/tiny) with its training record. A slice that runs
+out of its wall-clock budget saves its state and exits with :data:`EXIT_RESUME`; the same command continues it. With
+``finish_on_budget`` a stage whose budget is spent ends there instead (its record says how many of its planned steps
+ran) and the next stage starts: what one device call of 10 minutes needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from h3.train.common import Budget, Dist, TrainConfig, load_state, save_state, write_json
+
+logger = logging.getLogger(__name__)
+
+STAGES = ("video-vae", "audio-vae", "pool", "dit", "distill", "export")
+EXIT_RESUME = 75
+
+
+def components(cfg: TrainConfig) -> dict:
+    from h3.tiny_trained import INIT_SEED, init_components, world_tokenizer
+
+    comps = init_components(INIT_SEED, world_tokenizer(build=True))
+    for name in ("transformer", "vae", "audio_vae", "text_encoder"):
+        comps[name] = comps[name].to(cfg.device)
+    return comps
+
+
+def _stage_state(state_dir: Path, stage: str) -> dict | None:
+    return load_state(state_dir / stage.replace("-", "_") / "state.pt", "cpu")
+
+
+def stage_done(state_dir: Path, stage: str) -> bool:
+    if stage == "pool":
+        return (state_dir / "pool" / "pool.pt").is_file()
+    if stage == "export":
+        return False
+    state = _stage_state(state_dir, stage)
+    return state is not None and state["step"] >= state["total_steps"]
+
+
+def _cut(state_dir: Path, stage: str) -> None:
+    """finish_on_budget: end a stage at the step it reached (the record keeps the planned count too)."""
+    path = state_dir / stage.replace("-", "_") / "state.pt"
+    state = load_state(path, "cpu")
+    state["planned_steps"] = state.get("planned_steps", state["total_steps"])
+    state["total_steps"] = state["step"]
+    save_state(path, state)
+
+
+def _load_trained(module, state_dir: Path, stage: str, device) -> None:
+    state = load_state(state_dir / stage / "state.pt", device)
+    if state is None:
+        raise FileNotFoundError(f"{state_dir / stage / 'state.pt'}: run the {stage.replace('_', '-')} stage first")
+    module.load_state_dict(state["model"])
+
+
+def gpu_count(cfg: TrainConfig) -> int:
+    return torch.cuda.device_count() if torch.device(cfg.device).type == "cuda" else 0
+
+
+def stage_ranks(cfg: TrainConfig) -> int:
+    """How many data-parallel ranks the dit and distill stages get: ``cfg.ranks``, at most one per GPU on CUDA (a
+    CPU run with ranks > 1 uses gloo: the CPU test of the torchrun path)."""
+    if torch.device(cfg.device).type == "cuda":
+        return max(1, min(cfg.ranks, gpu_count(cfg)))
+    return max(1, cfg.ranks)
+
+
+def _torchrun(stage: str, ranks: int, out: Path, deadline: float | None, stop_after: int | None,
+              finish_on_budget: bool) -> int:
+    """Run one stage as ``ranks`` torchrun processes (one per GPU) and wait for them."""
+    args = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "-m",
+            "h3.train", stage, "--out", str(out), "--config", str(out / "config.json")]
+    if deadline is not None:
+        args += ["--deadline", repr(deadline)]
+    if stop_after is not None:
+        args += ["--stop-after", str(stop_after)]
+    if finish_on_budget:
+        args.append("--finish-on-budget")
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "4"))
+    logger.info("stage %s: %d ranks: %s", stage, ranks, " ".join(args))
+    return subprocess.run(args, env=env).returncode
+
+
+def _apply_stats(comps: dict, pool) -> None:
+    comps["vae"].register_to_config(latents_mean=list(pool.video_stats[0]), latents_std=list(pool.video_stats[1]))
+    comps["audio_vae"].register_to_config(latents_mean=list(pool.audio_stats[0]),
+                                          latents_std=list(pool.audio_stats[1]))
+
+
+def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = None,
+        stage_seconds: dict | None = None, stop_after: int | None = None, finish_on_budget: bool = False,
+        command: str = "", code_commit: str = "", parallel_vaes: bool | None = None,
+        deadline: float | None = None) -> int:
+    """Run one stage or ``all``; returns 0 when what was asked is done, :data:`EXIT_RESUME` when a budget ran out.
+
+    ``deadline`` (a ``time.time()`` value) ends the whole run at that wall-clock moment, whenever it started: what the
+    torchrun ranks of a stage get, so that their start-up counts against the stage's budget."""
+    from h3.train.dit import load_ema_into, train_dit
+    from h3.train.distill import train_distill
+    from h3.train.pool import Pool, build_pool
+    from h3.train.vaes import train_audio_vae, train_video_vae
+
+    out = Path(out)
+    state_dir = out / "state"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    dist = Dist.from_env()
+    if dist.world > 1:
+        if torch.device(cfg.device).type == "cuda":
+            cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', dist.rank))}"
+        if not dist.main:
+            logging.getLogger().setLevel(logging.WARNING)
+    else:
+        write_json(out / "config.json", {"config": cfg.to_dict(), "command": command, "code_commit": code_commit})
+    if deadline is not None:
+        left = deadline - time.time()
+        max_seconds = left if max_seconds is None else min(max_seconds, left)
+    overall = Budget(max_seconds)
+    stage_seconds = stage_seconds or {}
+    todo = list(STAGES) if stage == "all" else [stage]
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True  # fixed shapes per stage: pick the fastest 3-D convolution once
+    ranks = stage_ranks(cfg) if dist.world == 1 else dist.world
+    comps = components(cfg)
+    pool = None
+    lora = None
+    helper = None
+    if stage == "all" and parallel_vaes is None:
+        parallel_vaes = torch.device(cfg.device).type == "cuda"
+    for index, name in enumerate(todo):
+        if name != "export" and stage_done(state_dir, name):
+            continue
+        # What the later stages of this call are budgeted is kept for them (audio-vae runs beside video-vae).
+        later = sum(stage_seconds.get(n, 0.0) for n in todo[index + 1:] if n != "audio-vae" or not parallel_vaes)
+        seconds = min(overall.left() - later, stage_seconds.get(name, float("inf")))
+        budget = Budget(None if seconds == float("inf") else seconds)
+        started = time.monotonic()
+        logger.info("stage %s (budget %s s)", name, None if seconds == float("inf") else round(seconds))
+        if name == "video-vae":
+            if parallel_vaes and not stage_done(state_dir, "audio-vae"):
+                args = [sys.executable, "-m", "h3.train", "audio-vae", "--out", str(out), "--config",
+                        str(out / "config.json")]
+                if gpu_count(cfg) > 1:  # its own GPU
+                    args += ["--device", "cuda:1"]
+                if "audio-vae" in stage_seconds or max_seconds is not None:
+                    args += ["--max-seconds", str(min(overall.left(), stage_seconds.get("audio-vae", 1e9)))]
+                if finish_on_budget:
+                    args.append("--finish-on-budget")
+                helper = subprocess.Popen(args)
+            result = train_video_vae(comps["vae"], cfg, state_dir, budget, stop_after)
+        elif name == "audio-vae":
+            if helper is not None:
+                helper.wait()
+                helper = None
+                if stage_done(state_dir, "audio-vae"):
+                    continue
+            result = train_audio_vae(comps["audio_vae"], cfg, state_dir, budget, stop_after)
+        elif name == "pool":
+            _load_trained(comps["vae"], state_dir, "video_vae", cfg.device)
+            _load_trained(comps["audio_vae"], state_dir, "audio_vae", cfg.device)
+            devices = [cfg.device] if gpu_count(cfg) < 2 else [f"cuda:{i}" for i in range(gpu_count(cfg))]
+            pool = build_pool(comps, cfg, devices=devices)
+            pool.save(state_dir / "pool" / "pool.pt")
+            result = {"done": True, "seconds": time.monotonic() - started}
+        elif name in ("dit", "distill") and ranks > 1 and dist.world == 1:
+            pool = None  # the ranks load it themselves; free this process's copy
+            end = None if budget.deadline is None else time.time() + budget.left()
+            code = _torchrun(name, ranks, out, end, stop_after, finish_on_budget)
+            if code != 0:
+                raise RuntimeError(f"stage {name}: torchrun exited with {code}")
+            result = {"done": stage_done(state_dir, name)}
+        else:
+            if pool is None:
+                pool = Pool.load(state_dir / "pool" / "pool.pt", cfg.device)
+            if name == "dit":
+                result = train_dit(comps["transformer"], pool, cfg, state_dir, budget, stop_after, dist)
+            elif name == "distill":
+                load_ema_into(comps["transformer"], state_dir, cfg.device)
+                lora, result = train_distill(comps["transformer"], pool, cfg, state_dir, budget, stop_after, dist)
+            else:  # export
+                from h3.train.distill import DistillLora
+                from h3.train.export import environment, export_checkpoint
+
+                for module, st in (("vae", "video_vae"), ("audio_vae", "audio_vae")):
+                    _load_trained(comps[module], state_dir, st, cfg.device)
+                _apply_stats(comps, pool)
+                load_ema_into(comps["transformer"], state_dir, cfg.device)
+                if lora is None:
+                    lora = DistillLora(comps["transformer"], cfg.lora_rank, cfg.lora_adaln_rank).to(cfg.device)
+                    lora.load_state_dict(load_state(state_dir / "distill" / "state.pt", cfg.device)["lora"])
+                record = training_record(cfg, state_dir, command, code_commit, environment(cfg.device))
+                target = export_checkpoint(comps, lora, out, record)
+                logger.info("exported %s", target)
+                result = {"done": True}
+        logger.info("stage %s: %s in %.1f s", name, "done" if result["done"] else "paused",
+                    time.monotonic() - started)
+        if not result["done"]:
+            if finish_on_budget and name not in ("pool", "export"):
+                if dist.main:
+                    _cut(state_dir, name)
+                dist.barrier()
+                continue
+            # A torchrun rank exits 0 (a non-zero rank makes torchrun stop the others); the parent reads the state.
+            return EXIT_RESUME if dist.world == 1 else 0
+    if helper is not None:
+        helper.wait()
+    return 0
+
+
+def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit: str, env: dict) -> dict:
+    from h3.world.scene import HELD_OUT_PAIRS
+
+    stages, losses = {}, {}
+    for name in ("video_vae", "audio_vae", "dit", "distill"):
+        state = load_state(state_dir / name / "state.pt", "cpu")
+        if state is None:
+            continue
+        stages[name] = {"steps": state["step"], "planned_steps": state.get("planned_steps", state["total_steps"]),
+                        "seconds": round(state["seconds"], 1), "final": state["log"][-1] if state["log"] else None}
+        losses[name] = state["log"]
+    pool_path = state_dir / "pool" / "pool.pt"
+    steps_key = {"video_vae": "video_vae_steps", "audio_vae": "audio_vae_steps", "dit": "dit_steps",
+                 "distill": "distill_steps"}
+    reproduce = f"python -m h3.train all --out OUT --seed {cfg.seed} --device cuda " + " ".join(
+        f"--set {steps_key[name]}={info['steps']}" for name, info in stages.items())
+    return {
+        "command": command, "reproduce": reproduce, "code_commit": code_commit, "seed": cfg.seed,
+        "config": cfg.to_dict(), **env,
+        "stages": stages, "losses": losses,
+        "pool": {"clips": cfg.pool_size, "keyframe_share": cfg.pool_keyframe_share,
+                 "file_bytes": pool_path.stat().st_size if pool_path.is_file() else None},
+        "held_out_pairs": sorted(map(list, HELD_OUT_PAIRS)),
+        "text_encoder": "frozen: the seeded Qwen3-VL of h3.tiny_trained (token embeddings x EMBED_GAIN); never trained",
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

@@ -1,0 +1,354 @@
+"""The training code (h3.train) on the CPU: the packed forward is the model's own forward, the conditioning is what
+the pipeline feeds, training lowers the loss and a resumed run lands on the same state, the LoRA ships in the format
+diffusers' MiniMaxH3LoraLoaderMixin converts."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from h3.train import conditioning
+from h3.train.common import Budget, TrainConfig
+from h3.train.packing import (
+    audio_rows, packed_forward, patchify, ref2va_layout, row_timesteps, t2va_layout, unpatchify,
+)
+from h3.tiny_trained import TRANSFORMER_CONFIG
+
+SMALL_DIT = {**TRANSFORMER_CONFIG, "num_layers": 2, "hidden_size": 64, "ffn_dim": 96, "time_embed_dim": 32,
+             "time_embed_hidden_dim": 64}
+
+
+def small_dit(seed=0):
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    torch.manual_seed(seed)
+    model = MiniMaxH3Transformer3DModel(**SMALL_DIT)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.05)
+    return model
+
+
+@pytest.fixture(scope="module")
+def components():
+    from h3.tiny_trained import init_components
+
+    return init_components()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(components, tmp_path_factory):
+    from h3.tiny_trained import save_checkpoint
+
+    return save_checkpoint(components, tmp_path_factory.mktemp("ckpt") / "tiny")
+
+
+@pytest.mark.parametrize("anchors", [(), ("first",), ("first", "last")])
+def test_packed_forward_equals_the_stock_forward_per_request(anchors):
+    model = small_dit().eval()
+    tags = torch.ones(9, dtype=torch.long)
+    tags[2:6] = 0  # a vision block, tagged video
+    layout = t2va_layout(tags, anchors)
+    b = 3
+    gen = torch.Generator().manual_seed(1)
+    video = torch.randn(b, len(layout.video_indices), 384, generator=gen)
+    audio = torch.randn(b, len(layout.audio_indices), 32, generator=gen)
+    text = torch.randn(b, 9, 32, generator=gen)
+    tv, ta = torch.rand(b, generator=gen), torch.rand(b, generator=gen)
+    with torch.no_grad():
+        pv, pa = packed_forward(model, layout, video, audio, text, tv, ta)
+        for i in range(b):
+            timestep, index = torch.unique(row_timesteps(layout, tv[i:i + 1], ta[i:i + 1])[0], sorted=True,
+                                           return_inverse=True)
+            sv, sa = model(hidden_states=video[i:i + 1], audio_hidden_states=audio[i:i + 1],
+                           encoder_hidden_states=text[i:i + 1], timestep=timestep, timestep_indices=index,
+                           token_tags=layout.token_tags, position_ids=layout.position_ids,
+                           video_indices=layout.video_indices, audio_indices=layout.audio_indices,
+                           text_indices=layout.text_indices, return_dict=False)
+            torch.testing.assert_close(pv[i], sv[0], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(pa[i], sa[0], rtol=1e-5, atol=1e-6)
+    # The processor swap is undone.
+    from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AttnProcessor
+
+    assert all(isinstance(m.processor, MiniMaxH3AttnProcessor) for m in model.modules() if hasattr(m, "processor"))
+
+
+def test_patchify_is_the_pipelines():
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import patchify_video_latents
+
+    x = torch.randn(2, 24, 5, 8, 8)
+    assert torch.equal(patchify(x)[1], patchify_video_latents(x[1:], (1, 4, 4)))
+    assert torch.equal(unpatchify(patchify(x), 5, 8, 8), x)
+    a = torch.randn(2, 2, 32, 7)
+    assert torch.equal(audio_rows(a)[0], a[0].permute(0, 2, 1).reshape(-1, 32))
+
+
+def _pipeline_call(root, workflow_kwargs, prompt):
+    """The transformer's keyword arguments at the pipeline's second step, and the pipeline itself."""
+    from diffusers.modular_pipelines import ModularPipeline
+
+    pipe = ModularPipeline.from_pretrained(str(root), local_files_only=True)
+    pipe.load_components(dtype=torch.float32, local_files_only=True, pretrained_model_name_or_path=str(root))
+    target = pipe.transformer_ref if "references" in workflow_kwargs else pipe.transformer
+    calls = []
+    hook = target.register_forward_pre_hook(
+        lambda m, a, kw: calls.append({k: (v.clone() if torch.is_tensor(v) else v) for k, v in kw.items()}),
+        with_kwargs=True)
+    pipe(prompt=prompt, generator=torch.Generator().manual_seed(0), num_inference_steps=3, height=128, width=128,
+         num_frames=124, output_type="pt", **workflow_kwargs)
+    hook.remove()
+    return pipe, calls[-1]
+
+
+@pytest.mark.parametrize("workflow", ["t2va", "fl2va", "ref2va"])
+def test_training_conditioning_is_what_the_pipeline_feeds(checkpoint, workflow):
+    """Text rows, modality tags, rotary positions, row timesteps and conditioning rows of every workflow, against the
+    diffusers pipeline run on the same checkpoint (the model casts positions to float32, so they are compared there)."""
+    from PIL import Image
+
+    from diffusers.modular_pipelines.minimax_h3.references import MiniMaxH3ImageReference
+    from h3.world.render import reference_image, render_video
+    from h3.world.scene import sample_scene
+
+    scene = sample_scene(5, 3)
+    frames = render_video([scene], frame_count=124)[0]
+    first, last, ref = frames[0], frames[-1], reference_image(scene)
+    prompt = scene.caption(refer_first=workflow == "ref2va")
+    kwargs = {"t2va": {}, "fl2va": {"image": Image.fromarray(first.numpy()), "last_image": Image.fromarray(last.numpy())},
+              "ref2va": {"references": [MiniMaxH3ImageReference(image=Image.fromarray(ref.numpy()))]}}[workflow]
+    pipe, kw = _pipeline_call(checkpoint, kwargs, prompt)
+    tok, proc = pipe.tokenizer, pipe.processor
+    cond = None
+    if workflow == "t2va":
+        ids, tags = conditioning.t2va_tokens(tok, prompt)
+        vision, layout = None, t2va_layout(torch.tensor(tags))
+    else:
+        images = [first.permute(2, 0, 1), last.permute(2, 0, 1)] if workflow == "fl2va" else [ref.permute(2, 0, 1)]
+        vision = conditioning.image_features(proc, images)
+        counts = conditioning.image_token_counts(proc, vision)
+        if workflow == "fl2va":
+            ids, tags = conditioning.fl2va_tokens(tok, prompt, counts)
+            layout = t2va_layout(torch.tensor(tags), ("first", "last"))
+        else:
+            ids, tags = conditioning.ref2va_tokens(tok, prompt, counts[0])
+            layout = ref2va_layout(torch.tensor(tags))
+        cond = conditioning.keyframe_latents(pipe.vae, torch.stack(images))
+    text = conditioning.encode(pipe.text_encoder, proc, [(ids, vision)])[0]
+    torch.testing.assert_close(text, kw["encoder_hidden_states"][0], rtol=0, atol=0)
+    for name in ("token_tags", "video_indices", "audio_indices", "text_indices"):
+        assert torch.equal(getattr(layout, name), kw[name]), name
+    assert torch.equal(layout.position_ids.float(), kw["position_ids"].float())
+    tv = kw["timestep"][kw["timestep_indices"][layout.video_indices[-1]]]
+    ta = kw["timestep"][kw["timestep_indices"][layout.audio_indices[-1]]]
+    assert torch.equal(row_timesteps(layout, tv[None], ta[None])[0], kw["timestep"][kw["timestep_indices"]])
+    if cond is not None:
+        n = layout.num_condition_video_rows
+        # The pipeline's rows are 0.999 * latent + 0.001 * its own noise draw.
+        noise_part = (kw["hidden_states"][0, :n] - 0.999 * patchify(cond).reshape(n, -1)) / 0.001
+        assert noise_part.abs().max() < 6 and abs(float(noise_part.std()) - 1) < 0.1
+
+
+def test_batched_keyframe_latents_equal_encode_vae_condition(components):
+    from diffusers.modular_pipelines.minimax_h3.encoders import encode_vae_condition
+
+    vae = components["vae"]
+    frames = torch.randint(0, 256, (3, 3, 128, 128), dtype=torch.uint8)
+    batched = conditioning.keyframe_latents(vae, frames)
+    for i in range(3):
+        single = encode_vae_condition(vae, frames[i:i + 1, :, None], (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), 42)
+        # The pipeline rounds the sampled latent to float16: a 1-ulp float32 difference of the batched convolution
+        # can flip one float16 rounding (2^-11 relative).
+        torch.testing.assert_close(batched[i:i + 1], single, rtol=2 ** -10, atol=1e-6)
+
+
+def synthetic_pool(n=6, seed=0):
+    """A pool whose video latents are a function of the caption's first word id: learnable by a small DiT."""
+    from h3.train.pool import Pool
+
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(3, 24, 37, 8, 8, generator=gen)
+    texts, tags, clips, tasks, video = [], [], [], [], []
+    for i in range(n):
+        kind = i % 3
+        video.append(base[kind] + 0.1 * torch.randn(24, 37, 8, 8, generator=gen))
+        text = torch.randn(7, 32, generator=gen) * 0.1
+        text[0, kind] += 3.0
+        texts.append(text.to(torch.bfloat16)); tags.append((1,) * 7); clips.append(i); tasks.append("t2va")
+    audio = torch.randn(n, 2, 32, 207, generator=gen) * 0.5
+    keyframes = torch.zeros(0, 24, 1, 8, 8)
+    return Pool(video=torch.stack(video).to(torch.bfloat16), audio=audio.to(torch.bfloat16),
+                keyframe_first=keyframes, keyframe_last=keyframes, reference=keyframes, texts=texts, tags=tags,
+                clips=clips, tasks=tasks)
+
+
+def dit_config(**kw):
+    return TrainConfig.smoke(dit_batch=3, dit_warmup=3, dit_lr=2e-3, dit_task_mix=(1.0, 0.0, 0.0), log_every=1,
+                             checkpoint_every=1000, **kw)
+
+
+def test_dit_training_lowers_the_loss(tmp_path):
+    """The flow-matching loss on fixed held-aside draws (the same noise, levels and requests) falls with training."""
+    from h3.train.dit import Batches, flow_loss, init_dit, train_dit
+
+    cfg = dit_config(dit_steps=60)
+    pool = synthetic_pool()
+
+    def held_aside(model):
+        batches = Batches(pool, cfg)
+        with torch.no_grad():
+            return float(np.mean([flow_loss(model, batches, batches.draw(10_000 + i), cfg)[0].item()
+                                  for i in range(6)]))
+
+    start = small_dit()
+    init_dit(start)
+    trained = copy.deepcopy(start)
+    result = train_dit(trained, pool, cfg, tmp_path, Budget(None))
+    assert result["done"] and len(result["log"]) == 60
+    before, after = held_aside(start), held_aside(trained)
+    assert after < 0.85 * before, (before, after)
+
+
+def test_dit_resumed_slices_land_on_the_same_state(tmp_path):
+    from h3.train.common import load_state
+    from h3.train.dit import train_dit
+
+    cfg = dit_config(dit_steps=6)
+    pool = synthetic_pool()
+    straight = train_dit(small_dit(), pool, cfg, tmp_path / "a", Budget(None))
+    first = train_dit(small_dit(), pool, cfg, tmp_path / "b", Budget(None), stop_after=4)
+    assert not first["done"] and first["step"] == 4
+    # A fresh process: new model object, state read back from disk.
+    second = train_dit(small_dit(seed=99), pool, cfg, tmp_path / "b", Budget(None))
+    assert second["done"] and second["log"] == straight["log"]
+    a, b = load_state(tmp_path / "a" / "dit" / "state.pt"), load_state(tmp_path / "b" / "dit" / "state.pt")
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+        assert torch.equal(a["ema"][key], b["ema"][key]), key
+    for sa, sb in zip(a["opt"]["state"].values(), b["opt"]["state"].values()):
+        assert torch.equal(sa["exp_avg"], sb["exp_avg"]) and torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+
+
+def test_audio_vae_resumed_slices_land_on_the_same_state(tmp_path):
+    from diffusers import AutoencoderKLMiniMaxH3Audio
+
+    from h3.tiny_trained import AUDIO_VAE_CONFIG
+    from h3.train.vaes import train_audio_vae
+
+    def fresh(seed):
+        torch.manual_seed(seed)
+        return AutoencoderKLMiniMaxH3Audio(**AUDIO_VAE_CONFIG)
+
+    cfg = TrainConfig.smoke(audio_vae_steps=4, audio_vae_batch=2, audio_vae_latents=4)
+    straight = train_audio_vae(fresh(0), cfg, tmp_path / "a", Budget(None))
+    first = train_audio_vae(fresh(0), cfg, tmp_path / "b", Budget(None), stop_after=2)
+    assert not first["done"] and first["step"] == 2
+    resumed_model = fresh(1)
+    resumed = train_audio_vae(resumed_model, cfg, tmp_path / "b", Budget(None))
+    assert resumed["log"] == straight["log"]
+    a = torch.load(tmp_path / "a" / "audio_vae" / "state.pt", weights_only=False)["model"]
+    for key, value in resumed_model.state_dict().items():
+        assert torch.equal(value, a[key]), key
+
+
+def test_distill_lora_ships_in_the_h3_format_diffusers_loads(tmp_path):
+    """Exported in the original MiniMax-H3 names (fused qkv, fc1 halves in H3's order, mixed rank, metadata alpha),
+    converted back by diffusers' loader to exactly the trained deltas, and the lever matches every module."""
+    from safetensors import safe_open
+
+    from h3.train.lora import DistillLora, loaded_deltas
+
+    model = small_dit()
+    lora = DistillLora(model, rank=4, adaln_rank=2, seed=0)
+    with torch.no_grad():
+        for name, p in lora.factors.items():
+            if name.endswith("_B"):
+                p.normal_(0, 1.0)
+    path = tmp_path / "turbo4-tiny.safetensors"
+    lora.save(path)
+    with safe_open(str(path), "pt") as f:
+        keys, metadata = list(f.keys()), f.metadata()
+    assert all(k.startswith("diffusion_model.blocks.") for k in keys) and metadata["alpha"] == "4.0"
+    assert any(".attn.qkv_proj." in k for k in keys) and any(".mlp.fc1." in k for k in keys)
+    loaded, trained = loaded_deltas(path), lora.deltas(model)
+    assert set(loaded) == set(trained) and len(trained) == 7 * SMALL_DIT["num_layers"]
+    for name in trained:
+        torch.testing.assert_close(loaded[name], trained[name], rtol=1e-5, atol=1e-7)
+    # The student (hooks) and the model with the LoRA loaded through the pipeline's loader compute the same thing.
+    from diffusers.modular_pipelines import MiniMaxH3Blocks
+
+    pipe = MiniMaxH3Blocks().init_pipeline()
+    pipe.update_components(transformer=copy.deepcopy(model))
+    pipe.load_lora_weights(str(path), adapter_name="distill")
+    layout = t2va_layout(torch.ones(5, dtype=torch.long))
+    gen = torch.Generator().manual_seed(0)
+    args = (layout, torch.randn(2, 148, 384, generator=gen), torch.randn(2, 414, 32, generator=gen),
+            torch.randn(2, 5, 32, generator=gen), torch.tensor([0.2, 0.7]), torch.tensor([0.4, 0.9]))
+    with torch.no_grad():
+        lora.attach(model)
+        hooked = packed_forward(model, *args)
+        lora.detach()
+        peft = packed_forward(pipe.transformer, *args)
+        plain = packed_forward(model, *args)
+    torch.testing.assert_close(peft[0], hooked[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(peft[1], hooked[1], rtol=1e-4, atol=1e-5)
+    effect = float((plain[0] - hooked[0]).abs().max())
+    assert effect > 100 * float((peft[0] - hooked[0]).abs().max()) and effect > 1e-3, effect
+
+
+def test_text_encoding_in_batches_equals_one_at_a_time(components):
+    te, tok, proc = components["text_encoder"], components["tokenizer"], components["processor"]
+    prompts = ["a red circle moves left to right while a low tone hums", "a blue square moves top to bottom while a "
+               "high tone hums", "a red circle moves right to left while a low tone hums"]
+    items = [(conditioning.t2va_tokens(tok, p)[0], None) for p in prompts]
+    batched = conditioning.encode(te, proc, items)
+    for (ids, _), got in zip(items, batched):
+        one = conditioning.encode(te, proc, [(ids, None)])[0]
+        torch.testing.assert_close(got, one, rtol=1e-5, atol=1e-5)
+
+
+def test_tiny_trained_missing_is_named(monkeypatch, tmp_path, fast_recipe):
+    import h3.tiny_trained as tt
+    from h3.runtime import CheckpointError, H3Runtime
+
+    monkeypatch.setattr(tt, "TRAINED_DIR", tmp_path / "absent")
+    with pytest.raises(CheckpointError, match=r"absent/modular_model_index\.json.*python -m h3\.train"):
+        H3Runtime.load("tiny-trained", fast_recipe, "cpu")
+
+
+def test_exported_checkpoint_and_turbo4_tiny_load_through_the_runtime(monkeypatch, checkpoint, tmp_path):
+    """The export layout loads as --model tiny-trained, and turbo4-tiny's LoRA goes through the LoRA lever (diffusers'
+    MiniMaxH3LoraLoaderMixin) matching every module it targets: 7 per DiT block."""
+    import shutil
+
+    import h3.tiny_trained as tt
+    from h3.recipe import load_recipe, recipe_from_dict
+    from h3.runtime import GenerateRequest, H3Runtime
+    from h3.train.lora import DistillLora
+
+    root = tmp_path / "tiny"
+    shutil.copytree(checkpoint, root)
+    monkeypatch.setattr(tt, "TRAINED_DIR", root)
+    monkeypatch.setattr(tt, "TURBO4_LORA_FILE", root / "lora" / "turbo4-tiny.safetensors")
+    runtime = H3Runtime.load("tiny-trained", load_recipe("baseline"), "cpu")
+    lora = DistillLora(runtime.pipe.transformer, rank=4, adaln_rank=2)
+    with torch.no_grad():
+        for name, p in lora.factors.items():
+            if name.endswith("_B"):
+                p.normal_(0, 0.02)
+    lora.save(root / "lora" / "turbo4-tiny.safetensors")
+    recipe = load_recipe("turbo4-tiny").model_dump()
+    recipe.update(steps=2, dtype="float32")
+    runtime = H3Runtime.load("tiny-trained", recipe_from_dict(recipe), "cpu")
+    telemetry = runtime.levers["lora"].telemetry()
+    blocks = len(runtime.pipe.transformer.transformer_blocks)
+    assert telemetry["applied"] and telemetry["fused"]
+    assert telemetry["matched_modules"] == telemetry["file_modules"] == 7 * blocks
+    assert runtime.model == "tiny-trained" and runtime.default_size == (128, 128)
+    record = runtime.generate(GenerateRequest(prompt="a red circle moves left to right while a low tone hums; the "
+                                                     "background is plain", seed=0), tmp_path / "clip.mp4")
+    assert record.shape.num_frames == 124 and record.executed.forward_passes == 2
+    assert record.shape.sequence_length == record.shape.num_text_tokens + 37 * 4 + 2 * 207
