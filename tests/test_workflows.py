@@ -130,7 +130,7 @@ def test_ab_on_an_fl2va_suite_through_the_verdict_and_report(tmp_path, fl2va_sui
                         .replace("steps = 2", "steps = 1"))
     out = tmp_path / "run"
     result = run_ab_command(baseline=str(fast_recipe_file), candidates=[str(one_step)], prompts=str(fl2va_suite),
-                            out=out, warmup=0, speed_rounds=1)
+                            out=out, warmup=0, speed_rounds=1, model="tiny-random")
     assert result.manifest.status == "complete"
     store = RunStore(out)
     suite = load_prompts(fl2va_suite)
