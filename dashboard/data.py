@@ -19,7 +19,8 @@ import pandas as pd
 from pydantic import ValidationError
 
 from h3eval import stats as S
-from h3eval.store import GateResultError, RecordError, RunManifest, RunStore, read_clip_record, read_gate_result
+from h3eval.store import (GateResultError, RecordError, RunManifest, RunStore, StoreError, read_clip_record,
+                          read_gate_result)
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,8 @@ CLIP_COLUMNS = [
     "num_denoise_steps",
     *STAGES,
     "mp4",
+    "workflow",
+    "conditioning",
 ]
 
 
@@ -215,6 +218,8 @@ def _load_clips(store: RunStore, label: str, problems: list[str]) -> pd.DataFram
                 "num_denoise_steps": len(anatomy.denoise_steps),
                 **{stage: float(getattr(anatomy, stage)) for stage in STAGES},
                 "mp4": str(path.with_suffix(".mp4")),
+                "workflow": rec.request.workflow,
+                "conditioning": [(c.role, c.sha256) for c in rec.request.conditioning],
             }
             rows.append(row)
     return pd.DataFrame(rows, columns=CLIP_COLUMNS)
@@ -598,6 +603,41 @@ def worst_frame(result: dict[str, Any] | None) -> int | None:
     if isinstance(worst, list) and worst and isinstance(worst[0], dict) and isinstance(worst[0].get("frame"), int):
         return int(worst[0]["frame"])
     return None
+
+
+ANCHOR_FRAME = {"first_frame": 0, "last_frame": -1}
+"""The frame of a clip each keyframe role anchors (a reference image has none: the viewer's current frame)."""
+
+
+def pair_inputs(run: RunData, prompt_id: str, seed: int) -> tuple[str, list[dict[str, Any]]]:
+    """The workflow and the image inputs of the baseline clip of (prompt, seed): role, sha256 and the decoded image
+    (h3.conditioning.ImageInput) or, when the run's copy is missing or altered, the problem."""
+    rows = run.clips[(run.clips["recipe"] == run.baseline) & (run.clips["prompt_id"] == prompt_id)
+                     & (run.clips["seed"] == seed)] if run.baseline else run.clips.iloc[:0]
+    if not len(rows):
+        return "t2va", []
+    store, out = RunStore(run.root), []
+    for role, sha in rows.iloc[0]["conditioning"] or []:
+        try:
+            out.append({"role": role, "sha256": sha, "image": store.read_input(sha), "problem": None})
+        except StoreError as exc:
+            out.append({"role": role, "sha256": sha, "image": None, "problem": str(exc)})
+    return str(rows.iloc[0]["workflow"]), out
+
+
+def side_metrics(result: dict[str, Any] | None) -> pd.DataFrame:
+    """A ``sides`` gate result (the keyframe gate) as metric | candidate | baseline | candidate - baseline."""
+    metrics = (result or {}).get("metrics") or {}
+    rows = []
+    for name, entry in metrics.items():
+        if name.endswith(".baseline"):
+            continue
+        cand = entry.get("value")
+        base = (metrics.get(f"{name}.baseline") or {}).get("value")
+        rows.append({"metric": name, "candidate": cand, "baseline": base,
+                     "candidate - baseline": cand - base if cand is not None and base is not None else None,
+                     "better": "higher" if entry.get("higher_is_better") else "lower"})
+    return pd.DataFrame(rows, columns=["metric", "candidate", "baseline", "candidate - baseline", "better"])
 
 
 def pair_series(run: RunData, candidate: str, prompt_id: str, seed: int) -> pd.DataFrame:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -104,6 +104,9 @@ class PairContext:
     device: str = "cpu"
     options: dict[str, Any] = field(default_factory=dict)
     run: RunInfo = field(default_factory=RunInfo)
+    read_input: Callable[[str], Any] | None = None
+    """The image input (keyframe, reference) a clip record names by sha256, decoded (h3.conditioning.ImageInput):
+    the suite's reader of the run's ``inputs/``; raises with the file named when it is missing or altered."""
 
 
 @dataclass
@@ -257,6 +260,7 @@ BUILTIN_GATE_MODULES: list[str] = [
     "gates.ghosting",
     "gates.reference_free",
     "gates.prompt_faithfulness",
+    "gates.keyframe",
 ]
 
 

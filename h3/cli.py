@@ -72,8 +72,18 @@ def generate(
     nproc: Optional[int] = typer.Option(None, "--nproc", envvar="H3_NPROC",
                                         help="Ranks (GPUs) of the request; starts them with torchrun. Default: the "
                                              "recipe's parallel.degree (1)."),
+    first_frame: Optional[Path] = typer.Option(None, "--first-frame",
+                                               help="Image the clip starts from (fl2va; diffusers' `image`)."),
+    last_frame: Optional[Path] = typer.Option(None, "--last-frame",
+                                              help="Image the clip ends on (fl2va; diffusers' `last_image`)."),
+    reference: Optional[Path] = typer.Option(None, "--reference",
+                                             help="Reference image whose subject the clip keeps (ref2va)."),
 ) -> None:
-    """Generate one clip (MP4, 24 fps, 32 kHz stereo) and its JSON record."""
+    """Generate one clip (MP4, 24 fps, 32 kHz stereo) and its JSON record.
+
+    With --first-frame and/or --last-frame the fl2va workflow runs, with --reference ref2va; the record keeps each
+    image's sha256."""
+    from h3.conditioning import ConditioningError, image_from_file
     from h3.levers import LeverError
     from h3.media import MediaError
     from h3.parallel import entry
@@ -86,8 +96,11 @@ def generate(
     try:
         if out.suffix.lower() != ".mp4":
             raise RequestError(f"--out must name an .mp4 file, got {out}")
+        images = {role: image_from_file(path, f"--{role.replace('_', '-')}") for role, path in
+                  (("first_frame", first_frame), ("last_frame", last_frame), ("reference", reference))
+                  if path is not None}
         request = GenerateRequest(prompt=prompt, seed=seed, num_frames=num_frames, seconds=seconds, height=height,
-                                  width=width)
+                                  width=width, **images)
         resolve_request(request, model_default_size(model))
         recipe_obj = entry.with_nproc(load_recipe(recipe), nproc)
         launched = None
@@ -96,12 +109,16 @@ def generate(
             launched = entry.launch_ranks(recipe_obj, entry.child_argv("generate", {
                 "--prompt": prompt, "--out": out.resolve(), "--seed": seed, "--model": model,
                 "--recipe": entry.recipe_arg(recipe), "--seconds": seconds, "--num-frames": num_frames,
-                "--height": height, "--width": width, "--device": device}))
+                "--height": height, "--width": width, "--device": device,
+                **{f"--{role.replace('_', '-')}": path.resolve() for role, path in
+                   (("first_frame", first_frame), ("last_frame", last_frame), ("reference", reference))
+                   if path is not None}}))
         else:
             device = entry.join_ranks(recipe_obj, model, device)
             runtime = H3Runtime.load(model, recipe_obj, device)
             record = runtime.generate(request, out)
-    except (RecipeError, CheckpointError, RequestError, LeverError, MediaError, ParallelError, OSError) as exc:
+    except (RecipeError, CheckpointError, RequestError, ConditioningError, LeverError, MediaError, ParallelError,
+            OSError) as exc:
         raise bad_input(str(exc)) from None
     if launched is not None:
         raise typer.Exit(launched)  # rank 0 printed the clip's line
@@ -109,7 +126,7 @@ def generate(
         return  # a follower rank: rank 0 wrote the clip and reports it
     typer.echo(
         f"{out}: {record.shape.num_frames} frames {record.shape.width}x{record.shape.height} @ {record.shape.fps} fps, "
-        f"audio {record.shape.audio_sample_rate} Hz x{record.shape.audio_channels}; "
+        f"audio {record.shape.audio_sample_rate} Hz x{record.shape.audio_channels}; {record.request.workflow}; "
         f"generation-side {record.timings.generation_side_latency_s:.2f} s"
     )
 

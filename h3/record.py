@@ -6,7 +6,7 @@ statistics, the dashboard, an outside script) can read a run without the process
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,6 +18,18 @@ CLIP_RECORD_VERSION = 1
 class _Strict(BaseModel):
     # A record with a NaN or infinite timing or shape is not a finished record (h3/schema.py).
     model_config = ConfigDict(extra="forbid", **FINITE_NUMBERS)
+
+
+class ConditioningImage(_Strict):
+    """An image that conditioned the request (h3.conditioning): its role and the sha256 of its bytes as given.
+
+    The run store keeps the image itself under that hash (``RunStore.input_path``)."""
+
+    role: Literal["first_frame", "last_frame", "reference"]
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    width: int = Field(gt=0)
+    height: int = Field(gt=0)
+    media_type: str = "image/png"
 
 
 class RequestSpec(_Strict):
@@ -37,6 +49,10 @@ class RequestSpec(_Strict):
     """Requested height in pixels (a multiple of 32)."""
     width: int
     """Requested width in pixels (a multiple of 32)."""
+    workflow: Literal["t2va", "fl2va", "ref2va"] = "t2va"
+    """MiniMax-H3's workflow: text only, first/last keyframes, or a reference image (diffusers' MiniMaxH3Blocks)."""
+    conditioning: list[ConditioningImage] = Field(default_factory=list)
+    """The image inputs of an fl2va or ref2va request, in role order (first_frame, last_frame, reference)."""
 
 
 class ResolvedShape(_Strict):

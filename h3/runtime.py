@@ -34,7 +34,8 @@ from h3.anatomy import StageHooks, synchronize
 from h3.atomic import atomic_write_json, sha256_file
 from h3.levers import lever_telemetry
 from h3.media import encode_mp4
-from h3.record import ClipRecord, Executed, RequestSpec, ResolvedShape, StageAnatomy, Timings
+from h3.conditioning import ROLES, ConditioningError, ImageInput, pipeline_inputs, workflow_of
+from h3.record import ClipRecord, ConditioningImage, Executed, RequestSpec, ResolvedShape, StageAnatomy, Timings
 from h3.recipe import Recipe
 from h3.trajectory import TrajectoryRecorder, trajectory_path
 
@@ -86,6 +87,24 @@ class GenerateRequest:
     height: int | None = None
     width: int | None = None
     prompt_id: str | None = None
+    first_frame: ImageInput | None = None
+    """Keyframe the clip starts from (fl2va)."""
+    last_frame: ImageInput | None = None
+    """Keyframe the clip ends on (fl2va)."""
+    reference: ImageInput | None = None
+    """Reference image whose subject the clip keeps (ref2va)."""
+
+    @property
+    def workflow(self) -> str:
+        return workflow_of(self.first_frame, self.last_frame, self.reference)
+
+    def images(self) -> dict[str, ImageInput]:
+        """The image inputs present, by role, in role order."""
+        return {role: getattr(self, role) for role in ROLES if getattr(self, role) is not None}
+
+    def conditioning_spec(self) -> list[ConditioningImage]:
+        return [ConditioningImage(role=role, sha256=image.sha256, width=image.width, height=image.height,
+                                  media_type=image.media_type) for role, image in self.images().items()]
 
 
 def snap_num_frames(num_frames: int) -> int:
@@ -142,6 +161,10 @@ def resolve_request(request: GenerateRequest, default_size: tuple[int, int], can
     ratio = width / height
     if not 0.25 <= ratio <= 4.0:
         raise RequestError(f"aspect ratio {width}x{height} is outside MiniMax-H3's 1:4 to 4:1")
+    try:
+        request.workflow
+    except ConditioningError as exc:
+        raise RequestError(str(exc)) from None
     return snapped, height, width
 
 
@@ -290,6 +313,18 @@ def _relativize_index(directory: Path) -> None:
     index_path.write_text(json.dumps(index, indent=2) + "\n")
 
 
+def _ref_partition_is_transformer(root: Path) -> bool:
+    """Whether the checkpoint index points ``transformer_ref`` at the ``transformer/`` folder (one DiT for all)."""
+    import json
+
+    try:
+        entry = json.loads((root / "modular_model_index.json").read_text()).get("transformer_ref")
+    except (OSError, ValueError):
+        return False
+    return isinstance(entry, list) and len(entry) == 3 and isinstance(entry[2], dict) and \
+        entry[2].get("subfolder") == "transformer"
+
+
 def _quiet_progress_bars(blocks: Any) -> None:
     """The denoise loop's tqdm bar would interleave with the suite's own progress display."""
     if hasattr(blocks, "set_progress_bar_config"):
@@ -377,6 +412,8 @@ class H3Runtime:
         self.transformer_dtype = transformer_dtype
         """The caller's override of the recipe's dtype for the transformer (the parallel check's floor twin); each
         record names it (``extra["transformer_dtype"]``) so that configured-versus-executed checks against it."""
+        self.ref_partition: str | None = None
+        """Why ref2va may run on the loaded DiT, or None: ref2va is refused (its partition is not loaded)."""
         self._apply_recipe()
         _quiet_progress_bars(pipe._blocks)  # `pipe.blocks` is a deep copy
         self.hooks = StageHooks(pipe)
@@ -412,6 +449,10 @@ class H3Runtime:
         runtime.model = name
         runtime.model_sha256 = tiny.tiny_identity()
         runtime.weights = tiny.WEIGHTS
+        # The random preset has one DiT, seeded: it stands in for both partitions, and encodes a reference image at
+        # the tiny canvas's edge rather than the released 2048 (a 2048-pixel VAE encode would dominate a CPU test).
+        runtime.share_ref_partition("the random tiny preset has one DiT")
+        runtime.pipe.register_to_config(reference_image_short_edge=TINY_DEFAULT_SIZE[0])
         return runtime
 
     @classmethod
@@ -496,9 +537,18 @@ class H3Runtime:
                 module.eval()
             else:
                 module.to(device).eval()
-        return cls(pipe, recipe, str(root), checkpoint_identity(root), device, _default_size or FULL_DEFAULT_SIZE,
-                   weights="checkpoint", weight_source=CheckpointWeights(root), shared=shared, text_encoder=placed,
-                   transformer_dtype=transformer_dtype)
+        runtime = cls(pipe, recipe, str(root), checkpoint_identity(root), device, _default_size or FULL_DEFAULT_SIZE,
+                      weights="checkpoint", weight_source=CheckpointWeights(root), shared=shared, text_encoder=placed,
+                      transformer_dtype=transformer_dtype)
+        if _ref_partition_is_transformer(root):
+            runtime.share_ref_partition("the checkpoint's transformer_ref entry names the transformer/ weights")
+        return runtime
+
+    def share_ref_partition(self, why: str) -> None:
+        """Let ref2va denoise with the loaded ``transformer`` (and so under the recipe's levers), because the
+        checkpoint's ``transformer_ref`` partition is the same weights (``why``)."""
+        self.pipe.update_components(transformer_ref=self.pipe.transformer)
+        self.ref_partition = why
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
         """Save the loaded components in the Hugging Face layout."""
@@ -617,7 +667,13 @@ class H3Runtime:
         return extra
 
     def resolve(self, request: GenerateRequest) -> tuple[int, int, int]:
-        return resolve_request(request, self.default_size, self.pipe.canvas_multiple)
+        shape = resolve_request(request, self.default_size, self.pipe.canvas_multiple)
+        if request.workflow == "ref2va" and self.ref_partition is None:
+            raise RequestError(
+                f"reference: the ref2va workflow denoises with the checkpoint's transformer_ref/ partition, which this "
+                f"runtime ({self.model}) does not load; the recipe's levers apply to one DiT (transformer/). Run "
+                "fl2va or t2va requests here")
+        return shape
 
     @torch.no_grad()
     def generate(
@@ -651,6 +707,7 @@ class H3Runtime:
                 width=width,
                 num_frames=num_frames,
                 output_type="pt",
+                **pipeline_inputs(request.first_frame, request.last_frame, request.reference),
             )
             t_pipe_end = clock.now()
             for lever in self.levers.values():
@@ -708,6 +765,7 @@ class H3Runtime:
                 num_frames=request.num_frames, seconds=request.seconds,
                 height=height if request.height is None else request.height,
                 width=width if request.width is None else request.width,
+                workflow=request.workflow, conditioning=request.conditioning_spec(),
             ),
             shape=ResolvedShape(
                 num_frames=int(frames.shape[0]), height=int(frames.shape[1]), width=int(frames.shape[2]), fps=FPS,

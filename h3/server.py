@@ -12,12 +12,16 @@ Request fields (:data:`h3.server_request.FIELDS`), each honoured or refused by n
   and ``size`` "WxH". Both are mapped onto the model's grid and the job reports what will be generated:
   ``seconds`` snaps up to the next frame count ``17n+5`` the video VAE decodes (below MiniMax-H3's 5 s minimum,
   the shortest clip; 15 s gives 14.375 s; above 15 s, a 422), ``size`` snaps each side to the nearest multiple of
-  the canvas multiple (32). ``input_reference`` (an image to start from) is refused by name: the runtime generates
-  text-to-video+audio only so far.
+  the canvas multiple (32). ``input_reference`` (OpenAI's and SGLang's
+  image-to-video field: a file upload, a ``data:`` URL or ``{"image_url": "data:..."}``) is the keyframe the clip
+  starts from (MiniMax-H3's fl2va workflow).
 - SGLang's: ``seed``, ``num_frames``, ``fps`` (24 only), ``num_inference_steps`` (the recipe's own only),
   ``guidance_scale`` (1 only) and ``negative_prompt`` (empty only): MiniMax-H3 is guidance-distilled, one forward
   per step and no unconditional branch, so another scale or a negative prompt cannot be honoured. SGLang's
   ``extra_body`` object (or, in a form, JSON text) is merged into the top level.
+- Images (issue 25): ``first_frame`` (the same as ``input_reference``), ``last_frame`` (fl2va) and
+  ``reference_image`` (ref2va), each an upload or a ``data:`` URL; the job reports the workflow and each image's
+  sha256 (``h3_workflow``, ``h3_conditioning``). URLs are refused: the server does not fetch (it runs offline).
 - Ours: ``h3_levers_sha256`` (:func:`levers_sha256`: the recipe without its name and description): a request whose
   levers differ from the ones the server runs is refused, so a client never gets a clip from another configuration.
 
@@ -483,7 +487,8 @@ def create_app(runtime: Any, output_dir: str | Path, api_key: str | None = None,
                "prompt": request.prompt, "seconds": f"{num_frames / FPS:.3f}",
                "size": f"{resolved.width}x{resolved.height}", "remixed_from_video_id": None, "seed": request.seed,
                "num_frames": num_frames, "fps": FPS, "num_inference_steps": resolved.recipe.steps,
-               "h3_recipe": resolved.recipe.name, "h3_requested": resolved.requested, "_created_ns": now}
+               "h3_recipe": resolved.recipe.name, "h3_requested": resolved.requested, "h3_workflow": request.workflow,
+               "h3_conditioning": [c.model_dump() for c in request.conditioning_spec()], "_created_ns": now}
         if not store.submit(job, request, resolved.recipe if len(served_recipes) > 1 else None):
             return JSONResponse(status_code=429, content=error_body(
                 429, f"queue full ({max_queue} job(s) waiting); retry later",

@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 
+from h3.conditioning import ConditioningError, ImageInput, image_from_bytes, workflow_of
 from h3.runtime import FPS, MAX_SECONDS, MIN_SECONDS, SMALL_MODELS, GenerateRequest, RequestError, resolve_request
 
 # ASCII only: Python's int() and \d would read Arabic-Indic and other Unicode digits ("١٢٨" as 128).
@@ -42,13 +43,18 @@ FIELDS = {
     "negative_prompt": "empty only (MiniMax-H3 is guidance-distilled)",
     "h3_levers_sha256": "the levers the client expects the server to run",
     "extra_body": "SGLang's wrapper: an object whose fields are merged into the top level",
-    "input_reference": "refused: image inputs are not supported yet",
+    "input_reference": "the image the clip starts from (OpenAI's and SGLang's image-to-video field; the fl2va first "
+                       "keyframe): a file upload, a data: URL, or {\"image_url\": \"data:...\"}",
+    "first_frame": "the fl2va first keyframe (an upload or data: URL; the same as input_reference)",
+    "last_frame": "the fl2va last keyframe (an upload or data: URL)",
+    "reference_image": "a ref2va reference image whose subject the clip keeps (an upload or data: URL)",
 }
+IMAGE_FIELDS = {"input_reference": "first_frame", "first_frame": "first_frame", "last_frame": "last_frame",
+                "reference_image": "reference"}
+"""Image fields of a request and the role (h3.conditioning.ROLES) each fills."""
 REFUSED = {
-    "input_reference": "image inputs (first/last keyframe, reference image) are not supported by this server yet: "
-                       "it generates from the prompt alone; resubmit without input_reference",
-    "reference_url": "image inputs (first/last keyframe, reference image) are not supported by this server yet: "
-                     "it generates from the prompt alone; resubmit without reference_url",
+    "reference_url": "this server does not fetch URLs (it runs offline): upload the image as input_reference, "
+                     "first_frame, last_frame or reference_image, or send it as a data: URL",
 }
 DISTILLED = ("MiniMax-H3 is guidance-distilled (one forward per step, no unconditional branch, no classifier-free "
              "guidance)")
@@ -100,6 +106,7 @@ TINY_JOB_TIMEOUT_S = 300.0
 # On a CPU a canvas of 4x the default area takes a few times the default clip's time (the tiny preset on a shared
 # 2-core machine: 128x128 3-10 s, 256x256 15 s, 512x512 54 s; 1792x1024 minutes, issue 26). Raise --max-pixels.
 CPU_CANVAS_FACTOR = 4
+DEFAULT_MAX_BODY_BYTES = 16 * 2**20
 
 
 def default_limits(runtime: Any, **overrides: Any) -> ServerLimits:
@@ -134,8 +141,9 @@ def default_limits(runtime: Any, **overrides: Any) -> ServerLimits:
         timeout, basis["job_timeout_s"] = TINY_JOB_TIMEOUT_S, "tiny preset"
     else:
         timeout, basis["job_timeout_s"] = CHECKPOINT_JOB_TIMEOUT_S, "checkpoint: seed 000's 1545 s baseline x2.3"
-    basis["max_body_bytes"] = "default: room for a prompt at the token limit, not for image uploads"
-    values = {"max_prompt_tokens": tokens, "max_pixels": pixels, "job_timeout_s": timeout}
+    basis["max_body_bytes"] = "default: room for three image uploads (keyframes or a reference) of up to 5 MiB each"
+    values = {"max_prompt_tokens": tokens, "max_pixels": pixels, "job_timeout_s": timeout,
+              "max_body_bytes": DEFAULT_MAX_BODY_BYTES}
     for name, value in overrides.items():
         if value is not None:
             values[name] = value
@@ -323,19 +331,34 @@ class RequestSchema:
         check("guidance_scale", self._guidance_scale)
         check("negative_prompt", self._negative_prompt)
         check("h3_levers_sha256", self._levers)
+        for name in IMAGE_FIELDS:
+            check(name, self._image)
         if "seconds" in values and "num_frames" in values:
             errors.append(("num_frames", "give either seconds or num_frames, not both"))
         recipe = self._choose_recipe(values, errors)
         if recipe is not None and "num_inference_steps" in values and values["num_inference_steps"] != recipe.steps:
             errors.append(("num_inference_steps", f"this server runs recipe {recipe.name!r} with {recipe.steps} "
                                                   f"steps, got {values['num_inference_steps']}"))
+        if "input_reference" in values and "first_frame" in values:
+            errors.append(("first_frame", "input_reference is the first frame: give it once"))
+        images = {IMAGE_FIELDS[name]: values[name] for name in IMAGE_FIELDS if name in values}
+        if not errors and images:
+            try:
+                workflow = workflow_of(**images)
+            except ConditioningError as exc:
+                workflow = None
+                errors.append(("reference_image", str(exc).removeprefix("reference: ")))
+            if workflow == "ref2va" and getattr(self.runtime, "ref_partition", None) is None:
+                errors.append(("reference_image", "this server's checkpoint has no ref2va partition that its recipe "
+                                                  "runs on (transformer_ref is not the loaded DiT); send keyframes "
+                                                  "or text only"))
         if errors:
             raise RequestProblem(errors)
 
         width, height = values.get("size", (None, None))
         request = GenerateRequest(prompt=values["prompt"], seed=values.get("seed", 0),
                                   num_frames=values.get("num_frames"), seconds=values.get("seconds"),
-                                  height=height, width=width)
+                                  height=height, width=width, **images)
         try:
             num_frames, height, width = resolve_request(request, self.default_size, self.multiple)
         except RequestError as exc:
@@ -385,6 +408,10 @@ class RequestSchema:
         prompt = _as_text(name, value)
         if not prompt.strip():
             raise ValueError("the prompt is empty")
+        # No tokenizer packs 32 characters into one token: a longer prompt is refused without tokenizing it.
+        if len(prompt) > 32 * self.limits.max_prompt_tokens:
+            raise ValueError(f"the prompt is {len(prompt)} characters; this server takes at most "
+                             f"{self.limits.max_prompt_tokens} tokens (--max-prompt-tokens, H3_MAX_PROMPT_TOKENS)")
         tokens = self.count_tokens(prompt)
         if tokens > self.limits.max_prompt_tokens:
             raise ValueError(f"the prompt is {tokens} tokens; this server takes at most "
@@ -466,6 +493,27 @@ class RequestSchema:
             raise ValueError(f"{DISTILLED}: a negative prompt has nothing to act on; send none")
         return text
 
+    def _image(self, name: str, value: Any) -> ImageInput:
+        """An uploaded file (bytes), a ``data:`` URL, or OpenAI's ``{"image_url": ...}`` object."""
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - {"image_url"})
+            if "file_id" in value:
+                raise ValueError("file_id references OpenAI's file store, which this server does not have; upload "
+                                 "the image or send image_url as a data: URL")
+            if unknown or "image_url" not in value:
+                raise ValueError(f"{name} as an object takes image_url only, got {show(sorted(value), 60)}")
+            value = value["image_url"]
+        if isinstance(value, (bytes, bytearray)):
+            data = bytes(value)
+        elif isinstance(value, str):
+            data = _data_url_bytes(name, value)
+        else:
+            raise ValueError(f"{name} must be an image upload or a data: URL, got {type(value).__name__}")
+        try:
+            return image_from_bytes(data, name)
+        except ConditioningError as exc:
+            raise ValueError(str(exc).removeprefix(f"{name}: ")) from None
+
     def _levers(self, name: str, value: Any) -> str:
         text = _as_text(name, value)
         if text not in self.by_levers:
@@ -476,11 +524,27 @@ class RequestSchema:
         return text
 
 
+def _data_url_bytes(name: str, text: str) -> bytes:
+    """The bytes of a base64 ``data:image/...`` URL; an http(s) URL is refused (the server runs offline)."""
+    import base64
+    import binascii
+
+    if text.startswith(("http://", "https://")):
+        raise ValueError("this server does not fetch URLs (it runs offline): upload the image or send a data: URL")
+    if not text.startswith("data:") or ";base64," not in text[:200]:
+        raise ValueError(f"{name} must be an image upload or a base64 data: URL (data:image/png;base64,...), "
+                         f"got {show(text, 40)}")
+    try:
+        return base64.b64decode(text.split(";base64,", 1)[1], validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"{name}: the data: URL is not valid base64") from None
+
+
 async def read_request_body(request: Request, schema: RequestSchema) -> dict[str, Any]:
     """The body of ``POST /v1/videos`` as a dict of field values: JSON, multipart or urlencoded; 413 past the limit."""
     limit = schema.limits.max_body_bytes
     too_large = RequestProblem([("", f"the request body is over {limit} bytes (--max-body-bytes, H3_MAX_BODY_BYTES)"
-                                     "; image uploads (input_reference) are not supported yet")], status=413)
+                                     )], status=413)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise too_large
@@ -509,8 +573,18 @@ async def read_request_body(request: Request, schema: RequestSchema) -> dict[str
             if key in values:
                 errors.append((key, "given twice"))
             elif not isinstance(value, str):  # an uploaded file
-                errors.append((key, REFUSED.get(key, f"{key} must be a form field, not a file upload")))
-                values[key] = None
+                if key in IMAGE_FIELDS:
+                    values[key] = await value.read()
+                else:
+                    errors.append((key, REFUSED.get(key, f"{key} must be a form field, not a file upload")))
+                    values[key] = None
+            elif key.startswith("input_reference[") and key.endswith("]"):
+                # The openai SDK sends an {"image_url": ...} / {"file_id": ...} object as bracketed form fields.
+                values.setdefault("input_reference", {})
+                if not isinstance(values["input_reference"], dict):
+                    errors.append(("input_reference", "given twice"))
+                else:
+                    values["input_reference"][key[len("input_reference["):-1]] = value
             else:
                 values[key] = value
         if errors:

@@ -187,7 +187,7 @@ def speed_jobs(plan: AbPlan, store: RunStore, protocol: str) -> list[Job]:
         name = f"r{i:03d}-{prompt.id}-s{seed}"
         for recipe in plan.run.recipes:
             out = store.speed_path(protocol, recipe.name, name)
-            jobs.append(Job(recipe, plan.run.shape.request(prompt.id, prompt.prompt, seed), out,
+            jobs.append(Job(recipe, plan.run.shape.request(prompt.id, prompt.prompt, seed, prompt.images), out,
                             f"speed/{protocol}", name))
     return jobs
 
@@ -196,7 +196,7 @@ def quality_jobs(plan: AbPlan, store: RunStore) -> list[Job]:
     jobs = []
     for recipe, pid, seed in plan.run.jobs():
         prompt = plan.run.prompts.by_id(pid)
-        request = plan.run.shape.request(pid, prompt.prompt, seed)
+        request = plan.run.shape.request(pid, prompt.prompt, seed, prompt.images)
         jobs.append(Job(recipe, request, store.clip_path(recipe.name, pid, seed), "quality", f"{pid}-s{seed}"))
     return jobs
 
@@ -434,7 +434,8 @@ def _run_ab(plan: AbPlan, backend: Backend) -> AbResult:
         for i in range(plan.warmup):
             for recipe in plan.run.recipes:
                 if recipe.name in need:
-                    out.append(Job(recipe, plan.run.shape.request(first.id, first.prompt, plan.run.seeds[0]),
+                    request = plan.run.shape.request(first.id, first.prompt, plan.run.seeds[0], first.images)
+                    out.append(Job(recipe, request,
                                    store.warmup_path(recipe.name, session.id, i), "warmup", f"w{i}"))
         warm_done.update(need)
         return out

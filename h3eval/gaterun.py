@@ -383,7 +383,7 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
             artifact_dir.mkdir(parents=True, exist_ok=True)
             ctx = PairContext(
                 run_dir=store.root, pair=pair, baseline=base, candidate=cand, artifact_dir=artifact_dir,
-                device=device, options=gate_options, run=info,
+                device=device, options=gate_options, run=info, read_input=store.read_input,
             )
             result = evaluate_pair(gate, ctx, identical)
             result.info[INPUTS_KEY] = stamp

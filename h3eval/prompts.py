@@ -1,4 +1,12 @@
-"""Prompt suites: JSONL files, one object per line with a stable ``id``, the ``prompt`` and its provenance."""
+"""Prompt suites: JSONL files, one object per line with a stable ``id``, the ``prompt`` and its provenance.
+
+A line of an fl2va or ref2va suite also carries its images (issue 25), as files relative to the JSONL's folder:
+``first_frame`` and/or ``last_frame``, or ``reference``, each a path or ``{"path": ..., "sha256": ...}`` (the hash is
+then checked on load); or, as the world's suites write them (``h3.world.suites``), ``keyframes`` ``{"first": path,
+"last": path}`` and ``references`` ``[path]`` (one reference image per request here). A suite's sha256 is that of
+its JSONL, and for a suite with images, of the JSONL followed by each image's sha256 in order: a changed image is a
+different suite.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from h3.conditioning import ROLES, ConditioningError, ImageInput, image_from_file, workflow_of
 from h3eval.store import StoreError, check_safe_name
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"
@@ -27,6 +36,12 @@ class Prompt:
     id: str
     prompt: str
     meta: dict[str, Any] = field(default_factory=dict)
+    images: dict[str, ImageInput] = field(default_factory=dict)
+    """The line's image inputs by role (h3.conditioning.ROLES): keyframes for fl2va, a reference for ref2va."""
+
+    @property
+    def workflow(self) -> str:
+        return workflow_of(**self.images)
 
 
 @dataclass
@@ -88,10 +103,71 @@ def load_prompts(name_or_path: str | Path) -> PromptSuite:
         if pid in seen:
             raise PromptSuiteError(f"{path}:{lineno}: duplicate prompt id {pid!r} (first on line {seen[pid]})")
         seen[pid] = lineno
-        prompts.append(Prompt(id=pid, prompt=prompt, meta={k: v for k, v in obj.items() if k not in ("id", "prompt")}))
+        images = _line_images(path, lineno, obj)
+        try:
+            workflow_of(**images)
+        except ConditioningError as exc:
+            raise PromptSuiteError(f"{path}:{lineno}: {exc}") from None
+        meta = {k: v for k, v in obj.items() if k not in ("id", "prompt", *ROLES, *WORLD_KEYS)}
+        prompts.append(Prompt(id=pid, prompt=prompt, meta=meta, images=images))
     if not prompts:
         raise PromptSuiteError(f"prompt file {path} has no prompts")
-    return PromptSuite(path=path, sha256=hashlib.sha256(raw).hexdigest(), prompts=prompts)
+    digest = hashlib.sha256(raw)
+    image_hashes = [image.sha256 for p in prompts for image in p.images.values()]
+    if image_hashes:
+        digest.update("".join(image_hashes).encode())
+    return PromptSuite(path=path, sha256=digest.hexdigest(), prompts=prompts)
+
+
+WORLD_KEYS = ("keyframes", "references")
+"""The world suites' spelling of a line's images (h3.world.suites): ``keyframes`` {first, last}, ``references``."""
+
+
+def _line_images(suite: Path, lineno: int, obj: dict[str, Any]) -> dict[str, ImageInput]:
+    entries = {role: obj[role] for role in ROLES if obj.get(role) is not None}
+    keyframes, references = obj.get("keyframes"), obj.get("references")
+    if keyframes is not None:
+        if not isinstance(keyframes, dict) or not keyframes or set(keyframes) - {"first", "last"}:
+            raise PromptSuiteError(f'{suite}:{lineno}: keyframes must be {{"first": path, "last": path}} (either or '
+                                   "both)")
+        for anchor, entry in keyframes.items():
+            entries.setdefault(f"{anchor}_frame", entry)
+    if references is not None:
+        if not isinstance(references, list) or len(references) != 1:
+            raise PromptSuiteError(f"{suite}:{lineno}: references must be a list of one image (one reference image "
+                                   "per request)")
+        entries.setdefault("reference", references[0])
+    return {role: _line_image(suite, lineno, role, entries[role]) for role in ROLES if role in entries}
+
+
+def _line_image(suite: Path, lineno: int, role: str, entry: Any) -> ImageInput:
+    """A line's image: a path or ``{"path", "sha256"}``, inside the suite's folder (and matching its hash)."""
+    where = f"{suite}:{lineno}: {role}"
+    if isinstance(entry, str):
+        entry = {"path": entry}
+    if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
+            and isinstance(entry.get("sha256", ""), str)):
+        raise PromptSuiteError(f'{where} must be a path beside the suite or {{"path": ..., "sha256": ...}}')
+    folder = suite.resolve().parent
+    file = (folder / entry["path"]).resolve()
+    if folder not in file.parents:
+        raise PromptSuiteError(f"{where}: {entry['path']!r} is outside the suite's folder {folder}")
+    try:
+        image = image_from_file(file, role)
+    except ConditioningError as exc:
+        raise PromptSuiteError(f"{suite}:{lineno}: {exc}") from None
+    if "sha256" in entry and image.sha256 != entry["sha256"]:
+        raise PromptSuiteError(f"{where}: {entry['path']} does not match the sha256 the suite names (the image "
+                               f"changed: {image.sha256[:12]} vs {entry['sha256'][:12]})")
+    return image
+
+
+def image_entry(suite_dir: Path, file: Path) -> dict[str, str]:
+    """The ``{"path", "sha256"}`` a suite line names ``file`` by (for scripts that write suites)."""
+    import hashlib
+
+    return {"path": file.resolve().relative_to(suite_dir.resolve()).as_posix(),
+            "sha256": hashlib.sha256(file.read_bytes()).hexdigest()}
 
 
 MAX_SEEDS = 1000

@@ -80,7 +80,38 @@ def _metric_row(m: MetricVerdict) -> str:
     )
 
 
-def render_markdown(verdict: Verdict) -> str:
+def conditioning_summary(run_dir: str | Path | None) -> list[str]:
+    """One line per workflow of the run's clips (issue 25): how many clips, and the image inputs they were
+    conditioned on (sha256, kept under ``inputs/``). Empty for a run of text-only clips or without a directory."""
+    if run_dir is None:
+        return []
+    store = RunStore(run_dir)
+    clips: dict[str, int] = {}
+    images: dict[str, set[tuple[str, str]]] = {}
+    for recipe in store.clip_recipes():
+        for path in store.clip_record_paths(recipe):
+            try:
+                record = read_clip_record(path)
+            except RecordError:
+                continue  # an unreadable record is the verdict's finding, not this summary's
+            workflow = record.request.workflow
+            clips[workflow] = clips.get(workflow, 0) + 1
+            images.setdefault(workflow, set()).update((c.role, c.sha256) for c in record.request.conditioning)
+    if set(clips) <= {"t2va"}:
+        return []
+    lines = []
+    for workflow in sorted(clips):
+        kept = sorted(images[workflow])
+        missing = [sha for _, sha in kept if not store.input_path(sha).is_file()]
+        roles = ", ".join(f"{role} `{sha[:12]}`" for role, sha in kept[:6]) + (" ..." if len(kept) > 6 else "")
+        line = f"workflow {workflow}: {clips[workflow]} clips" + (f"; images {roles}" if kept else "")
+        if missing:
+            line += f"; {len(missing)} image(s) missing from inputs/"
+        lines.append(line)
+    return lines
+
+
+def render_markdown(verdict: Verdict, run_dir: str | Path | None = None) -> str:
     conf = int(verdict.settings.confidence * 100)
     out = [
         f"# h3eval signoff: {verdict.outcome}",
@@ -167,6 +198,7 @@ def render_markdown(verdict: Verdict) -> str:
                "hashed in verdict.json")
     if verdict.inputs.floor:
         out.append(f"- noise floor `{verdict.inputs.floor.path}` sha256 `{verdict.inputs.floor.sha256}`")
+    out += [f"- {line}" for line in conditioning_summary(run_dir)]
     return "\n".join(out) + "\n"
 
 
@@ -499,7 +531,9 @@ def render_html(verdict: Verdict, run_dir: str | Path) -> str:
     parts.append(f"<li>policy {e(verdict.inputs.policy.path)} "
                  f"sha256 <code>{e(verdict.inputs.policy.sha256)}</code></li>")
     parts.append(f"<li>{len(verdict.inputs.clips)} clip records, {len(verdict.inputs.gate_results)} gate results: "
-                 "hashes in <a href='verdict.json'>verdict.json</a></li></ul>")
+                 "hashes in <a href='verdict.json'>verdict.json</a></li>")
+    parts += [f"<li>{e(line.replace('`', ''))}</li>" for line in conditioning_summary(run_dir)]
+    parts.append("</ul>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -510,7 +544,7 @@ def write_reports(verdict: Verdict, run_dir: str | Path) -> dict[str, Path]:
     lock."""
     run_dir = Path(run_dir)
     store = RunStore(run_dir)
-    texts = (("markdown", render_markdown(verdict)), ("html", render_html(verdict, run_dir)),
+    texts = (("markdown", render_markdown(verdict, run_dir)), ("html", render_html(verdict, run_dir)),
              ("junit", render_junit(verdict)))
     with store.lock("h3eval report"):  # one process writes into a run at a time
         paths = {"verdict": write_verdict(verdict, run_dir)}

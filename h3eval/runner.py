@@ -38,9 +38,10 @@ class RequestShape:
     height: int | None = None
     width: int | None = None
 
-    def request(self, prompt_id: str, prompt: str, seed: int) -> GenerateRequest:
+    def request(self, prompt_id: str, prompt: str, seed: int, images: dict | None = None) -> GenerateRequest:
+        """``images``: the prompt's image inputs by role (fl2va keyframes, a ref2va reference)."""
         return GenerateRequest(prompt=prompt, seed=seed, prompt_id=prompt_id, seconds=self.seconds,
-                               num_frames=self.num_frames, height=self.height, width=self.width)
+                               num_frames=self.num_frames, height=self.height, width=self.width, **(images or {}))
 
 
 @dataclass
@@ -88,8 +89,8 @@ def validate_plan(plan: RunPlan) -> tuple[int, int, int]:
     check_model(plan.model)
     default_size = model_default_size(plan.model)
     try:
-        return resolve_request(plan.shape.request(plan.prompts.prompts[0].id, plan.prompts.prompts[0].prompt,
-                                                  plan.seeds[0]), default_size)
+        first = plan.prompts.prompts[0]
+        return resolve_request(plan.shape.request(first.id, first.prompt, plan.seeds[0], first.images), default_size)
     except RequestError as exc:
         raise RunError(str(exc)) from None
 
@@ -176,10 +177,19 @@ def open_run(plan: RunPlan) -> tuple[RunStore, RunManifest]:
         existing.status = "running"
         existing.errors = []
         store.write_manifest(existing)
+        save_inputs(store, plan.prompts)
         return store, existing
     store.check_writable_root()
     store.write_manifest(fresh)
+    save_inputs(store, plan.prompts)
     return store, fresh
+
+
+def save_inputs(store: RunStore, prompts: PromptSuite) -> None:
+    """Keep every image a prompt conditions on in the run (``inputs/<sha256>.png``), before any clip names it."""
+    for prompt in prompts.prompts:
+        for image in prompt.images.values():
+            store.save_input(image)
 
 
 def fill_run(
@@ -225,7 +235,7 @@ def _fill_run(
             prompt = plan.prompts.by_id(pid)
             out = store.clip_path(recipe.name, pid, seed)
             try:
-                request = plan.shape.request(pid, prompt.prompt, seed)
+                request = plan.shape.request(pid, prompt.prompt, seed, prompt.images)
                 if plan.trajectory:
                     record = backend.generate(recipe, request, out, trajectory=True)
                 else:

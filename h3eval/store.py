@@ -9,6 +9,8 @@ Layout (DESIGN.md)::
     <run>/warmup/<recipe>/<session>-w<i>.{mp4,json}  warm-up requests of ``h3eval ab`` (excluded from every number)
     <run>/speed/<protocol>/<recipe>/<name>.{mp4,json}  timing requests of ``h3eval ab``'s speed protocol
     <run>/gates/<gate>/<candidate>/<prompt_id>-s<seed>.json   per-pair gate results (artifacts beside them)
+    <run>/inputs/<sha256>.png                        the keyframes and reference images requests were conditioned
+                                                     on (fl2va, ref2va), by the sha256 each clip record names
     <run>/speed.json, speed.md, floor.json, verdict.json, report.md, report.html, junit.xml
     <run>/.h3eval.lock                               while a command writes into the run: who (pid, host, since)
 
@@ -38,7 +40,7 @@ from typing import Annotated, Any, Callable, Iterator, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError
 
 from gates.base import GateResult
-from h3.atomic import atomic_write_json, sha256_file
+from h3.atomic import atomic_write_bytes, atomic_write_json, sha256_file
 from h3.names import clip_stem, is_safe_name
 from h3.provenance import utc_now
 from h3.record import ClipRecord
@@ -280,6 +282,39 @@ class RunStore:
 
     def gate_dir(self, gate: str) -> Path:
         return self.root / "gates" / check_safe_name("gate name", gate)
+
+    def input_path(self, sha256: str) -> Path:
+        """Where the image input of that sha256 (the hash of its bytes, as a clip record names it) is kept."""
+        if not (isinstance(sha256, str) and len(sha256) == 64 and all(c in "0123456789abcdef" for c in sha256)):
+            raise StoreError(f"an image input is named by its sha256 (64 lowercase hex digits), got {sha256!r}")
+        return self.root / "inputs" / f"{sha256}.png"
+
+    def save_input(self, image: Any) -> Path:
+        """Keep an image input (h3.conditioning.ImageInput) under its sha256; already kept is left as it is."""
+        path = self.input_path(image.sha256)
+        if not (path.is_file() and sha256_file(path) == image.sha256):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(path, image.data)
+        return path
+
+    def read_input(self, sha256: str) -> Any:
+        """The image input a clip record names, decoded (h3.conditioning.ImageInput); a missing or altered file is a
+        StoreError naming it."""
+        from h3.conditioning import ConditioningError, image_from_bytes
+
+        path = self.input_path(sha256)
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise StoreError(f"image input {self.relative(path)} is missing ({exc.strerror or exc})") from None
+        import hashlib
+
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise StoreError(f"image input {self.relative(path)} does not match its sha256 (altered or truncated)")
+        try:
+            return image_from_bytes(data, self.relative(path))
+        except ConditioningError as exc:
+            raise StoreError(str(exc)) from None
 
     def gate_result_dir(self, gate: str, candidate: str) -> Path:
         return self.gate_dir(gate) / check_safe_name("recipe name", candidate)

@@ -88,8 +88,12 @@ def make_synthetic_run(
     audio_fn: AudioFn | None = None,
     latency_fn: TimingFn | None = None,
     prompt_fn: Callable[[str], str] | None = None,
+    images_fn: Callable[[str], dict] | None = None,
 ) -> RunStore:
-    """Write a complete run: manifest and every (recipe, prompt, seed) clip with a valid record."""
+    """Write a complete run: manifest and every (recipe, prompt, seed) clip with a valid record.
+
+    ``images_fn(prompt_id)``: the prompt's image inputs by role (h3.conditioning.ImageInput), kept in the run and
+    named in each record, as if the clips were fl2va / ref2va generations."""
     store = RunStore(root)
     recipes = [baseline, *candidates]
     frames_fn = frames_fn or _default_frames
@@ -114,6 +118,14 @@ def make_synthetic_run(
                 encode_mp4(mp4, frames, pcm)
                 record = synthetic_record(recipe, pid, seed, frames, pcm, mp4, latency_s=latency_fn(recipe, pid, seed),
                                           prompt=prompt_fn(pid) if prompt_fn else None)
+                if images_fn is not None:
+                    from h3.runtime import GenerateRequest
+
+                    request = GenerateRequest(prompt="synthetic", seed=seed, **images_fn(pid))
+                    for image in request.images().values():
+                        store.save_input(image)
+                    record.request.workflow = request.workflow
+                    record.request.conditioning = request.conditioning_spec()
                 atomic_write_json(store.record_path(recipe, pid, seed), record.model_dump(mode="json"))
     manifest.status = "complete"
     store.write_manifest(manifest)

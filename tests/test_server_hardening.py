@@ -110,14 +110,16 @@ def test_default_limits_follow_the_model_and_device_and_are_enforced(tiny_runtim
     with serving(create_app(tiny_runtime, tmp_path / "srv")) as url, httpx.Client(timeout=60) as client:
         limits = client.get(f"{url}/v1/models").json()["data"][0]["h3_limits"]
         # CPU: 4x the tiny preset's 128x128 default canvas; 1024 prompt tokens (below the tiny text encoder's 4096
-        # positions); the tiny preset's 300 s job timeout; 64 KiB bodies.
+        # positions); the tiny preset's 300 s job timeout; 16 MiB bodies (room for image uploads, issue 25).
         assert (limits["max_pixels"], limits["max_prompt_tokens"], limits["job_timeout_s"],
-                limits["max_body_bytes"]) == (4 * 128 * 128, 1024, 300.0, 65536)
+                limits["max_body_bytes"]) == (4 * 128 * 128, 1024, 300.0, 16 * 2**20)
         assert limits["basis"]["max_pixels"].startswith("CPU")
         # The issue's cases: a 1 MB prompt (413 before it is parsed), an 8 KB prompt (the tiny preset's tokenizer
         # is one token per character), a 99968x99968 canvas, the 1792x1024 job that blocked the CPU worker.
-        big = post(client, url, json.dumps({"prompt": "a" * 1_000_000}))
-        assert big.status_code == 413 and "65536 bytes" in big.json()["error"]["message"]
+        big = post(client, url, json.dumps({"prompt": "a" * (17 * 2**20)}))
+        assert big.status_code == 413 and f"{16 * 2**20} bytes" in big.json()["error"]["message"]
+        # 1 MB is inside the body limit: refused by length before it is tokenized
+        assert "1000000 characters" in refused(post(client, url, {"prompt": "a" * 1_000_000}), "prompt")
         assert "8000 tokens" in refused(post(client, url, {"prompt": "a" * 8000}), "prompt")
         assert "--max-prompt-tokens" in refused(post(client, url, {"prompt": "b" * 1025}), "prompt")
         assert "--max-pixels" in refused(post(client, url, {"prompt": "x", "size": "99968x99968"}), "size")

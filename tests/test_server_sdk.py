@@ -144,7 +144,7 @@ def test_sdk_values_map_onto_the_grid_and_what_cannot_be_done_is_named(tiny_runt
         refused = {
             "size": dict(size="1792x1024"),  # 1,835,008 pixels over this server's limit
             "model": dict(model="sora-2"),
-            "input_reference": dict(input_reference=("first.png", b"\x89PNG\r\n\x1a\n", "image/png")),
+            "input_reference": dict(input_reference=("first.png", b"\x89PNG\r\n\x1a\n", "image/png")),  # truncated
             "negative_prompt": dict(extra_body={"negative_prompt": "blurry"}),
             "guidance_scale": dict(extra_body={"guidance_scale": 7.5}),
             "num_inference_steps": dict(extra_body={"num_inference_steps": 50}),
@@ -160,7 +160,7 @@ def test_sdk_values_map_onto_the_grid_and_what_cannot_be_done_is_named(tiny_runt
             assert body["param"] == name and name in str(excinfo.value), (name, body)
             messages[name] = body["message"]
         assert "1792x1024 is 1835008 pixels" in messages["size"] and "--max-pixels" in messages["size"]
-        assert "not supported" in messages["input_reference"] and "guidance-distilled" in messages["guidance_scale"]
+        assert "not a readable image" in messages["input_reference"] and "guidance-distilled" in messages["guidance_scale"]
         # honoured, not refused: SGLang's fields at the values this model runs
         ok = client.videos.create(prompt=PROMPT, extra_body={"guidance_scale": 1, "negative_prompt": "",
                                                              "num_inference_steps": 2, "fps": 24, "seed": 9})

@@ -1,5 +1,6 @@
 """Clip viewer: baseline | candidate | amplified difference | ghosting heatmap on one frame scrubber, with the gate
-flags on the timeline, both clips playable with audio, per-frame gate curves and the audio difference."""
+flags on the timeline, both clips playable with audio, per-frame gate curves and the audio difference. For fl2va and
+ref2va clips, each keyframe or reference image beside the frames it conditions, with the keyframe gate's scores."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dashboard import data, state
 from h3.media import MediaError
 
 GHOSTING_GATE = "ghosting"
+KEYFRAME_GATE = "keyframe"
 
 
 def _pairs(run: data.RunData) -> pd.DataFrame:
@@ -116,6 +118,7 @@ def render(ctx: state.Context) -> None:
         else:
             st.warning(f"ghosting artifact listed but missing on disk: {rel}")
 
+    _conditioning(run, prompt, seed, results, a, b, frame)
     _curves(run, cand, prompt, seed, results, frame=frame)
 
     v1, v2 = st.columns(2)
@@ -124,6 +127,35 @@ def render(ctx: state.Context) -> None:
     v2.caption(f"candidate: {Path(cand_mp4).name}")
     v2.video(cand_mp4)
     _audio(base_mp4, cand_mp4)
+
+
+def _conditioning(run, prompt, seed, results, a: np.ndarray, b: np.ndarray, frame: int) -> None:
+    """The pair's keyframes / reference beside the baseline and candidate frames they condition, and the keyframe
+    gate's scores of both sides."""
+    workflow, inputs = data.pair_inputs(run, prompt, seed)
+    if not inputs:
+        return
+    st.subheader(f"Conditioning ({workflow})")
+    for item in inputs:
+        cols = st.columns(3)
+        role = item["role"]
+        if item["image"] is None:
+            cols[0].warning(f"{role}: {item['problem']}")
+        else:
+            cols[0].image(item["image"].pixels, caption=f"{role} · sha256 {item['sha256'][:12]}", width="stretch",
+                          output_format="PNG")
+        index = data.ANCHOR_FRAME.get(role, frame)
+        index = index % min(len(a), len(b)) if min(len(a), len(b)) else 0
+        cols[1].image(a[index], caption=f"baseline · frame {index}", width="stretch", output_format="PNG")
+        cols[2].image(b[index], caption=f"candidate · frame {index}", width="stretch", output_format="PNG")
+    result = results.get(KEYFRAME_GATE)
+    if result is None:
+        st.info("No keyframe gate result for this pair yet (h3eval gate --gates keyframe).")
+    elif result.get("status") != "ok":
+        st.info(f"keyframe gate: {result.get('status')}: {result.get('error') or result.get('info', {}).get('reason')}")
+    else:
+        st.caption("keyframe gate: each side against the inputs (the verdict tests candidate - baseline)")
+        st.dataframe(data.side_metrics(result), hide_index=True)
 
 
 def _heatmap_for(per_frame: dict[int, str], frame: int) -> str | None:

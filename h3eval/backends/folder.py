@@ -8,6 +8,11 @@ key is an error, each named with its line). Each clip is decoded (frames and PCM
 ``extra["hash_source"] = "decoded"``) and copied atomically into ``clips/<recipe>/``. A candidate clip with no
 baseline partner, or whose shape, fps or duration differs from its partner's, is not imported: it becomes a clear
 error in the run record and the rest continues. One process imports into a run at a time (the store's lock).
+
+With a prompt suite (``--prompts``), each clip's request is its suite line: the prompt text, and for fl2va / ref2va
+suites the workflow and the sha256 of each keyframe or reference image, which the run keeps under ``inputs/`` (so
+the keyframe gate can score imported clips against the images they were made from). A clip whose prompt id is not
+in the suite is not imported.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from h3.atomic import tmp_path_for
 from h3.media import MediaError
 from h3.names import is_safe_name
-from h3.record import ClipRecord, RequestSpec
+from h3.record import ClipRecord, ConditioningImage, RequestSpec
 from h3.schema import FINITE_NUMBERS, validation_problems
 from h3eval.backends import foreign_record, write_record
 from h3eval.prompts import MAX_SEED
@@ -152,7 +157,8 @@ def read_manifest(path: Path, sides: set[str]) -> list[FolderClip]:
     return clips
 
 
-def _import_clip(store: RunStore, clip: FolderClip, source: str) -> ClipRecord:
+def _import_clip(store: RunStore, clip: FolderClip, source: str, line: Any = None) -> ClipRecord:
+    """``line``: the clip's prompt-suite line (h3eval.prompts.Prompt), whose text and images the record takes."""
     out = store.clip_path(clip.side, clip.prompt_id, clip.seed)
     tmp = tmp_path_for(out)
     try:
@@ -166,7 +172,13 @@ def _import_clip(store: RunStore, clip: FolderClip, source: str) -> ClipRecord:
             peak_memory_bytes=int(peak * 2**20) if peak is not None else None, device="imported",
             extra={"imported_from": str(clip.path), "warmup": False},
         )
-        if not clip.prompt:
+        if line is not None:
+            record.request.prompt = clip.prompt or line.prompt
+            record.request.workflow = line.workflow
+            record.request.conditioning = [ConditioningImage(role=role, sha256=image.sha256, width=image.width,
+                                                             height=image.height, media_type=image.media_type)
+                                           for role, image in line.images.items()]
+        elif not clip.prompt:
             record.extra["unreported"].append("request.prompt")
         record.request.height, record.request.width = record.shape.height, record.shape.width
         tmp.replace(out)
@@ -191,8 +203,10 @@ def _same_form(a: ClipRecord, b: ClipRecord) -> list[str]:
     return diffs
 
 
-def import_folders(baseline_dir: str, candidate_dirs: list[str], out: Path, manifest: Path | None = None) -> RunManifest:
-    """Import folders of clips as an ``import`` run; resumable (finished clips are kept)."""
+def import_folders(baseline_dir: str, candidate_dirs: list[str], out: Path, manifest: Path | None = None,
+                   prompts: Any = None) -> RunManifest:
+    """Import folders of clips as an ``import`` run; resumable (finished clips are kept). ``prompts``: the
+    h3eval.prompts.PromptSuite the clips were made from (their text, workflow and images), or None."""
     base_name, base_dir = side_name(baseline_dir, "baseline")
     candidates = [side_name(c, f"candidate{i}") for i, c in enumerate(candidate_dirs)]
     names = [base_name] + [c[0] for c in candidates]
@@ -218,12 +232,15 @@ def import_folders(baseline_dir: str, candidate_dirs: list[str], out: Path, mani
     recipes = {n: {"name": n, "imported_from": str(base_dir if n == base_name else dict(candidates)[n])} for n in names}
     recipe_sha = {n: hashlib.sha256(json.dumps(r, sort_keys=True).encode()).hexdigest() for n, r in recipes.items()}
     listing = hashlib.sha256(json.dumps([[c.side, c.prompt_id, c.seed, str(c.path)] for c in clips]).encode())
+    if prompts is not None:
+        listing.update(prompts.sha256.encode())
     now = utc_now()
     fresh = RunManifest(kind="import", created_at=now, updated_at=now, model="imported", backend="folder",
                         baseline=base_name, candidates=names[1:], recipes=recipes, recipe_sha256=recipe_sha,
                         prompts=PromptSuiteRef(path=str(manifest or base_dir), sha256=listing.hexdigest(), ids=ids),
                         seeds=seeds, args={"command": "import", "baseline_dir": baseline_dir,
-                                           "candidate_dirs": candidate_dirs, "manifest": str(manifest)})
+                                           "candidate_dirs": candidate_dirs, "manifest": str(manifest),
+                                           "prompts": str(prompts.path) if prompts is not None else None})
     with store.lock("h3eval import"):  # one process writes into a run at a time
         if store.exists():
             existing = store.read_manifest()
@@ -236,6 +253,10 @@ def import_folders(baseline_dir: str, candidate_dirs: list[str], out: Path, mani
             run = fresh
         run.status = "running"
         store.write_manifest(run)
+        if prompts is not None:
+            from h3eval.runner import save_inputs
+
+            save_inputs(store, prompts)
         errors: list[ClipError] = []
 
         def error(side: str, key: tuple[str, int], message: str) -> None:
@@ -249,8 +270,15 @@ def import_folders(baseline_dir: str, candidate_dirs: list[str], out: Path, mani
             done = read_finished_record(store.clip_path(side, *key))
             if done is not None:
                 return done
+            line = None
+            if prompts is not None:
+                try:
+                    line = prompts.by_id(key[0])
+                except KeyError:
+                    error(side, key, f"{clip.path}: prompt id {key[0]!r} is not in the prompt suite {prompts.path}")
+                    return None
             try:
-                record = _import_clip(store, clip, base_dir if side == base_name else dict(candidates)[side])
+                record = _import_clip(store, clip, base_dir if side == base_name else dict(candidates)[side], line)
             except (MediaError, OSError) as exc:
                 error(side, key, f"cannot import {clip.path}: {exc}")
                 return None

@@ -167,7 +167,10 @@ class HttpBackend:
         body = self.payload(url, recipe, request)
         t_submit = time.perf_counter()
         deadline = t_submit + self.timeout_s
-        job = self._submit(url, body, deadline)
+        # The first keyframe goes as input_reference, the field OpenAI's and SGLang's image-to-video servers read.
+        images = {{"first_frame": "input_reference", "last_frame": "last_frame", "reference": "reference_image"}[role]:
+                  image for role, image in request.images().items()}
+        job = self._submit(url, body, deadline, images)
         job_id = job.get("id")
         if not isinstance(job_id, str) or not job_id:
             raise BackendError(f"{url}/v1/videos answered without a job id: {job!r}")
@@ -192,12 +195,20 @@ class HttpBackend:
             raise
         return record
 
-    def _submit(self, url: str, body: dict, deadline: float) -> dict:
-        """POST the job; a 429 (queue full) is back-pressure: wait and retry until the deadline."""
+    def _submit(self, url: str, body: dict, deadline: float, images: dict | None = None) -> dict:
+        """POST the job; a 429 (queue full) is back-pressure: wait and retry until the deadline.
+
+        With ``images`` (field -> ImageInput) the job goes as multipart/form-data with each image a file upload, as
+        the openai SDK sends ``input_reference``."""
         wait = self.poll_interval_s
         while True:
             try:
-                response = self.client.post(url + "/v1/videos", json=body)
+                if images:
+                    form = {k: v if isinstance(v, str) else json.dumps(v) for k, v in body.items()}
+                    files = {name: (f"{name}.png", image.data, image.media_type) for name, image in images.items()}
+                    response = self.client.post(url + "/v1/videos", data=form, files=files)
+                else:
+                    response = self.client.post(url + "/v1/videos", json=body)
             except httpx.HTTPError as exc:
                 raise BackendError(f"{url}/v1/videos: server unreachable ({type(exc).__name__}: {exc})") from None
             if response.status_code == 429 and time.perf_counter() + wait < deadline:
@@ -269,7 +280,8 @@ class HttpBackend:
         return foreign_record(
             out, recipe_name=recipe.name, recipe=recipe.resolved(),
             request=RequestSpec(prompt=request.prompt, prompt_id=request.prompt_id, seed=request.seed,
-                                num_frames=request.num_frames, seconds=request.seconds, height=height, width=width),
+                                num_frames=request.num_frames, seconds=request.seconds, height=height, width=width,
+                                workflow=request.workflow, conditioning=request.conditioning_spec()),
             model=str(job.get("model") or url), generation_side_latency_s=job.get("inference_time_s"),
             request_to_file_latency_s=wall_s,
             peak_memory_bytes=int(peak_mb * 2**20) if isinstance(peak_mb, (int, float)) else None,
