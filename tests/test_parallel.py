@@ -418,6 +418,27 @@ def test_degree_1_and_the_composing_levers_pass_preflight():
         preflight(at_degree(recipe, 2), "cpu")
 
 
+def test_a_keyframe_request_reaches_the_followers_as_rank_0_runs_it():
+    """h3 serve --nproc N broadcasts each job's request to the followers, which rebuild it: an fl2va request must
+    arrive with its keyframes as images (same bytes, hashes and pixels), so every rank runs the same workflow."""
+    import pickle
+
+    from h3.conditioning import image_from_file
+    from h3.parallel.serving import request_fields
+    from h3.runtime import GenerateRequest
+
+    suite = REPO / "prompts" / "world-fl2va"
+    request = GenerateRequest(prompt="a red circle", seed=3, first_frame=image_from_file(
+        suite / "fl2va-00-first.png", "--first-frame"), last_frame=image_from_file(suite / "fl2va-00-last.png",
+                                                                                 "--last-frame"))
+    rebuilt = GenerateRequest(**pickle.loads(pickle.dumps(request_fields(request))))  # what broadcast_object does
+    assert rebuilt.workflow == request.workflow == "fl2va"
+    assert rebuilt.conditioning_spec() == request.conditioning_spec()
+    for role in ("first_frame", "last_frame"):
+        assert getattr(rebuilt, role).data == getattr(request, role).data
+        np.testing.assert_array_equal(getattr(rebuilt, role).pixels, getattr(request, role).pixels)
+
+
 def test_a_degree_2_recipe_in_one_process_is_refused_with_the_way_out(fast_recipe):
     from h3.levers import LeverError
     from h3.runtime import H3Runtime

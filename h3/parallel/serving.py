@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +80,7 @@ class Leader:
         with self._lock:
             if self._stopped:
                 raise RuntimeError("the parallel runtime has stopped")
-            _broadcast({"op": "generate", "request": asdict(request), "trajectory": bool(trajectory)})
+            _broadcast({"op": "generate", "request": request_fields(request), "trajectory": bool(trajectory)})
             try:
                 return self.runtime.generate(request, out, extra=extra, trajectory=trajectory)
             finally:
@@ -105,6 +105,13 @@ class Leader:
                 _broadcast({"op": "stop"})
             except RuntimeError as exc:  # the followers are gone already (torchrun stopping every rank)
                 logger.info("followers not told to stop: %s", exc)
+
+
+def request_fields(request) -> dict[str, Any]:
+    """The request as the followers rebuild it (``GenerateRequest(**fields)``): its fields one level deep, so that a
+    keyframe or reference image (h3.conditioning.ImageInput) travels as itself. ``dataclasses.asdict`` would turn it
+    into a dict, and a follower would then run another workflow than rank 0 (or fail) in the same collectives."""
+    return {f.name: getattr(request, f.name) for f in fields(request)}
 
 
 class FollowerStopped(RuntimeError):
