@@ -50,7 +50,14 @@ def stream_text_encoder(text_encoder: torch.nn.Module, device: str | torch.devic
     groups = _groups(language)
     for group in groups:
         if is_top_level_group(group, language):
-            # Embeddings and final norm: small, used at every request; never moved again once on the device.
+            # Embeddings and final norm: small, used at every request; put on the device now and never moved again.
+            # Now, not at the first forward: Qwen3-VL looks up ``embed_tokens`` in its outer model before the language
+            # model's forward (whose hook would onload this group) runs, so a lazy onload leaves the lookup table on
+            # the host beside device ids (the 2026-12-01 H200 run failed every request on it).
+            group.onload_()
+            if group.stream is not None:
+                group.stream.synchronize()
+            group.onload_ = lambda *args, **kwargs: None
             group.offload_ = lambda *args, **kwargs: None
         elif group.stream is not None:
             offload = group.offload_
