@@ -162,3 +162,54 @@ def test_full_size_memory_plan():
     separate = full_size_plan(recipes, text_encoder="resident", shared=False)
     assert separate["fits_one_gpu_each"] and not separate["fits_one_gpu_together"]
     assert separate["all_processes_gib"] > 2.5 * H200_CAPACITY_GIB  # three models: three cards
+
+
+def _streamed_equals_resident(tmp_path, device):
+    recipe = recipe_from_dict(FAST_RECIPE)
+    clips = {}
+    for residency in ("resident", "offload"):
+        runtime = H3Runtime.load("h3-random-small", recipe, device, text_encoder=residency)
+        record = runtime.generate(GenerateRequest(prompt="a cat", seed=1), tmp_path / f"{residency}.mp4")
+        assert record.extra["text_encoder"]["residency"] == residency
+        clips[residency] = record.frames_sha256
+        del runtime
+    # Streaming moves the same weights, not different ones: the clip is the same to the bit.
+    assert clips["offload"] == clips["resident"]
+
+
+def test_streamed_text_encoder_gives_the_resident_clip(tmp_path):
+    _streamed_equals_resident(tmp_path, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_streamed_text_encoder_gives_the_resident_clip_on_gpu(tmp_path):
+    # The 2026-12-01 H200 run: Qwen3-VL's outer model looks up embed_tokens before the language model's onload hook.
+    _streamed_equals_resident(tmp_path, "cuda")
+
+
+def test_streaming_survives_diffusers_reapplying_group_offloading(tmp_path):
+    """diffusers' LoRA loading re-applies group offloading at every component's top level
+    (``_maybe_remove_and_reapply_group_offloading``); for Qwen3-VL that is one group for the whole conditioner that
+    MiniMax-H3's text step (it calls ``text_encoder.model``) never onloads. The streaming layout must come back."""
+    from diffusers.hooks.group_offloading import _maybe_remove_and_reapply_group_offloading
+
+    from h3.levers.offload import _groups
+    from h3.residency import _language_model, _streaming_intact
+
+    recipe = recipe_from_dict(FAST_RECIPE)
+    resident = H3Runtime.load("h3-random-small", recipe, "cpu").generate(
+        GenerateRequest(prompt="a cat", seed=1), tmp_path / "resident.mp4")
+    runtime = H3Runtime.load("h3-random-small", recipe, "cpu", text_encoder="offload")
+    text_encoder = runtime.pipe.components["text_encoder"]
+    language = _language_model(text_encoder)
+    assert _streaming_intact(language)
+    _maybe_remove_and_reapply_group_offloading(text_encoder)  # what pipe.load_lora_weights does to every component
+    assert not _streaming_intact(language)
+    assert any(g.offload_leader is text_encoder for g in _groups(text_encoder))  # diffusers' whole-model group
+    record = runtime.generate(GenerateRequest(prompt="a cat", seed=1), tmp_path / "again.mp4")
+    assert _streaming_intact(language)
+    assert not any(g.offload_leader is text_encoder for g in _groups(text_encoder))
+    # one group per decoder layer again, plus the resident top-level one
+    assert len(_groups(language)) == len(language.layers) + 1
+    assert record.frames_sha256 == resident.frames_sha256
