@@ -121,6 +121,24 @@ def test_checkpoint_weights_restore_what_the_loader_gave(tmp_path):
         runtime.weight_source.restore("transformer", transformer, ["no.such.weight"])
 
 
+def test_a_lora_file_is_the_same_bytes_at_every_write(tmp_path):
+    """safetensors writes its metadata in a different key order from one call to the next; the LoRA writer fixes the
+    order, so the same adapter is the same file (and the same hash) every time, and it still loads as written."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from h3.levers.lora import save_lora_file
+
+    state = {"b.lora_A.weight": torch.arange(12, dtype=torch.bfloat16).reshape(3, 4), "a.lora_B.weight": torch.ones(5)}
+    metadata = {"format": "pt", "h3_random_lora_seed": "4004", "alpha": "2.0"}
+    files = {save_lora_file(tmp_path / f"{i}.safetensors", state, metadata).read_bytes() for i in range(12)}
+    assert len(files) == 1
+    loaded = load_file(str(tmp_path / "0.safetensors"))
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    with safe_open(str(tmp_path / "0.safetensors"), "pt") as f:
+        assert f.metadata() == metadata
+
+
 def test_random_turbo_lora_has_the_published_format_and_targets(tmp_path):
     """At full size (the meta DiT) the turbo LoRA targets are seed 001's 266 layers; written for the tiny DiT, the file
     is read by diffusers' MiniMax-H3 loader (its original-name conversion) and matches every module it names."""

@@ -162,20 +162,44 @@ def tiny_lora_state_dict(transformer: torch.nn.Module, rank: int = TINY_LORA_RAN
     return state
 
 
+def save_lora_file(path: str | os.PathLike, state: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
+    """Write a safetensors file atomically, the same bytes for the same tensors and metadata.
+
+    Why not ``save_file`` alone: safetensors 0.8 writes the metadata from a Rust HashMap whose order changes from one
+    call to the next (two keys come out in either order within one process), so the file's bytes, and the hash that
+    names a LoRA (:attr:`LoraHandle.weights_tag`), changed between writes of the same adapter. The metadata object
+    is written again with its keys sorted: the same keys and values, so the same length, and every data offset
+    holds."""
+    import json
+    import struct
+
+    from safetensors.torch import save
+
+    from h3.atomic import atomic_write_bytes
+
+    data = save(state, metadata=metadata)
+    (size,) = struct.unpack("<Q", data[:8])
+    header = data[8:8 + size].decode("utf-8")
+    key = '"__metadata__":'
+    at = header.find(key)
+    if at >= 0:
+        start = at + len(key)
+        found, end = json.JSONDecoder().raw_decode(header, start)
+        ordered = json.dumps(dict(sorted(found.items())), separators=(",", ":"), ensure_ascii=False)
+        if len(ordered) == end - start:  # else (an escape written differently) keep safetensors' own bytes
+            header = header[:start] + ordered + header[end:]
+            data = data[:8] + header.encode("utf-8") + data[8 + size:]
+    path = Path(path)
+    atomic_write_bytes(path, data)
+    return path
+
+
 def write_tiny_lora(path: Path, transformer: torch.nn.Module, misnamed: bool = False,
                     alpha: float | None = TINY_LORA_ALPHA) -> Path:
-    from safetensors.torch import save_file
-
-    from h3.atomic import tmp_path_for
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_path_for(path)
     metadata = {"format": "pt"}
     if alpha is not None:
         metadata["alpha"] = str(alpha)
-    save_file(tiny_lora_state_dict(transformer, misnamed=misnamed), str(tmp), metadata=metadata)
-    os.replace(tmp, path)
-    return path
+    return save_lora_file(path, tiny_lora_state_dict(transformer, misnamed=misnamed), metadata)
 
 
 _ABSENT = object()
@@ -247,17 +271,8 @@ def write_random_turbo_lora(path: str | os.PathLike, transformer: torch.nn.Modul
                             dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write :func:`random_turbo_lora_state_dict` to ``path`` atomically (for rehearsals without the real LoRA:
     ``h3-random``, where ``$H3_LORA_DIR/minimax-h3-turbo-4step.safetensors`` is this file)."""
-    from safetensors.torch import save_file
-
-    from h3.atomic import tmp_path_for
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_path_for(path)
-    save_file(random_turbo_lora_state_dict(transformer, seed, dtype), str(tmp),
-              metadata={"format": "pt", "h3_random_lora_seed": str(seed)})
-    os.replace(tmp, path)
-    return path
+    return save_lora_file(path, random_turbo_lora_state_dict(transformer, seed, dtype),
+                          {"format": "pt", "h3_random_lora_seed": str(seed)})
 
 
 def _lora_layers(transformer: torch.nn.Module, adapter: str) -> dict[str, Any]:
