@@ -1,7 +1,7 @@
 """The training state that travels from one device call to the next: ``python -m h3.train pack`` / ``unpack``.
 
 A lent device call carries at most 64 MiB (the code snapshot, about 22 MiB of wheels, and the state of the call
-before) and returns at most 8 files of 16 MiB. A run's ``state/`` after one call on two H200s is 46 MB (run 3,
+before) and returns at most 8 files of 16 MiB. A run's ``state/`` after one call on two H200s is 47.1 MB (run 3,
 bench/results/tiny_train_h200.md: video VAE 19.7, audio VAE 1.7, DiT 23.9, distill 1.8), two thirds of it AdamW
 moments, so it cannot travel beside the wheels as it is. A pack holds each stage's ``state.pt`` (not the latent pool,
 which every call rebuilds from the seed, nor the distillation's teacher set, which is rebuilt from the DiT) with
@@ -9,11 +9,11 @@ which every call rebuilds from the seed, nor the distillation's teacher set, whi
 - the weights, the DiT's EMA, the step counts and the loss logs exactly (what the next stage, the export and a
   continuation read);
 - the optimizer moments (``exp_avg``, ``exp_avg_sq``) as chosen by ``moments``: ``"bf16"`` (the default) rounds them
-  to bfloat16, ``"fp32"`` keeps them exactly, ``"drop"`` leaves them out for a stage that ran all of its steps (such a
-  stage can no longer be continued; an unfinished stage keeps them in bfloat16).
+  to bfloat16, ``"fp32"`` keeps them exactly, ``"drop"`` leaves them out for a stage at its total step count (a
+  budget-ended one too, which then can no longer be continued; an unfinished stage keeps them in bfloat16).
 
 Every tensor's bytes are regrouped by significance (byte planes: the sign/exponent byte of trained float32 weights
-compresses, the low mantissa bytes do not) and each stage is zlib-compressed. Run 3's 46.1 MB of states pack into
+compresses, the low mantissa bytes do not) and each stage is zlib-compressed. Run 3's 47.1 MB of states pack into
 25.6 MB with ``"bf16"``, 39.0 MB with ``"fp32"`` and 16.6 MB with ``"drop"`` (bench/results/tiny_train_h200.md).
 
 The cost of ``"bf16"``: at each resume every moment is rounded once to 8 significant bits (relative error at most
