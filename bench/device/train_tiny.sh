@@ -16,23 +16,24 @@
 # On a machine of your own, the one command is `python -m h3.train all --out DIR` (the record's "reproduce" line fixes
 # the step counts).
 #
-# Environment: STAGE (default all; e.g. video-vae for a call that only continues the video VAE), STAGE_SECONDS (per-stage
-# budgets, default video-vae=175,audio-vae=175,dit=235,distill=60,export=15), BUDGET_S (570), RESUME_FROM (a folder,
-# carried with the call, holding an earlier call's state.pack.part-*), CONTINUE (with RESUME_FROM: stages a budget
-# ended that this call re-opens, STAGE[:STEPS],...: video-vae or audio-vae drops the dit and distill states that
-# depend on it, dit drops distill), PACK_MOMENTS (bf16), RUN_DIR (/tmp/h3-train; with RESUME_FROM it is emptied first
-# when it is that default).
+# Environment: STAGE (default all; e.g. video-vae for a call that only continues the video VAE), STAGE_SECONDS
+# (per-stage budgets, default video-vae=175,audio-vae=175,dit=235,distill=60,export=15), BUDGET_S (570), RESUME_FROM
+# (a folder, carried with the call, holding an earlier call's state.pack.part-*), CONTINUE (with RESUME_FROM: stages a
+# budget ended that this call re-opens, STAGE[:STEPS],...: video-vae or audio-vae drops the dit and distill states
+# that depend on it, dit drops distill), PACK_MOMENTS (bf16), RUN_DIR (/tmp/h3-train; with RESUME_FROM it is emptied
+# first when it is that default).
 #
 # Multi-call training, next session (each call one `run` on nvidia-h200-x2, ~580 s of lease with the machine start;
 # carry .carry/tiny = `git archive HEAD h3 bench/device pyproject.toml` of this branch, .whl, and for a resume the
-# previous call's state.pack.part-* copied into .carry/tiny/resume/; about 3 + 22 + 26 MB < 64 MiB).
+# previous call's state.pack.part-* copied into .carry/tiny/resume/: 0.5 + 22.7 + 25.6 MB = 49 MB < 64 MiB).
 #
 # Starting from run 3's state (bench/results/tiny_train_h200.md: video VAE 915 of 5000 steps, audio VAE done), repack
-# it on the CPU first (its 46 MB state.tar cannot travel):
+# it on the CPU first (its 47 MB state.tar cannot travel):
 #   mkdir -p /tmp/r3/state && cat /work/notes/device_runs/train3/state.tar.part-* | tar -C /tmp/r3/state -xf -
 #   PYTHONPATH=<worktree> python -m h3.train pack --out /tmp/r3 --to /tmp/r3/state.pack    # 25.6 MB
 #   mkdir -p .carry/tiny/resume && split -b 15m /tmp/r3/state.pack .carry/tiny/resume/state.pack.part-
-# Call 1 (the video VAE only, both re-opened steps and budget; ~2700 more steps at run 3's 5.2 steps/s):
+# Call 1 (the video VAE alone, re-opened to its planned 5000 steps, with the whole budget: ~2700 more steps at run 3's
+# 5.2 steps/s):
 #   cd .carry/tiny && WHEELS=../../.whl COMMIT=<sha> RESUME_FROM=resume CONTINUE=video-vae STAGE=video-vae \
 #     STAGE_SECONDS=video-vae=520 bash bench/device/train_tiny.sh $OUT
 #   returns train.log and state.pack.part-* (video + audio VAE, ~11 MB); no checkpoint.
@@ -46,7 +47,7 @@
 #     STAGE_SECONDS=dit=350,distill=100,export=15 bash bench/device/train_tiny.sh $OUT
 #   returns train.log, tiny.tgz.part-aa and state.pack.part-*.
 # Two calls instead: call 1 as above, then call 2 without CONTINUE (the video VAE ends at call 1's count) and
-# STAGE_SECONDS=dit=350,distill=70,export=15. From scratch (no state): call 1 is the plain command at the top, and
+# STAGE_SECONDS=dit=380,distill=70,export=15. From scratch (no state): call 1 is the plain command at the top, and
 # later calls add RESUME_FROM=resume and CONTINUE=<the stage to carry on>.
 set -u
 out=$1
@@ -65,7 +66,8 @@ run=${RUN_DIR:-/tmp/h3-train}
 : >"$out/train.log"
 if [ -n "${RESUME_FROM:-}" ]; then
   if ! ls "$RESUME_FROM"/state.pack.part-* >/dev/null 2>&1; then
-    echo "RESUME_FROM=$RESUME_FROM: no state.pack.part-* there (an older state.tar? repack it: python -m h3.train pack)" >&2
+    echo "RESUME_FROM=$RESUME_FROM: no state.pack.part-* there (an older state.tar? repack it on the CPU:" \
+      "python -m h3.train pack)" >&2
     exit 3
   fi
   [ -z "${RUN_DIR:-}" ] && rm -rf "$run"
