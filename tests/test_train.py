@@ -352,3 +352,210 @@ def test_exported_checkpoint_and_turbo4_tiny_load_through_the_runtime(monkeypatc
                                                      "background is plain", seed=0), tmp_path / "clip.mp4")
     assert record.shape.num_frames == 124 and record.executed.forward_passes == 2
     assert record.shape.sequence_length == record.shape.num_text_tokens + 37 * 4 + 2 * 207
+
+
+# --- the state that travels between device calls (h3.train.travel) ---
+
+
+def _moments(state):
+    return [(idx, key, t) for idx, per in state["opt"]["state"].items() for key, t in per.items()
+            if t.dim() > 0]
+
+
+def _assert_same_state(a, b, keys=("model", "ema")):
+    for key in keys:
+        if key in a:
+            assert a[key].keys() == b[key].keys(), key
+            for name in a[key]:
+                assert torch.equal(a[key][name], b[key][name]), (key, name)
+    assert a["step"] == b["step"] and a["log"] == b["log"]
+
+
+def test_state_pack_fp32_resumes_exactly_and_bf16_rounds_only_the_moments(tmp_path):
+    """A DiT slice ended at step 4 of 6, packed and unpacked in a fresh folder, continues to the uninterrupted run's
+    state bit for bit from an fp32 pack; a bf16 pack keeps weights, EMA and log exactly and holds each moment as its
+    bfloat16 rounding, so its continuation is the uninterrupted run with the moments rounded at step 4."""
+    from h3.train.common import load_state, save_state
+    from h3.train.dit import train_dit
+    from h3.train.travel import pack_state, unpack_state
+
+    cfg = dit_config(dit_steps=6)
+    pool = synthetic_pool()
+    train_dit(small_dit(), pool, cfg, tmp_path / "straight", Budget(None))
+    first = train_dit(small_dit(), pool, cfg, tmp_path / "sliced", Budget(None), stop_after=4)
+    assert not first["done"] and first["step"] == 4
+    sliced = load_state(tmp_path / "sliced" / "dit" / "state.pt")
+    straight = load_state(tmp_path / "straight" / "dit" / "state.pt")
+
+    exact = pack_state(tmp_path / "sliced", tmp_path / "fp32.pack", moments="fp32")
+    assert exact["stages"]["dit"]["moments"] == "fp32" and exact["stages"]["dit"]["step"] == 4
+    unpack_state(tmp_path / "fp32.pack", tmp_path / "exact")
+    assert train_dit(small_dit(seed=99), pool, cfg, tmp_path / "exact", Budget(None))["done"]
+    resumed = load_state(tmp_path / "exact" / "dit" / "state.pt")
+    _assert_same_state(straight, resumed)
+    for (_, _, a), (_, _, b) in zip(_moments(straight), _moments(resumed)):
+        assert torch.equal(a, b)
+
+    rounded = pack_state(tmp_path / "sliced", tmp_path / "bf16.pack")
+    assert rounded["stages"]["dit"]["moments"] == "bf16"
+    assert (tmp_path / "bf16.pack").stat().st_size < (tmp_path / "fp32.pack").stat().st_size
+    unpack_state(tmp_path / "bf16.pack", tmp_path / "rounded")
+    got = load_state(tmp_path / "rounded" / "dit" / "state.pt")
+    _assert_same_state(sliced, got)
+    for (i, k, a), (j, m, b) in zip(_moments(sliced), _moments(got)):
+        assert (i, k) == (j, m) and b.dtype == torch.float32
+        assert torch.equal(b, a.to(torch.bfloat16).float()), (i, k)
+    assert all(torch.equal(sliced["opt"]["state"][i]["step"], got["opt"]["state"][i]["step"])
+               for i in sliced["opt"]["state"])
+    # The reference: the sliced state with its moments rounded in memory, continued.
+    reference = copy.deepcopy(sliced)
+    for idx, key, t in _moments(reference):
+        reference["opt"]["state"][idx][key] = t.to(torch.bfloat16).float()
+    save_state(tmp_path / "reference" / "dit" / "state.pt", reference)
+    for folder in ("rounded", "reference"):
+        assert train_dit(small_dit(seed=5), pool, cfg, tmp_path / folder, Budget(None))["done"]
+    a, b = (load_state(tmp_path / f / "dit" / "state.pt") for f in ("rounded", "reference"))
+    _assert_same_state(a, b)
+    # ... and re-packing bf16-rounded moments loses nothing more.
+    pack_state(tmp_path / "rounded", tmp_path / "again.pack")
+    unpack_state(tmp_path / "again.pack", tmp_path / "again")
+    again = load_state(tmp_path / "again" / "dit" / "state.pt")
+    rerounded = load_state(tmp_path / "rounded" / "dit" / "state.pt")
+    for idx, key, t in _moments(rerounded):
+        rerounded["opt"]["state"][idx][key] = t.to(torch.bfloat16).float()
+    for (_, _, x), (_, _, y) in zip(_moments(rerounded), _moments(again)):
+        assert torch.equal(x, y)
+
+
+def _small_video_vae(seed):
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    from h3.tiny_trained import VAE_CONFIG
+
+    torch.manual_seed(seed)
+    return AutoencoderKLMiniMaxH3(**{**VAE_CONFIG, "block_out_channels": (4,) * 6, "norm_num_groups": 2,
+                                     "decoder_num_layers": 1, "decoder_num_attention_heads": 1,
+                                     "decoder_attention_head_dim": 8, "decoder_ffn_mult": 1})
+
+
+def _small_video_vae_loss(vae, cfg, step):
+    """The video VAE stage's encode -> sample -> decode on a 22-frame 32x32 clip drawn from the step's seed (the real
+    loss renders 128x128 world clips: seconds a step on this CPU)."""
+    from h3.train.common import generators
+
+    cpu, dev = generators(cfg.seed, "video-vae", step, cfg.device)
+    x = torch.randn(1, 3, 22, 32, 32, generator=cpu)
+    posterior = vae.encode(x).latent_dist
+    loss = (vae.decode(posterior.sample(generator=dev)).sample - x).abs().mean()
+    return loss, {"loss": loss.detach()}
+
+
+def _dependent_state(step, planned):
+    gen = torch.Generator().manual_seed(step)
+    return {"model": {"w": torch.randn(5, generator=gen)}, "ema": {"w": torch.randn(5, generator=gen)},
+            "opt": {"state": {0: {"step": torch.tensor(float(step)), "exp_avg": torch.randn(5, generator=gen),
+                                  "exp_avg_sq": torch.rand(5, generator=gen)}},
+                    "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.99), "params": [0]}]},
+            "step": step, "total_steps": step, "planned_steps": planned, "seconds": 1.5, "log": [{"step": step}]}
+
+
+def test_continue_video_vae_reopens_a_budget_ended_stage_and_drops_what_depends_on_it(tmp_path, monkeypatch):
+    """A video VAE stage that a budget ended after 1 of 3 steps (with the pool, DiT and distillation built on it),
+    packed and unpacked with continue=video-vae: the dependents are gone, the stage is not done, and continuing it
+    lands on the uninterrupted 3-step run's weights, moments and log."""
+    import h3.train.vaes as vaes
+    from h3.train.common import load_state, save_state
+    from h3.train.run import _cut, stage_done
+    from h3.train.travel import PackError, pack_state, reopen_stage, unpack_state
+
+    monkeypatch.setattr(vaes, "video_vae_loss", _small_video_vae_loss)
+    cfg = TrainConfig.smoke(video_vae_steps=3)
+    vaes.train_video_vae(_small_video_vae(0), cfg, tmp_path / "straight", Budget(None))
+    ended = tmp_path / "ended"
+    assert not vaes.train_video_vae(_small_video_vae(0), cfg, ended, Budget(None), stop_after=1)["done"]
+    _cut(ended, "video-vae")  # what --finish-on-budget does
+    assert stage_done(ended, "video-vae")
+    (ended / "pool").mkdir()
+    (ended / "pool" / "pool.pt").write_bytes(b"stands for the latent pool")
+    save_state(ended / "dit" / "state.pt", _dependent_state(7, 30))
+    save_state(ended / "distill" / "state.pt", _dependent_state(2, 9))
+
+    manifest = pack_state(ended, tmp_path / "ended.pack", moments="fp32")
+    assert sorted(manifest["stages"]) == ["distill", "dit", "video_vae"]
+    info = manifest["stages"]["video_vae"]
+    assert (info["step"], info["total_steps"], info["planned_steps"], info["moments"]) == (1, 1, 3, "fp32")
+    cont = tmp_path / "cont"
+    assert unpack_state(tmp_path / "ended.pack", cont, ["video-vae"])["dropped"] == ["dit", "distill"]
+    assert sorted(p.name for p in cont.iterdir()) == ["video_vae"] and not stage_done(cont, "video-vae")
+    result = vaes.train_video_vae(_small_video_vae(7), cfg, cont, Budget(None))
+    assert result["done"] and result["step"] == 3
+    straight = load_state(tmp_path / "straight" / "video_vae" / "state.pt")
+    resumed = load_state(cont / "video_vae" / "state.pt")
+    _assert_same_state(straight, resumed)
+    for (_, _, a), (_, _, b) in zip(_moments(straight), _moments(resumed)):
+        assert torch.equal(a, b)
+
+    # In place (the state folder of the call itself): the pool goes too; dit re-opened drops only distill.
+    assert reopen_stage(ended, "video-vae") == ["pool", "dit", "distill"]
+    save_state(ended / "dit" / "state.pt", _dependent_state(7, 30))
+    save_state(ended / "distill" / "state.pt", _dependent_state(2, 9))
+    (ended / "pool").mkdir()
+    assert reopen_stage(ended, "dit") == ["distill"] and (ended / "pool").is_dir()
+    dit = load_state(ended / "dit" / "state.pt")
+    assert (dit["step"], dit["total_steps"], dit["planned_steps"]) == (7, 30, 30)
+    assert reopen_stage(ended, "dit", 40) == [] and load_state(ended / "dit" / "state.pt")["total_steps"] == 40
+    with pytest.raises(PackError, match=r"ran 3 steps of the 3 asked"):
+        reopen_stage(tmp_path / "straight", "video-vae")
+    with pytest.raises(PackError, match=r"not a training stage"):
+        reopen_stage(ended, "pool")
+    with pytest.raises(PackError, match=r"not empty"):
+        unpack_state(tmp_path / "ended.pack", cont)
+
+
+def test_a_pack_that_cannot_be_used_is_refused_with_one_error(tmp_path, capsys):
+    from h3.train.__main__ import main
+    from h3.train.common import save_state
+    from h3.train.travel import PackError, pack_state, unpack_state
+
+    save_state(tmp_path / "run" / "state" / "dit" / "state.pt", _dependent_state(7, 7))
+    save_state(tmp_path / "run" / "state" / "audio_vae" / "state.pt", _dependent_state(3, 5))
+    pack = tmp_path / "state.pack"
+    assert main(["pack", "--out", str(tmp_path / "run"), "--to", str(pack), "--moments", "drop"]) == 0
+    out = capsys.readouterr().out
+    assert "dit: step 7/7 (planned 7), moments dropped" in out
+    assert "audio_vae: step 3/3 (planned 5), moments dropped" in out
+    with pytest.raises(PackError, match=r"dropped its optimizer moments"):
+        unpack_state(pack, tmp_path / "u0", ["dit"])
+    assert not (tmp_path / "u0").exists()  # nothing written
+    assert main(["unpack", "--out", str(tmp_path / "u1"), "--from", str(pack)]) == 0
+
+    import tarfile
+
+    data = pack.read_bytes()
+    with tarfile.open(pack) as tar:
+        member = tar.getmember("dit.pt.z")  # the last member
+    (tmp_path / "cut.pack").write_bytes(data[:member.offset_data + member.size // 2])
+    flipped = bytearray(data)
+    flipped[member.offset_data + member.size // 2] ^= 0xFF
+    (tmp_path / "flipped.pack").write_bytes(bytes(flipped))
+    for name, message in (("cut.pack", r"not a readable state pack|sha256"), ("flipped.pack", r"sha256"),
+                          ("absent.pack", r"no such pack")):
+        with pytest.raises(PackError, match=message):
+            unpack_state(tmp_path / name, tmp_path / "u2")
+        assert main(["unpack", "--out", str(tmp_path / "u3"), "--from", str(tmp_path / name)]) == 3
+        assert "error: " in capsys.readouterr().err
+    assert main(["unpack", "--out", str(tmp_path / "u4"), "--from", str(pack), "--continue", "vae"]) == 3
+    assert not (tmp_path / "u2").exists() and not (tmp_path / "u3").exists() and not (tmp_path / "u4").exists()
+
+    bad = _dependent_state(4, 4)
+    bad["ema"]["w"][2] = float("nan")
+    save_state(tmp_path / "nan" / "state" / "dit" / "state.pt", bad)
+    pack_state(tmp_path / "nan" / "state", tmp_path / "nan.pack")
+    with pytest.raises(PackError, match=r"dit: ema holds non-finite values"):
+        unpack_state(tmp_path / "nan.pack", tmp_path / "u5")
+    bad = _dependent_state(4, 4)
+    bad["seconds"] = float("inf")
+    save_state(tmp_path / "inf" / "state" / "dit" / "state.pt", bad)
+    pack_state(tmp_path / "inf" / "state", tmp_path / "inf.pack")
+    with pytest.raises(PackError, match=r"seconds inf"):
+        unpack_state(tmp_path / "inf.pack", tmp_path / "u6")

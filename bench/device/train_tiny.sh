@@ -1,25 +1,61 @@
 #!/usr/bin/env bash
-# One device call that trains the tiny preset from scratch on one or two GPUs and returns what ships:
+# Device calls that train the tiny preset on one or two GPUs, from scratch or continuing an earlier call:
 #
 #   WHEELS=../../.whl COMMIT=<sha> bash bench/device/train_tiny.sh OUTDIR
 #
-# runs `python -m h3.train all` with per-stage wall-clock budgets (--finish-on-budget: a stage ends when its budget
-# is spent, its record says after how many of its planned steps) inside BUDGET_S seconds of the script's start (on two
-# GPUs: the video VAE on the first beside the audio VAE on the second, the pool encoded on both, the DiT and the
-# distillation data-parallel over both through torchrun), then packs for the lending
-# tool's limits (8 files, 16 MiB each): the exported checkpoint (h3/assets/tiny) as tiny.tgz.part-*, the DiT and
-# distill states for a resume as state.tar.part-*, and the log. On a machine of your own, the one command is
-# `python -m h3.train all --out DIR` (the record's "reproduce" line fixes the step counts).
+# runs `python -m h3.train ${STAGE:-all}` with per-stage wall-clock budgets (--finish-on-budget: a stage ends when its
+# budget is spent, its record says after how many of its planned steps) inside BUDGET_S seconds of the script's start
+# (on two GPUs: the video VAE on the first beside the audio VAE on the second, the pool encoded on both, the DiT and
+# the distillation data-parallel over both through torchrun), then packs for the lending tool's limits (8 files of
+# 16 MiB back; 64 MiB carried, of which the wheels take 22 MiB). It returns in OUTDIR:
+#   train.log           the unpack summary (when resuming) and the training log;
+#   tiny.tgz.part-*     the exported checkpoint (for h3/assets/tiny), when the export stage ran (one part, ~15 MB);
+#   state.pack.part-*   every stage's state for the next call (h3.train.travel: weights and EMA exact, AdamW moments
+#                       in bfloat16 unless PACK_MOMENTS=fp32|drop; ~26 MB in 2 parts after a whole `all`, ~11 MB when
+#                       only the VAEs are in it). The latent pool is not in it: each call rebuilds it from the seed.
+# On a machine of your own, the one command is `python -m h3.train all --out DIR` (the record's "reproduce" line fixes
+# the step counts).
 #
-# Training that needs more than one call: RESUME_FROM=<folder holding an earlier call's state.tar.part-*> (carried
-# with the call) unpacks those states first; `all` then skips the finished stages, rebuilds the latent pool from the
-# seed and continues the unfinished one. CONTINUE=dit re-opens a DiT stage an earlier call ended on its budget (and
-# drops its distillation, which the continued DiT's teacher must redo).
+# Environment: STAGE (default all; e.g. video-vae for a call that only continues the video VAE), STAGE_SECONDS
+# (per-stage budgets, default video-vae=175,audio-vae=175,dit=235,distill=60,export=15), BUDGET_S (570), RESUME_FROM
+# (a folder, carried with the call, holding an earlier call's state.pack.part-*), CONTINUE (with RESUME_FROM: stages a
+# budget ended that this call re-opens, STAGE[:STEPS],...: video-vae or audio-vae drops the dit and distill states
+# that depend on it, dit drops distill), PACK_MOMENTS (bf16), RUN_DIR (/tmp/h3-train; with RESUME_FROM it is emptied
+# first when it is that default).
+#
+# Multi-call training, next session (each call one `run` on nvidia-h200-x2, ~580 s of lease with the machine start;
+# carry .carry/tiny = `git archive HEAD h3 bench/device pyproject.toml` of this branch, .whl, and for a resume the
+# previous call's state.pack.part-* copied into .carry/tiny/resume/: 0.5 + 22.7 + 25.6 MB = 49 MB < 64 MiB).
+#
+# Starting from run 3's state (bench/results/tiny_train_h200.md: video VAE 915 of 5000 steps, audio VAE done), repack
+# it on the CPU first (its 47 MB state.tar cannot travel):
+#   mkdir -p /tmp/r3/state && cat /work/notes/device_runs/train3/state.tar.part-* | tar -C /tmp/r3/state -xf -
+#   PYTHONPATH=<worktree> python -m h3.train pack --out /tmp/r3 --to /tmp/r3/state.pack    # 25.6 MB
+#   mkdir -p .carry/tiny/resume && split -b 15m /tmp/r3/state.pack .carry/tiny/resume/state.pack.part-
+# Call 1 (the video VAE alone, re-opened to its planned 5000 steps, with the whole budget: ~2700 more steps at run 3's
+# 5.2 steps/s):
+#   cd .carry/tiny && WHEELS=../../.whl COMMIT=<sha> RESUME_FROM=resume CONTINUE=video-vae STAGE=video-vae \
+#     STAGE_SECONDS=video-vae=520 bash bench/device/train_tiny.sh $OUT
+#   returns train.log and state.pack.part-* (video + audio VAE, ~11 MB); no checkpoint.
+# Call 2 (replace .carry/tiny/resume/ by call 1's state.pack.part-*): the rest of the video VAE, then pool, a fresh
+# DiT on the new latents, distill, export:
+#   cd .carry/tiny && WHEELS=../../.whl COMMIT=<sha> RESUME_FROM=resume CONTINUE=video-vae \
+#     STAGE_SECONDS=video-vae=150,dit=260,distill=45,export=15 bash bench/device/train_tiny.sh $OUT
+#   returns train.log, tiny.tgz.part-aa (probe it with bench/content_check.py) and state.pack.part-* (~26 MB).
+# Call 3 (resume/ = call 2's parts): the DiT continued, the distillation redone from it, export:
+#   cd .carry/tiny && WHEELS=../../.whl COMMIT=<sha> RESUME_FROM=resume CONTINUE=dit \
+#     STAGE_SECONDS=dit=350,distill=100,export=15 bash bench/device/train_tiny.sh $OUT
+#   returns train.log, tiny.tgz.part-aa and state.pack.part-*.
+# Two calls instead: call 1 as above, then call 2 without CONTINUE (the video VAE ends at call 1's count) and
+# STAGE_SECONDS=dit=380,distill=70,export=15. From scratch (no state): call 1 is the plain command at the top, and
+# later calls add RESUME_FROM=resume and CONTINUE=<the stage to carry on>.
 set -u
 out=$1
 BUDGET_S=${BUDGET_S:-570}
+STAGE=${STAGE:-all}
+PY=${PYTHON:-python3}
 if [ -n "${WHEELS:-}" ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl || exit 1
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
@@ -27,28 +63,29 @@ fi
 export PYTHONUNBUFFERED=1
 mkdir -p "$out"
 run=${RUN_DIR:-/tmp/h3-train}
+: >"$out/train.log"
 if [ -n "${RESUME_FROM:-}" ]; then
-  mkdir -p "$run/state" && cat "$RESUME_FROM"/state.tar.part-* | tar -C "$run/state" -xf - || exit 1
-  if [ -n "${CONTINUE:-}" ]; then
-    ${PYTHON:-python3} - "$run/state" "$CONTINUE" <<'PY' || exit 1
-import shutil, sys, torch
-from pathlib import Path
-root = Path(sys.argv[1])
-for stage in sys.argv[2].split(","):
-    path = root / stage / "state.pt"
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    state["total_steps"] = state.get("planned_steps", state["total_steps"])
-    torch.save(state, path)
-    if stage == "dit":
-        shutil.rmtree(root / "distill", ignore_errors=True)
-PY
+  if ! ls "$RESUME_FROM"/state.pack.part-* >/dev/null 2>&1; then
+    echo "RESUME_FROM=$RESUME_FROM: no state.pack.part-* there (an older state.tar? repack it on the CPU:" \
+      "python -m h3.train pack)" >&2
+    exit 3
   fi
+  [ -z "${RUN_DIR:-}" ] && rm -rf "$run"
+  cat "$RESUME_FROM"/state.pack.part-* >/tmp/h3-resume.pack || exit 1
+  $PY -m h3.train unpack --out "$run" --from /tmp/h3-resume.pack ${CONTINUE:+--continue "$CONTINUE"} \
+    >>"$out/train.log" 2>&1
+  rc=$?
+  cat "$out/train.log"
+  [ $rc -eq 0 ] || exit $rc
+elif [ -n "${CONTINUE:-}" ]; then
+  echo "CONTINUE=$CONTINUE needs RESUME_FROM" >&2
+  exit 3
 fi
 nvidia-smi -L 2>/dev/null || true
 left=$((BUDGET_S - SECONDS))
-timeout $((left - 15)) ${PYTHON:-python3} -m h3.train all --out "$run" --device "${DEVICE:-cuda}" --finish-on-budget \
+timeout $((left - 15)) $PY -m h3.train "$STAGE" --out "$run" --device "${DEVICE:-cuda}" --finish-on-budget \
   --max-seconds $((left - 35)) --stage-seconds "${STAGE_SECONDS:-video-vae=175,audio-vae=175,dit=235,distill=60,export=15}" \
-  --code-commit "${COMMIT:-}" ${EXTRA_ARGS:-} >"$out/train.log" 2>&1
+  --code-commit "${COMMIT:-}" ${EXTRA_ARGS:-} >>"$out/train.log" 2>&1
 rc=$?
 echo "train exit $rc at $SECONDS s"
 grep -E "stage |step .*(00|/[0-9]+) |exported|Error|error" "$out/train.log" | tail -40
@@ -56,7 +93,11 @@ if [ -d "$run/tiny" ]; then
   tar -C "$run" -czf - tiny | split -b 15m - "$out/tiny.tgz.part-"
 fi
 if [ -d "$run/state" ]; then
-  ( cd "$run/state" && tar -cf - $(ls -d */state.pt 2>/dev/null) ) | split -b 15m - "$out/state.tar.part-"
+  timeout 60 $PY -m h3.train pack --out "$run" --to "$run/state.pack" --moments "${PACK_MOMENTS:-bf16}" \
+    && split -b 15m "$run/state.pack" "$out/state.pack.part-"
+  pack_rc=$?
+  echo "pack exit $pack_rc at $SECONDS s"
+  [ $rc -eq 0 ] && rc=$pack_rc
 fi
 ls -la "$out"
 exit $rc

@@ -4,6 +4,12 @@
     python -m h3.train all --out /tmp/t --smoke --device cpu     # a few steps of everything (a dry run)
     python -m h3.train dit --out runs/tiny-train --max-seconds 500   # one resumable slice of one stage
     python -m h3.train plot --out runs/tiny-train               # the loss plot of an exported record
+    python -m h3.train pack --out runs/tiny-train --to state.pack    # the state for the next device call
+    python -m h3.train unpack --out /tmp/run --from state.pack --continue video-vae   # ... and its resume
+
+pack / unpack (h3.train.travel): the stage states in a file small enough to travel with a device call, optimizer
+moments in bfloat16 by default; ``--continue STAGE[:STEPS]`` re-opens a stage that a budget ended and removes what
+depends on it. A bad pack or folder exits 3.
 """
 
 from __future__ import annotations
@@ -31,13 +37,39 @@ def _parse_set(values: list[str], cfg):
     return cfg
 
 
+def _travel(args) -> int:
+    from h3.train.travel import PackError, pack_state, unpack_state
+
+    try:
+        if args.stage == "pack":
+            if args.to is None:
+                raise PackError("pack needs --to FILE")
+            manifest = pack_state(args.out / "state", args.to, args.moments)
+        else:
+            if args.source is None:
+                raise PackError("unpack needs --from FILE")
+            stages = list(filter(None, args.continue_stages.split(",")))
+            manifest = unpack_state(args.source, args.out / "state", stages)
+    except PackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    for stage, info in manifest["stages"].items():
+        print(f"{stage}: step {info['step']}/{info['total_steps']} (planned {info['planned_steps']}), moments "
+              f"{info['moments']}, {info['bytes'] / 1e6:.2f} MB packed ({info['raw_bytes'] / 1e6:.2f} MB state.pt)")
+    if args.stage == "pack":
+        print(f"{args.to}: {args.to.stat().st_size / 1e6:.2f} MB")
+    elif manifest["dropped"]:
+        print("dropped (they depend on a continued stage): " + ", ".join(manifest["dropped"]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from h3.train.common import TrainConfig
     from h3.train.run import STAGES, run
 
     parser = argparse.ArgumentParser(prog="python -m h3.train", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("stage", choices=("all", "plot") + STAGES)
+    parser.add_argument("stage", choices=("all", "plot", "pack", "unpack") + STAGES)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seed", type=int)
     parser.add_argument("--device")
@@ -50,8 +82,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-after", type=int, help="end each training stage's slice after N steps")
     parser.add_argument("--finish-on-budget", action="store_true")
     parser.add_argument("--code-commit", default="")
+    parser.add_argument("--to", type=Path, help="pack: the pack file to write")
+    parser.add_argument("--from", dest="source", type=Path, help="unpack: the pack file to read")
+    parser.add_argument("--moments", default="bf16", help="pack: bf16 (default), fp32 or drop (finished stages)")
+    parser.add_argument("--continue", dest="continue_stages", default="", metavar="STAGE[:STEPS],...",
+                        help="unpack: re-open these budget-ended stages (video-vae, audio-vae, dit, distill)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
+
+    if args.stage in ("pack", "unpack"):
+        return _travel(args)
 
     if args.stage == "plot":
         from h3.train.export import PLOT_NAME, RECORD_NAME, plot_record

@@ -113,7 +113,7 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
     log, step, seconds, total, planned = StageLog(), 0, 0.0, cfg.distill_steps, cfg.distill_steps
     if state is not None:
         lora.load_state_dict(state["lora"])
-        if "opt" in state:  # a finished stage travels without it (bench/device/train_tiny.sh)
+        if "opt" in state:  # a finished stage may travel without it (h3.train.travel, --moments drop)
             optimizer.load_state_dict(state["opt"])
         step, log.rows, seconds = state["step"], state["log"], state["seconds"]
         total, planned = state["total_steps"], state.get("planned_steps", state["total_steps"])

@@ -156,7 +156,7 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
         ema = EMA(transformer, cfg.dit_ema)
     else:
         transformer.load_state_dict(state["model"])
-        if "opt" in state:  # a finished stage travels without it (bench/device/train_tiny.sh)
+        if "opt" in state:  # a finished stage may travel without it (h3.train.travel, --moments drop)
             optimizer.load_state_dict(state["opt"])
         ema = EMA(transformer, cfg.dit_ema)
         ema.shadow = state["ema"]

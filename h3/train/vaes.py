@@ -108,7 +108,7 @@ def run_stage(name: str, module: torch.nn.Module, loss_fn, total_steps: int, lr:
     log, step, seconds, planned = StageLog(), 0, 0.0, total_steps
     if state is not None:
         module.load_state_dict(state["model"])
-        if "opt" in state:  # a finished stage travels without it (bench/device/train_tiny.sh)
+        if "opt" in state:  # a finished stage may travel without it (h3.train.travel, --moments drop)
             optimizer.load_state_dict(state["opt"])
         step, log.rows, seconds = state["step"], state["log"], state["seconds"]
         total_steps, planned = state["total_steps"], state.get("planned_steps", state["total_steps"])
