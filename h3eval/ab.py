@@ -46,7 +46,7 @@ from typing import Any, Literal
 from h3.atomic import atomic_write_json, atomic_write_text
 from h3.media import MediaError
 from h3.record import ClipRecord
-from h3.recipe import Recipe, recipe_from_dict
+from h3.recipe import NOT_COMPUTATION, Recipe, recipe_from_dict
 from h3.runtime import GenerateRequest, RequestError
 from h3eval import speed as speedmod
 from h3eval.backends import Backend, BackendError, remove_clip
@@ -62,7 +62,10 @@ Protocol = Literal["mixed", "repeated", "both"]
 
 # -- off-identity ---------------------------------------------------------------------------------------------------
 def levers_of(recipe: Recipe) -> dict[str, Any]:
-    return {k: v for k, v in recipe.resolved().items() if k not in ("name", "description")}
+    """What the recipe computes: everything but its name, description and how it is signed off
+    (:data:`h3.recipe.NOT_COMPUTATION`), so that a candidate with the baseline's computation gets the off-identity
+    check whatever signoff kind it declares."""
+    return {k: v for k, v in recipe.resolved().items() if k not in ("name", "description", *NOT_COMPUTATION)}
 
 
 def identity_recipe(baseline: Recipe) -> Recipe:

@@ -38,8 +38,9 @@ def cpu_recipe(name: str):
 
 
 def levers_key(recipe) -> str:
+    """The recipe's computation (its signoff kind says how it is judged, not what it computes)."""
     data = recipe.resolved()
-    data.pop("name"), data.pop("description")
+    data.pop("name"), data.pop("description"), data.pop("signoff", None)
     return json.dumps(data, sort_keys=True)
 
 
