@@ -32,3 +32,45 @@ def serving(app, port: int | None = None):
     finally:
         server.should_exit = True
         thread.join(timeout=20)
+
+
+@contextmanager
+def streamlit_dashboard(runs, log_path, timeout: float = 60.0):
+    """``h3eval dashboard`` over ``runs`` as its own Streamlit process on a free loopback port; yields its base URL
+    once its health check answers (the test fails with the server's log if it never does)."""
+    import os
+    import subprocess
+    import urllib.request
+    from pathlib import Path
+
+    import pytest
+
+    from h3eval.commands.dashboard import streamlit_argv
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "H3EVAL_DASHBOARD_RUNS"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    with open(log_path, "w+") as log:
+        proc = subprocess.Popen(streamlit_argv(list(runs), port=port), stdout=log, stderr=subprocess.STDOUT, env=env)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                proc.kill()
+                pytest.fail(f"dashboard server did not come up on {base}:\n{log.read()}")
+            time.sleep(0.3)
+        try:
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -4,31 +4,20 @@ text of each page and that no error element is on it; screenshots go to test-art
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from dashboard.demo import make_review_run
-from h3eval.commands.dashboard import streamlit_argv
 from h3eval.store import RunStore
+from tests._serving import streamlit_dashboard
 
 pytestmark = pytest.mark.slow
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 ERROR_SELECTOR = '[data-testid="stException"], [data-testid="stAlertContentError"]'
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -41,32 +30,8 @@ def server(tmp_path_factory):
     broken = tmp_path_factory.mktemp("browser") / "broken"
     make_review_run(broken, candidates=("fast",), prompt_ids=("p-cat",), seeds=(0,), gates=False, verdict=False)
     RunStore(broken).clip_path("fast", "p-cat", 0).write_bytes(b"not an mp4")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "H3EVAL_DASHBOARD_RUNS"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
-    log = open(tmp_path_factory.mktemp("log") / "streamlit.log", "w+")
-    proc = subprocess.Popen(streamlit_argv([root, broken], port=port), stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log.seek(0)
-            proc.kill()
-            pytest.fail(f"dashboard server did not come up on {base}:\n{log.read()}")
-        time.sleep(0.3)
-    yield base
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with streamlit_dashboard([root, broken], tmp_path_factory.mktemp("log") / "streamlit.log") as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

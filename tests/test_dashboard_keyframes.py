@@ -5,20 +5,16 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from h3.conditioning import image_from_array
-from h3eval.commands.dashboard import streamlit_argv
 from h3eval.gaterun import run_gates
 from h3eval.synth import make_synthetic_run, tone_pcm
-from tests.test_dashboard_browser import CHROMIUM, ERROR_SELECTOR, _free_port, browser, load  # noqa: F401
+from tests._serving import streamlit_dashboard
+from tests.test_dashboard_browser import CHROMIUM, ERROR_SELECTOR, browser, load  # noqa: F401
 
 pytestmark = pytest.mark.slow
 N = 24
@@ -52,32 +48,8 @@ def keyframe_server(tmp_path_factory):
                                                       "last_frame": image_from_array(last)})
     summary = run_gates(store.root, ["keyframe"], options={"lpips_trunk": "rand"}, progress=False)
     assert not summary.errors
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "H3EVAL_DASHBOARD_RUNS"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
-    log = open(tmp_path_factory.mktemp("log") / "streamlit.log", "w+")
-    proc = subprocess.Popen(streamlit_argv([root], port=port), stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as resp:
-                if resp.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log.seek(0)
-            proc.kill()
-            pytest.fail(f"dashboard server did not come up on {base}:\n{log.read()}")
-        time.sleep(0.3)
-    yield base, store, first, last
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    with streamlit_dashboard([root], tmp_path_factory.mktemp("log") / "streamlit.log") as base:
+        yield base, store, first, last
 
 
 def test_viewer_shows_each_keyframe_beside_its_frames_and_the_gate_scores(keyframe_server, browser):  # noqa: F811
