@@ -9,8 +9,8 @@ What differs from the random preset, and why:
 
 - **Widths**: wide enough to learn the world, narrow enough that a 29-step 5 s clip at 128x128 runs in about a second
   on a 2-core CPU: the DiT has 4 blocks of width 128 (4 heads of 24) over a (1, 4, 4) patch (so heights and widths are
-  multiples of 64), the video VAE's ViT decoder 2 blocks of width 128, the audio VAE one stride-800 stage each way
-  (see AUDIO_VAE_CONFIG).
+  multiples of 64), the video VAE's ViT decoder 3 blocks of width 256 (see VAE_DECODER_CONFIG), the audio VAE one
+  stride-800 stage each way (see AUDIO_VAE_CONFIG).
 - **Tokenizer**: byte-level BPE (every string still tokenizes) whose merges make each word of the world's caption
   grammar one token, so a caption is about 20 text rows instead of about 100.
 - **Text encoder**: a seeded Qwen3-VL, **frozen** (never trained). MiniMax-H3 conditions on a pretrained Qwen3-VL it
@@ -73,6 +73,19 @@ VAE_CONFIG = dict(
     decoder_attention_head_dim=32,
     decoder_num_register_tokens=2,
     decoder_ffn_mult=2,
+)
+VAE_DECODER_CONFIG = dict(
+    # The decoder that ships: 3 blocks of width 256 (8 heads of 32, SwiGLU of 256). Its output projection maps each
+    # token to a 16x16x4-pixel patch, a linear map of rank <= width, so the width bounds how sharp a shape's edge and a
+    # panned texture can be; the VAE_CONFIG decoder (width 128) reached 19-23 dB on held-out clips and lost colour and
+    # shape in the detector's eyes (bench/results/tiny_train_h200.md). It is trained by h3.train's video-decoder stage
+    # on the latents of the frozen encoder that the video-vae stage trained with the narrow decoder, so the latent
+    # space that the DiT learns does not move. Its size is what a resumable state (weights and AdamW moments) lets
+    # travel beside the DiT's within a device call's 64 MiB.
+    decoder_num_layers=3,
+    decoder_num_attention_heads=8,
+    decoder_attention_head_dim=32,
+    decoder_ffn_mult=1,
 )
 AUDIO_VAE_CONFIG = dict(
     # One stride-800 stage each way (the released model has five down, seven up): the encoder's last block reads one

@@ -559,3 +559,76 @@ def test_a_pack_that_cannot_be_used_is_refused_with_one_error(tmp_path, capsys):
     pack_state(tmp_path / "inf" / "state", tmp_path / "inf.pack")
     with pytest.raises(PackError, match=r"seconds inf"):
         unpack_state(tmp_path / "inf.pack", tmp_path / "u6")
+
+
+def test_video_decoder_trains_the_wide_decoder_alone_on_the_frozen_encoder(tmp_path, monkeypatch):
+    """The video-decoder stage: the video-vae stage's encoder copied bit for bit and left so (the latent space the pool
+    and the DiT use does not move), every decoder-side weight trained, the loss on a clip it fits falls, and resumed
+    slices land on the uninterrupted run's state."""
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    import h3.train.vaes as vaes
+    from h3.tiny_trained import VAE_CONFIG, VAE_DECODER_CONFIG
+    from h3.train.common import load_state
+
+    torch.manual_seed(3)
+    narrow = AutoencoderKLMiniMaxH3(**VAE_CONFIG).state_dict()
+    yy, xx = torch.meshgrid(torch.linspace(-1, 1, 32), torch.linspace(-1, 1, 32), indexing="ij")
+    disc = ((xx - 0.3) ** 2 + yy ** 2 < 0.2).float()  # a red disc on a dark ground, as a world clip has
+    clip = torch.stack([1.5 * disc - 0.8, -0.8 * disc - 0.5, -0.8 + 0 * disc])[None, :, None].expand(1, 3, 22, 32, 32)
+
+    def one_clip_loss(vae, cfg, step, stage="video-vae", batch=None):
+        assert stage == "video-decoder" and batch == cfg.video_decoder_batch
+        posterior = vae.encode(clip).latent_dist
+        loss = (vae.decode(posterior.mode()).sample - clip).abs().mean()
+        return loss, {"loss": loss.detach()}
+
+    monkeypatch.setattr(vaes, "video_vae_loss", one_clip_loss)
+    cfg = TrainConfig.smoke(video_decoder_steps=30, video_decoder_lr=2e-3, log_every=1)
+    vae = vaes.wide_vae(narrow, cfg.seed)
+    assert vae.config.decoder_num_layers == VAE_DECODER_CONFIG["decoder_num_layers"] != VAE_CONFIG["decoder_num_layers"]
+    with torch.no_grad():
+        before = float(one_clip_loss(vae, cfg, 0, "video-decoder", cfg.video_decoder_batch)[0])
+    start = copy.deepcopy(vae.state_dict())
+    assert vaes.train_video_decoder(vae, cfg, tmp_path / "a", Budget(None))["done"]
+    trained = load_state(tmp_path / "a" / "video_decoder" / "state.pt")["model"]
+    for name, value in trained.items():
+        if name.startswith(vaes.ENCODER_SIDE):
+            assert torch.equal(value, narrow[name]), name
+        elif value.is_floating_point() and value.numel() > 1:
+            assert not torch.equal(value, start[name]), f"{name} did not train"
+    with torch.no_grad():
+        after = float(one_clip_loss(vae, cfg, 0, "video-decoder", cfg.video_decoder_batch)[0])
+    assert after < 0.5 * before, (before, after)
+
+    cfg = TrainConfig.smoke(video_decoder_steps=4, log_every=1)
+    straight = vaes.train_video_decoder(vaes.wide_vae(narrow, cfg.seed), cfg, tmp_path / "b", Budget(None))
+    assert not vaes.train_video_decoder(vaes.wide_vae(narrow, cfg.seed), cfg, tmp_path / "c", Budget(None),
+                                        stop_after=2)["done"]
+    resumed = vaes.train_video_decoder(vaes.wide_vae(narrow, 99), cfg, tmp_path / "c", Budget(None))
+    assert resumed["done"] and resumed["log"] == straight["log"]
+    _assert_same_state(load_state(tmp_path / "b" / "video_decoder" / "state.pt"),
+                       load_state(tmp_path / "c" / "video_decoder" / "state.pt"), keys=("model",))
+
+
+def test_pack_moments_per_stage(tmp_path):
+    """``--moments bf16,video_vae=drop``: the finished video VAE travels without its moments (what lets a wide
+    decoder's state travel beside the DiT's), the others as the default says; a wrong spec is one clear error."""
+    from h3.train.common import save_state
+    from h3.train.travel import PackError, pack_state, parse_moments
+
+    save_state(tmp_path / "state" / "video_vae" / "state.pt", _dependent_state(5, 5))
+    save_state(tmp_path / "state" / "dit" / "state.pt", _dependent_state(7, 7))
+    unfinished = _dependent_state(3, 9)
+    unfinished["total_steps"] = 9
+    save_state(tmp_path / "state" / "video_decoder" / "state.pt", unfinished)
+    stages = pack_state(tmp_path / "state", tmp_path / "a.pack", "bf16,video_vae=drop")["stages"]
+    assert {k: v["moments"] for k, v in stages.items()} == {"video_vae": "dropped", "video_decoder": "bf16",
+                                                            "dit": "bf16"}
+    stages = pack_state(tmp_path / "state", tmp_path / "b.pack", "fp32,video_decoder=drop,dit=drop")["stages"]
+    # an unfinished stage keeps its moments (in bfloat16) even when asked to drop them
+    assert {k: v["moments"] for k, v in stages.items()} == {"video_vae": "fp32", "video_decoder": "bf16",
+                                                            "dit": "dropped"}
+    for bad in ("bf17", "bf16,vae=drop", "bf16,fp32", "dit=none"):
+        with pytest.raises(PackError, match=r"moments="):
+            parse_moments(bad)

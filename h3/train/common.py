@@ -27,6 +27,10 @@ class TrainConfig:
     video_vae_frames: int = 22  # 17 + 5: one encoder chunk plus the overlap the decoder blends
     video_vae_lr: float = 1.5e-3
     video_vae_kl: float = 1e-3
+    # video decoder (the shipped decoder, trained on the frozen encoder's latents: h3.tiny_trained.VAE_DECODER_CONFIG)
+    video_decoder_steps: int = 40000
+    video_decoder_batch: int = 48
+    video_decoder_lr: float = 1e-3
     # audio VAE
     audio_vae_steps: int = 5000
     audio_vae_batch: int = 96
@@ -68,7 +72,8 @@ class TrainConfig:
     @classmethod
     def smoke(cls, **overrides) -> "TrainConfig":
         """A few steps of everything at tiny batch sizes: the CPU tests and a dry run of the whole command."""
-        base = dict(device="cpu", video_vae_steps=3, video_vae_batch=2, audio_vae_steps=3, audio_vae_batch=2,
+        base = dict(device="cpu", video_vae_steps=3, video_vae_batch=2, video_decoder_steps=3, video_decoder_batch=2,
+                    audio_vae_steps=3, audio_vae_batch=2,
                     audio_vae_latents=8, pool_size=8, pool_keyframe_share=0.5, dit_steps=4, dit_batch=2,
                     dit_warmup=2, distill_teacher_samples=4, distill_teacher_steps=3, distill_steps=2,
                     distill_batch=2, checkpoint_every=2, log_every=1, ranks=1)

@@ -1,7 +1,8 @@
 """The stages in order, resumable: ``python -m h3.train all --out DIR`` runs what is not done yet.
 
-Stages and their state under ``DIR/state``: video_vae, audio_vae (run side by side on a GPU), pool, dit, distill;
-export writes ``DIR/tiny`` (the checkpoint that ships as h3/assets/tiny) with its training record. A slice that runs
+Stages and their state under ``DIR/state``: video_vae, audio_vae (run side by side on a GPU), video_decoder (the
+shipped decoder on the frozen encoder: on a GPU it trains in a second process beside the pool, dit and distill
+stages, which do not depend on it), pool, dit, distill; export writes ``DIR/tiny`` (the checkpoint that ships as h3/assets/tiny) with its training record. A slice that runs
 out of its wall-clock budget saves its state and exits with :data:`EXIT_RESUME`; the same command continues it. With
 ``finish_on_budget`` a stage whose budget is spent ends there instead (its record says how many of its planned steps
 ran) and the next stage starts: what one device call of 10 minutes needs.
@@ -22,7 +23,7 @@ from h3.train.common import Budget, Dist, TrainConfig, load_state, save_state, w
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("video-vae", "audio-vae", "pool", "dit", "distill", "export")
+STAGES = ("video-vae", "audio-vae", "video-decoder", "pool", "dit", "distill", "export")
 EXIT_RESUME = 75
 
 
@@ -109,7 +110,7 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     from h3.train.dit import load_ema_into, train_dit
     from h3.train.distill import train_distill
     from h3.train.pool import Pool, build_pool
-    from h3.train.vaes import train_audio_vae, train_video_vae
+    from h3.train.vaes import train_audio_vae, train_video_decoder, train_video_vae, wide_vae
 
     out = Path(out)
     state_dir = out / "state"
@@ -136,13 +137,16 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     pool = None
     lora = None
     helper = None
+    decoder_helper = None
     if stage == "all" and parallel_vaes is None:
         parallel_vaes = torch.device(cfg.device).type == "cuda"
+    beside = ("audio-vae", "video-decoder") if parallel_vaes else ()
     for index, name in enumerate(todo):
         if name != "export" and stage_done(state_dir, name):
             continue
-        # What the later stages of this call are budgeted is kept for them (audio-vae runs beside video-vae).
-        later = sum(stage_seconds.get(n, 0.0) for n in todo[index + 1:] if n != "audio-vae" or not parallel_vaes)
+        # What the later stages of this call are budgeted is kept for them (audio-vae runs beside video-vae, the
+        # video decoder beside the dit and distill stages).
+        later = sum(stage_seconds.get(n, 0.0) for n in todo[index + 1:] if n not in beside)
         seconds = min(overall.left() - later, stage_seconds.get(name, float("inf")))
         budget = Budget(None if seconds == float("inf") else seconds)
         started = time.monotonic()
@@ -173,6 +177,24 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
             pool = build_pool(comps, cfg, devices=devices)
             pool.save(state_dir / "pool" / "pool.pt")
             result = {"done": True, "seconds": time.monotonic() - started}
+        elif name == "video-decoder" and parallel_vaes:
+            # Its own process beside the pool, dit and distill stages (on the last GPU); it must end before the export.
+            after = sum(stage_seconds.get(n, 0.0) for n in todo[index + 1:] if n in ("export",))
+            args = [sys.executable, "-m", "h3.train", "video-decoder", "--out", str(out), "--config",
+                    str(out / "config.json"), "--device",
+                    f"cuda:{max(gpu_count(cfg) - 1, 0)}" if gpu_count(cfg) else cfg.device,
+                    "--max-seconds", str(min(overall.left() - after, stage_seconds.get("video-decoder", 1e9)))]
+            if finish_on_budget:
+                args.append("--finish-on-budget")
+            decoder_helper = subprocess.Popen(args)
+            logger.info("stage video-decoder: beside the next stages, pid %d", decoder_helper.pid)
+            continue
+        elif name == "video-decoder":
+            narrow = load_state(state_dir / "video_vae" / "state.pt", "cpu")
+            if narrow is None:
+                raise FileNotFoundError(f"{state_dir / 'video_vae' / 'state.pt'}: run the video-vae stage first")
+            result = train_video_decoder(wide_vae(narrow["model"], cfg.seed).to(cfg.device), cfg, state_dir, budget,
+                                         stop_after)
         elif name in ("dit", "distill") and ranks > 1 and dist.world == 1:
             pool = None  # the ranks load it themselves; free this process's copy
             end = None if budget.deadline is None else time.time() + budget.left()
@@ -192,8 +214,16 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                 from h3.train.distill import DistillLora
                 from h3.train.export import environment, export_checkpoint
 
-                for module, st in (("vae", "video_vae"), ("audio_vae", "audio_vae")):
-                    _load_trained(comps[module], state_dir, st, cfg.device)
+                if decoder_helper is not None:
+                    decoder_helper.wait()
+                    decoder_helper = None
+                decoder = load_state(state_dir / "video_decoder" / "state.pt", cfg.device)
+                if decoder is not None:  # the shipped decoder (a run without the stage ships the narrow one)
+                    comps["vae"] = wide_vae(decoder["model"], cfg.seed).to(cfg.device)
+                    comps["vae"].load_state_dict(decoder["model"])
+                else:
+                    _load_trained(comps["vae"], state_dir, "video_vae", cfg.device)
+                _load_trained(comps["audio_vae"], state_dir, "audio_vae", cfg.device)
                 _apply_stats(comps, pool)
                 load_ema_into(comps["transformer"], state_dir, cfg.device)
                 if lora is None:
@@ -213,8 +243,9 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                 continue
             # A torchrun rank exits 0 (a non-zero rank makes torchrun stop the others); the parent reads the state.
             return EXIT_RESUME if dist.world == 1 else 0
-    if helper is not None:
-        helper.wait()
+    for process in (helper, decoder_helper):
+        if process is not None:
+            process.wait()
     return 0
 
 
@@ -222,7 +253,7 @@ def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit
     from h3.world.scene import HELD_OUT_PAIRS
 
     stages, losses = {}, {}
-    for name in ("video_vae", "audio_vae", "dit", "distill"):
+    for name in ("video_vae", "audio_vae", "video_decoder", "dit", "distill"):
         state = load_state(state_dir / name / "state.pt", "cpu")
         if state is None:
             continue
@@ -230,7 +261,8 @@ def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit
                         "seconds": round(state["seconds"], 1), "final": state["log"][-1] if state["log"] else None}
         losses[name] = state["log"]
     pool_path = state_dir / "pool" / "pool.pt"
-    steps_key = {"video_vae": "video_vae_steps", "audio_vae": "audio_vae_steps", "dit": "dit_steps",
+    steps_key = {"video_vae": "video_vae_steps", "audio_vae": "audio_vae_steps",
+                 "video_decoder": "video_decoder_steps", "dit": "dit_steps",
                  "distill": "distill_steps"}
     reproduce = f"python -m h3.train all --out OUT --seed {cfg.seed} --device cuda " + " ".join(
         f"--set {steps_key[name]}={info['steps']}" for name, info in stages.items())

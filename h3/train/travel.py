@@ -51,12 +51,12 @@ logger = logging.getLogger(__name__)
 FORMAT = "h3.train state pack"
 VERSION = 1
 MOMENTS = ("bf16", "fp32", "drop")
-PACKED_STAGES = ("video_vae", "audio_vae", "dit", "distill")
+PACKED_STAGES = ("video_vae", "audio_vae", "video_decoder", "dit", "distill")
 """Stage folders under ``state/`` that travel, in training order."""
-DEPENDENTS = {"video-vae": ("pool", "dit", "distill"), "audio-vae": ("pool", "dit", "distill"),
-              "dit": ("distill",), "distill": ()}
-"""What a continued stage invalidates: the pool is encoded by both VAEs, the DiT trains on the pool, the
-distillation's teacher is the DiT."""
+DEPENDENTS = {"video-vae": ("pool", "video_decoder", "dit", "distill"), "audio-vae": ("pool", "dit", "distill"),
+              "video-decoder": (), "dit": ("distill",), "distill": ()}
+"""What a continued stage invalidates: the pool is encoded by both VAEs, the video decoder decodes the video VAE's
+encoder, the DiT trains on the pool, the distillation's teacher is the DiT."""
 _TENSOR = "__h3_tensor__"
 
 
@@ -107,10 +107,26 @@ def _finished(state: dict) -> bool:
     return state["step"] >= state["total_steps"]
 
 
+def parse_moments(spec: str) -> dict[str, str]:
+    """``"bf16"`` or a default and per-stage choices, ``"bf16,video_vae=drop,audio_vae=drop"``: each stage's mode."""
+    modes, default = {}, None
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        stage, eq, mode = item.rpartition("=")
+        if mode not in MOMENTS or (eq and stage not in PACKED_STAGES) or (not eq and default is not None):
+            raise PackError(f"moments={spec!r}: give one of {', '.join(MOMENTS)}, then STAGE=MODE for any of "
+                            f"{', '.join(PACKED_STAGES)}")
+        if eq:
+            modes[stage] = mode
+        else:
+            default = mode
+    return {stage: modes.get(stage, default or "bf16") for stage in PACKED_STAGES}
+
+
 def pack_state(state_dir: Path, dest: Path, moments: str = "bf16") -> dict:
-    """Write the stages' states under ``state_dir`` into the pack ``dest`` (atomically); returns its manifest."""
-    if moments not in MOMENTS:
-        raise PackError(f"moments={moments!r}: choose one of {', '.join(MOMENTS)}")
+    """Write the stages' states under ``state_dir`` into the pack ``dest`` (atomically); returns its manifest.
+    ``moments``: see :func:`parse_moments` (a finished stage's can be dropped: one whose budget ended and that the
+    next call does not continue)."""
+    modes = parse_moments(moments)
     state_dir, dest = Path(state_dir), Path(dest)
     members, manifest = {}, {"format": FORMAT, "version": VERSION, "moments": moments, "stages": {},
                              "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -118,13 +134,13 @@ def pack_state(state_dir: Path, dest: Path, moments: str = "bf16") -> dict:
         state = load_state(state_dir / stage / "state.pt", "cpu")
         if state is None:
             continue
-        how = "fp32"
+        how, mode = "fp32", modes[stage]
         if "opt" not in state:
             how = "dropped"
-        elif moments == "drop" and _finished(state):
+        elif mode == "drop" and _finished(state):
             state = {k: v for k, v in state.items() if k != "opt"}
             how = "dropped"
-        elif moments != "fp32":
+        elif mode != "fp32":
             state = {**state, "opt": _round_moments(state["opt"])}
             how = "bf16"
         buf = io.BytesIO()

@@ -1,4 +1,5 @@
-"""Stages 1 and 2: the video VAE and the audio VAE, trained on freshly rendered world clips.
+"""Stages 1 and 2: the video VAE and the audio VAE, trained on freshly rendered world clips; then the shipped video
+decoder on the frozen encoder.
 
 Video VAE: 22-frame windows (one 17-frame encoder chunk plus the 5 frames the decoder cross-fades), through the real
 ``encode`` -> posterior sample -> ``decode`` path in ImageNet-normalized pixel space; L1 + L2 reconstruction with the
@@ -8,7 +9,12 @@ Audio VAE: 1 s hop-aligned mono crops through ``encode`` -> posterior mean (+ 5%
 pipeline uses it (encode takes the mode, decode the DiT's latents); waveform L1 + L2, plain and pre-emphasized, plus a
 small L2 on the mean.
 
-Both stages are resumable (state every ``checkpoint_every`` steps) and draw each step's batch from (seed, step) alone.
+Video decoder (``video-decoder``): the wider decoder of h3.tiny_trained.VAE_DECODER_CONFIG, from its seeded
+initialization, on the latents of the video-vae stage's encoder, which it copies and freezes (with ``quant_conv``): the
+same windows, posterior sample and loss as the video VAE, only the decoder side learns. The latent space stays the
+one the pool and the DiT use, so the decoder can train beside the DiT.
+
+All three stages are resumable (state every ``checkpoint_every`` steps) and draw each step's batch from (seed, step) alone.
 """
 
 from __future__ import annotations
@@ -49,10 +55,12 @@ def _kl(mean: torch.Tensor, logvar: torch.Tensor) -> torch.Tensor:
     return 0.5 * (mean.float() ** 2 + logvar.float().exp() - 1.0 - logvar.float()).mean()
 
 
-def video_vae_loss(vae, cfg: TrainConfig, step: int) -> tuple[torch.Tensor, dict]:
+def video_vae_loss(vae, cfg: TrainConfig, step: int, stage: str = "video-vae",
+                   batch: int | None = None) -> tuple[torch.Tensor, dict]:
     device = cfg.device
-    cpu_g, dev_g = generators(cfg.seed, "video-vae", step, device)
-    scenes = sample_scenes(scene_stream(cfg.seed, "video-vae"), cfg.video_vae_batch, start=step * cfg.video_vae_batch)
+    batch = batch or cfg.video_vae_batch
+    cpu_g, dev_g = generators(cfg.seed, stage, step, device)
+    scenes = sample_scenes(scene_stream(cfg.seed, stage), batch, start=step * batch)
     total = scenes[0].num_frames
     start = int(torch.randint(0, total - cfg.video_vae_frames + 1, (1,), generator=cpu_g))
     frames, mask = render_video(scenes, device, frame_start=start, frame_count=cfg.video_vae_frames, return_mask=True)
@@ -144,6 +152,41 @@ def run_stage(name: str, module: torch.nn.Module, loss_fn, total_steps: int, lr:
 
 def train_video_vae(vae, cfg: TrainConfig, out: Path, budget: Budget, stop_after: int | None = None) -> dict:
     return run_stage("video_vae", vae, video_vae_loss, cfg.video_vae_steps, cfg.video_vae_lr, cfg, out, budget,
+                     stop_after)
+
+
+ENCODER_SIDE = ("encoder.", "quant_conv.")
+"""The parameters of AutoencoderKLMiniMaxH3 that encode (the rest decodes: post_quant_conv and the ViT decoder)."""
+
+
+def wide_vae(narrow_state: dict, seed: int):
+    """The shipped video VAE before its decoder trains: VAE_CONFIG with VAE_DECODER_CONFIG's decoder drawn from
+    ``seed``, and the video-vae stage's encoder (``narrow_state``, its model weights) copied in and frozen."""
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    from h3.tiny_trained import VAE_CONFIG, VAE_DECODER_CONFIG
+
+    rng = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        vae = AutoencoderKLMiniMaxH3(**{**VAE_CONFIG, **VAE_DECODER_CONFIG})
+    finally:
+        torch.random.set_rng_state(rng)
+    encoder = {k: v for k, v in narrow_state.items() if k.startswith(ENCODER_SIDE)}
+    missing, unexpected = vae.load_state_dict(encoder, strict=False)
+    if unexpected or any(k.startswith(ENCODER_SIDE) for k in missing):
+        raise RuntimeError(f"the video-vae state does not fit the encoder: missing {missing}, unexpected {unexpected}")
+    for name, param in vae.named_parameters():
+        param.requires_grad_(not name.startswith(ENCODER_SIDE))
+    return vae
+
+
+def train_video_decoder(vae, cfg: TrainConfig, out: Path, budget: Budget, stop_after: int | None = None) -> dict:
+    """``vae`` from :func:`wide_vae`; on a resume its state (the frozen encoder included) is the stage's own."""
+    def loss(module, cfg_, step):
+        return video_vae_loss(module, cfg_, step, stage="video-decoder", batch=cfg_.video_decoder_batch)
+
+    return run_stage("video_decoder", vae, loss, cfg.video_decoder_steps, cfg.video_decoder_lr, cfg, out, budget,
                      stop_after)
 
 
