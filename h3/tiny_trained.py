@@ -7,9 +7,9 @@
 
 What differs from the random preset, and why:
 
-- **Widths**: wide enough to learn the world, narrow enough that a 29-step 5 s clip at 128x128 runs in about a second
-  on a 2-core CPU: the DiT has 4 blocks of width 128 (4 heads of 24) over a (1, 4, 4) patch (so heights and widths are
-  multiples of 64), the video VAE's ViT decoder 3 blocks of width 256 (see VAE_DECODER_CONFIG), the audio VAE one
+- **Widths**: wide enough to learn the world, narrow enough that a 29-step 5 s clip at 128x128 runs in a few seconds
+  on a 2-core CPU: the DiT has 4 blocks of width 128 (4 heads of 24) over the released (1, 2, 2) patch (96 latent
+  values a row, fewer than its width: see TRANSFORMER_CONFIG), the video VAE's ViT decoder 3 blocks of width 256 (see VAE_DECODER_CONFIG), the audio VAE one
   stride-800 stage each way (see AUDIO_VAE_CONFIG).
 - **Tokenizer**: byte-level BPE (every string still tokenizes) whose merges make each word of the world's caption
   grammar one token, so a caption is about 20 text rows instead of about 100.
@@ -52,9 +52,12 @@ TRANSFORMER_CONFIG = dict(
     ffn_dim=256,
     in_channels=24,
     audio_in_channels=32,
-    # (1, 4, 4), not the released (1, 2, 2): 4 rows per latent frame at 128x128 (148 video rows for 5 s instead of 592),
-    # the cost that decides whether a 29-step clip runs in about a second on 2 cores; the canvas multiple becomes 64.
-    patch_size=(1, 4, 4),
+    # The released (1, 2, 2): a row carries 24 x 2 x 2 = 96 latent values, fewer than the width of 128, so the output
+    # head (proj_out, 128 -> 96) can move every latent value. Training runs 1-4 used (1, 4, 4) for speed (148 video rows
+    # for 5 s instead of 592): a row then carries 384 values through a rank-128 head, so 256 directions of every row's
+    # velocity are constant and the sampler leaves the initial noise in them; decoded, that noise is the coloured
+    # speckle over every generated clip of run 4 (bench/results/tiny_train_h200.md).
+    patch_size=(1, 2, 2),
     text_dim=TEXT_HIDDEN,
     freq_dim=64,
     time_embed_hidden_dim=128,

@@ -18,6 +18,8 @@ from h3.train.packing import (
 )
 from h3.tiny_trained import TRANSFORMER_CONFIG
 
+ROW = 24 * TRANSFORMER_CONFIG["patch_size"][1] * TRANSFORMER_CONFIG["patch_size"][2]  # latent values a video row
+VIDEO_ROWS = 37 * (8 // TRANSFORMER_CONFIG["patch_size"][1]) ** 2  # 5 s at 128x128
 SMALL_DIT = {**TRANSFORMER_CONFIG, "num_layers": 2, "hidden_size": 64, "ffn_dim": 96, "time_embed_dim": 32,
              "time_embed_hidden_dim": 64}
 
@@ -55,7 +57,7 @@ def test_packed_forward_equals_the_stock_forward_per_request(anchors):
     layout = t2va_layout(tags, anchors)
     b = 3
     gen = torch.Generator().manual_seed(1)
-    video = torch.randn(b, len(layout.video_indices), 384, generator=gen)
+    video = torch.randn(b, len(layout.video_indices), ROW, generator=gen)
     audio = torch.randn(b, len(layout.audio_indices), 32, generator=gen)
     text = torch.randn(b, 9, 32, generator=gen)
     tv, ta = torch.rand(b, generator=gen), torch.rand(b, generator=gen)
@@ -81,7 +83,7 @@ def test_patchify_is_the_pipelines():
     from diffusers.modular_pipelines.minimax_h3.before_denoise import patchify_video_latents
 
     x = torch.randn(2, 24, 5, 8, 8)
-    assert torch.equal(patchify(x)[1], patchify_video_latents(x[1:], (1, 4, 4)))
+    assert torch.equal(patchify(x)[1], patchify_video_latents(x[1:], tuple(TRANSFORMER_CONFIG["patch_size"])))
     assert torch.equal(unpatchify(patchify(x), 5, 8, 8), x)
     a = torch.randn(2, 2, 32, 7)
     assert torch.equal(audio_rows(a)[0], a[0].permute(0, 2, 1).reshape(-1, 32))
@@ -285,7 +287,7 @@ def test_distill_lora_ships_in_the_h3_format_diffusers_loads(tmp_path):
     pipe.load_lora_weights(str(path), adapter_name="distill")
     layout = t2va_layout(torch.ones(5, dtype=torch.long))
     gen = torch.Generator().manual_seed(0)
-    args = (layout, torch.randn(2, 148, 384, generator=gen), torch.randn(2, 414, 32, generator=gen),
+    args = (layout, torch.randn(2, VIDEO_ROWS, ROW, generator=gen), torch.randn(2, 414, 32, generator=gen),
             torch.randn(2, 5, 32, generator=gen), torch.tensor([0.2, 0.7]), torch.tensor([0.4, 0.9]))
     with torch.no_grad():
         lora.attach(model)
@@ -351,7 +353,8 @@ def test_exported_checkpoint_and_turbo4_tiny_load_through_the_runtime(monkeypatc
     record = runtime.generate(GenerateRequest(prompt="a red circle moves left to right while a low tone hums; the "
                                                      "background is plain", seed=0), tmp_path / "clip.mp4")
     assert record.shape.num_frames == 124 and record.executed.forward_passes == 2
-    assert record.shape.sequence_length == record.shape.num_text_tokens + 37 * 4 + 2 * 207
+    rows_per_frame = (128 // 16 // tt.TRANSFORMER_CONFIG["patch_size"][1]) ** 2  # 16 at the (1, 2, 2) patch
+    assert record.shape.sequence_length == record.shape.num_text_tokens + 37 * rows_per_frame + 2 * 207
 
 
 # --- the state that travels between device calls (h3.train.travel) ---

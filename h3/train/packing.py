@@ -25,11 +25,13 @@ import torch
 from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Attention, _apply_rotary_emb
 
+from h3.tiny_trained import TRANSFORMER_CONFIG
+
 NUM_LATENT_FRAMES = 37  # 124 frames
 LATENT_SIZE = 8  # 128 px / 16
 NUM_AUDIO_LATENTS = 207
 AUDIO_CHANNELS = 2
-PATCH = (1, 4, 4)
+PATCH = tuple(TRANSFORMER_CONFIG["patch_size"])
 KEYFRAME_NOISE_AUG = 0.999
 VIDEO_SHIFT, AUDIO_SHIFT = 12.0, 3.0
 
