@@ -36,6 +36,8 @@ class TrainConfig:
     audio_vae_batch: int = 96
     audio_vae_latents: int = 40  # 1 s crops, hop-aligned
     audio_vae_lr: float = 2e-3
+    audio_vae_click_weight: float = 30.0
+    """Extra loss weight of the samples a click sounds in (1 + this; the rest weigh 1)."""
     audio_vae_kl: float = 1e-4
     """Weight of an L2 penalty on the posterior mean (the audio VAE is trained on its mean, as it is used)."""
     # latent pool

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from h3.world.scene import (
-    CLICK_AMPLITUDE, CLICK_DECAY_S, CLICK_FREQUENCY, COLOURS, DIRECTIONS, FPS, PITCHES, SAMPLE_RATE, SHAPES, TONE_AMPLITUDE,
-    TONE_ATTACK_S, Scene,
+    CLICK_AMPLITUDE, CLICK_DECAY_S, CLICK_FREQUENCY, CLICK_GRID, COLOURS, DIRECTIONS, FPS, PITCHES, SAMPLE_RATE, SHAPES,
+    TONE_AMPLITUDE, TONE_ATTACK_S, Scene,
 )
 
 MAX_SHAPES = 2
@@ -147,8 +147,9 @@ def click_kernel(sample_rate: int = SAMPLE_RATE) -> torch.Tensor:
 
 
 @torch.no_grad()
-def render_audio(scenes: list[Scene], device="cpu", num_samples: int | None = None) -> torch.Tensor:
-    """float32 stereo audio (B, 2, N) of ``scenes`` at 32 kHz; N defaults to the clip's duration in samples."""
+def render_audio(scenes: list[Scene], device="cpu", num_samples: int | None = None, return_click_mask: bool = False):
+    """float32 stereo audio (B, 2, N) of ``scenes`` at 32 kHz; N defaults to the clip's duration in samples. With
+    ``return_click_mask`` also (B, N) in {0, 1}: the samples a click sounds in (what the audio VAE's loss weighs)."""
     first = scenes[0]
     if num_samples is None:
         num_samples = int(round(first.num_frames / FPS * SAMPLE_RATE))
@@ -162,14 +163,19 @@ def render_audio(scenes: list[Scene], device="cpu", num_samples: int | None = No
             envelope = ((t - spec.appear_t) / TONE_ATTACK_S).clamp(0.0, 1.0)
             signal[b] += TONE_AMPLITUDE * envelope * torch.sin(2 * math.pi * freq * t)
         for event in scene.events():
-            index = int(round(event["t"] * SAMPLE_RATE))
+            index = int(round(event["t"] * SAMPLE_RATE / CLICK_GRID)) * CLICK_GRID
             if 0 <= index < num_samples:
                 impulses[b, index] += 1.0
     kernel = click_kernel(SAMPLE_RATE).to(device)
     clicks = torch.nn.functional.conv1d(
         torch.nn.functional.pad(impulses[:, None], (kernel.numel() - 1, 0)), kernel.flip(0)[None, None])[:, 0]
     mono = (signal.float() + clicks).clamp(-1.0, 1.0)
-    return mono[:, None].expand(-1, 2, -1).contiguous()
+    stereo = mono[:, None].expand(-1, 2, -1).contiguous()
+    if not return_click_mask:
+        return stereo
+    window = torch.ones(1, 1, kernel.numel(), device=device)
+    mask = torch.nn.functional.conv1d(torch.nn.functional.pad(impulses[:, None], (kernel.numel() - 1, 0)), window)
+    return stereo, (mask[:, 0] > 0).float()
 
 
 __all__ = ["click_kernel", "reference_image", "reference_images", "reference_still", "render_audio", "render_video"]

@@ -61,6 +61,13 @@ TONE_AMPLITUDE = 0.2
 CLICK_AMPLITUDE = 0.5
 CLICK_FREQUENCY = 3000.0  # above both tones, so a high-pass envelope sees clicks only
 CLICK_DECAY_S = 0.004
+CLICK_GRID = 800
+"""A click starts on the sample grid of the audio VAE's latent frames (800 samples, 25 ms at 32 kHz): at the grid
+point nearest its event, at most 12.5 ms (0.3 of a video frame) from it, well inside the content check's 2-frame sync
+tolerance. The tiny audio VAE writes each latent frame's 800 samples from a handful of learned waveforms; a click
+that could start at any of 800 offsets, with a 3 kHz carrier whose phase flips every 5 samples, is a shape those
+cannot hold, and the L2-trained decoder averaged clicks away to silence (no onset in any reconstruction of training
+run 4). On the grid, one waveform holds every click."""
 TONE_ATTACK_S = 0.01
 
 
