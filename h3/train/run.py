@@ -1,8 +1,8 @@
 """The stages in order, resumable: ``python -m h3.train all --out DIR`` runs what is not done yet.
 
-Stages and their state under ``DIR/state``: video_vae, audio_vae (run side by side on a GPU), video_decoder (the
-shipped decoder on the frozen encoder: on a GPU it trains in a second process beside the pool, dit and distill
-stages, which do not depend on it), pool, dit, distill; export writes ``DIR/tiny`` (the checkpoint that ships as h3/assets/tiny) with its training record. A slice that runs
+Stages and their state under ``DIR/state``: video_vae, video_decoder (the shipped decoder on the frozen encoder: on
+a GPU it trains in a second process beside the audio-vae, pool, dit and distill stages, which do not depend on it),
+audio_vae (on a GPU beside video_vae when both train in one call), pool, dit, distill; export writes ``DIR/tiny`` (the checkpoint that ships as h3/assets/tiny) with its training record. A slice that runs
 out of its wall-clock budget saves its state and exits with :data:`EXIT_RESUME`; the same command continues it. With
 ``finish_on_budget`` a stage whose budget is spent ends there instead (its record says how many of its planned steps
 ran) and the next stage starts: what one device call of 10 minutes needs.
@@ -23,7 +23,7 @@ from h3.train.common import Budget, Dist, TrainConfig, load_state, save_state, w
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("video-vae", "audio-vae", "video-decoder", "pool", "dit", "distill", "export")
+STAGES = ("video-vae", "video-decoder", "audio-vae", "pool", "dit", "distill", "export")
 EXIT_RESUME = 75
 
 
@@ -178,7 +178,8 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
             pool.save(state_dir / "pool" / "pool.pt")
             result = {"done": True, "seconds": time.monotonic() - started}
         elif name == "video-decoder" and parallel_vaes:
-            # Its own process beside the pool, dit and distill stages (on the last GPU); it must end before the export.
+            # Its own process beside the audio-vae, pool, dit and distill stages (on the last GPU); it must end before
+            # the export.
             after = sum(stage_seconds.get(n, 0.0) for n in todo[index + 1:] if n in ("export",))
             args = [sys.executable, "-m", "h3.train", "video-decoder", "--out", str(out), "--config",
                     str(out / "config.json"), "--device",
