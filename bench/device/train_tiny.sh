@@ -23,7 +23,27 @@
 # that depend on it, dit drops distill), PACK_MOMENTS (bf16), RUN_DIR (/tmp/h3-train; with RESUME_FROM it is emptied
 # first when it is that default).
 #
-# Multi-call training, next session (each call one `run` on nvidia-h200-x2, ~580 s of lease with the machine start;
+# Next training (planned 2026-12-01 after run 4, bench/results/tiny_train_h200.md): run 4 kept its video VAE encoder and
+# trained the wide decoder (both good: the round trip of held-out clips reads colour 8/8, direction 8/8); the DiT and
+# the audio VAE start again, because the DiT's patch is now (1, 2, 2) (its weights no longer fit) and the world's
+# clicks moved onto the 25 ms grid with a click-weighted audio loss (the audio VAE and the pool change). From run 4's
+# state, keep only the video stages, on the CPU:
+#   mkdir -p /tmp/r4 && cat /work/notes/device_runs/train4/state.pack.part-* >/tmp/r4/state.pack
+#   PYTHONPATH=<tree> python -m h3.train unpack --out /tmp/r4u --from /tmp/r4/state.pack
+#   rm -rf /tmp/r4u/state/{audio_vae,dit,distill}
+#   PYTHONPATH=<tree> python -m h3.train pack --out /tmp/r4u --to /tmp/r4u/keep.pack    # video_vae + video_decoder
+#   mkdir -p .carry/tiny/resume && split -b 15m /tmp/r4u/keep.pack .carry/tiny/resume/state.pack.part-
+# Call 1 (one H200; the decoder re-opened beside everything else, the audio VAE alone first, then pool and DiT):
+#   cd .carry/tiny && WHEELS=../../.whl COMMIT=<sha> RESUME_FROM=resume CONTINUE=video-decoder \
+#     STAGE_SECONDS=video-decoder=480,audio-vae=150,dit=250,distill=40,export=15 \
+#     PACK_MOMENTS=bf16,video_vae=drop,audio_vae=drop,distill=drop bash bench/device/train_tiny.sh $OUT
+# Probe the returned checkpoint on the CPU (python bench/vae_roundtrip.py DIR: clicks must now survive the audio VAE;
+# then content_check with it installed as h3/assets/tiny), then calls 2 and 3 with RESUME_FROM = the last call's
+# parts and CONTINUE=dit (STAGE_SECONDS=dit=420,distill=80,export=15). Paces of run 4 on one H200 (beside the
+# decoder): pool 200 s (84 s of encoding, the rest presentations and text), DiT 9.2 steps/s at the old patch.
+#
+# Multi-call training as planned before run 4 (kept for the record of runs 3 and 4):
+# (each call one `run` on nvidia-h200-x2, ~580 s of lease with the machine start;
 # carry .carry/tiny = `git archive HEAD h3 bench/device pyproject.toml` of this branch, .whl, and for a resume the
 # previous call's state.pack.part-* copied into .carry/tiny/resume/: 0.5 + 22.7 + 25.6 MB = 49 MB < 64 MiB).
 #
