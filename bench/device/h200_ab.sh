@@ -9,7 +9,8 @@
 # OUTDIR gets: chain.log (progress, and the tail of a failed step's log), h200_ab.json + h200_ab_<shape>.{json,md}
 # (rendered), state.tgz[.part-NN] (the work folder without clips, trajectories and LoRA: restore it at home with
 # `python bench/h200_ab.py restore --state OUTDIR --work W`, then `render` / `screenshot`), clips.tgz when < 15 MB.
-# 768x1344 is not attempted: its baseline alone is 29 x 6.63 s = 192 s of DiT (bench/results/h200_speed_stock.md).
+# H200_AB_SHAPE=5s-768x1344 H200_AB_SEEDS=0 for the larger shape: its baseline alone is 29 x 6.63 s = 192 s of DiT
+# (bench/results/h200_speed_stock.md), so one seed is what fits a 10-minute call.
 # A CPU rehearsal: H200_AB_MODEL=h3-random-small H200_AB_DEVICE=cpu H200_AB_SHAPE=5s-128x128 bash ... OUTDIR
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd)
@@ -18,6 +19,7 @@ PY=${PYTHON:-python3}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 H3_CACHE_DIR=${H3_CACHE_DIR:-/tmp/h3cache}
 work=${H200_AB_WORK:-/tmp/h200_ab_work}
 model=${H200_AB_MODEL:-h3-random} device=${H200_AB_DEVICE:-cuda} shape=${H200_AB_SHAPE:-5s-544x960}
+seeds=${H200_AB_SEEDS:-0,1}
 end=$((SECONDS + BUDGET_S))
 {
   echo "start $(date -u +%FT%TZ) CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset} budget=${BUDGET_S}s work=$work"
@@ -34,7 +36,7 @@ chain_s=$((end - SECONDS - 20))
 # The chain runs in the background so that a SIGTERM from an outer `timeout` shorter than BUDGET_S is trapped: the
 # chain is stopped (it kills its running step) and what it made is still packed (fast: no render, no clips).
 timeout -k 7 $((chain_s + 5)) "$PY" bench/h200_ab.py chain --work "$work" --model "$model" --device "$device" \
-  --shapes "$shape" --prompts '*=1' --seeds 0,1 --warmup 0 --off-identity '' \
+  --shapes "$shape" --prompts '*=1' --seeds "$seeds" --warmup 0 --off-identity '' \
   --candidates "$fast,turbo4-sparse" --budget-s "$chain_s" >>"$out/chain.log" 2>&1 &
 cpid=$!
 cut=0
