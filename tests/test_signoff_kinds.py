@@ -31,6 +31,16 @@ def test_every_shipped_recipe_declares_its_kind_and_the_kind_is_not_part_of_its_
         recipe_from_dict({**data, "signoff": {"kind": "close-enough"}})
 
 
+def test_the_device_drivers_fp8_fallback_recipe_declares_the_kind_of_the_recipe_it_stands_in_for():
+    """bench/device/turbo4-fp8-compile.toml is turbo4-fp8-sage-compile with native attention (what the H200 chain runs
+    without sageattention): judged as that recipe is, or the release policy's verdict on it is FAIL for a missing
+    kind (the 2026-12-01 calls, bench/results/h200_ab_20261201_session.md)."""
+    fallback = load_recipe(Path(__file__).resolve().parent.parent / "bench" / "device" / "turbo4-fp8-compile.toml")
+    shipped = load_recipe("turbo4-fp8-sage-compile")
+    assert fallback.signoff is not None, "bench/device/turbo4-fp8-compile.toml declares no [signoff] kind"
+    assert fallback.signoff.kind == shipped.signoff.kind == "resample"
+
+
 def test_a_gate_is_either_shared_or_a_judges():
     base = {"version": 1, "name": "x", "gates": {"integrity": {"max_flagged": 0}}}
     with pytest.raises(PolicyError, match="repeats shared gate"):

@@ -3,8 +3,11 @@
 # it) inside a time box (BUDGET_S, default 280 s, model init included):
 #   h3-random (released configs, seeded weights drawn on the device; the real-size Qwen3-VL conditioner streamed from
 #   host memory), 5 s 544x960, 1 prompt x seeds 0,1, no warm-up: `h3eval ab` baseline vs turbo4-fp8-sage-compile
-#   (or, without sageattention on the image, bench/device/turbo4-fp8-compile.toml) and turbo4-sparse, every gate on
-#   the GPU, verdict, report, rendered results. ab stops starting requests in time (--time-box); what ran is kept.
+#   (or, without sageattention on the image, bench/device/turbo4-fp8-compile.toml) and turbo4-sparse, every gate
+#   bench/h200_ab.py GATES names (on the GPU where a gate has a GPU path), verdict, report, rendered results. ab stops
+#   starting requests in time (--time-box); what ran is kept. fidelity, audio and reference_free need lpips,
+#   pyloudnorm and scikit-video, which the image lacks (2026-12-01): carry their wheels, or those gates error (named
+#   in the rendered results; chain.log lists the gate modules found).
 #   bash bench/device/h200_ab.sh OUTDIR
 # OUTDIR gets: chain.log (progress, and the tail of a failed step's log), h200_ab.json + h200_ab_<shape>.{json,md}
 # (rendered), state.tgz[.part-NN] (the work folder without clips, trajectories and LoRA: restore it at home with
@@ -25,6 +28,8 @@ end=$((SECONDS + BUDGET_S))
   echo "start $(date -u +%FT%TZ) CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset} budget=${BUDGET_S}s work=$work"
   timeout 10 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2
   timeout 30 "$PY" -c "import av, torch; print('av', av.__version__, 'torch', torch.__version__)" 2>&1 | tail -1
+  timeout 10 "$PY" -c "import importlib.util as u; print('gate modules:', ', '.join(m + (' ok' if u.find_spec(m) else
+    ' MISSING') for m in ('cv2', 'scipy', 'lpips', 'pyloudnorm', 'skvideo')))" 2>&1 | tail -1
 } >>"$out/chain.log" 2>&1
 if timeout 30 "$PY" -c "import sageattention" 2>/dev/null; then fast=turbo4-fp8-sage-compile
 else fast=bench/device/turbo4-fp8-compile.toml

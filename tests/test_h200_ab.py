@@ -1,0 +1,107 @@
+"""The production-scale chain (bench/h200_ab.py): its gate list covers what the release policy judges by, where it can
+run on the device; bench/h200_ab_render.py on planted work folders: the gate time per pair counts only pairs the
+gates scored, gate errors are named, and ``--merge`` keeps the shapes of other calls."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.h200_ab import GATES as CHAIN_GATES
+from bench.h200_ab import POLICY
+from bench.h200_ab_render import render_all
+
+GATES = ["integrity", "fidelity", "audio", "ghosting", "trajectory"]
+
+
+def _write(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def plant(work: Path, shape: str, *, baseline_s: float = 80.0, candidate_s: float = 20.0) -> Path:
+    """One shape's chain as a one-shape device call leaves it: baseline seed 0 made, seed 1 cut by the time box; the
+    candidate's two seeds made; the gates scored seed 0 (two gates errored on a missing module) and failed every gate
+    of seed 1 at once (no baseline clip)."""
+    config = {"model": "h3-random", "device": "cuda", "layout": "shared", "shapes": [shape], "prompts": {shape: 1},
+              "seeds": "0,1", "candidates": ["turbo4-sparse"], "gates": GATES, "off_identity": [], "warmup": 0,
+              "policy": "release.toml", "lora_dir": "/tmp/lora"}
+    _write(work / "config.json", config)
+    for step in (f"ab-{shape}", f"gates-{shape}", f"verdict-{shape}", f"report-{shape}"):
+        _write(work / "steps" / f"{step}.json", {"step": step, "status": "done"})
+    run = work / "runs" / shape
+    _write(run / "run.json", {"baseline": "baseline", "candidates": ["turbo4-sparse"], "status": "partial",
+                              "errors": [{"error": "quality/baseline/p-s1: not run: the time box ends"}],
+                              "model": "h3-random", "extra": {"ab": {}}, "hardware": {"gpu": "NVIDIA H200"}})
+    quality = {}
+    for recipe, seconds, seeds in (("baseline", baseline_s, (0,)), ("turbo4-sparse", candidate_s, (0, 1))):
+        for seed in seeds:
+            _write(run / "clips" / recipe / f"p-s{seed}.json", {"request": {"prompt_id": "p", "seed": seed}})
+        quality[recipe] = {"status": "ok", "n": len(seeds),
+                           "generation_side_latency_s": {"p50": seconds, "p90": seconds},
+                           "request_to_file_latency_s": {"p50": seconds + 20, "p90": seconds + 20},
+                           "stage_anatomy_median_s": {"denoise": seconds - 5}, "peak_memory_bytes": 80e9}
+    _write(run / "speed.json", {"notices": [], "protocols": {"quality_clips": quality}})
+    pair = {"candidate": "turbo4-sparse", "prompt_id": "p"}
+    missing = "baseline clip baseline/p-s1 is not finished: /tmp/w/runs/x/clips/baseline/p-s1.json is missing"
+    _write(work / f"gate_timing-{shape}.json", {
+        "gates": GATES, "device": "cuda",
+        "pairs": [{**pair, "seed": 0, "seconds": 3.0, "computed_results": 5},
+                  {**pair, "seed": 1, "seconds": 0.001, "computed_results": 5}],
+        "errors": [{**pair, "seed": 0, "gate": "fidelity", "error": "ModuleNotFoundError: No module named 'lpips'"},
+                   *[{**pair, "seed": 1, "gate": g, "error": missing} for g in GATES]]})
+    return work
+
+
+def test_gate_time_per_pair_leaves_out_pairs_no_gate_scored_and_names_gate_errors(tmp_path):
+    work = plant(tmp_path / "w", "5s-128x128")
+    assert render_all(work, tmp_path / "out") == 0
+    figures = json.loads((tmp_path / "out" / "h200_ab_5s-128x128.json").read_text())
+    sparse = figures["recipes"]["turbo4-sparse"]
+    # the seed-1 pair failed every gate in a millisecond (no baseline clip): not a gate time
+    assert sparse["gate_pairs_timed"] == 1 and sparse["gate_s_per_pair_median"] == 3.0
+    assert sparse["gate_time_fraction"] == 3.0 / 20.0 and sparse["pairs"] == 1
+    assert figures["gate_pairs_unscored"] == [{"candidate": "turbo4-sparse", "prompt_id": "p", "seed": 1,
+                                               "error": "baseline clip baseline/p-s1 is not finished"}]
+    assert figures["gate_errors_on_scored_pairs"] == [
+        {"gate": "fidelity", "error": "ModuleNotFoundError: No module named 'lpips'", "pairs": 1}]
+    text = (tmp_path / "out" / "h200_ab_5s-128x128.md").read_text()
+    assert "| turbo4-sparse | 1 | 3.00 | 20.00 | 15.0 % (missed) |" in text
+    assert "fidelity: ModuleNotFoundError: No module named 'lpips' (1 pair)" in text
+    assert "turbo4-sparse p-s1 (baseline clip baseline/p-s1 is not finished)" in text
+
+
+def test_merge_keeps_the_shapes_other_work_folders_rendered(tmp_path):
+    out = tmp_path / "out"
+    small = plant(tmp_path / "small", "5s-128x128", baseline_s=10.0, candidate_s=4.0)
+    large = plant(tmp_path / "large", "5s-544x960", baseline_s=80.0, candidate_s=14.0)
+    assert render_all(small, out) == 0
+    assert render_all(large, out) == 0  # without --merge: this work folder's shapes only
+    assert set(json.loads((out / "h200_ab.json").read_text())["baseline"]) == {"5s-544x960"}
+    assert render_all(small, out, merge=True) == 0
+    summary = json.loads((out / "h200_ab.json").read_text())
+    assert set(summary) == {"baseline", "turbo4-sparse"}
+    assert summary["baseline"]["5s-544x960"]["generation_side_p50_s"] == 80.0
+    assert summary["baseline"]["5s-128x128"]["generation_side_p50_s"] == 10.0
+    assert summary["turbo4-sparse"]["5s-544x960"] == {
+        "request_to_file_p50_s": 34.0, "generation_side_p50_s": 14.0, "peak_memory_gb": 80.0,
+        "gate_time_fraction": 3.0 / 14.0, "pairs": 1, "partial": True}
+    # a re-render of a shape replaces it, keeping the other
+    assert render_all(plant(tmp_path / "again", "5s-128x128", candidate_s=5.0), out, merge=True) == 0
+    summary = json.loads((out / "h200_ab.json").read_text())
+    assert summary["turbo4-sparse"]["5s-128x128"]["generation_side_p50_s"] == 5.0
+    assert summary["turbo4-sparse"]["5s-544x960"]["generation_side_p50_s"] == 14.0
+
+
+def test_the_chain_runs_every_gate_of_the_release_policy_that_needs_no_other_environment():
+    """A resample candidate (turbo4-sparse, turbo4-fp8-sage-compile) is judged by reference_free, vbench and
+    prompt_faithfulness: the chain runs reference_free (no downloaded weights); vbench needs its own environment and
+    prompt_faithfulness world ground truth, so those stay INCONCLUSIVE on the device."""
+    from gates.base import known_gates
+    from h3eval.policy import load_policy
+
+    policy = load_policy(POLICY).policy
+    judged_by = set(policy.all_gates())
+    assert "reference_free" in policy.judges["resample"].gates
+    assert judged_by - set(CHAIN_GATES) == {"vbench", "prompt_faithfulness"}
+    assert set(CHAIN_GATES) <= set(known_gates())
