@@ -9,6 +9,13 @@ set -u
 t0=$SECONDS
 rm -rf /tmp/h200_ab_work /tmp/res; R=/tmp/res; mkdir -p $R/prod $R/g23
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl .whl_av/*.whl >"$R/pip.log" 2>&1 || { echo pip failed; tail -5 "$R/pip.log"; }
+# The gates' own packages, which the image lacks (fidelity, audio and reference_free errored without them on the
+# 2026-12-01 calls): carry .whl_gates = lpips 0.1.4, pyloudnorm 0.2.0, scikit-video 1.1.11, threadpoolctl 3.6.0
+# (py3 wheels, 2.3 MB; `pip download --no-deps --only-binary=:all: --python-version 3.12 ...` with pyproject's pins).
+if ls .whl_gates/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl_gates/*.whl \
+    >>"$R/pip.log" 2>&1 || { echo pip gates failed; tail -5 "$R/pip.log"; }
+fi
 export PYTHONPATH=/tmp/site
 nvidia-smi -L; python3 -c 'import torch, diffusers, transformers, av; print(torch.__version__, diffusers.__version__, transformers.__version__, av.__version__)'
 echo "install done at $((SECONDS - t0)) s"
