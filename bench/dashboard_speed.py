@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -100,7 +99,7 @@ def _free_port() -> int:
 def time_browser(root: Path, warm_rounds: int) -> dict:
     from playwright.sync_api import sync_playwright
 
-    from h3eval.commands.dashboard import streamlit_argv
+    from h3eval.commands.dashboard import streamlit_argv, wait_until_healthy
 
     chromium = shutil.which("chromium") or "/usr/bin/chromium"
     port = _free_port()
@@ -111,12 +110,8 @@ def time_browser(root: Path, warm_rounds: int) -> dict:
     base = f"http://127.0.0.1:{port}"
     out = {}
     try:
-        for _ in range(200):
-            try:
-                urllib.request.urlopen(f"{base}/_stcore/health", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.3)
+        if not wait_until_healthy(base, proc, 60):
+            raise SystemExit("the dashboard did not come up")
         drawn = """() => !document.querySelector('[data-testid="stStatusWidget"]') &&
             !document.querySelector('[data-testid="stSkeleton"], [data-testid="stElementSkeleton"]')"""
         with sync_playwright() as p:

@@ -26,7 +26,6 @@ import json
 import shlex
 import statistics
 import sys
-import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -350,10 +349,9 @@ def dashboard_screenshot(work: Path, out: Path, port: int | None = None) -> int:
     Chromium is (here, on the returned work folder: the lending machine has none)."""
     import shutil
     import subprocess
-    import urllib.request
 
     sys.path.insert(0, str(ROOT))
-    from h3eval.commands.dashboard import streamlit_argv
+    from h3eval.commands.dashboard import streamlit_argv, wait_until_healthy
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
@@ -375,18 +373,9 @@ def dashboard_screenshot(work: Path, out: Path, port: int | None = None) -> int:
                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                print("the dashboard did not come up", file=sys.stderr)
-                return 1
-            time.sleep(0.5)
+        if not wait_until_healthy(base, proc, 90, poll=0.5):
+            print("the dashboard did not come up", file=sys.stderr)
+            return 1
         out.parent.mkdir(parents=True, exist_ok=True)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])

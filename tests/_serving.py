@@ -40,12 +40,11 @@ def streamlit_dashboard(runs, log_path, timeout: float = 60.0):
     once its health check answers (the test fails with the server's log if it never does)."""
     import os
     import subprocess
-    import urllib.request
     from pathlib import Path
 
     import pytest
 
-    from h3eval.commands.dashboard import streamlit_argv
+    from h3eval.commands.dashboard import streamlit_argv, wait_until_healthy
 
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "H3EVAL_DASHBOARD_RUNS"}
@@ -53,19 +52,10 @@ def streamlit_dashboard(runs, log_path, timeout: float = 60.0):
     with open(log_path, "w+") as log:
         proc = subprocess.Popen(streamlit_argv(list(runs), port=port), stdout=log, stderr=subprocess.STDOUT, env=env)
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                proc.kill()
-                pytest.fail(f"dashboard server did not come up on {base}:\n{log.read()}")
-            time.sleep(0.3)
+        if not wait_until_healthy(base, proc, timeout):
+            log.seek(0)
+            proc.kill()
+            pytest.fail(f"dashboard server did not come up on {base}:\n{log.read()}")
         try:
             yield base
         finally:

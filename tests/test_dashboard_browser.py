@@ -104,3 +104,20 @@ def test_error_detector_sees_a_broken_clip(server, browser):
     assert page.locator(ERROR_SELECTOR).count() == 1
     assert "Could not decode the clips" in page.inner_text("body")
     page.close()
+
+
+def test_wait_until_healthy_gives_up_when_the_server_process_has_exited():
+    """A server process that exited (nothing listens on the port) ends the wait at once with False, not at the
+    timeout; the browser tests above cover the True path."""
+    import subprocess
+    import sys
+    import time
+
+    from tests._serving import free_port
+    from h3eval.commands.dashboard import wait_until_healthy
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    started = time.monotonic()
+    assert wait_until_healthy(f"http://127.0.0.1:{free_port()}", proc, timeout=60) is False
+    assert time.monotonic() - started < 10

@@ -43,6 +43,25 @@ def streamlit_argv(run_dirs: list[Path], port: int = 8501, address: str = "127.0
     ]
 
 
+def wait_until_healthy(base: str, proc, timeout: float, poll: float = 0.3) -> bool:
+    """Poll a started Streamlit server's health endpoint (``base`` = http://host:port) until it answers 200: True,
+    or False once ``proc`` (its ``subprocess.Popen``) has exited or ``timeout`` seconds have passed."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/_stcore/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return True
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+
+
 def serve_dashboard(run_dirs: list[Path], port: int = 8501, address: str = "127.0.0.1") -> None:
     """Become the dashboard server (exec): signals reach Streamlit directly and no orphan server outlives a killed
     parent. Does not return."""
