@@ -635,3 +635,21 @@ def test_pack_moments_per_stage(tmp_path):
     for bad in ("bf17", "bf16,vae=drop", "bf16,fp32", "dit=none"):
         with pytest.raises(PackError, match=r"moments="):
             parse_moments(bad)
+
+
+def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
+    """``python -m h3.train all --smoke`` end to end, the video decoder in its own process as on a GPU: every stage
+    ends, the record names them all, and the export ships the wide decoder (a stage that hard-codes a shape of the
+    old (1, 4, 4) patch fails here: the distillation's teacher noise did)."""
+    import json
+
+    from h3.tiny_trained import VAE_DECODER_CONFIG
+    from h3.train.run import run
+
+    assert run("all", TrainConfig.smoke(), tmp_path, parallel_vaes=True, finish_on_budget=True,
+               max_seconds=900) == 0
+    record = json.loads((tmp_path / "tiny" / "training_record.json").read_text())
+    assert set(record["stages"]) == {"video_vae", "video_decoder", "audio_vae", "dit", "distill"}
+    assert "--set video_decoder_steps=3" in record["reproduce"]
+    vae = json.loads((tmp_path / "tiny" / "vae" / "config.json").read_text())
+    assert {k: vae[k] for k in VAE_DECODER_CONFIG} == VAE_DECODER_CONFIG

@@ -21,7 +21,7 @@ from h3.train.common import (
 )
 from h3.train.dit import Batches, sample
 from h3.train.lora import DistillLora
-from h3.train.packing import AUDIO_SHIFT, VIDEO_SHIFT, packed_forward
+from h3.train.packing import AUDIO_SHIFT, VIDEO_ROW, VIDEO_SHIFT, packed_forward
 from h3.train.pool import Pool
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def teacher_set(transformer, pool: Pool, cfg: TrainConfig, chunk: int = 128, ran
             _, gen = generators(cfg.seed, "teacher/noise" if rank == 0 else f"teacher/noise/rank{rank}",
                                 n * 100000 + start, cfg.device)
             text = torch.stack([pool.texts[p] for p in part]).float()
-            nv = torch.randn((len(part), len(layout.video_indices), 24 * 16), generator=gen, device=cfg.device)
+            nv = torch.randn((len(part), len(layout.video_indices), VIDEO_ROW), generator=gen, device=cfg.device)
             na = torch.randn((len(part), len(layout.audio_indices), 32), generator=gen, device=cfg.device)
             xv, xa = sample(transformer, layout, text, nv, na, cfg.distill_teacher_steps, device=cfg.device)
             groups.append({"key": key, "presentations": part, "noise_v": nv, "noise_a": na, "x0_v": xv, "x0_a": xa})

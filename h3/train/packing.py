@@ -32,6 +32,8 @@ LATENT_SIZE = 8  # 128 px / 16
 NUM_AUDIO_LATENTS = 207
 AUDIO_CHANNELS = 2
 PATCH = tuple(TRANSFORMER_CONFIG["patch_size"])
+VIDEO_ROW = TRANSFORMER_CONFIG["in_channels"] * PATCH[0] * PATCH[1] * PATCH[2]
+"""Latent values in one packed video row (96 at the (1, 2, 2) patch)."""
 KEYFRAME_NOISE_AUG = 0.999
 VIDEO_SHIFT, AUDIO_SHIFT = 12.0, 3.0
 
