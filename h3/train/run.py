@@ -2,8 +2,8 @@
 
 Stages and their state under ``DIR/state``: video_vae, video_decoder (the shipped decoder on the frozen encoder: on
 a GPU it trains in a second process beside the audio-vae, pool, dit and distill stages, which do not depend on it),
-audio_vae (on a GPU beside video_vae when both train in one call), pool, dit, distill; export writes ``DIR/tiny`` (the checkpoint that ships as h3/assets/tiny) with its training record. A slice that runs
-out of its wall-clock budget saves its state and exits with :data:`EXIT_RESUME`; the same command continues it. With
+audio_vae (on a GPU beside video_vae when both train in one call), pool, dit, distill; export writes ``DIR/tiny``
+(the checkpoint that ships as h3/assets/tiny) with its training record. A slice that runs out of its wall-clock budget saves its state and exits with :data:`EXIT_RESUME`; the same command continues it. With
 ``finish_on_budget`` a stage whose budget is spent ends there instead (its record says how many of its planned steps
 ran) and the next stage starts: what one device call of 10 minutes needs.
 """
@@ -93,6 +93,19 @@ def _torchrun(stage: str, ranks: int, out: Path, deadline: float | None, stop_af
     return subprocess.run(args, env=env).returncode
 
 
+def _stage_process(stage: str, out: Path, device: str | None, max_seconds: float | None,
+                   finish_on_budget: bool) -> subprocess.Popen:
+    """Start one stage as its own ``python -m h3.train`` process beside this one (same run folder and config)."""
+    args = [sys.executable, "-m", "h3.train", stage, "--out", str(out), "--config", str(out / "config.json")]
+    if device is not None:
+        args += ["--device", device]
+    if max_seconds is not None:
+        args += ["--max-seconds", str(max_seconds)]
+    if finish_on_budget:
+        args.append("--finish-on-budget")
+    return subprocess.Popen(args)
+
+
 def _apply_stats(comps: dict, pool) -> None:
     comps["vae"].register_to_config(latents_mean=list(pool.video_stats[0]), latents_std=list(pool.video_stats[1]))
     comps["audio_vae"].register_to_config(latents_mean=list(pool.audio_stats[0]),
@@ -145,7 +158,7 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
         if name != "export" and stage_done(state_dir, name):
             continue
         # What the later stages of this call are budgeted is kept for them (audio-vae runs beside video-vae, the
-        # video decoder beside the dit and distill stages).
+        # video decoder beside the stages after it).
         later = sum(stage_seconds.get(n, 0.0) for n in todo[index + 1:] if n not in beside)
         seconds = min(overall.left() - later, stage_seconds.get(name, float("inf")))
         budget = Budget(None if seconds == float("inf") else seconds)
@@ -153,15 +166,11 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
         logger.info("stage %s (budget %s s)", name, None if seconds == float("inf") else round(seconds))
         if name == "video-vae":
             if parallel_vaes and not stage_done(state_dir, "audio-vae"):
-                args = [sys.executable, "-m", "h3.train", "audio-vae", "--out", str(out), "--config",
-                        str(out / "config.json")]
-                if gpu_count(cfg) > 1:  # its own GPU
-                    args += ["--device", "cuda:1"]
+                seconds = None
                 if "audio-vae" in stage_seconds or max_seconds is not None:
-                    args += ["--max-seconds", str(min(overall.left(), stage_seconds.get("audio-vae", 1e9)))]
-                if finish_on_budget:
-                    args.append("--finish-on-budget")
-                helper = subprocess.Popen(args)
+                    seconds = min(overall.left(), stage_seconds.get("audio-vae", 1e9))
+                helper = _stage_process("audio-vae", out, "cuda:1" if gpu_count(cfg) > 1 else None,  # its own GPU
+                                        seconds, finish_on_budget)
             result = train_video_vae(comps["vae"], cfg, state_dir, budget, stop_after)
         elif name == "audio-vae":
             if helper is not None:
@@ -180,14 +189,10 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
         elif name == "video-decoder" and parallel_vaes:
             # Its own process beside the audio-vae, pool, dit and distill stages (on the last GPU); it must end before
             # the export.
-            after = sum(stage_seconds.get(n, 0.0) for n in todo[index + 1:] if n in ("export",))
-            args = [sys.executable, "-m", "h3.train", "video-decoder", "--out", str(out), "--config",
-                    str(out / "config.json"), "--device",
-                    f"cuda:{max(gpu_count(cfg) - 1, 0)}" if gpu_count(cfg) else cfg.device,
-                    "--max-seconds", str(min(overall.left() - after, stage_seconds.get("video-decoder", 1e9)))]
-            if finish_on_budget:
-                args.append("--finish-on-budget")
-            decoder_helper = subprocess.Popen(args)
+            export = stage_seconds.get("export", 0.0) if "export" in todo[index + 1:] else 0.0
+            decoder_helper = _stage_process(
+                "video-decoder", out, f"cuda:{gpu_count(cfg) - 1}" if gpu_count(cfg) else cfg.device,
+                min(overall.left() - export, stage_seconds.get("video-decoder", 1e9)), finish_on_budget)
             logger.info("stage video-decoder: beside the next stages, pid %d", decoder_helper.pid)
             continue
         elif name == "video-decoder":
@@ -262,11 +267,8 @@ def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit
                         "seconds": round(state["seconds"], 1), "final": state["log"][-1] if state["log"] else None}
         losses[name] = state["log"]
     pool_path = state_dir / "pool" / "pool.pt"
-    steps_key = {"video_vae": "video_vae_steps", "audio_vae": "audio_vae_steps",
-                 "video_decoder": "video_decoder_steps", "dit": "dit_steps",
-                 "distill": "distill_steps"}
     reproduce = f"python -m h3.train all --out OUT --seed {cfg.seed} --device cuda " + " ".join(
-        f"--set {steps_key[name]}={info['steps']}" for name, info in stages.items())
+        f"--set {name}_steps={info['steps']}" for name, info in stages.items())  # TrainConfig's <stage>_steps
     return {
         "command": command, "reproduce": reproduce, "code_commit": code_commit, "seed": cfg.seed,
         "config": cfg.to_dict(), **env,
