@@ -14,6 +14,7 @@ caption, and the caption that names that shape only as "the shape in picture 1")
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +93,7 @@ def build_pool(components: dict, cfg: TrainConfig, chunk: int = 64, devices: lis
     per device); everything lands on ``cfg.device``. The result does not depend on how many devices encode."""
     from concurrent.futures import ThreadPoolExecutor
 
+    started = time.monotonic()
     device = cfg.device
     vae, audio_vae = components["vae"].eval(), components["audio_vae"].eval()
     text_encoder, tokenizer, processor = components["text_encoder"], components["tokenizer"], components["processor"]
@@ -149,6 +151,8 @@ def build_pool(components: dict, cfg: TrainConfig, chunk: int = 64, devices: lis
                           for i in range(0, len(frames_list), 256)])
 
     keyframe_first, keyframe_last, reference = cond(first), cond(last), cond(refs)
+    logger.info("pool: conditioning latents of %d keyframes and references in %.1f s", len(first) + len(last) + len(refs),
+                time.monotonic() - started)
 
     # Presentations. Token ids depend on the caption and the image grid only, so the vision features are computed
     # for all images at once and sliced per presentation.
@@ -176,8 +180,11 @@ def build_pool(components: dict, cfg: TrainConfig, chunk: int = 64, devices: lis
             for task, text in (("ref2va", captions[i]), ("ref2va-refer", scenes[i].caption(refer_first=True))):
                 ids, tg = conditioning.ref2va_tokens(tokenizer, text, count(r_feats[i]))
                 items.append((ids, r_feats[i])); tags.append(tuple(tg)); clips.append(i); tasks.append(task)
+    logger.info("pool: %d presentations tokenized (image features included) at %.1f s", len(items),
+                time.monotonic() - started)
     texts = [t.to(torch.bfloat16) for t in conditioning.encode(text_encoder, processor, items)]
-    logger.info("pool: %d clips, %d presentations", len(scenes), len(texts))
+    logger.info("pool: %d clips, %d presentations, text encoded at %.1f s", len(scenes), len(texts),
+                time.monotonic() - started)
     return Pool(video=video, audio=audio, keyframe_first=keyframe_first, keyframe_last=keyframe_last,
                 reference=reference, texts=texts, tags=tags, clips=clips, tasks=tasks, captions=captions,
                 video_stats=(vmean, vstd), audio_stats=(amean, astd))

@@ -95,12 +95,15 @@ def _torchrun(stage: str, ranks: int, out: Path, deadline: float | None, stop_af
 
 def _stage_process(stage: str, out: Path, device: str | None, max_seconds: float | None,
                    finish_on_budget: bool) -> subprocess.Popen:
-    """Start one stage as its own ``python -m h3.train`` process beside this one (same run folder and config)."""
+    """Start one stage as its own ``python -m h3.train`` process beside this one (same run folder and config). Its
+    budget is passed as a wall-clock deadline, so that the new process's start-up (imports, components: ~10 s on a
+    GPU host) counts against it: a helper given ``max_seconds`` from its own start ended that much after this process
+    expected, and the export that waits for it ran past the call's end (run 5's first call)."""
     args = [sys.executable, "-m", "h3.train", stage, "--out", str(out), "--config", str(out / "config.json")]
     if device is not None:
         args += ["--device", device]
     if max_seconds is not None:
-        args += ["--max-seconds", str(max_seconds)]
+        args += ["--deadline", repr(time.time() + max_seconds)]
     if finish_on_budget:
         args.append("--finish-on-budget")
     return subprocess.Popen(args)
