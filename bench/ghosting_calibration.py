@@ -372,15 +372,19 @@ def analyse(rows: list[dict], config_used: dict, pair_rows: list[dict] | None = 
     benign_ok = all(runs[f"benign n={n} windows/pair=1"]["rate"] <= 0.01 for n in RUN_SIZES)
     pairs = analyse_pairs(pair_rows or [], config)
     targets = {
+        "no benign kind flagged (publish windows)": all(v["k"] == 0 for v in per_benign.values()),
         "benign run FAIL <= 1% at 16 and 64 pairs": benign_ok,
         "alpha 0.05 in every pair: run FAIL >= 95% at 16 pairs":
             runs["alpha 0.05 every pair (all) n=16 windows/pair=1"]["rate"] >= 0.95,
-        "alpha >= 0.10: 32-frame window flagged >= 99% (visible ghosts)": high["rate"] is not None and high["rate"] >= 0.99,
+        "alpha >= 0.10: one 32-frame window flagged >= 99% (visible ghosts; a quarter of a pair, not the target)":
+            high["rate"] is not None and high["rate"] >= 0.99,
     }
     if pairs:
-        targets["alpha >= 0.10: production pair (124 frames) flagged >= 99% (visible ghosts)"] = (
+        targets["no benign production pair flagged"] = pairs["benign_flagged"]["k"] == 0
+        targets[f"alpha >= 0.10 per pair flagged >= 99% (issue 19): production pair ({PAIR_FRAMES} frames, "
+                f"{'/'.join(map(str, pairs['windows_per_pair']))} windows, Simes), visible ghosts"] = (
             pairs["alpha_ge_010_visible"]["rate"] is not None and pairs["alpha_ge_010_visible"]["rate"] >= 0.99)
-        targets["alpha >= 0.10: production pair (124 frames) flagged >= 99% (all ghosts)"] = (
+        targets[f"alpha >= 0.10 per pair flagged >= 99% (issue 19): production pair, all ghosts"] = (
             pairs["alpha_ge_010_all"]["rate"] is not None and pairs["alpha_ge_010_all"]["rate"] >= 0.99)
     return {
         "tail": tail, "config": dataclasses.asdict(config),
@@ -475,7 +479,11 @@ def markdown(report: dict) -> str:
                   "pair, Simes)", "",
                   f"One pair per publish source (frames 4-{4 + PAIR_FRAMES}; carphone's 120 frames give 116), the "
                   "ghost planted over the whole pair, each family at each alpha; the pair's p-value is the gate's "
-                  "(Simes over its windows' p-values against the fitted null), flagged at flag_p.", "",
+                  "(Simes over its windows' p-values against the fitted null), flagged at flag_p. This is the "
+                  "window count a real pair has: at frame_stride 2 a 124-frame clip has 62 scored frames, which "
+                  "the gate's pool_windows covers with 4 windows of 16 (scored frames 0-30, 30-60, 62-92, 92-122). "
+                  "The ghost parameters are drawn per pair (seeded), so this corpus is not the windows' corpus: "
+                  "lag 0 is a quarter of its ghosts.", "",
                   f"- benign pairs flagged: {fmt_rate(pp['benign_flagged'])}",
                   f"- alpha >= 0.10, visible: {fmt_rate(pp['alpha_ge_010_visible'])}; all: "
                   f"{fmt_rate(pp['alpha_ge_010_all'])}", "",
@@ -578,6 +586,23 @@ READING: list[str] = [
     "approximation is rough and decides nothing.",
     "Run-level rates are simulations that resample the publish windows: they show what the stated test does with "
     "this detector's p-values; the independent evidence is the number of publish windows, given with each table.",
+    "Per pair (issue 19's unit), at the production window count (124 frames, 4 windows, Simes): alpha >= 0.10 is "
+    "flagged in 110 of 118 visible ghosts (93.2%, Clopper-Pearson [87.1%, 97.0%]) and 112 of 136 ghosts in all "
+    "(82.4% [74.9%, 88.4%]); the 99% target is NOT met, by the window figure (36 / 38) nor by the pairs'. Benign "
+    "production pairs: 0 of 34 flagged.",
+    "Why the visible ones are missed: 7 of the 8 are lag-0 copies displaced by exactly 2 working pixels along an "
+    "axis (the smallest lag-0 displacement the detector searches, min_lag0_shift, and the corpus plants). To second "
+    "order a 2-pixel shift is a 1-pixel shift plus a blur, which is what the nuisance span (the baseline shifted "
+    "by one pixel four ways) is there to absorb; only blocks with sharp structure keep visible_rms of the copy "
+    "outside it (one block of about 12,000 in a scene-13 window: 0.1497 there against a planted 0.15), so the "
+    "search settles on a 3-pixel copy that explains about a third of the strength. The evidence is then 0.03-0.05 "
+    "in every one of the 4 windows (p 0.0013-0.011 each): Simes cannot turn four similar p-values into a smaller "
+    "one, and the combinations that could (Fisher) are not valid for the dependent windows of one clip. The "
+    "eighth is a lag-1 echo-shift on pan-chelsea: its copy, the previous frame of a 1-pixel-per-frame pan shifted "
+    "2 pixels against the motion, sits about one working pixel from the frame (1.04, 0.3), within the nuisance's "
+    "reach; pan-chelsea's plain lag-1 echoes are missed for the same reason. Closing this needs a "
+    "detector change (a finer working resolution for small displacements, or a nuisance that tells a sub-pixel "
+    "misregistration from a 2-pixel copy) and a new fit and publish run; it was not done here.",
     "The trained tiny preset (branch tiny) is not a source yet; ghosting_corpus.tiny_clips is the hook that adds its "
     "exact / near-exact recipes as benign kinds and its aggressive step cache as a ghost kind.",
 ]
