@@ -37,6 +37,9 @@ def test_ssim_matches_scikit_image_on_luma():
     ]
     np.testing.assert_allclose(ours, reference, atol=2e-6)
     assert ours.min() < 0.99  # the planted noise is visible to the metric
+    # Frames split over threads: the same numbers, frame by frame, as one thread.
+    for workers in (1, 2, 3, 8):
+        assert np.array_equal(fidelity.ssim_per_frame(base, cand, workers=workers), fidelity._ssim_cpu(base, cand))
 
 
 def test_psnr_matches_scikit_image_and_caps_identical_frames():
