@@ -624,7 +624,7 @@ READING: list[str] = [
     "production pairs: 0 of 34 flagged.",
     "Why the visible ones are missed: 7 of the 8 are lag-0 copies displaced by exactly 2 working pixels along an "
     "axis (the smallest lag-0 displacement the detector searches, min_lag0_shift, and the smallest the corpus "
-    "plants on generated footage; on bikes and carphone, planted at full scale, it plants 1-1.5). To second "
+    "plants on generated footage; on bikes, a fit source planted at its own scale and analysed at factor 2, also 1-1.5). To second "
     "order a 2-pixel shift is a 1-pixel shift plus a blur, which is what the nuisance span (the baseline shifted "
     "by one pixel four ways) is there to absorb; only blocks with sharp structure keep visible_rms of the copy "
     "outside it (one block of about 12,000 in a scene-13 window: 0.1497 there against a planted 0.15), so the "
