@@ -371,16 +371,42 @@ def analyse(rows: list[dict], config_used: dict, pair_rows: list[dict] | None = 
     runs["one alpha >= 0.10 pair among 15 benign (n=16, 1 window/pair)"] = rate(single, SIMULATED_RUNS)
     benign_ok = all(runs[f"benign n={n} windows/pair=1"]["rate"] <= 0.01 for n in RUN_SIZES)
     pairs = analyse_pairs(pair_rows or [], config)
+    # Lag-0 copies by their displacement in working pixels (Chebyshev): within 2 the copy is mostly inside the
+    # one-pixel nuisance span (a 2-pixel shift is, to second order, a 1-pixel shift plus a blur). Fit and publish
+    # windows alike, so that the diagnosis does not rest on the publish footage alone.
+    lag0_displacement = {}
+    for split in ("fit", "publish"):
+        for label, near in (("<= 2 px", True), (">= 3 px", False)):
+            sel = [r for r in rows if r["split"] == split and not r["benign"] and r["kind"] == "lag0"
+                   and r["alpha"] >= 0.05 and (max(abs(r["dy"]), abs(r["dx"])) // r["factor"] <= 2) == near]
+            flagged = sum(window_p_value(r["evidence"], config) <= config.flag_p for r in sel)
+            lag0_displacement[f"{split} {label}"] = {
+                **rate(int(flagged), len(sel)),
+                "median_strength_over_alpha": float(np.median([r["strength"] / r["alpha"] for r in sel])) if sel else None}
+    for label, near in (("<= 2 px", True), (">= 3 px", False)):
+        # Production pairs: analysed at factor SCALE (generated footage, bigbuckbunny) or 1 (carphone).
+        sel = [r for r in (pair_rows or []) if not r["benign"] and r["kind"] == "lag0"
+               and (max(abs(r["dy"]), abs(r["dx"])) // (SCALE if r["source"] != "carphone" else 1) <= 2) == near]
+        if sel:
+            flagged = sum(simes([window_p_value(e, config) for e in r["window_evidence"]]) <= config.flag_p for r in sel)
+            lag0_displacement[f"publish production pairs (alpha >= 0.10) {label}"] = {
+                **rate(int(flagged), len(sel)),
+                "median_strength_over_alpha": float(np.median([np.median(r["window_strength"]) / r["alpha"]
+                                                               for r in sel]))}
     targets = {
+        "no benign kind flagged (publish windows)": all(v["k"] == 0 for v in per_benign.values()),
         "benign run FAIL <= 1% at 16 and 64 pairs": benign_ok,
         "alpha 0.05 in every pair: run FAIL >= 95% at 16 pairs":
             runs["alpha 0.05 every pair (all) n=16 windows/pair=1"]["rate"] >= 0.95,
-        "alpha >= 0.10: 32-frame window flagged >= 99% (visible ghosts)": high["rate"] is not None and high["rate"] >= 0.99,
+        "alpha >= 0.10: one 32-frame window flagged >= 99% (visible ghosts; a quarter of a pair, not the target)":
+            high["rate"] is not None and high["rate"] >= 0.99,
     }
     if pairs:
-        targets["alpha >= 0.10: production pair (124 frames) flagged >= 99% (visible ghosts)"] = (
+        targets["no benign production pair flagged"] = pairs["benign_flagged"]["k"] == 0
+        targets[f"alpha >= 0.10 per pair flagged >= 99% (issue 19): production pair ({PAIR_FRAMES} frames, "
+                f"{'/'.join(map(str, pairs['windows_per_pair']))} windows, Simes), visible ghosts"] = (
             pairs["alpha_ge_010_visible"]["rate"] is not None and pairs["alpha_ge_010_visible"]["rate"] >= 0.99)
-        targets["alpha >= 0.10: production pair (124 frames) flagged >= 99% (all ghosts)"] = (
+        targets[f"alpha >= 0.10 per pair flagged >= 99% (issue 19): production pair, all ghosts"] = (
             pairs["alpha_ge_010_all"]["rate"] is not None and pairs["alpha_ge_010_all"]["rate"] >= 0.99)
     return {
         "tail": tail, "config": dataclasses.asdict(config),
@@ -390,7 +416,7 @@ def analyse(rows: list[dict], config_used: dict, pair_rows: list[dict] | None = 
         "p_value_calibration": calibration, "per_benign": per_benign, "per_source": per_source,
         "per_alpha": per_alpha, "per_family": per_family, "per_lag_visible": per_lag,
         "alpha_ge_010_visible": high, "alpha_ge_010_all": high_all, "runs": runs, "targets": targets,
-        "production_pairs": pairs,
+        "production_pairs": pairs, "lag0_by_displacement": lag0_displacement,
         "visible_threshold_levels": visible,
         "fit_benign_top5": sorted(fit_benign.tolist(), reverse=True)[:5],
         "publish_benign_top5": sorted([r["evidence"] for r in pub_b], reverse=True)[:5],
@@ -475,7 +501,11 @@ def markdown(report: dict) -> str:
                   "pair, Simes)", "",
                   f"One pair per publish source (frames 4-{4 + PAIR_FRAMES}; carphone's 120 frames give 116), the "
                   "ghost planted over the whole pair, each family at each alpha; the pair's p-value is the gate's "
-                  "(Simes over its windows' p-values against the fitted null), flagged at flag_p.", "",
+                  "(Simes over its windows' p-values against the fitted null), flagged at flag_p. This is the "
+                  "window count a real pair has: at frame_stride 2 a 124-frame clip has 62 scored frames, which "
+                  "the gate's pool_windows covers with 4 windows of 16 (scored frames 0-30, 30-60, 62-92, 92-122). "
+                  "The ghost parameters are drawn per pair (seeded), so this corpus is not the windows' corpus: "
+                  "lag 0 is a quarter of its ghosts.", "",
                   f"- benign pairs flagged: {fmt_rate(pp['benign_flagged'])}",
                   f"- alpha >= 0.10, visible: {fmt_rate(pp['alpha_ge_010_visible'])}; all: "
                   f"{fmt_rate(pp['alpha_ge_010_all'])}", "",
@@ -489,6 +519,16 @@ def markdown(report: dict) -> str:
             lines += ["", "Missed pairs: " + "; ".join(
                 f"{m['source']} {m['kind']} alpha {m['alpha']} lag {m['lag']} shift ({m['dy']}, {m['dx']}), "
                 f"visibility {m['visibility']}, p {m['p']:.3g}" for m in pp["missed"]) + "."]
+    if a.get("lag0_by_displacement"):
+        lines += ["", "## Lag-0 copies by displacement (windows at alpha >= 0.05, production pairs at alpha >= 0.10; all ghosts)", "",
+                  "Displacement in working pixels (Chebyshev). Within 2 pixels the copy lies mostly in the span of "
+                  "the one-pixel nuisance (see Reading): only blocks with sharp structure keep enough of it, so the "
+                  "strength is underestimated where the content has little (procedural scenes, pans over smooth "
+                  "photographs) and not where it has much (carphone, bigbuckbunny).", "",
+                  "| split, displacement | flagged [95% CI] | median strength / alpha |", "|---|---:|---:|"]
+        for name, v in a["lag0_by_displacement"].items():
+            med = v["median_strength_over_alpha"]
+            lines.append(f"| {name} | {fmt_rate(v)} | {'n/a' if med is None else f'{med:.2f}'} |")
     lines += ["", "## Targets (issue 19)", ""]
     for name, ok in a["targets"].items():
         lines.append(f"- {name}: {'met' if ok else 'NOT met'}")
@@ -578,6 +618,26 @@ READING: list[str] = [
     "approximation is rough and decides nothing.",
     "Run-level rates are simulations that resample the publish windows: they show what the stated test does with "
     "this detector's p-values; the independent evidence is the number of publish windows, given with each table.",
+    "Per pair (issue 19's unit), at the production window count (124 frames, 4 windows, Simes): alpha >= 0.10 is "
+    "flagged in 110 of 118 visible ghosts (93.2%, Clopper-Pearson [87.1%, 97.0%]) and 112 of 136 ghosts in all "
+    "(82.4% [74.9%, 88.4%]); the 99% target is NOT met, by the window figure (36 / 38) nor by the pairs'. Benign "
+    "production pairs: 0 of 34 flagged.",
+    "Why the visible ones are missed: 7 of the 8 are lag-0 copies displaced by exactly 2 working pixels along an "
+    "axis (the smallest lag-0 displacement the detector searches, min_lag0_shift, and the smallest the corpus "
+    "plants on generated footage; on bikes, a fit source planted at its own scale and analysed at factor 2, also 1-1.5). To second "
+    "order a 2-pixel shift is a 1-pixel shift plus a blur, which is what the nuisance span (the baseline shifted "
+    "by one pixel four ways) is there to absorb; only blocks with sharp structure keep visible_rms of the copy "
+    "outside it (one block of about 12,000 in a scene-13 window: 0.1497 there against a planted 0.15), so the "
+    "search settles on a 3-pixel copy that explains about a third of the strength (table 'Lag-0 copies by "
+    "displacement': production pairs within 2 pixels 7 / 18 flagged at a median 0.36 of the planted strength, "
+    "beyond 15 / 16 at 0.98; the fit footage's windows show the same, 0.49 against 0.97). The evidence is then 0.03-0.05 "
+    "in every one of the 4 windows (p 0.0013-0.011 each): Simes cannot turn four similar p-values into a smaller "
+    "one, and the combinations that could (Fisher) are not valid for the dependent windows of one clip. The "
+    "eighth is a lag-1 echo-shift on pan-chelsea: its copy, the previous frame of a 1-pixel-per-frame pan shifted "
+    "2 pixels against the motion, sits about one working pixel from the frame (1.04, 0.3), within the nuisance's "
+    "reach; pan-chelsea's plain lag-1 echoes are missed for the same reason. Closing this needs a "
+    "detector change (a finer working resolution for small displacements, or a nuisance that tells a sub-pixel "
+    "misregistration from a 2-pixel copy) and a new fit and publish run; it was not done here.",
     "The trained tiny preset (branch tiny) is not a source yet; ghosting_corpus.tiny_clips is the hook that adds its "
     "exact / near-exact recipes as benign kinds and its aggressive step cache as a ghost kind.",
 ]

@@ -10,8 +10,8 @@ bit-identical pairs are short-circuited by the runner and give exactly zero diff
   fixed seed instead: for tests and offline demos only, written to ``info["lpips_trunk"]``.
   LPIPS runs at ``lpips_scale`` of the clip's resolution (area downsampling; default 0.5: 384x672 for H3's
   768x1344) on every ``lpips_stride``-th frame (default 2); both are written to ``info`` and skipped frames are
-  None in the series. LPIPS is most of the gate's cost (about 0.35 CPU s per frame pair at 384x672 on the 2-core
-  CPU), and every second frame halves it towards issue 19's 30 s for all per-pair gates. What stride 2 changes,
+  None in the series. LPIPS is most of the gate's cost (about 0.25 CPU s per frame pair at 384x672 on the 2-core
+  CPU, 0.35 before :func:`lpips_distance` and OpenCV's area downsampling), and every second frame halves it towards issue 19's 30 s for all per-pair gates. What stride 2 changes,
   measured against every frame on 24 pairs of real footage and camera pans (bench/results/fidelity_stride.md, 72
   frames, the package's random trunk): the pair's LPIPS mean by at most 6.8 %, its 95th percentile by at most 7.3 %,
   its worst frame only downwards and by at most 12 % (a defect confined to one skipped frame is missed by LPIPS;
@@ -120,14 +120,54 @@ def _as_tensor(frames, device: str):
 
 def _to_lpips_input(frames, scale: float, device: str):
     """uint8 (N, H, W, 3) (numpy or a torch tensor) -> float32 (N, 3, h, w) in [-1, 1] at ``scale`` (area
-    downsampling)."""
+    downsampling: torch's ``interpolate(mode="area")``).
+
+    On the CPU, when ``scale`` is an exact integer factor of both sides (H3's 768x1344 at 0.5), the same block mean
+    comes from OpenCV's INTER_AREA on float32 frames, about 3x less CPU time than torch's adaptive pooling over the
+    full-resolution planes (tests: equal to torch's to float32 rounding, and LPIPS to the package's tolerance)."""
+    import torch
     import torch.nn.functional as F
 
+    h, w = frames.shape[1:3]
+    size = (max(1, round(h * scale)), max(1, round(w * scale)))
+    k = h // size[0]
+    if device == "cpu" and scale != 1.0 and size[0] * k == h and size[1] * k == w:
+        import cv2
+
+        frames_np = frames.numpy() if torch.is_tensor(frames) else np.asarray(frames)
+        out = np.empty((len(frames_np), size[0], size[1], 3), dtype=np.float32)
+        for i, frame in enumerate(frames_np):
+            out[i] = cv2.resize(frame.astype(np.float32), (size[1], size[0]), interpolation=cv2.INTER_AREA)
+        return torch.from_numpy(out).permute(0, 3, 1, 2).div_(127.5).sub_(1.0)
     x = _as_tensor(frames, device).permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)
     if scale != 1.0:
-        h, w = frames.shape[1:3]
-        x = F.interpolate(x, size=(max(1, round(h * scale)), max(1, round(w * scale))), mode="area")
+        x = F.interpolate(x, size=size, mode="area")
     return x
+
+
+def lpips_distance(model, x0, x1):
+    """LPIPS v0.1 of image batches ``x0``, ``x1`` (float32 (N, 3, h, w) in [-1, 1]), float32 (N,): the package's
+    ``model(x0, x1)`` (lpips.LPIPS.forward, ``spatial=False``) computed with less work, not a different metric.
+
+    The same steps: the scaling layer, the trunk's five ReLU outputs, each unit-normalized over channels (norm +
+    1e-10, lpips.normalize_tensor), the squared difference, the linear head (a 1x1 convolution without bias: a
+    weighted channel sum) and the spatial mean, summed over layers. What differs is the order of the sums only:
+    both sides go through the trunk in one batch, and the head sums the squared difference over space before
+    weighting the channels (the two sums commute). On the 2-core CPU this halves the head's time and cuts the
+    trunk's by about a sixth; tests/test_gate_fidelity.py pins it to the package to rtol 1e-5."""
+    import torch
+
+    n = len(x0)
+    outs = model.net.forward(model.scaling_layer(torch.cat([x0, x1])))
+    total = None
+    for feat, lin in zip(outs, model.lins):
+        weight = lin.model[-1].weight.reshape(-1)  # Conv2d(chn, 1, 1, bias=False); the Dropout is off in eval
+        norm = torch.linalg.vector_norm(feat, dim=1, keepdim=True).add_(1e-10)
+        a, b = feat[:n], feat[n:]
+        diff = torch.addcdiv(a / norm[:n], b, norm[n:], value=-1.0).square_()
+        layer = diff.sum(dim=(2, 3)) @ weight / (diff.shape[2] * diff.shape[3])
+        total = layer if total is None else total + layer
+    return total
 
 
 def lpips_per_frame(
@@ -141,8 +181,8 @@ def lpips_per_frame(
     with torch.inference_mode(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         for start in range(0, len(base), batch):
             b, c = base[start : start + batch], cand[start : start + batch]
-            d = model(_to_lpips_input(b, scale, device), _to_lpips_input(c, scale, device))
-            out[start : start + len(b)] = d.reshape(-1).double().cpu().numpy()
+            d = lpips_distance(model, _to_lpips_input(b, scale, device), _to_lpips_input(c, scale, device))
+            out[start : start + len(b)] = d.double().cpu().numpy()
     return out
 
 
@@ -174,15 +214,26 @@ def luma(frames: np.ndarray) -> np.ndarray:
     return 0.299 * f[..., 0] + 0.587 * f[..., 1] + 0.114 * f[..., 2]
 
 
-def ssim_per_frame(base: np.ndarray, cand: np.ndarray, device: str = "cpu", batch: int = 8) -> np.ndarray:
+def ssim_per_frame(base: np.ndarray, cand: np.ndarray, device: str = "cpu", batch: int = 8,
+                   workers: int | None = None) -> np.ndarray:
     """SSIM of the luma of each frame pair (definition in the module docstring), float64 (N,).
 
-    On the CPU, float32 with OpenCV's separable filter (about 20x faster there than torch's depthwise convolution);
-    on a GPU (or ``torch:cpu``: that path on the CPU), float32 torch convolutions with TF32 off. Both are tested
-    against scikit-image.
+    On the CPU, float32 with OpenCV's separable filter (about 20x faster there than torch's depthwise convolution),
+    frames split over ``workers`` threads (default: the CPU count, at most 8): numpy's elementwise steps run on one
+    core and release the GIL, so two threads nearly halve the wall time on the 2-core CPU with the same numbers per
+    frame. On a GPU (or ``torch:cpu``: that path on the CPU), float32 torch convolutions with TF32 off. Both are
+    tested against scikit-image.
     """
     if device == "cpu":
-        return _ssim_cpu(base, cand)
+        workers = workers or min(os.cpu_count() or 1, 8)
+        if workers <= 1 or len(base) < 2:
+            return _ssim_cpu(base, cand)
+        from concurrent.futures import ThreadPoolExecutor
+
+        bounds = np.linspace(0, len(base), min(workers, len(base)) + 1).astype(int)
+        with ThreadPoolExecutor(len(bounds) - 1, thread_name_prefix="ssim") as pool:
+            parts = pool.map(lambda lo, hi: _ssim_cpu(base[lo:hi], cand[lo:hi]), bounds[:-1], bounds[1:])
+            return np.concatenate(list(parts))
     return _ssim_torch(base, cand, device.removeprefix("torch:"), batch)
 
 
@@ -253,14 +304,20 @@ def psnr_per_frame(base, cand, batch: int = 8) -> tuple[np.ndarray, np.ndarray]:
     for start in range(0, len(base), batch):
         b, c = base[start : start + batch], cand[start : start + batch]
         if isinstance(b, np.ndarray):
-            diff = b.astype(np.int32) - c.astype(np.int32)
-            sse = np.einsum("nhwc,nhwc->n", diff, diff, dtype=np.int64)  # exact integer sum of squares
+            import cv2
+
+            # Exact integer sum of squares: |difference| (uint8), squared in uint16 (<= 65025), summed in uint64;
+            # about 4x less CPU time than an int32 difference through einsum.
+            sse = np.empty(len(b), dtype=np.int64)
+            for j in range(len(b)):
+                ad = cv2.absdiff(b[j], c[j]).astype(np.uint16)
+                sse[j] = int(np.multiply(ad, ad).sum(dtype=np.uint64))
         else:
             import torch
 
             diff = b.to(torch.int32) - c.to(torch.int32)
             sse = (diff * diff).reshape(len(diff), -1).sum(dim=1, dtype=torch.int64).cpu().numpy()
-        mse[start : start + len(diff)] = sse / float(np.prod(tuple(b.shape[1:])))
+        mse[start : start + len(b)] = sse / float(np.prod(tuple(b.shape[1:])))
     with np.errstate(divide="ignore"):
         psnr = 10.0 * np.log10(SSIM_L**2 / mse)
     return np.minimum(psnr, PSNR_CAP_DB), mse

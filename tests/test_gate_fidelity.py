@@ -37,6 +37,9 @@ def test_ssim_matches_scikit_image_on_luma():
     ]
     np.testing.assert_allclose(ours, reference, atol=2e-6)
     assert ours.min() < 0.99  # the planted noise is visible to the metric
+    # Frames split over threads: the same numbers, frame by frame, as one thread.
+    for workers in (1, 2, 3, 8):
+        assert np.array_equal(fidelity.ssim_per_frame(base, cand, workers=workers), fidelity._ssim_cpu(base, cand))
 
 
 def test_psnr_matches_scikit_image_and_caps_identical_frames():
@@ -75,6 +78,62 @@ def test_lpips_matches_the_package_called_directly():
         ref_map = _rand_model(spatial=True)(lpips.im2tensor(base[0]), lpips.im2tensor(cand[0]))[0, 0].numpy()
     np.testing.assert_allclose(spatial, ref_map, rtol=1e-5, atol=1e-7)
     assert model.spatial is False
+
+
+def _package_lpips_area(model, base, cand, size):
+    """The lpips package's forward on frames area-downsampled by torch (the definition the gate computes)."""
+    import torch.nn.functional as F
+
+    def prep(f):
+        x = torch.from_numpy(f.copy()).permute(0, 3, 1, 2).float() / 127.5 - 1
+        return F.interpolate(x, size=size, mode="area") if size != tuple(f.shape[1:3]) else x
+
+    with torch.no_grad():
+        return model(prep(base), prep(cand)).reshape(-1).double().numpy()
+
+
+@pytest.mark.parametrize("scale", [0.5, 0.25, 0.3])
+def test_lpips_per_frame_matches_the_package_at_each_scale(scale):
+    """The gate's LPIPS (OpenCV area downsampling at an integer factor, torch's otherwise; both sides through the
+    trunk in one batch; the head's sums reordered) equals the package's forward on torch-downsampled frames. (At
+    distances far below any decision, ~1e-5, the two area implementations' float32 rounding of the inputs alone moves
+    LPIPS by ~1e-5 relative; the noise here gives distances of the size a gate decides on.)"""
+    base, cand = _frames_pair(n=3, h=192, w=320, noise=24, seed=3)
+    model = fidelity.load_lpips("rand", "cpu")
+    size = (round(192 * scale), round(320 * scale))
+    ours = fidelity.lpips_per_frame(model, base, cand, scale=scale, batch=2)
+    reference = _package_lpips_area(_rand_model(), base, cand, size)
+    np.testing.assert_allclose(ours, reference, rtol=1e-5)
+    assert ours.min() > 0
+    assert fidelity.lpips_per_frame(model, base, base, scale=scale).tolist() == [0.0] * len(base)
+
+
+def test_cv2_area_downsampling_equals_torch_area():
+    base, _ = _frames_pair(n=3, h=96, w=160, seed=4)
+    ours = fidelity._to_lpips_input(base, 0.5, "cpu")
+    x = torch.from_numpy(base.copy()).permute(0, 3, 1, 2).float() / 127.5 - 1
+    reference = torch.nn.functional.interpolate(x, size=(48, 80), mode="area")
+    torch.testing.assert_close(ours, reference, rtol=0, atol=1e-6)
+    # Both are float32 roundings of the exact block mean (float64).
+    exact = base.astype(np.float64).reshape(3, 48, 2, 80, 2, 3).mean(axis=(2, 4)).transpose(0, 3, 1, 2) / 127.5 - 1
+    for x in (ours, reference):
+        np.testing.assert_allclose(x.numpy(), exact, rtol=0, atol=2.5e-7)
+    # A torch tensor on the CPU (the gate's device path run there) takes the same route: the same numbers.
+    assert torch.equal(fidelity._to_lpips_input(torch.from_numpy(base.copy()), 0.5, "cpu"), ours)
+
+
+def test_psnr_sum_of_squares_is_exact_at_the_extremes():
+    """The CPU path's integer sum of squares (uint16 squares summed in uint64) is exact where a float32 or an int32
+    sum would not be: a 1080x1920 frame of 0 against one of 255, and random frames against Python's integers."""
+    black, white = np.zeros((1, 1080, 1920, 3), np.uint8), np.full((1, 1080, 1920, 3), 255, np.uint8)
+    _, mse = fidelity.psnr_per_frame(black, white)
+    assert mse.tolist() == [255.0 * 255.0]
+    rng = np.random.default_rng(7)
+    base = rng.integers(0, 256, (3, 270, 480, 3), dtype=np.uint8)
+    cand = rng.integers(0, 256, (3, 270, 480, 3), dtype=np.uint8)
+    _, mse = fidelity.psnr_per_frame(base, cand, batch=2)
+    exact = [sum(int(v) * int(v) for v in (base[i].astype(np.int64) - cand[i]).ravel()) for i in range(3)]
+    assert mse.tolist() == [e / base[0].size for e in exact]
 
 
 def test_missing_alexnet_weights_names_file_folder_and_fetch(tmp_path, monkeypatch):
