@@ -653,3 +653,62 @@ def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
     assert "--set video_decoder_steps=3" in record["reproduce"]
     vae = json.loads((tmp_path / "tiny" / "vae" / "config.json").read_text())
     assert {k: vae[k] for k in VAE_DECODER_CONFIG} == VAE_DECODER_CONFIG
+
+
+def test_seeding_from_the_exported_checkpoint_continues_it(tmp_path, monkeypatch, capsys):
+    """A new session has the shipped checkpoint, not the state pack it came from: ``unpack --from CHECKPOINT_DIR``
+    rebuilds the states from its weights and record (exactly), ``--continue dit:N`` re-opens the DiT with AdamW
+    restarted and its learning rate warmed up again from the step it resumes at, and the next ``all`` continues it,
+    redoes the distillation and exports, naming the seeding in the record. A checkpoint missing a file is refused
+    with one error naming it."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file
+
+    import h3.train.dit as dit_module
+    from h3.train.__main__ import main
+    from h3.train.common import load_state, lr_at
+    from h3.train.run import run
+    from h3.train.vaes import ENCODER_SIDE
+
+    cfg = TrainConfig.smoke()
+    assert run("all", cfg, tmp_path / "a", finish_on_budget=True, max_seconds=900) == 0
+    ckpt = tmp_path / "a" / "tiny"
+    shipped = json.loads((ckpt / "training_record.json").read_text())["stages"]
+
+    broken = tmp_path / "broken"
+    shutil.copytree(ckpt, broken)
+    (broken / "transformer" / "diffusion_pytorch_model.safetensors").unlink()
+    assert main(["unpack", "--out", str(tmp_path / "x"), "--from", str(broken), "--continue", "dit"]) == 3
+    assert "transformer/diffusion_pytorch_model.safetensors: missing" in capsys.readouterr().err
+
+    out = tmp_path / "b"
+    steps = shipped["dit"]["steps"]
+    assert main(["unpack", "--out", str(out), "--from", str(ckpt), "--continue", f"dit:{steps + 3}"]) == 0
+    dit = load_state(out / "state" / "dit" / "state.pt")
+    transformer = load_file(str(ckpt / "transformer" / "diffusion_pytorch_model.safetensors"))
+    assert set(dit["model"]) == set(transformer)
+    assert all(torch.equal(dit["model"][k], v) and torch.equal(dit["ema"][k], v) for k, v in transformer.items())
+    assert (dit["step"], dit["total_steps"], dit["warm_from"]) == (steps, steps + 3, steps) and "opt" not in dit
+    vae = load_file(str(ckpt / "vae" / "diffusion_pytorch_model.safetensors"))
+    decoder = load_state(out / "state" / "video_decoder" / "state.pt")
+    encoder = load_state(out / "state" / "video_vae" / "state.pt")["model"]
+    assert all(torch.equal(decoder["model"][k], v) for k, v in vae.items())
+    assert all(torch.equal(encoder[k], v) for k, v in vae.items() if k.startswith(ENCODER_SIDE))
+    audio = load_file(str(ckpt / "audio_vae" / "diffusion_pytorch_model.safetensors"))
+    assert all(torch.equal(load_state(out / "state" / "audio_vae" / "state.pt")["model"][k], v)
+               for k, v in audio.items())
+    assert not (out / "state" / "distill").exists()
+
+    rates = []
+    real_set_lr = dit_module.set_lr
+    monkeypatch.setattr(dit_module, "set_lr", lambda opt, lr: (rates.append(lr), real_set_lr(opt, lr)))
+    assert run("all", cfg, out, finish_on_budget=True, max_seconds=900) == 0
+    assert rates == [lr_at(k, cfg.dit_lr, cfg.dit_warmup) for k in range(3)]  # warmed up again from the resume
+    assert rates[0] < cfg.dit_lr
+    record = json.loads((out / "tiny" / "training_record.json").read_text())
+    assert record["stages"]["dit"]["steps"] == steps + 3
+    assert record["stages"]["video_decoder"]["steps"] == shipped["video_decoder"]["steps"]
+    assert record["seeded_from_checkpoint"]["dit"]["warm_from"] == steps
+    assert record["seeded_from_checkpoint"]["dit"]["checkpoint"] == str(ckpt)

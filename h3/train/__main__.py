@@ -6,6 +6,7 @@
     python -m h3.train plot --out runs/tiny-train               # the loss plot of an exported record
     python -m h3.train pack --out runs/tiny-train --to state.pack    # the state for the next device call
     python -m h3.train unpack --out /tmp/run --from state.pack --continue video-vae   # ... and its resume
+    python -m h3.train unpack --out /tmp/run --from h3/assets/tiny --continue dit    # continue the shipped checkpoint
 
 pack / unpack (h3.train.travel): the stage states in a file small enough to travel with a device call, optimizer
 moments in bfloat16 by default; ``--continue STAGE[:STEPS]`` re-opens a stage that a budget ended and removes what
@@ -38,7 +39,7 @@ def _parse_set(values: list[str], cfg):
 
 
 def _travel(args) -> int:
-    from h3.train.travel import PackError, pack_state, unpack_state
+    from h3.train.travel import PackError, pack_state, seed_from_checkpoint, unpack_state
 
     try:
         if args.stage == "pack":
@@ -49,10 +50,20 @@ def _travel(args) -> int:
             if args.source is None:
                 raise PackError("unpack needs --from FILE")
             stages = list(filter(None, args.continue_stages.split(",")))
-            manifest = unpack_state(args.source, args.out / "state", stages)
+            if args.source.is_dir():  # an exported checkpoint (h3/assets/tiny): weights and step counts, no moments
+                manifest = seed_from_checkpoint(args.source, args.out / "state", stages)
+            else:
+                manifest = unpack_state(args.source, args.out / "state", stages)
     except PackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
+    if "checkpoint" in manifest:
+        for stage, info in manifest["stages"].items():
+            print(f"{stage}: step {info['step']}/{info['total_steps']} (planned {info['planned_steps']}), seeded from "
+                  f"{manifest['checkpoint']} (no optimizer moments)")
+        if manifest["dropped"]:
+            print("dropped (they depend on a continued stage): " + ", ".join(manifest["dropped"]))
+        return 0
     for stage, info in manifest["stages"].items():
         print(f"{stage}: step {info['step']}/{info['total_steps']} (planned {info['planned_steps']}), moments "
               f"{info['moments']}, {info['bytes'] / 1e6:.2f} MB packed ({info['raw_bytes'] / 1e6:.2f} MB state.pt)")
@@ -83,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--finish-on-budget", action="store_true")
     parser.add_argument("--code-commit", default="")
     parser.add_argument("--to", type=Path, help="pack: the pack file to write")
-    parser.add_argument("--from", dest="source", type=Path, help="unpack: the pack file to read")
+    parser.add_argument("--from", dest="source", type=Path,
+                        help="unpack: the pack file to read, or an exported checkpoint folder (h3/assets/tiny) to seed "
+                             "the video VAE, video decoder, audio VAE and DiT states from")
     parser.add_argument("--moments", default="bf16", help="pack: bf16 (default), fp32 or drop (finished stages), then any STAGE=MODE, e.g. "
                              "bf16,video_vae=drop")
     parser.add_argument("--continue", dest="continue_stages", default="", metavar="STAGE[:STEPS],...",

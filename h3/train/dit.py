@@ -150,7 +150,7 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
     params = [p for p in transformer.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.dit_lr, betas=(0.9, 0.99), weight_decay=0.0)
     state = load_state(path, cfg.device)
-    log, step, seconds, total, planned = StageLog(), 0, 0.0, cfg.dit_steps, cfg.dit_steps
+    log, step, seconds, total, planned, lineage = StageLog(), 0, 0.0, cfg.dit_steps, cfg.dit_steps, {}
     if state is None:
         init_dit(transformer)
         ema = EMA(transformer, cfg.dit_ema)
@@ -162,6 +162,7 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
         ema.shadow = state["ema"]
         step, log.rows, seconds = state["step"], state["log"], state["seconds"]
         total, planned = state["total_steps"], state.get("planned_steps", state["total_steps"])
+        lineage = {k: state[k] for k in ("warm_from", "seeded_from") if k in state}  # h3.train.travel's seeding
     dist.broadcast(transformer)
     transformer.train()
     started, ran = time.monotonic(), 0
@@ -173,7 +174,7 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
             return
         save_state(path, {"model": transformer.state_dict(), "opt": optimizer.state_dict(), "ema": ema.shadow,
                           "step": step, "log": log.rows, "seconds": seconds + time.monotonic() - started,
-                          "total_steps": total, "planned_steps": planned})
+                          "total_steps": total, "planned_steps": planned, **lineage})
 
     while step < total:
         stop = stop_after is not None and ran >= stop_after
@@ -182,7 +183,7 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
         if stop:
             save()
             return {"done": False, "step": step, "log": log.rows, "seconds": seconds + time.monotonic() - started}
-        set_lr(optimizer, lr_at(step, cfg.dit_lr, cfg.dit_warmup))
+        set_lr(optimizer, lr_at(step - lineage.get("warm_from", 0), cfg.dit_lr, cfg.dit_warmup))
         draw = batches.draw(step, stage=stream)
         loss, metrics = flow_loss(transformer, batches, draw, cfg)
         optimizer.zero_grad(set_to_none=True)

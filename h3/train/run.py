@@ -261,11 +261,13 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
 def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit: str, env: dict) -> dict:
     from h3.world.scene import HELD_OUT_PAIRS
 
-    stages, losses = {}, {}
+    stages, losses, seeded = {}, {}, {}
     for name in ("video_vae", "audio_vae", "video_decoder", "dit", "distill"):
         state = load_state(state_dir / name / "state.pt", "cpu")
         if state is None:
             continue
+        if "seeded_from" in state:
+            seeded[name] = {**state["seeded_from"], "warm_from": state.get("warm_from")}
         stages[name] = {"steps": state["step"], "planned_steps": state.get("planned_steps", state["total_steps"]),
                         "seconds": round(state["seconds"], 1), "final": state["log"][-1] if state["log"] else None}
         losses[name] = state["log"]
@@ -276,6 +278,9 @@ def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit
         "command": command, "reproduce": reproduce, "code_commit": code_commit, "seed": cfg.seed,
         "config": cfg.to_dict(), **env,
         "stages": stages, "losses": losses,
+        # Stages continued from an exported checkpoint (h3.train.travel.seed_from_checkpoint): the reproduce line's
+        # step counts are those of an uninterrupted run, which this one approximates (AdamW restarted there).
+        **({"seeded_from_checkpoint": seeded} if seeded else {}),
         "pool": {"clips": cfg.pool_size, "keyframe_share": cfg.pool_keyframe_share,
                  "file_bytes": pool_path.stat().st_size if pool_path.is_file() else None},
         "held_out_pairs": sorted(map(list, HELD_OUT_PAIRS)),

@@ -240,7 +240,7 @@ def unpack_state(src: Path, state_dir: Path, continue_stages=()) -> dict:
         key = stage.replace("-", "_")
         if key not in states:
             raise PackError(f"continue {stage}: the pack has no {key} state (it has {', '.join(states)})")
-        if "opt" not in states[key]:
+        if "opt" not in states[key] and "seeded_from" not in states[key]:
             raise PackError(f"continue {stage}: the pack dropped its optimizer moments (pack --moments drop); "
                             f"it cannot be continued")
     for stage, state in states.items():
@@ -273,8 +273,10 @@ def reopen_stage(state_dir: Path, stage: str, steps: int | None = None) -> list[
     state = load_state(path, "cpu")
     if state is None:
         raise PackError(f"continue {stage}: no state at {path}")
-    if "opt" not in state:
+    if "opt" not in state and "seeded_from" not in state:
         raise PackError(f"continue {stage}: {path} has no optimizer moments (packed with --moments drop)")
+    if "opt" not in state:  # seeded from a checkpoint: AdamW restarts, so its learning rate warms up again
+        state["warm_from"] = state["step"]
     planned = state.get("planned_steps", state["total_steps"])
     total = steps if steps is not None else planned
     if total <= state["step"]:
@@ -290,3 +292,97 @@ def reopen_stage(state_dir: Path, stage: str, steps: int | None = None) -> list[
             dropped.append(name)
     logger.info("continue %s: %d -> %d steps; dropped %s", stage, state["step"], total, dropped or "nothing")
     return dropped
+
+
+CHECKPOINT_FILES = {"video_vae": "vae/diffusion_pytorch_model.safetensors",
+                    "audio_vae": "audio_vae/diffusion_pytorch_model.safetensors",
+                    "dit": "transformer/diffusion_pytorch_model.safetensors"}
+RECORD_FILE = "training_record.json"
+
+
+def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=()) -> dict:
+    """Training state rebuilt from an exported checkpoint (the one shipped in h3/assets/tiny), for a run that
+    continues it when the state pack it was exported from is gone: a pack lives outside git (it is 35 MB, and the
+    repository travels with every device call), so a new session has only what the repository ships.
+
+    What it holds, from the checkpoint and its ``training_record.json`` (step counts, loss logs, seconds):
+
+    - ``video_vae``: the shipped encoder (what the pool and the decoder stage read) inside a narrow VAE_CONFIG model
+      whose narrow decoder is a seeded stand-in (the run's own was never shipped; nothing after the decoder stage
+      reads it);
+    - ``video_decoder``: the shipped video VAE (wide decoder, frozen encoder);
+    - ``audio_vae``: the shipped audio VAE;
+    - ``dit``: the shipped transformer (the run's EMA) as both the weights and the EMA;
+    - no ``distill``: the next ``all`` redoes the distillation from the DiT (its LoRA ships in another format).
+
+    No optimizer moments travel: a stage re-opened with ``continue_stages`` starts AdamW afresh and warms its learning
+    rate up again from the step it resumes at (``warm_from``), so a continued run is not the uninterrupted run's
+    continuation bit for bit; each state says so in ``seeded_from``, and the next training record lists it."""
+    from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Transformer3DModel
+    from safetensors.torch import load_file
+
+    from h3.tiny_trained import AUDIO_VAE_CONFIG, INIT_SEED, TRANSFORMER_CONFIG, VAE_CONFIG, VAE_DECODER_CONFIG
+    from h3.train.vaes import ENCODER_SIDE
+
+    ckpt, state_dir = Path(ckpt), Path(state_dir)
+    if state_dir.exists() and any(state_dir.iterdir()):
+        raise PackError(f"{state_dir}: not empty; seed into a fresh run folder")
+    for name in (RECORD_FILE, *CHECKPOINT_FILES.values()):
+        if not (ckpt / name).is_file():
+            raise PackError(f"{ckpt / name}: missing; seeding from a checkpoint needs the exported "
+                            f"{RECORD_FILE} and the video VAE, audio VAE and transformer weights")
+    try:
+        record = json.loads((ckpt / RECORD_FILE).read_text())
+        stages_info, losses = record["stages"], record.get("losses", {})
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PackError(f"{ckpt / RECORD_FILE}: not a training record ({exc})") from exc
+    wanted = [_parse_continue(item) for item in continue_stages]
+
+    def weights(stage: str, model) -> dict:
+        try:
+            tensors = load_file(str(ckpt / CHECKPOINT_FILES[stage]))
+            model.load_state_dict(tensors, strict=True)
+        except (RuntimeError, OSError, ValueError) as exc:
+            raise PackError(f"{ckpt / CHECKPOINT_FILES[stage]}: does not fit the {stage} model ({exc})") from exc
+        return {k: v.clone() for k, v in model.state_dict().items()}
+
+    def base(stage: str) -> dict:
+        info = stages_info.get(stage)
+        if not isinstance(info, dict) or not isinstance(info.get("steps"), int) or info["steps"] < 0:
+            raise PackError(f"{ckpt / RECORD_FILE}: no step count for the {stage} stage")
+        seconds = info.get("seconds", 0.0)
+        if not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds < 0:
+            raise PackError(f"{ckpt / RECORD_FILE}: {stage} seconds {seconds!r} is not a finite non-negative number")
+        return {"step": info["steps"], "total_steps": info["steps"],
+                "planned_steps": int(info.get("planned_steps", info["steps"])), "seconds": float(seconds),
+                "log": list(losses.get(stage, [])),
+                "seeded_from": {"checkpoint": str(ckpt), "code_commit": record.get("code_commit", ""),
+                                "steps": info["steps"], "moments": "none (AdamW restarts, learning rate warms up)"}}
+
+    rng = torch.random.get_rng_state()
+    torch.manual_seed(INIT_SEED)
+    try:
+        wide = weights("video_vae", AutoencoderKLMiniMaxH3(**{**VAE_CONFIG, **VAE_DECODER_CONFIG}))
+        narrow = AutoencoderKLMiniMaxH3(**VAE_CONFIG)
+        audio = weights("audio_vae", AutoencoderKLMiniMaxH3Audio(**AUDIO_VAE_CONFIG))
+        dit = weights("dit", MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG))
+    finally:
+        torch.random.set_rng_state(rng)
+    narrow_state = narrow.state_dict()
+    narrow_state.update({k: v for k, v in wide.items() if k.startswith(ENCODER_SIDE)})
+    states = {
+        "video_vae": {**base("video_vae"), "model": narrow_state},
+        "video_decoder": {**base("video_decoder"), "model": wide},
+        "audio_vae": {**base("audio_vae"), "model": audio},
+        "dit": {**base("dit"), "model": dit, "ema": {k: v.clone() for k, v in dit.items() if v.is_floating_point()}},
+    }
+    for stage, _ in wanted:
+        if stage.replace("-", "_") not in states:
+            raise PackError(f"continue {stage}: a checkpoint seeds {', '.join(states)} (not {stage})")
+    for stage, state in states.items():
+        save_state(state_dir / stage / "state.pt", _check_state(state, f"{ckpt}: {stage}"))
+    dropped = []
+    for stage, steps in wanted:
+        dropped += reopen_stage(state_dir, stage, steps)
+    return {"stages": {k: {"step": v["step"], "total_steps": v["total_steps"], "planned_steps": v["planned_steps"]}
+                       for k, v in states.items()}, "dropped": dropped, "checkpoint": str(ckpt)}

@@ -118,26 +118,27 @@ def run_stage(name: str, module: torch.nn.Module, loss_fn, total_steps: int, lr:
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=lr, betas=(0.9, 0.99),
                                   weight_decay=0.0)
     state = load_state(path, cfg.device)
-    log, step, seconds, planned = StageLog(), 0, 0.0, total_steps
+    log, step, seconds, planned, lineage = StageLog(), 0, 0.0, total_steps, {}
     if state is not None:
         module.load_state_dict(state["model"])
         if "opt" in state:  # a finished stage may travel without it (h3.train.travel, --moments drop)
             optimizer.load_state_dict(state["opt"])
         step, log.rows, seconds = state["step"], state["log"], state["seconds"]
         total_steps, planned = state["total_steps"], state.get("planned_steps", state["total_steps"])
+        lineage = {k: state[k] for k in ("warm_from", "seeded_from") if k in state}  # h3.train.travel's seeding
     module.train()
     started, ran = time.monotonic(), 0
 
     def save():
         save_state(path, {"model": module.state_dict(), "opt": optimizer.state_dict(), "step": step, "log": log.rows,
                           "seconds": seconds + time.monotonic() - started, "total_steps": total_steps,
-                          "planned_steps": planned})
+                          "planned_steps": planned, **lineage})
 
     while step < total_steps:
         if budget.expired() or (stop_after is not None and ran >= stop_after):
             save()
             return {"done": False, "step": step, "log": log.rows, "seconds": seconds + time.monotonic() - started}
-        set_lr(optimizer, lr_at(step, lr, warmup))
+        set_lr(optimizer, lr_at(step - lineage.get("warm_from", 0), lr, warmup))
         loss, metrics = loss_fn(module, cfg, step)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
