@@ -400,6 +400,13 @@ def render_tiny(name: str, candidate: str = "baseline", num_frames: int | None =
     return frames
 
 
+def tiny_cached(name: str, candidate: str = "baseline", num_frames: int | None = TINY_FRAMES) -> bool:
+    """Whether the render of ``name`` by ``candidate`` is in the cache (default size and steps)."""
+    prompt_id, _, seed = tiny_spec(name)
+    recipe = tiny_recipe(candidate)
+    return (tiny_cache_dir() / f"{candidate}-{recipe.sha256()[:12]}-{prompt_id}-s{seed}-f{num_frames or 'default'}.npy").is_file()
+
+
 def tiny_render_info(name: str, candidate: str = "baseline", num_frames: int | None = TINY_FRAMES) -> dict | None:
     """The record summary stored beside a cached render (recipe, frames hash, seconds, lever telemetry), or None."""
     prompt_id, _, seed = tiny_spec(name)
