@@ -242,10 +242,16 @@ def score_window(job: tuple[str, str, int, int]) -> list[dict]:
     return rows
 
 
+TINY_CACHED_ONLY = False
+"""--tiny-cached-only: score only the tiny candidates already rendered (the report lists what is missing)."""
+
+
 def tiny_candidates(source: str, frames_slice: slice) -> list[tuple[dict, np.ndarray]]:
     """The tiny kinds of ``source`` over ``frames_slice``, written through the runtime's encoder (x264 CRF 18)."""
     out = []
     for kind, spec in TINY_KINDS.items():
+        if TINY_CACHED_ONLY and not corpus.tiny_cached(source, kind):
+            continue
         cand = corpus.render_tiny(source, kind, num_frames=corpus.TINY_FRAMES)[frames_slice]
         meta = {"kind": kind, "benign": spec["benign"]}
         if not spec["benign"]:
@@ -293,6 +299,38 @@ def score_tiny_pair(source: str) -> list[dict]:
                      "seconds": round(time.perf_counter() - t0, 3)})
     logger.info("tiny pair %s: %d candidates", source, len(rows))
     return rows
+
+
+def tiny_distances() -> dict:
+    """How far each tiny kind's raw render (before the MP4 encode) is from the baseline's, per source: PSNR, mean and
+    max absolute difference (levels), and where the difference lies: the share of the squared difference inside
+    the moving region (luma change between consecutive baseline frames above 6 levels, dilated 4 pixels) against
+    that region's share of the pixels. A stale-feature ghost concentrates its difference where the content moves."""
+    import cv2
+
+    out: dict = {}
+    for name in corpus.tiny_clips():
+        base = corpus.render_tiny(name, num_frames=corpus.TINY_FRAMES).astype(np.float64)
+        luma = base @ np.array([0.299, 0.587, 0.114])
+        moving = np.zeros(luma.shape, bool)
+        moving[1:] = np.abs(np.diff(luma, axis=0)) > 6.0
+        moving = np.stack([cv2.dilate(m.astype(np.uint8), np.ones((9, 9), np.uint8)) > 0 for m in moving])
+        for kind in TINY_KINDS:
+            if TINY_CACHED_ONLY and not corpus.tiny_cached(name, kind):
+                continue
+            cand = corpus.render_tiny(name, kind, num_frames=corpus.TINY_FRAMES).astype(np.float64)
+            d = cand - base
+            sq = (d ** 2).sum(axis=-1)
+            mse = float((d ** 2).mean())
+            info = corpus.tiny_render_info(name, kind) or {}
+            out.setdefault(kind, {})[name] = {
+                "psnr_db": None if mse == 0 else round(10 * np.log10(255.0 ** 2 / mse), 2),
+                "mean_abs": round(float(np.abs(d).mean()), 3), "max_abs": int(np.abs(d).max()),
+                "moving_share_of_pixels": round(float(moving.mean()), 4),
+                "moving_share_of_difference": None if mse == 0 else round(float(sq[moving].sum() / sq.sum()), 4),
+                "telemetry": (info.get("levers") or {}).get("cache") or (info.get("levers") or {}).get("quant"),
+                "render_s": info.get("seconds")}
+    return out
 
 
 def score_tiny(workers: int, limit: int = 0) -> tuple[list[dict], list[dict]]:
@@ -653,6 +691,36 @@ def tiny_markdown(report: dict) -> list[str]:
         lines += ["", "| run scenario (resampling the tiny publish windows) | runs FAILed [95% CI] |", "|---|---:|"]
         for name, v in tiny["runs"].items():
             lines.append(f"| {name} | {fmt_rate(v)} |")
+    missing = [f"{n} {k}" for n, v in (report.get("tiny_sources") or {}).items() for k in TINY_KINDS
+               if not any(r["source"] == n and r["kind"] == k for r in report["rows"])]
+    if missing:
+        lines += ["", f"Not rendered in this run (--tiny-cached-only), so not scored: {', '.join(missing)}."]
+    dist = report.get("tiny_distances") or {}
+    if dist:
+        lines += ["", "How far each kind's raw render is from the baseline's (before the MP4 encode; per source, "
+                  "median [min, max] over the sources): PSNR, mean absolute difference in levels, and the share of "
+                  "the squared difference inside the moving region (luma change between consecutive baseline "
+                  "frames above 6 levels, dilated 4 pixels) against that region's share of the pixels; for the "
+                  "cache, the DiT forwards it skipped (lever telemetry).", "",
+                  "| kind | PSNR (dB) | mean abs | max abs | difference in the moving region / its pixel share | "
+                  "cached steps of 29 |", "|---|---:|---:|---:|---:|---:|"]
+
+        def span(values, fmt):
+            values = [v for v in values if v is not None]
+            if not values:
+                return "n/a"
+            return f"{fmt.format(float(np.median(values)))} [{fmt.format(min(values))}, {fmt.format(max(values))}]"
+
+        for kind, per in dist.items():
+            v = list(per.values())
+            psnr = "exact (all equal)" if all(x["psnr_db"] is None for x in v) else span([x["psnr_db"] for x in v], "{:.1f}")
+            share = span([x["moving_share_of_difference"] for x in v], "{:.2f}")
+            pix = span([x["moving_share_of_pixels"] for x in v], "{:.2f}")
+            cached = [x["telemetry"].get("cached_steps") for x in v
+                      if x["telemetry"] and x["telemetry"].get("cached_steps") is not None]
+            lines.append(f"| {kind} | {psnr} | {span([x['mean_abs'] for x in v], '{:.2f}')} | "
+                         f"{span([x['max_abs'] for x in v], '{:.0f}')} | {share} / {pix} | "
+                         f"{span(cached, '{:.0f}') if cached else 'n/a'} |")
     ba = a.get("fit_before_after_tiny")
     if ba:
         t0, t1 = ba["tail_without_tiny"], ba["tail_with_tiny"]
@@ -804,7 +872,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--score-tiny", action="store_true",
                         help="with --rescore: keep the stored scores of the other sources, score the trained tiny "
                              "preset's sources anew (rendering what its cache lacks)")
+    parser.add_argument("--tiny-cached-only", action="store_true",
+                        help="tiny sources: skip the candidates not in the render cache instead of rendering them")
     args = parser.parse_args(argv)
+    global TINY_CACHED_ONLY
+    TINY_CACHED_ONLY = args.tiny_cached_only
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     json_path = args.results_dir / "ghosting_calibration.json"
     command = "PYTHONPATH=. python bench/ghosting_calibration.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -866,6 +938,7 @@ def main(argv: list[str] | None = None) -> int:
                              "renders": {k: corpus.tiny_render_info(n, k) for k in ("baseline", *TINY_KINDS)}}
                          for n in corpus.tiny_clips()},
         "tiny_checkpoint": {"training_record_sha256_16": corpus.tiny_key()} if corpus.tiny_clips() else None,
+        "tiny_distances": tiny_distances() if corpus.tiny_clips() else {},
         "analysis": analyse(rows, config, pair_rows), "reading": READING, "rows": rows, "pair_rows": pair_rows,
     }
     args.results_dir.mkdir(parents=True, exist_ok=True)
