@@ -258,10 +258,9 @@ TINY_PROMPTS = 8
 """The first 8 prompts of world-heldout: captions of held-out colour-shape pairs (never in a training caption, like a
 user's prompt), with one and two shapes, plain / checkered / striped backgrounds and camera pans left and right.
 world-demo has only 4 prompts, too few for a split by prompt with both sides varied."""
-TINY_SEEDS = (0,)
-"""One seed per prompt: on this shared 2-core CPU a 124-frame 29-step render took about 60 s (other jobs held both
-cores), so the 4 renders of each of 8 sources took about half an hour; a second seed doubles the tiny corpus and its
-cost (add 1 here, then rerun with --score-tiny)."""
+TINY_SEEDS = (0, 1)
+"""Two seeds per prompt: 16 sources, 64 renders (a 124-frame 29-step render took 6-10 s on an idle 2-core CPU, 40-200
+s while other jobs held both cores; INT8 weight-only is the slowest)."""
 TINY_FRAMES: int | None = None
 """Frames per tiny calibration clip: None, the runtime's default 5 s (124 frames at 24 fps, the shortest H3
 generates): three 32-frame windows from frame 4."""
