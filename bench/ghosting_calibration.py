@@ -987,8 +987,33 @@ READING: list[str] = [
     "reach; pan-chelsea's plain lag-1 echoes are missed for the same reason. Closing this needs a "
     "detector change (a finer working resolution for small displacements, or a nuisance that tells a sub-pixel "
     "misregistration from a 2-pixel copy) and a new fit and publish run; it was not done here.",
-    "The trained tiny preset (branch tiny) is not a source yet; ghosting_corpus.tiny_clips is the hook that adds its "
-    "exact / near-exact recipes as benign kinds and its aggressive step cache as a ghost kind.",
+    "The trained tiny preset (tiny-trained, h3/assets/tiny) is now a source: 8 world-heldout prompts x seeds 0 and 1, "
+    "124-frame 128x128 renders on the CPU, split by prompt (tables 'The trained tiny preset's kinds'). Its exact kind "
+    "(identity) is byte-identical in all 48 windows and 8 pairs. Its near-exact kind (INT8 weight-only linears at "
+    "the baseline's 29 steps; PSNR 44.4 dB median, 37.1-49.2 over the 16 sources) is not flagged on the publish "
+    "prompts (0 / 24 windows, 0 / 8 pairs), but on fit prompt heldout-00 seed 1 (tiny-1) every window of its "
+    "render scores as a lag-0 copy shifted (2, -4) or (1, -3) with evidence 0.042-0.060, above "
+    "any benign fit window before (0.0429); under the gate's shipped null (the fit without the tiny windows) its "
+    "first window has p 0.0005, a false alarm at flag_p 0.001. The detector cannot tell a near-exact recipe that "
+    "renders a small moving object slightly displaced (the likely cause here; not inspected frame by frame) from "
+    "a lag-0 ghost.",
+    "The tables above use the null fitted with the tiny fit windows; the per-pair figures quoted in the items "
+    "above (110 of 118, 112 of 136, the lag-0 diagnosis) are from the fit without them, the gate's shipped null. "
+    "Joining the fit, those tiny INT8 windows double the fitted scale (0.0107 -> 0.0212; u 0.00335 -> 0.00597): "
+    "no publish benign window is flagged under either null, but with the tiny windows in the fit the alpha 0.05 run target "
+    "falls from 100% to 56.8% of runs FAILed and production pairs at alpha >= 0.10 from 82.4% to 47.1% (table 'The "
+    "fitted null before / after'). So with the tiny fit windows the targets are NOT all met; the gate still ships "
+    "the null without them (gates/ghosting.py was not changed here), under which the targets are met as before and "
+    "the tiny fit INT8 window above is a false alarm. Which to ship is a decision for the detector, not the "
+    "calibration: the fix is a detector that discounts a displaced copy of a moving object that is not also "
+    "present at its old position (a ghost leaves both), then a new fit.",
+    "The tiny cache ghost (FirstBlockCache at threshold 0.3: 20-21 of 29 DiT forwards reuse stale features; "
+    "PSNR 29.9 dB median) is a different sample more than an echo: the detector finds lag-0 copies displaced by "
+    "2-4 pixels (the shape drawn where the stale features put it), not temporal echoes, and 0.36 of the "
+    "difference lies in the moving region that covers 0.14 of the pixels. It is flagged in 2 / 24 publish windows "
+    "and 1 / 8 publish pairs under the fitted null (3 / 24 and 2 / 8 under the shipped one); a run whose 16 pairs "
+    "all carry it FAILs 94.0% of the time at 4 windows per pair. Detecting it per pair needs what the near-exact "
+    "false alarm needs: a model of a displaced moving object.",
 ]
 
 
