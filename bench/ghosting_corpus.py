@@ -13,8 +13,11 @@ resolution (long side <= 336: a 768x1344 clip is analysed at 192x336, ``Ghosting
   the frames carry the blur of a real camera.
 * ``scene-<n>``: a procedural scene: textured shapes moving at different speeds over a textured background that
   drifts, some occluding others, with a slow global illumination change.
-* ``tiny-<n>``: the trained tiny preset's clips (hook, :func:`tiny_clips`): not available until the trained preset
-  lands; then its exact / near-exact recipe candidates become benign kinds and its aggressive step cache a ghost kind.
+* ``tiny-<n>``: the trained tiny preset's clips (:func:`tiny_clips`, :func:`render_tiny`): the baseline recipe's
+  128x128 124-frame render of one (prompt, seed) of prompts/world-heldout.jsonl on the CPU, cached on disk keyed by
+  the checkpoint's training record; its candidates (:data:`TINY_CANDIDATES`) are the renders of the same prompt and
+  seed by an exact recipe (identity) and a near-exact one (INT8 weight-only at the baseline's 29 steps), both benign,
+  and by an aggressive step cache (FirstBlockCache at threshold 0.3), a ghost. Empty where h3/assets/tiny is absent.
 
 Benign candidates (:data:`BENIGN`): re-encodes of the source with every encoder PyAV offers here (x264 at CRF
 18-32 and other GOP / B-frame settings, x265, VP9, VP8, AV1 (SVT), MPEG-4 part 2, MJPEG), +-1 LSB noise, small gamma
@@ -26,8 +29,11 @@ moves, seed 001's "second rendering of the moving subject").
 from __future__ import annotations
 
 import functools
+import json
+import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -246,14 +252,176 @@ def procedural_scene(num_frames: int, seed: int, height: int = 180, width: int =
     return frames
 
 
-def tiny_clips() -> list[str]:
-    """Hook for the trained tiny preset (branch ``tiny``): the names of its calibration clips, empty until it lands.
+# -- the trained tiny preset's clips ---------------------------------------------------------------------------
+TINY_SUITE = Path(__file__).resolve().parents[1] / "prompts" / "world-heldout.jsonl"
+TINY_PROMPTS = 8
+"""The first 8 prompts of world-heldout: captions of held-out colour-shape pairs (never in a training caption, like a
+user's prompt), with one and two shapes, plain / checkered / striped backgrounds and camera pans left and right.
+world-demo has only 4 prompts, too few for a split by prompt with both sides varied."""
+TINY_SEEDS = (0, 1)
+"""Two seeds per prompt: 16 sources, 64 renders (a 124-frame 29-step render took 6-10 s on an idle 2-core CPU, 40-200
+s while other jobs held both cores; INT8 weight-only is the slowest)."""
+TINY_FRAMES: int | None = None
+"""Frames per tiny calibration clip: None, the runtime's default 5 s (124 frames at 24 fps, the shortest H3
+generates): three 32-frame windows from frame 4."""
+TINY_DEVICE = "cpu"
+TINY_CANDIDATES: dict[str, dict] = {
+    # name -> (changes to the baseline recipe, benign?). Rendered with the clip's prompt and seed.
+    "tiny_identity": {"recipe": "identity", "benign": True},
+    "tiny_int8wo": {"recipe": "baseline", "benign": True, "name": "baseline-int8wo",
+                    "update": {"quant": {"mode": "int8_weight_only"}}},
+    "tiny_fbc": {"recipe": "baseline", "benign": False, "name": "baseline-fbc-0.3",
+                 "update": {"cache": {"kind": "fbc", "threshold": 0.3}}},
+}
+"""Candidates of a tiny source: ``tiny_identity`` (every lever named and off: exact, byte-identical),
+``tiny_int8wo`` (INT8 weight-only linears at the baseline's 29 steps: near-exact) and ``tiny_fbc`` (diffusers'
+FirstBlockCache at threshold 0.3: an aggressive step cache whose skipped steps reuse stale features; the shipped
+fbc-cache recipe's 0.05 is the mild setting)."""
+_TINY_LOG = logging.getLogger("ghosting_corpus.tiny")
 
-    To add it: return one name per (prompt, seed) of the trained tiny baseline, make :func:`load_source` render
-    ``tiny-<n>`` with the baseline recipe (h3.runtime, tiny preset, CPU), and add its exact / near-exact recipes'
-    renders of the same (prompt, seed) as benign kinds and its aggressive step-cache recipe as a ghost kind in
-    bench/ghosting_calibration.py (``CANDIDATE_KINDS``). Its clips then join the fit / publish split by prompt."""
-    return []
+
+def tiny_dir() -> Path:
+    from h3.tiny_trained import TRAINED_DIR
+
+    return TRAINED_DIR
+
+
+def tiny_key() -> str:
+    """What the cached renders are keyed by: the first 16 hex digits of the sha256 of the checkpoint's
+    training_record.json (a new training run writes a new record)."""
+    import hashlib
+
+    return hashlib.sha256((tiny_dir() / "training_record.json").read_bytes()).hexdigest()[:16]
+
+
+def tiny_cache_dir() -> Path:
+    """``$H3_GHOST_CACHE`` or ``~/.cache/h3eval/ghosting-tiny``, then the checkpoint key."""
+    root = Path(os.environ.get("H3_GHOST_CACHE") or Path.home() / ".cache" / "h3eval" / "ghosting-tiny")
+    return root / tiny_key()
+
+
+@functools.lru_cache(maxsize=1)
+def tiny_prompts() -> list[dict]:
+    lines = [json.loads(line) for line in TINY_SUITE.read_text().splitlines() if line.strip()]
+    return lines[:TINY_PROMPTS]
+
+
+def tiny_clips() -> list[str]:
+    """The trained tiny preset's calibration clips: ``tiny-<n>`` for n = prompt index * len(TINY_SEEDS) + seed index
+    over the first TINY_PROMPTS prompts of world-heldout and the seeds TINY_SEEDS; empty, with the reason logged,
+    where the trained checkpoint (h3/assets/tiny) is absent."""
+    if not (tiny_dir() / "transformer").is_dir() or not (tiny_dir() / "training_record.json").is_file():
+        _TINY_LOG.warning("trained tiny preset absent (%s): no tiny calibration sources", tiny_dir())
+        return []
+    return [f"tiny-{n}" for n in range(len(tiny_prompts()) * len(TINY_SEEDS))]
+
+
+def tiny_spec(name: str) -> tuple[str, str, int]:
+    """(prompt id, prompt, seed) of source ``tiny-<n>``."""
+    n = int(name[5:])
+    line = tiny_prompts()[n // len(TINY_SEEDS)]
+    return line["id"], line["prompt"], TINY_SEEDS[n % len(TINY_SEEDS)]
+
+
+def tiny_recipe(candidate: str = "baseline", steps: int | None = None):
+    """The recipe of ``candidate`` (``baseline`` or a TINY_CANDIDATES name); ``steps`` overrides the step count
+    (the tests' 2-step clips)."""
+    from h3.recipe import load_recipe, recipe_from_dict
+
+    spec = {"recipe": "baseline"} if candidate == "baseline" else TINY_CANDIDATES[candidate]
+    recipe = load_recipe(spec["recipe"])
+    data = recipe.model_dump(mode="json", exclude_none=True)
+    if spec.get("update") or steps is not None:
+        for section, values in (spec.get("update") or {}).items():
+            data[section] = {**(data.get(section) or {}), **values}
+        data["name"] = spec.get("name", data["name"]) + (f"-{steps}steps" if steps is not None else "")
+        if steps is not None:
+            data["steps"] = steps
+        recipe = recipe_from_dict(data, source=f"ghosting_corpus:{candidate}")
+    return recipe
+
+
+_TINY_RUNTIMES: dict[str, object] = {}
+
+
+def _tiny_runtime(recipe):
+    from h3.runtime import H3Runtime
+
+    key = recipe.sha256()
+    if key not in _TINY_RUNTIMES:
+        _TINY_RUNTIMES.clear()  # one model at a time: they are small, but the CPU is shared
+        _TINY_RUNTIMES[key] = H3Runtime.load("tiny-trained", recipe, TINY_DEVICE)
+    return _TINY_RUNTIMES[key]
+
+
+def render_tiny(name: str, candidate: str = "baseline", num_frames: int | None = None, steps: int | None = None,
+                cache: bool = True, size: int | None = None) -> np.ndarray:
+    """The frames (uint8 (T, 128, 128, 3), before the runtime's MP4 encode) that the trained tiny preset renders
+    for source ``name``'s prompt and seed under ``candidate``'s recipe, on the CPU; cached as .npy under
+    :func:`tiny_cache_dir` keyed by the recipe's sha256, the prompt id, the seed, the frame count and ``size``
+    (a square canvas other than the preset's 128, for the tests)."""
+    from unittest import mock
+
+    import h3.runtime as runtime_mod
+    from h3.runtime import GenerateRequest
+
+    prompt_id, prompt, seed = tiny_spec(name)
+    recipe = tiny_recipe(candidate, steps)
+    path = tiny_cache_dir() / (f"{candidate}-{recipe.sha256()[:12]}-{prompt_id}-s{seed}-f{num_frames or 'default'}"
+                               + (f"-{size}px" if size else "") + ".npy")
+    if cache and path.is_file():
+        return np.load(path)
+    runtime = _tiny_runtime(recipe)
+    captured: list[np.ndarray] = []
+    real_encode = runtime_mod.encode_mp4
+
+    def capture(out, frames, *args, **kwargs):
+        captured.append(np.array(frames, copy=True))
+        return real_encode(out, frames, *args, **kwargs)
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ghosttiny-") as tmp, mock.patch.object(runtime_mod, "encode_mp4", capture):
+        record = runtime.generate(GenerateRequest(prompt=prompt, seed=seed, num_frames=num_frames, height=size,
+                                                  width=size, prompt_id=prompt_id), Path(tmp) / "clip.mp4")
+    (frames,) = captured
+    info = {"recipe": recipe.name, "recipe_sha256": recipe.sha256(), "model_sha256": record.model_sha256,
+            "frames_sha256": record.frames_sha256, "seconds": round(time.perf_counter() - t0, 2),
+            "forward_passes": record.executed.forward_passes,
+            "levers": record.executed.model_dump(mode="json").get("levers")}
+    _TINY_LOG.info("rendered %s %s (%s, seed %d): %s in %.1f s", name, candidate, prompt_id, seed, frames.shape,
+                   time.perf_counter() - t0)
+    if cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp_path = path.with_suffix(f".tmp{os.getpid()}.npy")
+        np.save(tmp_path, frames)
+        os.replace(tmp_path, path)
+        path.with_suffix(".json").write_text(json.dumps(info, indent=1, default=str))
+    return frames
+
+
+def tiny_cached(name: str, candidate: str = "baseline", num_frames: int | None = TINY_FRAMES) -> bool:
+    """Whether the render of ``name`` by ``candidate`` is in the cache (default size and steps)."""
+    prompt_id, _, seed = tiny_spec(name)
+    recipe = tiny_recipe(candidate)
+    return (tiny_cache_dir() / f"{candidate}-{recipe.sha256()[:12]}-{prompt_id}-s{seed}-f{num_frames or 'default'}.npy").is_file()
+
+
+def tiny_render_info(name: str, candidate: str = "baseline", num_frames: int | None = TINY_FRAMES) -> dict | None:
+    """The record summary stored beside a cached render (recipe, frames hash, seconds, lever telemetry), or None."""
+    prompt_id, _, seed = tiny_spec(name)
+    recipe = tiny_recipe(candidate)
+    path = tiny_cache_dir() / f"{candidate}-{recipe.sha256()[:12]}-{prompt_id}-s{seed}-f{num_frames or 'default'}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def render_tiny_all(num_frames: int = TINY_FRAMES) -> None:
+    """Render (or find cached) every tiny source and candidate, by recipe so that each model loads once."""
+    names = tiny_clips()
+    for seed_index in range(len(TINY_SEEDS)):  # every candidate of the first seed's sources before the next seed's
+        mine = [n for n in names if int(n[5:]) % len(TINY_SEEDS) == seed_index]
+        for candidate in ("baseline", "tiny_fbc", "tiny_int8wo", "tiny_identity"):
+            for name in mine:
+                render_tiny(name, candidate, num_frames=num_frames)
 
 
 def source_names() -> dict[str, list[str]]:
@@ -277,6 +445,8 @@ def load_source(name: str, num_frames: int = 132) -> np.ndarray:
         return camera_pan(image, num_frames, seed=PAN_IMAGES.index(image))
     if name.startswith("scene-"):
         return procedural_scene(num_frames, seed=int(name[6:]))
+    if name.startswith("tiny-"):
+        return render_tiny(name, num_frames=TINY_FRAMES)
     raise KeyError(f"unknown calibration source {name!r}")
 
 
