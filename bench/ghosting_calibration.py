@@ -227,6 +227,13 @@ def score_window(job: tuple[str, str, int, int]) -> list[dict]:
         meta = {"kind": family, "benign": False, "alpha": alpha, "lag": lag, "dy": dy, "dx": dx,
                 "visibility": round(visibility(src, start, lag, dy, dx, alpha, masked, config), 3)}
         cands.append((meta, corpus.roundtrip(planted, "x264_crf18")))
+    rows = _window_rows(split, source, start, base, cands, config)
+    logger.info("%s %s@%d: %d candidates", split, source, start, len(rows))
+    return rows
+
+
+def _window_rows(split: str, source: str, start: int, base: np.ndarray, cands, config) -> list[dict]:
+    """One row per (meta, candidate frames): the window's ghost score against ``base``."""
     rows = []
     for meta, cand in cands:
         t0 = time.perf_counter()
@@ -238,7 +245,6 @@ def score_window(job: tuple[str, str, int, int]) -> list[dict]:
             "blocks": win.blocks, "copy": [win.lag, win.dy, win.dx], "seconds": round(time.perf_counter() - t0, 3),
             "factor": fs.factor, "pixels_equal": bool(np.array_equal(base, cand)),
         })
-    logger.info("%s %s@%d: %d candidates", split, source, start, len(rows))
     return rows
 
 
@@ -267,17 +273,7 @@ def score_tiny_window(job: tuple[str, str, int, int]) -> list[dict]:
     src = load(source)
     config = GhostingConfig()
     base = corpus.roundtrip(src[start : start + WINDOW], "x264_crf18")
-    rows = []
-    for meta, cand in tiny_candidates(source, slice(start, start + WINDOW)):
-        t0 = time.perf_counter()
-        fs = ghost_scores(base, cand, config)
-        (win,) = fs.windows
-        rows.append({
-            "split": split, "source": source, "start": start, **meta,
-            "strength": round(win.score, 5), "stderr": round(win.stderr, 5), "evidence": round(win.evidence, 5),
-            "blocks": win.blocks, "copy": [win.lag, win.dy, win.dx], "seconds": round(time.perf_counter() - t0, 3),
-            "factor": fs.factor, "pixels_equal": bool(np.array_equal(base, cand)),
-        })
+    rows = _window_rows(split, source, start, base, tiny_candidates(source, slice(start, start + WINDOW)), config)
     logger.info("%s %s@%d: %d tiny candidates", split, source, start, len(rows))
     return rows
 
