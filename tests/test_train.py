@@ -649,7 +649,7 @@ def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
     assert run("all", TrainConfig.smoke(), tmp_path, parallel_vaes=True, finish_on_budget=True,
                max_seconds=900) == 0
     record = json.loads((tmp_path / "tiny" / "training_record.json").read_text())
-    assert set(record["stages"]) == {"video_vae", "video_decoder", "audio_vae", "dit", "distill"}
+    assert set(record["stages"]) == {"video_vae", "video_decoder", "audio_vae", "audio_decoder", "dit", "distill"}
     assert "--set video_decoder_steps=3" in record["reproduce"]
     vae = json.loads((tmp_path / "tiny" / "vae" / "config.json").read_text())
     assert {k: vae[k] for k in VAE_DECODER_CONFIG} == VAE_DECODER_CONFIG
@@ -697,8 +697,8 @@ def test_seeding_from_the_exported_checkpoint_continues_it(tmp_path, monkeypatch
     assert all(torch.equal(decoder["model"][k], v) for k, v in vae.items())
     assert all(torch.equal(encoder[k], v) for k, v in vae.items() if k.startswith(ENCODER_SIDE))
     audio = load_file(str(ckpt / "audio_vae" / "diffusion_pytorch_model.safetensors"))
-    assert all(torch.equal(load_state(out / "state" / "audio_vae" / "state.pt")["model"][k], v)
-               for k, v in audio.items())
+    for stage in ("audio_vae", "audio_decoder"):  # the record has an audio-decoder stage: it is seeded too
+        assert all(torch.equal(load_state(out / "state" / stage / "state.pt")["model"][k], v) for k, v in audio.items())
     assert not (out / "state" / "distill").exists()
 
     rates = []
@@ -710,5 +710,60 @@ def test_seeding_from_the_exported_checkpoint_continues_it(tmp_path, monkeypatch
     record = json.loads((out / "tiny" / "training_record.json").read_text())
     assert record["stages"]["dit"]["steps"] == steps + 3
     assert record["stages"]["video_decoder"]["steps"] == shipped["video_decoder"]["steps"]
+    assert record["stages"]["audio_decoder"]["steps"] == shipped["audio_decoder"]["steps"]
     assert record["seeded_from_checkpoint"]["dit"]["warm_from"] == steps
     assert record["seeded_from_checkpoint"]["dit"]["checkpoint"] == str(ckpt)
+
+
+def test_audio_decoder_continues_the_decoder_on_whole_clips_with_the_encoder_frozen(tmp_path):
+    """The audio-decoder stage: starts from the audio-vae stage's weights, leaves every encoder-side weight (the causal
+    attention included) bit for bit as it was, so the pool's latents do not move; trains the decoder side; on whole
+    clips (``audio_decoder_latents`` None) its loss compares the decode, cropped to the clip's length, with the clip;
+    a resumed slice lands on the uninterrupted run's state."""
+    from diffusers import AutoencoderKLMiniMaxH3Audio
+    from diffusers.utils.torch_utils import randn_tensor
+
+    import h3.train.vaes as vaes
+    from h3.tiny_trained import AUDIO_VAE_CONFIG
+    from h3.train.common import generators, load_state
+    from h3.world.render import render_audio
+    from h3.world.scene import sample_scenes
+
+    torch.manual_seed(5)
+    start = AutoencoderKLMiniMaxH3Audio(**AUDIO_VAE_CONFIG).state_dict()
+    cfg = TrainConfig.smoke(audio_decoder_steps=4, log_every=1)
+    audio_vae = vaes.audio_decoder_vae(start)
+    trainable = {n for n, p in audio_vae.named_parameters() if p.requires_grad}
+    assert trainable and all(not n.startswith(vaes.AUDIO_ENCODER_SIDE) for n in trainable)
+    assert any(n.startswith("pre_block.") for n, _ in audio_vae.named_parameters())  # the attention is frozen too
+    straight = vaes.train_audio_decoder(audio_vae, cfg, tmp_path / "a", Budget(None))
+    trained = load_state(tmp_path / "a" / "audio_decoder" / "state.pt")["model"]
+    for name, value in trained.items():
+        if name.startswith(vaes.AUDIO_ENCODER_SIDE):
+            assert torch.equal(value, start[name]), name
+    assert any(not torch.equal(trained[n], start[n]) for n in trainable)
+    assert not vaes.train_audio_decoder(vaes.audio_decoder_vae(start), cfg, tmp_path / "b", Budget(None),
+                                        stop_after=2)["done"]
+    resumed = vaes.train_audio_decoder(vaes.audio_decoder_vae(start), cfg, tmp_path / "b", Budget(None))
+    assert resumed["done"] and resumed["log"] == straight["log"]
+    _assert_same_state(load_state(tmp_path / "a" / "audio_decoder" / "state.pt"),
+                       load_state(tmp_path / "b" / "audio_decoder" / "state.pt"), keys=("model",))
+
+    # whole clips: the wave term is the click-weighted L1 + 10 L2 of (decode cropped to the clip) - clip, in float64
+    cfg = TrainConfig.smoke(audio_decoder_latents=None, audio_decoder_batch=1)
+    audio_vae = vaes.audio_decoder_vae(start).eval()
+    _, metrics = vaes.audio_vae_loss(audio_vae, cfg, 0, stage="audio-decoder", batch=1, latents=None)
+    scenes = sample_scenes(vaes.scene_stream(cfg.seed, "audio-decoder"), 1, start=0)
+    audio, clicks = render_audio(scenes, "cpu", return_click_mask=True)
+    _, dev_g = generators(cfg.seed, "audio-decoder", 0, "cpu")
+    with torch.no_grad():
+        mean = audio_vae.encode(audio[:, :1]).latent_dist.mean
+        z = mean + 0.05 * mean.std().clamp(min=1e-3) * randn_tensor(mean.shape, generator=dev_g, dtype=mean.dtype)
+        decoded = audio_vae.decode(z).sample
+    assert mean.shape[-1] * vaes.HOP >= audio.shape[-1] > (mean.shape[-1] - 1) * vaes.HOP  # the whole clip encoded
+    assert decoded.shape[-1] > audio.shape[-1]
+    err = decoded[..., :audio.shape[-1]].double() - audio[:, :1].double()
+    weight = 1.0 + cfg.audio_vae_click_weight * clicks[:, None].double()
+    wave = float((weight * err.abs()).mean() + 10 * (weight * err.pow(2)).mean())
+    assert float(metrics["wave"]) == pytest.approx(wave, rel=1e-4)
+    assert float(metrics["l1"]) == pytest.approx(float(err.abs().mean()), rel=1e-4)

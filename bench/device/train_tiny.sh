@@ -21,7 +21,7 @@
 # (a folder, carried with the call, holding an earlier call's state.pack.part-*), CONTINUE (with RESUME_FROM: stages a
 # budget ended that this call re-opens, STAGE[:STEPS],...: video-vae or audio-vae drops the dit and distill states
 # that depend on it, dit drops distill), PACK_MOMENTS (bf16), RUN_DIR (/tmp/h3-train; with RESUME_FROM it is emptied
-# first when it is that default).
+# first when it is that default), PACK (1; 0 returns no state pack: a call seeded from the shipped checkpoint needs none).
 #
 # Next training (planned 2026-12-01 after runs 5-7, bench/results/tiny_train_h200.md): the shipped checkpoint
 # (h3/assets/tiny, run 7: video VAE 629 + decoder 4016, audio VAE 2632, DiT 7413 at 14 steps/s of 192 alone on one
@@ -32,7 +32,11 @@
 #     bash bench/device/train_tiny.sh $OUT
 # and between calls its returned tiny.tgz.part-* replace h3/assets/tiny in the working tree (uncommitted until the
 # last), so the next call seeds from them (AdamW restarts and warms up 300 steps each call: ~20 s; the DiT continues
-# from its EMA). Pool ~120 s, then ~5000 DiT steps a call. The content check's ceilings are the VAEs' (python
+# from its EMA). Pool ~120 s, then ~5000 DiT steps a call. Since 2026-12-01 (session 4) the audio-decoder stage (the
+# audio VAE's decoder continued on whole clips, encoder frozen: the pool's latents do not move) trains beside them:
+#   WHEELS=.whl COMMIT=<sha> RESUME_FROM=h3/assets/tiny CONTINUE=dit PACK=0 \
+#     STAGE_SECONDS=audio-decoder=420,distill=100,export=30 bash bench/device/train_tiny.sh $OUT
+# (a checkpoint whose record has an audio_decoder stage seeds it as done: CONTINUE=dit,audio-decoder re-opens it). The content check's ceilings are the VAEs' (python
 # bench/vae_roundtrip.py h3/assets/tiny): shape 2/8 and sync 2/8 (clicks) at run 7, so sync >= 80% also needs a better
 # audio VAE (CONTINUE=audio-vae restarts the DiT: its latents change) and shape a better video VAE.
 #
@@ -113,7 +117,7 @@ grep -E "stage |step .*(00|/[0-9]+) |exported|Error|error" "$out/train.log" | ta
 if [ -d "$run/tiny" ]; then
   tar -C "$run" -czf - tiny | split -b 15m - "$out/tiny.tgz.part-"
 fi
-if [ -d "$run/state" ]; then
+if [ -d "$run/state" ] && [ "${PACK:-1}" = 1 ]; then
   timeout 60 $PY -m h3.train pack --out "$run" --to "$run/state.pack" --moments "${PACK_MOMENTS:-bf16}" \
     && split -b 15m "$run/state.pack" "$out/state.pack.part-"
   pack_rc=$?

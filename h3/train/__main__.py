@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--moments", default="bf16", help="pack: bf16 (default), fp32 or drop (finished stages), then any STAGE=MODE, e.g. "
                              "bf16,video_vae=drop")
     parser.add_argument("--continue", dest="continue_stages", default="", metavar="STAGE[:STEPS],...",
-                        help="unpack: re-open these budget-ended stages (video-vae, audio-vae, video-decoder, dit, "
-                             "distill)")
+                        help="unpack: re-open these budget-ended stages (video-vae, audio-vae, video-decoder, "
+                             "audio-decoder, dit, distill)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
 

@@ -40,6 +40,11 @@ class TrainConfig:
     """Extra loss weight of the samples a click sounds in (1 + this; the rest weigh 1)."""
     audio_vae_kl: float = 1e-4
     """Weight of an L2 penalty on the posterior mean (the audio VAE is trained on its mean, as it is used)."""
+    # audio decoder (the audio-vae stage's decoder continued on whole clips, its encoder frozen)
+    audio_decoder_steps: int = 4000
+    audio_decoder_batch: int = 24
+    audio_decoder_latents: int | None = None  # None: whole clips, as the pipeline encodes and decodes them
+    audio_decoder_lr: float = 5e-4
     # latent pool
     pool_size: int = 6144
     pool_keyframe_share: float = 0.25
@@ -75,7 +80,8 @@ class TrainConfig:
     def smoke(cls, **overrides) -> "TrainConfig":
         """A few steps of everything at tiny batch sizes: the CPU tests and a dry run of the whole command."""
         base = dict(device="cpu", video_vae_steps=3, video_vae_batch=2, video_decoder_steps=3, video_decoder_batch=2,
-                    audio_vae_steps=3, audio_vae_batch=2,
+                    audio_vae_steps=3, audio_vae_batch=2, audio_decoder_steps=3, audio_decoder_batch=2,
+                    audio_decoder_latents=8,
                     audio_vae_latents=8, pool_size=8, pool_keyframe_share=0.5, dit_steps=4, dit_batch=2,
                     dit_warmup=2, distill_teacher_samples=4, distill_teacher_steps=3, distill_steps=2,
                     distill_batch=2, checkpoint_every=2, log_every=1, ranks=1)

@@ -2,7 +2,9 @@
 
 Stages and their state under ``DIR/state``: video_vae, video_decoder (the shipped decoder on the frozen encoder: on
 a GPU it trains in a second process beside the audio-vae, pool, dit and distill stages, which do not depend on it),
-audio_vae (on a GPU beside video_vae when both train in one call), pool, dit, distill; export writes ``DIR/tiny``
+audio_vae (on a GPU beside video_vae when both train in one call), audio_decoder (the audio-vae stage's decoder
+continued on whole clips, its encoder frozen: on a GPU in its own process beside the pool, dit and distill stages),
+pool, dit, distill; export writes ``DIR/tiny``
 (the checkpoint that ships as h3/assets/tiny) with its training record. A slice that runs out of its wall-clock budget saves its state and exits with :data:`EXIT_RESUME`; the same command continues it. With
 ``finish_on_budget`` a stage whose budget is spent ends there instead (its record says how many of its planned steps
 ran) and the next stage starts: what one device call of 10 minutes needs.
@@ -23,7 +25,7 @@ from h3.train.common import Budget, Dist, TrainConfig, load_state, save_state, w
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("video-vae", "video-decoder", "audio-vae", "pool", "dit", "distill", "export")
+STAGES = ("video-vae", "video-decoder", "audio-vae", "audio-decoder", "pool", "dit", "distill", "export")
 EXIT_RESUME = 75
 
 
@@ -126,7 +128,9 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     from h3.train.dit import load_ema_into, train_dit
     from h3.train.distill import train_distill
     from h3.train.pool import Pool, build_pool
-    from h3.train.vaes import train_audio_vae, train_video_decoder, train_video_vae, wide_vae
+    from h3.train.vaes import (
+        audio_decoder_vae, train_audio_decoder, train_audio_vae, train_video_decoder, train_video_vae, wide_vae,
+    )
 
     out = Path(out)
     state_dir = out / "state"
@@ -154,9 +158,10 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     lora = None
     helper = None
     decoder_helper = None
+    audio_decoder_helper = None
     if stage == "all" and parallel_vaes is None:
         parallel_vaes = torch.device(cfg.device).type == "cuda"
-    beside = ("audio-vae", "video-decoder") if parallel_vaes else ()
+    beside = ("audio-vae", "video-decoder", "audio-decoder") if parallel_vaes else ()
     for index, name in enumerate(todo):
         if name != "export" and stage_done(state_dir, name):
             continue
@@ -198,6 +203,20 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                 min(overall.left() - export, stage_seconds.get("video-decoder", 1e9)), finish_on_budget)
             logger.info("stage video-decoder: beside the next stages, pid %d", decoder_helper.pid)
             continue
+        elif name == "audio-decoder" and parallel_vaes:
+            # Its own process beside the pool, dit and distill stages (on the last GPU); it must end before the export.
+            export = stage_seconds.get("export", 0.0) if "export" in todo[index + 1:] else 0.0
+            audio_decoder_helper = _stage_process(
+                "audio-decoder", out, f"cuda:{gpu_count(cfg) - 1}" if gpu_count(cfg) else cfg.device,
+                min(overall.left() - export, stage_seconds.get("audio-decoder", 1e9)), finish_on_budget)
+            logger.info("stage audio-decoder: beside the next stages, pid %d", audio_decoder_helper.pid)
+            continue
+        elif name == "audio-decoder":
+            audio_state = load_state(state_dir / "audio_vae" / "state.pt", "cpu")
+            if audio_state is None:
+                raise FileNotFoundError(f"{state_dir / 'audio_vae' / 'state.pt'}: run the audio-vae stage first")
+            result = train_audio_decoder(audio_decoder_vae(audio_state["model"]).to(cfg.device), cfg, state_dir,
+                                         budget, stop_after)
         elif name == "video-decoder":
             narrow = load_state(state_dir / "video_vae" / "state.pt", "cpu")
             if narrow is None:
@@ -223,16 +242,19 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                 from h3.train.distill import DistillLora
                 from h3.train.export import environment, export_checkpoint
 
-                if decoder_helper is not None:
-                    decoder_helper.wait()
-                    decoder_helper = None
+                for process in (decoder_helper, audio_decoder_helper):
+                    if process is not None:
+                        process.wait()
+                decoder_helper = audio_decoder_helper = None
                 decoder = load_state(state_dir / "video_decoder" / "state.pt", cfg.device)
                 if decoder is not None:  # the shipped decoder (a run without the stage ships the narrow one)
                     comps["vae"] = wide_vae(decoder["model"], cfg.seed).to(cfg.device)
                     comps["vae"].load_state_dict(decoder["model"])
                 else:
                     _load_trained(comps["vae"], state_dir, "video_vae", cfg.device)
-                _load_trained(comps["audio_vae"], state_dir, "audio_vae", cfg.device)
+                # the shipped audio VAE: the audio-decoder stage's (the audio-vae stage's encoder, frozen) if it ran
+                audio_stage = "audio_decoder" if (state_dir / "audio_decoder" / "state.pt").is_file() else "audio_vae"
+                _load_trained(comps["audio_vae"], state_dir, audio_stage, cfg.device)
                 _apply_stats(comps, pool)
                 load_ema_into(comps["transformer"], state_dir, cfg.device)
                 if lora is None:
@@ -252,7 +274,7 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                 continue
             # A torchrun rank exits 0 (a non-zero rank makes torchrun stop the others); the parent reads the state.
             return EXIT_RESUME if dist.world == 1 else 0
-    for process in (helper, decoder_helper):
+    for process in (helper, decoder_helper, audio_decoder_helper):
         if process is not None:
             process.wait()
     return 0
@@ -262,7 +284,7 @@ def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit
     from h3.world.scene import HELD_OUT_PAIRS
 
     stages, losses, seeded = {}, {}, {}
-    for name in ("video_vae", "audio_vae", "video_decoder", "dit", "distill"):
+    for name in ("video_vae", "audio_vae", "video_decoder", "audio_decoder", "dit", "distill"):
         state = load_state(state_dir / name / "state.pt", "cpu")
         if state is None:
             continue

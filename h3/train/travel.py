@@ -51,12 +51,13 @@ logger = logging.getLogger(__name__)
 FORMAT = "h3.train state pack"
 VERSION = 1
 MOMENTS = ("bf16", "fp32", "drop")
-PACKED_STAGES = ("video_vae", "audio_vae", "video_decoder", "dit", "distill")
+PACKED_STAGES = ("video_vae", "audio_vae", "video_decoder", "audio_decoder", "dit", "distill")
 """Stage folders under ``state/`` that travel, in training order."""
-DEPENDENTS = {"video-vae": ("pool", "video_decoder", "dit", "distill"), "audio-vae": ("pool", "dit", "distill"),
-              "video-decoder": (), "dit": ("distill",), "distill": ()}
-"""What a continued stage invalidates: the pool is encoded by both VAEs, the video decoder decodes the video VAE's
-encoder, the DiT trains on the pool, the distillation's teacher is the DiT."""
+DEPENDENTS = {"video-vae": ("pool", "video_decoder", "dit", "distill"),
+              "audio-vae": ("pool", "audio_decoder", "dit", "distill"),
+              "video-decoder": (), "audio-decoder": (), "dit": ("distill",), "distill": ()}
+"""What a continued stage invalidates: the pool is encoded by both VAEs, each decoder decodes its VAE's encoder, the
+DiT trains on the pool, the distillation's teacher is the DiT."""
 _TENSOR = "__h3_tensor__"
 
 
@@ -311,7 +312,8 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=()) -> dic
       whose narrow decoder is a seeded stand-in (the run's own was never shipped; nothing after the decoder stage
       reads it);
     - ``video_decoder``: the shipped video VAE (wide decoder, frozen encoder);
-    - ``audio_vae``: the shipped audio VAE;
+    - ``audio_vae``: the shipped audio VAE (its encoder is the audio-vae stage's; its decoder that stage's or, when the
+      record has an ``audio_decoder`` stage, that stage's, which then gets the same weights as its state);
     - ``dit``: the shipped transformer (the run's EMA) as both the weights and the EMA;
     - no ``distill``: the next ``all`` redoes the distillation from the DiT (its LoRA ships in another format).
 
@@ -376,6 +378,8 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=()) -> dic
         "audio_vae": {**base("audio_vae"), "model": audio},
         "dit": {**base("dit"), "model": dit, "ema": {k: v.clone() for k, v in dit.items() if v.is_floating_point()}},
     }
+    if "audio_decoder" in stages_info:
+        states["audio_decoder"] = {**base("audio_decoder"), "model": {k: v.clone() for k, v in audio.items()}}
     for stage, _ in wanted:
         if stage.replace("-", "_") not in states:
             raise PackError(f"continue {stage}: a checkpoint seeds {', '.join(states)} (not {stage})")

@@ -77,26 +77,34 @@ def video_vae_loss(vae, cfg: TrainConfig, step: int, stage: str = "video-vae",
     return loss, {"loss": loss.detach(), "recon": rec.detach(), "kl": kl.detach(), "l1": err.detach().abs().mean()}
 
 
-def audio_vae_loss(audio_vae, cfg: TrainConfig, step: int) -> tuple[torch.Tensor, dict]:
+def audio_vae_loss(audio_vae, cfg: TrainConfig, step: int, stage: str = "audio-vae", batch: int | None = None,
+                   latents: int | None = -1) -> tuple[torch.Tensor, dict]:
+    """``latents``: hop-aligned crops of that many latents (-1: ``cfg.audio_vae_latents``), or None for whole clips
+    (the audio-decoder stage: the pipeline's encode of the whole clip, its decode cropped to the clip's length)."""
     from diffusers.utils.torch_utils import randn_tensor
 
     device = cfg.device
-    cpu_g, dev_g = generators(cfg.seed, "audio-vae", step, device)
-    scenes = sample_scenes(scene_stream(cfg.seed, "audio-vae"), cfg.audio_vae_batch, start=step * cfg.audio_vae_batch)
+    batch = batch or cfg.audio_vae_batch
+    latents = cfg.audio_vae_latents if latents == -1 else latents
+    cpu_g, dev_g = generators(cfg.seed, stage, step, device)
+    scenes = sample_scenes(scene_stream(cfg.seed, stage), batch, start=step * batch)
     audio, clicks = render_audio(scenes, device, return_click_mask=True)
-    hops = audio.shape[-1] // HOP
-    offsets = torch.randint(0, hops - cfg.audio_vae_latents + 1, (len(scenes),), generator=cpu_g) * HOP
-    length = cfg.audio_vae_latents * HOP
-    x = torch.stack([audio[b, 0, int(o):int(o) + length] for b, o in enumerate(offsets)])[:, None]
-    weight = 1.0 + cfg.audio_vae_click_weight * torch.stack(
-        [clicks[b, int(o):int(o) + length] for b, o in enumerate(offsets)])[:, None]
+    if latents is None:
+        x, weight = audio[:, :1], 1.0 + cfg.audio_vae_click_weight * clicks[:, None]
+    else:
+        hops = audio.shape[-1] // HOP
+        offsets = torch.randint(0, hops - latents + 1, (len(scenes),), generator=cpu_g) * HOP
+        length = latents * HOP
+        x = torch.stack([audio[b, 0, int(o):int(o) + length] for b, o in enumerate(offsets)])[:, None]
+        weight = 1.0 + cfg.audio_vae_click_weight * torch.stack(
+            [clicks[b, int(o):int(o) + length] for b, o in enumerate(offsets)])[:, None]
     # MiniMax-H3 uses the audio posterior's mean only (encode: the mode; decode: the DiT's latents), so the audio VAE
     # is trained as an autoencoder on the mean, with a little noise so that the decoder tolerates a generated latent,
     # and an L2 penalty that keeps the mean's scale bounded.
     mean = audio_vae.encode(x).latent_dist.mean
     scale = mean.detach().std().clamp(min=1e-3)
     z = mean + 0.05 * scale * randn_tensor(mean.shape, generator=dev_g, device=x.device, dtype=mean.dtype)
-    recon = audio_vae.decode(z).sample
+    recon = audio_vae.decode(z).sample[..., :x.shape[-1]]
     # Waveform L1 + L2, and the same on first differences (a pre-emphasis: the 3 kHz clicks weigh ~7x more there than
     # the 400 Hz tone), with the samples a click sounds in weighted ``audio_vae_click_weight`` more: a click is 20 ms
     # in a second of tone, and unweighted the VAE left every click out (training run 4; 300 CPU steps, on the 25 ms
@@ -199,3 +207,32 @@ def train_video_decoder(vae, cfg: TrainConfig, out: Path, budget: Budget, stop_a
 def train_audio_vae(audio_vae, cfg: TrainConfig, out: Path, budget: Budget, stop_after: int | None = None) -> dict:
     return run_stage("audio_vae", audio_vae, audio_vae_loss, cfg.audio_vae_steps, cfg.audio_vae_lr, cfg, out,
                      budget, stop_after)
+
+
+AUDIO_ENCODER_SIDE = ("encoder.", "pre_block.", "mean_proj.", "logs_proj.")
+"""The parameters of AutoencoderKLMiniMaxH3Audio that encode (the rest decodes: dec_in_proj and the BigVGAN decoder)."""
+
+
+def audio_decoder_vae(audio_state: dict):
+    """The audio VAE whose decoder the audio-decoder stage continues: the audio-vae stage's weights (``audio_state``),
+    its encoder side frozen."""
+    from diffusers import AutoencoderKLMiniMaxH3Audio
+
+    from h3.tiny_trained import AUDIO_VAE_CONFIG
+
+    audio_vae = AutoencoderKLMiniMaxH3Audio(**AUDIO_VAE_CONFIG)
+    audio_vae.load_state_dict(audio_state)
+    for name, param in audio_vae.named_parameters():
+        param.requires_grad_(not name.startswith(AUDIO_ENCODER_SIDE))
+    return audio_vae
+
+
+def train_audio_decoder(audio_vae, cfg: TrainConfig, out: Path, budget: Budget, stop_after: int | None = None) -> dict:
+    """``audio_vae`` from :func:`audio_decoder_vae`; on a resume its state (the frozen encoder included) is the
+    stage's own."""
+    def loss(module, cfg_, step):
+        return audio_vae_loss(module, cfg_, step, stage="audio-decoder", batch=cfg_.audio_decoder_batch,
+                              latents=cfg_.audio_decoder_latents)
+
+    return run_stage("audio_decoder", audio_vae, loss, cfg.audio_decoder_steps, cfg.audio_decoder_lr, cfg, out, budget,
+                     stop_after)
