@@ -5,7 +5,7 @@
 #   BOX_P=390 bash bench/device/h200_session6.sh          (from the repository root; $OUT is the lending tool's)
 # Carry .whl (diffusers 0.42.1, transformers 5.24.0, pydantic), .whl_av (PyAV 18.1.0), .whl_gates (lpips 0.1.4,
 # pyloudnorm 0.2.0, scikit-video 1.1.11, threadpoolctl 3.6.0) and .carry/sage (`git archive d1a57a5 csrc sageattention
-# setup.py pyproject.toml` of thu-ml/SageAttention). The tree with the trained tiny checkpoint (~21 MB) plus those
+# setup.py pyproject.toml README.md LICENSE MANIFEST.in` of thu-ml/SageAttention; setup.py reads README.md). The tree with the trained tiny checkpoint (~21 MB) plus those
 # (~68 MB) is over the 64 MiB a call carries: this call does not read h3/assets/tiny, so it was left out of the index
 # for the call (`git rm -r -q --cached h3/assets/tiny` and an exclude line, restored after with `git add`), and the
 # transformers wheel stayed home (the image's transformers 5.17.0 serves): WHEEL_DIRS=.whl_prod, one folder holding

@@ -58,7 +58,8 @@ def plot_record(record: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stages = [s for s in ("video_vae", "audio_vae", "video_decoder", "audio_decoder", "dit", "distill") if record["losses"].get(s)]
+    stages = [s for s in ("video_vae", "audio_vae", "video_decoder", "audio_decoder", "dit", "distill")
+              if record["losses"].get(s)]
     fig, axes = plt.subplots(1, len(stages), figsize=(4.2 * len(stages), 3.4))
     for ax, stage in zip(axes if len(stages) > 1 else [axes], stages):
         rows = record["losses"][stage]

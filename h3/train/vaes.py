@@ -1,5 +1,5 @@
 """Stages 1 and 2: the video VAE and the audio VAE, trained on freshly rendered world clips; then the shipped video
-decoder on the frozen encoder.
+decoder and audio decoder on their frozen encoders.
 
 Video VAE: 22-frame windows (one 17-frame encoder chunk plus the 5 frames the decoder cross-fades), through the real
 ``encode`` -> posterior sample -> ``decode`` path in ImageNet-normalized pixel space; L1 + L2 reconstruction with the
@@ -14,7 +14,16 @@ initialization, on the latents of the video-vae stage's encoder, which it copies
 same windows, posterior sample and loss as the video VAE, only the decoder side learns. The latent space stays the
 one the pool and the DiT use, so the decoder can train beside the DiT.
 
-All three stages are resumable (state every ``checkpoint_every`` steps) and draw each step's batch from (seed, step) alone.
+Audio decoder (``audio-decoder``): the audio-vae stage's decoder, continued on whole clips with the encoder frozen. The
+encoder's causal attention (``pre_block``) sees a whole clip's past in the pipeline but at most 1 s in the audio-vae
+stage's crops, so on whole clips that decoder put a pre-echo 20-50 ms before every click after the first (onsets read
+49 ms early) and a transient 40 ms before the end (run 7: sync 2/8 on the VAEs' round trip alone; 7/8 after this
+stage's 4000 steps in run 8). Whole clips (``audio_decoder_latents`` None), encoded as the pipeline encodes them,
+decoded and cropped to the clip's length; the audio-vae stage's loss. Its latent space stays the pool's, so it trains
+beside the DiT too.
+
+All four stages are resumable (state every ``checkpoint_every`` steps) and draw each step's batch from (seed, step)
+alone.
 """
 
 from __future__ import annotations
