@@ -36,7 +36,11 @@
 # audio VAE's decoder continued on whole clips, encoder frozen: the pool's latents do not move) trains beside them:
 #   WHEELS=.whl COMMIT=<sha> RESUME_FROM=h3/assets/tiny CONTINUE=dit PACK=0 \
 #     STAGE_SECONDS=audio-decoder=420,distill=100,export=30 bash bench/device/train_tiny.sh $OUT
-# (a checkpoint whose record has an audio_decoder stage seeds it as done: CONTINUE=dit,audio-decoder re-opens it). The content check's ceilings are the VAEs' (python
+# (a checkpoint whose record has an audio_decoder stage seeds it as done: CONTINUE=dit,audio-decoder re-opens it).
+# Runs 8-9 (session 4) did that: audio decoder 0->4000 (162 s beside the pool), DiT 7413->10200->13443, distill 450 and
+# 355 steps. Call 9 (warm machine, nothing beside): pool 74 s, DiT 229 s (3243 steps), distill 85 s, export 4 s with
+#   WHEELS=.whl COMMIT=<sha> RESUME_FROM=h3/assets/tiny CONTINUE=dit PACK=0 STAGE_SECONDS=distill=85,export=25 \
+#     BUDGET_S=470 bash bench/device/train_tiny.sh $OUT The content check's ceilings are the VAEs' (python
 # bench/vae_roundtrip.py h3/assets/tiny): shape 2/8 and sync 2/8 (clicks) at run 7, so sync >= 80% also needs a better
 # audio VAE (CONTINUE=audio-vae restarts the DiT: its latents change) and shape a better video VAE.
 #
