@@ -251,6 +251,27 @@ def tiny_identity() -> str:
     return tiny.tiny_identity()
 
 
+def model_identity(model: str) -> str | None:
+    """What :meth:`H3Runtime.load` will record as ``model_sha256`` for ``model``, without loading it: the tiny
+    presets' identities, a checkpoint directory's (configs and weight sizes); None for a random preset (its weights
+    are a function of its name) or a path that is not there (loading will say so). A run stores it so that a resumed
+    run refuses clips of other weights under the same model name (a retrained ``tiny-trained``)."""
+    from h3.random_model import is_random_preset
+
+    if model in ("tiny", "tiny-random"):
+        return tiny_identity()
+    if model == "tiny-trained":
+        from h3.tiny_trained import trained_identity
+
+        try:
+            return trained_identity(trained_tiny_dir())
+        except CheckpointError:
+            return None
+    if is_random_preset(model) or not Path(model).is_dir():
+        return None
+    return checkpoint_identity(Path(model))
+
+
 def trained_tiny_dir() -> Path:
     """The shipped trained tiny checkpoint, or a CheckpointError that says what is missing and how to make it."""
     from h3.tiny_trained import TRAINED_DIR

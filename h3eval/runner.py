@@ -97,11 +97,18 @@ def validate_plan(plan: RunPlan) -> tuple[int, int, int]:
 
 def plan_facts(plan: RunPlan, resolved: tuple[int, int, int]) -> dict[str, Any]:
     """Every parameter besides recipes, prompts and seeds that decides what the run's clips are, as resolved: the
-    request shape (``--seconds 5`` and ``--num-frames 120`` are the same clips), trajectories, and the plan's own
+    request shape (``--seconds 5`` and ``--num-frames 120`` are the same clips), trajectories, the in-process model's
+    weights (``model_identity``: a retrained checkpoint under the same name is another run), and the plan's own
     ``facts`` (the backend is the manifest's own field). Stored in ``run.json``'s ``plan``, compared on resume."""
     num_frames, height, width = resolved
-    return {"num_frames": num_frames, "height": height, "width": width, "trajectory": plan.trajectory,
-            **plan.facts}
+    facts = {"num_frames": num_frames, "height": height, "width": width, "trajectory": plan.trajectory, **plan.facts}
+    if plan.backend == "inprocess":  # a server's model is the server's (its records carry their model_sha256)
+        from h3.runtime import model_identity
+
+        identity = model_identity(plan.model)
+        if identity is not None:
+            facts["model_identity"] = identity
+    return facts
 
 
 def _new_manifest(plan: RunPlan, facts: dict[str, Any]) -> RunManifest:

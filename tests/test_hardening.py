@@ -193,6 +193,26 @@ def test_a_rerun_with_other_parameters_is_refused_naming_them(ab_run, nothing_ru
     assert tree_digest(root / "run") == before
 
 
+def test_a_rerun_on_other_weights_under_the_same_model_name_is_refused(ab_run, nothing_runs, monkeypatch):
+    """The run stores its in-process model's identity, the value its clip records carry as ``model_sha256`` (what the
+    loaded runtime computed); a rerun whose model resolves to other weights (a retrained ``tiny-trained`` checkpoint
+    under the same name) is refused naming ``model_identity``, and the run is left as it was."""
+    import h3.runtime
+
+    root, args = ab_run
+    store = RunStore(root / "run")
+    identity = store.read_manifest().plan["model_identity"]
+    assert identity == store.load_record("cand", "a", 0).model_sha256
+    assert h3.runtime.model_identity("h3-random") is None
+    from h3.tiny_trained import TRAINED_DIR, trained_identity
+
+    assert h3.runtime.model_identity("tiny-trained") == trained_identity(TRAINED_DIR)
+    before = tree_digest(root / "run")
+    monkeypatch.setattr(h3.runtime, "model_identity", lambda model: "0" * 64)
+    refused(invoke(*args, "--speed-rounds", "0"), "already holds a different run", "model_identity")
+    assert tree_digest(root / "run") == before
+
+
 def test_a_rerun_with_the_same_clips_resumes(ab_run, nothing_runs):
     """``--seconds 5`` and ``--num-frames 124`` ask for the default clip: the same run, nothing generated."""
     root, args = ab_run
