@@ -37,9 +37,16 @@ sandwich estimates. The window's *evidence* is the one-sided lower bound ``alpha
 the candidates: a strength that a handful of blocks suggest is not evidence, one that hundreds of blocks over
 sixteen frames agree on is.
 
+Fine lag-0 pass. A lag-0 copy 2 working pixels away is, to second order, a 1-pixel shift plus a blur: the nuisance
+absorbs most of it and the coarse fit underestimates it (about a third of its strength). Where the clip is
+downsampled, the same fit runs again at twice the resolution for lag 0 only, with two more nuisance regressors (the
+baseline less its Gaussian blur at two scales: a codec's broader loss of fine detail, which a blend with a distant
+copy also causes), on every other scored frame of each window (``fine_lag0``).
+
 Decision (issue 19). A window's p-value is its evidence against the benign null measured on held-out footage
 (bench/results/ghosting_calibration.md): ``null_tail_p * exp(-(evidence - null_tail_u) / null_tail_scale)``, capped
-at 1. A pair's p-value combines its windows by Simes' test (valid for the positively dependent overlapping windows
+at 1. Where the fine pass ran, its evidence has its own null, and the window's p-value is the weighted
+Bonferroni combination ``min(p_coarse / (1 - w), p_fine / w)`` (``fine_lag0_weight`` w). A pair's p-value combines its windows by Simes' test (valid for the positively dependent overlapping windows
 of one clip); the pair is flagged when it is at most ``flag_p``. The release decision is made per run, not per pair:
 h3eval.stats.ghost_run_test applies Benjamini-Hochberg at a stated false-discovery rate to the pairs' p-values (the
 run FAILs when any pair is a discovery, which under the all-benign null happens with probability at most that rate).
