@@ -41,7 +41,8 @@ Fine lag-0 pass. A lag-0 copy 2 working pixels away is, to second order, a 1-pix
 absorbs most of it and the coarse fit underestimates it (about a third of its strength). Where the clip is
 downsampled, the same fit runs again at twice the resolution for lag 0 only, with two more nuisance regressors (the
 baseline less its Gaussian blur at two scales: a codec's broader loss of fine detail, which a blend with a distant
-copy also causes), on every other scored frame of each window (``fine_lag0``).
+copy also causes), on every other scored frame of each window (``fine_lag0``). It is off by default: its null,
+fitted on the fit footage, is too light out of sample (benign re-encodes flagged on one publish scene).
 
 Decision (issue 19). A window's p-value is its evidence against the benign null measured on held-out footage
 (bench/results/ghosting_calibration.md): ``null_tail_p * exp(-(evidence - null_tail_u) / null_tail_scale)``, capped
@@ -132,9 +133,12 @@ class GhostingConfig:
     highpass: tuple[float, ...] = ()
     """Extra nuisance regressors: per sigma (working pixels), the baseline less its Gaussian blur of that sigma. The
     coarse fit has none; the fine lag-0 pass uses ``fine_lag0_highpass``."""
-    fine_lag0: bool = True
-    """Where the working resolution is downsampled (factor >= 2), also search lag 0 at half the factor (twice the
-    resolution) and let each window keep the stronger evidence. A lag-0 copy 2 working pixels away is, to second
+    fine_lag0: bool = False
+    """Off by default: out of sample it flags benign re-encodes (bench/results/ghosting_calibration_fine_lag0.md:
+    AV1 CRF 40 and 50 on one publish scene at fine evidence 0.040-0.045, against a fit-footage maximum of 0.015;
+    benign runs FAIL 16.9% at 16 pairs), while it catches every visible alpha >= 0.10 production pair (118 / 118).
+    Where the working resolution is downsampled (factor >= 2), also search lag 0 at half the factor (twice the
+    resolution), each pass against its own null. A lag-0 copy 2 working pixels away is, to second
     order, a 1-pixel shift plus a blur: the one-pixel nuisance absorbs most of it and the coarse fit finds about a
     third of its strength (bench/results/ghosting_calibration.md, 'Lag-0 copies by displacement'); at twice the
     resolution the same copy is 4 pixels away, outside the nuisance's reach. Lag 0 needs no earlier frames, so the
@@ -154,11 +158,12 @@ class GhostingConfig:
     them). The fine pass gets the small share w: it exists for lag-0 copies the coarse fit underestimates, whose fine
     evidence is far above its null (0.05-0.10 at alpha 0.05-0.10 on the fit footage, against a benign maximum of
     0.016), while the coarse fit carries every other ghost and loses only a factor 1 / (1 - w) = 1.11 in p."""
-    fine_null_tail_u: float = 0.01
-    """Benign null of the fine pass's window evidence, fitted like the coarse one (null_tail_u, ...) ..."""
-    fine_null_tail_p: float = 0.1
+    fine_null_tail_u: float = 0.00988
+    """Benign null of the fine pass's window evidence, fitted like the coarse one on the fit footage
+    (bench/results/ghosting_calibration_fine_lag0.md; too light a tail out of sample) ..."""
+    fine_null_tail_p: float = 0.1018
     """... the share of benign windows above ``fine_null_tail_u`` ..."""
-    fine_null_tail_scale: float = 0.005
+    fine_null_tail_scale: float = 0.00389
     """... and the tail's scale (upper 95% confidence bound of the mean excess)."""
     fine_lag0_stride: int = 2
     """The fine pass fits every ``fine_lag0_stride``-th scored frame of each window (8 of 16): at four times the pixels
