@@ -37,9 +37,17 @@ sandwich estimates. The window's *evidence* is the one-sided lower bound ``alpha
 the candidates: a strength that a handful of blocks suggest is not evidence, one that hundreds of blocks over
 sixteen frames agree on is.
 
+Fine lag-0 pass. A lag-0 copy 2 working pixels away is, to second order, a 1-pixel shift plus a blur: the nuisance
+absorbs most of it and the coarse fit underestimates it (about a third of its strength). Where the clip is
+downsampled, the same fit runs again at twice the resolution for lag 0 only, with two more nuisance regressors (the
+baseline less its Gaussian blur at two scales: a codec's broader loss of fine detail, which a blend with a distant
+copy also causes), on every other scored frame of each window (``fine_lag0``). It is off by default: its null,
+fitted on the fit footage, is too light out of sample (benign re-encodes flagged on one publish scene).
+
 Decision (issue 19). A window's p-value is its evidence against the benign null measured on held-out footage
 (bench/results/ghosting_calibration.md): ``null_tail_p * exp(-(evidence - null_tail_u) / null_tail_scale)``, capped
-at 1. A pair's p-value combines its windows by Simes' test (valid for the positively dependent overlapping windows
+at 1. Where the fine pass ran, its evidence has its own null, and the window's p-value is the weighted
+Bonferroni combination ``min(p_coarse / (1 - w), p_fine / w)`` (``fine_lag0_weight`` w). A pair's p-value combines its windows by Simes' test (valid for the positively dependent overlapping windows
 of one clip); the pair is flagged when it is at most ``flag_p``. The release decision is made per run, not per pair:
 h3eval.stats.ghost_run_test applies Benjamini-Hochberg at a stated false-discovery rate to the pairs' p-values (the
 run FAILs when any pair is a discovery, which under the all-benign null happens with probability at most that rate).
@@ -122,6 +130,45 @@ class GhostingConfig:
     frame_threshold: float = 0.02
     """In a window whose p-value is at most ``flag_p``, frames whose own strength at the window's copy reaches this
     are listed as ghost frames (reporting only)."""
+    highpass: tuple[float, ...] = ()
+    """Extra nuisance regressors: per sigma (working pixels), the baseline less its Gaussian blur of that sigma. The
+    coarse fit has none; the fine lag-0 pass uses ``fine_lag0_highpass``."""
+    fine_lag0: bool = False
+    """Off by default: out of sample it flags benign re-encodes (bench/results/ghosting_calibration_fine_lag0.md:
+    AV1 CRF 40 and 50 on one publish scene at fine evidence 0.040-0.045, against a fit-footage maximum of 0.015;
+    benign runs FAIL 16.9% at 16 pairs), while it catches every visible alpha >= 0.10 production pair (118 / 118).
+    Where the working resolution is downsampled (factor >= 2), also search lag 0 at half the factor (twice the
+    resolution), each pass against its own null. A lag-0 copy 2 working pixels away is, to second
+    order, a 1-pixel shift plus a blur: the one-pixel nuisance absorbs most of it and the coarse fit finds about a
+    third of its strength (bench/results/ghosting_calibration.md, 'Lag-0 copies by displacement'); at twice the
+    resolution the same copy is 4 pixels away, outside the nuisance's reach. Lag 0 needs no earlier frames, so the
+    fine pass prepares only the scored frames."""
+    fine_lag0_min_shift: int = 3
+    """Smallest lag-0 displacement (Chebyshev, fine working pixels) the fine pass counts: 3 fine = 1.5 coarse
+    pixels, so it covers the coarse search's weak spot (2) and not the one-pixel reach of the coarse nuisance."""
+    fine_lag0_highpass: tuple[float, ...] = (1.0, 2.5)
+    """``highpass`` of the fine pass. At twice the resolution a codec's loss of fine detail is broader than the
+    one-pixel nuisance reaches, and a lag-0 blend with a copy a few pixels away also loses detail (the copy's fine
+    detail is uncorrelated with the frame's): without these regressors a coarse re-encode scores as a weak lag-0
+    copy (evidence up to 0.033 on the fit footage's benign windows, against 0.015 with them). The ghost keeps the
+    part these cannot absorb, its copy's own detail, and its strength is estimated closer to the planted one."""
+    fine_lag0_weight: float = 0.1
+    """The window's p-value is the weighted Bonferroni combination ``min(p_coarse / (1 - w), p_fine / w)`` of the
+    coarse fit's and the fine pass's, each against its own benign null (a valid p-value for any dependence between
+    them). The fine pass gets the small share w: it exists for lag-0 copies the coarse fit underestimates, whose fine
+    evidence is far above its null (0.05-0.10 at alpha 0.05-0.10 on the fit footage, against a benign maximum of
+    0.016), while the coarse fit carries every other ghost and loses only a factor 1 / (1 - w) = 1.11 in p."""
+    fine_null_tail_u: float = 0.00988
+    """Benign null of the fine pass's window evidence, fitted like the coarse one on the fit footage
+    (bench/results/ghosting_calibration_fine_lag0.md; too light a tail out of sample) ..."""
+    fine_null_tail_p: float = 0.1018
+    """... the share of benign windows above ``fine_null_tail_u`` ..."""
+    fine_null_tail_scale: float = 0.00389
+    """... and the tail's scale (upper 95% confidence bound of the mean excess)."""
+    fine_lag0_stride: int = 2
+    """The fine pass fits every ``fine_lag0_stride``-th scored frame of each window (8 of 16): at four times the pixels
+    per frame it would otherwise cost about 1.5 coarse passes (bench/results/gates_speed_cpu*.md), and a lag-0 copy
+    missed by the coarse fit is the same copy in every frame, so half of them carry it as well."""
 
 
 @dataclass
@@ -148,6 +195,12 @@ class PooledWindow:
     """Horizontal displacement of the copy, in pixels at full resolution."""
     frame_scores: dict[int, float] = field(default_factory=dict)
     """Per-frame strength at the window's copy over that frame's evidence blocks."""
+    factor: int = 1
+    """Downsampling factor of the fit that found the copy (the clip's, or half of it for the fine lag-0 pass)."""
+    coarse_evidence: float = 0.0
+    """Evidence of the coarse fit (all lags, the clip's factor)."""
+    fine_evidence: float | None = None
+    """Evidence of the fine lag-0 pass (None where it did not run: factor 1, or switched off)."""
 
 
 @dataclass
@@ -241,6 +294,12 @@ class _Numpy:
     def swap(self, x):
         return np.swapaxes(x, -1, -2)
 
+    def blur(self, x, sigma: float):
+        """Gaussian blur of (k, h, w) frames (cv2's kernel, BORDER_REFLECT), float64."""
+        import cv2
+
+        return np.stack([cv2.GaussianBlur(f, (0, 0), sigma, borderType=cv2.BORDER_REFLECT) for f in x])
+
     def integral(self, x):
         """Integral images with a leading zero row and column: (k, h + 1, w + 1)."""
         out = np.zeros(x.shape[:-2] + (x.shape[-2] + 1, x.shape[-1] + 1))
@@ -316,6 +375,13 @@ class _Torch:
 
     def integral(self, x):
         return self.t.nn.functional.pad(x.cumsum(-1).cumsum(-2), (1, 0, 1, 0))
+
+    def blur(self, x, sigma: float):
+        import cv2
+
+        size = int(round(sigma * 8 + 1)) | 1
+        kernel = self.t.tensor(cv2.getGaussianKernel(size, sigma).ravel(), dtype=x.dtype, device=self.device)
+        return self._blur(x, kernel)
 
     def prepare(self, frames: np.ndarray, indices: list[int], factor: int, sigma: float, chunk: int = 8):
         import cv2
@@ -399,15 +465,17 @@ def _interior(x, g: _Geometry, dy: int = 0, dx: int = 0):
     return x[..., g.m - dy : g.m - dy + g.ih, g.m - dx : g.m - dx + g.iw]
 
 
-def _frame_terms(be, b, c, g: _Geometry):
-    """Nuisance basis N (k, 7, P) of each frame, its inverse Gram matrix (k, 7, 7) and the residual projected off
+def _frame_terms(be, b, c, g: _Geometry, highpass: tuple[float, ...] = ()):
+    """Nuisance basis N (k, K, P) of each frame, its inverse Gram matrix (k, K, K) and the residual projected off
     it (k, P). Regressors: 1, base, base^2 / 128 (brightness, contrast, gamma) and base shifted by one pixel four
-    ways, less base (a local linear filter: codec blur or sharpening, sub-pixel misregistration)."""
+    ways, less base (a local linear filter: codec blur or sharpening, sub-pixel misregistration); K = 7, plus one
+    per ``highpass`` sigma: base less its Gaussian blur of that sigma (a broader loss or gain of detail)."""
     k = b.shape[0]
     bi = _interior(b, g)
     cols = [bi * 0.0 + 1.0, bi, bi * bi / 128.0, _interior(b, g, 1, 0) - bi, _interior(b, g, -1, 0) - bi,
             _interior(b, g, 0, 1) - bi, _interior(b, g, 0, -1) - bi]
-    n = be.stack(cols, axis=1).reshape(k, 7, g.npix)
+    cols += [_interior(b - be.blur(b, sigma), g) for sigma in highpass]
+    n = be.stack(cols, axis=1).reshape(k, len(cols), g.npix)
     gram_inv = be.pinv(n @ be.swap(n))
     r = (_interior(c, g) - bi).reshape(k, g.npix)
     return n, gram_inv, _perp(be, n, gram_inv, r)
@@ -455,13 +523,14 @@ def _search(be, base, cand, row_of: dict[int, int], scored: list[int], config: G
         k = len(ts)
         b = base[be.index([row_of[t] for t in ts])]
         c = cand[be.index([row_of[t] for t in ts])]
-        n, gram_inv, r_perp = _frame_terms(be, b, c, g)
+        n, gram_inv, r_perp = _frame_terms(be, b, c, g, config.highpass)
+        nk = n.shape[1]  # regressors, the constant included
         bi = n[:, 1]
-        imgs = be.zeros((k, 7, g.h, g.w))
-        imgs[:, :6, g.m : g.m + g.ih, g.m : g.m + g.iw] = n[:, 1:].reshape(k, 6, g.ih, g.iw)
-        imgs[:, 6, g.m : g.m + g.ih, g.m : g.m + g.iw] = r_perp.reshape(k, g.ih, g.iw)
+        imgs = be.zeros((k, nk, g.h, g.w))
+        imgs[:, : nk - 1, g.m : g.m + g.ih, g.m : g.m + g.iw] = n[:, 1:].reshape(k, nk - 1, g.ih, g.iw)
+        imgs[:, nk - 1, g.m : g.m + g.ih, g.m : g.m + g.iw] = r_perp.reshape(k, g.ih, g.iw)
         spec = be.rfft2(imgs)
-        n_base = (n @ bi[:, :, None])[..., 0]  # <n_j, base>, (k, 7)
+        n_base = (n @ bi[:, :, None])[..., 0]  # <n_j, base>, (k, nk)
         base_energy = (bi * bi).sum(-1)
         for lag in range(config.max_lag + 1):
             sel = [j for j, t in enumerate(ts) if t >= lag]
@@ -470,13 +539,13 @@ def _search(be, base, cand, row_of: dict[int, int], scored: list[int], config: G
             rsel = be.index([ref_row[ts[j] - lag] for j in sel])
             jsel = be.index(sel)
             corr = be.irfft2(spec[jsel] * be.conj(ref_spec[rsel])[:, None], s=(g.h, g.w))
-            corr = corr[..., rows[:, None], cols[None, :]]  # (ks, 7, 2R+1, 2R+1): <img_j, S_s>
+            corr = corr[..., rows[:, None], cols[None, :]]  # (ks, nk, 2R+1, 2R+1): <img_j, S_s>
             s1, s2 = box(sums, rsel), box(sums2, rsel)  # sum S_s, sum S_s^2 over I
-            q = be.stack([s1] + [corr[:, j] for j in range(6)], axis=1) - n_base[jsel][:, :, None, None]
+            q = be.stack([s1] + [corr[:, j] for j in range(nk - 1)], axis=1) - n_base[jsel][:, :, None, None]
             dd = s2 - 2.0 * corr[:, 0] + base_energy[jsel][:, None, None]
-            qf = q.reshape(len(sel), 7, -1)
+            qf = q.reshape(len(sel), nk, -1)
             quad = (qf * (gram_inv[jsel] @ qf)).sum(1).reshape(dd.shape)
-            num, den = be.numpy(corr[:, 6]), be.numpy(be.clip0(dd - quad))
+            num, den = be.numpy(corr[:, nk - 1]), be.numpy(be.clip0(dd - quad))
             for i, j in enumerate(sel):
                 numerators.setdefault(ts[j], {})[lag] = num[i]
                 energies.setdefault(ts[j], {})[lag] = den[i]
@@ -522,7 +591,7 @@ def _window_blocks(be, base, cand, row_of, frames: list[int], keys, config: Ghos
     ridge_b = g.block * g.block * config.ridge_rms**2
     b = base[be.index([row_of[t] for t in frames])]
     c = cand[be.index([row_of[t] for t in frames])]
-    n, gram_inv, r_perp = _frame_terms(be, b, c, g)
+    n, gram_inv, r_perp = _frame_terms(be, b, c, g, config.highpass)
     bi = n[:, 1]
     out = {}
     for lag, dy, dx in keys:
@@ -568,13 +637,26 @@ def _pooled(num: np.ndarray, den: np.ndarray, use: np.ndarray, config: GhostingC
     return est, se, evidence, count
 
 
-def window_p_value(evidence: float, config: GhostingConfig) -> float:
-    """p-value of a window's evidence under the benign null: the calibrated exponential tail, capped at 1."""
+def _tail_p(evidence: float, config: GhostingConfig, fine: bool = False) -> float:
+    """The calibrated exponential tail of the coarse (or the fine pass's) benign window evidence, capped at 1."""
     if not math.isfinite(evidence):
         raise ValueError(f"window evidence {evidence} is not finite")
     if evidence <= 0:
         return 1.0
-    return float(min(1.0, config.null_tail_p * math.exp(-(evidence - config.null_tail_u) / config.null_tail_scale)))
+    u, p_u, scale = ((config.fine_null_tail_u, config.fine_null_tail_p, config.fine_null_tail_scale) if fine
+                     else (config.null_tail_u, config.null_tail_p, config.null_tail_scale))
+    return float(min(1.0, p_u * math.exp(-(evidence - u) / scale)))
+
+
+def window_p_value(evidence: float, config: GhostingConfig, fine_evidence: float | None = None) -> float:
+    """p-value of a window under the benign null: the coarse fit's ``evidence`` against its calibrated tail; where
+    the fine lag-0 pass ran (``fine_evidence`` not None), the weighted Bonferroni combination with the fine pass's
+    evidence against its own tail (GhostingConfig.fine_lag0_weight)."""
+    p = _tail_p(evidence, config)
+    if fine_evidence is None:
+        return p
+    w = config.fine_lag0_weight
+    return float(min(1.0, p / (1.0 - w), _tail_p(fine_evidence, config, fine=True) / w))
 
 
 def simes(pvalues) -> float:
@@ -616,6 +698,30 @@ def _frames_equal(a, b) -> bool:
     return bool((a == b).all())
 
 
+def _window_fits(be, frames_base, frames_cand, windows: list[list[int]], factor: int, config: GhostingConfig,
+                 chunk: int) -> list[tuple | None]:
+    """Per window (a list of scored frames): the candidate copy with the strongest evidence at downsampling
+    ``factor``, as (est, se, evidence, blocks, (lag, dy, dx) in working pixels, frames, num, den, use), or None."""
+    scored = sorted({t for w in windows for t in w})
+    h_full, w_full = frames_base.shape[1:3]
+    g = _geometry(h_full // factor, w_full // factor, config)
+    needed = sorted({t - lag for t in scored for lag in range(config.max_lag + 1) if t - lag >= 0} | set(scored))
+    row_of = {t: j for j, t in enumerate(needed)}
+    base = be.prepare(frames_base, needed, factor, config.blur_sigma)
+    cand = be.prepare(frames_cand, needed, factor, config.blur_sigma)
+    numerators, energies = _search(be, base, cand, row_of, scored, config, g, chunk)
+    out = []
+    for frames in windows:
+        keys = _candidates(frames, numerators, energies, config, g)
+        best = None
+        for key, (fr, num, den, use) in _window_blocks(be, base, cand, row_of, frames, keys, config, g).items():
+            est, se, evidence, count = _pooled(num, den, use, config)
+            if best is None or evidence > best[2]:
+                best = (est, se, evidence, count, key, fr, num, den, use)
+        out.append(best)
+    return out
+
+
 def _ghost_scores(frames_base, frames_cand, config: GhostingConfig, be, chunk: int) -> FrameScores:
     if frames_base.shape != frames_cand.shape:
         raise ValueError(f"shape mismatch: baseline {frames_base.shape} vs candidate {frames_cand.shape}")
@@ -628,39 +734,48 @@ def _ghost_scores(frames_base, frames_cand, config: GhostingConfig, be, chunk: i
     scored_mask = np.arange(t_count) % max(1, config.frame_stride) == 0
     result = FrameScores(score, lag_sel, dy_sel, dx_sel, scored=scored_mask, factor=factor)
     scored = [int(t) for t in np.flatnonzero(scored_mask)]
-    g = _geometry(h_full // factor, w_full // factor, config)
+    _geometry(h_full // factor, w_full // factor, config)  # refuse frames too small before any work
     if all(_frames_equal(frames_base[t], frames_cand[t]) for t in scored):
-        result.windows = [PooledWindow(frames=w) for w in pool_windows(scored, config.pool_frames)]
+        result.windows = [PooledWindow(frames=w, factor=factor) for w in pool_windows(scored, config.pool_frames)]
         return result
-    needed = sorted({t - lag for t in scored for lag in range(config.max_lag + 1) if t - lag >= 0} | set(scored))
-    row_of = {t: j for j, t in enumerate(needed)}
-    base = be.prepare(frames_base, needed, factor, config.blur_sigma)
-    cand = be.prepare(frames_cand, needed, factor, config.blur_sigma)
-    numerators, energies = _search(be, base, cand, row_of, scored, config, g, chunk)
+    pooled = pool_windows(scored, config.pool_frames)
+    coarse_fits = _window_fits(be, frames_base, frames_cand, pooled, factor, config, chunk)
+    fine_fits: list = [None] * len(pooled)
+    fine_ran = config.fine_lag0 and factor >= 2
+    if fine_ran:
+        # The fine lag-0 pass (see GhostingConfig.fine_lag0): same detector, lag 0 only, twice the resolution, on
+        # every fine_lag0_stride-th frame of each window, with the broader detail-loss regressors.
+        fine = dataclasses.replace(config, max_lag=0, min_lag0_shift=config.fine_lag0_min_shift,
+                                   highpass=config.fine_lag0_highpass)
+        sub = [w[:: max(1, config.fine_lag0_stride)] for w in pooled]
+        fine_fits = _window_fits(be, frames_base, frames_cand, sub, factor // 2, fine, chunk)
     windows = []
-    for frames in pool_windows(scored, config.pool_frames):
-        win = PooledWindow(frames=list(frames))
-        keys = _candidates(frames, numerators, energies, config, g)
-        best = None
-        for key, (fr, num, den, use) in _window_blocks(be, base, cand, row_of, frames, keys, config, g).items():
-            est, se, evidence, count = _pooled(num, den, use, config)
-            if best is None or evidence > best[2]:
-                best = (est, se, evidence, count, key, fr, num, den, use)
+    for frames, coarse_fit, fine_fit in zip(pooled, coarse_fits, fine_fits):
+        win = PooledWindow(frames=list(frames), factor=factor)
+        coarse_ev = coarse_fit[2] if coarse_fit is not None and coarse_fit[3] > 0 else 0.0
+        fine_ev = (fine_fit[2] if fine_fit is not None and fine_fit[3] > 0 else 0.0) if fine_ran else None
+        win.coarse_evidence, win.fine_evidence = coarse_ev, fine_ev
+        win.p_value = window_p_value(coarse_ev, config, fine_ev)
+        # The copy reported is the one of the pass whose own share of the p-value is smaller.
+        fit_factor, best = factor, coarse_fit
+        if fine_ev is not None and fine_fit is not None and fine_fit[3] > 0 and (
+                _tail_p(fine_ev, config, fine=True) / config.fine_lag0_weight
+                < _tail_p(coarse_ev, config) / (1.0 - config.fine_lag0_weight)):
+            fit_factor, best = factor // 2, fine_fit
         if best is not None and best[3] > 0:
             est, se, evidence, count, (lag, dy, dx), fr, num, den, use = best
             win.score, win.stderr, win.evidence, win.blocks = max(0.0, est), se, evidence, count
-            win.lag, win.dy, win.dx = lag, dy * factor, dx * factor
+            win.lag, win.dy, win.dx, win.factor = lag, dy * fit_factor, dx * fit_factor, fit_factor
             for i, t in enumerate(fr):
                 d = float(np.where(use[i], den[i], 0.0).sum())
                 win.frame_scores[t] = max(0.0, float(np.where(use[i], num[i], 0.0).sum()) / d) if d > 0 else 0.0
-        win.p_value = window_p_value(win.evidence, config)
         windows.append(win)
     result.windows = windows
-    # Each frame reports the window (of those containing it) with the strongest evidence.
+    # Each frame reports the window (of those containing it) with the smallest p-value (then the strongest evidence).
     owner: dict[int, PooledWindow] = {}
     for win in windows:
         for t in win.frames:
-            if t not in owner or win.evidence > owner[t].evidence:
+            if t not in owner or (win.p_value, -win.evidence) < (owner[t].p_value, -owner[t].evidence):
                 owner[t] = win
     for t, win in owner.items():
         if win.lag >= 0 and t in win.frame_scores:
@@ -669,10 +784,11 @@ def _ghost_scores(frames_base, frames_cand, config: GhostingConfig, be, chunk: i
 
 
 def clip_evidence(fs: FrameScores) -> float:
-    """The clip's ghost strength: the pooled strength of its window with the strongest evidence (0.0 without)."""
+    """The clip's ghost strength: the pooled strength of its window with the smallest p-value, then the strongest
+    evidence (0.0 without windows)."""
     if not fs.windows:
         return 0.0
-    return max(fs.windows, key=lambda w: w.evidence).score
+    return min(fs.windows, key=lambda w: (w.p_value, -w.evidence)).score
 
 
 def ghost_frames(fs: FrameScores, config: GhostingConfig) -> list[int]:
@@ -701,7 +817,8 @@ def local_ghost_map(
     import cv2
 
     h_full, w_full = frames_base.shape[1:3]
-    factor = downsample_factor(h_full, w_full, config.work_long_side)
+    # A copy found by the fine lag-0 pass can sit between working pixels: use the finest factor that holds it.
+    factor = math.gcd(downsample_factor(h_full, w_full, config.work_long_side), dy, dx)
     lo, hi = max(0, t - lag), t + 1
     base = to_luma(frames_base[lo:hi], factor)
     cand = to_luma(frames_cand[t : t + 1], factor)[0]
@@ -829,7 +946,7 @@ class GhostingGate(Gate):
         p_value = pair_p_value(fs)
         flagged = p_value <= config.flag_p
         listed = ghost_frames(fs, config)
-        top = max(fs.windows, key=lambda w: w.evidence) if fs.windows else None
+        top = min(fs.windows, key=lambda w: (w.p_value, -w.evidence)) if fs.windows else None
         metrics = {
             "ghost_strength": Metric(value=strength, higher_is_better=False, unit="alpha"),
             "ghost_evidence": Metric(value=max(0.0, top.evidence) if top else 0.0, higher_is_better=False,
@@ -876,7 +993,8 @@ class GhostingGate(Gate):
                     {"first_frame": w.frames[0], "last_frame": w.frames[-1], "scored_frames": len(w.frames),
                      "strength": float(w.score), "stderr": float(w.stderr), "evidence": float(w.evidence),
                      "p_value": float(w.p_value), "blocks": int(w.blocks), "lag": int(w.lag), "dy": int(w.dy),
-                     "dx": int(w.dx)}
+                     "dx": int(w.dx), "fit_factor": int(w.factor), "coarse_evidence": float(w.coarse_evidence),
+                     "fine_evidence": None if w.fine_evidence is None else float(w.fine_evidence)}
                     for w in fs.windows],
                 "downsample_factor": fs.factor,
                 "strip_frames": sorted(worst),
