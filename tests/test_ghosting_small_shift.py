@@ -7,25 +7,17 @@ torch path equals the numpy one. The pass is off by default because its null doe
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from bench.ghosting_corpus import plant_ghost, procedural_scene
 from gates.ghosting import GhostingConfig, downsample_factor, ghost_scores, is_flagged, pair_p_value
-from h3.media import decode_video, encode_mp4
+from tests.test_gate_ghosting import roundtrip  # through the runtime's codec, decoded back
 
 CONFIG = dataclasses.replace(GhostingConfig(), fine_lag0=True)  # the fine pass on, at the gate's frame_stride 2
 COARSE_ONLY = GhostingConfig()  # the shipped default: no fine pass
 ALPHA = 0.10
 SHIFT = (0, 4)  # full-resolution pixels: 2 working pixels at the clip's downsampling factor 2
-
-
-def roundtrip(tmp_path: Path, frames: np.ndarray, crf: int, name: str) -> np.ndarray:
-    path = tmp_path / f"{name}.mp4"
-    encode_mp4(path, frames, None, fps=24, crf=crf)
-    return decode_video(path)[0]
 
 
 @pytest.fixture(scope="module")

@@ -157,8 +157,7 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     pool = None
     lora = None
     helper = None
-    decoder_helper = None
-    audio_decoder_helper = None
+    decoder_helpers: dict = {}  # stage -> its process beside the next stages (video-decoder, audio-decoder)
     if stage == "all" and parallel_vaes is None:
         parallel_vaes = torch.device(cfg.device).type == "cuda"
     beside = ("audio-vae", "video-decoder", "audio-decoder") if parallel_vaes else ()
@@ -194,22 +193,13 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
             pool = build_pool(comps, cfg, devices=devices)
             pool.save(state_dir / "pool" / "pool.pt")
             result = {"done": True, "seconds": time.monotonic() - started}
-        elif name == "video-decoder" and parallel_vaes:
-            # Its own process beside the audio-vae, pool, dit and distill stages (on the last GPU); it must end before
-            # the export.
+        elif name in ("video-decoder", "audio-decoder") and parallel_vaes:
+            # Its own process beside the stages after it (on the last GPU); it must end before the export.
             export = stage_seconds.get("export", 0.0) if "export" in todo[index + 1:] else 0.0
-            decoder_helper = _stage_process(
-                "video-decoder", out, f"cuda:{gpu_count(cfg) - 1}" if gpu_count(cfg) else cfg.device,
-                min(overall.left() - export, stage_seconds.get("video-decoder", 1e9)), finish_on_budget)
-            logger.info("stage video-decoder: beside the next stages, pid %d", decoder_helper.pid)
-            continue
-        elif name == "audio-decoder" and parallel_vaes:
-            # Its own process beside the pool, dit and distill stages (on the last GPU); it must end before the export.
-            export = stage_seconds.get("export", 0.0) if "export" in todo[index + 1:] else 0.0
-            audio_decoder_helper = _stage_process(
-                "audio-decoder", out, f"cuda:{gpu_count(cfg) - 1}" if gpu_count(cfg) else cfg.device,
-                min(overall.left() - export, stage_seconds.get("audio-decoder", 1e9)), finish_on_budget)
-            logger.info("stage audio-decoder: beside the next stages, pid %d", audio_decoder_helper.pid)
+            decoder_helpers[name] = _stage_process(
+                name, out, f"cuda:{gpu_count(cfg) - 1}" if gpu_count(cfg) else cfg.device,
+                min(overall.left() - export, stage_seconds.get(name, 1e9)), finish_on_budget)
+            logger.info("stage %s: beside the next stages, pid %d", name, decoder_helpers[name].pid)
             continue
         elif name == "audio-decoder":
             audio_state = load_state(state_dir / "audio_vae" / "state.pt", "cpu")
@@ -242,10 +232,9 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                 from h3.train.distill import DistillLora
                 from h3.train.export import environment, export_checkpoint
 
-                for process in (decoder_helper, audio_decoder_helper):
-                    if process is not None:
-                        process.wait()
-                decoder_helper = audio_decoder_helper = None
+                for process in decoder_helpers.values():
+                    process.wait()
+                decoder_helpers.clear()
                 decoder = load_state(state_dir / "video_decoder" / "state.pt", cfg.device)
                 if decoder is not None:  # the shipped decoder (a run without the stage ships the narrow one)
                     comps["vae"] = wide_vae(decoder["model"], cfg.seed).to(cfg.device)
@@ -274,7 +263,7 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                 continue
             # A torchrun rank exits 0 (a non-zero rank makes torchrun stop the others); the parent reads the state.
             return EXIT_RESUME if dist.world == 1 else 0
-    for process in (helper, decoder_helper, audio_decoder_helper):
+    for process in (helper, *decoder_helpers.values()):
         if process is not None:
             process.wait()
     return 0
