@@ -955,8 +955,9 @@ def server_cases(ws: Workspace, fuzz: int, notes: list[str]) -> list[Outcome]:
     url = f"http://127.0.0.1:{port}"
     log = open(ws.root / "server.log", "w+")  # a file, not a pipe: a full pipe would stall the server
     server = subprocess.Popen(
-        [sys.executable, "-m", "h3.cli", "serve", "--model", "tiny", "--recipe", str(ws.fast), "--port", str(port),
-         "--max-queue", "100000", "--output-dir", str(ws.root / "srv"), "--device", "cpu", "--job-timeout", "0.001"],
+        [sys.executable, "-m", "h3.cli", "serve", "--model", "tiny-random", "--recipe", str(ws.fast),
+         "--port", str(port), "--max-queue", "100000", "--output-dir", str(ws.root / "srv"), "--device", "cpu",
+         "--job-timeout", "0.001"],
         env=ws.env, stdout=log, stderr=subprocess.STDOUT, text=True)
     outcomes: list[Outcome] = []
     try:

@@ -35,7 +35,7 @@ from h3.determinism import numerics_platform
 from h3.recipe import load_recipe
 from h3.runtime import GenerateRequest, H3Runtime
 from test_determinism import realign
-runtime = H3Runtime.load("tiny", load_recipe("baseline"), "cpu")
+runtime = H3Runtime.load("tiny-random", load_recipe("baseline"), "cpu")
 calls = []
 hook = runtime.pipe.transformer.register_forward_pre_hook(
     lambda m, a, k: calls.append({{n: (v.clone() if torch.is_tensor(v) else v) for n, v in k.items()}}),
@@ -54,7 +54,7 @@ with tempfile.TemporaryDirectory() as tmp:
 # The alignment check in float32 (the tests' recipe): bf16 matmuls on the CPU run in oneDNN, not MKL.
 from conftest import FAST_RECIPE
 from h3.recipe import recipe_from_dict
-runtime = H3Runtime.load("tiny", recipe_from_dict(FAST_RECIPE), "cpu")
+runtime = H3Runtime.load("tiny-random", recipe_from_dict(FAST_RECIPE), "cpu")
 calls = []
 hook = runtime.pipe.transformer.register_forward_pre_hook(
     lambda m, a, k: calls.append({{n: (v.clone() if torch.is_tensor(v) else v) for n, v in k.items()}}),

@@ -35,7 +35,7 @@ def main() -> None:
     from test_levers import _reference
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    runtime = H3Runtime.load("tiny", recipe_from_dict(FAST_RECIPE), "cpu")
+    runtime = H3Runtime.load("tiny-random", recipe_from_dict(FAST_RECIPE), "cpu")
     calls = []
     hook = runtime.pipe.transformer.register_forward_pre_hook(
         lambda _m, _a, kw: calls.append({k: (v.clone() if torch.is_tensor(v) else v) for k, v in kw.items()}),
@@ -86,8 +86,8 @@ def main() -> None:
     # LoRA fused vs unfused.
     outs = {}
     for fuse in (False, True):
-        rt = H3Runtime.load("tiny", recipe_from_dict({**FAST_RECIPE, "lora": {"enabled": True, "path": "@tiny",
-                                                                               "fuse": fuse}}), "cpu")
+        lora = {"enabled": True, "path": "@tiny", "fuse": fuse}
+        rt = H3Runtime.load("tiny-random", recipe_from_dict({**FAST_RECIPE, "lora": lora}), "cpu")
         outs[fuse] = [rt.pipe.transformer(**c)[0] for c in calls]
     rows.append({"lever": "lora", "what": "fused vs unfused video velocity",
                  "rel_max": max(rel(f, u) for f, u in zip(outs[True], outs[False]))})

@@ -35,7 +35,7 @@ def main() -> None:
 
     base = load_recipe("baseline")
     recipe = recipe_from_dict({**base.resolved(), "dtype": "float32", "steps": 2, "name": "bench-fast"})
-    runtime = H3Runtime.load("tiny", recipe, "cpu")
+    runtime = H3Runtime.load("tiny-random", recipe, "cpu")
     request = GenerateRequest(prompt="A person is squat", seed=0)
     plain, captured, identical = [], [], []
     with tempfile.TemporaryDirectory() as tmp:

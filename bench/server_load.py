@@ -98,8 +98,9 @@ def main() -> None:
         url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         server = subprocess.Popen(
-            [sys.executable, "-m", "h3.cli", "serve", "--model", "tiny", "--recipe", recipe, "--port", str(port),
-             "--max-queue", str(args.max_queue), "--output-dir", str(Path(tmp) / "srv"), "--device", "cpu"],
+            [sys.executable, "-m", "h3.cli", "serve", "--model", "tiny-random", "--recipe", recipe,
+             "--port", str(port), "--max-queue", str(args.max_queue), "--output-dir", str(Path(tmp) / "srv"),
+             "--device", "cpu"],
             env=env, stderr=subprocess.PIPE, text=True)
         try:
             import httpx

@@ -44,7 +44,7 @@ def main() -> None:
         for name, tiles in (("stock-256x256", {}), (f"tile-{args.tile}", {args.size: tile})):
             recipe = recipe_from_dict({**base, "name": name, "description": "bench: VAE tile",
                                        "vae": {**base["vae"], "tiles": tiles}})
-            runtime = H3Runtime.load("tiny", recipe, "cpu")
+            runtime = H3Runtime.load("tiny-random", recipe, "cpu")
             t0 = time.perf_counter()
             runtime.generate(GenerateRequest(prompt=PROMPT, seed=SEED, num_frames=FRAMES, height=height, width=width),
                              Path(tmp) / f"{name}.mp4")

@@ -82,7 +82,7 @@ class RunInfo:
     never open the suite's run store."""
 
     model: str = ""
-    """``tiny`` or the checkpoint path the run's clips were made with."""
+    """The model the run's clips were made with (``tiny-trained``, ``tiny-random``, ...) or its checkpoint path."""
     recipes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Recipe name -> the recipe as resolved (every lever explicit)."""
     baseline: str | None = None

@@ -61,8 +61,9 @@ def generate(
     out: Path = typer.Option(..., "--out", help="Output .mp4 (the record goes to the same name with .json)."),
     seed: int = typer.Option(0, "--seed"),
     model: str = typer.Option("tiny", "--model", envvar="H3_MODEL",
-                              help="'tiny' or 'tiny-random' (random weights), 'tiny-trained', 'h3-random' (released "
-                                   "size, random weights), 'h3-random-small' or a checkpoint directory."),
+                              help="'tiny' (the trained tiny preset; also 'tiny-trained'), 'tiny-random' (the tiny "
+                                   "preset with random weights), 'h3-random' (released size, random weights), "
+                                   "'h3-random-small' or a checkpoint directory."),
     recipe: str = typer.Option("baseline", "--recipe", envvar="H3_RECIPE", help="Recipe name or TOML path."),
     seconds: Optional[float] = typer.Option(None, "--seconds"),
     num_frames: Optional[int] = typer.Option(None, "--num-frames"),
@@ -134,8 +135,9 @@ def generate(
 @app.command("serve")
 def serve(
     model: str = typer.Option("tiny", "--model", envvar="H3_MODEL",
-                              help="'tiny' or 'tiny-random' (random weights), 'tiny-trained', 'h3-random' (released "
-                                   "size, random weights), 'h3-random-small' or a checkpoint directory."),
+                              help="'tiny' (the trained tiny preset; also 'tiny-trained'), 'tiny-random' (the tiny "
+                                   "preset with random weights), 'h3-random' (released size, random weights), "
+                                   "'h3-random-small' or a checkpoint directory."),
     recipe: List[str] = typer.Option(
         ["baseline"], "--recipe", envvar="H3_RECIPE",
         help="Recipe name or TOML path; repeat it to serve several recipes on one shared model (a job names its recipe "

@@ -123,7 +123,12 @@ def preset(model: str) -> PresetConfigs:
 
 
 def weights_notice(model: str | None) -> str | None:
-    """The sentence a page or report of a run of ``model`` must show, or None for trained weights."""
+    """The sentence a page or report of a run of ``model`` must show, or None for trained weights: the random presets'
+    and the random tiny preset's (``tiny-random``; ``tiny`` is the trained one)."""
+    if model == "tiny-random":
+        from h3.tiny import NOTICE as TINY_NOTICE
+
+        return TINY_NOTICE
     return preset(model).notice if model in PRESETS else None
 
 

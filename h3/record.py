@@ -128,13 +128,15 @@ class ClipRecord(_Strict):
     """The recipe as resolved (every lever explicit)."""
     recipe_sha256: str
     model: str
-    """``tiny`` or the checkpoint path."""
+    """The preset that ran (``tiny-trained``, ``tiny-random``, ``h3-random``, ...: never the alias ``tiny``, see
+    h3.runtime.canonical_model; ``tiny`` in records made before issue 17's switch is the random preset) or the
+    checkpoint path."""
     model_sha256: str
     """Hash that identifies the model weights (the tiny preset's config + seed, or the checkpoint's index files)."""
     weights: str | None = None
     """Where the weights came from: ``"random"`` for seeded random weights (the ``h3-random`` presets: speed and memory
-    are real, quality is not; the tiny preset), ``"checkpoint"`` for a checkpoint directory; None in records written
-    before the field existed."""
+    are real, quality is not; ``tiny-random``), ``"checkpoint"`` for a checkpoint directory (the trained tiny preset
+    ships as one); None in records written before the field existed."""
     frames_sha256: str
     """sha256 of the raw uint8 frames, (T, H, W, 3) C-order, before encoding."""
     pcm_sha256: str

@@ -1,15 +1,18 @@
 """The H3 runtime: diffusers' MiniMax-H3 modular pipeline, configured by a recipe, with stage anatomy and records.
 
-``H3Runtime.load("tiny" | "tiny-random" | "tiny-trained" | PATH, recipe)`` gives a runtime;
+``H3Runtime.load("tiny" | "tiny-trained" | "tiny-random" | PATH, recipe)`` gives a runtime;
 ``runtime.generate(request, out)`` writes one clip (MP4 with 24 fps video and 32 kHz stereo audio) and its
 :class:`~h3.record.ClipRecord` next to it.
 
-``tiny-random`` is the random-weight preset (h3.tiny), built once from its seed and saved in the Hugging Face layout of
-``MiniMaxAI/MiniMax-H3`` into a cache folder; ``tiny`` names it too until the trained weights ship (issue 17), then
-``tiny`` becomes the trained preset. ``tiny-trained`` is the trained preset (h3.tiny_trained): a checkpoint in the same
-layout shipped in the package (made by ``python -m h3.train``). All load exactly as a downloaded checkpoint does, with
-``ModularPipeline.from_pretrained``. The random presets (``h3-random``, ``h3-random-small``: h3.random_model) are the
-real pipeline at the released or the tiny configs with seeded weights drawn on the device.
+``tiny`` (the default; ``tiny-trained`` is the same preset) is the trained preset (h3.tiny_trained): a checkpoint in the
+Hugging Face layout of ``MiniMaxAI/MiniMax-H3`` shipped in the package (made by ``python -m h3.train``), which makes the
+procedural world's shapes and sounds (issue 17). ``tiny-random`` is the random-weight preset (h3.tiny), built once from
+its seed and saved in the same layout into a cache folder: faster, with noise-like clips, kept for the tests that need
+its speed or its properties. Both load exactly as a downloaded checkpoint does, with
+``ModularPipeline.from_pretrained``. Records name the preset that ran, never the alias: a runtime loaded as ``tiny``
+says ``tiny-trained`` (:func:`canonical_model`), so ``tiny`` in a record means the random preset of older runs. The
+random presets (``h3-random``, ``h3-random-small``: h3.random_model) are the real pipeline at the released or the tiny
+configs with seeded weights drawn on the device.
 """
 
 from __future__ import annotations
@@ -48,8 +51,20 @@ MAX_FRAMES = 345
 # 128x128, not 64x64: libx264 output was seen to vary run to run on 64x64 frames (uninitialized reads on tiny
 # frames; bench notes in h3/media.py), never at 128 or 256.
 TINY_DEFAULT_SIZE = (128, 128)
-TINY_MODELS = ("tiny", "tiny-random", "tiny-trained")
+TINY_MODELS = ("tiny", "tiny-trained", "tiny-random")
 """Model names that are presets rather than checkpoint directories."""
+MODEL_ALIASES = {"tiny": "tiny-trained"}
+"""Names a user may give for a preset, and the preset's own name that runs, records and servers keep."""
+
+
+def canonical_model(model: str) -> str:
+    """The name of the model that ``model`` loads, as records, run manifests and servers write it: ``tiny`` is the
+    trained preset, ``tiny-trained``; every other name (``tiny-random``, a random preset, a checkpoint path) is its
+    own. Until issue 17 ``tiny`` was the random preset: keeping the alias out of records keeps old and new runs apart
+    (a rerun of an old ``tiny`` run is refused, naming the model)."""
+    return MODEL_ALIASES.get(model, model)
+
+
 # MiniMax-H3's own 16:9 canvas (diffusers' resolve_canvas_size(16, 9) with the released short edge 768).
 FULL_DEFAULT_SIZE = (768, 1344)
 
@@ -219,7 +234,7 @@ def check_model(model: str) -> None:
     checkpoint directory."""
     from h3.random_model import is_random_preset
 
-    if model == "tiny-trained":
+    if canonical_model(model) == "tiny-trained":
         trained_tiny_dir()
     elif model not in TINY_MODELS and not is_random_preset(model):
         check_checkpoint_dir(model)
@@ -258,7 +273,8 @@ def model_identity(model: str) -> str | None:
     run refuses clips of other weights under the same model name (a retrained ``tiny-trained``)."""
     from h3.random_model import is_random_preset
 
-    if model in ("tiny", "tiny-random"):
+    model = canonical_model(model)  # ``tiny`` is the trained preset
+    if model == "tiny-random":
         return tiny_identity()
     if model == "tiny-trained":
         from h3.tiny_trained import trained_identity
@@ -288,7 +304,8 @@ def default_device() -> str:
 
 
 def tiny_checkpoint_dir() -> Path:
-    """The tiny preset saved in the real layout; built on first use into the cache folder (atomically)."""
+    """The random-weight tiny preset (``tiny-random``) saved in the real layout; built on first use into the cache
+    folder (atomically)."""
     from h3 import tiny
 
     identity = tiny.tiny_identity()
@@ -443,7 +460,7 @@ class H3Runtime:
     @classmethod
     def load(cls, model: str, recipe: Recipe, device: str | None = None, *, shared: bool = False,
              text_encoder: str = "resident", transformer_dtype: str | None = None) -> "H3Runtime":
-        """``model``: ``tiny`` or ``tiny-random`` (the random-weight tiny preset), ``tiny-trained`` (the trained one),
+        """``model``: ``tiny`` or ``tiny-trained`` (the trained tiny preset), ``tiny-random`` (the random-weight one),
         a random preset (``h3-random``, ``h3-random-small``: :mod:`h3.random_model`) or a checkpoint directory.
         ``shared``: a model several recipes take turns on (:meth:`switch_recipe`). ``text_encoder``: ``resident`` or
         ``offload`` (streamed from host memory, :mod:`h3.residency`). ``transformer_dtype``: run the transformer in
@@ -452,8 +469,9 @@ class H3Runtime:
         from h3.random_model import is_random_preset
 
         kwargs = dict(shared=shared, text_encoder=text_encoder, transformer_dtype=transformer_dtype)
-        if model in ("tiny", "tiny-random"):
-            return cls.tiny(recipe, device, name=model, **kwargs)
+        model = canonical_model(model)
+        if model == "tiny-random":
+            return cls.tiny(recipe, device, **kwargs)
         if model == "tiny-trained":
             return cls.tiny_trained(recipe, device, **kwargs)
         if is_random_preset(model):
@@ -461,13 +479,13 @@ class H3Runtime:
         return cls.from_pretrained(model, recipe, device, **kwargs)
 
     @classmethod
-    def tiny(cls, recipe: Recipe, device: str | None = None, name: str = "tiny", **kwargs: Any) -> "H3Runtime":
-        """The random-weight tiny preset (h3.tiny), built from its seed into the cache folder."""
+    def tiny(cls, recipe: Recipe, device: str | None = None, **kwargs: Any) -> "H3Runtime":
+        """The random-weight tiny preset (h3.tiny, ``tiny-random``), built from its seed into the cache folder."""
         from h3 import tiny
 
         runtime = cls.from_pretrained(tiny_checkpoint_dir(), recipe, device, _default_size=TINY_DEFAULT_SIZE,
                                       **kwargs)
-        runtime.model = name
+        runtime.model = "tiny-random"
         runtime.model_sha256 = tiny.tiny_identity()
         runtime.weights = tiny.WEIGHTS
         # The random preset has one DiT, seeded: it stands in for both partitions, and encodes a reference image at
@@ -506,7 +524,7 @@ class H3Runtime:
 
     @classmethod
     def tiny_trained(cls, recipe: Recipe, device: str | None = None, **kwargs: Any) -> "H3Runtime":
-        """The trained tiny preset (h3.tiny_trained), shipped in the package."""
+        """The trained tiny preset (h3.tiny_trained; ``tiny``, ``tiny-trained``), shipped in the package."""
         from h3.tiny_trained import trained_identity
 
         root = trained_tiny_dir()

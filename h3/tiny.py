@@ -22,6 +22,9 @@ import torch
 TINY_SEED = 20261129
 WEIGHTS = "random"
 """What the tiny preset's clip records say under ``weights``: its weights are drawn from ``TINY_SEED``."""
+NOTICE = "random weights (tiny-random): noise-like clips from the real pipeline code; their quality means nothing"
+"""What every record, report and dashboard page of a ``tiny-random`` run says (h3.random_model.weights_notice), so
+that its clips are never taken for the trained preset's (``tiny``)."""
 TINY_ASSETS = Path(__file__).parent / "assets"
 TINY_TOKENIZER_FILE = TINY_ASSETS / "tiny_tokenizer.json"
 SPECIAL_TOKENS = [

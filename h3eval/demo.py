@@ -1,11 +1,14 @@
 """`h3eval demo`: the main job on the embedded default, end to end on a CPU.
 
-The tiny preset generates the smoke prompts at four seeds (16 pairs, the sample size seed 002 found decisive)
-for the baseline and two candidates — ``identity`` (every lever named and off: the off-identity check, it must come
-out byte-identical) and ``fewer-steps`` (8 instead of 29 steps without distillation: it must not) — with latent trajectories recorded.
-Every gate that runs on the CPU scores the pairs; the baseline's own clips at other seeds give the new-seed noise
-floor the release policy states its thresholds against; the verdict and the reports are written; and the demo
-prints what it found and where to look.
+The trained tiny preset (``tiny``: h3.tiny_trained, issue 17) generates the world-demo prompts (captions of its
+procedural world, with bounces and their clicks, each with its ground truth) at four seeds (16 pairs, the sample size
+seed 002 found decisive) for the baseline and two candidates — ``identity`` (every lever named and off: the
+off-identity check, it must come out byte-identical) and ``fewer-steps`` (8 instead of 29 steps without distillation:
+it must not) — with latent trajectories recorded. Every gate that runs on the CPU scores the pairs, the prompt
+faithfulness gate among them (the world's detector reads colour, shape, direction, pitch, bounces and sync from each
+clip and scores it against its caption); the baseline's own clips at other seeds give the new-seed noise floor the
+release policy states its thresholds against; the verdict and the reports are written; and the demo prints what it
+found, the content the clips show, and where to look.
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+DEMO_MODEL = "tiny"
+"""The trained tiny preset: its clips show the caption's shapes moving, with their tones and clicks."""
+DEMO_PROMPTS = "world-demo"
+"""Four captions of the world the preset was trained on (prompts/world-demo.jsonl), each with bounces."""
 DEMO_RECIPES = ("baseline", "identity", "fewer-steps")
 DEMO_SEEDS = (0, 1, 2, 3)
-CPU_GATES = ("integrity", "fidelity", "ghosting", "audio", "trajectory", "reference_free")
+CPU_GATES = ("integrity", "fidelity", "ghosting", "audio", "trajectory", "reference_free", "prompt_faithfulness")
 FLOOR_GATES = ("fidelity", "audio", "ghosting", "trajectory", "reference_free")
 ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
 
@@ -40,6 +47,12 @@ class DemoResult:
     reports: dict[str, Path] = field(default_factory=dict)
     seconds: float = 0.0
     gate_errors: list[Any] = field(default_factory=list)
+    model: str = DEMO_MODEL
+    prompts: int = 0
+    """How many prompts the suite has."""
+    seeds: tuple[int, ...] = DEMO_SEEDS
+    content: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    """Recipe -> aspect -> (clips right, clips scored), from the prompt faithfulness gate (:func:`content_summary`)."""
 
 
 def lpips_trunk() -> str:
@@ -49,8 +62,32 @@ def lpips_trunk() -> str:
     return "alexnet" if (Path(torch.hub.get_dir()) / "checkpoints" / ALEXNET_FILE).is_file() else "rand"
 
 
-def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEEDS, prompts: str = "smoke",
-             policy: str = "release") -> DemoResult:
+def content_summary(run_dir: str | Path) -> dict[str, dict[str, tuple[int, int]]]:
+    """What the prompt faithfulness gate read from each recipe's clips: recipe -> aspect (colour, shape, direction,
+    pitch, bounces, sync) -> (clips right, clips scored). Every pair result scores both sides, so the baseline's clips
+    are counted once, from the first candidate's pairs; pairs the gate did not score (an error, a prompt without
+    ground truth) are not counted."""
+    from gates.base import GateResult
+    from gates.prompt_faithfulness import GATE_NAME
+    from h3eval.store import RunStore
+
+    store = RunStore(run_dir)
+    out: dict[str, dict[str, tuple[int, int]]] = {}
+    for index, candidate in enumerate(store.gate_candidates(GATE_NAME)):
+        for path in store.gate_result_files(GATE_NAME, candidate):
+            result = GateResult.model_validate_json(path.read_text(encoding="utf-8"))
+            if result.status != "ok":
+                continue
+            sides = [("candidate", candidate)] + ([("baseline", result.pair.baseline)] if index == 0 else [])
+            for side, recipe in sides:
+                for aspect, ok in (result.info.get(side) or {}).get("aspects", {}).items():
+                    right, scored = out.setdefault(recipe, {}).get(aspect, (0, 0))
+                    out[recipe][aspect] = (right + bool(ok), scored + 1)
+    return out
+
+
+def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEEDS, prompts: str = DEMO_PROMPTS,
+             policy: str = "release", model: str = DEMO_MODEL) -> DemoResult:
     from h3eval.ab import off_identity, run_ab_from_args
     from h3eval.floor import newseed_floor_from_run
     from h3eval.gaterun import run_gates
@@ -65,7 +102,7 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
     # identity (every lever named and off) must come out byte-identical — h3eval ab checks it as an off-identity
     # candidate; fewer-steps must not. One warm-up request per recipe; one round of the mixed-prompt speed protocol.
     run_ab_from_args(baseline="baseline", candidates=["identity", "fewer-steps"], prompts=prompts, out=run_dir,
-                     model="tiny", seeds=",".join(str(s) for s in seeds), off_identity=False, trajectory=True,
+                     model=model, seeds=",".join(str(s) for s in seeds), off_identity=False, trajectory=True,
                      warmup=1, speed_protocol="mixed", speed_rounds=1, device="cpu")
     manifest = RunStore(run_dir).read_manifest()
     if manifest.status != "complete":
@@ -90,7 +127,9 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
 
     return DemoResult(run_dir=run_dir, floor_dir=floor_dir, overall=str(verdict.outcome), identical=identical,
                       lpips_trunk=trunk, reports=dict(paths), seconds=time.perf_counter() - started,
-                      gate_errors=list(summary.errors) + list(floor["gate_errors"]), lines=summary_lines(verdict))
+                      gate_errors=list(summary.errors) + list(floor["gate_errors"]), lines=summary_lines(verdict),
+                      model=manifest.model, prompts=len(suite.ids), seeds=tuple(seeds),
+                      content=content_summary(run_dir))
 
 
 def policy_path(name_or_path: str | Path) -> Path:

@@ -15,7 +15,9 @@ from typing import Any, Callable, Iterable
 
 from h3 import provenance
 from h3.recipe import Recipe
-from h3.runtime import GenerateRequest, RequestError, check_model, model_default_size, resolve_request
+from h3.runtime import (
+    GenerateRequest, RequestError, canonical_model, check_model, model_default_size, resolve_request,
+)
 from h3eval.backends import Backend, BackendError, remove_clip
 from h3eval.backends.inprocess import InProcessBackend, RuntimeFactory, default_runtime_factory
 from h3eval.executed import check_executed, is_unverified
@@ -61,6 +63,10 @@ class RunPlan:
     """Record each request's latent trajectory next to its clip (for the trajectory gate)."""
     facts: dict[str, Any] = field(default_factory=dict)
     """What else decides the run's clips, compared on resume like the request shape (ab: speed protocol, rounds)."""
+
+    def __post_init__(self) -> None:
+        # The manifest names the model that runs (``tiny`` -> ``tiny-trained``); ``args`` keeps it as passed.
+        self.model = canonical_model(self.model)
 
     @property
     def candidates(self) -> list[str]:

@@ -101,7 +101,8 @@ class RunManifest(BaseModel):
     created_at: str
     updated_at: str
     model: str
-    """``tiny`` or a checkpoint path."""
+    """The model as resolved (h3.runtime.canonical_model: ``tiny-trained``, ``tiny-random``, a random preset) or a
+    checkpoint path; ``args`` keeps it as passed."""
     backend: str = "inprocess"
     baseline: str | None = None
     """Recipe name of the baseline side of every pair (None for a single-recipe run)."""

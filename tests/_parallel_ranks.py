@@ -58,7 +58,7 @@ def main(out: Path) -> None:
 
     # 1-2. The fast recipe's SP2 clip comes from the parallel check's launch (tests/test_parallel.py: the same
     # request), and so does the rope_offset plant's (the planted check); here the other planted bug.
-    runtime = H3Runtime.load("tiny", at_degree(recipe_from_dict(FAST_RECIPE), 2), "cpu")
+    runtime = H3Runtime.load("tiny-random", at_degree(recipe_from_dict(FAST_RECIPE), 2), "cpu")
     for plant in [p for p in PLANTS if p != "rope_offset"]:
         remove = install_plant(plant, runtime.pipe.transformer, world.world_size, world.rank)
         try:
@@ -103,7 +103,7 @@ def main(out: Path) -> None:
     del runtime
     for label, change in (("offload", {"offload": {"enabled": True, "use_stream": False}}),
                           ("compile", {"compile": {"enabled": True, "backend": "eager"}})):
-        composed = H3Runtime.load("tiny", at_degree(recipe_from_dict({**FAST_RECIPE, **change}), 2), "cpu")
+        composed = H3Runtime.load("tiny-random", at_degree(recipe_from_dict({**FAST_RECIPE, **change}), 2), "cpu")
         composed.generate(request, out / f"fast-sp2-{label}.mp4")
         for handle in reversed(list(composed.levers.values())):
             try:
@@ -117,7 +117,7 @@ def main(out: Path) -> None:
     # Plain Ulysses (equal shards): the recipe's 64-row buckets make every packed length divide by 2.
     demo_recipe = shipped.model_copy(update={"parallel": shipped.parallel.model_copy(
         update={"degree": world.world_size, "kind": "ulysses"})})
-    demo = H3Runtime.load("tiny", demo_recipe, "cpu")
+    demo = H3Runtime.load("tiny-random", demo_recipe, "cpu")
     demo.generate(request, out / "tinydemo-sp2.mp4", trajectory=True)
 
     # 7. h3 serve --nproc N stops a job on every rank at once: rank 0's server stops it (here: at once, as on

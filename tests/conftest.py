@@ -1,4 +1,4 @@
-"""Shared fixtures: the tiny preset loaded once per session, a fast recipe, and deterministic torch settings."""
+"""Shared fixtures: the random tiny preset loaded once per session, a fast recipe, and deterministic torch settings."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session", autouse=True)
 def _h3_cache(tmp_path_factory):
-    """Build the tiny preset into a fresh cache per test session, so the build path is exercised every time."""
+    """Build the random tiny preset into a fresh cache per test session, so the build path is exercised every time."""
     cache = tmp_path_factory.mktemp("h3-cache")
     old = os.environ.get("H3_CACHE_DIR")
     os.environ["H3_CACHE_DIR"] = str(cache)
@@ -54,10 +54,13 @@ def fast_recipe_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_runtime(fast_recipe):
+def tiny_random_runtime(fast_recipe):
+    """The random-weight tiny preset (``tiny-random``), loaded once: the tests that hold it need its speed, its
+    byte-level determinism across machines' checkouts (the trained weights in h3/assets/tiny are replaced by each
+    training run) or its properties (a byte-level tokenizer, one DiT built from a seed)."""
     from h3.runtime import H3Runtime
 
-    return H3Runtime.load("tiny", fast_recipe, "cpu")
+    return H3Runtime.load("tiny-random", fast_recipe, "cpu")
 
 
 def toml_dumps(data: dict, prefix: str = "") -> str:

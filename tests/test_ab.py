@@ -81,15 +81,15 @@ def view_factory(runtime, calls, kill_at=None, sleepy=()):
 
 # -- configured versus executed ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def mismatch_run(tmp_path_factory, tiny_runtime):
+def mismatch_run(tmp_path_factory, tiny_random_runtime):
     root = tmp_path_factory.mktemp("mismatch")
     prompts = write_prompts(root / "p.jsonl", {"a": "a cat"})
     four = write_recipe(root, name="four", steps=4)
     sage = write_recipe(root, name="asks-math", attention={"backend": "_native_math"})
     calls: list = []
     result = run_ab_command(baseline=str(write_recipe(root)), candidates=[str(four), str(sage)], prompts=prompts,
-                            out=root / "run", warmup=0, speed_rounds=1, trajectory=True,
-                            runtime_factory=view_factory(tiny_runtime, calls))
+                            out=root / "run", warmup=0, speed_rounds=1, trajectory=True, model="tiny-random",
+                            runtime_factory=view_factory(tiny_random_runtime, calls))
     return root / "run", result, calls
 
 
@@ -243,17 +243,17 @@ def test_speedup_is_the_statistics_modules():
 
 # -- the full run: interleaving, warm-up, recompile flag, kill and resume --------------------------------------------
 @pytest.mark.slow
-def test_ab_run_killed_and_resumed(tmp_path, tiny_runtime):
+def test_ab_run_killed_and_resumed(tmp_path, tiny_random_runtime):
     prompts = write_prompts(tmp_path / "p.jsonl", {"a": "a cat", "b": LONG_PROMPT})
     sleepy = write_recipe(tmp_path, name="sleepy", description="same levers as fast; first call per shape sleeps")
     calls: list = []
     kwargs = dict(baseline=str(write_recipe(tmp_path)), candidates=[str(sleepy)], prompts=prompts,
-                  out=tmp_path / "run", warmup=1, speed_rounds=2, gpu_hourly_rate=13.16)
+                  out=tmp_path / "run", warmup=1, speed_rounds=2, gpu_hourly_rate=13.16, model="tiny-random")
     with pytest.raises(KeyboardInterrupt):
-        run_ab_command(**kwargs, runtime_factory=view_factory(tiny_runtime, calls, kill_at=5, sleepy={"sleepy"}))
+        run_ab_command(**kwargs, runtime_factory=view_factory(tiny_random_runtime, calls, kill_at=5, sleepy={"sleepy"}))
     assert [p.parent.name + "/" + p.stem for p in calls[2:]] == ["fast/r000-a-s0", "sleepy/r000-a-s0",
                                                                   "fast/r001-b-s0"]  # interleaved per request
-    result = run_ab_command(**kwargs, runtime_factory=view_factory(tiny_runtime, calls, sleepy={"sleepy"}))
+    result = run_ab_command(**kwargs, runtime_factory=view_factory(tiny_random_runtime, calls, sleepy={"sleepy"}))
     out = tmp_path / "run"
     assert result.manifest.status == "complete", result.manifest.errors
     timed = [p for p in calls if "warmup" not in p.parts]
@@ -324,15 +324,16 @@ def test_command_refuses_bad_input_with_exit_3(tmp_path, fast_recipe_file):
     assert not (tmp_path / "run").exists()
 
 
-def test_ab_over_http_with_our_server(tmp_path, tiny_runtime, fast_recipe_file):
+def test_ab_over_http_with_our_server(tmp_path, tiny_random_runtime, fast_recipe_file):
     """One h3 server runs the baseline's levers; the off-identity candidate goes through it too, byte for byte."""
     from h3.server import create_app
     from tests._serving import serving
 
     prompts = write_prompts(tmp_path / "p.jsonl", {"a": "a cat"})
-    with serving(create_app(tiny_runtime, tmp_path / "srv")) as url:
+    with serving(create_app(tiny_random_runtime, tmp_path / "srv")) as url:
         result = run_ab_command(baseline=str(fast_recipe_file), candidates=[], off_identity=True, prompts=prompts,
-                                out=tmp_path / "run", backend="http", urls=[url], warmup=0, speed_rounds=1)
+                                out=tmp_path / "run", backend="http", urls=[url], warmup=0, speed_rounds=1,
+                                model="tiny-random")
     assert result.manifest.status == "complete", result.manifest.errors
     store = RunStore(tmp_path / "run")
     base, ident = store.read_record("fast", "a", 0), store.read_record("fast-identity", "a", 0)
@@ -349,7 +350,7 @@ def test_ab_over_http_with_our_server(tmp_path, tiny_runtime, fast_recipe_file):
 
 
 @pytest.mark.slow
-def test_sigkill_at_any_point_then_rerun_completes(tmp_path, tiny_runtime, fast_recipe_file):
+def test_sigkill_at_any_point_then_rerun_completes(tmp_path, tiny_random_runtime, fast_recipe_file):
     """A real `kill -9` of a process running an ab run, then a rerun: nothing lost, twice, or half-written.
 
     One prompt keeps it short (four tiny requests in all: two clips, one speed round of two); the kill lands inside
@@ -361,7 +362,7 @@ def test_sigkill_at_any_point_then_rerun_completes(tmp_path, tiny_runtime, fast_
 
     prompts = write_prompts(tmp_path / "p.jsonl", {"a": "a cat"})
     kwargs = dict(baseline=str(fast_recipe_file), candidates=[], off_identity=True, prompts=str(prompts),
-                  out=str(tmp_path / "run"), warmup=0, speed_rounds=1)
+                  out=str(tmp_path / "run"), warmup=0, speed_rounds=1, model="tiny-random")
     script = tmp_path / "run_ab.py"
     script.write_text(f"from h3eval.commands.ab import run_ab_command\nrun_ab_command(**{kwargs!r}, device='cpu')\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
@@ -376,7 +377,7 @@ def test_sigkill_at_any_point_then_rerun_completes(tmp_path, tiny_runtime, fast_
     finished = {p: p.read_bytes() for p in out.rglob("*.mp4") if read_finished_record(p) is not None}
     assert 1 <= len(finished) < 4, "the kill landed before the first clip or after the last"
     calls: list = []
-    result = run_ab_command(**{**kwargs, "prompts": prompts}, runtime_factory=view_factory(tiny_runtime, calls))
+    result = run_ab_command(**{**kwargs, "prompts": prompts}, runtime_factory=view_factory(tiny_random_runtime, calls))
     assert result.manifest.status == "complete", result.manifest.errors
     expected = {out / "speed" / "mixed" / r / "r000-a-s0.mp4" for r in ("fast", "fast-identity")} | {
         out / "clips" / r / "a-s0.mp4" for r in ("fast", "fast-identity")}
@@ -414,7 +415,7 @@ def _two_recipe_args(tmp_path):
     prompts = write_prompts(tmp_path / "p.jsonl", {"a": "a cat", "b": "a dog"})
     one = write_recipe(tmp_path, name="one-step", steps=1)  # other levers than fast: not an off-identity candidate
     return dict(baseline=str(write_recipe(tmp_path)), candidates=[str(one)], prompts=prompts, out=tmp_path / "run",
-                warmup=0, speed_rounds=0, model="tiny", device="cpu")
+                warmup=0, speed_rounds=0, model="tiny-random", device="cpu")
 
 
 def test_time_box_runs_what_fits_keeps_it_and_a_rerun_resumes(tmp_path, monkeypatch):
@@ -481,7 +482,8 @@ def test_shipped_cpu_recipes_run_as_configured(name, tmp_path):
     data = load_recipe(name).resolved()
     data.update(steps=3, dtype="float32")
     recipe = recipe_from_dict(data)
-    record = H3Runtime.load("tiny", recipe, "cpu").generate(GenerateRequest(prompt="a cat", seed=0), tmp_path / "c.mp4")
+    record = H3Runtime.load("tiny-random", recipe, "cpu").generate(GenerateRequest(prompt="a cat", seed=0),
+                                                                   tmp_path / "c.mp4")
     assert check_executed(recipe, record) == []
 
 
@@ -506,7 +508,7 @@ def half_renamed_lora(path: Path, transformer) -> Path:
     return path
 
 
-def test_ab_fails_a_lora_that_matched_too_few_modules_and_a_sparse_lever_that_ran_dense(tmp_path, tiny_runtime,
+def test_ab_fails_a_lora_that_matched_too_few_modules_and_a_sparse_lever_that_ran_dense(tmp_path, tiny_random_runtime,
                                                                                         monkeypatch):
     """Done-when of issue 19: on the tiny preset, a LoRA file with half its modules renamed and a block-sparse lever
     whose routing is forced to keep every block both FAIL `h3eval ab`'s executed check (exit 1, clip removed, recipe
@@ -524,7 +526,7 @@ def test_ab_fails_a_lora_that_matched_too_few_modules_and_a_sparse_lever_that_ra
 
     from h3.levers.lora import write_tiny_lora
 
-    transformer = tiny_runtime.pipe.transformer
+    transformer = tiny_random_runtime.pipe.transformer
     good = write_tiny_lora(tmp_path / "good.safetensors", transformer)
     bad = half_renamed_lora(tmp_path / "half.safetensors", transformer)
     prompts = write_prompts(tmp_path / "p.jsonl", {"a": "a cat"})
@@ -542,6 +544,7 @@ def test_ab_fails_a_lora_that_matched_too_few_modules_and_a_sparse_lever_that_ra
     out = tmp_path / "run"
     result = CliRunner().invoke(app, ["ab", "--baseline", str(write_recipe(tmp_path)), "--prompts", str(prompts),
                                       "--out", str(out), "--warmup", "0", "--speed-rounds", "1",
+                                      "--model", "tiny-random",
                                       *[a for r in recipes for a in ("--candidate", str(r))]])
     assert result.exit_code == 1, result.output
     speed = json.loads((out / "speed.json").read_text())["protocols"]["mixed"]

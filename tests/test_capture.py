@@ -14,24 +14,24 @@ REQUEST = dict(prompt="A person is squat", seed=0, prompt_id="squat")
 
 
 @pytest.fixture(scope="module")
-def plain_clip(tiny_runtime, tmp_path_factory):
+def plain_clip(tiny_random_runtime, tmp_path_factory):
     out = tmp_path_factory.mktemp("plain") / "plain.mp4"
-    return out, tiny_runtime.generate(GenerateRequest(**REQUEST), out)
+    return out, tiny_random_runtime.generate(GenerateRequest(**REQUEST), out)
 
 
 @pytest.fixture(scope="module")
-def full_capture(tiny_runtime, tmp_path_factory):
+def full_capture(tiny_random_runtime, tmp_path_factory):
     """Every step and layer, attention + linear + VAE decoder blocks, no budget pressure."""
     root = tmp_path_factory.mktemp("cap")
     from diffusers.models.attention_dispatch import _AttentionBackendRegistry
 
     registry_before = dict(_AttentionBackendRegistry._backends)
-    hooks_before = len(tiny_runtime.pipe.transformer._forward_pre_hooks)
+    hooks_before = len(tiny_random_runtime.pipe.transformer._forward_pre_hooks)
     capture = OpCapture(root / "full", CaptureConfig(kinds=("attention", "linear", "vae_block")))
-    with capture.attach(tiny_runtime.pipe):
-        record = tiny_runtime.generate(GenerateRequest(**REQUEST), root / "clip.mp4")
+    with capture.attach(tiny_random_runtime.pipe):
+        record = tiny_random_runtime.generate(GenerateRequest(**REQUEST), root / "clip.mp4")
     restored = (dict(_AttentionBackendRegistry._backends) == registry_before,
-                len(tiny_runtime.pipe.transformer._forward_pre_hooks) == hooks_before)
+                len(tiny_random_runtime.pipe.transformer._forward_pre_hooks) == hooks_before)
     return root, record, restored
 
 
@@ -81,17 +81,17 @@ def test_captured_inputs_are_the_real_ones(full_capture):
         assert torch.equal(out, load_tensors(root / "full", to_out["file"])["input"])
 
 
-def test_linear_weights_saved_once_and_equal_the_module(tiny_runtime, full_capture):
+def test_linear_weights_saved_once_and_equal_the_module(tiny_random_runtime, full_capture):
     root, _, _ = full_capture
     index = load_index(root / "full")
     name = "transformer.transformer_blocks.0.attn.to_q"
     saved = load_tensors(root / "full", index["weights"][name]["file"])
-    assert torch.equal(saved["weight"], tiny_runtime.pipe.transformer.transformer_blocks[0].attn.to_q.weight)
+    assert torch.equal(saved["weight"], tiny_random_runtime.pipe.transformer.transformer_blocks[0].attn.to_q.weight)
     assert "bias" not in saved  # MiniMax-H3's attention projections have no bias
     assert len([p for p in (root / "full" / "weights").iterdir()]) == len(index["weights"])
 
 
-def test_steps_layers_selection_and_budgets(tiny_runtime, full_capture, tmp_path):
+def test_steps_layers_selection_and_budgets(tiny_random_runtime, full_capture, tmp_path):
     root, _, _ = full_capture
     full = load_index(root / "full")
     # Per-record budget below one attention record: rows are cut to whole 128-row blocks.
@@ -99,8 +99,8 @@ def test_steps_layers_selection_and_budgets(tiny_runtime, full_capture, tmp_path
     config = CaptureConfig(kinds=("attention", "linear"), steps=[1], layers=[1],
                            max_record_bytes=one_attention // 3, max_bytes=one_attention)
     capture = OpCapture(tmp_path / "small", config)
-    with capture.attach(tiny_runtime.pipe):
-        tiny_runtime.generate(GenerateRequest(**REQUEST), tmp_path / "clip.mp4")
+    with capture.attach(tiny_random_runtime.pipe):
+        tiny_random_runtime.generate(GenerateRequest(**REQUEST), tmp_path / "clip.mp4")
     index = load_index(tmp_path / "small")
     assert index["records"] and {(r["step"], r["layer"]) for r in index["records"]} == {(1, 1)}
     assert index["bytes"] <= config.max_bytes

@@ -268,17 +268,22 @@ def test_viewer_with_the_ghosting_gates_strip(monkeypatch, tmp_path):
     assert "flagged frames: 20, 21, 22, 23;" in timeline
 
 
-# -- a real run: the tiny preset through `h3eval ab`, the real gates, the verdict ---------------------------------------
-REAL_PROMPTS = {"r-cat": "a cat walks across a sunny kitchen", "r-car": "a red car drives along a coastal road"}
+# -- a real run: the trained tiny preset through `h3eval ab`, the real gates, the verdict -----------------------------
+# Two captions of the world the trained preset learned (its clips show these shapes moving, with their tones).
+REAL_PROMPTS = {"r-circle": "a red circle moves left to right while a low tone hums; it bounces once; the background "
+                            "is plain",
+                "r-square": "a blue square moves top to bottom while a high tone hums; the background is striped"}
 REAL_GATES = ("integrity", "fidelity", "ghosting", "audio", "trajectory")
 
 
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory) -> Path:
-    """What `h3eval ab`, `h3eval gate` and `h3eval report` write for the tiny preset: baseline ``fast`` (2 steps,
-    float32) against ``fast-int8`` (INT8 W8A8 linears, a real lever with a real, small effect), 2 prompts x 1 seed
-    (124 frames of 128x128, the tiny default), latent trajectories recorded, every CPU gate (LPIPS on the package's random trunk: no weights here), and
-    the release policy's verdict (no floor file: its floor-relative metrics are INCONCLUSIVE, as a user sees them)."""
+    """What `h3eval ab`, `h3eval gate` and `h3eval report` write for the trained tiny preset (``tiny``, the
+    dashboard's default data: the demo's run is made on it): baseline ``fast`` (2 steps, float32) against
+    ``fast-int8`` (INT8 W8A8 linears, a real lever with a real, small effect), 2 world captions x 1 seed (124 frames of
+    128x128, the tiny default), latent trajectories recorded, every CPU gate (LPIPS on the package's random trunk: no
+    weights here), and the release policy's verdict (no floor file: its floor-relative metrics are INCONCLUSIVE, as a
+    user sees them)."""
     import json
 
     from h3eval.ab import run_ab_from_args
@@ -296,7 +301,8 @@ def real_run(tmp_path_factory) -> Path:
     run = root / "run"
     result = run_ab_from_args(baseline=str(root / "fast.toml"), candidates=[str(root / "fast-int8.toml")],
                               prompts=str(prompts), out=run, seeds="0", warmup=0, speed_rounds=0, trajectory=True,
-                              device="cpu")
+                              model="tiny", device="cpu")
+    assert result.manifest.model == "tiny-trained"
     assert result.manifest.status == "complete", result.manifest.errors
     summary = run_gates(run, list(REAL_GATES), device="cpu", options={"fidelity.lpips_trunk": "rand"},
                         progress=False)
@@ -374,14 +380,15 @@ def test_real_run_gates_viewer_and_verdict_pages(monkeypatch, real_run):
     values = table["metric:lpips_mean"].tolist()
     assert values == sorted(values, reverse=True)  # lower is better: worst first
 
-    at = app(monkeypatch, real_run, page="viewer", candidate="fast-int8", prompt="r-cat", seed=0)
+    at = app(monkeypatch, real_run, page="viewer", candidate="fast-int8", prompt="r-circle", seed=0)
     gates = frame_with(at, "gate").set_index("gate")
     assert set(REAL_GATES) <= set(gates.index)
-    assert gates.loc["fidelity", "lpips_mean"] == pytest.approx(results[("r-cat", 0)]["metrics"]["lpips_mean"]["value"])
+    assert gates.loc["fidelity", "lpips_mean"] == pytest.approx(
+        results[("r-circle", 0)]["metrics"]["lpips_mean"]["value"])
     assert at.slider(key="viewer_frame").max == 123  # 124 frames: 5 s, the shortest H3 request
     store = RunStore(real_run)
-    a = decode_video(store.clip_path("fast", "r-cat", 0))[0]
-    b = decode_video(store.clip_path("fast-int8", "r-cat", 0))[0]
+    a = decode_video(store.clip_path("fast", "r-circle", 0))[0]
+    b = decode_video(store.clip_path("fast-int8", "r-circle", 0))[0]
     frame = at.slider(key="viewer_frame").value
     diff = amplified_difference(a[frame], b[frame], 8)
     assert f"amplified difference: mean {diff.mean():.2f}, max {int(diff.max())} (of 255)" in [

@@ -92,7 +92,7 @@ def test_importing_h3_switches_mkl_reproducibility_on_before_mkl_runs():
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
     """The tiny preset as loaded (weights at the safetensors file's offsets), one clip, and its transformer calls."""
-    runtime = H3Runtime.load("tiny", recipe_from_dict(FAST_RECIPE), "cpu")
+    runtime = H3Runtime.load("tiny-random", recipe_from_dict(FAST_RECIPE), "cpu")
     calls = []
 
     def capture(_m, _a, kwargs):
@@ -127,7 +127,7 @@ def test_whole_clip_is_byte_identical_with_every_component_realigned(loaded, tmp
     runtime = loaded[0]
     request = GenerateRequest(prompt="a red circle bounces", seed=11)
     before = runtime.generate(request, tmp_path / "a.mp4")
-    fresh = H3Runtime.load("tiny", recipe_from_dict(FAST_RECIPE), "cpu")
+    fresh = H3Runtime.load("tiny-random", recipe_from_dict(FAST_RECIPE), "cpu")
     for name in ("transformer", "vae", "audio_vae", "text_encoder"):
         realign(getattr(fresh.pipe, name), 4)
     after = fresh.generate(request, tmp_path / "b.mp4")

@@ -43,7 +43,7 @@ def disc_scene(colour, shape: str = "circle", centre=(64, 64), background=(40, 3
     return frame, mask
 
 
-def test_keyframes_are_placed_exactly_as_diffusers_resize_step_places_them(tiny_runtime):
+def test_keyframes_are_placed_exactly_as_diffusers_resize_step_places_them(tiny_random_runtime):
     from diffusers.modular_pipelines.minimax_h3.before_encoder import MiniMaxH3ResizeStep
     from diffusers.modular_pipelines.modular_pipeline import PipelineState
 
@@ -55,7 +55,7 @@ def test_keyframes_are_placed_exactly_as_diffusers_resize_step_places_them(tiny_
         state.set("last_image", images["last_frame"].pil() if "last_frame" in images else None)
         state.set("height", H)
         state.set("width", W)
-        _, state = MiniMaxH3ResizeStep()(tiny_runtime.pipe, state)
+        _, state = MiniMaxH3ResizeStep()(tiny_random_runtime.pipe, state)
         ours = keyframe_targets(images, H, W)
         assert list(ours) == list(state.get("keyframe_anchors"))
         for anchor, theirs in zip(ours, state.get("keyframes")):

@@ -42,11 +42,14 @@ def test_generate_fills_the_run_layout(finished_run):
     assert manifest.status == "complete" and manifest.errors == []
     assert manifest.prompts.ids == ["a", "b"] and manifest.seeds == [0, 1]
     assert set(manifest.recipes) == {"fast"} and manifest.recipes["fast"]["steps"] == 2
+    # The default model is the trained tiny preset, named as the preset that ran; the arguments keep it as passed.
+    assert manifest.model == "tiny-trained" and manifest.args["model"] == "tiny"
     for pid in ("a", "b"):
         for seed in (0, 1):
             record = store.read_record("fast", pid, seed)
             assert record is not None, (pid, seed)
             assert record.request.prompt == f"prompt {pid}" and record.request.seed == seed
+            assert record.model == "tiny-trained"
     assert sorted(p.name for p in (out / "clips" / "fast").iterdir()) == sorted(
         f"{pid}-s{seed}.{ext}" for pid in "ab" for seed in (0, 1) for ext in ("mp4", "json"))
 
@@ -68,7 +71,7 @@ def test_rerun_after_kill_generates_only_the_rest(tmp_path, fast_recipe, fast_re
         runtime.generate = generate
         return runtime
 
-    plan = RunPlan(out=tmp_path / "run", model="tiny", recipes=[fast_recipe], prompts=load_prompts(prompts),
+    plan = RunPlan(out=tmp_path / "run", model="tiny-random", recipes=[fast_recipe], prompts=load_prompts(prompts),
                    seeds=[0], shape=RequestShape())
     with pytest.raises(KeyboardInterrupt):
         fill_run(plan, runtime_factory=killing_factory, progress=False)
@@ -81,7 +84,7 @@ def test_rerun_after_kill_generates_only_the_rest(tmp_path, fast_recipe, fast_re
 
     generated = []
     manifest = run_generate(recipe=str(fast_recipe_file), prompts=prompts, out=tmp_path / "run", seeds="0",
-                            progress=False)
+                            model="tiny-random", progress=False)
     assert manifest.status == "complete"
     for pid in "abc":
         generated.append(store.read_record("fast", pid, 0))
@@ -158,6 +161,11 @@ def test_a_different_run_in_the_same_directory_is_refused(finished_run, fast_rec
     result = runner.invoke(app, ["generate", "--recipe", str(fast_recipe_file), "--prompts", str(prompts),
                                  "--seeds", "0,1,2", "--out", str(out)])
     assert result.exit_code == 3 and "already holds a different run" in result.output
+    # The random preset is another model; its alias-free name is how a run made as `--model tiny` before the trained
+    # preset became the default (the random one) is told apart.
+    result = runner.invoke(app, ["generate", "--recipe", str(fast_recipe_file), "--prompts", str(prompts),
+                                 "--seeds", "0,1", "--out", str(out), "--model", "tiny-random"])
+    assert result.exit_code == 3 and "tiny-trained" in result.output and "tiny-random" in result.output
     assert tree_digest(out) == before
 
 
@@ -200,7 +208,7 @@ def test_prompt_file_errors_name_the_line(tmp_path):
         load_prompts(path)
 
 
-def test_generate_checks_configured_versus_executed(tmp_path, fast_recipe, tiny_runtime):
+def test_generate_checks_configured_versus_executed(tmp_path, fast_recipe, tiny_random_runtime):
     """generate fills runs through a backend, so each clip gets the configured-versus-executed check: a clip that
     ran something else than its recipe is removed, the recipe stops, and the run is failed."""
     prompts = write_prompts(tmp_path / "p.jsonl", ids=("a", "b"))
@@ -208,15 +216,15 @@ def test_generate_checks_configured_versus_executed(tmp_path, fast_recipe, tiny_
 
     class AsksFourRunsTwo:  # the loaded runtime (2 steps) reporting under the recipe that asks for 4
         def generate(self, request, out, extra=None, **kwargs):
-            loaded = tiny_runtime.recipe
-            tiny_runtime.recipe = loaded.model_copy(update={"name": "four"})
+            loaded = tiny_random_runtime.recipe
+            tiny_random_runtime.recipe = loaded.model_copy(update={"name": "four"})
             try:
-                return tiny_runtime.generate(request, out, extra, **kwargs)
+                return tiny_random_runtime.generate(request, out, extra, **kwargs)
             finally:
-                tiny_runtime.recipe = loaded
+                tiny_random_runtime.recipe = loaded
 
-    plan = RunPlan(out=tmp_path / "run", model="tiny", recipes=[four], prompts=load_prompts(prompts), seeds=[0],
-                   shape=RequestShape())
+    plan = RunPlan(out=tmp_path / "run", model="tiny-random", recipes=[four], prompts=load_prompts(prompts),
+                   seeds=[0], shape=RequestShape())
     manifest = fill_run(plan, runtime_factory=lambda *args: AsksFourRunsTwo(), progress=False)
     assert manifest.status == "failed" and len(manifest.errors) == 1
     assert manifest.errors[0].error == ("configured-versus-executed mismatch (clip removed, recipe stopped): "

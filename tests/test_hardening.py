@@ -155,15 +155,16 @@ def test_a_nan_in_a_recipe_file_is_exit_3_naming_the_key(tmp_path):
 
 # -- resume compares every parameter --------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def ab_run(tmp_path_factory, tiny_runtime):
+def ab_run(tmp_path_factory, tiny_random_runtime):
     root = tmp_path_factory.mktemp("resume")
     prompts = write_prompts(root / "p.jsonl", {"a": "a cat"})
     base, cand = write_recipe(root), write_recipe(root, name="cand")
     result = run_ab_command(baseline=str(base), candidates=[str(cand)], prompts=prompts, out=root / "run",
-                            warmup=0, speed_rounds=0, runtime_factory=view_factory(tiny_runtime, []))
+                            warmup=0, speed_rounds=0, model="tiny-random",
+                            runtime_factory=view_factory(tiny_random_runtime, []))
     assert result.manifest.status == "complete", result.manifest.errors
     return root, ["ab", "--baseline", base, "--candidate", cand, "--prompts", prompts, "--out", root / "run",
-                  "--warmup", "0"]
+                  "--warmup", "0", "--model", "tiny-random"]
 
 
 @pytest.fixture()
@@ -207,6 +208,8 @@ def test_a_rerun_on_other_weights_under_the_same_model_name_is_refused(ab_run, n
     from h3.tiny_trained import TRAINED_DIR, trained_identity
 
     assert h3.runtime.model_identity("tiny-trained") == trained_identity(TRAINED_DIR)
+    assert h3.runtime.model_identity("tiny") == trained_identity(TRAINED_DIR)  # ``tiny`` is the trained preset
+    assert h3.runtime.model_identity("tiny-random") == h3.runtime.tiny_identity() != trained_identity(TRAINED_DIR)
     before = tree_digest(root / "run")
     monkeypatch.setattr(h3.runtime, "model_identity", lambda model: "0" * 64)
     refused(invoke(*args, "--speed-rounds", "0"), "already holds a different run", "model_identity")
@@ -320,15 +323,15 @@ def test_the_lock_is_reentrant_in_one_process_and_leaves_nothing(tmp_path):
 
 
 # -- sessions ------------------------------------------------------------------------------------------------------
-def test_every_session_is_recorded_and_orphaned_warmups_are_removed(tmp_path, tiny_runtime):
+def test_every_session_is_recorded_and_orphaned_warmups_are_removed(tmp_path, tiny_random_runtime):
     prompts = write_prompts(tmp_path / "p.jsonl", {"a": "a cat"})
     out = tmp_path / "run"
     kwargs = dict(baseline=str(write_recipe(tmp_path)), candidates=[str(write_recipe(tmp_path, name="cand"))],
-                  prompts=prompts, out=out, warmup=1, speed_rounds=0)
+                  prompts=prompts, out=out, warmup=1, speed_rounds=0, model="tiny-random")
     # Three sessions stopped after their warm-ups (both recipes warmed, no timed request finished).
     for _ in range(3):
         with pytest.raises(KeyboardInterrupt):
-            run_ab_command(**kwargs, runtime_factory=view_factory(tiny_runtime, [], kill_at=2))
+            run_ab_command(**kwargs, runtime_factory=view_factory(tiny_random_runtime, [], kill_at=2))
     manifest = json.loads((out / "run.json").read_text())
     sessions = manifest["extra"]["ab"]["sessions"]
     assert [s["outcome"] for s in sessions] == ["interrupted"] * 3
@@ -337,7 +340,7 @@ def test_every_session_is_recorded_and_orphaned_warmups_are_removed(tmp_path, ti
     sessions[-1].update(outcome="running")
     sessions[-1].pop("ended_at")
     (out / "run.json").write_text(json.dumps(manifest))
-    result = run_ab_command(**kwargs, runtime_factory=view_factory(tiny_runtime, []))
+    result = run_ab_command(**kwargs, runtime_factory=view_factory(tiny_random_runtime, []))
     assert result.manifest.status == "complete", result.manifest.errors
     sessions = result.manifest.extra["ab"]["sessions"]
     assert [s["outcome"] for s in sessions] == ["interrupted", "interrupted", "killed", "complete"]
@@ -349,7 +352,7 @@ def test_every_session_is_recorded_and_orphaned_warmups_are_removed(tmp_path, ti
         assert [p.name for p in warm] == [f"{sessions[3]['id']}-w0.json", f"{sessions[3]['id']}-w0.mp4"]
         assert read_finished_record(warm[1]).extra["warmup"] is True
     # A session that finished timed requests keeps its warm-ups: they are its clips' context.
-    again = run_ab_command(**kwargs, runtime_factory=view_factory(tiny_runtime, []))
+    again = run_ab_command(**kwargs, runtime_factory=view_factory(tiny_random_runtime, []))
     assert [s["outcome"] for s in again.manifest.extra["ab"]["sessions"]][-1] == "complete"
     assert len(list((out / "warmup" / "fast").glob("*.mp4"))) == 1
 

@@ -40,7 +40,7 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, what
 @pytest.fixture(scope="module")
 def base(tmp_path_factory):
     """A runtime with every lever off, one clip, and the transformer calls of that clip."""
-    runtime = H3Runtime.load("tiny", recipe_from_dict(FAST_RECIPE), "cpu")
+    runtime = H3Runtime.load("tiny-random", recipe_from_dict(FAST_RECIPE), "cpu")
     calls = []
 
     def capture(_m, _a, kwargs):
@@ -90,7 +90,7 @@ def test_identity_names_every_lever_off_and_matches_baseline():
 def test_identity_clip_is_byte_identical_to_baseline(base, tmp_path):
     identity = load_recipe("identity").model_dump()
     identity.update(steps=FAST_RECIPE["steps"], dtype=FAST_RECIPE["dtype"])
-    runtime = H3Runtime.load("tiny", recipe_from_dict(identity), "cpu")
+    runtime = H3Runtime.load("tiny-random", recipe_from_dict(identity), "cpu")
     record = runtime.generate(GenerateRequest(prompt="A person is squat", seed=3), tmp_path / "clip.mp4")
     assert record.frames_sha256 == base.record.frames_sha256
     assert record.pcm_sha256 == base.record.pcm_sha256
@@ -108,9 +108,9 @@ SHIPPED_ON_CPU = {
     "offload-int8-adaln": "use_stream .* needs a CUDA GPU",
     # The trained tiny preset's LoRA (it ships in h3/assets/tiny): refused for the random tiny preset before any weight
     # loads; tests/test_train.py loads it into the trained one.
-    "turbo4-tiny": r"lora.path '@turbo4-tiny' is the trained tiny preset's 4-step LoRA \(--model tiny-trained\); it "
+    "turbo4-tiny": r"lora.path '@turbo4-tiny' is the trained tiny preset's 4-step LoRA \(--model tiny\); it "
                    r"cannot load into another model",
-    "turbo4-tiny-int8": r"lora.path '@turbo4-tiny' is the trained tiny preset's 4-step LoRA \(--model tiny-trained\); "
+    "turbo4-tiny-int8": r"lora.path '@turbo4-tiny' is the trained tiny preset's 4-step LoRA \(--model tiny\); "
                         r"it cannot load into another model",
 }
 
@@ -125,7 +125,7 @@ def test_every_shipped_recipe_runs_or_refuses_clearly_on_the_cpu(name, monkeypat
     data["vae"]["tiles"] = {}
     recipe = recipe_from_dict(data)
     if SHIPPED_ON_CPU[name] is None:
-        runtime = H3Runtime.load("tiny", recipe, "cpu")
+        runtime = H3Runtime.load("tiny-random", recipe, "cpu")
         applied = {n for n, h in runtime.levers.items() if h.telemetry()["applied"]}
         expected = {"lora": recipe.lora.enabled, "adaln": recipe.adaln.precompute, "quant": recipe.quant.mode != "none",
                     "cache": recipe.cache.kind != "none", "sparse_attention": recipe.sparse_attention.enabled,
@@ -133,13 +133,13 @@ def test_every_shipped_recipe_runs_or_refuses_clearly_on_the_cpu(name, monkeypat
         assert applied == {n for n, on in expected.items() if on}
     else:
         with pytest.raises(LeverError, match=SHIPPED_ON_CPU[name]):
-            H3Runtime.load("tiny", recipe, "cpu")
+            H3Runtime.load("tiny-random", recipe, "cpu")
 
 
 # -- step distillation (LoRA) -----------------------------------------------------------------------------------------
 
 def lora_runtime(**lora):
-    return H3Runtime.load("tiny", recipe_from_dict({**FAST_RECIPE, "lora": {"enabled": True, **lora}}), "cpu")
+    return H3Runtime.load("tiny-random", recipe_from_dict({**FAST_RECIPE, "lora": {"enabled": True, **lora}}), "cpu")
 
 
 @pytest.fixture(scope="module")
@@ -198,10 +198,10 @@ def test_missing_lora_file_is_named(tmp_path, monkeypatch):
     recipe = load_recipe("turbo4").model_dump()
     recipe.update(dtype="float32", steps=2, vae={**recipe["vae"], "tiles": {}})
     with pytest.raises(LeverError, match=r"minimax-h3-turbo-4step\.safetensors.*does not exist"):
-        H3Runtime.load("tiny", recipe_from_dict(recipe), "cpu")
+        H3Runtime.load("tiny-random", recipe_from_dict(recipe), "cpu")
     monkeypatch.delenv("H3_LORA_DIR")
     with pytest.raises(LeverError, match=r"environment variable that is not set"):
-        H3Runtime.load("tiny", recipe_from_dict(recipe), "cpu")
+        H3Runtime.load("tiny-random", recipe_from_dict(recipe), "cpu")
 
 
 # -- AdaLN precompute -----------------------------------------------------------------------------------------------
@@ -308,10 +308,10 @@ def test_fp8_and_sage_are_refused_on_the_cpu():
     for name, pattern in [("turbo4-fp8", "fp8_w8a8' needs a GPU"), ("turbo4-fp8-sage", "'sage' needs a CUDA GPU")]:
         recipe = load_recipe(name)
         with pytest.raises(LeverError, match=pattern):
-            H3Runtime.load("tiny", recipe, "cpu")
+            H3Runtime.load("tiny-random", recipe, "cpu")
     offload = load_recipe("offload-int8-adaln")
     with pytest.raises(LeverError, match="use_stream.*needs a CUDA GPU"):
-        H3Runtime.load("tiny", offload, "cpu")
+        H3Runtime.load("tiny-random", offload, "cpu")
 
 
 # -- attention: block-sparse and bucketing -------------------------------------------------------------------------
@@ -620,7 +620,7 @@ def test_vae_tile_per_resolution(base):
 def test_tinydemo_recipe_reports_what_ran(tmp_path):
     recipe = load_recipe("turbo4-tinydemo").model_dump()
     recipe["steps"] = 2
-    runtime = H3Runtime.load("tiny", recipe_from_dict(recipe), "cpu")
+    runtime = H3Runtime.load("tiny-random", recipe_from_dict(recipe), "cpu")
     record = runtime.generate(GenerateRequest(prompt="A person is squat", seed=3), tmp_path / "clip.mp4")
     levers = record.executed.levers
     assert [n for n in LEVERS if levers[n]["applied"]] == ["lora", "adaln", "quant", "bucketing", "sparse_attention"]
@@ -1014,7 +1014,7 @@ def test_call_counters_hold_under_compile(tmp_path):
     recipe = recipe_from_dict({**FAST_RECIPE, "quant": {"mode": "int8_w8a8"},
                                "lora": {"enabled": True, "path": "@tiny", "fuse": False},
                                "compile": {"enabled": True, "backend": "aot_eager"}})
-    runtime = H3Runtime.load("tiny", recipe, "cpu")
+    runtime = H3Runtime.load("tiny-random", recipe, "cpu")
     try:
         record = runtime.generate(GenerateRequest(prompt="A person is squat", seed=3), tmp_path / "clip.mp4")
         levers = record.executed.levers
@@ -1042,7 +1042,7 @@ def test_exact_levers_keep_the_clip_byte_identical(base, tmp_path):
         "offload": {"enabled": True, "use_stream": False, "text_encoder": True},
         "vae": {**FAST_RECIPE["vae"], "tiles": {"64x64": [256, 256]}, "resident": False},
     })
-    runtime = H3Runtime.load("tiny", recipe, "cpu")
+    runtime = H3Runtime.load("tiny-random", recipe, "cpu")
     record = runtime.generate(GenerateRequest(prompt="A person is squat", seed=3), tmp_path / "clip.mp4")
     assert (record.frames_sha256, record.pcm_sha256) == (base.record.frames_sha256, base.record.pcm_sha256)
     levers = record.executed.levers

@@ -350,7 +350,7 @@ def test_ops_for_recipe_routes_records():
 
 # -- the gate end to end on the tiny preset -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def run(tiny_runtime, tmp_path_factory):
+def run(tiny_random_runtime, tmp_path_factory):
     """A run with the fast baseline clip and a candidate recipe on the math SDPA backend."""
     root = tmp_path_factory.mktemp("run")
     store = RunStore(root)
@@ -359,14 +359,14 @@ def run(tiny_runtime, tmp_path_factory):
     levers = {**FAST_RECIPE, "name": "fast-levers", "quant": {"mode": "int8_w8a8", "exclude": [r"(^|\.)proj_out$"]},
               "sparse_attention": {"enabled": True, "block_size": 128, "sparsity": 0.5, "dense_steps": 1,
                                    "dense_layers": []}}
-    store.write_manifest(RunManifest(created_at=utc_now(), updated_at=utc_now(), model="tiny", kind="ab",
+    store.write_manifest(RunManifest(created_at=utc_now(), updated_at=utc_now(), model="tiny-random", kind="ab",
                                      baseline="fast", candidates=["fast-math", "fast-levers"],
-                                     recipes={"fast": tiny_runtime.recipe.resolved(), "fast-math": candidate,
+                                     recipes={"fast": tiny_random_runtime.recipe.resolved(), "fast-math": candidate,
                                               "fast-levers": levers}, seeds=[0],
                                      prompts=PromptSuiteRef(path="squat.jsonl", sha256="0" * 64, ids=["squat"])))
     clip = store.clip_path("fast", "squat", 0)
     clip.parent.mkdir(parents=True)
-    record = tiny_runtime.generate(GenerateRequest(prompt="A person is squat", seed=0, prompt_id="squat"), clip)
+    record = tiny_random_runtime.generate(GenerateRequest(prompt="A person is squat", seed=0, prompt_id="squat"), clip)
     for name in ("fast-math", "fast-levers"):  # the gate never reads the candidate's clip; the runner checks it exists
         copy = store.clip_path(name, "squat", 0)
         copy.parent.mkdir(parents=True)

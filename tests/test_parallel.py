@@ -52,7 +52,7 @@ def rel_l2(a: Path, b: Path) -> dict[str, float]:
 def _generate(recipe, out: Path, transformer_dtype: str | None = None) -> dict:
     from h3.runtime import GenerateRequest, H3Runtime
 
-    runtime = H3Runtime.load("tiny", recipe, "cpu", transformer_dtype=transformer_dtype)
+    runtime = H3Runtime.load("tiny-random", recipe, "cpu", transformer_dtype=transformer_dtype)
     record = runtime.generate(GenerateRequest(prompt=PROMPT, seed=SEED, num_frames=NUM_FRAMES), out, trajectory=True)
     return record.model_dump(mode="json")
 
@@ -192,8 +192,8 @@ def test_h3_generate_nproc_2_writes_the_sp2_clip(ranks, fast_recipe_file, tmp_pa
     from h3.parallel.entry import must_launch, with_nproc
 
     out = tmp_path / "nproc2.mp4"
-    args = ["generate", "--prompt", PROMPT, "--seed", str(SEED), "--num-frames", str(NUM_FRAMES), "--recipe",
-            str(fast_recipe_file), "--out", str(out), "--nproc", "2"]
+    args = ["generate", "--model", "tiny-random", "--prompt", PROMPT, "--seed", str(SEED), "--num-frames",
+            str(NUM_FRAMES), "--recipe", str(fast_recipe_file), "--out", str(out), "--nproc", "2"]
     proc = subprocess.run([sys.executable, "-m", "h3.cli", *args], env=_env(), capture_output=True, text=True,
                           timeout=LAUNCH_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -214,7 +214,8 @@ def test_h3_serve_nproc_2_rank_0_serves_the_followers_follow(ranks, fast_recipe_
     from h3.parallel.world import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "h3.cli", "serve", "--recipe", str(fast_recipe_file), "--port", str(port),
+    cmd = [sys.executable, "-m", "h3.cli", "serve", "--model", "tiny-random", "--recipe", str(fast_recipe_file),
+           "--port", str(port),
            "--output-dir", str(tmp_path / "serve"), "--nproc", "2"]
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -272,7 +273,7 @@ def _check(out: Path, plant=None):
     os.environ["PYTHONPATH"] = _env()["PYTHONPATH"]
     try:
         return run_parallel_check(ParallelCheckPlan(
-            model="tiny", recipe=recipe_from_dict(FAST_RECIPE), degree=2, prompts=load_prompts(str(suite)),
+            model="tiny-random", recipe=recipe_from_dict(FAST_RECIPE), degree=2, prompts=load_prompts(str(suite)),
             seeds=[SEED], out=out, shape=RequestShape(num_frames=NUM_FRAMES),
             gate_options={"fidelity.lpips_trunk": "rand"}, plant=plant, timeout_s=LAUNCH_TIMEOUT_S))
     finally:
@@ -444,7 +445,7 @@ def test_a_degree_2_recipe_in_one_process_is_refused_with_the_way_out(fast_recip
     from h3.runtime import H3Runtime
 
     with pytest.raises(LeverError, match="start it with --nproc 2"):
-        H3Runtime.load("tiny", at_degree(fast_recipe, 2), "cpu")
+        H3Runtime.load("tiny-random", at_degree(fast_recipe, 2), "cpu")
 
 
 def test_nproc_and_the_recipe_degree(fast_recipe):

@@ -106,7 +106,7 @@ def test_checkpoint_weights_restore_what_the_loader_gave(tmp_path):
     from h3.runtime import tiny_checkpoint_dir
 
     recipe = recipe_from_dict({**FAST_RECIPE, "dtype": "bfloat16"})
-    runtime = H3Runtime.load("tiny", recipe, "cpu")
+    runtime = H3Runtime.load("tiny-random", recipe, "cpu")
     assert isinstance(runtime.weight_source, CheckpointWeights)
     transformer = runtime.pipe.transformer
     names = ["transformer_blocks.0.attn.to_q.weight", "proj_in.weight"]  # a bf16 weight, a float32-pinned one
@@ -151,7 +151,7 @@ def test_random_turbo_lora_has_the_published_format_and_targets(tmp_path):
     assert len(targets) == 266
     assert targets["blocks.0.attn.qkv_proj"] == (5376, 3 * 56 * 128, TURBO_RANK)
     assert targets["blocks.49.adaln_proj.linear"][2] == TURBO_ADALN_RANK
-    runtime = H3Runtime.load("tiny", recipe_from_dict(FAST_RECIPE), "cpu")
+    runtime = H3Runtime.load("tiny-random", recipe_from_dict(FAST_RECIPE), "cpu")
     path = write_random_turbo_lora(tmp_path / "turbo.safetensors", runtime.pipe.transformer)
     state = MiniMaxH3LoraLoaderMixin.lora_state_dict(str(path))
     modules = {k.removeprefix("transformer.").split(".lora_")[0] for k in state}

@@ -1,4 +1,6 @@
-"""The runtime on the tiny preset: streams of a generated clip, determinism, save/load round trip, records."""
+"""The runtime on the tiny presets: which preset each name loads, streams of a generated clip, determinism,
+save/load round trip, records (on the random preset, ``tiny-random``: byte-level facts that a retrained checkpoint
+would change)."""
 
 from __future__ import annotations
 
@@ -17,12 +19,33 @@ from h3.runtime import (
     RequestError,
     check_checkpoint_dir,
     resolve_request,
+    canonical_model,
     snap_num_frames,
 )
 
 
+def test_tiny_is_the_trained_preset_and_every_record_says_which_preset_ran(tiny_random_runtime, fast_recipe,
+                                                                             tmp_path):
+    """``tiny`` (the default) and its alias ``tiny-trained`` load the shipped trained checkpoint; ``tiny-random`` the
+    seeded one. A runtime, and so every record and server id, names the preset that ran, never the alias."""
+    from h3 import tiny
+    from h3.tiny_trained import trained_identity
+
+    assert [canonical_model(m) for m in ("tiny", "tiny-trained", "tiny-random", "h3-random", "/ckpt")] == [
+        "tiny-trained", "tiny-trained", "tiny-random", "h3-random", "/ckpt"]
+    trained = H3Runtime.load("tiny", fast_recipe, "cpu")
+    assert trained.model == "tiny-trained" and trained.model_sha256 == trained_identity()
+    assert trained.weights == "checkpoint" and trained.default_size == (128, 128)
+    assert H3Runtime.load("tiny-trained", fast_recipe, "cpu").model_sha256 == trained.model_sha256
+    assert tiny_random_runtime.model == "tiny-random" and tiny_random_runtime.weights == "random"
+    assert tiny_random_runtime.model_sha256 == tiny.tiny_identity() != trained.model_sha256
+    record = trained.generate(GenerateRequest(prompt="a red circle moves left to right while a low tone hums; the "
+                                                     "background is plain", seed=0), tmp_path / "t.mp4")
+    assert (record.model, record.weights, record.model_sha256) == ("tiny-trained", "checkpoint", trained.model_sha256)
+
+
 @pytest.fixture(scope="module")
-def raw_and_clip(tiny_runtime, tmp_path_factory):
+def raw_and_clip(tiny_random_runtime, tmp_path_factory):
     """One clip, and the raw uint8 frames and int16 PCM the runtime handed to the muxer (captured on the way)."""
     import h3.runtime as runtime_module
 
@@ -36,7 +59,8 @@ def raw_and_clip(tiny_runtime, tmp_path_factory):
 
     runtime_module.encode_mp4 = capture
     try:
-        record = tiny_runtime.generate(GenerateRequest(prompt="A person is squat", seed=0, prompt_id="squat"), out)
+        record = tiny_random_runtime.generate(GenerateRequest(prompt="A person is squat", seed=0, prompt_id="squat"),
+                                              out)
     finally:
         runtime_module.encode_mp4 = encode
     return out, record, raw
@@ -126,19 +150,19 @@ def test_decoded_frames_are_close_to_the_hashed_raw_frames(raw_and_clip):
     assert snr >= 35.0, snr
 
 
-def test_same_request_is_byte_identical(tiny_runtime, tmp_path, clip):
+def test_same_request_is_byte_identical(tiny_random_runtime, tmp_path, clip):
     out, record = clip
-    again = tiny_runtime.generate(GenerateRequest(prompt="A person is squat", seed=0, prompt_id="squat"),
-                                  tmp_path / "b.mp4")
+    again = tiny_random_runtime.generate(GenerateRequest(prompt="A person is squat", seed=0, prompt_id="squat"),
+                                         tmp_path / "b.mp4")
     assert (tmp_path / "b.mp4").read_bytes() == out.read_bytes()
     assert (again.frames_sha256, again.pcm_sha256) == (record.frames_sha256, record.pcm_sha256)
-    other = tiny_runtime.generate(GenerateRequest(prompt="A person is squat", seed=1), tmp_path / "c.mp4")
+    other = tiny_random_runtime.generate(GenerateRequest(prompt="A person is squat", seed=1), tmp_path / "c.mp4")
     assert other.frames_sha256 != record.frames_sha256 and other.pcm_sha256 != record.pcm_sha256
 
 
-def test_save_load_round_trip_is_byte_identical(tiny_runtime, fast_recipe, tmp_path, clip):
+def test_save_load_round_trip_is_byte_identical(tiny_random_runtime, fast_recipe, tmp_path, clip):
     out, _ = clip
-    tiny_runtime.save_pretrained(tmp_path / "ckpt")
+    tiny_random_runtime.save_pretrained(tmp_path / "ckpt")
     for name in ("transformer", "vae", "audio_vae", "text_encoder", "tokenizer", "processor", "scheduler",
                  "audio_scheduler"):
         assert (tmp_path / "ckpt" / name).is_dir()
@@ -147,8 +171,8 @@ def test_save_load_round_trip_is_byte_identical(tiny_runtime, fast_recipe, tmp_p
     assert (tmp_path / "r.mp4").read_bytes() == out.read_bytes()
 
 
-def test_missing_checkpoint_file_is_named(tiny_runtime, fast_recipe, tmp_path):
-    tiny_runtime.save_pretrained(tmp_path / "ckpt")
+def test_missing_checkpoint_file_is_named(tiny_random_runtime, fast_recipe, tmp_path):
+    tiny_random_runtime.save_pretrained(tmp_path / "ckpt")
     (tmp_path / "ckpt" / "vae" / "diffusion_pytorch_model.safetensors").unlink()
     with pytest.raises(CheckpointError, match=r"vae/diffusion_pytorch_model\.safetensors"):
         H3Runtime.from_pretrained(tmp_path / "ckpt", fast_recipe, "cpu")
@@ -156,8 +180,8 @@ def test_missing_checkpoint_file_is_named(tiny_runtime, fast_recipe, tmp_path):
         check_checkpoint_dir(tmp_path / "nowhere")
 
 
-def test_sharded_checkpoint_names_missing_shard(tiny_runtime, tmp_path):
-    tiny_runtime.save_pretrained(tmp_path / "ckpt")
+def test_sharded_checkpoint_names_missing_shard(tiny_random_runtime, tmp_path):
+    tiny_random_runtime.save_pretrained(tmp_path / "ckpt")
     folder = tmp_path / "ckpt" / "transformer"
     (folder / "diffusion_pytorch_model.safetensors").rename(folder / "part-00001.safetensors")
     (folder / "diffusion_pytorch_model.safetensors.index.json").write_text(

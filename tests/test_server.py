@@ -31,13 +31,14 @@ def wait_status(client: httpx.Client, url: str, job_id: str, statuses=("complete
     raise AssertionError(f"job {job_id} never reached {statuses}")
 
 
-def test_http_and_inprocess_give_the_same_bytes(tiny_runtime, fast_recipe, tmp_path):
-    with serving(create_app(tiny_runtime, tmp_path / "srv")) as url:
+def test_http_and_inprocess_give_the_same_bytes(tiny_random_runtime, fast_recipe, tmp_path):
+    with serving(create_app(tiny_random_runtime, tmp_path / "srv")) as url:
         backend = HttpBackend([url], TINY_DEFAULT_SIZE, poll_interval_s=0.05)
         via_http = backend.generate(fast_recipe, GenerateRequest(prompt=PROMPT, seed=3, prompt_id="k"),
                                     tmp_path / "http.mp4", {"note": "test"})
         backend.close()
-    direct = tiny_runtime.generate(GenerateRequest(prompt=PROMPT, seed=3, prompt_id="k"), tmp_path / "direct.mp4")
+    direct = tiny_random_runtime.generate(GenerateRequest(prompt=PROMPT, seed=3, prompt_id="k"),
+                                          tmp_path / "direct.mp4")
     assert (tmp_path / "http.mp4").read_bytes() == (tmp_path / "direct.mp4").read_bytes()
     assert via_http.frames_sha256 == direct.frames_sha256 and via_http.pcm_sha256 == direct.pcm_sha256
     # Reference: decode both files independently of the records.
@@ -54,7 +55,7 @@ def test_http_and_inprocess_give_the_same_bytes(tiny_runtime, fast_recipe, tmp_p
     assert saved["frames_sha256"] == direct.frames_sha256
 
 
-def test_validation_errors_are_422_naming_the_field(tiny_runtime, tmp_path):
+def test_validation_errors_are_422_naming_the_field(tiny_random_runtime, tmp_path):
     cases = {
         "prompt": {"seed": 1},
         "seed": {"prompt": "x", "seed": -1},
@@ -70,7 +71,7 @@ def test_validation_errors_are_422_naming_the_field(tiny_runtime, tmp_path):
         "input_reference": {"prompt": "x", "input_reference": "https://example.com/first.png"},
         "num_frames": {"prompt": "x", "seconds": 5, "num_frames": 124},
     }
-    with serving(create_app(tiny_runtime, tmp_path / "srv")) as url, httpx.Client() as client:
+    with serving(create_app(tiny_random_runtime, tmp_path / "srv")) as url, httpx.Client() as client:
         for field, body in cases.items():
             for encoding in ("json", "multipart"):
                 if encoding == "json":
@@ -86,12 +87,13 @@ def test_validation_errors_are_422_naming_the_field(tiny_runtime, tmp_path):
     assert list((tmp_path / "srv" / "jobs").iterdir()) == []
 
 
-def test_json_multipart_and_sglang_extra_body_resolve_alike(tiny_runtime, tmp_path):
+def test_json_multipart_and_sglang_extra_body_resolve_alike(tiny_random_runtime, tmp_path):
     body = {"prompt": "a cat", "seed": 11, "size": "100x60", "seconds": 6, "fps": 24, "num_inference_steps": 2,
             "guidance_scale": 1, "negative_prompt": "", "model": "fast"}
     shape = ("seed", "size", "seconds", "num_frames", "fps", "num_inference_steps", "model", "prompt")
     # a per-job timeout of 1 ms: accepted jobs end at their first module call, nothing is generated
-    with serving(create_app(tiny_runtime, tmp_path / "srv", job_timeout_s=0.001)) as url, httpx.Client() as client:
+    with serving(create_app(tiny_random_runtime, tmp_path / "srv", job_timeout_s=0.001)) as url, \
+            httpx.Client() as client:
         as_json = client.post(f"{url}/v1/videos", json=body).json()
         as_form = client.post(f"{url}/v1/videos", files={k: (None, str(v)) for k, v in body.items()}).json()
         wrapped = client.post(f"{url}/v1/videos", json={"prompt": "a cat", "extra_body": {
@@ -100,16 +102,16 @@ def test_json_multipart_and_sglang_extra_body_resolve_alike(tiny_runtime, tmp_pa
             {k: v for k, v in body.items() if k != "prompt"})}).json()
         # 100x60 snaps to the nearest multiples of 32 (96x64); 6 s = 144 frames snaps up to 17*9+5 = 158.
         expected = {"seed": 11, "size": "96x64", "seconds": "6.583", "num_frames": 158, "fps": 24,
-                    "num_inference_steps": 2, "model": "h3-tiny", "prompt": "a cat"}
+                    "num_inference_steps": 2, "model": "h3-tiny-random", "prompt": "a cat"}
         for job in (as_json, as_form, wrapped, form_wrapped):
             assert {k: job[k] for k in shape} == expected, job
         clash = client.post(f"{url}/v1/videos", json={"prompt": "a cat", "seed": 1, "extra_body": {"seed": 2}})
         assert clash.status_code == 422 and clash.json()["error"]["param"] == "seed"
 
 
-def test_delete_a_queued_job_before_it_runs_but_not_the_running_one(tiny_runtime, tmp_path):
+def test_delete_a_queued_job_before_it_runs_but_not_the_running_one(tiny_random_runtime, tmp_path):
     root = tmp_path / "srv"
-    with serving(create_app(tiny_runtime, root, job_timeout_s=3.0)) as url, httpx.Client() as client:
+    with serving(create_app(tiny_random_runtime, root, job_timeout_s=3.0)) as url, httpx.Client() as client:
         # the largest job this CPU server takes: it is still running when the deletes below come in
         running = client.post(f"{url}/v1/videos", json={"prompt": PROMPT, "seconds": 15, "size": "256x256"}).json()
         waiting = client.post(f"{url}/v1/videos", json={"prompt": "a cat", "seed": 1}).json()
@@ -128,8 +130,8 @@ def test_delete_a_queued_job_before_it_runs_but_not_the_running_one(tiny_runtime
     assert list((root / "jobs").iterdir()) == [] and list((root / "videos").iterdir()) == []
 
 
-def test_api_key_is_required_when_set(tiny_runtime, tmp_path):
-    with serving(create_app(tiny_runtime, tmp_path / "srv", api_key="s3cret")) as url, httpx.Client() as client:
+def test_api_key_is_required_when_set(tiny_random_runtime, tmp_path):
+    with serving(create_app(tiny_random_runtime, tmp_path / "srv", api_key="s3cret")) as url, httpx.Client() as client:
         assert client.get(f"{url}/health").status_code == 200
         assert client.get(f"{url}/v1/models").status_code == 401
         assert client.get(f"{url}/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -150,9 +152,9 @@ def raw_get(url: str, path: str) -> tuple[int, bytes]:
     return response.status, body
 
 
-def test_content_is_served_only_from_the_output_folder(tiny_runtime, tmp_path):
+def test_content_is_served_only_from_the_output_folder(tiny_random_runtime, tmp_path):
     root = tmp_path / "srv"
-    with serving(create_app(tiny_runtime, root)) as url:
+    with serving(create_app(tiny_random_runtime, root)) as url:
         (root / "secret.mp4").write_bytes(b"outside the videos folder")
         (root / "videos" / "planted.mp4").write_bytes(b"not a job")
         for path in ["/v1/videos/../../etc/passwd", "/v1/videos/../../../etc/passwd/content",
@@ -165,9 +167,9 @@ def test_content_is_served_only_from_the_output_folder(tiny_runtime, tmp_path):
             assert b"root:" not in body and b"outside the videos folder" not in body and b"not a job" not in body
 
 
-def test_full_queue_is_429_and_restart_keeps_finished_jobs(tiny_runtime, tmp_path):
+def test_full_queue_is_429_and_restart_keeps_finished_jobs(tiny_random_runtime, tmp_path):
     root = tmp_path / "srv"
-    with serving(create_app(tiny_runtime, root, max_queue=1)) as url, httpx.Client() as client:
+    with serving(create_app(tiny_random_runtime, root, max_queue=1)) as url, httpx.Client() as client:
         first = client.post(f"{url}/v1/videos", json={"prompt": PROMPT, "seed": 0}).json()
         wait_status(client, url, first["id"], ("in_progress", "completed"))
         second = client.post(f"{url}/v1/videos", json={"prompt": "a cat", "seed": 1})
@@ -184,7 +186,7 @@ def test_full_queue_is_429_and_restart_keeps_finished_jobs(tiny_runtime, tmp_pat
     stale = dict(done[1], id="video_" + "f" * 32, status="in_progress")
     stale.pop("h3_record", None)
     (root / "jobs" / f"{stale['id']}.json").write_text(json.dumps(stale))
-    with serving(create_app(tiny_runtime, root, max_queue=1)) as url, httpx.Client() as client:
+    with serving(create_app(tiny_random_runtime, root, max_queue=1)) as url, httpx.Client() as client:
         job = client.get(f"{url}/v1/videos/{first['id']}").json()
         assert job["status"] == "completed" and job["h3_record"]["mp4_sha256"] == done[0]["h3_record"]["mp4_sha256"]
         assert client.get(f"{url}/v1/videos/{first['id']}/content").content == content
@@ -203,8 +205,8 @@ def test_serve_command_refuses_bad_input():
     assert result.exit_code == 3 and "unknown recipe" in result.output
 
 
-def test_max_queue_zero_takes_one_job_when_idle(tiny_runtime, tmp_path):
-    with serving(create_app(tiny_runtime, tmp_path / "srv", max_queue=0)) as url, httpx.Client() as client:
+def test_max_queue_zero_takes_one_job_when_idle(tiny_random_runtime, tmp_path):
+    with serving(create_app(tiny_random_runtime, tmp_path / "srv", max_queue=0)) as url, httpx.Client() as client:
         first = client.post(f"{url}/v1/videos", json={"prompt": "a cat", "seed": 0})
         assert first.status_code == 200
         second = client.post(f"{url}/v1/videos", json={"prompt": "a cat", "seed": 1})

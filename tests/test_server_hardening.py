@@ -50,9 +50,9 @@ def wait_status(client: httpx.Client, url: str, job_id: str, statuses=("complete
 
 
 @pytest.fixture()
-def quick(tiny_runtime, tmp_path):
+def quick(tiny_random_runtime, tmp_path):
     """A server whose accepted jobs end at once (job timeout 1 ms) and whose queue does not fill."""
-    with serving(create_app(tiny_runtime, tmp_path / "quick", job_timeout_s=0.001, max_queue=10_000)) as url, \
+    with serving(create_app(tiny_random_runtime, tmp_path / "quick", job_timeout_s=0.001, max_queue=10_000)) as url, \
             httpx.Client(timeout=30) as client:
         yield url, client
 
@@ -106,8 +106,8 @@ def test_documented_maximum_of_15_seconds_is_accepted_as_14_375(quick):
 
 
 # -- limits ----------------------------------------------------------------------------------------------------------
-def test_default_limits_follow_the_model_and_device_and_are_enforced(tiny_runtime, tmp_path):
-    with serving(create_app(tiny_runtime, tmp_path / "srv")) as url, httpx.Client(timeout=60) as client:
+def test_default_limits_follow_the_model_and_device_and_are_enforced(tiny_random_runtime, tmp_path):
+    with serving(create_app(tiny_random_runtime, tmp_path / "srv")) as url, httpx.Client(timeout=60) as client:
         limits = client.get(f"{url}/v1/models").json()["data"][0]["h3_limits"]
         # CPU: 4x the tiny preset's 128x128 default canvas; 1024 prompt tokens (below the tiny text encoder's 4096
         # positions); the tiny preset's 300 s job timeout; 16 MiB bodies (room for image uploads, issue 25).
@@ -129,9 +129,9 @@ def test_default_limits_follow_the_model_and_device_and_are_enforced(tiny_runtim
     assert list((tmp_path / "srv" / "jobs").iterdir()) == []
 
 
-def test_limits_are_configurable_reported_and_the_edges_accepted(tiny_runtime, tmp_path):
-    app = create_app(tiny_runtime, tmp_path / "srv", max_prompt_tokens=20, max_pixels=160 * 128, job_timeout_s=0.001,
-                     max_body_bytes=2000)
+def test_limits_are_configurable_reported_and_the_edges_accepted(tiny_random_runtime, tmp_path):
+    app = create_app(tiny_random_runtime, tmp_path / "srv", max_prompt_tokens=20, max_pixels=160 * 128,
+                     job_timeout_s=0.001, max_body_bytes=2000)
     with serving(app) as url, httpx.Client(timeout=60) as client:
         limits = client.get(f"{url}/v1/models").json()["data"][0]["h3_limits"]
         assert (limits["max_prompt_tokens"], limits["max_pixels"], limits["job_timeout_s"],
@@ -146,9 +146,9 @@ def test_limits_are_configurable_reported_and_the_edges_accepted(tiny_runtime, t
         refused(post(client, url, {"prompt": "x" * 1900}), "prompt")  # under the byte limit, over the tokens
 
 
-def test_a_job_past_its_timeout_fails_with_that_reason_and_the_worker_moves_on(tiny_runtime, tmp_path):
+def test_a_job_past_its_timeout_fails_with_that_reason_and_the_worker_moves_on(tiny_random_runtime, tmp_path):
     root = tmp_path / "srv"
-    with serving(create_app(tiny_runtime, root, job_timeout_s=0.5)) as url, httpx.Client(timeout=60) as client:
+    with serving(create_app(tiny_random_runtime, root, job_timeout_s=0.5)) as url, httpx.Client(timeout=60) as client:
         # the largest job this CPU server takes (15 s at 256x256): several seconds on any machine, against 0.5 s
         jobs = [post(client, url, {"prompt": PROMPT, "seconds": 15, "size": "256x256", "seed": s}).json()
                 for s in (0, 1)]
@@ -161,11 +161,11 @@ def test_a_job_past_its_timeout_fails_with_that_reason_and_the_worker_moves_on(t
         assert list((root / "videos").iterdir()) == []  # no clip, record or temporary file left behind
         assert client.get(f"{url}/health").json() == {"status": "ok", "queued": 0, "in_progress": 0, "max_queue": 8}
     # The interrupted runtime still makes the clip it made before, through the server and in process.
-    with serving(create_app(tiny_runtime, root)) as url, httpx.Client(timeout=60) as client:
+    with serving(create_app(tiny_random_runtime, root)) as url, httpx.Client(timeout=60) as client:
         job = wait_status(client, url, post(client, url, {"prompt": PROMPT, "seed": 4}).json()["id"])
         assert job["status"] == "completed", job
         served = client.get(f"{url}/v1/videos/{job['id']}/content").content
-    direct = tiny_runtime.generate(GenerateRequest(prompt=PROMPT, seed=4), tmp_path / "direct.mp4")
+    direct = tiny_random_runtime.generate(GenerateRequest(prompt=PROMPT, seed=4), tmp_path / "direct.mp4")
     assert served == (tmp_path / "direct.mp4").read_bytes()
     assert job["h3_record"]["frames_sha256"] == direct.frames_sha256
 
@@ -210,7 +210,8 @@ POOL = [0, 1, 2, -1, 5, 7, 24, 108, 124, 345, 346, 2**63 - 1, 2**63, 10**30, Tru
         2.0, 4.5, 15.0, 15.0001, 24.0, 1e-300, 1e308, -1e308, "", " ", "0", "4", "7", "15", "15.0", "24", "-3",
         "+4", "4e0", "0x10", "inf", "-inf", "Infinity", "NaN", "nan", "1e308", "١٢٨", "１２８", "٥", "true", "null",
         "128x128", "128X128", "720x1280", "150x90", "99968x99968", "0x0", "0x128", "128x", "x128", "128 x 128",
-        "١٢٨x128", "32x256", "288x256", "256x256", "sora-2", "h3-tiny", "fast", "a red kite", "a" * 1025, "\x00",
+        "١٢٨x128", "32x256", "288x256", "256x256", "sora-2", "h3-tiny-random", "fast", "a red kite", "a" * 1025,
+        "\x00",
         [], {}, [1], {"a": 1}, Raw("NaN"), Raw("Infinity"), Raw("-Infinity"), Raw("1e400"), Raw("-1e400"),
         Raw('"\\ud800"')]
 KNOWN = ("prompt", "seed", "seconds", "size", "num_frames", "fps", "num_inference_steps", "guidance_scale",
@@ -290,7 +291,7 @@ def oracle_valid(body: dict, levers: str) -> bool:
         elif name == "negative_prompt":
             ok = text(v) and not v.strip()
         elif name == "model":
-            ok = text(v) and v in ("h3-tiny", "fast")
+            ok = text(v) and v in ("h3-tiny-random", "fast")
         elif name == "h3_levers_sha256":
             ok = v == levers
         else:

@@ -31,13 +31,14 @@ def png(colour: tuple[int, int, int], size: tuple[int, int] = (96, 128)) -> byte
     return buffer.getvalue()
 
 
-def test_sdk_input_reference_is_the_first_keyframe_and_reproduces_the_inprocess_clip(tiny_runtime, tmp_path):
+def test_sdk_input_reference_is_the_first_keyframe_and_reproduces_the_inprocess_clip(tiny_random_runtime, tmp_path):
     first = png((230, 30, 30))
     # The reference: the same request in process, the image given as the first keyframe.
     out = tmp_path / "inprocess.mp4"
-    expected = tiny_runtime.generate(GenerateRequest(prompt=PROMPT, seed=3, first_frame=image_from_bytes(first)), out)
+    expected = tiny_random_runtime.generate(GenerateRequest(prompt=PROMPT, seed=3, first_frame=image_from_bytes(first)),
+                                            out)
     assert expected.request.workflow == "fl2va"
-    with serving(create_app(tiny_runtime, tmp_path / "srv")) as url:
+    with serving(create_app(tiny_random_runtime, tmp_path / "srv")) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         video = client.videos.create_and_poll(prompt=PROMPT, input_reference=("first.png", first, "image/png"),
                                               extra_body={"seed": 3}, poll_interval_ms=100)
@@ -51,11 +52,11 @@ def test_sdk_input_reference_is_the_first_keyframe_and_reproduces_the_inprocess_
         assert record["frames_sha256"] == expected.frames_sha256
 
 
-def test_image_fields_are_honoured_or_refused_by_name(tiny_runtime, tmp_path):
+def test_image_fields_are_honoured_or_refused_by_name(tiny_random_runtime, tmp_path):
     red, blue = png((230, 30, 30)), png((30, 30, 230), size=(128, 128))
     data_url = "data:image/png;base64," + base64.b64encode(blue).decode()
     # A millisecond job timeout: accepted jobs end at their first module call; acceptance is what is checked here.
-    with serving(create_app(tiny_runtime, tmp_path / "srv", job_timeout_s=0.001, max_queue=20)) as url, \
+    with serving(create_app(tiny_random_runtime, tmp_path / "srv", job_timeout_s=0.001, max_queue=20)) as url, \
             httpx.Client(timeout=60) as client:
         def post(**kw):
             return client.post(f"{url}/v1/videos", **kw)

@@ -28,10 +28,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_runtime, tmp_path_factory):
+def reference(tiny_random_runtime, tmp_path_factory):
     """PROMPT, seed 0, the server's default shape, generated in process: the clip any path must reproduce."""
     out = tmp_path_factory.mktemp("reference") / "ref.mp4"
-    record = tiny_runtime.generate(GenerateRequest(prompt=PROMPT, seed=0), out)
+    record = tiny_random_runtime.generate(GenerateRequest(prompt=PROMPT, seed=0), out)
     return out.read_bytes(), record
 
 
@@ -40,23 +40,23 @@ def sdk(url: str, key: str = KEY) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
 
 
-def test_sdk_create_poll_retrieve_list_download_delete(tiny_runtime, reference, tmp_path):
+def test_sdk_create_poll_retrieve_list_download_delete(tiny_random_runtime, reference, tmp_path):
     ref_bytes, ref_record = reference
     root = tmp_path / "srv"
-    with serving(create_app(tiny_runtime, root, api_key=KEY)) as url:
+    with serving(create_app(tiny_random_runtime, root, api_key=KEY)) as url:
         client = sdk(url)
         ids = {m.id for m in client.models.list()}
-        assert ids == {"h3-tiny", "fast"}  # the model id and the recipe name, both usable as `model`
+        assert ids == {"h3-tiny-random", "fast"}  # the model id and the recipe name, both usable as `model`
 
         # multipart (the SDK's only encoding), OpenAI's own seconds value, SGLang's seed through extra_body
         first = client.videos.create(prompt=PROMPT, model="fast", seconds="4", extra_body={"seed": 5})
-        assert first.status in ("queued", "in_progress") and first.model == "h3-tiny"
+        assert first.status in ("queued", "in_progress") and first.model == "h3-tiny-random"
         # 4 s is below MiniMax-H3's 5 s: the shortest clip it makes, 124 frames (17*7+5) = 5.167 s, is reported.
         assert (first.seconds, first.size) == ("5.167", "128x128")
         assert first.model_extra["num_frames"] == 124 and first.model_extra["seed"] == 5
         assert first.model_extra["h3_requested"] == {"seconds": "4"}
 
-        second = client.videos.create_and_poll(prompt=PROMPT, model="h3-tiny", poll_interval_ms=100)
+        second = client.videos.create_and_poll(prompt=PROMPT, model="h3-tiny-random", poll_interval_ms=100)
         assert second.status == "completed", second.error
         assert client.videos.retrieve(first.id).status == "completed"  # it ran before the second
 
@@ -83,17 +83,17 @@ def test_sdk_create_poll_retrieve_list_download_delete(tiny_runtime, reference, 
         with pytest.raises(openai.NotFoundError):
             client.videos.delete(first.id)
     # Without the key the SDK's requests are refused (the key travels as its bearer token).
-    with serving(create_app(tiny_runtime, root, api_key=KEY)) as url:
+    with serving(create_app(tiny_random_runtime, root, api_key=KEY)) as url:
         with pytest.raises(openai.AuthenticationError):
             sdk(url, "wrong").videos.list()
         assert [v.id for v in sdk(url).videos.list()] == [second.id]  # kept across the restart
 
 
-def test_thumbnail_and_spritesheet_are_images_of_the_clip(tiny_runtime, reference, tmp_path):
+def test_thumbnail_and_spritesheet_are_images_of_the_clip(tiny_random_runtime, reference, tmp_path):
     ref_bytes, _ = reference
     (tmp_path / "ref.mp4").write_bytes(ref_bytes)
     frames, _ = decode_video(tmp_path / "ref.mp4")
-    with serving(create_app(tiny_runtime, tmp_path / "srv")) as url:
+    with serving(create_app(tiny_random_runtime, tmp_path / "srv")) as url:
         client = sdk(url)
         video = client.videos.create_and_poll(prompt=PROMPT, poll_interval_ms=100)
         thumb = client.videos.with_raw_response.download_content(video.id, variant="thumbnail")
@@ -127,10 +127,10 @@ def test_thumbnail_and_spritesheet_are_images_of_the_clip(tiny_runtime, referenc
         assert again == thumb.content  # served from the cache beside the clip, the same bytes
 
 
-def test_sdk_values_map_onto_the_grid_and_what_cannot_be_done_is_named(tiny_runtime, tmp_path):
+def test_sdk_values_map_onto_the_grid_and_what_cannot_be_done_is_named(tiny_random_runtime, tmp_path):
     # The SDK's own sizes exceed the CPU limit of this tiny server; a server allowed 736x1280 shows the mapping.
     # Its per-job timeout is a millisecond, so accepted jobs end at their first module call (nothing is generated).
-    with serving(create_app(tiny_runtime, tmp_path / "srv", max_pixels=736 * 1280, job_timeout_s=0.001,
+    with serving(create_app(tiny_random_runtime, tmp_path / "srv", max_pixels=736 * 1280, job_timeout_s=0.001,
                             max_queue=50)) as url:
         client = sdk(url)
         for size, seconds, want_size, want_seconds in [("720x1280", "4", "736x1280", "5.167"),

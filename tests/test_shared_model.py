@@ -45,9 +45,9 @@ def levers_key(recipe) -> str:
 
 
 @pytest.fixture(scope="module")
-def lora_dir(tmp_path_factory, tiny_runtime):
+def lora_dir(tmp_path_factory, tiny_random_runtime):
     directory = tmp_path_factory.mktemp("lora")
-    write_random_turbo_lora(directory / TURBO_LORA_FILE, tiny_runtime.pipe.transformer)
+    write_random_turbo_lora(directory / TURBO_LORA_FILE, tiny_random_runtime.pipe.transformer)
     old = os.environ.get("H3_LORA_DIR")
     os.environ["H3_LORA_DIR"] = str(directory)
     yield directory
@@ -75,7 +75,7 @@ def shared_ab(tmp_path_factory, lora_dir):
     prompts = root / "p.jsonl"
     prompts.write_text(json.dumps({"id": "kite", "prompt": PROMPT}) + "\n")
     result = run_ab_command(baseline=str(recipes[0]), candidates=[str(p) for p in recipes[1:]], prompts=prompts,
-                            out=root / "run", warmup=0, speed_rounds=0)
+                            out=root / "run", warmup=0, speed_rounds=0, model="tiny-random")
     return root / "run", result
 
 
@@ -90,7 +90,7 @@ def test_shared_model_gives_the_clips_of_separate_runtimes(shared_ab):
         recipe = cpu_recipe(name)
         key = levers_key(recipe)
         if key not in separate:
-            runtime = H3Runtime.load("tiny", recipe, "cpu")
+            runtime = H3Runtime.load("tiny-random", recipe, "cpu")
             record = runtime.generate(GenerateRequest(prompt=PROMPT, seed=0, prompt_id="kite"),
                                       run.parent / f"separate-{name}.mp4")
             separate[key] = (record.frames_sha256, record.pcm_sha256)
@@ -122,7 +122,7 @@ def test_shared_model_holds_one_model_and_says_so(shared_ab):
     for name in ("turbo4", "turbo4-sparse", "fbc-cache", "identity", "fewer-steps"):
         assert memory[name]["total"] == base["total"] and memory[name]["levers_held"] == {}, name
     # One model's worth of bytes: the loaded parameters and buffers, not one set per recipe.
-    loaded = H3Runtime.load("tiny", cpu_recipe("baseline"), "cpu").pipe
+    loaded = H3Runtime.load("tiny-random", cpu_recipe("baseline"), "cpu").pipe
     one_model = sum(t.numel() * t.element_size() for name in ("transformer", "text_encoder", "vae", "audio_vae")
                     for t in [*getattr(loaded, name).parameters(), *getattr(loaded, name).buffers()])
     assert base["total"] == {"cpu": one_model}
@@ -139,7 +139,7 @@ def test_shared_model_holds_one_model_and_says_so(shared_ab):
     assert switches["turbo4-int8"]["kept"] == ["lora"] and switches["turbo4-int8"]["from"] == "turbo4"
     assert switches["turbo4-sparse"]["kept"] == ["lora"] and "quant" in switches["turbo4-sparse"]["removed"]
     assert "lora" in switches["fbc-cache"]["removed"]
-    assert all(r.weights == "random" for r in records.values())  # the tiny preset's weights are seeded
+    assert all(r.weights == "random" for r in records.values())  # the random tiny preset's weights are seeded
 
 
 def test_shared_ab_reports_executed_and_off_identity(shared_ab):
@@ -158,7 +158,7 @@ def test_shared_ab_reports_executed_and_off_identity(shared_ab):
 def test_removing_a_recipe_leaves_the_model_as_loaded(lora_dir):
     """After each recipe's levers are applied, run and removed, every parameter and buffer is bit-identical to the
     loaded model and no hook, processor or attribute of it is left."""
-    runtime = H3Runtime.load("tiny", cpu_recipe("baseline"), "cpu", shared=True)
+    runtime = H3Runtime.load("tiny-random", cpu_recipe("baseline"), "cpu", shared=True)
     calls = []
     capture = runtime.pipe.transformer.register_forward_pre_hook(
         lambda _m, _a, kwargs: calls.append(dict(kwargs)), with_kwargs=True)
@@ -184,7 +184,7 @@ def test_compiled_recipe_keeps_its_graphs_across_switches(lora_dir):
     torch._dynamo.reset()
     compiled = recipe_from_dict({**FAST_RECIPE, "name": "compiled", "compile": {"enabled": True, "backend": "eager"}})
     plain = recipe_from_dict(FAST_RECIPE)
-    runtime = H3Runtime.load("tiny", compiled, "cpu", shared=True)
+    runtime = H3Runtime.load("tiny-random", compiled, "cpu", shared=True)
     request = GenerateRequest(prompt=PROMPT, seed=0)
     first = runtime.generate(request, lora_dir / "c1.mp4").executed.levers["compile"]
     assert first["graphs_compiled_this_request"] >= 1
@@ -211,6 +211,6 @@ def test_shared_model_refuses_what_it_cannot_share(tmp_path, lora_dir):
         run_ab_command(baseline=str(base), candidates=[str(other), str(offload)], prompts=prompts,
                        out=tmp_path / "run", warmup=0, speed_rounds=0)
     assert not (tmp_path / "run").exists()  # refused before anything was written
-    runtime = H3Runtime.load("tiny", recipe_from_dict(FAST_RECIPE), "cpu", shared=True)
+    runtime = H3Runtime.load("tiny-random", recipe_from_dict(FAST_RECIPE), "cpu", shared=True)
     with pytest.raises(SharedModelError, match="dtype is bfloat16"):
         runtime.switch_recipe(recipe_from_dict({**FAST_RECIPE, "name": "bf16", "dtype": "bfloat16"}))

@@ -318,12 +318,12 @@ def test_tiny_trained_missing_is_named(monkeypatch, tmp_path, fast_recipe):
 
     monkeypatch.setattr(tt, "TRAINED_DIR", tmp_path / "absent")
     with pytest.raises(CheckpointError, match=r"absent/modular_model_index\.json.*python -m h3\.train"):
-        H3Runtime.load("tiny-trained", fast_recipe, "cpu")
+        H3Runtime.load("tiny", fast_recipe, "cpu")
 
 
 def test_exported_checkpoint_and_turbo4_tiny_load_through_the_runtime(monkeypatch, checkpoint, tmp_path):
-    """The export layout loads as --model tiny-trained, and turbo4-tiny's LoRA goes through the LoRA lever (diffusers'
-    MiniMaxH3LoraLoaderMixin) matching every module it targets: 7 per DiT block."""
+    """The export layout loads as --model tiny (recorded as tiny-trained), and turbo4-tiny's LoRA goes through the
+    LoRA lever (diffusers' MiniMaxH3LoraLoaderMixin) matching every module it targets: 7 per DiT block."""
     import shutil
 
     import h3.tiny_trained as tt
@@ -335,7 +335,7 @@ def test_exported_checkpoint_and_turbo4_tiny_load_through_the_runtime(monkeypatc
     shutil.copytree(checkpoint, root)
     monkeypatch.setattr(tt, "TRAINED_DIR", root)
     monkeypatch.setattr(tt, "TURBO4_LORA_FILE", root / "lora" / "turbo4-tiny.safetensors")
-    runtime = H3Runtime.load("tiny-trained", load_recipe("baseline"), "cpu")
+    runtime = H3Runtime.load("tiny", load_recipe("baseline"), "cpu")
     lora = DistillLora(runtime.pipe.transformer, rank=4, adaln_rank=2)
     with torch.no_grad():
         for name, p in lora.factors.items():
@@ -344,7 +344,7 @@ def test_exported_checkpoint_and_turbo4_tiny_load_through_the_runtime(monkeypatc
     lora.save(root / "lora" / "turbo4-tiny.safetensors")
     recipe = load_recipe("turbo4-tiny").model_dump()
     recipe.update(steps=2, dtype="float32")
-    runtime = H3Runtime.load("tiny-trained", recipe_from_dict(recipe), "cpu")
+    runtime = H3Runtime.load("tiny", recipe_from_dict(recipe), "cpu")
     telemetry = runtime.levers["lora"].telemetry()
     blocks = len(runtime.pipe.transformer.transformer_blocks)
     assert telemetry["applied"] and telemetry["fused"]

@@ -19,15 +19,15 @@ REQUEST = dict(prompt="A person is squat", seed=0, prompt_id="squat")
 
 
 @pytest.fixture(scope="module")
-def base_clip(tiny_runtime, tmp_path_factory):
+def base_clip(tiny_random_runtime, tmp_path_factory):
     out = tmp_path_factory.mktemp("traj") / "base.mp4"
-    record = tiny_runtime.generate(GenerateRequest(**REQUEST), out, trajectory=True)
+    record = tiny_random_runtime.generate(GenerateRequest(**REQUEST), out, trajectory=True)
     return out, record
 
 
-def test_recording_does_not_change_the_clip(tiny_runtime, base_clip, tmp_path):
+def test_recording_does_not_change_the_clip(tiny_random_runtime, base_clip, tmp_path):
     out, record = base_clip
-    plain = tiny_runtime.generate(GenerateRequest(**REQUEST), tmp_path / "plain.mp4")
+    plain = tiny_random_runtime.generate(GenerateRequest(**REQUEST), tmp_path / "plain.mp4")
     assert (tmp_path / "plain.mp4").read_bytes() == out.read_bytes()
     assert plain.frames_sha256 == record.frames_sha256
     traj = load_trajectory(trajectory_path(out))
@@ -48,9 +48,9 @@ def test_x0_is_what_the_scheduler_computes(base_clip):
     np.testing.assert_allclose(traj["video_xt"][1], expected, rtol=1e-5, atol=1e-5)
 
 
-def test_identical_candidate_has_zero_divergence(tiny_runtime, base_clip, tmp_path):
+def test_identical_candidate_has_zero_divergence(tiny_random_runtime, base_clip, tmp_path):
     out, record = base_clip
-    tiny_runtime.generate(GenerateRequest(**REQUEST), tmp_path / "cand.mp4", trajectory=True)
+    tiny_random_runtime.generate(GenerateRequest(**REQUEST), tmp_path / "cand.mp4", trajectory=True)
     result = trajectory_divergence(load_trajectory(trajectory_path(out)),
                                    load_trajectory(trajectory_path(tmp_path / "cand.mp4")), 37)
     for name, values in result["series"].items():
@@ -62,7 +62,7 @@ def test_identical_candidate_has_zero_divergence(tiny_runtime, base_clip, tmp_pa
 def test_noise_injected_at_one_step_diverges_from_that_step(fast_recipe, tmp_path, base_clip):
     """A 3-step run; the velocity of step 1 is perturbed: x0 diverges at step 1, x_t only after it."""
     recipe = recipe_from_dict({**FAST_RECIPE, "steps": 3})
-    runtime = H3Runtime.load("tiny", recipe, "cpu")
+    runtime = H3Runtime.load("tiny-random", recipe, "cpu")
     runtime.generate(GenerateRequest(**REQUEST), tmp_path / "base.mp4", trajectory=True)
     calls = {"n": 0}
 
@@ -91,7 +91,7 @@ def test_noise_injected_at_one_step_diverges_from_that_step(fast_recipe, tmp_pat
 
 def test_fewer_steps_compare_on_common_noise_levels(tmp_path, base_clip):
     out, _ = base_clip  # 2 steps: sigma grid linspace(1, 0, 3) shifted
-    runtime = H3Runtime.load("tiny", recipe_from_dict({**FAST_RECIPE, "steps": 4}), "cpu")
+    runtime = H3Runtime.load("tiny-random", recipe_from_dict({**FAST_RECIPE, "steps": 4}), "cpu")
     runtime.generate(GenerateRequest(**REQUEST), tmp_path / "c4.mp4", trajectory=True)
     base, cand = load_trajectory(trajectory_path(out)), load_trajectory(trajectory_path(tmp_path / "c4.mp4"))
     # linspace(1,0,3) and linspace(1,0,5) share sigma 1 and 0.5: two common noise levels.

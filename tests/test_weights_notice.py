@@ -69,6 +69,18 @@ def test_a_record_that_carries_the_notice_labels_its_run(tmp_path):
     assert store.weights_notices() == [SMALL_NOTICE]
 
 
+def test_the_random_tiny_preset_says_so_and_the_trained_one_does_not(tmp_path):
+    """``tiny-random`` runs carry a notice too, so that their reports are never read as the trained preset's."""
+    from h3.random_model import weights_notice
+    from h3.tiny import NOTICE as TINY_NOTICE
+
+    store = make_synthetic_run(tmp_path / "run", candidates=("fast",), prompt_ids=["p0"], seeds=(0,))
+    _as_model(store, "tiny-random")
+    assert store.weights_notices() == [TINY_NOTICE] and TINY_NOTICE.startswith("random weights")
+    _as_model(store, "tiny-trained")
+    assert store.weights_notices() == [] and weights_notice("tiny-trained") is None
+
+
 def test_speed_summary_says_random_weights():
     speed = {"run": "r", "baseline": "b", "notices": [NOTICE], "protocols": {},
              "definitions": {"quantile": "q", "speedup": "s"}}

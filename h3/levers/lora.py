@@ -115,7 +115,7 @@ def resolve_lora_path(path: str | None, *, is_tiny: bool, transformer: torch.nn.
         same = all(list(config[k]) == list(v) if isinstance(v, tuple) else config[k] == v
                    for k, v in TRANSFORMER_CONFIG.items() if k in config) and set(TRANSFORMER_CONFIG) <= set(config)
         if not (is_tiny and same):
-            raise LeverError("lora.path '@turbo4-tiny' is the trained tiny preset's 4-step LoRA (--model tiny-trained); "
+            raise LeverError("lora.path '@turbo4-tiny' is the trained tiny preset's 4-step LoRA (--model tiny); "
                              "it cannot load into another model")
         if not TURBO4_LORA_FILE.is_file():
             raise LeverError(f"LoRA file {TURBO4_LORA_FILE} (recipe key lora.path = '@turbo4-tiny') does not exist; "

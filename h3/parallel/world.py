@@ -99,13 +99,14 @@ def rank_device(device: str | torch.device | None, local_rank: int) -> torch.dev
 
 
 def prepare_model(model: str) -> None:
-    """Build the tiny preset's cache folder before any rank joins the group: transformers' ``save_pretrained`` writes
-    no weights on a rank other than 0 once torch.distributed is initialized, so a rank that built the preset after
-    joining would publish a checkpoint with an empty ``text_encoder/`` (seen: a CheckpointError naming its missing
-    files). Built before joining, every rank writes a whole copy and the first one to finish is kept."""
-    if model in ("tiny", "tiny-random"):  # the random-weight tiny preset's cache folder (tiny-trained ships built)
-        from h3.runtime import tiny_checkpoint_dir
+    """Build the random tiny preset's (``tiny-random``) cache folder before any rank joins the group: transformers'
+    ``save_pretrained`` writes no weights on a rank other than 0 once torch.distributed is initialized, so a rank
+    that built the preset after joining would publish a checkpoint with an empty ``text_encoder/`` (seen: a
+    CheckpointError naming its missing files). Built before joining, every rank writes a whole copy and the first
+    one to finish is kept."""
+    from h3.runtime import canonical_model, tiny_checkpoint_dir
 
+    if canonical_model(model) == "tiny-random":  # the trained preset (``tiny``) ships built in the package
         tiny_checkpoint_dir()
 
 

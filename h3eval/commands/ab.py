@@ -21,8 +21,8 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", envvar="H3EVAL_OUT", help="Run directory (created or resumed)."),
         model: str = typer.Option(
             "tiny", "--model", envvar="H3EVAL_MODEL",
-            help="'tiny' or 'tiny-random' (random weights), 'tiny-trained', 'h3-random' (released size, random "
-                 "weights), 'h3-random-small' or a checkpoint dir."),
+            help="'tiny' (the trained tiny preset; also 'tiny-trained'), 'tiny-random' (the tiny preset with random "
+                 "weights), 'h3-random' (released size, random weights), 'h3-random-small' or a checkpoint dir."),
         seeds: str = typer.Option("0", "--seeds", envvar="H3EVAL_SEEDS", help="Seeds, e.g. 0,1 or 0-3."),
         backend: str = typer.Option("inprocess", "--backend", envvar="H3EVAL_BACKEND", help="inprocess or http."),
         url: List[str] = typer.Option([], "--url", help="Server URL, or RECIPE=URL (repeatable; http backend)."),

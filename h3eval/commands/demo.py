@@ -1,4 +1,4 @@
-"""`h3eval demo`: the main job on the embedded tiny preset (README's first command)."""
+"""`h3eval demo`: the main job on the embedded trained tiny preset (README's first command)."""
 
 from __future__ import annotations
 
@@ -16,20 +16,29 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(Path("demo-run"), "--out", envvar="H3EVAL_DEMO_OUT", help="Where the demo writes."),
         verbose: bool = typer.Option(False, "--verbose", "-v"),
     ) -> None:
-        """Baseline vs an identical and a lossy candidate on the tiny preset: gates, noise floor, verdict, report."""
+        """Baseline vs an identical and a lossy candidate on the trained tiny preset: gates, noise floor, verdict,
+        report."""
         setup_logging(verbose)
         from h3eval.commands._common import fail
-        from h3eval.demo import DemoError, run_demo
+        from h3eval.demo import DEMO_RECIPES, DemoError, run_demo
 
         try:
             result = run_demo(out)
         except DemoError as exc:
             raise fail(str(exc), code=1) from None
         typer.echo("")
-        typer.echo(f"h3eval demo finished in {result.seconds:.0f} s: 3 recipes x 4 smoke prompts x 4 seeds on the tiny "
-                   "preset (random weights: noise-like clips from the real pipeline code)")
+        typer.echo(f"h3eval demo finished in {result.seconds:.0f} s: {len(DEMO_RECIPES)} recipes x {result.prompts} "
+                   f"world prompts x {len(result.seeds)} seeds on the trained tiny preset (model {result.model}: "
+                   "coloured shapes moving as their captions say, each with its tone and a click at every bounce)")
         for cand, same in result.identical.items():
             typer.echo(f"  {cand}: {'byte-identical to baseline on every pair' if same else 'differs from baseline'}")
+        if result.content:
+            typer.echo("  what the clips show, read by the world's detector against each caption (clips right / "
+                       "scored):")
+            for recipe in DEMO_RECIPES:
+                aspects = result.content.get(recipe)
+                if aspects:
+                    typer.echo(f"    {recipe:<12} " + ", ".join(f"{a} {r}/{n}" for a, (r, n) in aspects.items()))
         if result.lpips_trunk != "alexnet":
             typer.echo("  note: LPIPS used the lpips package's random trunk (AlexNet weights "
                        "alexnet-owt-7be5be79.pth are not in the torch hub cache); its values are for the demo only")
@@ -43,6 +52,6 @@ def register(app: typer.Typer) -> None:
         typer.echo("where to look:")
         for name, path in sorted(result.reports.items()):
             typer.echo(f"  {name}: {path}")
-        typer.echo(f"  clips: {result.run_dir / 'clips'}   gate results: {result.run_dir / 'gates'}")
+        typer.echo(f"  clips: {result.run_dir / 'clips'} (MP4s with sound)   gate results: {result.run_dir / 'gates'}")
         typer.echo(f"  noise floor: {result.floor_dir / 'floor.json'}")
         typer.echo(f"  dashboard: h3eval dashboard {result.run_dir}")

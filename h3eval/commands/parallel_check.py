@@ -19,7 +19,9 @@ def register(app: typer.Typer) -> None:
         nproc: int = typer.Option(2, "--nproc", help="Parallel degree of the checked side (ranks started here)."),
         prompts: str = typer.Option(..., "--prompts", envvar="H3EVAL_PROMPTS", help="Prompt suite name or JSONL."),
         out: Path = typer.Option(..., "--out", envvar="H3EVAL_OUT", help="Run directory (created or resumed)."),
-        model: str = typer.Option("tiny", "--model", envvar="H3EVAL_MODEL"),
+        model: str = typer.Option("tiny", "--model", envvar="H3EVAL_MODEL",
+                                 help="'tiny' (the trained tiny preset; also 'tiny-trained'), 'tiny-random' (random "
+                                      "weights), 'h3-random', 'h3-random-small' or a checkpoint dir."),
         seeds: str = typer.Option("0", "--seeds", envvar="H3EVAL_SEEDS"),
         option: list[str] = typer.Option([], "--option", "-o",
                                          help="Gate option k=v (e.g. fidelity.lpips_trunk=rand)."),

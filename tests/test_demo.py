@@ -1,0 +1,46 @@
+"""`h3eval demo`'s set-up, without running it (bench/demo_time.py times the whole demo): the trained tiny preset on
+captions of its world, enough pairs for the release policy, the content check among its gates, and the content
+summary it prints counted from the gate's per-pair results."""
+
+from __future__ import annotations
+
+from gates.base import GateResult, PairRef
+from h3.atomic import atomic_write_json
+from h3.runtime import canonical_model
+from h3.world.detect import parse_caption
+from h3eval.demo import CPU_GATES, DEMO_MODEL, DEMO_PROMPTS, DEMO_RECIPES, DEMO_SEEDS, content_summary, policy_path
+from h3eval.policy import load_policy
+from h3eval.prompts import load_prompts
+from h3eval.store import RunStore
+
+
+def test_the_demo_runs_the_trained_preset_on_captions_it_learned():
+    assert canonical_model(DEMO_MODEL) == "tiny-trained"
+    suite = load_prompts(DEMO_PROMPTS)
+    for prompt in suite.prompts:
+        assert parse_caption(prompt.prompt)  # a caption of the world: the content check has its ground truth
+    # 16 pairs per candidate: the release policy's sample size (seed 002's decisive 16-clip paired test).
+    assert len(suite.ids) * len(DEMO_SEEDS) >= load_policy(policy_path("release")).policy.min_pairs == 16
+    assert "prompt_faithfulness" in CPU_GATES and DEMO_RECIPES[0] == "baseline"
+
+
+def _result(candidate: str, prompt_id: str, seed: int, baseline: dict, cand: dict, status: str = "ok"):
+    return GateResult(gate="prompt_faithfulness", pair=PairRef(baseline="baseline", candidate=candidate,
+                                                                prompt_id=prompt_id, seed=seed),
+                      status=status, info={"baseline": {"aspects": baseline}, "candidate": {"aspects": cand}})
+
+
+def test_content_summary_counts_each_clip_once_and_leaves_unscored_pairs_out(tmp_path):
+    store = RunStore(tmp_path)
+    right, wrong = {"colour": True, "pitch": True}, {"colour": False, "pitch": True}
+    results = [_result("fewer-steps", "p0", 0, right, wrong), _result("fewer-steps", "p1", 0, wrong, wrong),
+               _result("identity", "p0", 0, right, right), _result("identity", "p1", 0, wrong, wrong),
+               _result("identity", "p2", 0, {}, {}, status="not_applicable")]
+    for r in results:
+        atomic_write_json(store.gate_result_path(r.gate, r.pair.candidate, r.pair.prompt_id, r.pair.seed),
+                          r.model_dump(mode="json"))
+    summary = content_summary(tmp_path)
+    # The baseline's two clips are in both candidates' pair results: counted once.
+    assert summary["baseline"] == {"colour": (1, 2), "pitch": (2, 2)}
+    assert summary["fewer-steps"] == {"colour": (0, 2), "pitch": (2, 2)}
+    assert summary["identity"] == {"colour": (1, 2), "pitch": (2, 2)}
