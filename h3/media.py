@@ -1,7 +1,8 @@
 """Frame preparation, MP4 muxing and decoding (PyAV).
 
 A clip is H.264 (yuv420p) video at 24 fps with 32 kHz stereo AAC audio, the format the seeds' servers return.
-Encoding settings are fixed (and the encoder single-threaded) so that identical frames and PCM give a
+Encoding settings are fixed (the encoder's thread count too: one for small frames, eight frame threads without
+macroblock-tree rate control for large ones, never the machine's core count) so that identical frames and PCM give a
 byte-identical file on any machine with the same PyAV build.
 """
 
@@ -23,6 +24,19 @@ logger = logging.getLogger(__name__)
 # 128x128 (h3.runtime.TINY_DEFAULT_SIZE) and the suite compares decoded frames, never codec bytes, across clips.
 VIDEO_CODEC = "libx264"
 VIDEO_CRF = 18  # visually lossless for H.264; codec noise stays well below acceleration drift (ghosting calibration)
+ENCODE_THREADS_LARGE = 8
+"""libx264 frame threads for frames of ``ENCODE_THREADS_MIN_PIXELS`` and more. A fixed count, not the machine's: x264
+is deterministic for a given thread count, so a clip's bytes still depend only on its frames and PCM. One thread made
+the MP4 mux of a 5 s 544x960 clip take 21-24 s on the H200 host (bench/results/h200_ab_5s-544x960_session4.md),
+longer than the 4-step request before it."""
+ENCODE_THREADS_MIN_PIXELS = 320 * 320
+"""Below this (the tiny preset's 128x128, the tests' clips) the encoder is single-threaded with x264's defaults: the
+bytes of every small clip, and the codec noise the ghosting gate was calibrated on, are what they always were."""
+LARGE_X264_PARAMS = "mbtree=0"
+"""Large frames also turn off x264's macroblock-tree rate control: with it on, this PyAV build's libx264 gave a
+different bitstream for the same frames from one encode to the next at 960x544 and 1344x768 (one thread or eight;
+not at 128x128 or 1024x544; with ``asm=0`` it was stable, so a SIMD path reads memory it did not write). Off, every
+size and thread count measured was byte-stable (tests/test_media_encode.py); CRF 18 keeps it visually lossless."""
 AUDIO_CODEC = "aac"
 AUDIO_BITRATE = 192_000
 
@@ -40,6 +54,11 @@ def pcm_to_int16(audio: np.ndarray) -> np.ndarray:
     """(channels, N) float in [-1, 1] -> (N, channels) int16 interleaved."""
     audio = np.clip(audio, -1.0, 1.0)
     return np.ascontiguousarray(np.rint(audio * 32767.0).astype(np.int16).T)
+
+
+def encode_threads(height: int, width: int) -> int:
+    """libx264's thread count for ``height`` x ``width`` frames (see ``ENCODE_THREADS_LARGE``)."""
+    return ENCODE_THREADS_LARGE if height * width >= ENCODE_THREADS_MIN_PIXELS else 1
 
 
 def encode_mp4(
@@ -65,8 +84,13 @@ def encode_mp4(
         with av.open(str(tmp), "w", format="mp4") as container:
             vstream = container.add_stream(VIDEO_CODEC, rate=fps)
             vstream.width, vstream.height, vstream.pix_fmt = width, height, "yuv420p"
-            vstream.codec_context.thread_count = 1
-            vstream.options = {"crf": str(crf), "preset": "medium", "threads": "1"}
+            threads = encode_threads(height, width)
+            vstream.codec_context.thread_count = threads
+            options = {"crf": str(crf), "preset": "medium", "threads": str(threads)}
+            if threads > 1:
+                vstream.codec_context.thread_type = "FRAME"  # FFmpeg's default for libx264 is slice threads
+                options["x264-params"] = LARGE_X264_PARAMS
+            vstream.options = options
             astream = None
             if pcm is not None:
                 pcm = np.ascontiguousarray(pcm, dtype=np.int16)
