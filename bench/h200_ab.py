@@ -349,6 +349,8 @@ def chain(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     if args.budget_s is not None:
         DEADLINE.append(time.monotonic() + args.budget_s)
+    if args.gates_reserve_s is not None:  # not part of the run's config: a resumed chain may give gates more
+        RESERVE_AFTER_S["ab"] = args.gates_reserve_s
     config = load_or_write_config(work, chain_config(args))
     (work / "pid").write_text(str(os.getpid()))
     env = {"H3_LORA_DIR": config["lora_dir"], "PYTHONUNBUFFERED": "1"}
@@ -603,6 +605,9 @@ def main() -> int:
     p.add_argument("--budget-s", type=float, default=None,
                    help="the whole chain's time box: each step's limit is cut to what it leaves the later steps, "
                         "and ab stops starting requests in time to write what it ran (a lent GPU's call)")
+    p.add_argument("--gates-reserve-s", type=float, default=None,
+                   help=f"under --budget-s, what ab leaves for gates, verdict, report and render (default "
+                        f"{RESERVE_AFTER_S['ab']} s; at full size the gates of a few pairs need minutes)")
     p = sub.add_parser("prepare")
     p.add_argument("--model", default="h3-random")
     p.add_argument("--lora-dir", required=True)

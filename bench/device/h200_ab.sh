@@ -14,6 +14,7 @@
 # `python bench/h200_ab.py restore --state OUTDIR --work W`, then `render` / `screenshot`), clips.tgz when < 15 MB.
 # H200_AB_SHAPE=5s-768x1344 H200_AB_SEEDS=0 for the larger shape: its baseline alone is 29 x 6.63 s = 192 s of DiT
 # (bench/results/h200_speed_stock.md), so one seed is what fits a 10-minute call.
+# H200_AB_GATES_RESERVE_S: what ab leaves the later steps (bench/h200_ab.py --gates-reserve-s; default 50 s).
 # A CPU rehearsal: H200_AB_MODEL=h3-random-small H200_AB_DEVICE=cpu H200_AB_SHAPE=5s-128x128 bash ... OUTDIR
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd)
@@ -42,7 +43,8 @@ chain_s=$((end - SECONDS - 20))
 # chain is stopped (it kills its running step) and what it made is still packed (fast: no render, no clips).
 timeout -k 7 $((chain_s + 5)) "$PY" bench/h200_ab.py chain --work "$work" --model "$model" --device "$device" \
   --shapes "$shape" --prompts '*=1' --seeds "$seeds" --warmup 0 --off-identity '' \
-  --candidates "$fast,turbo4-sparse" --budget-s "$chain_s" >>"$out/chain.log" 2>&1 &
+  --candidates "$fast,turbo4-sparse" --budget-s "$chain_s" ${H200_AB_GATES_RESERVE_S:+--gates-reserve-s \
+  "$H200_AB_GATES_RESERVE_S"} >>"$out/chain.log" 2>&1 &
 cpid=$!
 cut=0
 trap 'cut=1; echo "SIGTERM at ${SECONDS}s: stopping the chain, packing what it made" >>"$out/chain.log"

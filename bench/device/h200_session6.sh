@@ -10,6 +10,8 @@
 # for the call (`git rm -r -q --cached h3/assets/tiny` and an exclude line, restored after with `git add`), and the
 # transformers wheel stayed home (the image's transformers 5.17.0 serves): WHEEL_DIRS=.whl_prod, one folder holding
 # diffusers, pydantic, PyAV and the gates' wheels.
+# Since session 5 a wheel built by an earlier call can be carried instead of the source: .carry/sagewhl/*.whl
+# (sageattention-2.2.0-cp312, 1.6 MB, built beside training call 1 of 2026-12-01 session 5).
 # Returns results.tgz (chain.log, the rendered h200_ab_*.{json,md}, state parts, sage build log), sage wheel when it
 # fits, clips.tgz when small. Render at home: `python bench/h200_ab.py restore --state DIR --work W`, then `render`.
 set -u
@@ -19,7 +21,11 @@ wheels=""; for d in ${WHEEL_DIRS:-.whl .whl_av .whl_gates}; do wheels="$wheels $
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $wheels \
   >"$R/pip.log" 2>&1 || { echo pip failed; tail -5 "$R/pip.log"; }
 echo "wheels installed at $((SECONDS - t0)) s"
-if [ -d .carry/sage ]; then
+if ls .carry/sagewhl/sageattention-*.whl >/dev/null 2>&1; then
+  # a wheel an earlier call built (returned under $OUT, 1.6 MB): no build
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .carry/sagewhl/*.whl >>"$R/pip.log" 2>&1
+  echo "sage wheel installed at $((SECONDS - t0)) s"
+elif [ -d .carry/sage ]; then
   (cd .carry/sage && timeout ${SAGE_BUILD_S:-240} bash ../../bench/device/build_sageattention.sh . /tmp/sagewhl) \
     >"$R/sage_build.log" 2>&1
   echo "sage build rc $? at $((SECONDS - t0)) s"; tail -3 "$R/sage_build.log"
