@@ -767,3 +767,21 @@ def test_audio_decoder_continues_the_decoder_on_whole_clips_with_the_encoder_fro
     wave = float((weight * err.abs()).mean() + 10 * (weight * err.pow(2)).mean())
     assert float(metrics["wave"]) == pytest.approx(wave, rel=1e-4)
     assert float(metrics["l1"]) == pytest.approx(float(err.abs().mean()), rel=1e-4)
+
+
+def test_distillation_learning_rate_cosine_matches_a_float64_reference():
+    """``lr_at`` with ``final`` < 1: linear warm-up, then a cosine to ``final * peak`` at the planned last step (the
+    distillation's ``distill_lr_final``); with the default ``final`` = 1 it stays the constant rate of earlier runs."""
+    import math
+
+    from h3.train.common import lr_at
+
+    peak, warmup, total, final = 1e-3, 100, 2200, 0.1
+    for step in (0, 49, 99, 100, 500, 1150, 2199, 2200, 5000):
+        base = peak * min(1.0, (step + 1) / warmup)
+        progress = min(1.0, max(0.0, (step - warmup) / (total - warmup)))
+        expected = base * (final + (1 - final) * 0.5 * (1 + math.cos(math.pi * progress))) if step >= warmup else base
+        assert lr_at(step, peak, warmup, total, final) == pytest.approx(expected, rel=1e-12)
+        assert lr_at(step, peak, warmup, total) == lr_at(step, peak, warmup) == base
+    assert lr_at(total, peak, warmup, total, final) == pytest.approx(final * peak)
+    assert lr_at(warmup + (total - warmup) // 2, peak, warmup, total, final) == pytest.approx((1 + final) / 2 * peak)

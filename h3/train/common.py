@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -67,6 +68,9 @@ class TrainConfig:
     distill_steps: int = 3000
     distill_batch: int = 48
     distill_lr: float = 1e-3
+    distill_lr_final: float = 1.0
+    """The distillation's learning rate at its planned last step, as a fraction of ``distill_lr``: cosine from the
+    warm-up's end (1.0, the default before run 11: constant)."""
     lora_rank: int = 16
     lora_adaln_rank: int = 4
     checkpoint_every: int = 500
@@ -106,10 +110,16 @@ def generators(seed: int, stage: str, step: int, device) -> tuple[torch.Generato
     return cpu, dev
 
 
-def lr_at(step: int, peak: float, warmup: int) -> float:
-    """Linear warm-up, then constant (the DiT ships its EMA). The rate never depends on the step count, so a stage
-    that a wall-clock budget ends after N steps is reproduced exactly by running N steps."""
-    return peak * min(1.0, (step + 1) / warmup)
+def lr_at(step: int, peak: float, warmup: int, total: int | None = None, final: float = 1.0) -> float:
+    """Linear warm-up, then constant (the DiT ships its EMA): the rate never depends on the step count, so a stage
+    that a wall-clock budget ends after N steps is reproduced exactly by running N steps. With ``final`` < 1 the rate
+    then falls along a cosine to ``final * peak`` at step ``total`` (the planned count: a budget-ended stage is
+    reproduced by the same plan stopped after N steps)."""
+    rate = peak * min(1.0, (step + 1) / warmup)
+    if final < 1.0 and total is not None and step >= warmup:
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        rate *= final + (1.0 - final) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return rate
 
 
 class EMA:

@@ -136,7 +136,7 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
                 save()
                 return lora, {"done": False, "step": step, "log": log.rows,
                               "seconds": seconds + time.monotonic() - started}
-            set_lr(optimizer, lr_at(step, cfg.distill_lr, DISTILL_WARMUP))
+            set_lr(optimizer, lr_at(step, cfg.distill_lr, DISTILL_WARMUP, planned, cfg.distill_lr_final))
             cpu_g, _ = generators(cfg.seed, dist.stream("distill"), step, cfg.device)
             group = groups[int(torch.multinomial(sizes, 1, generator=cpu_g))]
             index = torch.randint(len(group["presentations"]), (cfg.distill_batch,), generator=cpu_g).to(cfg.device)
