@@ -224,41 +224,49 @@ def _mscn(image: np.ndarray) -> np.ndarray:
     return (image - mu) / (var + 1)
 
 
-def _aggd(data: np.ndarray) -> tuple[float, float, float, float]:
-    """(alpha, N, bl, br) of an asymmetric generalized Gaussian fitted by moment matching."""
+def _aggd(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(alpha, N, bl, br) of an asymmetric generalized Gaussian fitted by moment matching to each row of ``x``
+    (patches, values): scikit-video's ``aggd_features`` for every patch at once (moments accumulated in float64)."""
     from scipy.special import gamma
 
-    x = np.ravel(data)
+    x = np.asarray(x, np.float32)
     x2 = x * x
-    left, right = x2[x < 0], x2[x >= 0]
-    left_sqrt = np.sqrt(np.average(left)) if len(left) else 0
-    right_sqrt = np.sqrt(np.average(right)) if len(right) else 0
-    gamma_hat = left_sqrt / right_sqrt if right_sqrt != 0 else np.inf
-    r_hat = (np.average(np.abs(x)) ** 2) / np.average(x2) if np.mean(x2) != 0 else np.inf
-    rhat_norm = r_hat * (((math.pow(gamma_hat, 3) + 1) * (gamma_hat + 1)) / math.pow(math.pow(gamma_hat, 2) + 1, 2))
-    alpha = _GAMMA_RANGE[np.argmin((_prec_gammas() - rhat_norm) ** 2)]
+    negative = x < 0
+    n_left = negative.sum(axis=1)
+    n_right = x.shape[1] - n_left
+    left_sqrt = np.where(n_left > 0, np.sqrt(np.where(negative, x2, 0).sum(axis=1, dtype=np.float64)
+                                             / np.maximum(n_left, 1)), 0.0)
+    right_sqrt = np.where(n_right > 0, np.sqrt(np.where(negative, 0, x2).sum(axis=1, dtype=np.float64)
+                                               / np.maximum(n_right, 1)), 0.0)
+    mean_x2 = x2.mean(axis=1, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gamma_hat = np.where(right_sqrt != 0, left_sqrt / np.where(right_sqrt != 0, right_sqrt, 1.0), np.inf)
+        r_hat = np.where(mean_x2 != 0, np.abs(x).mean(axis=1, dtype=np.float64) ** 2
+                         / np.where(mean_x2 != 0, mean_x2, 1.0), np.inf)
+        rhat_norm = r_hat * (((gamma_hat ** 3 + 1) * (gamma_hat + 1)) / (gamma_hat ** 2 + 1) ** 2)
+        alpha = _GAMMA_RANGE[np.argmin((_prec_gammas()[None, :] - rhat_norm[:, None]) ** 2, axis=1)]
     g1, g2, g3 = gamma(1.0 / alpha), gamma(2.0 / alpha), gamma(3.0 / alpha)
     ratio = np.sqrt(g1) / np.sqrt(g3)
     bl, br = ratio * left_sqrt, ratio * right_sqrt
     return alpha, (br - bl) * (g2 / g1), bl, br
 
 
-def _patch_features(patch: np.ndarray) -> np.ndarray:
-    alpha_m, _, bl, br = _aggd(patch.copy())
-    shifts = (np.roll(patch, 1, axis=1), np.roll(patch, 1, axis=0), np.roll(np.roll(patch, 1, axis=0), 1, axis=1),
-              np.roll(np.roll(patch, 1, axis=0), -1, axis=1))
+def _patches(mscn: np.ndarray, size: int) -> np.ndarray:
+    """NIQE's 18 features of every whole ``size`` x ``size`` patch (row-major order), (patches, 18)."""
+    h, w = mscn.shape
+    rows, cols = h // size, w // size
+    patches = np.ascontiguousarray(mscn[: rows * size, : cols * size].reshape(rows, size, cols, size)
+                                   .transpose(0, 2, 1, 3)).reshape(rows * cols, size, size)
+    flat = patches.reshape(len(patches), -1)
+    alpha_m, _, bl, br = _aggd(flat)
+    shifts = (np.roll(patches, 1, axis=2), np.roll(patches, 1, axis=1),
+              np.roll(np.roll(patches, 1, axis=1), 1, axis=2), np.roll(np.roll(patches, 1, axis=1), -1, axis=2))
     feats = [alpha_m, (bl + br) / 2.0]
     for k, shifted in enumerate(shifts):
-        a, n, l, r = _aggd(shifted * patch)
+        a, n, l, r = _aggd((shifted * patches).reshape(len(patches), -1))
         # scikit-video's feature vector repeats bl for the two diagonal orientations (kept: its model was fitted so).
         feats += [a, n, l, r] if k < 2 else [a, n, l, l]
-    return np.array(feats)
-
-
-def _patches(mscn: np.ndarray, size: int) -> np.ndarray:
-    h, w = mscn.shape
-    return np.array([_patch_features(mscn[j:j + size, i:i + size])
-                     for j in range(0, h - size + 1, size) for i in range(0, w - size + 1, size)])
+    return np.stack(feats, axis=1)
 
 
 def _half_bicubic(img: np.ndarray) -> np.ndarray:
