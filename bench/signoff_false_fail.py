@@ -223,8 +223,9 @@ def main() -> None:
     parser.add_argument("--floor", default="/tmp/signoff18/floor/floor.json")
     parser.add_argument("--near-out", default="/tmp/signoff18/near")
     parser.add_argument("--near-seeds", default="0,1,2,3,4,5", help="empty: skip the near judge")
-    parser.add_argument("--near-recipe", default=NEAR, help="the near-exact benign candidate (a recipe name or file "
-                                                            "declaring [signoff] kind = 'near')")
+    parser.add_argument("--near-recipe", default=NEAR,
+                        help="the near-exact benign candidate: a recipe name (bench/recipes or shipped) declaring "
+                             "[signoff] kind = 'near'")
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--size", type=int, default=None)
     parser.add_argument("--runs", type=int, default=500)
@@ -256,7 +257,6 @@ def main() -> None:
         gate_errors = make_near_pool(pool, near_dir, args.model, near_seeds, env, trunk, args.size,
                                      args.near_recipe).errors
     near_pairs = [(p, s) for p in manifest.prompts.ids for s in near_seeds]
-    near_name = Path(args.near_recipe).stem if args.near_recipe.endswith(".toml") else args.near_recipe
 
     results: dict = {}
     rng = np.random.default_rng(args.seed)
@@ -270,7 +270,7 @@ def main() -> None:
                 root = Path(tmp)
                 drawn = resample_run(root, scores, rng) if kind == "resample" else near_run(root, near_dir,
                                                                                              near_pairs, rng,
-                                                                                             near_name)
+                                                                                             args.near_recipe)
                 outcome, failed = judge(root, loaded, floor)
             outcomes.append(outcome)
             for f in failed:
@@ -304,7 +304,8 @@ def main() -> None:
     md = "\n".join([
         f"Simulated runs of 16 benign pairs judged by `compute_verdict` under gates/policies/release.toml (without "
         f"`[speed]`), floor `{floor}`. Resample pool: {len(scores)} baseline clips ({len(manifest.prompts.ids)} "
-        f"world-demo captions x seeds {manifest.seeds}) of `--model {args.model}`; near pool: `{args.near_recipe}` against the "
+        f"world-demo captions x seeds {manifest.seeds}) of `--model {args.model}`; near pool: "
+        f"`{args.near_recipe}` against the "
         f"baseline at {len(near_pairs)} (prompt, seed) pairs (seeds {near_seeds}); each clip made once and scored "
         f"once, pairs resampled per run (see the script's docstring). Shipped resample margin: {shipped_k} x the "
         f"new-seed floor; LPIPS trunk `{trunk}`"

@@ -19,14 +19,17 @@ from h3.atomic import tmp_path_for
 
 logger = logging.getLogger(__name__)
 
-# Determinism: single-threaded libx264 gives byte-identical files for identical input at 128x128 and up; at 64x64 it
-# was seen to produce different bitstreams for the same frames (3 of 15 trials), so the tiny preset generates
-# 128x128 (h3.runtime.TINY_DEFAULT_SIZE) and the suite compares decoded frames, never codec bytes, across clips.
+# Determinism: single-threaded libx264 with its defaults gives byte-identical files for identical input at 128x128
+# and 256x256; at 64x64 it was seen to produce different bitstreams for the same frames (3 of 15 trials), so the tiny
+# preset generates 128x128 (h3.runtime.TINY_DEFAULT_SIZE), and at 960x544 / 1344x768 too (macroblock-tree rate
+# control: LARGE_X264_PARAMS below), so large frames turn it off. The suite compares decoded frames, never codec
+# bytes, across clips.
 VIDEO_CODEC = "libx264"
 VIDEO_CRF = 18  # visually lossless for H.264; codec noise stays well below acceleration drift (ghosting calibration)
 ENCODE_THREADS_LARGE = 8
-"""libx264 frame threads for frames of ``ENCODE_THREADS_MIN_PIXELS`` and more. A fixed count, not the machine's: x264
-is deterministic for a given thread count, so a clip's bytes still depend only on its frames and PCM. One thread made
+"""libx264 frame threads for frames of ``ENCODE_THREADS_MIN_PIXELS`` and more. A fixed count, not the machine's: with
+macroblock-tree rate control off, x264 is deterministic for a given thread count, so a clip's bytes depend only on
+its frames and PCM. One thread made
 the MP4 mux of a 5 s 544x960 clip take 21-24 s on the H200 host (bench/results/h200_ab_5s-544x960_session4.md),
 longer than the 4-step request before it."""
 ENCODE_THREADS_MIN_PIXELS = 320 * 320
