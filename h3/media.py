@@ -21,9 +21,9 @@ logger = logging.getLogger(__name__)
 
 # Determinism: single-threaded libx264 with its defaults gives byte-identical files for identical input at 128x128
 # and 256x256; at 64x64 it was seen to produce different bitstreams for the same frames (3 of 15 trials), so the tiny
-# preset generates 128x128 (h3.runtime.TINY_DEFAULT_SIZE), and at 960x544 / 1344x768 too (macroblock-tree rate
-# control: LARGE_X264_PARAMS below), so large frames turn it off. The suite compares decoded frames, never codec
-# bytes, across clips.
+# preset generates 128x128 (h3.runtime.TINY_DEFAULT_SIZE), and at 960x544 too (macroblock-tree rate control:
+# LARGE_X264_PARAMS below; bench/results/x264_determinism.md), so large frames turn it off. The suite compares
+# decoded frames, never codec bytes, across clips.
 VIDEO_CODEC = "libx264"
 VIDEO_CRF = 18  # visually lossless for H.264; codec noise stays well below acceleration drift (ghosting calibration)
 ENCODE_THREADS_LARGE = 8
@@ -37,9 +37,10 @@ ENCODE_THREADS_MIN_PIXELS = 320 * 320
 bytes of every small clip, and the codec noise the ghosting gate was calibrated on, are what they always were."""
 LARGE_X264_PARAMS = "mbtree=0"
 """Large frames also turn off x264's macroblock-tree rate control: with it on, this PyAV build's libx264 gave a
-different bitstream for the same frames from one encode to the next at 960x544 and 1344x768 (one thread or eight;
-not at 128x128 or 1024x544; with ``asm=0`` it was stable, so a SIMD path reads memory it did not write). Off, every
-size and thread count measured was byte-stable (tests/test_media_encode.py); CRF 18 keeps it visually lossless."""
+different bitstream for the same frames from one encode to the next at 960x544 (2 of 6 encodes distinct with one
+thread, 4 of 6 with eight: bench/results/x264_determinism.md; at 1344x768 in one probe of two; not at 128x128 or
+1024x544; with ``asm=0`` it was stable, so a SIMD path reads memory it did not write). Off, every size and thread
+count measured was byte-stable (tests/test_media_encode.py); CRF 18 keeps it visually lossless."""
 AUDIO_CODEC = "aac"
 AUDIO_BITRATE = 192_000
 

@@ -7,19 +7,8 @@ import re
 import numpy as np
 import pytest
 
+from bench.x264_determinism import textured_frames as _frames
 from h3.media import ENCODE_THREADS_LARGE, ENCODE_THREADS_MIN_PIXELS, decode_video, encode_mp4, encode_threads
-
-
-def _frames(num: int, height: int, width: int) -> np.ndarray:
-    """A textured pattern drifting one pixel a frame (something for motion estimation to do), uint8."""
-    y, x = np.mgrid[0:height, 0:width].astype(np.float64)
-    out = []
-    for t in range(num):
-        r = 127.5 + 100 * np.sin((x + t) / 7.0) * np.cos(y / 11.0)
-        g = 127.5 + 90 * np.cos((x - 2 * t) / 13.0 + y / 17.0)
-        b = 127.5 + 80 * np.sin((x + y + 3 * t) / 23.0)
-        out.append(np.stack([r, g, b], axis=-1))
-    return np.clip(np.rint(np.stack(out)), 0, 255).astype(np.uint8)
 
 
 def _x264_threads(data: bytes) -> int:
