@@ -10,9 +10,9 @@ length:
   of that, Hann window of the FFT's length. The log magnitudes are clamped at ``STFT_TOP_DB`` (80 dB, librosa's
   ``amplitude_to_db`` default) below the pair's loudest bin at that resolution, and never below 1e-7 (the paper's
   code). Until 2026-12-01 the clamp was 1e-7 alone: the log term then compared the AAC codec's noise in bins 100 dB
-  under the signal, so a kernel swap that left the soundtrack within 0.5% in spectral convergence scored 0.19-0.25
-  (a quarter of two seeds' distance) and the near judge failed every near-exact recipe on the trained tiny
-  (bench/results/signoff_false_fail_run10.md).
+  under the signal, so a kernel swap (math SDPA for the fused kernel) scored a mean 0.215 on the trained tiny, a
+  quarter of two seeds' distance, and the near judge failed every near-exact recipe; with the clamp 0.027, 5.7% of
+  it (bench/results/audio_stft_clamp_math_attn.md, signoff_false_fail_run10.md).
 - ``logmel_distance``: mean absolute difference, in dB, of 80-band log-mel power spectrograms (HTK mel scale,
   triangular filters of unit peak, 0-16 kHz, FFT 2048, hop 320 = 10 ms), power floored at 1e-10 (-100 dBFS).
   A pure gain change of g dB gives g.
