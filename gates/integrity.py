@@ -124,17 +124,34 @@ def _dbfs(rms: float) -> float | None:
     return None if rms <= 0.0 else 20.0 * math.log10(rms)
 
 
-def check_video(frames: np.ndarray, result: ClipIntegrity, th: IntegrityThresholds) -> None:
-    """Black frames and frozen runs of decoded uint8 (T, H, W, 3) frames, into ``result``."""
-    # Every other row and column is enough for a mean level and a frame-to-frame change, and 4x cheaper.
-    luma = _luma(frames[:, ::2, ::2])
-    means = luma.reshape(len(luma), -1).mean(axis=1)
+def _frame_levels(frames) -> tuple[np.ndarray, np.ndarray]:
+    """(mean luma of each frame, mean |luma change| to the next frame) of uint8 (T, H, W, 3) frames, on every other
+    row and column (enough for a mean level and a frame-to-frame change, and 4x cheaper). ``frames`` a numpy array
+    (the CPU, float32) or a torch tensor on a GPU (float32 luma, means accumulated in float64)."""
+    if isinstance(frames, np.ndarray):
+        luma = _luma(frames[:, ::2, ::2])
+        means = luma.reshape(len(luma), -1).mean(axis=1)
+        diffs = np.abs(np.diff(luma, axis=0)).reshape(len(luma) - 1, -1).mean(axis=1)
+        return means, diffs
+    import torch
+
+    with torch.inference_mode():
+        f = frames[:, ::2, ::2].float()
+        luma = 0.299 * f[..., 0] + 0.587 * f[..., 1] + 0.114 * f[..., 2]
+        means = luma.reshape(len(luma), -1).double().mean(dim=1)
+        diffs = torch.diff(luma, dim=0).abs_().reshape(len(luma) - 1, -1).double().mean(dim=1)
+        return means.cpu().numpy(), diffs.cpu().numpy()
+
+
+def check_video(frames, result: ClipIntegrity, th: IntegrityThresholds) -> None:
+    """Black frames and frozen runs of decoded uint8 (T, H, W, 3) frames (numpy, or a torch tensor on a GPU), into
+    ``result``."""
+    means, diffs = _frame_levels(frames)
     result.black_frames = [int(i) for i in np.flatnonzero(means <= th.black_max_mean)]
     if result.black_frames:
         shown = ", ".join(map(str, result.black_frames[:10])) + (" ..." if len(result.black_frames) > 10 else "")
         result.problems.append(f"{len(result.black_frames)} all-black frame(s) (mean luma <= {th.black_max_mean}): {shown}")
-    if len(luma) > 1:
-        diffs = np.abs(np.diff(luma, axis=0)).reshape(len(luma) - 1, -1).mean(axis=1)
+    if len(means) > 1:
         result.frame_diff = [None] + [float(d) for d in diffs]
         # A run of k unchanging transitions is k + 1 frames that look the same.
         still = diffs <= th.frozen_max_diff
@@ -181,10 +198,12 @@ def _fmt_db(value: float | None) -> str:
 
 
 def check_clip(
-    path: str | Path, record: dict[str, Any] | None = None, thresholds: IntegrityThresholds | None = None
+    path: str | Path, record: dict[str, Any] | None = None, thresholds: IntegrityThresholds | None = None,
+    device: str = "cpu",
 ) -> ClipIntegrity:
-    """Check one clip: decode everything, compare with its record (a ClipRecord as dict) when given."""
-    from gates.media_cache import load_audio, load_video
+    """Check one clip: decode everything, compare with its record (a ClipRecord as dict) when given. On a GPU
+    ``device`` the frame statistics run on the clip cache's device copy (uploaded once for every gate of the pair)."""
+    from gates.media_cache import load_audio, load_video, load_video_on
     from h3.media import MediaError
 
     th = thresholds or IntegrityThresholds()
@@ -199,7 +218,7 @@ def check_clip(
     result.duration_s = result.num_frames / fps if fps else None
     if not fps or fps <= 0:
         result.problems.append(f"video stream has no frame rate ({fps!r})")
-    check_video(frames, result, th)
+    check_video(load_video_on(path, device)[0] if device.startswith("cuda") else frames, result, th)
 
     try:
         audio, rate = load_audio(path)
@@ -273,8 +292,9 @@ class IntegrityGate(Gate):
         sides = {"baseline": ctx.baseline, "candidate": ctx.candidate}
         checks: dict[str, ClipIntegrity] = {}
         errors = []
+        device = ctx.device if str(ctx.device).startswith("cuda") else "cpu"
         for side, clip in sides.items():
-            check = check_clip(clip.mp4, clip.record, th)
+            check = check_clip(clip.mp4, clip.record, th, device)
             checks[side] = check
             result.info[side] = check.summary()
             if check.decode_error:

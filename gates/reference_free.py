@@ -35,6 +35,13 @@ Video dimensions (frames as decoded; flow and event detection on luma downscaled
 
 Every per-frame video score is averaged over the frames it is computed on.
 
+Devices: on the CPU every score is numpy/scipy/OpenCV as written below. With the gate's ``device`` a GPU (or
+``torch:cpu``, the same code on the CPU, for tests), the image statistics and NIQE's normalisation, patch features
+and AGGD fits run in torch on the clip cache's device copy of the frames (float64 where the CPU path accumulates in
+float64), while the optical flow (OpenCV Farneback has no GPU twin here) and the audio run at the same time on CPU
+threads, the flows split over up to ``flow_workers`` threads. The two paths agree to float rounding
+(tests/test_gate_reference_free.py); a score is cached per device.
+
 Audio dimensions (decoded track, float in [-1, 1]):
 
 - ``loudness_lufs`` (higher is better, LUFS): BS.1770-4 integrated loudness (``pyloudnorm``); a track gated out
@@ -472,58 +479,263 @@ def clipping_fraction(audio: np.ndarray) -> float:
     return float(np.mean(np.abs(np.asarray(audio)) >= CLIP_LEVEL))
 
 
+
+# -- the torch path (GPU) ---------------------------------------------------------------------------------------------
+def _t_luma(x):
+    """BT.601 luma (float32, 0..255) of uint8 (..., 3) frames, the same operations as :func:`luma`."""
+    f = x.float()
+    return 0.299 * f[..., 0] + 0.587 * f[..., 1] + 0.114 * f[..., 2]
+
+
+def _t_image_stats(frames, chunk: int = 16) -> dict[str, float]:
+    """sharpness, blur, exposure_clipping, contrast and colourfulness of uint8 (T, H, W, 3) frames on a torch
+    device: per frame as :func:`sharpness`, :func:`blur`, :func:`exposure_clipping`, :func:`contrast` and
+    :func:`colourfulness` compute them, then averaged (exposure over all pixels)."""
+    import torch
+    import torch.nn.functional as F
+
+    sharp, blurs, contrasts, colours = [], [], [], []
+    clipped = 0
+    with torch.inference_mode():
+        for start in range(0, len(frames), chunk):
+            x = frames[start:start + chunk]
+            g32 = _t_luma(x)
+            clipped += int(((g32 <= EXPOSURE_LOW) | (g32 >= EXPOSURE_HIGH)).sum())
+            g = g32.double()
+            # 4-neighbour Laplacian, borders reflected without repeating the edge (BORDER_REFLECT_101)
+            p = F.pad(g[:, None], (1, 1, 1, 1), mode="reflect")[:, 0]
+            lap = p[:, :-2, 1:-1] + p[:, 2:, 1:-1] + p[:, 1:-1, :-2] + p[:, 1:-1, 2:] - 4.0 * g
+            sharp.append(lap.var(dim=(1, 2), unbiased=False))
+            worst = torch.zeros(len(g), dtype=torch.float64, device=g.device)
+            for axis in (1, 2):
+                pad = (0, 0, 4, 4) if axis == 1 else (4, 4, 0, 0)
+                kernel = (9, 1) if axis == 1 else (1, 9)
+                reblurred = F.avg_pool2d(F.pad(g[:, None], pad, mode="replicate"), kernel, stride=1)[:, 0]
+                d_f = torch.diff(g, dim=axis).abs_()
+                d_b = torch.diff(reblurred, dim=axis).abs_()
+                s_f = d_f.sum(dim=(1, 2))
+                s_v = (d_f - d_b).clamp_(min=0.0).sum(dim=(1, 2))
+                value = torch.where(s_f > 0, (s_f - s_v) / torch.where(s_f > 0, s_f, 1.0), 0.0)
+                worst = torch.maximum(worst, value)
+            blurs.append(worst)
+            contrasts.append((g / 255.0).std(dim=(1, 2), unbiased=False))
+            f = x.double()
+            rg = f[..., 0] - f[..., 1]
+            yb = 0.5 * (f[..., 0] + f[..., 1]) - f[..., 2]
+            colours.append(torch.sqrt(rg.var(dim=(1, 2), unbiased=False) + yb.var(dim=(1, 2), unbiased=False))
+                           + 0.3 * torch.sqrt(rg.mean(dim=(1, 2)) ** 2 + yb.mean(dim=(1, 2)) ** 2))
+        out = {name: float(torch.cat(values).mean()) for name, values in
+               (("sharpness", sharp), ("blur", blurs), ("contrast", contrasts), ("colourfulness", colours))}
+    out["exposure_clipping"] = clipped / float(frames.shape[0] * frames.shape[1] * frames.shape[2])
+    return out
+
+
+def _t_mscn(images):
+    """:func:`_mscn` of float32 images (N, H, W) on a torch device, rounded where scipy rounds: each pass of the
+    7-tap Gaussian window (zeros outside) sums in float64 and stores float32, as ``correlate1d`` into a float32
+    output does; the rest in float32. (On flat content the normalised values are rounding residue, so the
+    roundings must be scipy's for the features to agree.)"""
+    import torch
+    import torch.nn.functional as F
+
+    window = torch.tensor(_gauss_window(), dtype=torch.float64, device=images.device)
+
+    def smooth(v):
+        v = F.conv2d(F.pad(v.double(), (0, 0, 3, 3)), window.view(1, 1, 7, 1)).float()
+        return F.conv2d(F.pad(v.double(), (3, 3, 0, 0)), window.view(1, 1, 1, 7)).float()
+
+    x = images[:, None].float()
+    mu = smooth(x)
+    var = torch.sqrt((smooth(x * x) - mu * mu).abs())
+    return ((x - mu) / (var + 1))[:, 0]
+
+
+def _t_aggd(x):
+    """:func:`_aggd` of each row of float32 ``x`` (patches, values) in torch: squares in float32, moments
+    accumulated in float64, as the numpy code does."""
+    import torch
+
+    x = x.float()
+    x2 = (x * x).double()
+    negative = x < 0
+    n_left = negative.sum(dim=1)
+    n_right = x.shape[1] - n_left
+    left_sqrt = torch.where(n_left > 0, torch.sqrt(torch.where(negative, x2, 0.0).sum(dim=1)
+                                                   / n_left.clamp(min=1)), 0.0)
+    right_sqrt = torch.where(n_right > 0, torch.sqrt(torch.where(negative, 0.0, x2).sum(dim=1)
+                                                     / n_right.clamp(min=1)), 0.0)
+    mean_x2 = x2.mean(dim=1)
+    inf = torch.tensor(float("inf"), dtype=torch.float64, device=x.device)
+    gamma_hat = torch.where(right_sqrt != 0, left_sqrt / torch.where(right_sqrt != 0, right_sqrt, 1.0), inf)
+    r_hat = torch.where(mean_x2 != 0, x.abs().double().mean(dim=1) ** 2 / torch.where(mean_x2 != 0, mean_x2, 1.0),
+                        inf)
+    rhat_norm = r_hat * (((gamma_hat ** 3 + 1) * (gamma_hat + 1)) / (gamma_hat ** 2 + 1) ** 2)
+    prec = torch.as_tensor(_prec_gammas(), dtype=torch.float64, device=x.device)
+    grid = torch.as_tensor(_GAMMA_RANGE, dtype=torch.float64, device=x.device)
+    alpha = grid[torch.argmin((prec[None, :] - rhat_norm[:, None]) ** 2, dim=1)]
+    g1, g2, g3 = (torch.exp(torch.lgamma(k / alpha)) for k in (1.0, 2.0, 3.0))
+    ratio = torch.sqrt(g1) / torch.sqrt(g3)
+    bl, br = ratio * left_sqrt, ratio * right_sqrt
+    return alpha, (br - bl) * (g2 / g1), bl, br
+
+
+def _t_patches(mscn, size: int):
+    """:func:`_patches` of MSCN images (N, H, W) on a torch device: (N, patches, 18)."""
+    import torch
+
+    n, h, w = mscn.shape
+    rows, cols = h // size, w // size
+    patches = (mscn[:, : rows * size, : cols * size].reshape(n, rows, size, cols, size).permute(0, 1, 3, 2, 4)
+               .reshape(n * rows * cols, size, size))
+    alpha_m, _, bl, br = _t_aggd(patches.reshape(len(patches), -1))
+    shifts = (torch.roll(patches, 1, dims=2), torch.roll(patches, 1, dims=1),
+              torch.roll(patches, (1, 1), dims=(1, 2)), torch.roll(patches, (1, -1), dims=(1, 2)))
+    feats = [alpha_m, (bl + br) / 2.0]
+    for k, shifted in enumerate(shifts):
+        a, m, l, r = _t_aggd((shifted * patches).reshape(len(patches), -1))
+        feats += [a, m, l, r] if k < 2 else [a, m, l, l]
+    return torch.stack(feats, dim=1).reshape(n, rows * cols, 18)
+
+
+def _niqe_from_features(feats: np.ndarray) -> float:
+    pop_mu, pop_cov = niqe_params()
+    x = feats.mean(axis=0) - pop_mu
+    cov = (pop_cov + np.cov(feats.T)) / 2.0
+    from scipy.linalg import pinv
+
+    return float(np.sqrt(x @ pinv(cov) @ x))
+
+
+def _t_niqe(frames, picked: list[int], factor: int, device) -> float:
+    """Mean NIQE of the ``picked`` frames (uint8 (T, H, W, 3) on a torch device), as :func:`niqe_frame` computes it:
+    the normalisation, patches and fits in torch; the half-size bicubic (PIL, as scikit-video's scipy did) and the
+    36x36 pseudo-inverse on the CPU."""
+    import torch
+
+    with torch.inference_mode():
+        gray = _t_luma(frames[torch.as_tensor(picked, device=frames.device)])
+        if factor != 1:
+            gray = torch.from_numpy(np.stack([upscale(g, factor) for g in gray.cpu().numpy()])).to(device)
+        h, w = gray.shape[1:]
+        if min(h, w) < NIQE_MIN_SIDE:
+            raise ValueError(f"NIQE needs frames of at least {NIQE_MIN_SIDE} pixels a side, got {w}x{h}")
+        img = gray[:, : h - h % NIQE_PATCH, : w - w % NIQE_PATCH].contiguous()
+        half = torch.from_numpy(np.stack([_half_bicubic(g) for g in img.cpu().numpy()])).to(device)
+        full_feats = _t_patches(_t_mscn(img), NIQE_PATCH)
+        half_feats = _t_patches(_t_mscn(half), NIQE_PATCH // 2)
+        feats = torch.cat([full_feats, half_feats], dim=2).cpu().numpy()
+    return float(np.mean([_niqe_from_features(f) for f in feats]))
+
+
+def _flow_part(frames: np.ndarray, fps: float, options: "ReferenceFreeOptions", workers: int
+               ) -> tuple[dict[str, float | None], list[float], tuple[int, int]]:
+    """motion_smoothness, dynamic_degree and the motion events of uint8 frames (CPU: OpenCV), the flows split over
+    ``workers`` threads (OpenCV releases the GIL); the same numbers as one thread."""
+    small = downscale(frames, options.flow_max_side)
+    small_gray = luma(small)
+    if workers <= 1:
+        flows = consecutive_flows(small_gray)
+        smooth = motion_smoothness(small, small_gray)
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(workers, thread_name_prefix="flow") as pool:
+            flows = list(pool.map(lambda t: flow(small_gray[t], small_gray[t + 1]), range(len(small_gray) - 1)))
+            odd = list(range(1, len(small) - 1, 2))
+            parts = list(pool.map(lambda t: motion_smoothness(small[t - 1:t + 2], small_gray[t - 1:t + 2]), odd))
+        smooth = float(np.mean(parts)) if parts else None
+    scores = {"motion_smoothness": smooth, "dynamic_degree": dynamic_degree(flows, small.shape[1], small.shape[2])}
+    return scores, motion_events(flows, fps), (int(small.shape[2]), int(small.shape[1]))
+
+
+def _audio_part(audio: np.ndarray, sample_rate: int) -> tuple[dict[str, float], list[float]]:
+    if not np.isfinite(audio).all():
+        raise GateInputError("the audio track has NaN/Inf samples")
+    scores = {"loudness_lufs": loudness_lufs(audio, sample_rate),
+              "silence_fraction": silence_fraction(audio, sample_rate),
+              "clipping_fraction": clipping_fraction(audio)}
+    return scores, audio_onsets(audio, sample_rate)
+
+
+def default_flow_workers() -> int:
+    """Flow threads: up to 8 on a machine of 8 cores or more (a GPU host), else 1 (the 2-core CPU: OpenCV already
+    threads parts of Farneback, and more threads were measured no faster there)."""
+    import os
+
+    cores = os.cpu_count() or 1
+    return min(8, cores) if cores >= 8 else 1
+
+
 # -- one clip --------------------------------------------------------------------------------------------------------
 class ReferenceFreeOptions(GateOptions):
     flow_max_side: int = 256
     """Optical flow and motion events are computed on frames downscaled so that the longer side is at most this."""
     niqe_frame_stride: int = 8
     """Score every n-th frame with NIQE (a third of the gate's time at 128x128 even so; 16 frames of a 5 s clip)."""
+    flow_workers: int | None = None
+    """Threads for the optical flow (None: :func:`default_flow_workers`); the scores do not depend on it."""
     sync_tolerance_frames: float = 2.0
     """An audio onset and a motion event match within this many frames (2 frames = 83 ms at 24 fps, inside the
     +45 / -125 ms detectability window of ITU-R BT.1359)."""
 
 
 def score_clip(frames: np.ndarray, fps: float, audio: np.ndarray | None, sample_rate: int | None,
-               options: ReferenceFreeOptions) -> tuple[dict[str, float | None], dict[str, Any]]:
-    """Every dimension of one clip: (scores, info). ``frames`` uint8 (T, H, W, 3); ``audio`` (channels, N) or None."""
+               options: ReferenceFreeOptions, device: str = "cpu", frames_on_device=None
+               ) -> tuple[dict[str, float | None], dict[str, Any]]:
+    """Every dimension of one clip: (scores, info). ``frames`` uint8 (T, H, W, 3); ``audio`` (channels, N) or None.
+
+    ``device`` "cpu" computes everything with numpy/scipy/OpenCV; a torch device ("cuda", "cuda:1", or "torch:cpu")
+    computes the image statistics and NIQE in torch there (on ``frames_on_device``, the same frames as a uint8 tensor,
+    when given) while the flows and the audio run on CPU threads (module docstring)."""
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
         raise GateInputError(f"expected uint8 frames (T, H, W, 3), got {frames.dtype} {frames.shape}")
     if len(frames) < 3:
         raise GateInputError(f"a clip of {len(frames)} frame(s) has no motion to score (at least 3 are needed)")
+    if audio is not None:
+        audio = np.asarray(audio)
     t, h, w, _ = frames.shape
-    gray = luma(frames)
-    scores: dict[str, float | None] = {}
-    info: dict[str, Any] = {}
-    small = downscale(frames, options.flow_max_side)
-    small_gray = luma(small)
-    flows = consecutive_flows(small_gray)
-    scores["motion_smoothness"] = motion_smoothness(small, small_gray)
-    scores["dynamic_degree"] = dynamic_degree(flows, small.shape[1], small.shape[2])
     factor = niqe_upscale_factor(h, w)
-    picked = range(0, t, max(1, options.niqe_frame_stride))
-    scores["niqe"] = float(np.mean([niqe_frame(upscale(gray[i], factor)) for i in picked]))
-    scores["sharpness"] = float(np.mean([sharpness(g) for g in gray]))
-    scores["blur"] = float(np.mean([blur(g) for g in gray]))
-    scores["exposure_clipping"] = exposure_clipping(gray)
-    scores["contrast"] = float(np.mean([contrast(g) for g in gray]))
-    scores["colourfulness"] = float(np.mean([colourfulness(f) for f in frames]))
-    video_events = motion_events(flows, fps)
-    info.update(analysed_size=[int(small.shape[2]), int(small.shape[1])], niqe_upscale=factor,
-                niqe_frames=len(picked), motion_events_s=[round(e, 3) for e in video_events])
-    if audio is None:
+    picked = list(range(0, t, max(1, options.niqe_frame_stride)))
+    workers = options.flow_workers or default_flow_workers()
+    scores: dict[str, float | None] = {}
+    if device == "cpu":
+        flow_scores, video_events, analysed = _flow_part(frames, fps, options, workers)
+        gray = luma(frames)
+        scores.update(flow_scores)
+        scores["niqe"] = float(np.mean([niqe_frame(upscale(gray[i], factor)) for i in picked]))
+        scores["sharpness"] = float(np.mean([sharpness(g) for g in gray]))
+        scores["blur"] = float(np.mean([blur(g) for g in gray]))
+        scores["exposure_clipping"] = exposure_clipping(gray)
+        scores["contrast"] = float(np.mean([contrast(g) for g in gray]))
+        scores["colourfulness"] = float(np.mean([colourfulness(f) for f in frames]))
+        audio_part = _audio_part(audio, int(sample_rate)) if audio is not None else None
+    else:
+        import torch
+        from concurrent.futures import ThreadPoolExecutor
+
+        target = torch.device(device.removeprefix("torch:"))
+        on_device = frames_on_device if frames_on_device is not None else torch.from_numpy(frames.copy()).to(target)
+        with ThreadPoolExecutor(2, thread_name_prefix="reference_free") as pool:
+            flow_job = pool.submit(_flow_part, frames, fps, options, workers)
+            audio_job = pool.submit(_audio_part, audio, int(sample_rate)) if audio is not None else None
+            stats = _t_image_stats(on_device)
+            scores["niqe"] = _t_niqe(on_device, picked, factor, target)
+            flow_scores, video_events, analysed = flow_job.result()
+            audio_part = audio_job.result() if audio_job is not None else None
+        scores.update(flow_scores)
+        scores.update(stats)
+    scores = {name: scores[name] for name, dim in DIMENSIONS.items() if dim.kind == "video"}
+    info: dict[str, Any] = dict(analysed_size=list(analysed), niqe_upscale=factor, niqe_frames=len(picked),
+                                motion_events_s=[round(e, 3) for e in video_events], device=device)
+    if audio_part is None:
         for name, dim in DIMENSIONS.items():
             if dim.kind == "audio":
                 scores[name] = None
         info["audio"] = "no audio track"
         return scores, info
-    audio = np.asarray(audio)
-    if not np.isfinite(audio).all():
-        raise GateInputError("the audio track has NaN/Inf samples")
-    scores["loudness_lufs"] = loudness_lufs(audio, int(sample_rate))
-    scores["silence_fraction"] = silence_fraction(audio, int(sample_rate))
-    scores["clipping_fraction"] = clipping_fraction(audio)
-    onsets = audio_onsets(audio, int(sample_rate))
+    audio_scores, onsets = audio_part
+    scores.update(audio_scores)
     scores["av_sync"] = sync_f1(video_events, onsets, options.sync_tolerance_frames / fps)
     info["audio_onsets_s"] = [round(o, 3) for o in onsets]
     return scores, info
@@ -534,15 +746,17 @@ _cache_lock = threading.Lock()
 _cache: "OrderedDict[tuple, tuple[dict, dict]]" = OrderedDict()
 
 
-def score_mp4(path: str | Path, options: ReferenceFreeOptions) -> tuple[dict[str, float | None], dict[str, Any]]:
-    """:func:`score_clip` of an MP4, memoized by (path, size, mtime, options): the baseline clip of a (prompt, seed)
-    is in every candidate's pair."""
-    from gates.media_cache import load_audio, load_video
+def score_mp4(path: str | Path, options: ReferenceFreeOptions, device: str = "cpu"
+              ) -> tuple[dict[str, float | None], dict[str, Any]]:
+    """:func:`score_clip` of an MP4, memoized by (path, size, mtime, options, device): the baseline clip of a
+    (prompt, seed) is in every candidate's pair. On a GPU the frames are the clip cache's device copy (uploaded once
+    for every gate of the pair)."""
+    from gates.media_cache import load_audio, load_video, load_video_on
     from h3.media import MediaError
 
     path = Path(path)
     stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, options.model_dump_json())
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, options.model_dump_json(), device)
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
@@ -554,7 +768,8 @@ def score_mp4(path: str | Path, options: ReferenceFreeOptions) -> tuple[dict[str
         if "no audio stream" not in str(exc):
             raise
         audio, rate = None, None
-    value = score_clip(frames, float(fps), audio, rate, options)
+    on_device = load_video_on(path, device)[0] if device.startswith("cuda") else None
+    value = score_clip(frames, float(fps), audio, rate, options, device=device, frames_on_device=on_device)
     with _cache_lock:
         _cache[key] = value
         while len(_cache) > _CACHE_ENTRIES:
@@ -575,10 +790,11 @@ class ReferenceFreeGate(Gate):
     def evaluate(self, ctx: PairContext) -> GateResult:
         options = self.parse_options(ctx.options)
         result = new_result(self.name, ctx)
+        device = ctx.device if str(ctx.device).startswith(("cuda", "torch:")) else "cpu"
         sides = {}
         for side in ("baseline", "candidate"):
             clip = getattr(ctx, side)
-            sides[side] = score_mp4(clip.mp4, options)
+            sides[side] = score_mp4(clip.mp4, options, device)
         (base, base_info), (cand, cand_info) = sides["baseline"], sides["candidate"]
         missing = []
         for name, dim in DIMENSIONS.items():

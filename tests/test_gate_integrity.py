@@ -127,3 +127,22 @@ def test_gate_flags_a_pair_mismatch_and_errors_on_undecodable_side(tmp_path):
     assert broken.status == "error" and broken.error.startswith("candidate: ") and str(mp4) in broken.error
     assert broken.metrics["candidate_black_frames"].value is None  # not measured, never zero-filled
     assert broken.metrics["baseline_problems"].value == 0
+
+
+def test_frame_levels_on_a_torch_device_match_the_numpy_path():
+    """The GPU path's frame statistics (torch; here on the CPU) against the numpy path: a planted black frame and a
+    frozen run read the same, and every level agrees to float32 rounding."""
+    import torch
+
+    from gates.integrity import _frame_levels
+
+    rng = np.random.default_rng(5)
+    frames = rng.integers(0, 256, size=(20, 36, 50, 3), dtype=np.uint8)
+    frames[4] = 0
+    frames[10:16] = frames[9]
+    means, diffs = _frame_levels(frames)
+    t_means, t_diffs = _frame_levels(torch.from_numpy(frames.copy()))
+    assert np.allclose(t_means, means, rtol=1e-6) and np.allclose(t_diffs, diffs, rtol=1e-6, atol=1e-9)
+    assert means[4] == 0.0 and t_means[4] == 0.0 and (t_diffs[9:15] == 0).all() and (diffs[9:15] == 0).all()
+    ref = (0.299 * frames[..., 0] + 0.587 * frames[..., 1] + 0.114 * frames[..., 2])[:, ::2, ::2].mean(axis=(1, 2))
+    assert np.allclose(t_means, ref, rtol=1e-6)  # float64 reference

@@ -239,6 +239,49 @@ def test_av_sync_on_world_clips_and_a_planted_delay():
     assert rf.score_clip(frames, float(FPS), late, SAMPLE_RATE, options)[0]["av_sync"] == 0.0
 
 
+# -- the torch (GPU) path against the CPU path --------------------------------------------------------------------
+def _world_clip(num_frames: int = 40):
+    from h3.world.render import render_audio, render_video
+    from h3.world.scene import FPS, SAMPLE_RATE, sample_scene
+
+    scene = next(s for s in (sample_scene(7, i, num_frames=num_frames) for i in range(80)) if len(s.events()) >= 1)
+    return render_video([scene])[0].numpy(), render_audio([scene])[0].numpy(), float(FPS), SAMPLE_RATE
+
+
+@pytest.mark.parametrize("size", [None, (208, 240)])
+def test_torch_path_computes_the_cpu_paths_scores(size):
+    """The GPU path's torch code, run on the CPU (``torch:cpu``), against the numpy/scipy/OpenCV path on a world clip
+    (moving shapes with synchronized clicks) at its 128x128 (NIQE upscaled x2) and on a textured 208x240 crop-free
+    resize of it plus noise (NIQE at 1x): every dimension equal to float rounding; NIQE within 1e-6 (its AGGD fit
+    picks the nearest of a 0.001-step grid of shapes: were the torch path's roundings not scipy's, flat patches,
+    whose normalised values are rounding residue, would tip to other grid points; measured 6% apart then)."""
+    frames, audio, fps, rate = _world_clip()
+    if size is not None:
+        import cv2
+
+        frames = np.stack([cv2.resize(f, size[::-1], interpolation=cv2.INTER_CUBIC) for f in frames])
+        noise = RNG.normal(0, 6, frames.shape)
+        frames = np.clip(frames + noise, 0, 255).astype(np.uint8)
+    options = rf.ReferenceFreeOptions(niqe_frame_stride=8)
+    cpu, cpu_info = rf.score_clip(frames, fps, audio, rate, options)
+    tor, tor_info = rf.score_clip(frames, fps, audio, rate, options, device="torch:cpu")
+    assert cpu_info["motion_events_s"] == tor_info["motion_events_s"] and tor_info["device"] == "torch:cpu"
+    for name in rf.DIMENSIONS:
+        assert cpu[name] is not None and math.isfinite(cpu[name])
+        rtol = 1e-6 if name == "niqe" else 1e-9
+        assert tor[name] == pytest.approx(cpu[name], rel=rtol, abs=1e-12), name
+    assert cpu["niqe"] != pytest.approx(rf.score_clip(frames[:, ::-1].copy(), fps, audio, rate, options)[0]["niqe"]
+                                        + 1.0)  # sanity: the comparison is not between two constants
+
+
+def test_flow_threads_give_the_one_thread_scores():
+    frames, audio, fps, rate = _world_clip(24)
+    one = rf.score_clip(frames, fps, audio, rate, rf.ReferenceFreeOptions(niqe_frame_stride=30, flow_workers=1))
+    three = rf.score_clip(frames, fps, audio, rate, rf.ReferenceFreeOptions(niqe_frame_stride=30, flow_workers=3))
+    assert one[0] == three[0] and one[1]["motion_events_s"] == three[1]["motion_events_s"]
+    assert one[0]["dynamic_degree"] > 0.1  # the shapes move: the flows are not trivially zero
+
+
 # -- the gate --------------------------------------------------------------------------------------------------------
 def test_gate_writes_both_sides_with_declared_directions(tmp_path):
     from h3eval.gaterun import run_gates
