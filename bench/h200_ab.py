@@ -128,7 +128,8 @@ def chain_config(args: argparse.Namespace) -> dict[str, Any]:
         "seeds": args.seeds, "candidates": [c for c in args.candidates.split(",") if c],
         "gates": [g for g in args.gates.split(",") if g], "off_identity": [s for s in args.off_identity.split(",")
                                                                           if s],
-        "warmup": args.warmup, "policy": str(args.policy), "lora_dir": _lora_dir(args),
+        "warmup": args.warmup, "warmup_recipes": [r for r in args.warmup_recipes.split(",") if r],
+        "policy": str(args.policy), "lora_dir": _lora_dir(args),
     }
 
 
@@ -253,6 +254,8 @@ def _ab_argv(config: dict[str, Any], shape: str, work: Path, urls: list[str] | N
             "--prompts", str(work / f"prompts-{shape}.jsonl"), "--out", str(run_dir(work, shape)),
             "--model", config["model"], "--seeds", config["seeds"], "--warmup", str(config["warmup"]),
             "--speed-rounds", "0", "--seconds", str(seconds), "--height", str(height), "--width", str(width)]
+    for recipe in config.get("warmup_recipes") or []:
+        argv += ["--warmup-recipe", recipe]
     if shape in config["off_identity"]:
         argv.append("--off-identity")
     if DEADLINE and limit_s is not None:
@@ -601,6 +604,8 @@ def main() -> int:
     p.add_argument("--gates", default=",".join(GATES))
     p.add_argument("--off-identity", default="5s-544x960", help="shapes that also run the off-identity candidate")
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup-recipes", default="",
+                   help="comma-separated recipes that get the warm-up requests (default: every recipe)")
     p.add_argument("--policy", default=str(POLICY))
     p.add_argument("--budget-s", type=float, default=None,
                    help="the whole chain's time box: each step's limit is cut to what it leaves the later steps, "

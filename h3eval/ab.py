@@ -124,6 +124,10 @@ class AbPlan:
     run: RunPlan
     """Recipes (baseline first), prompts, seeds, shape, output directory; ``run.kind`` is ``ab``."""
     warmup: int = 1
+    warmup_recipes: list[str] | None = None
+    """Recipes that get the warm-up requests (None: every recipe). A full-size baseline's warm-up costs minutes
+    and warms nothing a compiled candidate needs: ``--warmup-recipe`` names the ones whose first request pays a
+    one-time cost (torch.compile, kernel autotuning)."""
     speed_protocol: Protocol = "mixed"
     speed_rounds: int = 2
     gpu_hourly_rate: float | None = None
@@ -147,6 +151,10 @@ class AbPlan:
             raise RunError(f"--speed-protocol must be mixed, repeated or both, got {self.speed_protocol!r}")
         if self.warmup < 0 or self.speed_rounds < 0:
             raise RunError("--warmup and --speed-rounds must be >= 0")
+        unknown = sorted(set(self.warmup_recipes or ()) - {r.name for r in self.run.recipes})
+        if unknown:
+            raise RunError(f"--warmup-recipe names no recipe of the run: {', '.join(unknown)} (recipes: "
+                           f"{', '.join(r.name for r in self.run.recipes)})")
         if self.time_box_s is not None and not (math.isfinite(self.time_box_s) and self.time_box_s > 0):
             raise RunError(f"--time-box must be a positive number of seconds, got {self.time_box_s}")
         if self.gpu_hourly_rate is not None and not (math.isfinite(self.gpu_hourly_rate) and self.gpu_hourly_rate > 0):
@@ -432,6 +440,8 @@ def _run_ab(plan: AbPlan, backend: Backend) -> AbResult:
 
     def warmups_for(jobs: list[Job]) -> list[Job]:
         need = {j.recipe.name for j in jobs if read_finished_record(j.out) is None} - warm_done
+        if plan.warmup_recipes is not None:
+            need &= set(plan.warmup_recipes)
         first = plan.run.prompts.prompts[0]
         out = []
         for i in range(plan.warmup):
@@ -496,7 +506,7 @@ def _run_ab(plan: AbPlan, backend: Backend) -> AbResult:
 
 
 def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds="0", backend="inprocess", urls=(),
-                     api_key=None, warmup=1, speed_protocol="mixed", speed_rounds=2, gpu_hourly_rate=None,
+                     api_key=None, warmup=1, warmup_recipes=None, speed_protocol="mixed", speed_rounds=2, gpu_hourly_rate=None,
                      off_identity=False, trajectory=False, seconds=None, num_frames=None, height=None, width=None,
                      timeout_s=1800.0, device=None, runtime_factory=None, share_model=True,
                      text_encoder="resident", time_box_s=None) -> AbResult:
@@ -535,12 +545,14 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
             shape=RequestShape(seconds=seconds, num_frames=num_frames, height=height, width=width),
             baseline=base.name, kind="ab", backend=backend, device=device, trajectory=trajectory,
             args=dict(command="ab", baseline=baseline, candidates=list(candidates), prompts=str(prompts), model=model,
-                      seeds=seeds, backend=backend, urls=list(urls), warmup=warmup, speed_protocol=speed_protocol,
+                      seeds=seeds, backend=backend, urls=list(urls), warmup=warmup,
+                      warmup_recipes=list(warmup_recipes) if warmup_recipes else None, speed_protocol=speed_protocol,
                       speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
                       trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
                       device=device, share_model=share_model, text_encoder=text_encoder, time_box_s=time_box_s),
         ),
-        warmup=warmup, speed_protocol=speed_protocol, speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate,
+        warmup=warmup, warmup_recipes=list(warmup_recipes) if warmup_recipes else None,
+        speed_protocol=speed_protocol, speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate,
         time_box_s=time_box_s,
     )
     plan.validate()

@@ -295,6 +295,26 @@ def test_ab_run_killed_and_resumed(tmp_path, tiny_random_runtime):
     assert "| sleepy |" in (out / "speed.md").read_text()
 
 
+def test_warmup_recipe_warms_only_the_named_recipe(tmp_path, tiny_random_runtime):
+    """``--warmup-recipe sleepy``: the compiled candidate's one-time cost is paid by its warm-up request, the
+    baseline gets none (at full size its warm-up would cost minutes); the quality clips are the same set."""
+    prompts = write_prompts(tmp_path / "p.jsonl", {"a": "a cat"})
+    sleepy = write_recipe(tmp_path, name="sleepy", description="same levers as fast; first call per shape sleeps")
+    calls: list = []
+    result = run_ab_command(baseline=str(write_recipe(tmp_path)), candidates=[str(sleepy)], prompts=prompts,
+                            out=tmp_path / "run", warmup=1, warmup_recipes=["sleepy"], speed_rounds=0,
+                            model="tiny-random",
+                            runtime_factory=view_factory(tiny_random_runtime, calls, sleepy={"sleepy"}))
+    out = tmp_path / "run"
+    assert result.manifest.status == "complete", result.manifest.errors
+    assert [p.relative_to(out).parts[:2] for p in calls] == [("warmup", "sleepy"), ("clips", "fast"),
+                                                              ("clips", "sleepy")]
+    assert not (out / "warmup" / "fast").exists() and len(list((out / "warmup" / "sleepy").glob("*.mp4"))) == 1
+    cold = read_finished_record(next((out / "warmup" / "sleepy").glob("*.mp4")))
+    warm = read_finished_record(out / "clips" / "sleepy" / "a-s0.mp4")
+    assert cold.timings.generation_side_latency_s > warm.timings.generation_side_latency_s + 5.0  # the planted 6 s
+
+
 # -- the command -----------------------------------------------------------------------------------------------------
 def test_command_refuses_bad_input_with_exit_3(tmp_path, fast_recipe_file):
     import typer
@@ -317,7 +337,9 @@ def test_command_refuses_bad_input_with_exit_3(tmp_path, fast_recipe_file):
                            (["--candidate", str(write_recipe(tmp_path, name="c")), "--gpu-hourly-rate", "-1"],
                             "must be positive"),
                            (["--candidate", str(write_recipe(tmp_path, name="c")), "--url", "http://x:1"],
-                            "--url is for --backend http")]:
+                            "--url is for --backend http"),
+                           (["--candidate", str(write_recipe(tmp_path, name="c")), "--warmup-recipe", "d"],
+                            "--warmup-recipe names no recipe of the run: d")]:
         result = CliRunner().invoke(app, base + extra)
         assert result.exit_code == 3, (extra, result.output)
         assert message in result.output and "Traceback" not in result.output

@@ -15,6 +15,9 @@
 # H200_AB_SHAPE=5s-768x1344 H200_AB_SEEDS=0 for the larger shape: its baseline alone is 29 x 6.63 s = 192 s of DiT
 # (bench/results/h200_speed_stock.md), so one seed is what fits a 10-minute call.
 # H200_AB_GATES_RESERVE_S: what ab leaves the later steps (bench/h200_ab.py --gates-reserve-s; default 50 s).
+# H200_AB_WARMUP=1 H200_AB_WARMUP_FAST=1: one warm-up request for the FP8 candidate only (its torch.compile paid
+# outside the timed request; the baseline's warm-up would cost a request of minutes and warm nothing).
+# H200_AB_OFF_IDENTITY=1: the off-identity candidate (the baseline's levers again, byte for byte) runs too.
 # A CPU rehearsal: H200_AB_MODEL=h3-random-small H200_AB_DEVICE=cpu H200_AB_SHAPE=5s-128x128 bash ... OUTDIR
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd)
@@ -42,7 +45,9 @@ chain_s=$((end - SECONDS - 20))
 # The chain runs in the background so that a SIGTERM from an outer `timeout` shorter than BUDGET_S is trapped: the
 # chain is stopped (it kills its running step) and what it made is still packed (fast: no render, no clips).
 timeout -k 7 $((chain_s + 5)) "$PY" bench/h200_ab.py chain --work "$work" --model "$model" --device "$device" \
-  --shapes "$shape" --prompts '*=1' --seeds "$seeds" --warmup 0 --off-identity '' \
+  --shapes "$shape" --prompts '*=1' --seeds "$seeds" --warmup "${H200_AB_WARMUP:-0}" \
+  ${H200_AB_WARMUP_FAST:+--warmup-recipes "$(basename "$fast" .toml)"} \
+  --off-identity "$([ -n "${H200_AB_OFF_IDENTITY:-}" ] && echo "$shape")" \
   --candidates "$fast,turbo4-sparse" --budget-s "$chain_s" ${H200_AB_GATES_RESERVE_S:+--gates-reserve-s \
   "$H200_AB_GATES_RESERVE_S"} >>"$out/chain.log" 2>&1 &
 cpid=$!

@@ -28,6 +28,10 @@ def register(app: typer.Typer) -> None:
         url: List[str] = typer.Option([], "--url", help="Server URL, or RECIPE=URL (repeatable; http backend)."),
         api_key: Optional[str] = typer.Option(None, "--api-key", envvar="H3EVAL_API_KEY"),
         warmup: int = typer.Option(1, "--warmup", envvar="H3EVAL_WARMUP", help="Warm-up requests per recipe."),
+        warmup_recipe: List[str] = typer.Option(
+            [], "--warmup-recipe",
+            help="Warm up only this recipe (repeatable; default every recipe): e.g. the compiled candidate, when "
+                 "the baseline's warm-up would cost minutes at full size and warm nothing."),
         speed_protocol: str = typer.Option("mixed", "--speed-protocol", help="mixed, repeated or both."),
         speed_rounds: int = typer.Option(2, "--speed-rounds", help="Cycles of the prompt suite per protocol."),
         gpu_hourly_rate: Optional[float] = typer.Option(None, "--gpu-hourly-rate", help="USD per GPU-hour."),
@@ -56,7 +60,8 @@ def register(app: typer.Typer) -> None:
         setup_logging(verbose)
         result = run_ab_command(
             baseline=baseline, candidates=candidate, prompts=prompts, out=out, model=model, seeds=seeds,
-            backend=backend, urls=url, api_key=api_key, warmup=warmup, speed_protocol=speed_protocol,
+            backend=backend, urls=url, api_key=api_key, warmup=warmup, warmup_recipes=warmup_recipe or None,
+            speed_protocol=speed_protocol,
             speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
             trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
             timeout_s=timeout_s, device=device, share_model=share_model, text_encoder=text_encoder,
