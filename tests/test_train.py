@@ -5,6 +5,7 @@ diffusers' MiniMaxH3LoraLoaderMixin converts."""
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -646,10 +647,12 @@ def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
     from h3.tiny_trained import VAE_DECODER_CONFIG
     from h3.train.run import run
 
-    assert run("all", TrainConfig.smoke(), tmp_path, parallel_vaes=True, finish_on_budget=True,
-               max_seconds=900) == 0
+    assert run("all", TrainConfig.smoke(distill_moment_weight=0.5), tmp_path, parallel_vaes=True,
+               finish_on_budget=True, max_seconds=900) == 0
     record = json.loads((tmp_path / "tiny" / "training_record.json").read_text())
     assert set(record["stages"]) == {"video_vae", "video_decoder", "audio_vae", "audio_decoder", "dit", "distill"}
+    distill_rows = record["losses"]["distill"]
+    assert distill_rows and all(math.isfinite(r["moment"]) and r["moment"] >= 0 for r in distill_rows)
     assert "--set video_decoder_steps=3" in record["reproduce"]
     vae = json.loads((tmp_path / "tiny" / "vae" / "config.json").read_text())
     assert {k: vae[k] for k in VAE_DECODER_CONFIG} == VAE_DECODER_CONFIG
@@ -785,3 +788,21 @@ def test_distillation_learning_rate_cosine_matches_a_float64_reference():
         assert lr_at(step, peak, warmup, total) == lr_at(step, peak, warmup) == base
     assert lr_at(total, peak, warmup, total, final) == pytest.approx(final * peak)
     assert lr_at(warmup + (total - warmup) // 2, peak, warmup, total, final) == pytest.approx((1 + final) / 2 * peak)
+
+
+def test_moment_gap_matches_a_float64_reference_and_reads_a_planted_shrink():
+    """The distillation's moment term: per sample and channel, mean and population std over tokens, squared gaps
+    averaged; a student whose output is the teacher's shrunk by half around its mean scores (std / 2)^2 averaged."""
+    import numpy as np
+
+    from h3.train.distill import moment_gap
+
+    rng = np.random.default_rng(3)
+    target = rng.normal(0.3, 1.7, size=(4, 50, 6))
+    x = rng.normal(-0.2, 0.9, size=(4, 50, 6))
+    ref = ((x.mean(1) - target.mean(1)) ** 2).mean() + ((x.std(1) - target.std(1)) ** 2).mean()
+    assert float(moment_gap(torch.tensor(x), torch.tensor(target))) == pytest.approx(ref, rel=1e-12)
+    shrunk = target.mean(1, keepdims=True) + 0.5 * (target - target.mean(1, keepdims=True))
+    assert float(moment_gap(torch.tensor(shrunk), torch.tensor(target))) == pytest.approx(
+        ((0.5 * target.std(1)) ** 2).mean(), rel=1e-12)
+    assert float(moment_gap(torch.tensor(target), torch.tensor(target))) == 0.0

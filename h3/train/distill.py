@@ -5,7 +5,8 @@ The teacher is the trained DiT (its EMA weights) sampling t2va requests of the p
 frozen, plus a :class:`~h3.train.lora.DistillLora`, run on the 4-step schedule from the same noise: at each of its 4
 steps it is trained so that the scheduler's x0 estimate (``x_t + sigma v``) equals the teacher's final latents, along
 the student's own trajectory (each step's input is the student's previous output, detached). The last step's x0
-estimate is the clip the student produces, so the final term is the output matching the teacher's.
+estimate is the clip the student produces, so the final term is the output matching the teacher's. With
+``distill_moment_weight`` the final x0 also matches the teacher's per-channel mean and spread (:func:`moment_gap`).
 """
 
 from __future__ import annotations
@@ -68,6 +69,14 @@ def student_grid(steps: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.
     return sv.timesteps, sv.sigmas, sa.timesteps, sa.sigmas
 
 
+def moment_gap(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Mean squared gap between the per-sample, per-channel means and (population) standard deviations over the
+    tokens of ``x`` and ``target`` (batch, tokens, channels)."""
+    mean_gap = (x.mean(dim=1) - target.mean(dim=1)).pow(2).mean()
+    std_gap = (x.std(dim=1, unbiased=False) - target.std(dim=1, unbiased=False)).pow(2).mean()
+    return mean_gap + std_gap
+
+
 def distill_loss(transformer, batches: Batches, group: dict, index: torch.Tensor, grid, cfg: TrainConfig):
     tv, sgv, ta, sga = grid
     layout = batches.layout(group["key"], batches.pool.tags[group["presentations"][0]])
@@ -85,6 +94,10 @@ def distill_loss(transformer, batches: Batches, group: dict, index: torch.Tensor
         la = (x0a - target_a).pow(2).mean()
         total = total + lv + la
         parts[f"step{i}"] = (lv + la).item()
+        if cfg.distill_moment_weight and i == len(tv) - 1:  # the clip the student makes: keep the teacher's spread
+            moment = moment_gap(x0v, target_v) + moment_gap(x0a, target_a)
+            total = total + len(tv) * cfg.distill_moment_weight * moment
+            parts["moment"] = moment.item()
         rv, ra = sgv[i + 1] / sgv[i], sga[i + 1] / sga[i]
         xv = (rv * xv + (1 - rv) * x0v).detach()
         xa = (ra * xa + (1 - ra) * x0a).detach()
