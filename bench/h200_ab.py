@@ -129,6 +129,7 @@ def chain_config(args: argparse.Namespace) -> dict[str, Any]:
         "gates": [g for g in args.gates.split(",") if g], "off_identity": [s for s in args.off_identity.split(",")
                                                                           if s],
         "warmup": args.warmup, "warmup_recipes": [r for r in args.warmup_recipes.split(",") if r],
+        "baseline_last": args.baseline_last,
         "policy": str(args.policy), "lora_dir": _lora_dir(args),
     }
 
@@ -256,6 +257,8 @@ def _ab_argv(config: dict[str, Any], shape: str, work: Path, urls: list[str] | N
             "--speed-rounds", "0", "--seconds", str(seconds), "--height", str(height), "--width", str(width)]
     for recipe in config.get("warmup_recipes") or []:
         argv += ["--warmup-recipe", recipe]
+    if config.get("baseline_last"):
+        argv.append("--baseline-last")
     if shape in config["off_identity"]:
         argv.append("--off-identity")
     if DEADLINE and limit_s is not None:
@@ -389,14 +392,19 @@ def chain(args: argparse.Namespace) -> int:
         options = ["-o", "fidelity.lpips_trunk=rand"] if "fidelity" in config["gates"] else []
         # Latent trajectories come from the in-process backend only (a server does not send them).
         names = [g for g in config["gates"] if not (g == "trajectory" and servers is not None)]
+        floor_dir = work / f"floor-{shape}"
         run_step(work, f"gates-{shape}", [*me, "gates", str(run), "--device", config["device"], "--gates",
                                           ",".join(names), "--timing", str(work / f"gate_timing-{shape}.json"),
-                                          *options], STEP_TIMEOUT_S["gates"], ok_codes=(0, 1))
+                                          "--floor-out", str(floor_dir), *options], STEP_TIMEOUT_S["gates"],
+                 ok_codes=(0, 1))
+        # The new-seed floor from the baseline's own clips at two seeds or more (no generation): the scale the
+        # policy's floor-relative thresholds and the resample judge's margins read.
+        floor = ["--floor", str(floor_dir / "floor.json")] if (floor_dir / "floor.json").is_file() else []
         # gates exits 1 when a pair could not be scored (a clip the time box left unmade): the errors are in the
         # timing file and make the shape partial in the results; the verdict decides on what was scored.
         # verdict exits 1 FAIL / 2 INCONCLUSIVE: both are verdicts (random weights cannot pass a fidelity policy).
         run_step(work, f"verdict-{shape}", [sys.executable, "-m", "h3eval.cli", "verdict", str(run), "--policy",
-                                            config["policy"], "--write"], STEP_TIMEOUT_S["verdict"],
+                                            config["policy"], "--write", *floor], STEP_TIMEOUT_S["verdict"],
                  ok_codes=(0, 1, 2))
         run_step(work, f"report-{shape}", [sys.executable, "-m", "h3eval.cli", "report", str(run), "--exit-zero"],
                  STEP_TIMEOUT_S["report"])
@@ -470,11 +478,32 @@ def gates(args: argparse.Namespace) -> int:
         if p["computed_results"] or (p["candidate"], p["prompt_id"], p["seed"]) not in kept:
             kept[(p["candidate"], p["prompt_id"], p["seed"])] = p
     payload["pairs"] = list(kept.values())
+    if args.floor_out:
+        payload["floor"] = _floor_from_run(args)
     atomic_write_json(args.timing, payload)
     for error in summary.errors:
         print(f"error: {error}", file=sys.stderr)
     print(json.dumps({"pairs": len(timings), "wall_s": payload["wall_s"], "errors": len(summary.errors)}))
     return 1 if summary.failed else 0
+
+
+def _floor_from_run(args: argparse.Namespace) -> dict[str, Any]:
+    """The baseline's new-seed floor from the run's own clips (h3eval.floor.newseed_floor_from_run), gated in this
+    warm process; what happened, for the timing file. Fewer than two finished baseline seeds: no floor."""
+    from h3eval import gaterun
+    from h3eval.floor import newseed_floor_from_run
+    from h3eval.runner import RunError
+
+    gates_ = [g for g in args.gates.split(",") if g not in ("integrity", "trajectory")]
+    t0 = time.perf_counter()
+    try:
+        out = newseed_floor_from_run(args.run, BASELINE, args.floor_out, gates=gates_, device=args.device,
+                                     gate_options=gaterun.parse_options(args.option or []), progress=False)
+    except RunError as exc:
+        return {"written": False, "why": str(exc)}
+    written = (Path(args.floor_out) / "floor.json").is_file() and bool(out["metrics"])
+    return {"written": written, "gates": gates_, "metrics": len(out["metrics"]),
+            "gate_errors": len(out["gate_errors"]), "seconds": time.perf_counter() - t0}
 
 
 # -- status, snapshot, restore ---------------------------------------------------------------------------------------
@@ -604,6 +633,8 @@ def main() -> int:
     p.add_argument("--gates", default=",".join(GATES))
     p.add_argument("--off-identity", default="5s-544x960", help="shapes that also run the off-identity candidate")
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--baseline-last", action="store_true",
+                   help="ab runs each pair's candidates before its baseline (h3eval ab --baseline-last)")
     p.add_argument("--warmup-recipes", default="",
                    help="comma-separated recipes that get the warm-up requests (default: every recipe)")
     p.add_argument("--policy", default=str(POLICY))
@@ -623,6 +654,8 @@ def main() -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--gates", default=",".join(GATES))
     p.add_argument("--timing", required=True)
+    p.add_argument("--floor-out", default=None,
+                   help="also write the baseline's new-seed floor from the run's clips here (two seeds or more)")
     p.add_argument("-o", "--option", action="append")
     p = sub.add_parser("status")
     p.add_argument("--work", required=True)

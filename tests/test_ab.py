@@ -295,20 +295,22 @@ def test_ab_run_killed_and_resumed(tmp_path, tiny_random_runtime):
     assert "| sleepy |" in (out / "speed.md").read_text()
 
 
-def test_warmup_recipe_warms_only_the_named_recipe(tmp_path, tiny_random_runtime):
+def test_warmup_recipe_warms_only_the_named_recipe_and_baseline_last_orders_the_pair(tmp_path, tiny_random_runtime):
     """``--warmup-recipe sleepy``: the compiled candidate's one-time cost is paid by its warm-up request, the
-    baseline gets none (at full size its warm-up would cost minutes); the quality clips are the same set."""
+    baseline gets none (at full size its warm-up would cost minutes); ``--baseline-last``: the pair's candidate
+    runs before its baseline; the quality clips are the same set."""
     prompts = write_prompts(tmp_path / "p.jsonl", {"a": "a cat"})
     sleepy = write_recipe(tmp_path, name="sleepy", description="same levers as fast; first call per shape sleeps")
     calls: list = []
     result = run_ab_command(baseline=str(write_recipe(tmp_path)), candidates=[str(sleepy)], prompts=prompts,
                             out=tmp_path / "run", warmup=1, warmup_recipes=["sleepy"], speed_rounds=0,
+                            baseline_last=True,
                             model="tiny-random",
                             runtime_factory=view_factory(tiny_random_runtime, calls, sleepy={"sleepy"}))
     out = tmp_path / "run"
     assert result.manifest.status == "complete", result.manifest.errors
-    assert [p.relative_to(out).parts[:2] for p in calls] == [("warmup", "sleepy"), ("clips", "fast"),
-                                                              ("clips", "sleepy")]
+    assert [p.relative_to(out).parts[:2] for p in calls] == [("warmup", "sleepy"), ("clips", "sleepy"),
+                                                              ("clips", "fast")]
     assert not (out / "warmup" / "fast").exists() and len(list((out / "warmup" / "sleepy").glob("*.mp4"))) == 1
     cold = read_finished_record(next((out / "warmup" / "sleepy").glob("*.mp4")))
     warm = read_finished_record(out / "clips" / "sleepy" / "a-s0.mp4")

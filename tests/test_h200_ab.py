@@ -105,3 +105,50 @@ def test_the_chain_runs_every_gate_of_the_release_policy_that_needs_no_other_env
     assert "reference_free" in policy.judges["resample"].gates
     assert judged_by - set(CHAIN_GATES) == {"vbench", "prompt_faithfulness"}
     assert set(CHAIN_GATES) <= set(known_gates())
+
+
+def test_the_gates_step_writes_the_new_seed_floor_from_the_baselines_own_seeds(tmp_path):
+    """``bench/h200_ab.py gates --floor-out``: after timing the pairs, the same process gates the baseline's seed-0
+    clip against its seed-1 clip and back (the new-seed view of h3eval.floor) and writes floor.json, whose audio floor
+    is the mean of the audio gate's values on those pairs; with one seed it writes none and says why."""
+    import argparse
+
+    import numpy as np
+
+    from bench.h200_ab import gates as gates_step
+    from h3eval.store import RunStore, read_gate_result
+    from h3eval.synth import make_synthetic_run, moving_square_frames, tone_pcm
+    from tests.conftest import FAST_RECIPE
+
+    def frames(recipe, pid, seed):
+        return moving_square_frames(seed=seed)
+
+    def audio(recipe, pid, seed):
+        return tone_pcm(1.0, 440.0 + 60.0 * seed)
+
+    def make(root, seeds):
+        store = make_synthetic_run(root, candidates=["turbo4-sparse"], seeds=seeds, frames_fn=frames, audio_fn=audio)
+        manifest = store.read_manifest()  # a real recipe for the baseline, as an ab run records it
+        manifest.recipes = {name: {**FAST_RECIPE, "name": name} for name in manifest.recipes}
+        store.write_manifest(manifest)
+
+    run = tmp_path / "run"
+    make(run, [0, 1])
+    args = argparse.Namespace(run=str(run), device="cpu", gates="integrity,audio", option=[],
+                              timing=str(tmp_path / "timing.json"), floor_out=str(tmp_path / "floor"))
+    assert gates_step(args) == 0
+    timing = json.loads((tmp_path / "timing.json").read_text())
+    assert timing["floor"]["written"] and timing["floor"]["gates"] == ["audio"]
+    floor = json.loads((tmp_path / "floor" / "floor.json").read_text())
+    values = [read_gate_result(RunStore(tmp_path / "floor").gate_result_path("audio", "baseline-newseed", "p0", seed))
+              .metrics["stft_distance"].value for seed in (0, 1)]  # each seed against the other seed's clip
+    assert min(values) > 0 and floor["metrics"]["audio.stft_distance"] == np.mean(values)
+
+    one = tmp_path / "one"
+    make(one, [0])
+    args = argparse.Namespace(run=str(one), device="cpu", gates="audio", option=[],
+                              timing=str(tmp_path / "t1.json"), floor_out=str(tmp_path / "floor1"))
+    assert gates_step(args) == 0
+    info = json.loads((tmp_path / "t1.json").read_text())["floor"]
+    assert not info["written"] and "at least two seeds" in info["why"]
+    assert not (tmp_path / "floor1" / "floor.json").exists()

@@ -18,6 +18,8 @@
 # H200_AB_WARMUP=1 H200_AB_WARMUP_FAST=1: one warm-up request for the FP8 candidate only (its torch.compile paid
 # outside the timed request; the baseline's warm-up would cost a request of minutes and warm nothing).
 # H200_AB_OFF_IDENTITY=1: the off-identity candidate (the baseline's levers again, byte for byte) runs too.
+# H200_AB_BASELINE_LAST=1: each pair's candidates before its baseline (768x1344: the baseline is ~3.5 min).
+# H200_AB_QUICK=1: no version and module checks before the chain (~10 s).
 # A CPU rehearsal: H200_AB_MODEL=h3-random-small H200_AB_DEVICE=cpu H200_AB_SHAPE=5s-128x128 bash ... OUTDIR
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd)
@@ -30,12 +32,15 @@ seeds=${H200_AB_SEEDS:-0,1}
 end=$((SECONDS + BUDGET_S))
 {
   echo "start $(date -u +%FT%TZ) CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset} budget=${BUDGET_S}s work=$work"
-  timeout 10 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2
-  timeout 30 "$PY" -c "import av, torch; print('av', av.__version__, 'torch', torch.__version__)" 2>&1 | tail -1
-  timeout 10 "$PY" -c "import importlib.util as u; print('gate modules:', ', '.join(m + (' ok' if u.find_spec(m) else
-    ' MISSING') for m in ('cv2', 'scipy', 'lpips', 'pyloudnorm', 'skvideo')))" 2>&1 | tail -1
+  if [ -z "${H200_AB_QUICK:-}" ]; then
+    timeout 10 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -2
+    timeout 30 "$PY" -c "import av, torch; print('av', av.__version__, 'torch', torch.__version__)" 2>&1 | tail -1
+    timeout 10 "$PY" -c "import importlib.util as u; print('gate modules:', ', '.join(m + (' ok' if u.find_spec(m)
+      else ' MISSING') for m in ('cv2', 'scipy', 'lpips', 'pyloudnorm', 'skvideo')))" 2>&1 | tail -1
+  fi
 } >>"$out/chain.log" 2>&1
-if timeout 30 "$PY" -c "import sageattention" 2>/dev/null; then fast=turbo4-fp8-sage-compile
+if [ -n "${H200_AB_QUICK:-}" ] && [ -d /tmp/site/sageattention ]; then fast=turbo4-fp8-sage-compile
+elif timeout 30 "$PY" -c "import sageattention" 2>/dev/null; then fast=turbo4-fp8-sage-compile
 else fast=bench/device/turbo4-fp8-compile.toml
   echo "sageattention is not importable here: the FP8 candidate is turbo4-fp8-compile (native attention)" \
     >>"$out/chain.log"
@@ -46,7 +51,7 @@ chain_s=$((end - SECONDS - 20))
 # chain is stopped (it kills its running step) and what it made is still packed (fast: no render, no clips).
 timeout -k 7 $((chain_s + 5)) "$PY" bench/h200_ab.py chain --work "$work" --model "$model" --device "$device" \
   --shapes "$shape" --prompts '*=1' --seeds "$seeds" --warmup "${H200_AB_WARMUP:-0}" \
-  ${H200_AB_WARMUP_FAST:+--warmup-recipes "$(basename "$fast" .toml)"} \
+  ${H200_AB_WARMUP_FAST:+--warmup-recipes "$(basename "$fast" .toml)"} ${H200_AB_BASELINE_LAST:+--baseline-last} \
   --off-identity "$([ -n "${H200_AB_OFF_IDENTITY:-}" ] && echo "$shape")" \
   --candidates "$fast,turbo4-sparse" --budget-s "$chain_s" ${H200_AB_GATES_RESERVE_S:+--gates-reserve-s \
   "$H200_AB_GATES_RESERVE_S"} >>"$out/chain.log" 2>&1 &

@@ -32,6 +32,10 @@ def register(app: typer.Typer) -> None:
             [], "--warmup-recipe",
             help="Warm up only this recipe (repeatable; default every recipe): e.g. the compiled candidate, when "
                  "the baseline's warm-up would cost minutes at full size and warm nothing."),
+        baseline_last: bool = typer.Option(
+            False, "--baseline-last",
+            help="Within each (prompt, seed) run the candidates first and the baseline last (a time-boxed call "
+                 "whose baseline request takes minutes)."),
         speed_protocol: str = typer.Option("mixed", "--speed-protocol", help="mixed, repeated or both."),
         speed_rounds: int = typer.Option(2, "--speed-rounds", help="Cycles of the prompt suite per protocol."),
         gpu_hourly_rate: Optional[float] = typer.Option(None, "--gpu-hourly-rate", help="USD per GPU-hour."),
@@ -61,6 +65,7 @@ def register(app: typer.Typer) -> None:
         result = run_ab_command(
             baseline=baseline, candidates=candidate, prompts=prompts, out=out, model=model, seeds=seeds,
             backend=backend, urls=url, api_key=api_key, warmup=warmup, warmup_recipes=warmup_recipe or None,
+            baseline_last=baseline_last,
             speed_protocol=speed_protocol,
             speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
             trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
