@@ -74,3 +74,17 @@ def test_a_damaged_gate_result_stops_the_floor(tmp_path, fast_recipe):
     bad.write_text('{"gate": "audio", "pair": ')
     with pytest.raises(GateResultError, match=r"a-s0\.json is not a valid gate result"):
         floor_from_results(store, fast_recipe, ["audio"])
+
+
+def test_floor_from_run_on_the_command_line(floor_run):
+    """``h3eval floor --from-run RUN --recipe NAME``: the same floor as the function (and as generating it), from the
+    run's clips; with --prompts as well it is refused (exit 3) and writes nothing."""
+    root, _ = floor_run
+    result = runner.invoke(app, ["floor", "--from-run", str(root / "run"), "--recipe", "fast", "--gates", "audio",
+                                 "--out", str(root / "cli-from-run")])
+    assert result.exit_code == 0, result.output
+    assert (load_floor(root / "cli-from-run" / "floor.json").metrics["audio.stft_distance"]
+            == load_floor(root / "run" / "floor.json").metrics["audio.stft_distance"])
+    bad = runner.invoke(app, ["floor", "--from-run", str(root / "run"), "--recipe", "fast", "--prompts", "x.jsonl",
+                              "--out", str(root / "bad")])
+    assert bad.exit_code == 3 and "leave out --prompts" in bad.output and not (root / "bad").exists()
