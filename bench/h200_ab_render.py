@@ -128,6 +128,10 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
     unscored, scored_pair_errors = gate_errors(timing)
     gate_pairs = [p for p in timing.get("pairs", []) if p.get("computed_results")
                   and (p["candidate"], p["prompt_id"], p["seed"]) not in unscored]
+    # The gates process's first pair also loads the models and warms CUDA: a chain keeps one gate process for all
+    # pairs, so that pair is reported apart and left out of the per-pair median whenever other pairs were timed.
+    cold = gate_pairs[0] if len(gate_pairs) > 1 else None
+    warm_pairs = [p for p in gate_pairs if p is not cold]
     per_recipe: dict[str, Any] = {}
     for recipe in recipes:
         records = _records(run, recipe)
@@ -156,7 +160,8 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
             "projection": projection(shape, recipe),
         }
         if recipe != recipes[0]:
-            pairs = [p for p in gate_pairs if p["candidate"] == recipe]
+            pairs = [p for p in warm_pairs if p["candidate"] == recipe] or [
+                p for p in gate_pairs if p["candidate"] == recipe]
             baseline_ids = {(r["request"]["prompt_id"], r["request"]["seed"]) for r in _records(run, recipes[0])}
             complete = [r for r in records if (r["request"]["prompt_id"], r["request"]["seed"]) in baseline_ids]
             gate_s = _median([p["seconds"] for p in pairs])
@@ -180,6 +185,10 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
         "gate_pairs_unscored": [{"candidate": c, "prompt_id": p, "seed": s, "error": e}
                                 for (c, p, s), e in unscored.items()],
         "gate_errors_on_scored_pairs": scored_pair_errors,
+        "gate_cold_first_pair": ({"candidate": cold["candidate"], "prompt_id": cold["prompt_id"], "seed": cold["seed"],
+                                  "seconds": cold["seconds"]} if cold else None),
+        "floor": timing.get("floor"),
+        "warmup": {"requests_per_recipe": config.get("warmup"), "recipes": config.get("warmup_recipes") or "all"},
         "verdict": {"outcome": verdict.get("outcome"), "notices": verdict.get("notices"),
                     "reasons": verdict.get("reasons")} if verdict else None,
         "memory_plan": _load(work / "memory_plan.json"),
@@ -246,6 +255,22 @@ def shape_markdown(fig: dict[str, Any], context: dict[str, Any]) -> str:
     lines += ["", f"Gates: {', '.join(fig['gates'] or [])} (LPIPS with a random trunk: no AlexNet weights on the "
                   "device; same architecture, same cost). Time per pair: decoding both clips and every gate, "
                   "measured around each pair (bench/h200_ab.py gates)."]
+    cold = fig.get("gate_cold_first_pair")
+    if cold:
+        lines += ["", f"The gate process's first pair ({cold['candidate']} {cold['prompt_id']}-s{cold['seed']}) took "
+                      f"{cold['seconds']:.2f} s: it also loads the models and warms CUDA, once per chain; it is left "
+                      "out of the medians above."]
+    warm = fig.get("warmup") or {}
+    if warm.get("requests_per_recipe"):
+        names = warm["recipes"] if isinstance(warm["recipes"], str) else ", ".join(warm["recipes"])
+        lines += ["", f"Warm-up: {warm['requests_per_recipe']} request(s) of {names} before the timed ones "
+                      "(torch.compile and first-call costs paid there; warm-ups are excluded from every figure)."]
+    floor = fig.get("floor")
+    if floor:
+        lines += ["", ("New-seed floor: written from the baseline's own clips at the run's seeds (gates "
+                       f"{', '.join(floor.get('gates', []))}; {floor.get('metrics')} metrics, "
+                       f"{floor.get('seconds', 0):.1f} s, in the gate process); the verdict read it.")
+                  if floor.get("written") else f"New-seed floor: not written ({floor.get('why')})."]
     if fig.get("gate_pairs_unscored"):
         lines += ["", "Pairs no gate scored (left out of the time per pair): " + "; ".join(
             f"{u['candidate']} {u['prompt_id']}-s{u['seed']} ({u['error']})" for u in fig["gate_pairs_unscored"])

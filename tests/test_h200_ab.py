@@ -152,3 +152,24 @@ def test_the_gates_step_writes_the_new_seed_floor_from_the_baselines_own_seeds(t
     info = json.loads((tmp_path / "t1.json").read_text())["floor"]
     assert not info["written"] and "at least two seeds" in info["why"]
     assert not (tmp_path / "floor1" / "floor.json").exists()
+
+
+def test_the_gate_process_first_pair_is_reported_apart_from_the_per_pair_median(tmp_path):
+    """The first pair of the gate process loads the models (cold); with other pairs timed it is left out of the
+    median and named, with its seconds, in the record."""
+    work = plant(tmp_path / "w", "5s-128x128")
+    timing_path = work / "gate_timing-5s-128x128.json"
+    timing = json.loads(timing_path.read_text())
+    pair = {"candidate": "turbo4-sparse", "prompt_id": "p", "computed_results": 5}
+    timing["pairs"] = [{**pair, "seed": 0, "seconds": 30.0}, {**pair, "seed": 1, "seconds": 3.0}]
+    timing["errors"] = []
+    timing["floor"] = {"written": True, "gates": ["audio"], "metrics": 3, "gate_errors": 0, "seconds": 1.5}
+    timing_path.write_text(json.dumps(timing))
+    assert render_all(work, tmp_path / "out") == 0
+    figures = json.loads((tmp_path / "out" / "h200_ab_5s-128x128.json").read_text())
+    sparse = figures["recipes"]["turbo4-sparse"]
+    assert sparse["gate_s_per_pair_median"] == 3.0 and sparse["gate_pairs_timed"] == 1
+    assert figures["gate_cold_first_pair"] == {"candidate": "turbo4-sparse", "prompt_id": "p", "seed": 0,
+                                               "seconds": 30.0}
+    text = (tmp_path / "out" / "h200_ab_5s-128x128.md").read_text()
+    assert "first pair (turbo4-sparse p-s0) took 30.00 s" in text and "New-seed floor: written" in text
