@@ -471,6 +471,35 @@ def test_time_box_runs_what_fits_keeps_it_and_a_rerun_resumes(tmp_path, monkeypa
     assert result.manifest.status == "complete" and not list(out.rglob("*.error.json"))
 
 
+def test_time_box_estimate_leaves_out_the_model_load(tmp_path, monkeypatch):
+    """The shared model loads inside the first request (2 min at full size, 2026-12-01 H200 call: the FP8 candidate's
+    quality requests were boxed out because its warm-up's estimate held the load). Planted clock: the load takes 50 s,
+    every request 5 s, box 80 s. The estimate for fast/b is 5 s (the load left out), so it starts at 60 and every
+    request runs; with the load in the estimate (55 s) fast/b would be boxed out at 60 + 55 > 80."""
+    import h3eval.ab as abmod
+    from h3eval.backends.inprocess import InProcessBackend
+
+    now = [0.0]
+    monkeypatch.setattr(abmod, "_clock", lambda: now[0])
+    real_load = InProcessBackend.runtime
+
+    def runtime(self, recipe):
+        loading = self._shared is None
+        result = real_load(self, recipe)
+        if loading:
+            now[0] += 50.0
+            self.last_load_s = 50.0  # the planted clock's load time
+        return result
+
+    monkeypatch.setattr(InProcessBackend, "runtime", runtime)
+    calls = _planted_backend(monkeypatch, lambda name, calls: now.__setitem__(0, now[0] + 5.0))
+    kwargs = _two_recipe_args(tmp_path)
+    result = run_ab_command(**kwargs, time_box_s=80.0)
+    # fast/a 0-55 (load 50 + 5), one-step/a 55-60, fast/b 60-65, one-step/b 65-70: all fit in 80 s
+    assert calls == ["fast/a-s0", "one-step/a-s0", "fast/b-s0", "one-step/b-s0"]
+    assert result.manifest.status == "complete", result.manifest.errors
+
+
 def test_interrupted_ab_keeps_speed_and_a_partial_manifest(tmp_path, monkeypatch):
     """A SIGINT (a driver's time limit, or Ctrl-C) before the fourth request: the three finished clips get speed.json
     and a manifest marked partial before the interrupt goes on; the rerun makes the fourth alone and completes."""
