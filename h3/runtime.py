@@ -647,6 +647,11 @@ class H3Runtime:
             keep += 1
         prefix = {c.name for c in old[:keep]}
         removed = [name for name in reversed(list(self.levers)) if name not in prefix]
+        # The stage timers wrap the components' methods on top of the levers' own wrappers (a VAE lever wraps
+        # ``vae.decode``): off before any lever comes off, so that a lever's removal cannot drop the timer with it
+        # (a shared model loaded with turbo4 first lost its video_decode timing at the first switch, and every
+        # decode was counted as denoising: 2026-12-01 H200 call), and back on, outermost, once the new levers are on.
+        self.hooks.remove()
         for name in removed:
             self.levers.pop(name).remove()
         kept_names = list(self.levers)
@@ -659,9 +664,11 @@ class H3Runtime:
         except BaseException:
             # The new recipe's levers rolled back; leave the model as loaded so the next switch starts clean and no
             # request runs a half-applied recipe.
+            self.hooks = StageHooks(self.pipe)
             self.remove_levers()
             self.levers_applied = False
             raise
+        self.hooks = StageHooks(self.pipe)
         self.levers_applied = True
         synchronize(self.device)
         info = {"from": previous, "to": recipe.name, "kept": kept_names, "removed": removed,
@@ -674,9 +681,11 @@ class H3Runtime:
         as loaded. A shared model only (a single-recipe runtime may have dropped what removal needs)."""
         if not self.shared:
             raise SharedModelError("remove_levers needs a runtime loaded with shared=True")
+        self.hooks.remove()  # the timers sit on top of the levers' wrappers (see switch_recipe)
         for name in reversed(list(self.levers)):
             self.levers.pop(name).remove()
         _restore_component_settings(self.pipe, self._loaded_settings)
+        self.hooks = StageHooks(self.pipe)
         self.levers_applied = False
 
     def memory_accounting(self) -> dict[str, Any]:

@@ -179,6 +179,20 @@ def test_removing_a_recipe_leaves_the_model_as_loaded(lora_dir):
         assert state_differences(loaded, pipeline_state(runtime.pipe)) == [], name
 
 
+def test_stage_timers_survive_a_switch_whatever_recipe_loaded_first(lora_dir):
+    """A shared model loaded with turbo4 first (its VAE lever wraps ``vae.decode`` before the stage timer does): after
+    switching to the baseline and back, every request still times its video decode (the 2026-12-01 H200 call loaded
+    the FP8 candidate first and then counted every decode as denoising: video_decode 0.0). A float64 reference: the
+    decode's share of the request is the same order with either recipe first."""
+    runtime = H3Runtime.load("tiny-random", cpu_recipe("turbo4"), "cpu", shared=True)
+    request = GenerateRequest(prompt=PROMPT, seed=0)
+    for i, name in enumerate(["turbo4", "baseline", "turbo4"]):
+        if i:
+            runtime.switch_recipe(cpu_recipe(name))
+        anatomy = runtime.generate(request, lora_dir / f"timers-{i}.mp4").timings.stage_anatomy
+        assert anatomy.video_decode > 0.0 and anatomy.denoise > 0.0, (name, anatomy)
+
+
 def test_compiled_recipe_keeps_its_graphs_across_switches(lora_dir):
     """Switching away from a compiled recipe and back finds its graphs: no compile at the next request."""
     torch._dynamo.reset()
