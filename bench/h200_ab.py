@@ -596,7 +596,10 @@ def restore(args: argparse.Namespace) -> int:
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
         for member in tar.getmembers():
             target = (work / member.name).resolve()
-            if not target.is_relative_to(work.resolve()) or not (member.isfile() or member.isdir()):
+            # A hard link is a file the floor folder shares with the run (h3eval.floor links the baseline's records);
+            # it must point inside the work folder too. Nothing else but files and folders is restored.
+            linked = member.islnk() and (work / member.linkname).resolve().is_relative_to(work.resolve())
+            if not target.is_relative_to(work.resolve()) or not (member.isfile() or member.isdir() or linked):
                 raise SystemExit(f"refusing snapshot entry {member.name!r}")
         tar.extractall(work, filter="data")
     print(f"restored {len(data) / 2**20:.2f} MiB into {work}")
