@@ -173,3 +173,38 @@ def test_the_gate_process_first_pair_is_reported_apart_from_the_per_pair_median(
                                                "seconds": 30.0}
     text = (tmp_path / "out" / "h200_ab_5s-128x128.md").read_text()
     assert "first pair (turbo4-sparse p-s0) took 30.00 s" in text and "New-seed floor: written" in text
+
+
+def test_snapshot_with_a_hard_linked_record_restores_and_a_link_out_of_the_folder_is_refused(tmp_path):
+    """The floor folder hard-links the baseline's records into the work folder: the snapshot stores the link and
+    restore makes it again (the 2026-12-01 state could not be restored); a link pointing outside is refused."""
+    import argparse
+    import io
+    import os
+    import tarfile
+
+    import pytest
+
+    from bench.h200_ab import restore, snapshot
+
+    work = tmp_path / "w"
+    (work / "runs" / "s" / "clips" / "baseline").mkdir(parents=True)
+    record = work / "runs" / "s" / "clips" / "baseline" / "p-s0.json"
+    record.write_text('{"request": {"seed": 0}}')
+    (work / "floor-s" / "clips" / "baseline").mkdir(parents=True)
+    os.link(record, work / "floor-s" / "clips" / "baseline" / "p-s0.json")
+    (work / "config.json").write_text("{}")
+    assert snapshot(argparse.Namespace(work=str(work), out=str(tmp_path / "snap"), max_mib=15.0, max_parts=2)) == 0
+    assert restore(argparse.Namespace(state=str(tmp_path / "snap"), work=str(tmp_path / "back"))) == 0
+    for rel in ("runs/s/clips/baseline/p-s0.json", "floor-s/clips/baseline/p-s0.json"):
+        assert (tmp_path / "back" / rel).read_text() == '{"request": {"seed": 0}}'
+
+    evil = io.BytesIO()
+    with tarfile.open(fileobj=evil, mode="w:gz") as tar:
+        link = tarfile.TarInfo("x.json")
+        link.type, link.linkname = tarfile.LNKTYPE, "../../etc/passwd"
+        tar.addfile(link)
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / "state.tgz").write_bytes(evil.getvalue())
+    with pytest.raises(SystemExit, match="refusing snapshot entry 'x.json'"):
+        restore(argparse.Namespace(state=str(tmp_path / "evil"), work=str(tmp_path / "evil-out")))
