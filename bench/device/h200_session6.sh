@@ -12,6 +12,14 @@
 # diffusers, pydantic, PyAV and the gates' wheels.
 # Since session 5 a wheel built by an earlier call can be carried instead of the source: .carry/sagewhl/*.whl
 # (sageattention-2.2.0-cp312, 1.6 MB, built beside training call 1 of 2026-12-01 session 5).
+# Since session 6: MARGIN_S (default 45) is what the call keeps after the chain's box; H200_AB_QUICK=1 skips the import
+# checks (~20 s); the H200_AB_* settings of bench/device/h200_ab.sh pass through (warm-up of the FP8 candidate only,
+# baseline last, seeds, gates reserve). The complete 768x1344 chain for a next session (about 565 s):
+#   WHEEL_DIRS=.whl_prod BOX_P=560 MARGIN_S=25 H200_AB_QUICK=1 H200_AB_SHAPE=5s-768x1344 H200_AB_SEEDS=0 \
+#     H200_AB_BASELINE_LAST=1 H200_AB_GATES_RESERVE_S=45 bash bench/device/h200_session6.sh
+# and the 544x960 one with the floor and a warm FP8 candidate (about 540 s):
+#   WHEEL_DIRS=.whl_prod BOX_P=565 MARGIN_S=30 H200_AB_QUICK=1 H200_AB_WARMUP=1 H200_AB_WARMUP_FAST=1 \
+#     H200_AB_SEEDS=0,1 H200_AB_GATES_RESERVE_S=70 bash bench/device/h200_session6.sh
 # Returns results.tgz (chain.log, the rendered h200_ab_*.{json,md}, state parts, sage build log), sage wheel when it
 # fits, clips.tgz when small. Render at home: `python bench/h200_ab.py restore --state DIR --work W`, then `render`.
 set -u
