@@ -114,9 +114,17 @@ EXPOSURE_LOW, EXPOSURE_HIGH = 2.0, 253.0
 
 # -- luma and image statistics -------------------------------------------------------------------------------------
 def luma(frames: np.ndarray) -> np.ndarray:
-    """BT.601 luma, float32 on 0..255, of uint8 RGB frames (..., 3)."""
-    f = np.asarray(frames, np.float32)
-    return 0.299 * f[..., 0] + 0.587 * f[..., 1] + 0.114 * f[..., 2]
+    """BT.601 luma, float32 on 0..255, of uint8 RGB frames (..., 3): the same float32 operations frame by frame (a
+    5 s 768x1344 clip at once made 1.2 GB temporaries; frame by frame is ~5x faster and bit-identical)."""
+    f = np.asarray(frames)
+    if f.ndim < 4:
+        x = f.astype(np.float32)
+        return 0.299 * x[..., 0] + 0.587 * x[..., 1] + 0.114 * x[..., 2]
+    out = np.empty(f.shape[:-1], np.float32)
+    for index in np.ndindex(*f.shape[:-3]):
+        x = f[index].astype(np.float32)
+        out[index] = 0.299 * x[..., 0] + 0.587 * x[..., 1] + 0.114 * x[..., 2]
+    return out
 
 
 def sharpness(gray: np.ndarray) -> float:
@@ -129,29 +137,45 @@ def sharpness(gray: np.ndarray) -> float:
 
 
 def blur(gray: np.ndarray) -> float:
-    """Crete-Roffet et al. 2007 no-reference blur of one luma frame: 0 sharp .. 1 blurred."""
-    from scipy.ndimage import uniform_filter1d
+    """Crete-Roffet et al. 2007 no-reference blur of one luma frame: 0 sharp .. 1 blurred.
 
+    The re-blur is a 9-tap moving average with the edges repeated (scipy's ``uniform_filter1d(size=9,
+    mode="nearest")``); its neighbour difference is computed in closed form, ``(f[i + 5] - f[i - 4]) / 9`` with the
+    indices clamped to the frame, instead of filtering first (the same values to ~1e-15; tests compare with scipy)."""
     f = np.asarray(gray, np.float64)
     worst = 0.0
     for axis in (0, 1):
-        reblurred = uniform_filter1d(f, size=9, axis=axis, mode="nearest")
+        n = f.shape[axis]
         d_f = np.abs(np.diff(f, axis=axis))
-        d_b = np.abs(np.diff(reblurred, axis=axis))
         s_f = d_f.sum()
         if s_f == 0:
             continue  # a flat frame has nothing to lose along this axis
+        pad = [(0, 0), (0, 0)]
+        pad[axis] = (4, 5)
+        padded = np.pad(f, pad, mode="edge")  # padded[j] = f[clamp(j - 4)]
+        hi = padded[9:n + 8] if axis == 0 else padded[:, 9:n + 8]
+        lo = padded[:n - 1] if axis == 0 else padded[:, :n - 1]
+        d_b = np.abs(hi - lo) / 9.0
         s_v = np.maximum(0.0, d_f - d_b).sum()
         worst = max(worst, float((s_f - s_v) / s_f))
     return worst
 
 
 def colourfulness(frame: np.ndarray) -> float:
-    """Hasler & Suesstrunk 2003 colourfulness of one uint8 RGB frame (population statistics, 0..255 scale)."""
-    f = np.asarray(frame, np.float64)
-    rg = f[..., 0] - f[..., 1]
-    yb = 0.5 * (f[..., 0] + f[..., 1]) - f[..., 2]
-    return float(math.sqrt(rg.var() + yb.var()) + 0.3 * math.sqrt(rg.mean() ** 2 + yb.mean() ** 2))
+    """Hasler & Suesstrunk 2003 colourfulness of one uint8 RGB frame (population statistics, 0..255 scale). The
+    opponent channels of 8-bit pixels are integers (``yb`` a half-integer): their sums and sums of squares are exact in
+    int64, so the moments come out exact up to the final division (no float64 copies of the frame)."""
+    f = np.asarray(frame)
+    r, g, b = (f[..., c].astype(np.int32) for c in range(3))
+    rg = r - g
+    yb2 = r + g - 2 * b  # 2 * yb
+    n = rg.size
+    s_rg, ss_rg = int(rg.sum(dtype=np.int64)), int(np.square(rg, dtype=np.int64).sum())
+    s_yb2, ss_yb2 = int(yb2.sum(dtype=np.int64)), int(np.square(yb2, dtype=np.int64).sum())
+    var_rg = (ss_rg * n - s_rg * s_rg) / (n * n)
+    var_yb = (ss_yb2 * n - s_yb2 * s_yb2) / (4 * n * n)
+    mean_rg, mean_yb = s_rg / n, s_yb2 / (2 * n)
+    return float(math.sqrt(var_rg + var_yb) + 0.3 * math.sqrt(mean_rg ** 2 + mean_yb ** 2))
 
 
 def exposure_clipping(gray: np.ndarray) -> float:

@@ -125,6 +125,14 @@ def test_blur_matches_the_definition_and_rises_with_a_planted_blur():
     assert rf.blur(np.full((8, 8), 7.0)) == 0.0
 
 
+def test_luma_frame_by_frame_is_the_whole_array_formula_bit_for_bit():
+    frames = RNG.integers(0, 256, (2, 3, 7, 9, 3), dtype=np.uint8)
+    f = frames.astype(np.float32)
+    whole = 0.299 * f[..., 0] + 0.587 * f[..., 1] + 0.114 * f[..., 2]
+    assert rf.luma(frames).dtype == np.float32 and np.array_equal(rf.luma(frames), whole)
+    assert np.array_equal(rf.luma(frames[0]), whole[0]) and np.array_equal(rf.luma(frames[0, 0]), whole[0, 0])
+
+
 def test_colourfulness_matches_the_paper_formula():
     frame = RNG.integers(0, 256, (6, 5, 3), dtype=np.uint8)
     rg, yb = [], []
