@@ -188,6 +188,8 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
         "gate_cold_first_pair": ({"candidate": cold["candidate"], "prompt_id": cold["prompt_id"], "seed": cold["seed"],
                                   "seconds": cold["seconds"]} if cold else None),
         "floor": timing.get("floor"),
+        "model_load_s": next(((r.get("extra") or {}).get("model_load_s") for name in recipes for r in _records(run, name)
+                              if (r.get("extra") or {}).get("model_load_s")), None),
         "warmup": {"requests_per_recipe": config.get("warmup"), "recipes": config.get("warmup_recipes") or "all"},
         "verdict": {"outcome": verdict.get("outcome"), "notices": verdict.get("notices"),
                     "reasons": verdict.get("reasons")} if verdict else None,
@@ -255,6 +257,11 @@ def shape_markdown(fig: dict[str, Any], context: dict[str, Any]) -> str:
     lines += ["", f"Gates: {', '.join(fig['gates'] or [])} (LPIPS with a random trunk: no AlexNet weights on the "
                   "device; same architecture, same cost). Time per pair: decoding both clips and every gate, "
                   "measured around each pair (bench/h200_ab.py gates)."]
+    load = fig.get("model_load_s")
+    if load:
+        lines += ["", "Model load (once per ab process, inside its first request; not in any figure above): "
+                      + ", ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f} s" for k, v in load.items())
+                      + f"; {sum(load.values()):.1f} s in all."]
     cold = fig.get("gate_cold_first_pair")
     if cold:
         lines += ["", f"The gate process's first pair ({cold['candidate']} {cold['prompt_id']}-s{cold['seed']}) took "

@@ -452,7 +452,11 @@ class H3Runtime:
         record names it (``extra["transformer_dtype"]``) so that configured-versus-executed checks against it."""
         self.ref_partition: str | None = None
         """Why ref2va may run on the loaded DiT, or None: ref2va is refused (its partition is not loaded)."""
+        t_levers = time.perf_counter()
         self._apply_recipe()
+        self.load_timings: dict[str, float] = {"levers_s": time.perf_counter() - t_levers}
+        """Seconds of the one-time load, by part (the loader adds its own parts): every record carries them under
+        ``extra["model_load_s"]``, so a run shows where its first request's extra minutes went."""
         _quiet_progress_bars(pipe._blocks)  # `pipe.blocks` is a deep copy
         self.hooks = StageHooks(pipe)
 
@@ -508,9 +512,12 @@ class H3Runtime:
         device = device or default_device()
         preflight(recipe, device)
         dtype = _torch_dtype(recipe.dtype)
+        t0 = time.perf_counter()
         pipe, source = random_model.random_pipeline(configs, device, dtype)
         if transformer_dtype is not None:
             pipe.transformer.to(_torch_dtype(transformer_dtype))
+        synchronize(device)
+        t1 = time.perf_counter()
         placed = None
         for name in ("text_encoder", "transformer", "vae", "audio_vae"):
             module = getattr(pipe, name)
@@ -518,9 +525,13 @@ class H3Runtime:
                 module.to("cpu")  # the offload lever streams it from there
             elif name == "text_encoder":
                 placed = place_text_encoder(module, device, text_encoder)
-        return cls(pipe, recipe, model, random_model.identity(configs, dtype, torch.device(device).type), device,
-                   configs.default_size, weights="random", weight_source=source, shared=shared, text_encoder=placed,
-                   transformer_dtype=transformer_dtype)
+        synchronize(device)
+        t2 = time.perf_counter()
+        runtime = cls(pipe, recipe, model, random_model.identity(configs, dtype, torch.device(device).type), device,
+                      configs.default_size, weights="random", weight_source=source, shared=shared,
+                      text_encoder=placed, transformer_dtype=transformer_dtype)
+        runtime.load_timings = {"build_and_draw_s": t1 - t0, "placement_s": t2 - t1, **runtime.load_timings}
+        return runtime
 
     @classmethod
     def tiny_trained(cls, recipe: Recipe, device: str | None = None, **kwargs: Any) -> "H3Runtime":
@@ -552,6 +563,7 @@ class H3Runtime:
         device = device or default_device()
         preflight(recipe, device)  # before loading weights: a recipe that cannot run here fails in seconds
         dtype = _torch_dtype(recipe.dtype)
+        t0 = time.perf_counter()
         pipe = ModularPipeline.from_pretrained(str(root), local_files_only=True)
         pipe.load_components(
             workflow="t2va", dtype=dtype, local_files_only=True, pretrained_model_name_or_path=str(root)
@@ -565,6 +577,7 @@ class H3Runtime:
             pipe.transformer.to(_torch_dtype(transformer_dtype))
         from h3.levers import keeps_on_cpu
 
+        t1 = time.perf_counter()
         placed = None
         for name in ("transformer", "vae", "audio_vae", "text_encoder"):
             # Under group offloading the lever streams the weights to the device block by block.
@@ -576,9 +589,12 @@ class H3Runtime:
                 module.eval()
             else:
                 module.to(device).eval()
+        synchronize(device)
+        t2 = time.perf_counter()
         runtime = cls(pipe, recipe, str(root), checkpoint_identity(root), device, _default_size or FULL_DEFAULT_SIZE,
                       weights="checkpoint", weight_source=CheckpointWeights(root), shared=shared, text_encoder=placed,
                       transformer_dtype=transformer_dtype)
+        runtime.load_timings = {"read_weights_s": t1 - t0, "placement_s": t2 - t1, **runtime.load_timings}
         if _ref_partition_is_transformer(root):
             runtime.share_ref_partition("the checkpoint's transformer_ref entry names the transformer/ weights")
         return runtime
@@ -702,7 +718,8 @@ class H3Runtime:
         switch and the memory it holds."""
         from h3.random_model import weights_notice
 
-        extra: dict[str, Any] = {"text_encoder": dict(self.text_encoder_info)}
+        extra: dict[str, Any] = {"text_encoder": dict(self.text_encoder_info),
+                                 "model_load_s": {k: round(v, 3) for k, v in self.load_timings.items()}}
         if self.transformer_dtype:
             extra["transformer_dtype"] = self.transformer_dtype
         notice = weights_notice(self.model)

@@ -36,7 +36,10 @@ def plant(work: Path, shape: str, *, baseline_s: float = 80.0, candidate_s: floa
     quality = {}
     for recipe, seconds, seeds in (("baseline", baseline_s, (0,)), ("turbo4-sparse", candidate_s, (0, 1))):
         for seed in seeds:
-            _write(run / "clips" / recipe / f"p-s{seed}.json", {"request": {"prompt_id": "p", "seed": seed}})
+            _write(run / "clips" / recipe / f"p-s{seed}.json", {"request": {"prompt_id": "p", "seed": seed},
+                                                                "extra": {"model_load_s": {"build_and_draw_s": 40.0,
+                                                                                           "placement_s": 60.5,
+                                                                                           "levers_s": 2.0}}})
         quality[recipe] = {"status": "ok", "n": len(seeds),
                            "generation_side_latency_s": {"p50": seconds, "p90": seconds},
                            "request_to_file_latency_s": {"p50": seconds + 20, "p90": seconds + 20},
@@ -173,6 +176,7 @@ def test_the_gate_process_first_pair_is_reported_apart_from_the_per_pair_median(
                                                "seconds": 30.0}
     text = (tmp_path / "out" / "h200_ab_5s-128x128.md").read_text()
     assert "first pair (turbo4-sparse p-s0) took 30.00 s" in text and "New-seed floor: written" in text
+    assert "build and draw 40.0 s, placement 60.5 s, levers 2.0 s; 102.5 s in all" in text
 
 
 def test_snapshot_with_a_hard_linked_record_restores_and_a_link_out_of_the_folder_is_refused(tmp_path):

@@ -224,3 +224,23 @@ def test_bad_requests(kwargs, match):
 def test_seconds_resolve_like_frames():
     # 10 s -> 240 frames -> 17*14+5 = 243.
     assert resolve_request(GenerateRequest(prompt="x", seed=0, seconds=10.0), (64, 64))[0] == 243
+
+
+def test_records_carry_the_one_time_model_load_by_part(tmp_path):
+    """Every record says where the process's one-time load went (``extra["model_load_s"]``: reading the weights,
+    placing the components, applying the levers): parts that are finite, non-negative and sum to no more than the
+    load's wall time measured around it here."""
+    import math
+    import time
+
+    from h3.recipe import load_recipe
+    from h3.runtime import GenerateRequest, H3Runtime
+
+    t0 = time.perf_counter()
+    runtime = H3Runtime.load("tiny-random", load_recipe("baseline"), "cpu")
+    wall = time.perf_counter() - t0
+    record = runtime.generate(GenerateRequest(prompt="a cat", seed=0, num_frames=120), tmp_path / "a.mp4")
+    parts = record.extra["model_load_s"]
+    assert set(parts) == {"read_weights_s", "placement_s", "levers_s"}
+    assert all(math.isfinite(v) and v >= 0 for v in parts.values())
+    assert 0 < sum(parts.values()) <= wall + 0.01 and parts["read_weights_s"] > 0
