@@ -445,29 +445,45 @@ def gates(args: argparse.Namespace) -> int:
     from h3eval import gaterun
 
     timings: list[dict[str, Any]] = []
-    original = gaterun._run_pair
+    original, original_eval = gaterun._run_pair, gaterun.evaluate_pair
+    per_gate: dict[str, float] = {}
+
+    def sync(device: str) -> None:
+        if str(device).startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize()
+
+    def timed_eval(gate, ctx, identical):
+        # Each gate of the pair, in the order they run: the first also decodes both clips (the clip cache).
+        t0 = time.perf_counter()
+        try:
+            return original_eval(gate, ctx, identical)
+        finally:
+            sync(ctx.device)
+            per_gate[gate.name] = time.perf_counter() - t0
 
     def timed(store, sides, gates_, pair, device, options, force, summary, bar, task, info):
         before = sum(summary.scored.values()) if summary.scored else 0
+        per_gate.clear()
         t0 = time.perf_counter()
         try:
             return original(store, sides, gates_, pair, device, options, force, summary, bar, task, info)
         finally:
-            if device.startswith("cuda"):
-                import torch
-
-                torch.cuda.synchronize()
+            sync(device)
             computed = (sum(summary.scored.values()) if summary.scored else 0) - before
             timings.append({"candidate": pair.candidate, "prompt_id": pair.prompt_id, "seed": pair.seed,
-                            "seconds": time.perf_counter() - t0, "computed_results": computed})
+                            "seconds": time.perf_counter() - t0, "computed_results": computed,
+                            "per_gate_s": dict(per_gate)})
 
     gaterun._run_pair = timed
+    gaterun.evaluate_pair = timed_eval
     t0 = time.perf_counter()
     try:
         summary = gaterun.run_gates(args.run, args.gates.split(","), device=args.device,
                                     options=gaterun.parse_options(args.option or []), progress=False)
     finally:
-        gaterun._run_pair = original
+        gaterun._run_pair, gaterun.evaluate_pair = original, original_eval
     payload = {"gates": args.gates.split(","), "device": args.device, "wall_s": time.perf_counter() - t0,
                "pairs": timings, "errors": summary.errors, "scored": summary.scored}
     previous = json.loads(Path(args.timing).read_text()) if Path(args.timing).is_file() else {}

@@ -188,6 +188,9 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
         "gate_cold_first_pair": ({"candidate": cold["candidate"], "prompt_id": cold["prompt_id"], "seed": cold["seed"],
                                   "seconds": cold["seconds"]} if cold else None),
         "floor": timing.get("floor"),
+        "per_gate_s_median": {g: _median([p["per_gate_s"][g] for p in warm_pairs if g in (p.get("per_gate_s") or {})])
+                              for g in (timing.get("gates") or [])
+                              if any(g in (p.get("per_gate_s") or {}) for p in warm_pairs)},
         "model_load_s": next(((r.get("extra") or {}).get("model_load_s") for name in recipes for r in _records(run, name)
                               if (r.get("extra") or {}).get("model_load_s")), None),
         "warmup": {"requests_per_recipe": config.get("warmup"), "recipes": config.get("warmup_recipes") or "all"},
@@ -257,6 +260,10 @@ def shape_markdown(fig: dict[str, Any], context: dict[str, Any]) -> str:
     lines += ["", f"Gates: {', '.join(fig['gates'] or [])} (LPIPS with a random trunk: no AlexNet weights on the "
                   "device; same architecture, same cost). Time per pair: decoding both clips and every gate, "
                   "measured around each pair (bench/h200_ab.py gates)."]
+    per_gate = fig.get("per_gate_s_median")
+    if per_gate:
+        lines += ["", "Per gate, median seconds a pair (the first gate of a pair also decodes both clips): "
+                      + ", ".join(f"{g} {v:.2f}" for g, v in per_gate.items()) + "."]
     load = fig.get("model_load_s")
     if load:
         lines += ["", "Model load (once per ab process, inside its first request; not in any figure above): "

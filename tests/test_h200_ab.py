@@ -142,6 +142,9 @@ def test_the_gates_step_writes_the_new_seed_floor_from_the_baselines_own_seeds(t
     assert gates_step(args) == 0
     timing = json.loads((tmp_path / "timing.json").read_text())
     assert timing["floor"]["written"] and timing["floor"]["gates"] == ["audio"]
+    for pair in timing["pairs"]:  # each gate's own seconds, within the pair's
+        assert set(pair["per_gate_s"]) == {"integrity", "audio"}
+        assert 0 < sum(pair["per_gate_s"].values()) <= pair["seconds"]
     floor = json.loads((tmp_path / "floor" / "floor.json").read_text())
     values = [read_gate_result(RunStore(tmp_path / "floor").gate_result_path("audio", "baseline-newseed", "p0", seed))
               .metrics["stft_distance"].value for seed in (0, 1)]  # each seed against the other seed's clip
@@ -164,7 +167,8 @@ def test_the_gate_process_first_pair_is_reported_apart_from_the_per_pair_median(
     timing_path = work / "gate_timing-5s-128x128.json"
     timing = json.loads(timing_path.read_text())
     pair = {"candidate": "turbo4-sparse", "prompt_id": "p", "computed_results": 5}
-    timing["pairs"] = [{**pair, "seed": 0, "seconds": 30.0}, {**pair, "seed": 1, "seconds": 3.0}]
+    timing["pairs"] = [{**pair, "seed": 0, "seconds": 30.0, "per_gate_s": {"integrity": 29.0, "audio": 1.0}},
+                       {**pair, "seed": 1, "seconds": 3.0, "per_gate_s": {"integrity": 2.5, "audio": 0.5}}]
     timing["errors"] = []
     timing["floor"] = {"written": True, "gates": ["audio"], "metrics": 3, "gate_errors": 0, "seconds": 1.5}
     timing_path.write_text(json.dumps(timing))
@@ -177,6 +181,7 @@ def test_the_gate_process_first_pair_is_reported_apart_from_the_per_pair_median(
     text = (tmp_path / "out" / "h200_ab_5s-128x128.md").read_text()
     assert "first pair (turbo4-sparse p-s0) took 30.00 s" in text and "New-seed floor: written" in text
     assert "build and draw 40.0 s, placement 60.5 s, levers 2.0 s; 102.5 s in all" in text
+    assert "decodes both clips): integrity 2.50, audio 0.50." in text  # the warm pair's, the cold one left out
 
 
 def test_snapshot_with_a_hard_linked_record_restores_and_a_link_out_of_the_folder_is_refused(tmp_path):
