@@ -133,7 +133,13 @@ def main() -> int:
     import torch
 
     from gates.base import get_gate, known_gates
-    from gates.media_cache import clear, load_audio, load_video
+    from gates.media_cache import clear as clear_clips, load_audio, load_video
+    from gates.reference_free import clear_cache as clear_scores
+
+    def clear() -> None:  # every run and the breakdown start from the files: no decoded clip, no memoized score
+        clear_clips()
+        clear_scores()
+
     from h3eval.gaterun import options_for, parse_options, run_gates
     from h3eval.synth import make_synthetic_run
 
