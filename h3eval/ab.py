@@ -517,7 +517,8 @@ def _run_ab(plan: AbPlan, backend: Backend) -> AbResult:
 
 
 def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds="0", backend="inprocess", urls=(),
-                     api_key=None, warmup=1, warmup_recipes=None, baseline_last=False, speed_protocol="mixed", speed_rounds=2, gpu_hourly_rate=None,
+                     api_key=None, warmup=1, warmup_recipes=None, baseline_last=False, speed_protocol="mixed",
+                     speed_rounds=2, gpu_hourly_rate=None,
                      off_identity=False, trajectory=False, seconds=None, num_frames=None, height=None, width=None,
                      timeout_s=1800.0, device=None, runtime_factory=None, share_model=True,
                      text_encoder="resident", time_box_s=None) -> AbResult:
