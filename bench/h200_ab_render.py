@@ -188,16 +188,24 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
         "gate_cold_first_pair": ({"candidate": cold["candidate"], "prompt_id": cold["prompt_id"], "seed": cold["seed"],
                                   "seconds": cold["seconds"]} if cold else None),
         "floor": timing.get("floor"),
-        "per_gate_s_median": {g: _median([p["per_gate_s"][g] for p in warm_pairs if g in (p.get("per_gate_s") or {})])
-                              for g in (timing.get("gates") or [])
-                              if any(g in (p.get("per_gate_s") or {}) for p in warm_pairs)},
-        "model_load_s": next(((r.get("extra") or {}).get("model_load_s") for name in recipes for r in _records(run, name)
-                              if (r.get("extra") or {}).get("model_load_s")), None),
+        "per_gate_s_median": _per_gate_medians(timing.get("gates") or [], warm_pairs),
+        "model_load_s": next((load for name in recipes for r in _records(run, name)
+                              if (load := (r.get("extra") or {}).get("model_load_s"))), None),
         "warmup": {"requests_per_recipe": config.get("warmup"), "recipes": config.get("warmup_recipes") or "all"},
         "verdict": {"outcome": verdict.get("outcome"), "notices": verdict.get("notices"),
                     "reasons": verdict.get("reasons")} if verdict else None,
         "memory_plan": _load(work / "memory_plan.json"),
     }
+
+
+def _per_gate_medians(gates: list[str], pairs: list[dict[str, Any]]) -> dict[str, float]:
+    """Each gate's median seconds over ``pairs`` (those whose timing names it)."""
+    out = {}
+    for gate in gates:
+        values = [p["per_gate_s"][gate] for p in pairs if gate in (p.get("per_gate_s") or {})]
+        if values:
+            out[gate] = _median(values)
+    return out
 
 
 def _stage_deltas(anatomy: dict[str, Any], proj: dict[str, Any]) -> dict[str, float]:
