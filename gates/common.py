@@ -11,6 +11,13 @@ from pathlib import Path
 from gates.base import GateInputError, GateResult, Metric, PairContext  # noqa: F401 - GateInputError: its old home
 
 
+def luma32(frames):
+    """BT.601 luma, float32 on 0..255, of uint8 RGB frames (..., 3): a numpy array, or a torch tensor on its device.
+    The same float32 operations either way (the reference-free and integrity gates' plane)."""
+    f = frames.astype("float32") if hasattr(frames, "astype") else frames.float()  # numpy, else torch
+    return 0.299 * f[..., 0] + 0.587 * f[..., 1] + 0.114 * f[..., 2]
+
+
 def new_result(gate: str, ctx: PairContext) -> GateResult:
     return GateResult(gate=gate, pair=ctx.pair)
 

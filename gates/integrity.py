@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from gates.base import Gate, GateOptions, GateResult, MetricSpec, PairContext, register_gate
-from gates.common import metric, new_result
+from gates.common import luma32, metric, new_result
 
 logger = logging.getLogger(__name__)
 
@@ -100,12 +100,6 @@ class ClipIntegrity:
         return data
 
 
-def _luma(frames: np.ndarray) -> np.ndarray:
-    """BT.601 luma of uint8 RGB frames, float32 on the 0-255 scale."""
-    f = frames.astype(np.float32)
-    return 0.299 * f[..., 0] + 0.587 * f[..., 1] + 0.114 * f[..., 2]
-
-
 def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
     """(start, length) of each run of True in a 1-D boolean array."""
     runs, start = [], None
@@ -134,7 +128,7 @@ def _frame_levels(frames) -> tuple[np.ndarray, np.ndarray]:
         diffs = np.empty(max(0, len(frames) - 1), np.float32)
         previous = None
         for t in range(len(frames)):
-            luma = _luma(frames[t, ::2, ::2])
+            luma = luma32(frames[t, ::2, ::2])
             means[t] = luma.mean()
             if previous is not None:
                 diffs[t - 1] = np.abs(luma - previous).mean()
@@ -143,8 +137,7 @@ def _frame_levels(frames) -> tuple[np.ndarray, np.ndarray]:
     import torch
 
     with torch.inference_mode():
-        f = frames[:, ::2, ::2].float()
-        luma = 0.299 * f[..., 0] + 0.587 * f[..., 1] + 0.114 * f[..., 2]
+        luma = luma32(frames[:, ::2, ::2])
         means = luma.reshape(len(luma), -1).double().mean(dim=1)
         diffs = torch.diff(luma, dim=0).abs_().reshape(len(luma) - 1, -1).double().mean(dim=1)
         return means.cpu().numpy(), diffs.cpu().numpy()

@@ -69,7 +69,7 @@ from typing import Any
 import numpy as np
 
 from gates.base import Gate, GateInputError, GateOptions, GateResult, MetricSpec, PairContext, register_gate
-from gates.common import metric, new_result
+from gates.common import luma32, metric, new_result
 
 logger = logging.getLogger(__name__)
 
@@ -118,12 +118,10 @@ def luma(frames: np.ndarray) -> np.ndarray:
     5 s 768x1344 clip at once made 1.2 GB temporaries; frame by frame is ~5x faster and bit-identical)."""
     f = np.asarray(frames)
     if f.ndim < 4:
-        x = f.astype(np.float32)
-        return 0.299 * x[..., 0] + 0.587 * x[..., 1] + 0.114 * x[..., 2]
+        return luma32(f)
     out = np.empty(f.shape[:-1], np.float32)
     for index in np.ndindex(*f.shape[:-3]):
-        x = f[index].astype(np.float32)
-        out[index] = 0.299 * x[..., 0] + 0.587 * x[..., 1] + 0.114 * x[..., 2]
+        out[index] = luma32(f[index])
     return out
 
 
@@ -309,6 +307,17 @@ def _half_bicubic(img: np.ndarray) -> np.ndarray:
         (int(w * 0.5), int(h * 0.5)), resample=Image.BICUBIC), np.float32)
 
 
+def _niqe_from_features(feats: np.ndarray) -> float:
+    """NIQE of one frame from its patches' 36 features (patches, 36): the distance of their mean and covariance to
+    the pristine model's."""
+    pop_mu, pop_cov = niqe_params()
+    x = feats.mean(axis=0) - pop_mu
+    cov = (pop_cov + np.cov(feats.T)) / 2.0
+    from scipy.linalg import pinv
+
+    return float(np.sqrt(x @ pinv(cov) @ x))
+
+
 def niqe_frame(gray: np.ndarray) -> float:
     """NIQE of one luma frame (float, 0..255) whose sides are both larger than 193 pixels."""
     img = np.asarray(gray, np.float32)
@@ -318,12 +327,7 @@ def niqe_frame(gray: np.ndarray) -> float:
     img = img[: h - h % NIQE_PATCH, : w - w % NIQE_PATCH]
     feats = np.hstack((_patches(_mscn(img).astype(np.float32), NIQE_PATCH),
                        _patches(_mscn(_half_bicubic(img)).astype(np.float32), NIQE_PATCH // 2)))
-    pop_mu, pop_cov = niqe_params()
-    x = feats.mean(axis=0) - pop_mu
-    cov = (pop_cov + np.cov(feats.T)) / 2.0
-    from scipy.linalg import pinv
-
-    return float(np.sqrt(x @ pinv(cov) @ x))
+    return _niqe_from_features(feats)
 
 
 def niqe_upscale_factor(height: int, width: int) -> int:
@@ -505,12 +509,6 @@ def clipping_fraction(audio: np.ndarray) -> float:
 
 
 # -- the torch path (GPU) ---------------------------------------------------------------------------------------------
-def _t_luma(x):
-    """BT.601 luma (float32, 0..255) of uint8 (..., 3) frames, the same operations as :func:`luma`."""
-    f = x.float()
-    return 0.299 * f[..., 0] + 0.587 * f[..., 1] + 0.114 * f[..., 2]
-
-
 def _t_image_stats(frames, chunk: int = 16) -> dict[str, float]:
     """sharpness, blur, exposure_clipping, contrast and colourfulness of uint8 (T, H, W, 3) frames on a torch
     device: per frame as :func:`sharpness`, :func:`blur`, :func:`exposure_clipping`, :func:`contrast` and
@@ -523,7 +521,7 @@ def _t_image_stats(frames, chunk: int = 16) -> dict[str, float]:
     with torch.inference_mode():
         for start in range(0, len(frames), chunk):
             x = frames[start:start + chunk]
-            g32 = _t_luma(x)
+            g32 = luma32(x)
             clipped += int(((g32 <= EXPOSURE_LOW) | (g32 >= EXPOSURE_HIGH)).sum())
             g = g32.double()
             # 4-neighbour Laplacian, borders reflected without repeating the edge (BORDER_REFLECT_101)
@@ -621,15 +619,6 @@ def _t_patches(mscn, size: int):
     return torch.stack(feats, dim=1).reshape(n, rows * cols, 18)
 
 
-def _niqe_from_features(feats: np.ndarray) -> float:
-    pop_mu, pop_cov = niqe_params()
-    x = feats.mean(axis=0) - pop_mu
-    cov = (pop_cov + np.cov(feats.T)) / 2.0
-    from scipy.linalg import pinv
-
-    return float(np.sqrt(x @ pinv(cov) @ x))
-
-
 def _t_niqe(frames, picked: list[int], factor: int, device) -> float:
     """Mean NIQE of the ``picked`` frames (uint8 (T, H, W, 3) on a torch device), as :func:`niqe_frame` computes it:
     the normalisation, patches and fits in torch; the half-size bicubic (PIL, as scikit-video's scipy did) and the
@@ -637,7 +626,7 @@ def _t_niqe(frames, picked: list[int], factor: int, device) -> float:
     import torch
 
     with torch.inference_mode():
-        gray = _t_luma(frames[torch.as_tensor(picked, device=frames.device)])
+        gray = luma32(frames[torch.as_tensor(picked, device=frames.device)])
         if factor != 1:
             gray = torch.from_numpy(np.stack([upscale(g, factor) for g in gray.cpu().numpy()])).to(device)
         h, w = gray.shape[1:]

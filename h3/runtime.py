@@ -680,8 +680,7 @@ class H3Runtime:
         except BaseException:
             # The new recipe's levers rolled back; leave the model as loaded so the next switch starts clean and no
             # request runs a half-applied recipe.
-            self.hooks = StageHooks(self.pipe)
-            self.remove_levers()
+            self.remove_levers()  # (puts the stage timers back on, outermost)
             self.levers_applied = False
             raise
         self.hooks = StageHooks(self.pipe)

@@ -260,9 +260,11 @@ def _world_clip(num_frames: int = 40):
 def test_torch_path_computes_the_cpu_paths_scores(size):
     """The GPU path's torch code, run on the CPU (``torch:cpu``), against the numpy/scipy/OpenCV path on a world clip
     (moving shapes with synchronized clicks) at its 128x128 (NIQE upscaled x2) and on a textured 208x240 crop-free
-    resize of it plus noise (NIQE at 1x): every dimension equal to float rounding; NIQE within 1e-6 (its AGGD fit
-    picks the nearest of a 0.001-step grid of shapes: were the torch path's roundings not scipy's, flat patches,
-    whose normalised values are rounding residue, would tip to other grid points; measured 6% apart then)."""
+    resize of it plus noise (NIQE at 1x): every dimension equal to float rounding; NIQE within 1e-4 (measured 1e-8 on
+    this VM's Intel CPU; torch's float64 convolution on the CPU goes through BLAS, whose summation order depends on the
+    CPU, so a stored float32 may differ by an ulp elsewhere. Its AGGD fit picks the nearest of a 0.001-step grid of
+    shapes: were the torch path's roundings not scipy's, flat patches, whose normalised values are rounding residue,
+    would tip to other grid points; measured 6% apart then, which this bound fails)."""
     frames, audio, fps, rate = _world_clip()
     if size is not None:
         import cv2
@@ -276,7 +278,7 @@ def test_torch_path_computes_the_cpu_paths_scores(size):
     assert cpu_info["motion_events_s"] == tor_info["motion_events_s"] and tor_info["device"] == "torch:cpu"
     for name in rf.DIMENSIONS:
         assert cpu[name] is not None and math.isfinite(cpu[name])
-        rtol = 1e-6 if name == "niqe" else 1e-9
+        rtol = 1e-4 if name == "niqe" else 1e-9
         assert tor[name] == pytest.approx(cpu[name], rel=rtol, abs=1e-12), name
     assert cpu["niqe"] != pytest.approx(rf.score_clip(frames[:, ::-1].copy(), fps, audio, rate, options)[0]["niqe"]
                                         + 1.0)  # sanity: the comparison is not between two constants
