@@ -20,6 +20,9 @@
 # H200_AB_OFF_IDENTITY=1: the off-identity candidate (the baseline's levers again, byte for byte) runs too.
 # H200_AB_BASELINE_LAST=1: each pair's candidates before its baseline (768x1344: the baseline is ~3.5 min).
 # H200_AB_QUICK=1: no version and module checks before the chain (~10 s).
+# H200_AB_CANDIDATES=fast,turbo4-sparse (the default): the candidates, `fast` standing for the FP8 one above; e.g.
+# H200_AB_CANDIDATES=fast with H200_AB_OFF_IDENTITY=1 spends a call's time on the off-identity check instead.
+# H200_AB_WARMUP_ALL=1 (with H200_AB_WARMUP=1): a warm-up request for every compiled candidate, not the FP8 one only.
 # A CPU rehearsal: H200_AB_MODEL=h3-random-small H200_AB_DEVICE=cpu H200_AB_SHAPE=5s-128x128 bash ... OUTDIR
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd)
@@ -45,15 +48,18 @@ else fast=bench/device/turbo4-fp8-compile.toml
   echo "sageattention is not importable here: the FP8 candidate is turbo4-fp8-compile (native attention)" \
     >>"$out/chain.log"
 fi
+candidates=$(echo "${H200_AB_CANDIDATES:-fast,turbo4-sparse}" | sed "s#\bfast\b#$fast#")
+warm=$(basename "$fast" .toml); [ -n "${H200_AB_WARMUP_ALL:-}" ] && case ",$candidates," in *,turbo4-sparse,*) warm="$warm,turbo4-sparse";; esac
+echo "candidates $candidates; warm-up ${H200_AB_WARMUP:-0} (${H200_AB_WARMUP_FAST:+$warm})" >>"$out/chain.log"
 # The chain leaves 20 s of the box for packing the results below.
 chain_s=$((end - SECONDS - 20))
 # The chain runs in the background so that a SIGTERM from an outer `timeout` shorter than BUDGET_S is trapped: the
 # chain is stopped (it kills its running step) and what it made is still packed (fast: no render, no clips).
 timeout -k 7 $((chain_s + 5)) "$PY" bench/h200_ab.py chain --work "$work" --model "$model" --device "$device" \
   --shapes "$shape" --prompts '*=1' --seeds "$seeds" --warmup "${H200_AB_WARMUP:-0}" \
-  ${H200_AB_WARMUP_FAST:+--warmup-recipes "$(basename "$fast" .toml)"} ${H200_AB_BASELINE_LAST:+--baseline-last} \
+  ${H200_AB_WARMUP_FAST:+--warmup-recipes "$warm"} ${H200_AB_BASELINE_LAST:+--baseline-last} \
   --off-identity "$([ -n "${H200_AB_OFF_IDENTITY:-}" ] && echo "$shape")" \
-  --candidates "$fast,turbo4-sparse" --budget-s "$chain_s" ${H200_AB_GATES_RESERVE_S:+--gates-reserve-s \
+  --candidates "$candidates" --budget-s "$chain_s" ${H200_AB_GATES_RESERVE_S:+--gates-reserve-s \
   "$H200_AB_GATES_RESERVE_S"} >>"$out/chain.log" 2>&1 &
 cpid=$!
 cut=0
