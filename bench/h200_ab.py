@@ -177,7 +177,7 @@ def step_limit(step: str, default_s: float) -> float:
 
 
 def run_step(work: Path, step: str, argv: list[str], timeout_s: float, env: dict[str, str] | None = None,
-             ok_codes: tuple[int, ...] = (0,)) -> bool:
+             ok_codes: tuple[int, ...] = (0,), where: str | None = None) -> bool:
     """One step as a subprocess (its own process group, killed whole at its time limit, or when the chain itself is
     stopped); done when it exits with one of ``ok_codes``."""
     if step_done(work, step):
@@ -214,7 +214,7 @@ def run_step(work: Path, step: str, argv: list[str], timeout_s: float, env: dict
                     proc.wait()
     seconds = time.monotonic() - t0
     status = "done" if rc in ok_codes else "failed"
-    mark(work, step, status=status, rc=rc, seconds=seconds)
+    mark(work, step, status=status, rc=rc, seconds=seconds, **({"where": where} if where else {}))
     log(work, f"step {step}: {status} (exit {rc}) in {seconds:.1f} s")
     return status == "done"
 
@@ -350,6 +350,38 @@ def _stop(signum, frame):  # SIGTERM from an outer `timeout`: unwind, killing th
     raise SystemExit(128 + signum)
 
 
+def judge_steps(work: Path, config: dict[str, Any], shape: str, me: list[str], gates: bool, servers: bool,
+                where: str | None = None) -> None:
+    """A shape's gates (when ``gates``), verdict and report steps on its run, each skipped when done; ``where`` marks
+    steps run somewhere other than the chain's machine (``finish``: at home, from a restored work folder)."""
+    run = run_dir(work, shape)
+    if not (run / "run.json").is_file():
+        return
+    options = ["-o", "fidelity.lpips_trunk=rand"] if "fidelity" in config["gates"] else []
+    # Latent trajectories come from the in-process backend only (a server does not send them).
+    names = [g for g in config["gates"] if not (g == "trajectory" and servers)]
+    floor_dir = work / f"floor-{shape}"
+    if gates:
+        run_step(work, f"gates-{shape}", [*me, "gates", str(run), "--device", config["device"], "--gates",
+                                          ",".join(names), "--timing", str(work / f"gate_timing-{shape}.json"),
+                                          "--floor-out", str(floor_dir), *options], STEP_TIMEOUT_S["gates"],
+                 ok_codes=(0, 1), where=where)
+    # The new-seed floor from the baseline's own clips at two seeds or more (no generation): the scale the
+    # policy's floor-relative thresholds and the resample judge's margins read.
+    floor = ["--floor", str(floor_dir / "floor.json")] if (floor_dir / "floor.json").is_file() else []
+    # gates exits 1 when a pair could not be scored (a clip the time box left unmade): the errors are in the
+    # timing file and make the shape partial in the results; the verdict decides on what was scored.
+    # verdict exits 1 FAIL / 2 INCONCLUSIVE: both are verdicts (random weights cannot pass a fidelity policy).
+    policy = Path(config["policy"])
+    if not policy.is_file():  # a work folder restored on another machine: the same policy in this checkout
+        policy = ROOT / "gates" / "policies" / policy.name
+    run_step(work, f"verdict-{shape}", [sys.executable, "-m", "h3eval.cli", "verdict", str(run), "--policy",
+                                        str(policy), "--write", *floor], STEP_TIMEOUT_S["verdict"],
+             ok_codes=(0, 1, 2), where=where)
+    run_step(work, f"report-{shape}", [sys.executable, "-m", "h3eval.cli", "report", str(run), "--exit-zero"],
+             STEP_TIMEOUT_S["report"], where=where)
+
+
 def chain(args: argparse.Namespace) -> int:
     work = Path(args.work).resolve()
     signal.signal(signal.SIGTERM, _stop)
@@ -386,28 +418,7 @@ def chain(args: argparse.Namespace) -> int:
                  ok_codes=(0, 1))
 
     def judge(shape: str) -> None:
-        run = run_dir(work, shape)
-        if not (run / "run.json").is_file():
-            return
-        options = ["-o", "fidelity.lpips_trunk=rand"] if "fidelity" in config["gates"] else []
-        # Latent trajectories come from the in-process backend only (a server does not send them).
-        names = [g for g in config["gates"] if not (g == "trajectory" and servers is not None)]
-        floor_dir = work / f"floor-{shape}"
-        run_step(work, f"gates-{shape}", [*me, "gates", str(run), "--device", config["device"], "--gates",
-                                          ",".join(names), "--timing", str(work / f"gate_timing-{shape}.json"),
-                                          "--floor-out", str(floor_dir), *options], STEP_TIMEOUT_S["gates"],
-                 ok_codes=(0, 1))
-        # The new-seed floor from the baseline's own clips at two seeds or more (no generation): the scale the
-        # policy's floor-relative thresholds and the resample judge's margins read.
-        floor = ["--floor", str(floor_dir / "floor.json")] if (floor_dir / "floor.json").is_file() else []
-        # gates exits 1 when a pair could not be scored (a clip the time box left unmade): the errors are in the
-        # timing file and make the shape partial in the results; the verdict decides on what was scored.
-        # verdict exits 1 FAIL / 2 INCONCLUSIVE: both are verdicts (random weights cannot pass a fidelity policy).
-        run_step(work, f"verdict-{shape}", [sys.executable, "-m", "h3eval.cli", "verdict", str(run), "--policy",
-                                            config["policy"], "--write", *floor], STEP_TIMEOUT_S["verdict"],
-                 ok_codes=(0, 1, 2))
-        run_step(work, f"report-{shape}", [sys.executable, "-m", "h3eval.cli", "report", str(run), "--exit-zero"],
-                 STEP_TIMEOUT_S["report"])
+        judge_steps(work, config, shape, me, gates=True, servers=servers is not None)
 
     try:
         if servers is not None:  # every A/B while the servers are up, then the gates on free GPUs
@@ -520,6 +531,25 @@ def _floor_from_run(args: argparse.Namespace) -> dict[str, Any]:
     written = (Path(args.floor_out) / "floor.json").is_file() and bool(out["metrics"])
     return {"written": written, "gates": gates_, "metrics": len(out["metrics"]),
             "gate_errors": len(out["gate_errors"]), "seconds": time.perf_counter() - t0}
+
+
+def finish(args: argparse.Namespace) -> int:
+    """On a work folder restored at home from a device call: the verdict and report steps that the call's box cut
+    (they need no GPU), each marked as run here. The gates are not run again: their clips may not have travelled, and
+    their timing is the device's."""
+    import platform
+
+    work = Path(args.work).resolve()
+    config = json.loads((work / "config.json").read_text())
+    me = [sys.executable, str(Path(__file__).resolve())]
+    where = f"home: {platform.node()}, from the restored work folder"
+    for shape in config["shapes"]:
+        if not step_done(work, f"gates-{shape}"):
+            print(f"{shape}: its gates did not finish on the device; finish runs only the verdict and report")
+        judge_steps(work, config, shape, me, gates=False, servers=config["layout"] == "servers", where=where)
+    print("; ".join(f"{s}: {json.loads(step_path(work, s).read_text()).get('status')}" for shape in config["shapes"]
+                    for s in (f"verdict-{shape}", f"report-{shape}") if step_path(work, s).is_file()))
+    return 0
 
 
 # -- status, snapshot, restore ---------------------------------------------------------------------------------------
@@ -676,6 +706,9 @@ def main() -> int:
     p.add_argument("--floor-out", default=None,
                    help="also write the baseline's new-seed floor from the run's clips here (two seeds or more)")
     p.add_argument("-o", "--option", action="append")
+    p = sub.add_parser("finish", help="at home, on a restored work folder: the verdict and report steps the "
+                       "device call's box cut")
+    p.add_argument("--work", required=True)
     p = sub.add_parser("status")
     p.add_argument("--work", required=True)
     p = sub.add_parser("snapshot")
@@ -699,7 +732,7 @@ def main() -> int:
     if args.command not in ("snapshot", "restore", "status"):  # those three: the standard library only, fast
         import h3  # noqa: F401  (MKL reproducibility first, as every entry point)
 
-    return {"chain": chain, "prepare": lambda a: prepare(a) or 0, "gates": gates, "status": status,
+    return {"chain": chain, "prepare": lambda a: prepare(a) or 0, "gates": gates, "finish": finish, "status": status,
             "snapshot": snapshot, "restore": restore, "render": _render, "screenshot": screenshot}[args.command](args)
 
 

@@ -122,6 +122,10 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
     steps = {p.stem: _load(p) for p in (work / "steps").glob("*.json")}
     needed = [f"ab-{shape}", f"gates-{shape}", f"verdict-{shape}", f"report-{shape}"]
     missing = [s for s in needed if (steps.get(s) or {}).get("status") != "done"]
+    # ab's process can outlive its step's limit after the run completed (CUDA teardown): the run says complete.
+    ab_late = f"ab-{shape}" in missing and manifest.get("status") == "complete"
+    missing = [s for s in missing if not (ab_late and s == f"ab-{shape}")]
+    elsewhere = {s: steps[s]["where"] for s in needed if (steps.get(s) or {}).get("where")}
     ab_info = (manifest.get("extra") or {}).get("ab", {})
     recipes = [manifest.get("baseline") or "baseline", *(manifest.get("candidates") or [])]
     quality = (speed.get("protocols") or {}).get("quality_clips", {})
@@ -138,7 +142,12 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
         summary = quality.get(recipe, {})
         gen = summary.get("generation_side_latency_s") or {}
         r2f = summary.get("request_to_file_latency_s") or {}
-        anatomy = summary.get("stage_anatomy_median_s") or {}
+        anatomy = dict(summary.get("stage_anatomy_median_s") or {})
+        if anatomy and "denoise_step_first" not in anatomy:  # a speed.json written before they were summarized
+            steps = [((r.get("timings") or {}).get("stage_anatomy") or {}).get("denoise_steps") for r in records]
+            steps = [s for s in steps if s]
+            anatomy["denoise_step_first"] = _median([s[0] for s in steps])
+            anatomy["denoise_step_last"] = _median([s[-1] for s in steps])
         peak = summary.get("peak_memory_bytes")
         switches = [((r.get("extra") or {}).get("shared_model") or {}).get("last_switch") or {} for r in records]
         server_switch = [(r.get("extra") or {}).get("server_switch_s") for r in records]
@@ -176,7 +185,8 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
     return {
         "shape": shape, "run": str(run.relative_to(work)),
         "partial": bool(missing) or manifest.get("status") != "complete" or bool(timing.get("errors")),
-        "missing_steps": missing, "run_status": manifest.get("status"),
+        "missing_steps": missing, "run_status": manifest.get("status"), "steps_elsewhere": elsewhere,
+        "ab_exit_late": ab_late,
         "errors": [e.get("error") for e in manifest.get("errors", [])], "model": manifest.get("model"),
         "weights_notices": speed.get("notices", []), "layout": config.get("layout"),
         "device": (manifest.get("hardware") or {}).get("gpu") or (manifest.get("hardware") or {}).get("device"),
@@ -237,11 +247,19 @@ def shape_markdown(fig: dict[str, Any], context: dict[str, Any]) -> str:
     lines += [f"- date: {context['date']}; device: {fig['device']}; layout: {fig['layout']}; model: `{fig['model']}`",
               f"- command: `{context['command']}` (chain: `{context['chain_command']}`)",
               f"- versions: " + ", ".join(f"{k} {v}" for k, v in context["versions"].items()),
-              f"- run status: {fig['run_status']}; missing steps: {', '.join(fig['missing_steps']) or 'none'}", ""]
+              f"- run status: {fig['run_status']}; missing steps: {', '.join(fig['missing_steps']) or 'none'}"]
+    for where in sorted(set((fig.get("steps_elsewhere") or {}).values())):
+        names = [s for s, w in fig["steps_elsewhere"].items() if w == where]
+        lines.append(f"- run after the device call ({where}): {', '.join(names)} (the call's time box cut them)")
+    if fig.get("ab_exit_late"):
+        lines.append("- the ab step's process was stopped at its limit after the run had completed (it was exiting); "
+                     "every request above finished")
+    lines.append("")
     if fig["errors"]:
         lines += ["Errors:", *[f"- {e}" for e in fig["errors"]], ""]
     lines += ["## Latency per recipe (quality clips, warm-up excluded)", "",
-              "| recipe | n | gen-side p50 / p90 (s) | request-to-file p50 / p90 (s) | text enc | denoise | step "
+              "| recipe | n | gen-side p50 / p90 (s) | request-to-file p50 / p90 (s) | text enc | denoise "
+              "| step: median (first / last) "
               "| video dec | audio dec | frames+D2H | mux/save | peak GiB | recompiles | executed |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in fig["recipes"].items():
@@ -254,6 +272,7 @@ def shape_markdown(fig: dict[str, Any], context: dict[str, Any]) -> str:
             "as configured" if r.get("executed_verified") else "unverified")
         lines.append(f"| {name} | {r['n']} | {_f(g['p50'])} / {_f(g['p90'])} | {_f(f['p50'])} / {_f(f['p90'])} "
                      f"| {_f(a.get('text_encode'))} | {_f(a.get('denoise'))} | {_f(a.get('denoise_step'))} "
+                     f"({_f(a.get('denoise_step_first'))} / {_f(a.get('denoise_step_last'))}) "
                      f"| {_f(a.get('video_decode'))} | {_f(a.get('audio_decode'))} | {_f(a.get('frame_prep_d2h'))} "
                      f"| {_f(a.get('mux_save'))} | {_f(peak, '{:.1f}')} "
                      f"| {rc_text} | {ex} |")

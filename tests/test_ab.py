@@ -286,6 +286,10 @@ def test_ab_run_killed_and_resumed(tmp_path, tiny_random_runtime):
     assert fast["usd_per_clip"] == pytest.approx(statistics.median(r2f) * 13.16 / 3600)
     assert fast["stage_anatomy_median_s"]["text_encode"] == pytest.approx(
         statistics.median(r.timings.stage_anatomy.text_encode for r in recs))
+    assert fast["stage_anatomy_median_s"]["denoise_step_first"] == pytest.approx(
+        statistics.median(r.timings.stage_anatomy.denoise_steps[0] for r in recs))
+    assert fast["stage_anatomy_median_s"]["denoise_step_last"] == pytest.approx(
+        statistics.median(r.timings.stage_anatomy.denoise_steps[-1] for r in recs))
     sleepy_recs = [read_finished_record(out / "speed" / "mixed" / "sleepy" / f"r{i:03d}-{'ab'[i % 2]}-s0.mp4")
                    for i in range(4)]
     sp = speed["protocols"]["mixed"]["sleepy"]["speedup"]

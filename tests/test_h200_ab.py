@@ -184,6 +184,72 @@ def test_the_gate_process_first_pair_is_reported_apart_from_the_per_pair_median(
     assert "decodes both clips): integrity 2.50, audio 0.50." in text  # the warm pair's, the cold one left out
 
 
+def test_steps_run_at_home_an_ab_cut_while_exiting_and_first_and_last_steps_are_said_so(tmp_path):
+    """A device call whose box cut ab after its run completed (the process was exiting) and left the verdict and
+    report to ``finish`` at home: nothing is missing, and the record says where those steps ran. A 4-step recipe's
+    step median mixes its compile steps with its warm ones: the first and last steps are reported apart (medians over
+    the requests' own step lists)."""
+    shape = "5s-128x128"
+    work = plant(tmp_path / "w", shape)
+    run = work / "runs" / shape
+    manifest = json.loads((run / "run.json").read_text())
+    _write(run / "run.json", {**manifest, "status": "complete", "errors": []})
+    _write(work / "steps" / f"ab-{shape}.json", {"step": f"ab-{shape}", "status": "timeout"})
+    for step in (f"verdict-{shape}", f"report-{shape}"):
+        _write(work / "steps" / f"{step}.json", {"step": step, "status": "done", "where": "home: vm"})
+    for seed, steps in ((0, [18.3, 9.9, 4.23, 4.22]), (1, [7.5, 4.4, 4.1, 4.0])):
+        path = run / "clips" / "turbo4-sparse" / f"p-s{seed}.json"
+        record = json.loads(path.read_text())
+        _write(path, {**record, "timings": {"stage_anatomy": {"denoise_steps": steps}}})
+    assert render_all(work, tmp_path / "out") == 0
+    figures = json.loads((tmp_path / "out" / f"h200_ab_{shape}.json").read_text())
+    assert figures["missing_steps"] == [] and figures["ab_exit_late"]
+    assert figures["steps_elsewhere"] == {f"verdict-{shape}": "home: vm", f"report-{shape}": "home: vm"}
+    anatomy = figures["recipes"]["turbo4-sparse"]["stage_anatomy_median_s"]
+    assert anatomy["denoise_step_first"] == (18.3 + 7.5) / 2 and anatomy["denoise_step_last"] == (4.22 + 4.0) / 2
+    text = (tmp_path / "out" / f"h200_ab_{shape}.md").read_text()
+    assert f"run after the device call (home: vm): verdict-{shape}, report-{shape}" in text
+    assert "stopped at its limit after the run had completed" in text and "(12.90 / 4.11)" in text
+
+
+def test_finish_runs_the_verdict_and_report_the_box_cut_at_home_with_this_checkouts_policy(tmp_path):
+    """``bench/h200_ab.py finish``: on a restored work folder whose verdict step timed out on the device and whose
+    report never ran, it runs both here (the device's policy path does not exist here: the same policy file of this
+    checkout is used), marks them done with where they ran, and leaves a done gates step alone."""
+    import argparse
+
+    from bench.h200_ab import finish
+    from bench.h200_ab import gates as gates_step
+    from h3eval.synth import make_synthetic_run
+    from tests.conftest import FAST_RECIPE
+
+    shape = "5s-128x128"
+    work = tmp_path / "w"
+    run = work / "runs" / shape
+    store = make_synthetic_run(run, candidates=["turbo4-sparse"], seeds=[0])
+    manifest = store.read_manifest()
+    manifest.recipes = {name: {**FAST_RECIPE, "name": name} for name in manifest.recipes}
+    store.write_manifest(manifest)
+    assert gates_step(argparse.Namespace(run=str(run), device="cpu", gates="integrity", option=[],
+                                         timing=str(work / f"gate_timing-{shape}.json"), floor_out=None)) == 0
+    _write(work / "config.json", {"model": "h3-random", "device": "cuda", "layout": "shared", "shapes": [shape],
+                                  "prompts": {shape: 1}, "seeds": "0", "candidates": ["turbo4-sparse"],
+                                  "gates": ["integrity"], "off_identity": [], "warmup": 0,
+                                  "policy": "/nonexistent/device/checkout/gates/policies/release.toml"})
+    gates_mark = {"step": f"gates-{shape}", "status": "done", "at": "device"}
+    _write(work / "steps" / f"gates-{shape}.json", gates_mark)
+    _write(work / "steps" / f"verdict-{shape}.json", {"step": f"verdict-{shape}", "status": "timeout"})
+    assert finish(argparse.Namespace(work=str(work))) == 0
+    for step in (f"verdict-{shape}", f"report-{shape}"):
+        mark = json.loads((work / "steps" / f"{step}.json").read_text())
+        assert mark["status"] == "done" and mark["where"].startswith("home: ")
+    verdict = json.loads((run / "verdict.json").read_text())
+    assert verdict["policy_name"] == "release" and verdict["outcome"] in ("FAIL", "INCONCLUSIVE")
+    assert (run / "report.md").is_file()
+    assert json.loads((work / "steps" / f"gates-{shape}.json").read_text()) == gates_mark
+    assert "release.toml" in (work / "progress.log").read_text()
+
+
 def test_snapshot_with_a_hard_linked_record_restores_and_a_link_out_of_the_folder_is_refused(tmp_path):
     """The floor folder hard-links the baseline's records into the work folder: the snapshot stores the link and
     restore makes it again (the 2026-12-01 state could not be restored); a link pointing outside is refused."""
