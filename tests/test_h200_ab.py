@@ -184,6 +184,37 @@ def test_the_gate_process_first_pair_is_reported_apart_from_the_per_pair_median(
     assert "decodes both clips): integrity 2.50, audio 0.50." in text  # the warm pair's, the cold one left out
 
 
+def test_a_candidate_whose_only_gated_pair_was_the_cold_first_takes_the_shapes_warm_pairs(tmp_path):
+    """The gates' work per pair depends on the shape: a candidate whose one pair was the gate process's cold first
+    (models loading, CUDA warming) is not charged with it; its fraction uses the shape's warm pairs, and says so."""
+    shape = "5s-128x128"
+    work = plant(tmp_path / "w", shape)
+    run = work / "runs" / shape
+    manifest = json.loads((run / "run.json").read_text())
+    _write(run / "run.json", {**manifest, "candidates": ["turbo4-fp8", "turbo4-sparse"]})
+    _write(run / "clips" / "turbo4-fp8" / "p-s0.json", {"request": {"prompt_id": "p", "seed": 0}})
+    speed = json.loads((run / "speed.json").read_text())
+    speed["protocols"]["quality_clips"]["turbo4-fp8"] = {
+        "status": "ok", "n": 1, "generation_side_latency_s": {"p50": 10.0, "p90": 10.0},
+        "request_to_file_latency_s": {"p50": 14.0, "p90": 14.0}, "stage_anatomy_median_s": None}
+    _write(run / "speed.json", speed)
+    timing_path = work / f"gate_timing-{shape}.json"
+    timing = json.loads(timing_path.read_text())
+    timing["pairs"] = [{"candidate": "turbo4-fp8", "prompt_id": "p", "seed": 0, "seconds": 14.0,
+                        "computed_results": 5},
+                       {"candidate": "turbo4-sparse", "prompt_id": "p", "seed": 0, "seconds": 3.0,
+                        "computed_results": 5}]
+    timing["errors"] = []
+    timing_path.write_text(json.dumps(timing))
+    assert render_all(work, tmp_path / "out") == 0
+    recipes = json.loads((tmp_path / "out" / f"h200_ab_{shape}.json").read_text())["recipes"]
+    assert recipes["turbo4-fp8"]["gate_s_per_pair_median"] == 3.0 and recipes["turbo4-fp8"]["gate_s_source"] == "shape"
+    assert recipes["turbo4-fp8"]["gate_time_fraction"] == 3.0 / 10.0
+    assert recipes["turbo4-sparse"]["gate_s_source"] == "own" and recipes["turbo4-sparse"]["gate_time_fraction"] == 0.15
+    text = (tmp_path / "out" / f"h200_ab_{shape}.md").read_text()
+    assert "| turbo4-fp8 | 1 | 3.00 (the shape's warm pairs: its own was the cold first) | 10.00 | 30.0 %" in text
+
+
 def test_steps_run_at_home_an_ab_cut_while_exiting_and_first_and_last_steps_are_said_so(tmp_path):
     """A device call whose box cut ab after its run completed (the process was exiting) and left the verdict and
     report to ``finish`` at home: nothing is missing, and the record says where those steps ran. A 4-step recipe's

@@ -20,8 +20,9 @@
 # and the 544x960 one with the floor and a warm FP8 candidate (about 540 s):
 #   WHEEL_DIRS=.whl_prod BOX_P=565 MARGIN_S=30 H200_AB_QUICK=1 H200_AB_WARMUP=1 H200_AB_WARMUP_FAST=1 \
 #     H200_AB_SEEDS=0,1 H200_AB_GATES_RESERVE_S=70 bash bench/device/h200_session6.sh
-# Returns results.tgz (chain.log, the rendered h200_ab_*.{json,md}, state parts, sage build log), sage wheel when it
-# fits, clips.tgz when small. Render at home: `python bench/h200_ab.py restore --state DIR --work W`, then `render`.
+# Returns results.tgz (chain.log, the rendered h200_ab_*.{json,md}, sage build log), the state parts
+# (state.tgz[.part-NN], each under 16 MiB: move them into the unpacked prod/), sage wheel when it fits, clips.tgz when
+# small. Render at home: `python bench/h200_ab.py restore --state DIR --work W`, then `render`.
 set -u
 t0=$SECONDS
 R=/tmp/res; rm -rf $R /tmp/h200_ab_work; mkdir -p $R/prod /tmp/sagewhl
@@ -47,5 +48,9 @@ echo "chain box $P s at $((SECONDS - t0)) s"
 (export CUDA_VISIBLE_DEVICES=0 BUDGET_S=$((P - 12)) && timeout -k 10 $P bash bench/device/h200_ab.sh "$R/prod" \
   >"$R/prod/driver.log" 2>&1; echo "prod rc $? at $((SECONDS - t0)) s")
 [ -f "$R/prod/clips.tgz" ] && mv "$R/prod/clips.tgz" "$OUT/clips.tgz"
+# The state parts (each under 16 MiB) travel beside results.tgz, not inside it: session 7's third call made an 18 MiB
+# state, and results.tgz holding it was over the 16 MiB a returned file may be (everything but the clips was lost).
+# At home: put them back into the unpacked prod/ folder before `restore --state prod`.
+mv "$R"/prod/state.tgz* "$OUT/" 2>/dev/null
 tar -czf "$OUT/results.tgz" --exclude='*.mp4' -C $R .
 tail -25 "$R/prod/chain.log"; ls -la "$OUT"
