@@ -30,6 +30,7 @@ THREADED_DECODE_MIN_CORES = 8
 """Cores from which the video decoder runs FFmpeg's frame threads (below: one thread)."""
 _lock = threading.Lock()
 _cache: "OrderedDict[tuple[Any, ...], Any]" = OrderedDict()
+_loading: dict[tuple[Any, ...], threading.Event] = {}
 
 
 def _key(kind: str, path: str | os.PathLike) -> tuple[Any, ...]:
@@ -43,17 +44,46 @@ def _cached(kind: str, path: str | os.PathLike, load: Callable[[], Any]) -> Any:
         # Let the loader raise its own error that names the file.
         return load()
     key = _key(kind, path)
-    with _lock:
-        if key in _cache:
-            _cache.move_to_end(key)
-            return _cache[key]
-    value = load()
-    with _lock:
-        _cache[key] = value
-        same_kind = [k for k in _cache if k[0] == kind]
-        for old in same_kind[: max(0, len(same_kind) - _MAX_PER_KIND)]:
-            del _cache[old]
+    while True:
+        with _lock:
+            if key in _cache:
+                _cache.move_to_end(key)
+                return _cache[key]
+            pending = _loading.get(key)
+            if pending is None:  # this thread decodes it; gates asking for it meanwhile wait for this decode
+                pending = _loading[key] = threading.Event()
+                break
+        pending.wait()  # another thread's decode: its value, or (when it raised) this thread tries itself
+    try:
+        value = load()
+        with _lock:
+            _cache[key] = value
+            same_kind = [k for k in _cache if k[0] == kind]
+            for old in same_kind[: max(0, len(same_kind) - _MAX_PER_KIND)]:
+                del _cache[old]
+    finally:
+        with _lock:
+            del _loading[key]
+        pending.set()
     return value
+
+
+def prefetch(paths: list[str | os.PathLike], needs: set[str]) -> None:
+    """Decode the clips at ``paths`` (video and/or audio, as ``needs`` says) in parallel threads into the cache, so
+    that gates run side by side (:func:`h3eval.gaterun.gate_workers`) do not wait on one decode after another.
+    Errors are left for the gates to raise and report."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    jobs = [(load, path) for path in paths for kind, load in (("video", load_video), ("audio", load_audio))
+            if kind in needs and Path(path).exists()]
+    if not jobs:
+        return
+    with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="decode") as pool:
+        for future in [pool.submit(load, path) for load, path in jobs]:
+            try:
+                future.result()
+            except Exception:  # noqa: BLE001 - the gate that needs the clip decodes it again and reports the error
+                logger.debug("prefetch failed", exc_info=True)
 
 
 def decode_threads() -> int:

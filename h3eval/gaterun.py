@@ -16,6 +16,9 @@ and artifacts to the same folder. The loop is pair-major so that the gates of on
   refuses, is an error before anything runs.
 - **Metrics**: a result whose metrics are not among those the gate declares (``Gate.metrics``: name, direction,
   unit) is an error result: the verdict reads the declarations.
+- **Side by side**: on a machine of 8 cores or more (a GPU host) the gates of a pair run in threads after both clips
+  are decoded at once (``$H3EVAL_GATE_THREADS`` overrides: 1 runs them one after another); each gate's result is
+  the same either way (tests/test_gaterun.py), only the wall time differs.
 - **Bad input**: a missing or unfinished clip, an MP4 whose sha256 no longer matches its record, or a gate that
   raises gives that pair (and gate) a result with ``status="error"`` and the message; the other pairs are still
   scored, and the summary says the run failed so that the command exits non-zero.
@@ -298,6 +301,7 @@ def run_gates(
         raise GateRunError("no gate chosen (--gates NAME,...)")
     gates = [get_gate(name) for name in dict.fromkeys(gate_names)]  # KeyError names the known gates
     device = check_device(device)
+    gate_workers(1)  # a bad $H3EVAL_GATE_THREADS is refused before anything runs
     options = dict(options or {})
     check_options(gates, options)
     pairs = store.pairs()
@@ -374,23 +378,70 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
         and base.record.get("frames_sha256") == cand.record.get("frames_sha256")
         and base.record.get("pcm_sha256") == cand.record.get("pcm_sha256")
     )
-    for gate, path, gate_options, stamp in todo:
-        bar.update(task, description=f"{gate.name} {pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}")
+    def score(gate: Gate, path: Path, gate_options: dict[str, Any], stamp: dict[str, Any] | None) -> GateResult:
         if side_error is not None:
-            result = _error_result(gate.name, pair, side_error)
-        else:
-            artifact_dir = path.parent
-            artifact_dir.mkdir(parents=True, exist_ok=True)
-            ctx = PairContext(
-                run_dir=store.root, pair=pair, baseline=base, candidate=cand, artifact_dir=artifact_dir,
-                device=device, options=gate_options, run=info, read_input=store.read_input,
-            )
-            result = evaluate_pair(gate, ctx, identical)
-            result.info[INPUTS_KEY] = stamp
+            return _error_result(gate.name, pair, side_error)
+        artifact_dir = path.parent
+        artifact_dir.mkdir(parents=True, exist_ok=True)
+        ctx = PairContext(
+            run_dir=store.root, pair=pair, baseline=base, candidate=cand, artifact_dir=artifact_dir,
+            device=device, options=gate_options, run=info, read_input=store.read_input,
+        )
+        result = evaluate_pair(gate, ctx, identical)
+        result.info[INPUTS_KEY] = stamp
+        return result
+
+    def keep(gate: Gate, path: Path, result: GateResult) -> None:
         atomic_write_json(path, result.model_dump(mode="json"))
         summary.scored[gate.name] += 1
         _count(summary, gate.name, result, path)
         bar.advance(task)
+
+    workers = gate_workers(len(todo)) if side_error is None else 1
+    if workers > 1:
+        # Side by side: both clips decoded at once first, then the gates in threads (their GPU work, OpenCV, numpy
+        # and PyAV release the GIL); results are written and counted here, in the order the gates were asked for.
+        from concurrent.futures import ThreadPoolExecutor
+
+        from gates import media_cache
+
+        bar.update(task, description=f"{len(todo)} gates {pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}")
+        if not identical:  # an identical pair's gates answer from the records where they can: nothing to decode
+            media_cache.prefetch([base.mp4, cand.mp4], {n for gate, *_ in todo for n in gate.needs})
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gate") as pool:
+            futures = [(gate, path, pool.submit(score, gate, path, gate_options, stamp))
+                       for gate, path, gate_options, stamp in todo]
+            for gate, path, future in futures:
+                keep(gate, path, future.result())
+        return
+    for gate, path, gate_options, stamp in todo:
+        bar.update(task, description=f"{gate.name} {pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}")
+        keep(gate, path, score(gate, path, gate_options, stamp))
+
+
+GATE_THREADS_ENV = "H3EVAL_GATE_THREADS"
+"""Overrides :func:`gate_workers` (1: one gate after another; N: up to N gates of a pair side by side)."""
+GATE_THREADS_MIN_CORES = 8
+"""Cores from which the gates of a pair run side by side by default (below: one after another; on the 2-core CPU
+the gates already fill both cores, and side by side only adds contention)."""
+
+
+def gate_workers(n_gates: int) -> int:
+    """How many gates of one pair run at once: ``$H3EVAL_GATE_THREADS`` when set, else every gate on a machine of
+    :data:`GATE_THREADS_MIN_CORES` cores or more (a GPU host), else 1."""
+    import os
+
+    raw = os.environ.get(GATE_THREADS_ENV)
+    if raw is not None:
+        try:
+            wanted = int(raw)
+        except ValueError:
+            raise GateRunError(f"${GATE_THREADS_ENV}={raw!r} is not a whole number of threads") from None
+        if wanted < 1:
+            raise GateRunError(f"${GATE_THREADS_ENV}={raw!r}: at least 1 thread")
+    else:
+        wanted = n_gates if (os.cpu_count() or 1) >= GATE_THREADS_MIN_CORES else 1
+    return max(1, min(wanted, n_gates))
 
 
 def _count(summary: GateRunSummary, gate: str, result: GateResult, path: Path) -> None:

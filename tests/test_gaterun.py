@@ -248,3 +248,97 @@ def test_command_exit_codes(run):
     assert failed.exit_code == 1 and "error: audio drift/p0-s0:" in failed.output
     bad_device = runner.invoke(_app(), [str(run.root), "--gates", "audio", "--device", "tpu", "--no-progress"])
     assert bad_device.exit_code == 3 and "use cpu or cuda" in bad_device.output
+
+
+def _results(store, gates) -> dict:
+    out = {}
+    for path in sorted((store.root / "gates").rglob("*.json")):
+        data = json.loads(path.read_text().replace(str(store.root), "RUN"))  # paths inside the two runs
+        data.get("info", {}).pop("inputs", None)  # the stamp names the run's own paths' hashes: equal anyway
+        out[str(path.relative_to(store.root))] = data
+    return out
+
+
+def _assert_same(x, y, where: str) -> None:
+    if isinstance(x, dict):
+        assert isinstance(y, dict) and x.keys() == y.keys(), where
+        for k in x:
+            _assert_same(x[k], y[k], f"{where}.{k}")
+    elif isinstance(x, list):
+        assert isinstance(y, list) and len(x) == len(y), where
+        for i, (u, v) in enumerate(zip(x, y)):
+            _assert_same(u, v, f"{where}[{i}]")
+    elif isinstance(x, float) and isinstance(y, float):
+        assert x == pytest.approx(y, rel=1e-12, abs=1e-15, nan_ok=True), where
+    else:
+        assert x == y, where
+
+
+def test_gates_side_by_side_give_the_results_of_one_after_another(tmp_path, monkeypatch):
+    """``$H3EVAL_GATE_THREADS``: the gates of a pair run in threads after both clips are decoded at once (the GPU
+    host's default); every result file equals the one-after-another run's, value for value (floats to 1e-12), drift pairs included."""
+    import shutil
+
+    from gates import media_cache
+
+    gates = ["integrity", "fidelity", "audio", "ghosting", "reference_free"]
+    one = make_run(tmp_path / "one", candidates=("same", "drift"), prompt_ids=("p0", "p1"), frames_fn=_frames,
+                   audio_fn=_audio)
+    shutil.copytree(one.root, tmp_path / "many")
+    monkeypatch.setenv("H3EVAL_GATE_THREADS", "1")
+    assert not run_gates(one.root, gates, options=RAND, progress=False).failed
+    media_cache.clear()
+    calls = []
+    original = media_cache.prefetch
+    monkeypatch.setattr(media_cache, "prefetch", lambda paths, needs: (calls.append(needs), original(paths, needs)))
+    monkeypatch.setenv("H3EVAL_GATE_THREADS", "5")
+    from h3eval.store import RunStore
+
+    many = RunStore(tmp_path / "many")
+    summary = run_gates(many.root, gates, options=RAND, progress=False)
+    assert not summary.failed and summary.scored == dict.fromkeys(gates, 4)
+    assert calls == [{"video", "audio"}] * 2  # the two drift pairs; identical pairs decode nothing up front
+    a, b = _results(one, gates), _results(many, gates)
+    assert len(a) == 20 and a.keys() == b.keys()
+    for key in a:  # equal, floats to 1e-12 (numpy's SIMD sums can differ in the last bit with buffer alignment)
+        _assert_same(a[key], b[key], key)
+    assert any(a[k]["metrics"]["lpips_mean"]["value"] > 0 for k in a if "fidelity/drift" in k)
+
+
+def test_a_bad_gate_thread_count_is_refused_before_anything_runs(run, monkeypatch):
+    for bad in ("0", "two"):
+        monkeypatch.setenv("H3EVAL_GATE_THREADS", bad)
+        with pytest.raises(GateRunError, match="H3EVAL_GATE_THREADS"):
+            run_gates(run.root, GATES, options=RAND, progress=False)
+        assert not (run.root / "gates").exists()
+
+
+def test_a_clip_asked_for_by_two_threads_at_once_is_decoded_once(run, monkeypatch):
+    """The clip cache's in-flight decode: a second gate asking for a clip being decoded waits for that decode
+    instead of starting its own; both get the same frames."""
+    import threading
+    import time
+
+    import h3.media
+    from gates import media_cache
+
+    media_cache.clear()
+    decodes = []
+    original = h3.media.decode_video
+
+    def slow(path, **kw):
+        decodes.append(path)
+        time.sleep(0.3)
+        return original(path, **kw)
+
+    monkeypatch.setattr(h3.media, "decode_video", slow)
+    path = run.clip_path("drift", "p0", 0)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(media_cache.load_video(path))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(decodes) == 1 and len(got) == 3 and got[0][0] is got[1][0] is got[2][0]
+    assert got[0][0].shape[0] == NUM_FRAMES
+    media_cache.clear()
