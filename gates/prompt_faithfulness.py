@@ -58,6 +58,16 @@ class PromptFaithfulnessGate(Gate):
                "faithfulness.baseline": MetricSpec(higher_is_better=True)}
 
     def evaluate(self, ctx: PairContext) -> GateResult:
+        return self._score(ctx, identical=False)
+
+    def identical_result(self, ctx: PairContext) -> GateResult:
+        """A bit-identical pair (same raw frames and PCM): the baseline's clip is scored, and the candidate's score is
+        the same (a difference after decoding would be codec noise)."""
+        result = self._score(ctx, identical=True)
+        result.identical = True
+        return result
+
+    def _score(self, ctx: PairContext, identical: bool) -> GateResult:
         from gates.media_cache import load_audio, load_video
         from h3.world.detect import parse_caption
 
@@ -77,12 +87,15 @@ class PromptFaithfulnessGate(Gate):
                                      f"truth ({exc})")
             return result
         shares = {}
-        for side in ("baseline", "candidate"):
+        for side in ("baseline",) if identical else ("baseline", "candidate"):
             clip = getattr(ctx, side)
             frames, _ = load_video(clip.mp4)
             audio, rate = load_audio(clip.mp4)
             shares[side], result.info[side] = clip_faithfulness(frames, audio, int(rate), captions[side],
                                                                options.sync_tolerance_frames)
+        if identical:
+            shares["candidate"], result.info["candidate"] = shares["baseline"], result.info["baseline"]
+            result.info["short_circuit"] = "frames_sha256 and pcm_sha256 equal: the baseline's clip scored for both"
         result.metrics = {"faithfulness": metric(shares["candidate"], True),
                           "faithfulness.baseline": metric(shares["baseline"], True)}
         wrong = [a for a, ok in result.info["candidate"]["aspects"].items() if not ok]

@@ -807,18 +807,34 @@ class ReferenceFreeGate(Gate):
                for name, d in DIMENSIONS.items() for n in (name, name + BASELINE_SUFFIX)}
 
     def evaluate(self, ctx: PairContext) -> GateResult:
+        return self._score(ctx, identical=False)
+
+    def identical_result(self, ctx: PairContext) -> GateResult:
+        """A bit-identical pair (same raw frames and PCM): the baseline's clip is scored (memoized: it is in every
+        candidate's pair) and its scores are the candidate's too (a difference after decoding would be codec noise);
+        every paired delta is exactly 0."""
+        result = self._score(ctx, identical=True)
+        result.identical = True
+        result.info["short_circuit"] = "frames_sha256 and pcm_sha256 equal: the baseline's clip scored for both"
+        return result
+
+    def _score(self, ctx: PairContext, identical: bool) -> GateResult:
         options = self.parse_options(ctx.options)
         result = new_result(self.name, ctx)
         device = ctx.device if str(ctx.device).startswith(("cuda", "torch:")) else "cpu"
-        # The two clips at once: on the CPU each clip's numpy/OpenCV work releases the GIL for most of its time (two
-        # threads on the 2-core CPU took a 768x1344 pair from 20 s to about half); on a GPU the device work overlaps
-        # the other clip's flows. A memoized side (the baseline of an earlier candidate) returns at once.
-        from concurrent.futures import ThreadPoolExecutor
+        if identical:
+            sides = {"baseline": score_mp4(ctx.baseline.mp4, options, device)}
+            sides["candidate"] = sides["baseline"]
+        else:
+            # The two clips at once: on the CPU each clip's numpy/OpenCV work releases the GIL for most of its time
+            # (two threads on the 2-core CPU took a 768x1344 pair from 20 s to about half); on a GPU the device work
+            # overlaps the other clip's flows. A memoized side (the baseline of an earlier candidate) returns at once.
+            from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(2, thread_name_prefix="reference_free-side") as pool:
-            jobs = {side: pool.submit(score_mp4, getattr(ctx, side).mp4, options, device)
-                    for side in ("baseline", "candidate")}
-            sides = {side: job.result() for side, job in jobs.items()}
+            with ThreadPoolExecutor(2, thread_name_prefix="reference_free-side") as pool:
+                jobs = {side: pool.submit(score_mp4, getattr(ctx, side).mp4, options, device)
+                        for side in ("baseline", "candidate")}
+                sides = {side: job.result() for side, job in jobs.items()}
         (base, base_info), (cand, cand_info) = sides["baseline"], sides["candidate"]
         missing = []
         for name, dim in DIMENSIONS.items():

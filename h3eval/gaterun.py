@@ -9,8 +9,9 @@ and artifacts to the same folder. The loop is pair-major so that the gates of on
   again (a missing weight file may have been put in place since). ``force=True`` recomputes everything.
 - **Identical pairs**: when both clip records have the same ``frames_sha256`` and ``pcm_sha256`` the generation was
   bit-identical, and any difference after decoding would be codec noise. A gate with an ``identical_result(ctx)``
-  method answers without decoding (exactly zero difference); other gates are run as usual and their result is
-  marked ``identical``. The integrity gate has no such method: a clip can be broken on both sides.
+  method answers without decoding the candidate (fidelity, audio: exactly zero difference, nothing
+  decoded; reference_free, prompt_faithfulness: the baseline's clip scored for both sides); other gates are run as
+  usual and their result is marked ``identical``. The integrity gate has no such method: a clip can be broken on both sides.
 - **Options**: ``key=value`` goes to every chosen gate that knows ``key`` (each gate declares its option schema,
   ``Gate.Options``), ``gate.key=value`` to that gate only. An option no chosen gate knows, or a value its schema
   refuses, is an error before anything runs.

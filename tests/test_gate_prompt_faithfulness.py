@@ -85,3 +85,35 @@ def test_a_prompt_without_ground_truth_is_not_applicable(tmp_path):
     result = json.loads((tmp_path / "gates" / "prompt_faithfulness" / "c" / "p0-s0.json").read_text())
     assert result["status"] == "not_applicable" and "no ground truth" in result["info"]["reason"]
     assert result["metrics"] == {}
+
+
+def test_an_identical_pair_scores_the_baseline_once_with_the_full_evaluations_values(tmp_path, monkeypatch):
+    """A bit-identical pair: the baseline's clip is scored once and its share is the candidate's, marked identical;
+    without the shortcut both decoded clips give the same."""
+    import shutil
+
+    from gates import prompt_faithfulness as pf
+    from h3eval.gaterun import run_gates
+    from h3eval.synth import make_synthetic_run
+
+    [scene, _] = _scenes()
+    frames = render_video([scene]).numpy()[0]
+    pcm = (np.clip(render_audio([scene]).numpy()[0].T, -1, 1) * 32767).astype(np.int16)
+    make_synthetic_run(tmp_path / "a", candidates=["same"], prompt_ids=["p0"], seeds=[0],
+                       frames_fn=lambda r, p, s: frames, audio_fn=lambda r, p, s: pcm,
+                       prompt_fn=lambda p: scene.caption())
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    calls = []
+    original = pf.clip_faithfulness
+    monkeypatch.setattr(pf, "clip_faithfulness", lambda *a, **k: (calls.append(1), original(*a, **k))[1])
+    assert not run_gates(tmp_path / "a", ["prompt_faithfulness"], progress=False).errors
+    assert len(calls) == 1
+    short = json.loads((tmp_path / "a" / "gates" / "prompt_faithfulness" / "same" / "p0-s0.json").read_text())
+    assert short["identical"] and "short_circuit" in short["info"]
+    assert short["metrics"]["faithfulness"]["value"] == short["metrics"]["faithfulness.baseline"]["value"] == 1.0
+    monkeypatch.delattr(pf.PromptFaithfulnessGate, "identical_result")
+    assert not run_gates(tmp_path / "b", ["prompt_faithfulness"], progress=False).errors
+    assert len(calls) == 3
+    full = json.loads((tmp_path / "b" / "gates" / "prompt_faithfulness" / "same" / "p0-s0.json").read_text())
+    assert {k: v["value"] for k, v in full["metrics"].items()} == {k: v["value"] for k, v in short["metrics"].items()}
+    assert full["info"]["candidate"]["aspects"] == short["info"]["candidate"]["aspects"]

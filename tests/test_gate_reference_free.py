@@ -317,3 +317,41 @@ def test_gate_writes_both_sides_with_declared_directions(tmp_path):
     assert metrics["sharpness"]["value"] < 0.5 * metrics["sharpness.baseline"]["value"]
     assert metrics["blur"]["value"] > metrics["blur.baseline"]["value"]
     assert metrics["loudness_lufs"]["value"] == pytest.approx(metrics["loudness_lufs.baseline"]["value"], abs=1e-9)
+
+
+def test_an_identical_pair_scores_the_baseline_once_and_equals_the_full_evaluation(tmp_path, monkeypatch):
+    """A bit-identical pair (same frames and PCM hashes in the records): the gate scores the baseline's clip and gives
+    the candidate the same scores (every paired delta 0), marked identical; the full evaluation of both decoded clips
+    (the shortcut taken away) gives the same values."""
+    import shutil
+
+    from h3eval.gaterun import run_gates
+    from h3eval.synth import make_synthetic_run
+
+    frames = _translating(2.0, frames=8)
+    t = np.arange(16000) / 32000
+    pcm = (np.stack([0.2 * np.sin(2 * np.pi * 440 * t)] * 2, axis=1) * 32767).astype(np.int16)
+    make_synthetic_run(tmp_path / "a", candidates=["same"], prompt_ids=["p0"], seeds=[0], baseline="base",
+                       frames_fn=lambda r, p, s: frames, audio_fn=lambda r, p, s: pcm)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    options = {"niqe_frame_stride": "4"}
+    scored = []
+    original = rf.score_mp4
+    monkeypatch.setattr(rf, "score_mp4",
+                        lambda path, *a, **k: (scored.append(path.parent.name), original(path, *a, **k))[1])
+    rf.clear_cache()
+    assert not run_gates(tmp_path / "a", ["reference_free"], options=options, progress=False).errors
+    assert scored == ["base"]  # the candidate's clip is not scored
+    short = json.loads((tmp_path / "a" / "gates" / "reference_free" / "same" / "p0-s0.json").read_text())
+    assert short["identical"] and "short_circuit" in short["info"]
+    for name in rf.DIMENSIONS:
+        assert short["metrics"][name]["value"] == short["metrics"][name + ".baseline"]["value"], name
+    rf.clear_cache()
+    monkeypatch.delattr(rf.ReferenceFreeGate, "identical_result")
+    assert not run_gates(tmp_path / "b", ["reference_free"], options=options, progress=False).errors
+    full = json.loads((tmp_path / "b" / "gates" / "reference_free" / "same" / "p0-s0.json").read_text())
+    assert "short_circuit" not in full["info"] and sorted(scored[1:]) == ["base", "same"]
+    for key, value in full["metrics"].items():
+        a, b = short["metrics"][key]["value"], value["value"]
+        assert (a is None and b is None) or a == pytest.approx(b, rel=1e-12, abs=1e-12), key
+    rf.clear_cache()
