@@ -40,10 +40,12 @@ def main() -> None:
                "prompts": DEMO_PROMPTS, "seeds": list(result.seeds), "recipes": list(DEMO_RECIPES),
                "overall": result.overall, "identical": result.identical, "content": content,
                "lpips_trunk": result.lpips_trunk, "load_average_before": load_before,
-               "load_average_after": os.getloadavg(), "gate_errors": len(result.gate_errors)}
+               "load_average_after": os.getloadavg(), "gate_errors": len(result.gate_errors),
+               "stage_seconds": result.stage_seconds}
     table = ("| measure | value |\n|---|---|\n"
              f"| `h3eval demo` wall time | {wall:.0f} s (target ≤ {TARGET_S:.0f} s: {'met' if wall <= TARGET_S else 'missed'}) |\n"
              f"| process CPU time (user + system) | {cpu:.0f} s |\n"
+             f"| parts (wall s) | " + ", ".join(f"{k} {v:.0f}" for k, v in result.stage_seconds.items()) + " |\n"
              f"| model, prompts, seeds | {result.model}, {DEMO_PROMPTS} ({result.prompts}), {list(result.seeds)} |\n"
              f"| verdict | {result.overall} |\n"
              f"| identical to baseline | {result.identical} |\n"

@@ -53,6 +53,8 @@ class DemoResult:
     seeds: tuple[int, ...] = DEMO_SEEDS
     content: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
     """Recipe -> aspect -> (clips right, clips scored), from the prompt faithfulness gate (:func:`content_summary`)."""
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    """Wall seconds of each part: ab (clips, warm-ups, speed requests), gates, floor, report."""
 
 
 def lpips_trunk() -> str:
@@ -96,6 +98,7 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
     from h3eval.store import RunStore
 
     started = time.perf_counter()
+    stages: dict[str, float] = {}
     out = Path(out)
     run_dir, floor_dir = out / "run", out / "floor"
     suite = load_prompts(prompts)
@@ -104,6 +107,7 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
     run_ab_from_args(baseline="baseline", candidates=["identity", "fewer-steps"], prompts=prompts, out=run_dir,
                      model=model, seeds=",".join(str(s) for s in seeds), off_identity=False, trajectory=True,
                      warmup=1, speed_protocol="mixed", speed_rounds=1, device="cpu")
+    stages["ab"] = time.perf_counter() - started
     manifest = RunStore(run_dir).read_manifest()
     if manifest.status != "complete":
         problems = [f"{e.recipe}/{e.prompt_id}-s{e.seed}: {e.error}" for e in manifest.errors[:5]]
@@ -112,7 +116,9 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
             problems + [f"{k}: {v}" for k, v in mismatches.items()]))
     trunk = lpips_trunk()
     options = {"fidelity.lpips_trunk": trunk}
+    mark = time.perf_counter()
     summary = run_gates(run_dir, list(CPU_GATES), device="cpu", options=options, progress=progress)
+    stages["gates"] = time.perf_counter() - mark
 
     store = RunStore(run_dir)
     identical = {cand: off_identity(store, DEMO_RECIPES[0], cand, suite.ids, list(seeds))["passed"]
@@ -122,14 +128,17 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
                                    determinism={"pairs": len(suite.ids) * len(seeds),
                                                 "identical": identical.get("identity", False),
                                                 "checked_by": "identity recipe vs baseline"})
+    mark = time.perf_counter()
+    stages["floor"] = mark - stages["gates"] - stages["ab"] - started
     verdict, paths = run_report(run_dir, policy_path(policy), floor=RunStore(floor_dir).floor_path)
+    stages["report"] = time.perf_counter() - mark
     from h3eval.verdict import summary_lines
 
     return DemoResult(run_dir=run_dir, floor_dir=floor_dir, overall=str(verdict.outcome), identical=identical,
                       lpips_trunk=trunk, reports=dict(paths), seconds=time.perf_counter() - started,
                       gate_errors=list(summary.errors) + list(floor["gate_errors"]), lines=summary_lines(verdict),
                       model=manifest.model, prompts=len(suite.ids), seeds=tuple(seeds),
-                      content=content_summary(run_dir))
+                      content=content_summary(run_dir), stage_seconds=stages)
 
 
 def policy_path(name_or_path: str | Path) -> Path:
