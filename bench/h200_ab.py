@@ -466,7 +466,8 @@ def gates(args: argparse.Namespace) -> int:
             torch.cuda.synchronize()
 
     def timed_eval(gate, ctx, identical):
-        # Each gate of the pair, in the order they run: the first also decodes both clips (the clip cache).
+        # Each gate of the pair: one after another, the first also decodes both clips (the clip cache); side by side
+        # (h3eval.gaterun.gate_workers), each gate's own wall time, overlapping, after both clips were decoded.
         t0 = time.perf_counter()
         try:
             return original_eval(gate, ctx, identical)
@@ -496,6 +497,7 @@ def gates(args: argparse.Namespace) -> int:
     finally:
         gaterun._run_pair, gaterun.evaluate_pair = original, original_eval
     payload = {"gates": args.gates.split(","), "device": args.device, "wall_s": time.perf_counter() - t0,
+               "gate_threads": gaterun.gate_workers(len(args.gates.split(","))),
                "pairs": timings, "errors": summary.errors, "scored": summary.scored}
     previous = json.loads(Path(args.timing).read_text()) if Path(args.timing).is_file() else {}
     # A resumed run keeps the times of the pairs computed before (a resumed pair takes no time).

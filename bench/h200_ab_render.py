@@ -205,6 +205,7 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
                                   "seconds": cold["seconds"]} if cold else None),
         "floor": timing.get("floor"),
         "per_gate_s_median": _per_gate_medians(timing.get("gates") or [], warm_pairs),
+        "gate_threads": timing.get("gate_threads", 1),
         "model_load_s": next((load for name in recipes for r in _records(run, name)
                               if (load := (r.get("extra") or {}).get("model_load_s"))), None),
         "warmup": {"requests_per_recipe": config.get("warmup"), "recipes": config.get("warmup_recipes") or "all"},
@@ -297,7 +298,10 @@ def shape_markdown(fig: dict[str, Any], context: dict[str, Any]) -> str:
                   "measured around each pair (bench/h200_ab.py gates)."]
     per_gate = fig.get("per_gate_s_median")
     if per_gate:
-        lines += ["", "Per gate, median seconds a pair (the first gate of a pair also decodes both clips): "
+        threads = fig.get("gate_threads") or 1
+        how = ("the first gate of a pair also decodes both clips" if threads == 1 else
+               f"{threads} gates side by side, each its own wall time, after both clips were decoded")
+        lines += ["", f"Per gate, median seconds a pair ({how}): "
                       + ", ".join(f"{g} {v:.2f}" for g, v in per_gate.items()) + "."]
     load = fig.get("model_load_s")
     if load:

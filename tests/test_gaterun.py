@@ -342,3 +342,16 @@ def test_a_clip_asked_for_by_two_threads_at_once_is_decoded_once(run, monkeypatc
     assert len(decodes) == 1 and len(got) == 3 and got[0][0] is got[1][0] is got[2][0]
     assert got[0][0].shape[0] == NUM_FRAMES
     media_cache.clear()
+
+
+def test_gate_threads_default_to_one_per_core_up_to_the_gates(monkeypatch):
+    import os
+
+    from h3eval.gaterun import gate_workers
+
+    monkeypatch.delenv("H3EVAL_GATE_THREADS", raising=False)
+    for cores, gates, want in ((1, 7, 1), (2, 7, 2), (16, 7, 7), (16, 1, 1), (None, 3, 1)):
+        monkeypatch.setattr(os, "cpu_count", lambda: cores)
+        assert gate_workers(gates) == want, (cores, gates)
+    monkeypatch.setenv("H3EVAL_GATE_THREADS", "3")
+    assert gate_workers(7) == 3 and gate_workers(2) == 2
