@@ -62,6 +62,7 @@ import dataclasses
 import logging
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -684,11 +685,23 @@ def ghost_scores(
     "torch:cpu" runs the torch path on the CPU (tests)."""
     config = config or GhostingConfig()
     if device == "cpu":
-        from threadpoolctl import threadpool_limits
-
-        with threadpool_limits(limits=workers, user_api="blas"):
+        with _blas_controller().limit(limits=workers, user_api="blas"):
             return _ghost_scores(frames_base, frames_cand, config, _Numpy(workers), chunk or 4)
     return _ghost_scores(frames_base, frames_cand, config, _backend(device, workers), chunk or 16)
+
+
+_blas: Any = None
+
+
+def _blas_controller():
+    """One threadpoolctl controller for the process: building one walks the loaded libraries (dl_iterate_phdr), which
+    must not race a first import of an extension module in another thread (the gates run side by side)."""
+    global _blas
+    if _blas is None:
+        from threadpoolctl import ThreadpoolController
+
+        _blas = ThreadpoolController()
+    return _blas
 
 
 def _frames_equal(a, b) -> bool:

@@ -17,9 +17,10 @@ and artifacts to the same folder. The loop is pair-major so that the gates of on
   refuses, is an error before anything runs.
 - **Metrics**: a result whose metrics are not among those the gate declares (``Gate.metrics``: name, direction,
   unit) is an error result: the verdict reads the declarations.
-- **Side by side**: the gates of a pair run in threads, one per core (``$H3EVAL_GATE_THREADS`` overrides: 1 runs
-  them one after another), after both clips are decoded at once; each gate's result is the same either way
-  (tests/test_gaterun.py), only the wall time differs.
+- **Side by side**: on a host of 8 cores or more (a GPU host) the gates of a pair run in threads, one per core
+  (``$H3EVAL_GATE_THREADS`` overrides: 1 runs them one after another), after both clips are decoded at once; each gate's result is the same either way
+  (tests/test_gaterun.py), only the wall time differs. A gate's first non-identical pair in a process runs one
+  after another (its lazy imports and model loads, see ``_warm``), and identical pairs always do (they are cheap).
 - **Bad input**: a missing or unfinished clip, an MP4 whose sha256 no longer matches its record, or a gate that
   raises gives that pair (and gate) a result with ``status="error"`` and the message; the other pairs are still
   scored, and the summary says the run failed so that the command exits non-zero.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -398,8 +400,10 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
         _count(summary, gate.name, result, path)
         bar.advance(task)
 
-    workers = gate_workers(len(todo)) if side_error is None else 1
-    if workers > 1:
+    workers = gate_workers(len(todo)) if side_error is None and not identical else 1
+    with _warm_lock:
+        cold = [gate.name for gate, *_ in todo if gate.name not in _warm]
+    if workers > 1 and not cold:
         # Side by side: both clips decoded at once first, then the gates in threads (their GPU work, OpenCV, numpy
         # and PyAV release the GIL); results are written and counted here, in the order the gates were asked for.
         from concurrent.futures import ThreadPoolExecutor
@@ -418,16 +422,31 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
     for gate, path, gate_options, stamp in todo:
         bar.update(task, description=f"{gate.name} {pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}")
         keep(gate, path, score(gate, path, gate_options, stamp))
+    if side_error is None and not identical:
+        with _warm_lock:
+            _warm.update(gate.name for gate, *_ in todo)
+
+
+# Gates that have scored a non-identical pair in this process, one after another. Only those run side by side: a
+# gate's first pair does its lazy imports and model loads, and a first import of an extension module (dlopen under
+# the GIL) in one thread while another thread's threadpoolctl walks the loaded libraries (dl_iterate_phdr, calling
+# back into Python) deadlocked the demo's floor (cv2's first import in fidelity against ghosting's BLAS limit).
+_warm: set[str] = set()
+_warm_lock = threading.Lock()
 
 
 GATE_THREADS_ENV = "H3EVAL_GATE_THREADS"
 """Overrides :func:`gate_workers` (1: one gate after another; N: up to N gates of a pair side by side)."""
+GATE_THREADS_MIN_CORES = 8
+"""Cores from which the gates of a pair run side by side by default (a GPU host), one per core up to the number of
+gates; below, one after another. On the 2-core CPU two at a time took the demo's seven gates over 32 pairs from 83-87
+s to 65-68 s, but its floor's five gates from 46 to 60 s (ghosting's one-thread BLAS limit is process-wide, and the
+gates' own threads compete for the two cores): not a default there."""
 
 
 def gate_workers(n_gates: int) -> int:
     """How many gates of one pair run at once: ``$H3EVAL_GATE_THREADS`` when set, else one per core up to the number
-    of gates (on the 2-core CPU two side by side took the demo's seven gates over 32 pairs from 83-87 s to 65-68 s:
-    much of each gate is one-threaded numpy, OpenCV or PyAV; a GPU host runs them all at once)."""
+    of gates on a host of :data:`GATE_THREADS_MIN_CORES` cores or more, else 1."""
     import os
 
     raw = os.environ.get(GATE_THREADS_ENV)
@@ -439,7 +458,8 @@ def gate_workers(n_gates: int) -> int:
         if wanted < 1:
             raise GateRunError(f"${GATE_THREADS_ENV}={raw!r}: at least 1 thread")
     else:
-        wanted = os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+        wanted = cores if cores >= GATE_THREADS_MIN_CORES else 1
     return max(1, min(wanted, n_gates))
 
 
