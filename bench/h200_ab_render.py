@@ -300,7 +300,8 @@ def shape_markdown(fig: dict[str, Any], context: dict[str, Any]) -> str:
     if per_gate:
         threads = fig.get("gate_threads") or 1
         how = ("the first gate of a pair also decodes both clips" if threads == 1 else
-               f"{threads} gates side by side, each its own wall time, after both clips were decoded")
+               f"up to {threads} gates side by side, each its own wall time, after both clips were decoded; a "
+               "gate's first pair and identical pairs one after another")
         lines += ["", f"Per gate, median seconds a pair ({how}): "
                       + ", ".join(f"{g} {v:.2f}" for g, v in per_gate.items()) + "."]
     load = fig.get("model_load_s")
