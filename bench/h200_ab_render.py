@@ -144,10 +144,10 @@ def shape_figures(work: Path, shape: str, config: dict[str, Any]) -> dict[str, A
         r2f = summary.get("request_to_file_latency_s") or {}
         anatomy = dict(summary.get("stage_anatomy_median_s") or {})
         if anatomy and "denoise_step_first" not in anatomy:  # a speed.json written before they were summarized
-            steps = [((r.get("timings") or {}).get("stage_anatomy") or {}).get("denoise_steps") for r in records]
-            steps = [s for s in steps if s]
-            anatomy["denoise_step_first"] = _median([s[0] for s in steps])
-            anatomy["denoise_step_last"] = _median([s[-1] for s in steps])
+            from h3eval.speed import step_ends
+
+            anatomy.update(step_ends([((r.get("timings") or {}).get("stage_anatomy") or {}).get("denoise_steps")
+                                      for r in records]))
         peak = summary.get("peak_memory_bytes")
         switches = [((r.get("extra") or {}).get("shared_model") or {}).get("last_switch") or {} for r in records]
         server_switch = [(r.get("extra") or {}).get("server_switch_s") for r in records]

@@ -9,18 +9,19 @@ and artifacts to the same folder. The loop is pair-major so that the gates of on
   again (a missing weight file may have been put in place since). ``force=True`` recomputes everything.
 - **Identical pairs**: when both clip records have the same ``frames_sha256`` and ``pcm_sha256`` the generation was
   bit-identical, and any difference after decoding would be codec noise. A gate with an ``identical_result(ctx)``
-  method answers without decoding the candidate (fidelity, audio: exactly zero difference, nothing
-  decoded; reference_free, prompt_faithfulness: the baseline's clip scored for both sides); other gates are run as
-  usual and their result is marked ``identical``. The integrity gate has no such method: a clip can be broken on both sides.
+  method answers without decoding the candidate (fidelity, audio: exactly zero difference, nothing decoded;
+  reference_free, prompt_faithfulness: the baseline's clip scored for both sides); other gates are run as usual and
+  their result is marked ``identical``. The integrity gate has no such method: a clip can be broken on both sides.
 - **Options**: ``key=value`` goes to every chosen gate that knows ``key`` (each gate declares its option schema,
   ``Gate.Options``), ``gate.key=value`` to that gate only. An option no chosen gate knows, or a value its schema
   refuses, is an error before anything runs.
 - **Metrics**: a result whose metrics are not among those the gate declares (``Gate.metrics``: name, direction,
   unit) is an error result: the verdict reads the declarations.
 - **Side by side**: on a host of 8 cores or more (a GPU host) the gates of a pair run in threads, one per core
-  (``$H3EVAL_GATE_THREADS`` overrides: 1 runs them one after another), after both clips are decoded at once; each gate's result is the same either way
-  (tests/test_gaterun.py), only the wall time differs. A gate's first non-identical pair in a process runs one
-  after another (its lazy imports and model loads, see ``_warm``), and identical pairs always do (they are cheap).
+  (``$H3EVAL_GATE_THREADS`` overrides: 1 runs them one after another), after both clips are decoded at once; each
+  gate's result is the same either way (tests/test_gaterun.py), only the wall time differs. A gate's first
+  non-identical pair in a process runs one after another (its lazy imports and model loads, see ``_warm``), and
+  identical pairs always do (they are cheap).
 - **Bad input**: a missing or unfinished clip, an MP4 whose sha256 no longer matches its record, or a gate that
   raises gives that pair (and gate) a result with ``status="error"`` and the message; the other pairs are still
   scored, and the summary says the run failed so that the command exits non-zero.
@@ -411,8 +412,7 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
         from gates import media_cache
 
         bar.update(task, description=f"{len(todo)} gates {pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}")
-        if not identical:  # an identical pair's gates answer from the records where they can: nothing to decode
-            media_cache.prefetch([base.mp4, cand.mp4], {n for gate, *_ in todo for n in gate.needs})
+        media_cache.prefetch([base.mp4, cand.mp4], {n for gate, *_ in todo for n in gate.needs})
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gate") as pool:
             futures = [(gate, path, pool.submit(score, gate, path, gate_options, stamp))
                        for gate, path, gate_options, stamp in todo]
@@ -439,9 +439,10 @@ GATE_THREADS_ENV = "H3EVAL_GATE_THREADS"
 """Overrides :func:`gate_workers` (1: one gate after another; N: up to N gates of a pair side by side)."""
 GATE_THREADS_MIN_CORES = 8
 """Cores from which the gates of a pair run side by side by default (a GPU host), one per core up to the number of
-gates; below, one after another. On the 2-core CPU two at a time took the demo's seven gates over 32 pairs from 83-87
-s to 65-68 s, but its floor's five gates from 46 to 60 s (ghosting's one-thread BLAS limit is process-wide, and the
-gates' own threads compete for the two cores): not a default there."""
+gates; below, one after another. On the 2-core CPU two at a time measured faster in one process
+(bench/results/gates_cpu_parts.md: the demo's gates 81.6 -> 60.1 s, its floor 64.3 -> 45.1 s), but a first scratch
+run of the floor in a fresh process was slower (46 -> 60 s), and a few-core CI machine is where a lazy import missed
+by the first-pair rule below would hang a run: not the default there until measured again."""
 
 
 def gate_workers(n_gates: int) -> int:

@@ -74,12 +74,7 @@ def summarize(records: Sequence[ClipRecord], gpu_hourly_rate: float | None = Non
                    for stage in ANATOMY_STAGES}
         steps = [s for r in anatomy_records for s in r.timings.stage_anatomy.denoise_steps]
         anatomy["denoise_step"] = statistics.median(steps) if steps else None
-        # A few-step recipe's median mixes its compile steps with its warm ones: its first step (compile, a dense
-        # first step) and its last (warm) apart, each the median over the requests.
-        per_request = [r.timings.stage_anatomy.denoise_steps for r in anatomy_records
-                       if r.timings.stage_anatomy.denoise_steps]
-        anatomy["denoise_step_first"] = statistics.median(s[0] for s in per_request) if per_request else None
-        anatomy["denoise_step_last"] = statistics.median(s[-1] for s in per_request) if per_request else None
+        anatomy.update(step_ends([r.timings.stage_anatomy.denoise_steps for r in anatomy_records]))
         out["stage_anatomy_median_s"] = anatomy
     else:
         out["stage_anatomy_median_s"] = None
@@ -87,6 +82,14 @@ def summarize(records: Sequence[ClipRecord], gpu_hourly_rate: float | None = Non
     out["peak_memory_bytes"] = max(peaks) if peaks else None
     out["usd_per_clip"] = stats.usd_per_clip(rtf_s, gpu_hourly_rate)
     return out
+
+
+def step_ends(per_request: Sequence[Sequence[float]]) -> dict[str, float | None]:
+    """A few-step recipe's median step mixes its compile steps with its warm ones: its first step (compile, a dense
+    first step) and its last (warm) apart, each the median over the requests' own step lists."""
+    steps = [s for s in per_request if s]
+    return {"denoise_step_first": statistics.median(s[0] for s in steps) if steps else None,
+            "denoise_step_last": statistics.median(s[-1] for s in steps) if steps else None}
 
 
 def speedup(baseline: Sequence[float], candidate: Sequence[float], n_resamples: int = BOOTSTRAP_B,

@@ -276,7 +276,8 @@ def _assert_same(x, y, where: str) -> None:
 
 def test_gates_side_by_side_give_the_results_of_one_after_another(tmp_path, monkeypatch):
     """``$H3EVAL_GATE_THREADS``: the gates of a pair run in threads after both clips are decoded at once (one per
-    core by default on a host of 8+ cores); every result file equals the one-after-another run's, value for value (floats to 1e-12), drift pairs included."""
+    core by default on a host of 8+ cores); every result file equals the one-after-another run's, value for value
+    (floats to 1e-12), drift pairs included."""
     import shutil
 
     from gates import media_cache
