@@ -74,8 +74,8 @@ class TrajectoryRecorder:
         return out
 
     def save(self, path: str | os.PathLike) -> None:
-        # Uncompressed: latents are float noise that zlib shrinks by ~8 %, at ~0.7 s a tiny clip on the 2-core CPU
-        # (np.savez: 0.02 s; loading 0.12 s -> 0.02 s); np.load reads either.
+        # Uncompressed: latents are float noise that zlib shrinks by ~8 %, at 0.9 s a tiny clip's write on the 2-core
+        # CPU (np.savez: 0.02 s; loading 0.12 s -> 0.02 s; bench/results/gates_cpu_parts.md); np.load reads either.
         buffer = io.BytesIO()
         np.savez(buffer, **self.arrays())
         atomic_write_bytes(path, buffer.getvalue())
