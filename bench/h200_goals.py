@@ -80,10 +80,18 @@ def sync(device: str) -> None:
 
 
 def keep_in_fp32(model) -> None:
-    keep = getattr(model, "_keep_in_fp32_modules", None) or []
-    for name, module in model.named_modules():
-        if any(name == k or name.endswith("." + k) for k in keep):
-            module.float()
+    """diffusers' loading rule (``from_pretrained(torch_dtype=bfloat16)``): a parameter or persistent buffer stays
+    float32 when a ``_keep_in_fp32_modules`` entry is one of the dot-separated parts of its name. Per tensor, not per
+    module: the VAE decoder's ``scale1`` / ``scale2`` are parameters, and in bfloat16 they left the residual stream in
+    bfloat16 where the runtime's is float32, so the float32 ``norm_out`` refused it (the 2026-12-01 goals call)."""
+    from h3.random_model import _keeps_float32
+
+    persistent = set(model.state_dict().keys())
+    with torch.no_grad():
+        for name, tensor in list(model.named_parameters()) + [
+                (n, b) for n, b in model.named_buffers() if n in persistent]:
+            if tensor.is_floating_point() and _keeps_float32(model, name):
+                tensor.data = tensor.data.float()
 
 
 def build(smoke: bool, device: str, dtype) -> SimpleNamespace:

@@ -116,3 +116,25 @@ def test_every_row_of_the_bench_is_a_goal_of_the_table():
 
     assert [key for key, _, _ in GOALS] == ["request15", "request544", "dense768", "sparse768", "decode15"]
     assert set(ROWS) == {key for key, _, _ in GOALS} == set(ESTIMATE_S)
+
+
+def test_goals_models_take_the_runtimes_float32_rule():
+    """The goals script builds its models directly in bfloat16 and then pins what diffusers' from_pretrained keeps in
+    float32; every state-dict entry must end in the dtype the runtime's seeded build gives it (h3.random_model, the
+    loading rule applied per tensor). The 2026-12-01 call pinned per module and left the VAE decoder's ``scale1`` /
+    ``scale2`` parameters in bfloat16: the decode then failed in the float32 ``norm_out``."""
+    import torch
+
+    from bench.h200_goals import build
+    from h3.random_model import build_components, small
+
+    goals = build(True, "cpu", torch.bfloat16)
+    runtime = build_components(small(), "cpu", torch.bfloat16)
+    for name in ("transformer", "vae", "audio_vae"):
+        ours = {k: v.dtype for k, v in getattr(goals, name).state_dict().items()}
+        theirs = {k: v.dtype for k, v in runtime[name].state_dict().items()}
+        assert ours.keys() == theirs.keys(), name
+        assert ours == theirs, (name, {k: (ours[k], theirs[k]) for k in ours if ours[k] != theirs[k]})
+    assert goals.vae.decoder.transformer_blocks[0].scale1.dtype == torch.float32
+    assert goals.vae.decoder.transformer_blocks[0].norm1.weight.dtype == torch.float32
+    assert goals.vae.decoder.proj_out.weight.dtype == torch.bfloat16
