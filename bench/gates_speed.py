@@ -140,7 +140,7 @@ def main() -> int:
         clear_clips()
         clear_scores()
 
-    from h3eval.gaterun import options_for, parse_options, run_gates
+    from h3eval.gaterun import gate_workers, options_for, parse_options, run_gates
     from h3eval.synth import make_synthetic_run
 
     machine_info = machine(args.device)  # load average before anything of ours runs
@@ -229,6 +229,7 @@ def main() -> int:
                  "seconds": args.frames / FPS, "audio_samples": num_samples},
         "gates": gates,
         "gates_missing": missing,
+        "gate_threads": gate_workers(len(gates)),
         "options": options,
         "setup_s": setup_s,
         "full_pair_s": best,
@@ -270,6 +271,8 @@ def markdown(r: dict) -> str:
         f"({r['pair']['seconds']:.2f} s at {r['pair']['fps']} fps), 32 kHz stereo",
         f"- gates: {', '.join(r['gates'])}" + (f"; not in this build: {', '.join(r['gates_missing'])}" if r['gates_missing'] else ""),
         f"- options: {r['options'] or 'defaults'}",
+        f"- gates of the pair at once: {r.get('gate_threads', 1)} (h3eval.gaterun.gate_workers: side by side on a host "
+        "of 8+ cores, $H3EVAL_GATE_THREADS overrides; the breakdown below runs each gate alone)",
         "",
         "| measure | wall s | CPU s (all threads) |",
         "|---|---|---|",
