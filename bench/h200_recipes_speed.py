@@ -12,7 +12,7 @@ out of the box), optionally followed by modifiers joined with ``+``:
 * ``compile``  — the recipe's ``[compile]`` section switched on (regional: one region per DiT block, inductor);
 * ``dynamic``  — the same with ``compile.dynamic = true`` (shape-generic graphs: no recompile per prompt length);
 * ``fp8`` / ``int8`` — ``quant.mode`` set to FP8 / INT8 W8A8;
-* ``sage`` / ``cudnn`` — ``attention.backend`` set to ``sage`` / ``_native_cudnn``;
+* ``sage`` / ``cudnn`` / ``fa3`` — ``attention.backend`` set to ``sage`` / ``_native_cudnn`` / ``_flash_3`` (FlashAttention-3, bench/device/build_fa3.sh);
 * ``sparseNN`` — block-sparse attention at NN % sparsity (128-token blocks, dense first step, 128-row buckets);
 * ``bucket`` — shape bucketing switched on (128-row buckets: one set of compiled graphs for every prompt length in a
   bucket, attention on the real rows only).
@@ -103,9 +103,9 @@ def variant_recipe(variant: str):
                                                                                           "dynamic": True})
         elif mod in ("fp8", "int8"):
             update["quant"] = recipe.quant.model_copy(update={"mode": f"{mod}_w8a8"})
-        elif mod in ("sage", "cudnn"):
+        elif mod in ("sage", "cudnn", "fa3"):
             update["attention"] = recipe.attention.model_copy(
-                update={"backend": "sage" if mod == "sage" else "_native_cudnn"})
+                update={"backend": {"sage": "sage", "cudnn": "_native_cudnn", "fa3": "_flash_3"}[mod]})
         elif mod == "bucket":
             update["bucketing"] = recipe.bucketing.model_copy(update={"enabled": True, "multiple": 128})
         elif mod.startswith("sparse") and mod[len("sparse"):].isdigit():
