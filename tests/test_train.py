@@ -806,3 +806,37 @@ def test_moment_gap_matches_a_float64_reference_and_reads_a_planted_shrink():
     assert float(moment_gap(torch.tensor(shrunk), torch.tensor(target))) == pytest.approx(
         ((0.5 * target.std(1)) ** 2).mean(), rel=1e-12)
     assert float(moment_gap(torch.tensor(target), torch.tensor(target))) == 0.0
+
+
+def test_reproduce_line_repeats_the_settings_and_the_distillation_plan():
+    """The record's one command carries every setting that differs from the defaults and each stage's step count;
+    read back by ``--set`` it gives the run's config. A distillation whose budget ended it before its plan keeps the
+    plan for its learning rate's cosine (``distill_lr_steps``): a ``distill_steps`` of the steps that ran alone would
+    squeeze the cosine into them (run 12's record, 2156 of 2300 steps, lost three settings and the plan)."""
+    import shlex
+
+    from h3.train.__main__ import _parse_set
+    from h3.train.common import lr_at
+    from h3.train.run import reproduce_line
+
+    cfg = TrainConfig(distill_teacher_samples=2048, distill_lr_final=0.1, distill_moment_weight=1.0,
+                      dit_task_mix=(0.5, 0.25, 0.25), ranks=1)
+    stages = {"dit": {"steps": 15116, "planned_steps": 30000}, "distill": {"steps": 2156, "planned_steps": 2300}}
+    line = reproduce_line(cfg, stages)
+    words = shlex.split(line)
+    assert words[:9] == ["python", "-m", "h3.train", "all", "--out", "OUT", "--seed", "17", "--device"]
+    sets = [w for prev, w in zip(words, words[1:]) if prev == "--set"]
+    back = _parse_set(sets, TrainConfig())
+    expected = replace(cfg, dit_steps=15116, distill_steps=2156, distill_lr_steps=2300)
+    assert back == expected
+    # the rate of every step that ran is the original run's (planned over 2300), not a cosine over 2156
+    for step in (0, 150, 1200, 2155):
+        assert lr_at(step, back.distill_lr, 100, back.distill_lr_steps, back.distill_lr_final) == \
+            lr_at(step, cfg.distill_lr, 100, 2300, cfg.distill_lr_final)
+    assert lr_at(2155, back.distill_lr, 100, back.distill_steps, back.distill_lr_final) != \
+        lr_at(2155, cfg.distill_lr, 100, 2300, cfg.distill_lr_final)
+    # a plan that ran to its end, or a constant rate, needs no plan of its own
+    done = {"distill": {"steps": 2300, "planned_steps": 2300}}
+    assert "distill_lr_steps" not in reproduce_line(cfg, done)
+    assert "distill_lr_steps" not in reproduce_line(TrainConfig(), stages)
+    assert reproduce_line(TrainConfig(), {}) == "python -m h3.train all --out OUT --seed 17 --device cuda "

@@ -32,7 +32,8 @@ for spec in "side4:integrity,fidelity,audio,ghosting:" "side5:integrity,fidelity
             "serial4:integrity,fidelity,audio,ghosting:--reuse-run"; do
   IFS=: read -r tag gates extra <<<"$spec"
   threads=""; [[ $tag == serial* ]] && threads=1
-  (export ${threads:+H3EVAL_GATE_THREADS=$threads}; timeout -k 5 $(gleft) python3 bench/gates_speed.py --device cuda \
+  # (the call of 2026-12-02 ran `export ${threads:+...}`, which with nothing to export printed the environment)
+  (if [ -n "$threads" ]; then export H3EVAL_GATE_THREADS=$threads; fi; timeout -k 5 $(gleft) python3 bench/gates_speed.py --device cuda \
     -o lpips_trunk=rand --gates "$gates" --repeat 3 --workdir $W $extra --tag "s8_$tag" --out "$R/gates" \
     >"$R/gates/$tag.log" 2>&1; echo "gates $tag rc $? at $((SECONDS - t0)) s")
 done

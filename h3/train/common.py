@@ -71,6 +71,10 @@ class TrainConfig:
     distill_lr_final: float = 1.0
     """The distillation's learning rate at its planned last step, as a fraction of ``distill_lr``: cosine from the
     warm-up's end (1.0, the default before run 11: constant)."""
+    distill_lr_steps: int | None = None
+    """The step count the cosine of ``distill_lr_final`` is planned over (None: ``distill_steps``). A run whose budget
+    ended the stage after N of its planned P steps is reproduced by ``distill_steps=N`` with this set to P (the
+    record's ``reproduce`` line does it)."""
     distill_moment_weight: float = 0.0
     """Weight of the moment term on the student's final x0 (:func:`h3.train.distill.moment_gap`): per sample and
     latent channel, its mean and standard deviation over the tokens against the teacher's. Regression to the

@@ -123,7 +123,8 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
     optimizer = torch.optim.AdamW(lora.parameters(), lr=cfg.distill_lr, betas=(0.9, 0.99), weight_decay=0.0)
     path = out / "distill" / "state.pt"
     state = load_state(path, cfg.device)
-    log, step, seconds, total, planned = StageLog(), 0, 0.0, cfg.distill_steps, cfg.distill_steps
+    log, step, seconds, total = StageLog(), 0, 0.0, cfg.distill_steps
+    planned = cfg.distill_lr_steps or cfg.distill_steps  # what the learning rate's cosine is planned over
     if state is not None:
         lora.load_state_dict(state["lora"])
         if "opt" in state:  # a finished stage may travel without it (h3.train.travel, --moments drop)

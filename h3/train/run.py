@@ -12,6 +12,7 @@ ran) and the next stage starts: what one device call of 10 minutes needs.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
@@ -269,6 +270,24 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     return 0
 
 
+def reproduce_line(cfg: TrainConfig, stages: dict) -> str:
+    """The one command that repeats a run: its seed, every setting that differs from TrainConfig's defaults (the
+    device aside), and each stage's step count as it ran (TrainConfig's ``<stage>_steps``). A distillation that its
+    budget ended before its plan keeps the plan for its learning rate's cosine (``distill_lr_steps``)."""
+    defaults = TrainConfig().to_dict()
+    settings = {k: v for k, v in cfg.to_dict().items()
+                if k not in ("seed", "device") and not k.endswith("_steps") and v != defaults.get(k)}
+    steps = {f"{name}_steps": info["steps"] for name, info in stages.items()}
+    distill = stages.get("distill")
+    if distill and cfg.distill_lr_final < 1.0 and distill["steps"] < distill["planned_steps"]:
+        steps["distill_lr_steps"] = distill["planned_steps"]
+    def text(value) -> str:  # what __main__'s --set reads back: JSON for everything but strings
+        return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+
+    return f"python -m h3.train all --out OUT --seed {cfg.seed} --device cuda " + " ".join(
+        f"--set {k}={text(v)}" for k, v in {**settings, **steps}.items())
+
+
 def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit: str, env: dict) -> dict:
     from h3.world.scene import HELD_OUT_PAIRS
 
@@ -283,8 +302,7 @@ def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit
                         "seconds": round(state["seconds"], 1), "final": state["log"][-1] if state["log"] else None}
         losses[name] = state["log"]
     pool_path = state_dir / "pool" / "pool.pt"
-    reproduce = f"python -m h3.train all --out OUT --seed {cfg.seed} --device cuda " + " ".join(
-        f"--set {name}_steps={info['steps']}" for name, info in stages.items())  # TrainConfig's <stage>_steps
+    reproduce = reproduce_line(cfg, stages)
     return {
         "command": command, "reproduce": reproduce, "code_commit": code_commit, "seed": cfg.seed,
         "config": cfg.to_dict(), **env,
