@@ -124,6 +124,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--reuse-run", action="store_true", help="reuse the pair already in --workdir (same shape)")
     parser.add_argument("--repeat", type=int, default=2, help="timed warm repetitions of the full run (best is reported)")
+    parser.add_argument("--pairs", type=int, default=1,
+                        help="pairs in the run (N prompts, one seed): the figure is the run's wall time / N, as a run of "
+                             "many pairs pays it (where the gates run side by side the next pair's clips are decoded "
+                             "while this pair's gates run: h3eval.gaterun.decode_ahead)")
     parser.add_argument("--tag", default=None, help="suffix of the result files (default: cpu or gpu)")
     parser.add_argument("--gates", default=",".join(FOUR_GATES),
                         help="comma-separated gates (default: the four same-seed per-pair gates; add reference_free "
@@ -159,13 +163,15 @@ def main() -> int:
         shape = store.load_record("drift", "p0", 0).shape
         if (shape.num_frames, shape.height, shape.width) != (args.frames, args.height, args.width):
             parser.error(f"{run_dir} holds a {shape.num_frames}x{shape.height}x{shape.width} pair; drop --reuse-run")
+        if len(store.read_manifest().prompts.ids) != args.pairs:
+            parser.error(f"{run_dir} holds {len(store.read_manifest().prompts.ids)} pairs, not --pairs {args.pairs}")
         if (run_dir / "gates").exists():
             shutil.rmtree(run_dir / "gates")
     else:
         if run_dir.exists():
             shutil.rmtree(run_dir)
         store = make_synthetic_run(
-            run_dir, candidates=["drift"], prompt_ids=["p0"], seeds=[0],
+            run_dir, candidates=["drift"], prompt_ids=[f"p{i}" for i in range(args.pairs)], seeds=[0],
             frames_fn=lambda recipe, pid, seed: pair_frames(args.frames, args.height, args.width, recipe != "baseline"),
             audio_fn=lambda recipe, pid, seed: pair_pcm(num_samples, recipe != "baseline"),
         )
@@ -181,8 +187,8 @@ def main() -> int:
         summary = run_gates(run_dir, gates, device=args.device, options=options, force=True, progress=False)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
-        full.append(time.perf_counter() - t0)
-        full_cpu.append(time.process_time() - c0)
+        full.append((time.perf_counter() - t0) / args.pairs)
+        full_cpu.append((time.process_time() - c0) / args.pairs)
         if summary.failed:
             print(json.dumps(summary.errors, indent=2), file=sys.stderr)
             return 1
@@ -230,6 +236,7 @@ def main() -> int:
         "gates": gates,
         "gates_missing": missing,
         "gate_threads": gate_workers(len(gates)),
+        "pairs_in_run": args.pairs,
         "options": options,
         "setup_s": setup_s,
         "full_pair_s": best,
@@ -276,7 +283,9 @@ def markdown(r: dict) -> str:
         "",
         "| measure | wall s | CPU s (all threads) |",
         "|---|---|---|",
-        f"| all gates on the pair (`run_gates`, best of {len(r['full_pair_all_s']) - 1}, warm models) "
+        f"| all gates on the pair (`run_gates`, best of {len(r['full_pair_all_s']) - 1}, warm models"
+        + (f"; a run of {r['pairs_in_run']} pairs, its wall / {r['pairs_in_run']}" if r.get('pairs_in_run', 1) > 1 else "")
+        + ") "
         f"| {r['full_pair_s']:.1f} | {r['full_pair_cpu_s']:.1f} |",
         f"| same, first run (loads models) | {r['full_pair_first_s']:.1f} | {r['full_pair_all_cpu_s'][0]:.1f} |",
         f"| decode both clips (video + audio) | {r['decode_both_clips_s']:.1f} | {r['decode_both_clips_cpu_s']:.1f} |",

@@ -362,3 +362,57 @@ def test_gate_threads_default_to_one_per_core_on_a_gpu_host_and_one_below(monkey
         assert gate_workers(gates) == want, (cores, gates)
     monkeypatch.setenv("H3EVAL_GATE_THREADS", "3")
     assert gate_workers(7) == 3 and gate_workers(2) == 2
+
+
+def test_the_next_pairs_clips_are_decoded_while_this_pairs_gates_run(tmp_path, monkeypatch):
+    """Where the gates run side by side and all of them are warm, the runner decodes the next pair's two clips in a
+    background thread while the current pair's gates run (at most one pair ahead); every result equals the one-after-
+    another run's. Pair 0 warms the gates (one after another, nothing ahead); from pair 1 on, the clips of pair i+1
+    are decoded ahead, so the side-by-side prefetch of pair i+1 finds them decoded."""
+    import shutil
+    import threading
+    from pathlib import Path
+
+    from gates import media_cache
+    from h3eval import gaterun
+    from h3eval.store import RunStore
+
+    gates = ["integrity", "fidelity", "audio", "ghosting"]
+    one = make_run(tmp_path / "one", candidates=("drift",), prompt_ids=("p0", "p1", "p2", "p3"), frames_fn=_frames,
+                   audio_fn=_audio)
+    shutil.copytree(one.root, tmp_path / "many")
+    monkeypatch.setenv("H3EVAL_GATE_THREADS", "1")
+    assert not gaterun.decode_ahead([get_gate(g) for g in gates])
+    assert not run_gates(one.root, gates, options=RAND, progress=False).failed
+    media_cache.clear()
+    calls, decoded = [], []
+    original_prefetch, original_video = media_cache.prefetch, media_cache.load_video
+
+    def prefetch(paths, needs):
+        calls.append((threading.current_thread().name, [Path(p).stem for p in paths]))
+        return original_prefetch(paths, needs)
+
+    def load_video(path):
+        key = media_cache._key("video", path)
+        with media_cache._lock:
+            fresh = key not in media_cache._cache and key not in media_cache._loading
+        if fresh:
+            decoded.append((threading.current_thread().name, Path(path).parent.name, Path(path).stem))
+        return original_video(path)
+
+    monkeypatch.setattr(media_cache, "prefetch", prefetch)
+    monkeypatch.setattr(media_cache, "load_video", load_video)
+    monkeypatch.setenv("H3EVAL_GATE_THREADS", "4")
+    monkeypatch.setattr(gaterun, "_warm", set())
+    many = RunStore(tmp_path / "many")
+    assert not run_gates(many.root, gates, options=RAND, progress=False).failed
+    ahead = [stems for name, stems in calls if name == "decode-ahead"]
+    assert ahead == [["p2-s0", "p2-s0"], ["p3-s0", "p3-s0"]]  # pair 0 warmed the gates; pair 3 is the last
+    # each clip decoded once; those of pairs 2 and 3 by the decode-ahead thread
+    assert sorted((d, s) for _, d, s in decoded) == sorted((d, f"p{i}-s0") for i in range(4) for d in ("baseline", "drift"))
+    assert {(d, s) for name, d, s in decoded if name.startswith("decode")} >= {
+        (d, s) for d in ("baseline", "drift") for s in ("p2-s0", "p3-s0")}
+    a, b = _results(one, gates), _results(many, gates)
+    assert len(a) == 16 and a.keys() == b.keys()
+    for key in a:
+        _assert_same(a[key], b[key], key)

@@ -7,6 +7,7 @@
 #      float32 rule fixed (the 544x960 request and the 15 s decode rows failed on 2026-12-01).
 #
 #   WHEEL_DIRS=.whl_prod GATES_BOX_S=110 GOALS_BOX_S=400 bash bench/device/h200_session8.sh
+# GATES_PAIRS=N: runs of N pairs (the figure per pair is the wall / N; the next pair decodes while this one is gated).
 #
 # from the repository root, carrying .whl_prod (diffusers 0.42.1, pydantic, PyAV 18.1.0, lpips, pyloudnorm) and
 # .carry/sagewhl (the SageAttention 2.2 wheel an earlier call built), with h3/assets/tiny out of the index (the call
@@ -34,7 +35,8 @@ for spec in "side4:integrity,fidelity,audio,ghosting:" "side5:integrity,fidelity
   threads=""; [[ $tag == serial* ]] && threads=1
   # (the call of 2026-12-02 ran `export ${threads:+...}`, which with nothing to export printed the environment)
   (if [ -n "$threads" ]; then export H3EVAL_GATE_THREADS=$threads; fi; timeout -k 5 $(gleft) python3 bench/gates_speed.py --device cuda \
-    -o lpips_trunk=rand --gates "$gates" --repeat 3 --workdir $W $extra --tag "s8_$tag" --out "$R/gates" \
+    -o lpips_trunk=rand --gates "$gates" --repeat 3 --workdir $W $extra --tag "s8_$tag${GATES_PAIRS:+_p$GATES_PAIRS}" \
+    --pairs ${GATES_PAIRS:-1} --out "$R/gates" \
     >"$R/gates/$tag.log" 2>&1; echo "gates $tag rc $? at $((SECONDS - t0)) s")
 done
 grep -h "all gates on the pair\|alone, clips\|decode both" $R/gates/gates_speed_gpu_s8_*.md 2>/dev/null | head -30
