@@ -840,3 +840,56 @@ def test_reproduce_line_repeats_the_settings_and_the_distillation_plan():
     assert "distill_lr_steps" not in reproduce_line(cfg, done)
     assert "distill_lr_steps" not in reproduce_line(TrainConfig(), stages)
     assert reproduce_line(TrainConfig(), {}) == "python -m h3.train all --out OUT --seed 17 --device cuda "
+
+
+def test_dit_learning_rate_anneals_along_its_plan_from_where_it_restarted(tmp_path):
+    """``dit_lr_final`` < 1: after the warm-up the DiT's rate falls along a cosine to ``dit_lr_final * dit_lr`` over
+    ``dit_lr_steps`` steps counted from the (re)start (``warm_from`` when continued from a checkpoint); the rate of
+    each step is the float64 reference's. The default (1.0) keeps the constant rate the shipped DiT trained with."""
+    from h3.train.common import load_state, lr_at
+    from h3.train.dit import train_dit
+
+    pool = synthetic_pool()
+    for steps in (5, 8):
+        cfg = dit_config(dit_steps=steps, dit_lr_final=0.1, dit_lr_steps=8)
+        train_dit(small_dit(), pool, cfg, tmp_path / f"a{steps}", Budget(None))
+        lr = load_state(tmp_path / f"a{steps}" / "dit" / "state.pt")["opt"]["param_groups"][0]["lr"]
+        progress = (steps - 1 - 3) / (8 - 3)  # the last step ran at step index steps - 1; warm-up 3
+        assert lr == pytest.approx(2e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))), rel=1e-12)
+        assert lr == pytest.approx(lr_at(steps - 1, 2e-3, 3, 8, 0.1), rel=1e-12)
+    # a continued stage counts its plan from warm_from (h3.train.travel re-opens a checkpoint's DiT there)
+    first = dit_config(dit_steps=4)
+    train_dit(small_dit(), pool, first, tmp_path / "c", Budget(None))
+    path = tmp_path / "c" / "dit" / "state.pt"
+    state = load_state(path)
+    state.update(warm_from=4, total_steps=10)
+    state.pop("opt")
+    torch.save(state, path)
+    train_dit(small_dit(), pool, dit_config(dit_steps=10, dit_lr_final=0.1, dit_lr_steps=6), tmp_path / "c",
+              Budget(None))
+    lr = load_state(path)["opt"]["param_groups"][0]["lr"]
+    assert lr == pytest.approx(lr_at(9 - 4, 2e-3, 3, 6, 0.1), rel=1e-12) and 0.1 * 2e-3 < lr < 0.5 * 2e-3
+    # constant by default
+    train_dit(small_dit(), pool, dit_config(dit_steps=6), tmp_path / "d", Budget(None))
+    assert load_state(tmp_path / "d" / "dit" / "state.pt")["opt"]["param_groups"][0]["lr"] == 2e-3
+
+
+def test_a_pool_can_weigh_two_shape_scenes_more_without_moving_the_suites():
+    """``two_shape_share`` is the chance that a draw has two shapes; a scene whose events fall too close is drawn
+    again, which two-shape draws need more often, so the realized share is lower (0.3 -> about 21 % of 600 scenes). A
+    pool asking for 0.6 gets more than twice the default's two-shape scenes; 0 and 1 give none and all; the default
+    draws exactly the scenes it drew before the knob existed (the shipped prompt suites are compared in
+    tests/test_world.py); a share outside [0, 1] is refused."""
+    from h3.world.scene import TWO_SHAPE_SHARE, sample_scenes
+
+    assert TWO_SHAPE_SHARE == 0.3
+    n = 600
+    two = {share: sum(len(s.shapes) == 2 for s in sample_scenes(5, n, two_shape_share=share)) for share in (0.3, 0.6)}
+    assert 0.15 * n <= two[0.3] <= 0.3 * n and two[0.6] >= 2 * two[0.3], two
+    default = sample_scenes(5, 40)
+    assert [s.caption() for s in default] == [s.caption() for s in sample_scenes(5, 40, two_shape_share=0.3)]
+    assert all(len(s.shapes) == 1 for s in sample_scenes(5, 30, two_shape_share=0.0))
+    assert all(len(s.shapes) == 2 for s in sample_scenes(5, 30, two_shape_share=1.0))
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="two_shape_share"):
+            sample_scenes(5, 1, two_shape_share=bad)

@@ -49,12 +49,21 @@ class TrainConfig:
     # latent pool
     pool_size: int = 6144
     pool_keyframe_share: float = 0.25
+    pool_two_shape_share: float = 0.3
+    """The pool's chance of a two-shape draw (h3.world.scene.TWO_SHAPE_SHARE: 0.3, the prompt suites', by default;
+    0.6 makes about 48 % of the pool's scenes two-shape against 21 %)."""
     """Share of the pool that also carries fl2va keyframe and ref2va reference presentations."""
     # DiT
     dit_steps: int = 30000
     dit_batch: int = 192
     dit_lr: float = 2e-3
     dit_warmup: int = 300
+    dit_lr_final: float = 1.0
+    """The DiT's learning rate at the end of its plan, as a fraction of ``dit_lr``: a cosine from the warm-up's end over
+    ``dit_lr_steps`` steps counted from where this slice of training (re)started (1.0, the default: constant, as up to
+    run 12, whose DiT ships its EMA)."""
+    dit_lr_steps: int | None = None
+    """The steps the DiT's cosine is planned over, counted from the (re)start (None: the stage's remaining steps)."""
     dit_ema: float = 0.998
     dit_task_mix: tuple = (0.76, 0.12, 0.12)
     """t2va, fl2va (first, last or both keyframes), ref2va."""

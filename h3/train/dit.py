@@ -163,6 +163,8 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
         step, log.rows, seconds = state["step"], state["log"], state["seconds"]
         total, planned = state["total_steps"], state.get("planned_steps", state["total_steps"])
         lineage = {k: state[k] for k in ("warm_from", "seeded_from") if k in state}  # h3.train.travel's seeding
+    # The cosine (dit_lr_final < 1) runs over dit_lr_steps counted from where this slice of training (re)started.
+    plan = cfg.dit_lr_steps or max(1, total - lineage.get("warm_from", 0))
     dist.broadcast(transformer)
     transformer.train()
     started, ran = time.monotonic(), 0
@@ -183,7 +185,8 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
         if stop:
             save()
             return {"done": False, "step": step, "log": log.rows, "seconds": seconds + time.monotonic() - started}
-        set_lr(optimizer, lr_at(step - lineage.get("warm_from", 0), cfg.dit_lr, cfg.dit_warmup))
+        since = step - lineage.get("warm_from", 0)
+        set_lr(optimizer, lr_at(since, cfg.dit_lr, cfg.dit_warmup, plan, cfg.dit_lr_final))
         draw = batches.draw(step, stage=stream)
         loss, metrics = flow_loss(transformer, batches, draw, cfg)
         optimizer.zero_grad(set_to_none=True)

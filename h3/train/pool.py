@@ -97,7 +97,7 @@ def build_pool(components: dict, cfg: TrainConfig, chunk: int = 64, devices: lis
     device = cfg.device
     vae, audio_vae = components["vae"].eval(), components["audio_vae"].eval()
     text_encoder, tokenizer, processor = components["text_encoder"], components["tokenizer"], components["processor"]
-    scenes = sample_scenes(scene_stream(cfg.seed, "pool"), cfg.pool_size)
+    scenes = sample_scenes(scene_stream(cfg.seed, "pool"), cfg.pool_size, two_shape_share=cfg.pool_two_shape_share)
     keyed = int(round(cfg.pool_size * cfg.pool_keyframe_share))
     devices = list(devices or [device])
     def replica(module, d):  # not deepcopy: weight-normed convolutions refuse it

@@ -272,15 +272,20 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
 
 def reproduce_line(cfg: TrainConfig, stages: dict) -> str:
     """The one command that repeats a run: its seed, every setting that differs from TrainConfig's defaults (the
-    device aside), and each stage's step count as it ran (TrainConfig's ``<stage>_steps``). A distillation that its
-    budget ended before its plan keeps the plan for its learning rate's cosine (``distill_lr_steps``)."""
+    device aside), and each stage's step count as it ran (TrainConfig's ``<stage>_steps``). A stage that its budget
+    ended before its plan keeps the plan for its learning rate's cosine (``distill_lr_steps`` / ``dit_lr_steps``)."""
     defaults = TrainConfig().to_dict()
-    settings = {k: v for k, v in cfg.to_dict().items()
-                if k not in ("seed", "device") and not k.endswith("_steps") and v != defaults.get(k)}
     steps = {f"{name}_steps": info["steps"] for name, info in stages.items()}
+    settings = {k: v for k, v in cfg.to_dict().items()
+                if k not in ("seed", "device", *steps) and v != defaults.get(k)}
     distill = stages.get("distill")
-    if distill and cfg.distill_lr_final < 1.0 and distill["steps"] < distill["planned_steps"]:
+    if distill and cfg.distill_lr_final < 1.0 and distill["steps"] < distill["planned_steps"] \
+            and cfg.distill_lr_steps is None:
         steps["distill_lr_steps"] = distill["planned_steps"]
+    dit = stages.get("dit")
+    if dit and cfg.dit_lr_final < 1.0 and dit["steps"] < dit["planned_steps"] and cfg.dit_lr_steps is None:
+        steps["dit_lr_steps"] = dit["planned_steps"]  # a cosine from scratch (a continued one states its plan)
+
     def text(value) -> str:  # what __main__'s --set reads back: JSON for everything but strings
         return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
