@@ -29,7 +29,8 @@
 # two-shape scenes (a draw chance of 0.6: ~48 % of the pool, against ~21 %) and anneals its rate along a cosine to a
 # tenth over the call's 5000 steps (~360 s at 14 steps/s after the ~75 s pool), then exports; probe it on the CPU
 # (`python bench/content_check.py --seeds 0,1 --limit 8 --rows baseline --name content_check_run13_probe`, and with
-# --limit 24 for the whole held-out suite) before spending call 2 on the distillation against the new teacher:
+# --limit 24 for the whole held-out suite) before spending call 2 on the distillation against the new teacher (call
+# 1's export also holds a LoRA distilled in the seconds its budget leaves: a throwaway, not to ship):
 #   WHEELS=.whl COMMIT=<sha> RESUME_FROM=h3/assets/tiny CONTINUE=dit:5000 PACK=0 STAGE_SECONDS=dit=420,export=25 \
 #     BUDGET_S=560 EXTRA_ARGS="--set pool_two_shape_share=0.6 --set dit_lr_final=0.1 --set dit_lr_steps=5000" \
 #     bash bench/device/train_tiny.sh $OUT
