@@ -13,6 +13,7 @@ out of the box), optionally followed by modifiers joined with ``+``:
 * ``dynamic``  — the same with ``compile.dynamic = true`` (shape-generic graphs: no recompile per prompt length);
 * ``fp8`` / ``int8`` — ``quant.mode`` set to FP8 / INT8 W8A8;
 * ``sage`` / ``cudnn`` / ``fa3`` — ``attention.backend`` set to ``sage`` / ``_native_cudnn`` / ``_flash_3`` (FlashAttention-3, bench/device/build_fa3.sh);
+* ``fa3fp8`` — FP8 attention through FlashAttention-3 with per-head scales (``[fp8_attention] kernel = "fa3"``);
 * ``sparseNN`` — block-sparse attention at NN % sparsity (128-token blocks, dense first step, 128-row buckets);
 * ``bucket`` — shape bucketing switched on (128-row buckets: one set of compiled graphs for every prompt length in a
   bucket, attention on the real rows only).
@@ -66,6 +67,8 @@ NOT_A_FORWARD = {
     "turbo4-tinydemo": "tiny preset only (its LoRA is the seeded '@tiny' one); not a full-size recipe",
     "turbo4-tiny": "trained tiny preset only (its LoRA is the distilled '@turbo4-tiny'); not a full-size recipe",
     "turbo4-tiny-int8": "trained tiny preset only (its LoRA is the distilled '@turbo4-tiny'); not a full-size recipe",
+    "fp8-attention-emulated": "a measurement recipe: FP8 attention's rounding emulated through SDPA (slower than stock "
+                              "by design); the speed lever is the `fa3fp8` modifier (fp8_attention kernel fa3)",
 }
 
 
@@ -106,6 +109,8 @@ def variant_recipe(variant: str):
         elif mod in ("sage", "cudnn", "fa3"):
             update["attention"] = recipe.attention.model_copy(
                 update={"backend": {"sage": "sage", "cudnn": "_native_cudnn", "fa3": "_flash_3"}[mod]})
+        elif mod == "fa3fp8":  # FlashAttention-3's FP8 forward with per-head scales (h3.levers.fp8_attention)
+            update["fp8_attention"] = recipe.fp8_attention.model_copy(update={"enabled": True, "kernel": "fa3"})
         elif mod == "bucket":
             update["bucketing"] = recipe.bucketing.model_copy(update={"enabled": True, "multiple": 128})
         elif mod.startswith("sparse") and mod[len("sparse"):].isdigit():
@@ -130,7 +135,8 @@ def configured_of(recipe) -> dict:
             "sparse_attention": recipe.sparse_attention.sparsity if recipe.sparse_attention.enabled else None,
             "dense_steps": recipe.sparse_attention.dense_steps if recipe.sparse_attention.enabled else None,
             "bucketing": recipe.bucketing.multiple if recipe.bucketing.enabled else None,
-            "compile": recipe.compile.enabled}
+            "compile": recipe.compile.enabled,
+            **({"fp8_attention": recipe.fp8_attention.kernel} if recipe.fp8_attention.enabled else {})}
 
 
 def begin_request(handles: dict) -> None:

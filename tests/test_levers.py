@@ -1147,3 +1147,88 @@ def test_quantized_linear_reports_its_compute_dtype(mode):
 
     linear = torch.nn.Linear(32, 48).to(torch.bfloat16)
     assert get_parameter_dtype(QuantizedLinear(linear, mode)) == torch.bfloat16
+
+
+# -- FP8 attention (issue 23) ----------------------------------------------------------------------------------------
+
+def test_per_head_e4m3_rounds_like_a_float64_reference_and_maps_each_head_amax_to_448():
+    """Each (batch item, head) is scaled so its absolute maximum is 448, cast to e4m3 and described by its descale;
+    round-tripped, every value is within e4m3's half-ulp (3 mantissa bits: relative 2^-4) of the original, and the
+    maximum is exact. An all-zero head keeps descale 1."""
+    from h3.levers.fp8_attention import E4M3_MAX, fake_e4m3, per_head_e4m3
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 50, 3, 16, generator=gen, dtype=torch.float64) * torch.tensor([1.0, 10.0, 0.01])[:, None]
+    x[1, :, 2] = 0.0
+    q, descale = per_head_e4m3(x)
+    assert q.dtype == torch.float8_e4m3fn and descale.shape == (2, 3) and descale.dtype == torch.float32
+    amax = x.abs().amax(dim=(1, 3))
+    expected = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    torch.testing.assert_close(descale.double(), expected, rtol=1e-6, atol=0)
+    assert float(q.float().abs().amax(dim=(1, 3))[0, 0]) == E4M3_MAX
+    back = fake_e4m3(x)
+    err = (back - x).abs()
+    normal = x.abs() * 448 / amax[:, None, :, None].clamp(min=1e-30) >= 2.0 ** -6  # e4m3's normal range
+    assert bool((err[normal] <= x.abs()[normal] * 2.0 ** -4 + 1e-12).all())
+    assert float(back[1, :, 2].abs().max()) == 0.0
+
+
+def test_fp8_attention_emulated_on_the_transformer_counts_every_call_and_stays_near_sdpa(base):
+    """``kernel = 'emulate'``: every attention call of every block goes through the e4m3 path (counted outside the
+    compiled graphs: equal under torch.compile), and the whole transformer's velocity stays within the rounding's
+    reach of the SDPA baseline (relative max error under 0.1, above 1e-4: it did round). Removing the lever restores
+    the baseline's computation bit for bit."""
+    from h3.levers.fp8_attention import Fp8AttentionConfig, apply_fp8_attention
+
+    transformer = fresh_transformer(base)
+    handle = apply_fp8_attention(transformer, Fp8AttentionConfig(enabled=True, kernel="emulate"))
+    outputs = forward_all(transformer, base.calls)
+    telemetry = handle.telemetry()
+    layers = len(transformer.transformer_blocks)
+    assert telemetry == {"applied": True, "kernel": "emulate", "scaling": "per_head", "fp8_calls": layers * len(base.calls),
+                         "forwards": len(base.calls), "layers": layers}
+    rel = assert_close(outputs[-1][0], base.outputs[-1][0], 0.1, "emulated FP8 attention vs SDPA")
+    assert rel > 1e-4
+    from h3.levers.compile import CompileConfig, apply_compile
+
+    compiled = apply_compile(transformer, CompileConfig(backend="eager"))
+    handle.begin_request()
+    try:
+        compiled_outputs = forward_all(transformer, base.calls)
+    finally:
+        compiled.remove()
+        torch._dynamo.reset()
+    assert handle.telemetry() == telemetry
+    for (v, _), (ve, _) in zip(compiled_outputs, outputs):
+        torch.testing.assert_close(v, ve, rtol=1e-5, atol=1e-6)
+    handle.remove()
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(forward_all(transformer, base.calls), base.outputs))
+
+
+def test_fp8_attention_refusals_and_executed_check():
+    """FA3's kernel needs a Hopper GPU and the carried build's head dimension (the tiny presets' 24 is not 128); the
+    lever owns the attention call, so it refuses a non-native backend and block-sparse attention; its executed check
+    fails a request in which some attention ran another way or another kernel ran."""
+    from h3.levers.fp8_attention import Fp8AttentionConfig, apply_fp8_attention
+    from h3.record import Executed
+
+    fa3 = Fp8AttentionConfig(enabled=True, kernel="fa3")
+    assert "needs a Hopper GPU" in fa3.device_problems("cpu")[0]
+    assert Fp8AttentionConfig(enabled=True, kernel="emulate").device_problems("cpu") == []
+    assert any("sparse_attention" in p for p in fa3.composition_problems(load_recipe("turbo4-sparse")))
+    assert any("backend native, not 'sage'" in p for p in fa3.composition_problems(load_recipe("turbo4-fp8-sage")))
+    assert fa3.composition_problems(load_recipe("turbo4-fp8")) == []
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from h3.tiny_trained import TRANSFORMER_CONFIG
+
+    with pytest.raises(LeverError, match="head dimension"):
+        apply_fp8_attention(MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG), fa3)
+    emulate = Fp8AttentionConfig(enabled=True, kernel="emulate")
+    executed = Executed(forward_passes=4, attention_backends=[], torch_dtype="float32", vae_tiling=False)
+    good = {"applied": True, "kernel": "emulate", "scaling": "per_head", "fp8_calls": 8, "forwards": 4, "layers": 2}
+    assert emulate.check_executed(good, executed) == []
+    assert any("some attention ran another way" in p for p in
+               emulate.check_executed({**good, "fp8_calls": 7}, executed))
+    assert any("kernel" in p for p in emulate.check_executed({**good, "kernel": "fa3"}, executed))
+    assert any("integer fp8_calls" in p for p in emulate.check_executed({**good, "fp8_calls": None}, executed))

@@ -8,7 +8,8 @@ ones before it:
 2. ``adaln`` (modulation precompute) — its tables include the LoRA's effect on ``adaln_proj``;
 3. ``quant`` (linear quantization);
 4. ``attention`` (backend), 5. ``bucketing``, 6. ``sparse_attention`` — the last two install attention processors that
-   keep the backend of step 4 for their dense calls;
+   keep the backend of step 4 for their dense calls; 6b. ``fp8_attention`` (e4m3 q/k/v per head, FlashAttention-3's
+   FP8 kernel or its emulation: it owns the attention call, so it refuses a backend other than native and sparse);
 7. ``cache`` (step caches), 8. ``parallel`` (context parallelism across ranks: after the attention processors, which
    it hands its config to, and before offload and compile, which wrap what it hooked), 9. ``offload`` (group
    offloading), 10. ``compile`` (regional torch.compile, last so that it traces the final modules), 11. ``vae`` (the
@@ -49,6 +50,7 @@ REGISTRY: tuple[type[LeverConfig], ...] = (
     _config("attention_backend", "AttentionBackendConfig"),
     _config("bucketing", "BucketingConfig"),
     _config("sparse_attention", "SparseAttentionConfig"),
+    _config("fp8_attention", "Fp8AttentionConfig"),
     _config("step_cache", "StepCacheConfig"),
     _config("parallel", "ParallelConfig"),
     _config("offload", "OffloadConfig"),

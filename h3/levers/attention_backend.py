@@ -53,10 +53,13 @@ class AttentionBackendConfig(LeverConfig):
     def check_executed(self, telemetry: dict[str, Any] | None, executed: "Executed") -> list[str]:
         """The dispatcher ran one backend during denoising, the one asked for (``native`` included: the lever is
         off then, and what ran must still be SDPA). Block-sparse attention runs its sparse calls through its own
-        kernel, not the dispatcher: a request whose every attention call was sparse dispatched nothing."""
+        kernel, not the dispatcher: a request whose every attention call was sparse dispatched nothing; so does one
+        whose attention all ran through FP8 attention (h3.levers.fp8_attention, which owns the call)."""
         sparse = executed.levers.get("sparse_attention") or {}
         only_sparse = sparse.get("applied") is True and sparse.get("dense_calls") == 0 and bool(sparse.get("sparse_calls"))
-        expected = [] if only_sparse else [self.backend]
+        fp8 = executed.levers.get("fp8_attention") or {}
+        only_fp8 = fp8.get("applied") is True and bool(fp8.get("fp8_calls"))
+        expected = [] if only_sparse or only_fp8 else [self.backend]
         if executed.attention_backends != expected:
             return [f"attention.backend: recipe asks for {self.backend!r}, the dispatcher ran "
                     f"{executed.attention_backends}"]

@@ -1,0 +1,131 @@
+"""A lever's quality cost on the trained tiny preset, judged by the suite's own gates under the shipped release policy
+(issue 23: "each new lever has its quality cost on the tiny preset recorded by the suite's gates").
+
+    python bench/lever_quality.py --candidate fp8-attention-emulated [--model tiny] [--prompts world-demo]
+                                  [--seeds 0,1,2,3] [--out /tmp/lever-quality] [--name lever_quality_<candidate>]
+
+One run of 16 pairs (the world-demo captions x 4 seeds) with the baseline and the candidate recipes (each judged by the
+kind its recipe declares), latent trajectories recorded; the per-pair gates of the exact and near judges (integrity,
+fidelity, audio, ghosting, trajectory; LPIPS on the AlexNet trunk when its weights are in the torch cache, else the
+package's ``rand`` trunk, recorded) and the new-seed noise floor from the run's own baseline clips (each clip against
+the same prompt's next seed), then ``compute_verdict`` under gates/policies/release.toml. Writes
+bench/results/NAME.{json,md}: the verdict per candidate, the failed metrics, and each metric's pooled value against the
+floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.signoff_proof import RELEASE, ROOT, generate, recipe  # noqa: E402
+
+GATES = ["integrity", "fidelity", "audio", "ghosting", "trajectory"]
+FLOOR_GATES = ["fidelity", "audio", "ghosting", "trajectory"]
+
+
+def floor(pool: Path, out: Path, options: dict) -> Path:
+    from h3.recipe import Recipe
+    from h3eval.floor import floor_from_results, newseed_floor_from_run
+    from h3eval.policy import write_floor
+    from h3eval.store import RunStore
+
+    newseed_floor_from_run(pool, "baseline", out, gates=FLOOR_GATES, gate_options=options, progress=False)
+    store = RunStore(out)
+    manifest = store.read_manifest()
+    metrics, counts = floor_from_results(store, Recipe.model_validate(manifest.recipes["baseline"]), FLOOR_GATES)
+    write_floor(store.floor_path, metrics, recipe="baseline", source_run=str(pool), seeds=list(manifest.seeds),
+                pairs_per_metric=counts, gates=FLOOR_GATES)
+    return store.floor_path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--candidate", action="append", required=True, help="a recipe (repeatable)")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--prompts", default="world-demo")
+    parser.add_argument("--seeds", default="0,1,2,3")
+    parser.add_argument("--out", default="/tmp/lever-quality")
+    parser.add_argument("--name", default=None, help="results file name in bench/results (default: from the candidates)")
+    parser.add_argument("--judge-only", action="store_true", help="the clips are made: gate, floor and judge only")
+    args = parser.parse_args()
+
+    from h3.runtime import GenerateRequest  # noqa: F401  (the runtime's import cost before the clock starts)
+    from h3eval.demo import lpips_trunk
+    from h3eval.gaterun import run_gates
+    from h3eval.prompts import load_prompts
+    from h3eval.report import run_report
+    from h3eval.runner import RequestShape, RunPlan, fill_run
+    from h3eval.verdict import summary_lines
+
+    import bench.signoff_proof as proof
+
+    started = time.perf_counter()
+    out = Path(args.out)
+    prompts = load_prompts(args.prompts)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    names = ["baseline", *args.candidate]
+    run_dir, floor_dir = out / "run", out / "floor"
+    timings = {}
+    t = time.perf_counter()
+    if not args.judge_only:
+        proof.WARMUP["size"] = None
+        plan = RunPlan(out=run_dir, model=args.model, recipes=[recipe(n, args.model) for n in names], prompts=prompts,
+                       seeds=seeds, baseline="baseline", kind="ab", device="cpu", shape=RequestShape(),
+                       args={"command": "bench/lever_quality.py"}, trajectory=True)
+        manifest = fill_run(plan, runtime_factory=proof.runtime_factory, progress=True)
+        if manifest.status != "complete":
+            raise SystemExit(f"{run_dir}: run ended {manifest.status}: {[e.error for e in manifest.errors[:3]]}")
+    timings["generate_s"] = round(time.perf_counter() - t, 1)
+    trunk = lpips_trunk()
+    options = {"fidelity.lpips_trunk": trunk}
+    t = time.perf_counter()
+    summary = run_gates(run_dir, GATES, device="cpu", options=options, progress=False)
+    if floor_dir.exists():
+        shutil.rmtree(floor_dir)
+    floor_path = floor(run_dir, floor_dir, options)
+    timings["gates_and_floor_s"] = round(time.perf_counter() - t, 1)
+    verdict, _ = run_report(run_dir, RELEASE, floor=floor_path)
+    lines = summary_lines(verdict)
+    rows = []
+    for c in verdict.candidates:
+        metrics = [{"gate": g.gate, "metric": m.metric, "outcome": m.outcome, "mean": m.mean_value,
+                    "ci": [m.ci_low, m.ci_high], "threshold": m.threshold, "threshold_source": m.threshold_source,
+                    "required": m.required}
+                   for g in c.gates for m in g.metrics]
+        rows.append({"candidate": c.candidate, "judge": c.judge, "outcome": c.outcome,
+                     "failed": [f"{m['gate']}.{m['metric']}" for m in metrics if m["required"] and m["outcome"] == "FAIL"],
+                     "metrics": metrics, "reasons": c.reasons})
+    payload = {"model": args.model, "prompts": args.prompts, "seeds": seeds, "pairs": len(prompts.ids) * len(seeds),
+               "candidates": args.candidate, "policy": str(RELEASE.relative_to(ROOT)), "lpips_trunk": trunk,
+               "gates": GATES, "floor_gates": FLOOR_GATES, "gate_errors": summary.errors, "rows": rows,
+               "timings": timings, "seconds": round(time.perf_counter() - started, 1), "run_dir": str(run_dir),
+               "verdict_lines": lines}
+    table = ["| candidate | judge | outcome | failed on |", "|---|---|---|---|"]
+    for r in rows:
+        table.append(f"| {r['candidate']} | {r['judge']} | **{r['outcome']}** | {', '.join(r['failed']) or '-'} |")
+    table += ["", "| candidate | metric | mean over pairs | 95% CI | threshold | outcome |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        for m in r["metrics"]:
+            fmt = lambda v: "-" if v is None else f"{v:.4g}"  # noqa: E731
+            table.append(f"| {r['candidate']} | {m['gate']}.{m['metric']} | {fmt(m['mean'])} | "
+                         f"[{fmt(m['ci'][0])}, {fmt(m['ci'][1])}] | {fmt(m['threshold'])} | {m['outcome']} |")
+    md = "\n".join([
+        f"Model `{args.model}`, prompts `{args.prompts}` x seeds {seeds} = {payload['pairs']} pairs, policy "
+        f"`gates/policies/release.toml`, floor from the baseline's new-seed pairs of the same run; LPIPS trunk "
+        f"`{trunk}`; gates {', '.join(GATES)}.", "", *table, "", "## Verdict", "", "```", *lines, "```", "",
+        f"Generation {timings['generate_s']} s, gates and floor {timings['gates_and_floor_s']} s on this machine's CPU.",
+    ])
+    from bench._results import write
+
+    write(args.name or "lever_quality_" + "_".join(args.candidate), payload, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
