@@ -1232,3 +1232,33 @@ def test_fp8_attention_refusals_and_executed_check():
                emulate.check_executed({**good, "fp8_calls": 7}, executed))
     assert any("kernel" in p for p in emulate.check_executed({**good, "kernel": "fa3"}, executed))
     assert any("integer fp8_calls" in p for p in emulate.check_executed({**good, "fp8_calls": None}, executed))
+
+
+def test_attention_backend_check_lets_fp8_attention_own_the_blocks_calls():
+    """With FP8 attention applied (every block's call counted), the dispatcher may have run the recipe's backend for
+    attention outside the blocks (the refiner's) or nothing; any other backend is a mismatch, as without it."""
+    from h3.levers.attention_backend import AttentionBackendConfig
+
+    native = AttentionBackendConfig()
+    fp8 = {"applied": True, "kernel": "emulate", "fp8_calls": 8, "forwards": 4, "layers": 2}
+    for dispatched, ok in (([], True), (["native"], True), (["sage"], False)):
+        executed = Executed(forward_passes=4, attention_backends=dispatched, torch_dtype="float32", vae_tiling=False,
+                            levers={"fp8_attention": fp8})
+        assert (native.check_executed({"applied": False}, executed) == []) is ok, dispatched
+    plain = Executed(forward_passes=4, attention_backends=[], torch_dtype="float32", vae_tiling=False)
+    assert native.check_executed({"applied": False}, plain) != []
+
+
+def test_fp8_attention_emulated_request_passes_the_executed_check(tmp_path):
+    """A whole request with FP8 attention emulated: the clip record counts every block's attention call of every DiT
+    forward, and the product's configured-versus-executed check (h3eval.executed) finds nothing amiss."""
+    from h3eval.executed import check_executed
+
+    recipe = recipe_from_dict({**FAST_RECIPE, "name": "fast-fp8attn", "fp8_attention": {"enabled": True,
+                                                                                         "kernel": "emulate"}})
+    runtime = H3Runtime.load("tiny-random", recipe, "cpu")
+    record = runtime.generate(GenerateRequest(prompt="A person is squat", seed=3), tmp_path / "clip.mp4")
+    fp8 = record.executed.levers["fp8_attention"]
+    assert fp8["forwards"] == record.executed.forward_passes == 2
+    assert fp8["fp8_calls"] == fp8["layers"] * 2 and fp8["kernel"] == "emulate"
+    assert check_executed(recipe, record) == []
