@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One H200 call prepared in session 8 (2026-12-02) for the next session, three measurements in one call:
-#   3. issue 19: the per-pair gates of 5 s 768x1344 pairs in runs of 4 pairs (the next pair's clips decode while this
-#      pair's gates run: h3eval.gaterun.decode_ahead), four gates and five, side by side (gates_speed --pairs 4);
+#   1. issue 23: the 15 s 768x1344 turbo4-sparse request, in a box of its own (it needed more than the 200 s the
+#      goals script estimated on 2026-12-02): bench/h200_goals.py --rows sparse768,request15.
 #   2. issue 23: the dense 5 s 768x1344 forward with FlashAttention-3's FP8 attention (per-head scales,
 #      h3.levers.fp8_attention) against Sage 2.2, both on the FP8 linears, compiled, 128-row buckets
 #      (bench/h200_recipes_speed.py variants turbo4-fp8+fa3fp8+compile+bucket, turbo4-fp8-sage-compile);
-#   1. issue 23: the 15 s 768x1344 turbo4-sparse request, in a box of its own (it needed more than the 200 s the
-#      goals script estimated on 2026-12-02): bench/h200_goals.py --rows sparse768,request15.
+#   3. issue 19: the per-pair gates of 5 s 768x1344 pairs in runs of 4 pairs (the next pair's clips decode while this
+#      pair's gates run: h3eval.gaterun.decode_ahead), four gates and five, side by side (gates_speed --pairs 4);
 #
 #   WHEEL_DIRS=.whl_prod GOALS_BOX_S=330 FA3_BOX_S=150 bash bench/device/h200_session9.sh
 #
