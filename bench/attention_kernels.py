@@ -32,6 +32,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.h200_speed import cuda_time  # noqa: E402
+
 FP8_MAX = 448.0
 READING = """
 ## Reading (2026-12-02, one call each on one H200)
@@ -50,21 +54,6 @@ READING = """
 - This build has head dimension 128 only (the released DiT's); the tiny presets' heads are 24 wide, so the lever's
   quality cost cannot be measured on them with it (a build with HDIM64 enabled would pad them).
 """
-
-
-def timed(fn, repeats: int, warmup: int = 3) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) / 1000.0)
-    return out
 
 
 def per_head_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -157,7 +146,7 @@ def main() -> int:
     def record(name: str, fn, out_fn, note: str = "") -> None:
         row: dict = {"note": note}
         try:
-            times = timed(fn, args.repeats)
+            times = cuda_time(fn, args.repeats, warmup=3)
             out = out_fn()
             err = out[:, rows].float() - ref
             row.update(seconds=statistics.median(times), seconds_all=times,

@@ -23,25 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.signoff_proof import RELEASE, ROOT, generate, recipe  # noqa: E402
+from bench.signoff_proof import RELEASE, ROOT, floor, recipe  # noqa: E402
 
 GATES = ["integrity", "fidelity", "audio", "ghosting", "trajectory"]
 FLOOR_GATES = ["fidelity", "audio", "ghosting", "trajectory"]
-
-
-def floor(pool: Path, out: Path, options: dict) -> Path:
-    from h3.recipe import Recipe
-    from h3eval.floor import floor_from_results, newseed_floor_from_run
-    from h3eval.policy import write_floor
-    from h3eval.store import RunStore
-
-    newseed_floor_from_run(pool, "baseline", out, gates=FLOOR_GATES, gate_options=options, progress=False)
-    store = RunStore(out)
-    manifest = store.read_manifest()
-    metrics, counts = floor_from_results(store, Recipe.model_validate(manifest.recipes["baseline"]), FLOOR_GATES)
-    write_floor(store.floor_path, metrics, recipe="baseline", source_run=str(pool), seeds=list(manifest.seeds),
-                pairs_per_metric=counts, gates=FLOOR_GATES)
-    return store.floor_path
 
 
 def main() -> None:
@@ -88,7 +73,7 @@ def main() -> None:
     summary = run_gates(run_dir, GATES, device="cpu", options=options, progress=False)
     if floor_dir.exists():
         shutil.rmtree(floor_dir)
-    floor_path = floor(run_dir, floor_dir, options)
+    floor_path = floor(run_dir, floor_dir, options, None, gates=FLOOR_GATES)
     timings["gates_and_floor_s"] = round(time.perf_counter() - t, 1)
     verdict, _ = run_report(run_dir, RELEASE, floor=floor_path)
     lines = summary_lines(verdict)

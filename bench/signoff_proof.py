@@ -110,20 +110,23 @@ def vbench_flicker(run_dir: Path, env: Path) -> dict:
     return evaluate_run(run_context(run_dir, "vbench"), ["temporal_flickering"], env=env)
 
 
-def floor(pool: Path, out: Path, options: dict, env: Path) -> Path:
+def floor(pool: Path, out: Path, options: dict, env: Path | None, gates: list[str] = FLOOR_GATES) -> Path:
+    """The new-seed floor of ``gates`` from the run's own baseline clips (each against the same prompt's next seed),
+    and VBench's temporal_flickering from ``env`` when given; written where the policy reads it."""
     from h3.recipe import Recipe
     from h3eval.floor import floor_from_results, newseed_floor_from_run
     from h3eval.policy import write_floor
     from h3eval.store import RunStore
 
-    newseed_floor_from_run(pool, "baseline", out, gates=FLOOR_GATES, gate_options=options, progress=False)
-    vbench_flicker(out, env)
+    newseed_floor_from_run(pool, "baseline", out, gates=gates, gate_options=options, progress=False)
+    if env is not None:
+        vbench_flicker(out, env)
+        gates = [*gates, "vbench"]
     store = RunStore(out)
     manifest = store.read_manifest()
-    metrics, counts = floor_from_results(store, Recipe.model_validate(manifest.recipes["baseline"]),
-                                         FLOOR_GATES + ["vbench"])
+    metrics, counts = floor_from_results(store, Recipe.model_validate(manifest.recipes["baseline"]), gates)
     write_floor(store.floor_path, metrics, recipe="baseline", source_run=str(pool), seeds=list(manifest.seeds),
-                pairs_per_metric=counts, gates=FLOOR_GATES + ["vbench"])
+                pairs_per_metric=counts, gates=gates)
     return store.floor_path
 
 

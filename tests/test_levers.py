@@ -64,6 +64,24 @@ def forward_all(transformer, calls):
     return [transformer(**c) for c in calls]
 
 
+def assert_counters_hold_under_compile(handle, transformer, calls, outputs) -> None:
+    """With the blocks compiled (regionally, eager backend) a lever's per-call telemetry and its outputs are the
+    eager run's: its counters sit outside the compiled graphs."""
+    from h3.levers.compile import CompileConfig, apply_compile
+
+    telemetry = handle.telemetry()
+    compiled = apply_compile(transformer, CompileConfig(backend="eager"))
+    handle.begin_request()
+    try:
+        compiled_outputs = forward_all(transformer, calls)
+    finally:
+        compiled.remove()
+        torch._dynamo.reset()
+    assert handle.telemetry() == telemetry
+    for (v, _), (ve, _) in zip(compiled_outputs, outputs):
+        torch.testing.assert_close(v, ve, rtol=1e-5, atol=1e-6)
+
+
 # -- recipes -------------------------------------------------------------------------------------------------------
 
 REQUIRED = ["baseline", "turbo4", "turbo4-int8", "turbo4-fp8", "turbo4-fp8-sage", "turbo4-sparse", "fbc-cache",
@@ -369,18 +387,7 @@ def test_sparse_lever_on_transformer(base):
     assert (telemetry["dense_forwards"], telemetry["sparse_forwards"]) == (1, 1)
     assert telemetry["realized_sparsity"] == 0.0
     # The attention call runs outside the compiled graphs, so the per-call counters hold under torch.compile too.
-    from h3.levers.compile import CompileConfig, apply_compile
-
-    compiled = apply_compile(transformer, CompileConfig(backend="eager"))
-    handle.begin_request()
-    try:
-        compiled_outputs = forward_all(transformer, base.calls)
-    finally:
-        compiled.remove()
-        torch._dynamo.reset()
-    assert handle.telemetry() == telemetry
-    for (v, a), (ve, ae) in zip(compiled_outputs, outputs):
-        torch.testing.assert_close(v, ve, rtol=1e-5, atol=1e-6)
+    assert_counters_hold_under_compile(handle, transformer, base.calls, outputs)
     assert torch.equal(outputs[0][0], base.outputs[0][0])  # the dense first step is the baseline's computation
     assert_close(outputs[1][0], base.outputs[1][0], 1e-5, "sparsity-0 flex vs SDPA, whole transformer")
     handle.remove()
@@ -1189,18 +1196,7 @@ def test_fp8_attention_emulated_on_the_transformer_counts_every_call_and_stays_n
                          "forwards": len(base.calls), "layers": layers}
     rel = assert_close(outputs[-1][0], base.outputs[-1][0], 0.1, "emulated FP8 attention vs SDPA")
     assert rel > 1e-4
-    from h3.levers.compile import CompileConfig, apply_compile
-
-    compiled = apply_compile(transformer, CompileConfig(backend="eager"))
-    handle.begin_request()
-    try:
-        compiled_outputs = forward_all(transformer, base.calls)
-    finally:
-        compiled.remove()
-        torch._dynamo.reset()
-    assert handle.telemetry() == telemetry
-    for (v, _), (ve, _) in zip(compiled_outputs, outputs):
-        torch.testing.assert_close(v, ve, rtol=1e-5, atol=1e-6)
+    assert_counters_hold_under_compile(handle, transformer, base.calls, outputs)
     handle.remove()
     assert all(torch.equal(a[0], b[0]) for a, b in zip(forward_all(transformer, base.calls), base.outputs))
 
