@@ -1,6 +1,6 @@
 """Wall time of the main job (`h3eval demo`) on this machine; the target is ≤ 3 min on a 2-core CPU.
 
-    python bench/demo_time.py [--out /tmp/demo-bench]
+    python bench/demo_time.py [--out /tmp/demo-bench] [--name demo_cpu]
 
 Runs the demo from scratch into a fresh directory (the trained tiny preset ships built; nothing is cached) and writes
 bench/results/demo_cpu.{json,md}: the wall time, the process's CPU time (user + system: on a machine shared with other
@@ -25,6 +25,7 @@ TARGET_S = 180.0
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="/tmp/h3eval-demo-bench")
+    parser.add_argument("--name", default="demo_cpu", help="results file name in bench/results")
     args = parser.parse_args()
     from bench import _results
     from h3eval.demo import DEMO_PROMPTS, DEMO_RECIPES, run_demo
@@ -41,11 +42,12 @@ def main() -> None:
                "overall": result.overall, "identical": result.identical, "content": content,
                "lpips_trunk": result.lpips_trunk, "load_average_before": load_before,
                "load_average_after": os.getloadavg(), "gate_errors": len(result.gate_errors),
-               "stage_seconds": result.stage_seconds}
+               "stage_seconds": result.stage_seconds, "gate_threads_env": os.environ.get("H3EVAL_GATE_THREADS")}
     table = ("| measure | value |\n|---|---|\n"
              f"| `h3eval demo` wall time | {wall:.0f} s (target ≤ {TARGET_S:.0f} s: {'met' if wall <= TARGET_S else 'missed'}) |\n"
              f"| process CPU time (user + system) | {cpu:.0f} s |\n"
              f"| parts (wall s) | " + ", ".join(f"{k} {v:.0f}" for k, v in result.stage_seconds.items()) + " |\n"
+             f"| gates of a pair at once | $H3EVAL_GATE_THREADS={os.environ.get('H3EVAL_GATE_THREADS') or 'unset (the default)'} |\n"
              f"| model, prompts, seeds | {result.model}, {DEMO_PROMPTS} ({result.prompts}), {list(result.seeds)} |\n"
              f"| verdict | {result.overall} |\n"
              f"| identical to baseline | {result.identical} |\n"
@@ -55,7 +57,7 @@ def main() -> None:
                        for recipe, aspects in content.items())
              + f"| load average before / after | {load_before} / {os.getloadavg()} |\n")
     print(table)
-    print("wrote", *_results.write("demo_cpu", payload, table))
+    print("wrote", *_results.write(args.name, payload, table))
 
 
 if __name__ == "__main__":
