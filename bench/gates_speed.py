@@ -279,7 +279,7 @@ def markdown(r: dict) -> str:
         f"- gates: {', '.join(r['gates'])}" + (f"; not in this build: {', '.join(r['gates_missing'])}" if r['gates_missing'] else ""),
         f"- options: {r['options'] or 'defaults'}",
         f"- gates of the pair at once: {r.get('gate_threads', 1)} (h3eval.gaterun.gate_workers: side by side on a host "
-        "of 8+ cores, $H3EVAL_GATE_THREADS overrides; the breakdown below runs each gate alone)",
+        "of 2+ cores, $H3EVAL_GATE_THREADS overrides; the breakdown below runs each gate alone)",
         "",
         "| measure | wall s | CPU s (all threads) |",
         "|---|---|---|",

@@ -17,8 +17,9 @@ and artifacts to the same folder. The loop is pair-major so that the gates of on
   refuses, is an error before anything runs.
 - **Metrics**: a result whose metrics are not among those the gate declares (``Gate.metrics``: name, direction,
   unit) is an error result: the verdict reads the declarations.
-- **Side by side**: on a host of 8 cores or more (a GPU host) the gates of a pair run in threads, one per core
-  (``$H3EVAL_GATE_THREADS`` overrides: 1 runs them one after another), after both clips are decoded at once; each
+- **Side by side**: on a host of 2 cores or more the gates of a pair run in threads, one per core
+  (``$H3EVAL_GATE_THREADS`` overrides: 1 runs them one after another), after both clips are decoded at once, and the
+  next pair's clips decode meanwhile (:func:`decode_ahead`); each
   gate's result is the same either way (tests/test_gaterun.py), only the wall time differs. A gate's first
   non-identical pair in a process runs one after another (its lazy imports and model loads, see ``_warm``), and
   identical pairs always do (they are cheap).
@@ -468,12 +469,13 @@ _warm_lock = threading.Lock()
 
 GATE_THREADS_ENV = "H3EVAL_GATE_THREADS"
 """Overrides :func:`gate_workers` (1: one gate after another; N: up to N gates of a pair side by side)."""
-GATE_THREADS_MIN_CORES = 8
-"""Cores from which the gates of a pair run side by side by default (a GPU host), one per core up to the number of
-gates; below, one after another. On the 2-core CPU two at a time measured faster in one process
-(bench/results/gates_cpu_parts.md: the demo's gates 81.6 -> 60.1 s, its floor 64.3 -> 45.1 s), but a first scratch
-run of the floor in a fresh process was slower (46 -> 60 s), and a few-core CI machine is where a lazy import missed
-by the first-pair rule below would hang a run: not the default there until measured again."""
+GATE_THREADS_MIN_CORES = 2
+"""Cores from which the gates of a pair run side by side by default, one per core up to the number of gates (the
+next pair's clips decoding meanwhile: :func:`decode_ahead`); on one core, one after another. On the 2-core CPU the
+demo in a fresh process, twice each way, measured its gates 69 / 74 s one at a time against 53 / 50 s two at a time,
+its floor 45 / 47 against 38 / 37 s (bench/results/demo_cpu_s8_threads{1,2}{,_b}.md); on the H200 host (16 cores) a
+5 s 768x1344 pair's four gates 1.5 s side by side (gates_speed_gpu_s8_side4.md). A gate's first non-identical pair in
+a process still runs one after another (``_warm``: the lazy-import deadlock of session 7)."""
 
 
 def gate_workers(n_gates: int) -> int:

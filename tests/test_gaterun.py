@@ -276,7 +276,7 @@ def _assert_same(x, y, where: str) -> None:
 
 def test_gates_side_by_side_give_the_results_of_one_after_another(tmp_path, monkeypatch):
     """``$H3EVAL_GATE_THREADS``: the gates of a pair run in threads after both clips are decoded at once (one per
-    core by default on a host of 8+ cores); every result file equals the one-after-another run's, value for value
+    core by default on a host of 2+ cores); every result file equals the one-after-another run's, value for value
     (floats to 1e-12), drift pairs included."""
     import shutil
 
@@ -351,13 +351,13 @@ def test_a_clip_asked_for_by_two_threads_at_once_is_decoded_once(run, monkeypatc
     media_cache.clear()
 
 
-def test_gate_threads_default_to_one_per_core_on_a_gpu_host_and_one_below(monkeypatch):
+def test_gate_threads_default_to_one_per_core_from_two_cores_and_one_below(monkeypatch):
     import os
 
     from h3eval.gaterun import gate_workers
 
     monkeypatch.delenv("H3EVAL_GATE_THREADS", raising=False)
-    for cores, gates, want in ((1, 7, 1), (2, 7, 1), (8, 7, 7), (16, 7, 7), (16, 1, 1), (None, 3, 1)):
+    for cores, gates, want in ((1, 7, 1), (2, 7, 2), (4, 3, 3), (8, 7, 7), (16, 7, 7), (16, 1, 1), (None, 3, 1)):
         monkeypatch.setattr(os, "cpu_count", lambda: cores)
         assert gate_workers(gates) == want, (cores, gates)
     monkeypatch.setenv("H3EVAL_GATE_THREADS", "3")
