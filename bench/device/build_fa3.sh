@@ -8,7 +8,10 @@
 # (NVIDIA/cutlass at 7127592, the submodule's commit), 2.7 MB:
 #   git -C <flash-attention> archive HEAD hopper | tar -C T/flash-attention -xf -
 #   git -C <cutlass> archive 7127592069c2fe01b041e174ba4345ef9b279671 include | tar -C T/flash-attention/csrc/cutlass -xf -
+#   git -C <flash-attention> show HEAD:README.md > T/flash-attention/README.md   # setup.py reads ../README.md (the
+#   git -C <flash-attention> show HEAD:LICENSE > T/flash-attention/LICENSE       # first call of 2026-12-02 lacked it)
 #   tar -czf .carry/fa3/fa3-src.tgz -C T flash-attention
+# The wheel it makes (flash_attn_3 3.0.0, cp310-abi3, 1.7 MB) can be carried to later calls instead (.carry/fa3whl).
 # Every FLASH_ATTENTION_DISABLE_* switch is on except FP8 and HDIM128 (bf16 stays: it is not switchable), so the build
 # compiles two forward instantiations (hdim128 bf16 and e4m3, sm90a), the scheduler and the API. With CUDA >= 13 the
 # setup uses the system nvcc (no toolchain download); the `git submodule update` it runs is patched out (no network).
