@@ -14,7 +14,7 @@ outlier channel per head (a few times the bulk, as real q/k carry), in bf16.
 
     python bench/attention_kernels.py --out DIR       # DIR/attention_kernels.json
     python bench/attention_kernels.py --render DIR/attention_kernels.json --name attention_kernels_h200
-                                                      # bench/results/NAME.{json,md}
+                                                      # bench/results/NAME.{json,md} (notes by hand after)
 """
 
 from __future__ import annotations
@@ -35,33 +35,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.h200_speed import cuda_time  # noqa: E402
+from h3.levers.fp8_attention import per_head_e4m3  # noqa: E402  (the lever's own quantization)
 
-FP8_MAX = 448.0
-READING = """
-## Reading (2026-12-02, one call each on one H200)
-
-- FlashAttention-3 built on the device from carried source in about 100 s (bench/device/build_fa3.sh; the wheel,
-  flash_attn_3 3.0.0 cp310-abi3, 1.7 MB, is carried to later calls like the Sage wheel). In bf16 it is 16 % faster
-  than cuDNN's SDPA (60.8 against 72.3 ms) at cuDNN's error, and slower than Sage 2.2 (53.0 ms).
-- FA3 in FP8 is the fastest kernel (44.5-45.7 ms, 903-928 TFLOP/s), but on these inputs its error is 4-6 times Sage's
-  (relative L2 0.18 scaled per head, 0.27 cast plainly, against Sage's 0.042): near-uniform attention over 38k keys
-  (Gaussian scores) makes the output small and the e4m3 rounding of P and V large beside it; real activations attend
-  more sharply, and the suite's gates, not this table, decide what is acceptable. The issue's probe read 0.054 for
-  the plain cast on its own inputs.
-- Counting the per-head quantization of q, k and v (eager PyTorch ops), FA3 FP8 takes 53.0 ms, Sage's time: the
-  saving needs the quantization fused into the QKV projection's epilogue or a Triton kernel (at most ~7 ms a call,
-  about 0.35 s of a 50-layer forward).
-- This build has head dimension 128 only (the released DiT's); the tiny presets' heads are 24 wide, so the lever's
-  quality cost cannot be measured on them with it (a build with HDIM64 enabled would pad them).
-"""
-
-
-def per_head_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, S, H, D) bf16 -> e4m3 with each (batch, head)'s absolute maximum at 448, and the descale (B, H) float32."""
-    amax = x.abs().amax(dim=(1, 3)).float().clamp_min(1e-6)
-    scale = FP8_MAX / amax
-    q = (x.float() * scale[:, None, :, None]).to(torch.float8_e4m3fn)
-    return q, (1.0 / scale).contiguous()
 
 
 def reference(q, k, v, rows: torch.Tensor, scale: float) -> torch.Tensor:
@@ -111,7 +86,7 @@ def main() -> int:
         result = json.loads(args.render.read_text())
         results = Path(__file__).resolve().parent / "results"
         (results / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-        (results / f"{args.name}.md").write_text(markdown(result) + READING)
+        (results / f"{args.name}.md").write_text(markdown(result))
         print(markdown(result), end="")
         return 0
     if args.out is None:
@@ -181,13 +156,13 @@ def main() -> int:
         q8, k8, v8 = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
         record("fa3_fp8_plain", lambda: fa3(q8, k8, v8), lambda: out0(fa3(q8, k8, v8)),
                "q, k, v cast to e4m3 as they are, descale 1 (the issue's probe)")
-        (qs, dq), (ks, dk), (vs, dv) = (per_head_fp8(x) for x in (q, k, v))
+        (qs, dq), (ks, dk), (vs, dv) = (per_head_e4m3(x) for x in (q, k, v))
         record("fa3_fp8_per_head", lambda: fa3(qs, ks, vs, q_descale=dq, k_descale=dk, v_descale=dv),
                lambda: out0(fa3(qs, ks, vs, q_descale=dq, k_descale=dk, v_descale=dv)),
                "kernel alone on per-head scaled e4m3 inputs")
 
         def quantize_and_run():
-            (a, da), (bb, db), (c, dc) = (per_head_fp8(x) for x in (q, k, v))
+            (a, da), (bb, db), (c, dc) = (per_head_e4m3(x) for x in (q, k, v))
             return out0(fa3(a, bb, c, q_descale=da, k_descale=db, v_descale=dc))
         record("fa3_fp8_per_head_with_quant", quantize_and_run, quantize_and_run,
                "per-head amax, scale and cast of q, k, v (PyTorch ops, eager) plus the kernel")

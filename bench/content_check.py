@@ -59,14 +59,17 @@ def score_row(model: str, recipe_name: str, prompts, seeds, workdir: Path) -> di
         data["lora"]["path"] = str(Path(model) / "lora" / "turbo4-tiny.safetensors")
         recipe = recipe_from_dict(data)
     runtime = H3Runtime.load(model, recipe, "cpu")
-    clips, seconds = [], []
+    clips, seconds, steps = [], [], {"computed": 0, "cached": 0}
     for prompt in prompts:
         expected = parse_caption(prompt.prompt)
         for seed in seeds:
             out = workdir / f"{recipe_name}-{prompt.id}-s{seed}.mp4"
             started = time.perf_counter()
-            runtime.generate(GenerateRequest(prompt=prompt.prompt, seed=seed, prompt_id=prompt.id), out)
+            record = runtime.generate(GenerateRequest(prompt=prompt.prompt, seed=seed, prompt_id=prompt.id), out)
             seconds.append(time.perf_counter() - started)
+            cache = record.executed.levers.get("cache") or {}
+            steps["computed"] += cache.get("computed_steps") or record.executed.forward_passes
+            steps["cached"] += cache.get("cached_steps") or 0
             frames, _ = decode_video(out)
             audio, rate = decode_audio(out)
             result = score_clip(describe_clip(frames, audio, rate), expected)
@@ -78,7 +81,15 @@ def score_row(model: str, recipe_name: str, prompts, seeds, workdir: Path) -> di
         k, n = sum(values), len(values)
         summary[metric] = {"right": k, "n": n, "share": k / n if n else None, "wilson95": wilson(k, n)}
     return {"model": model, "recipe": recipe_name, "model_sha256": runtime.model_sha256, "summary": summary,
-            "seconds_per_clip_median": sorted(seconds)[len(seconds) // 2], "clips": clips}
+            "seconds_per_clip_median": sorted(seconds)[len(seconds) // 2], "clips": clips,
+            # DiT steps over the row's requests, from each clip record (a step cache's skipped steps as it reported them)
+            "dit_steps": steps}
+
+
+def recipe_caches(name: str) -> bool:
+    from h3.recipe import load_recipe
+
+    return load_recipe(name).cache.kind != "none"
 
 
 def table(rows: dict) -> str:
@@ -128,6 +139,11 @@ def main() -> None:
     md = table(rows)
     if args.note:
         md = args.note.rstrip() + "\n\n" + md
+    cached = {label: row["dit_steps"] for label, row in rows.items() if row["dit_steps"]["cached"]
+              or recipe_caches(ROWS[label][1])}
+    if cached:
+        md += "\nStep caches, over each row's requests: " + "; ".join(
+            f"`{ROWS[label][1]}` {s['cached']} of {s['computed'] + s['cached']} steps cached" for label, s in cached.items()) + ".\n"
     md += (f"\nPrompts: `{args.prompts}` ({len(prompts)} captions, sha256 {suite.sha256[:12]}), seeds {seeds}; "
            "shares with Wilson 95% intervals. Targets on the baseline row: colour >= 90%, direction >= 80%, "
            "pitch >= 90%, sync >= 80% (✓/✗).\n")

@@ -876,7 +876,7 @@ def test_dit_learning_rate_anneals_along_its_plan_from_where_it_restarted(tmp_pa
 
 def test_a_pool_can_weigh_two_shape_scenes_more_without_moving_the_suites():
     """``two_shape_share`` is the chance that a draw has two shapes; a scene whose events fall too close is drawn
-    again, which two-shape draws need more often, so the realized share is lower (0.3 -> about 21 % of 600 scenes). A
+    again, which two-shape draws need more often, so the realized share is lower (15-30 % of 600 scenes at 0.3). A
     pool asking for 0.6 gets more than twice the default's two-shape scenes; 0 and 1 give none and all; the default
     draws exactly the scenes it drew before the knob existed (the shipped prompt suites are compared in
     tests/test_world.py); a share outside [0, 1] is refused."""

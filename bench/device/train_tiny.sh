@@ -26,7 +26,7 @@
 # Next training (planned 2026-12-02, session 8, after run 12; bench/results/tiny_train_h200.md): the DiT fails on
 # two-shape scenes (held-out colour right on 1 of 4 two-shape clips, 10 of 12 one-shape; direction 0 of 4 and 11 of 12)
 # and its constant-rate training had flattened (runs 9-10). Call 1 continues the shipped DiT on a pool with more
-# two-shape scenes (a draw chance of 0.6: ~48 % of the pool, against ~21 %) and anneals its rate along a cosine to a
+# two-shape scenes (a draw chance of 0.6: more than twice the default's two-shape scenes) and anneals its rate along a cosine to a
 # tenth over the call's 5000 steps (~360 s at 14 steps/s after the ~75 s pool), then exports; probe it on the CPU
 # (`python bench/content_check.py --seeds 0,1 --limit 8 --rows baseline --name content_check_run13_probe`, and with
 # --limit 24 for the whole held-out suite) before spending call 2 on the distillation against the new teacher (call

@@ -60,7 +60,7 @@ HELDOUT_PAIRS_SORTED = tuple(sorted(HELD_OUT_PAIRS))
 TWO_SHAPE_SHARE = 0.3
 """The chance that a draw has two shapes (one otherwise): the prompt suites', and the training pool's by default. A
 scene whose events fall too close together is drawn again, which two-shape draws need more often, so the realized share
-is lower: about 21 % at 0.3, 48 % at 0.6. Two-shape scenes are where the trained DiT fails (runs 10-12: held-out colour
+is lower: between 15 and 30 % of 600 scenes at 0.3, and more than twice that at 0.6 (tests/test_train.py). Two-shape scenes are where the trained DiT fails (runs 10-12: held-out colour
 right on 1 of 4 two-shape clips against 10 of 12 one-shape ones); a pool can weigh them more."""
 TONE_AMPLITUDE = 0.2
 CLICK_AMPLITUDE = 0.5
