@@ -58,6 +58,7 @@ Audio dimensions (decoded track, float in [-1, 1]):
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import threading
@@ -759,6 +760,14 @@ _cache_lock = threading.Lock()
 _cache: "OrderedDict[tuple, tuple[dict, dict]]" = OrderedDict()
 
 
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def clear_cache() -> None:
     """Forget the memoized scores (a benchmark that times repeated runs on the same files)."""
     with _cache_lock:
@@ -767,15 +776,15 @@ def clear_cache() -> None:
 
 def score_mp4(path: str | Path, options: ReferenceFreeOptions, device: str = "cpu"
               ) -> tuple[dict[str, float | None], dict[str, Any]]:
-    """:func:`score_clip` of an MP4, memoized by (path, size, mtime, options, device): the baseline clip of a
-    (prompt, seed) is in every candidate's pair. On a GPU the frames are the clip cache's device copy (uploaded once
+    """:func:`score_clip` of an MP4, memoized by (the file's sha256, options, device): the baseline clip of a
+    (prompt, seed) is in every candidate's pair, and a new-seed floor built from a run's clips (h3eval.floor) scores
+    copies of the clips the run's gates scored. On a GPU the frames are the clip cache's device copy (uploaded once
     for every gate of the pair)."""
     from gates.media_cache import load_audio, load_video, load_video_on
     from h3.media import MediaError
 
     path = Path(path)
-    stat = path.stat()
-    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, options.model_dump_json(), device)
+    key = (_file_sha256(path), options.model_dump_json(), device)
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)

@@ -348,10 +348,40 @@ def test_an_identical_pair_scores_the_baseline_once_and_equals_the_full_evaluati
         assert short["metrics"][name]["value"] == short["metrics"][name + ".baseline"]["value"], name
     rf.clear_cache()
     monkeypatch.delattr(rf.ReferenceFreeGate, "identical_result")
+    # the scores are memoized by the file's bytes, which the two clips share: forget them before each, so both are
+    # scored from their frames
+    monkeypatch.setattr(rf, "score_mp4", lambda path, *a, **k: (rf.clear_cache(), scored.append(path.parent.name),
+                                                                 original(path, *a, **k))[2])
     assert not run_gates(tmp_path / "b", ["reference_free"], options=options, progress=False).errors
     full = json.loads((tmp_path / "b" / "gates" / "reference_free" / "same" / "p0-s0.json").read_text())
     assert "short_circuit" not in full["info"] and sorted(scored[1:]) == ["base", "same"]
     for key, value in full["metrics"].items():
         a, b = short["metrics"][key]["value"], value["value"]
         assert (a is None and b is None) or a == pytest.approx(b, rel=1e-12, abs=1e-12), key
+    rf.clear_cache()
+
+
+def test_scores_are_memoized_by_the_files_bytes(tmp_path, monkeypatch):
+    """A copy of a scored clip at another path (a new-seed floor's copy of a run's clip) is not scored again; a file
+    whose bytes differ is. The copy's scores are the original's."""
+    import shutil
+
+    from h3eval.synth import make_synthetic_run
+
+    make_synthetic_run(tmp_path / "a", candidates=["moved"], prompt_ids=["p0"], seeds=[0], baseline="base",
+                       frames_fn=lambda r, p, s: _translating(2.0 if r == "base" else 3.0, frames=8))
+    base = next((tmp_path / "a").rglob("base/*.mp4"))
+    other = next((tmp_path / "a").rglob("moved/*.mp4"))
+    copy = tmp_path / "copy.mp4"
+    shutil.copyfile(base, copy)
+    calls = []
+    original = rf.score_clip
+    monkeypatch.setattr(rf, "score_clip", lambda *a, **k: (calls.append(1), original(*a, **k))[1])
+    options = rf.ReferenceFreeOptions(niqe_frame_stride=4)
+    rf.clear_cache()
+    first, _ = rf.score_mp4(base, options)
+    again, _ = rf.score_mp4(copy, options)
+    assert len(calls) == 1 and again == first
+    moved, _ = rf.score_mp4(other, options)
+    assert len(calls) == 2 and moved["dynamic_degree"] != first["dynamic_degree"]
     rf.clear_cache()
