@@ -893,3 +893,49 @@ def test_a_pool_can_weigh_two_shape_scenes_more_without_moving_the_suites():
     for bad in (-0.1, 1.5, float("nan")):
         with pytest.raises(ValueError, match="two_shape_share"):
             sample_scenes(5, 1, two_shape_share=bad)
+
+
+def test_a_continued_dit_keeps_the_latent_statistics_it_trained_with(tmp_path):
+    """Every call rebuilds the pool; one drawn otherwise (here more two-shape scenes) has other per-channel latent
+    statistics. Seeded from a checkpoint, the pool is normalized with the checkpoint's (its VAEs' latents_mean /
+    latents_std), the DiT continues on them and the export ships them unchanged; a DiT state handed a pool normalized
+    otherwise is refused with one error."""
+    import json
+
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from h3.train.__main__ import main
+    from h3.train.common import load_state
+    from h3.train.dit import train_dit
+    from h3.train.pool import Pool, latent_stats
+    from h3.train.run import run
+
+    cfg = TrainConfig.smoke()
+    assert run("all", cfg, tmp_path / "a", finish_on_budget=True, max_seconds=900) == 0
+    ckpt = tmp_path / "a" / "tiny"
+    configs = {k: json.loads((ckpt / k / "config.json").read_text()) for k in ("vae", "audio_vae")}
+    shipped = {key: [configs[folder]["latents_mean"], configs[folder]["latents_std"]]
+               for key, folder in (("video", "vae"), ("audio", "audio_vae"))}
+    steps = json.loads((ckpt / "training_record.json").read_text())["stages"]["dit"]["steps"]
+
+    other = TrainConfig.smoke(pool_two_shape_share=1.0)
+    fresh = tmp_path / "fresh"  # that pool with the checkpoint's VAEs and no DiT: its own statistics differ
+    assert main(["unpack", "--out", str(fresh), "--from", str(ckpt)]) == 0
+    (fresh / "state" / "dit" / "state.pt").unlink()
+    assert run("pool", other, fresh, finish_on_budget=True, max_seconds=900) == 0
+    own = latent_stats(Pool.load(fresh / "state" / "pool" / "pool.pt", "cpu"))
+    assert own["audio"] != shipped["audio"] and own["video"] != shipped["video"]
+
+    out = tmp_path / "b"
+    assert main(["unpack", "--out", str(out), "--from", str(ckpt), "--continue", f"dit:{steps + 2}"]) == 0
+    assert load_state(out / "state" / "dit" / "state.pt")["latent_stats"] == shipped
+    assert run("all", other, out, finish_on_budget=True, max_seconds=900) == 0
+    assert latent_stats(Pool.load(out / "state" / "pool" / "pool.pt", "cpu")) == shipped
+    assert load_state(out / "state" / "dit" / "state.pt")["latent_stats"] == shipped
+    for key, folder in (("video", "vae"), ("audio", "audio_vae")):
+        exported = json.loads((out / "tiny" / folder / "config.json").read_text())
+        assert [exported["latents_mean"], exported["latents_std"]] == shipped[key]
+
+    with pytest.raises(ValueError, match="other statistics than this DiT was trained with"):
+        train_dit(MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG),
+                  Pool.load(fresh / "state" / "pool" / "pool.pt", "cpu"), other, out / "state", Budget(None))

@@ -29,7 +29,7 @@ from h3.train.packing import (
     AUDIO_SHIFT, KEYFRAME_NOISE_AUG, VIDEO_SHIFT, Layout, audio_rows, packed_forward, patchify, ref2va_layout,
     shifted_sigma, t2va_layout,
 )
-from h3.train.pool import Pool
+from h3.train.pool import Pool, latent_stats, latent_stats_of
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +163,12 @@ def train_dit(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budg
         step, log.rows, seconds = state["step"], state["log"], state["seconds"]
         total, planned = state["total_steps"], state.get("planned_steps", state["total_steps"])
         lineage = {k: state[k] for k in ("warm_from", "seeded_from") if k in state}  # h3.train.travel's seeding
+        kept = latent_stats_of(state)
+        if kept is not None and pool.video_stats and kept != latent_stats(pool):
+            raise ValueError("the latent pool is normalized with other statistics than this DiT was trained with; "
+                             "build the pool with the DiT state's latent_stats (h3.train.run's pool stage does)")
+    if pool.video_stats:
+        lineage["latent_stats"] = latent_stats(pool)
     # The cosine (dit_lr_final < 1) runs over dit_lr_steps counted from where this slice of training (re)started.
     plan = cfg.dit_lr_steps or max(1, total - lineage.get("warm_from", 0))
     dist.broadcast(transformer)

@@ -63,6 +63,17 @@ class Pool:
         return cls(**torch.load(path, map_location=device, weights_only=False))
 
 
+def latent_stats(pool: "Pool") -> dict:
+    """The per-channel statistics ``pool`` is normalized with, as a DiT state keeps them."""
+    return {"video": [list(pool.video_stats[0]), list(pool.video_stats[1])],
+            "audio": [list(pool.audio_stats[0]), list(pool.audio_stats[1])]}
+
+
+def latent_stats_of(dit_state: dict | None) -> dict | None:
+    """The latent statistics a DiT state was trained with (None: a fresh DiT, or a state from before they were kept)."""
+    return None if dit_state is None else dit_state.get("latent_stats")
+
+
 def _channel_stats(x: torch.Tensor, dim: int) -> tuple[list[float], list[float]]:
     """Per-channel mean and std; a channel the KL term switched off (std far below the others') is scaled as if it had
     a twentieth of the median std, not blown up to unit variance."""
@@ -88,9 +99,15 @@ def _encode_chunk(vae, audio_vae, batch, device, n_keyed: int) -> dict:
 
 
 @torch.no_grad()
-def build_pool(components: dict, cfg: TrainConfig, chunk: int = 64, devices: list | None = None) -> Pool:
+def build_pool(components: dict, cfg: TrainConfig, chunk: int = 64, devices: list | None = None,
+               stats: dict | None = None) -> Pool:
     """``devices``: the chunks of clips are rendered and encoded on these in turn (a thread and a copy of the VAEs
-    per device); everything lands on ``cfg.device``. The result does not depend on how many devices encode."""
+    per device); everything lands on ``cfg.device``. The result does not depend on how many devices encode.
+
+    ``stats`` (``{"video": [mean, std], "audio": [mean, std]}``, per channel): normalize with these instead of the
+    pool's own statistics — the ones a DiT that continues was trained with (:func:`latent_stats_of`). A pool drawn
+    otherwise (another ``pool_two_shape_share``) has other statistics: session 9's first call moved the audio latents'
+    means by up to 1.2 (their typical size 0.9) under a DiT trained on the old ones."""
     from concurrent.futures import ThreadPoolExecutor
 
     started = time.monotonic()
@@ -135,8 +152,11 @@ def build_pool(components: dict, cfg: TrainConfig, chunk: int = 64, devices: lis
     refs = [f for s in starts if "refs" in parts[s] for f in parts[s]["refs"]]
     video, audio = torch.cat(videos), torch.cat(audios)
 
-    vmean, vstd = _channel_stats(video.float(), 1)
-    amean, astd = _channel_stats(audio.float(), 2)  # (N, stereo, 32, L): channel dim 2
+    if stats is None:
+        vmean, vstd = _channel_stats(video.float(), 1)
+        amean, astd = _channel_stats(audio.float(), 2)  # (N, stereo, 32, L): channel dim 2
+    else:
+        (vmean, vstd), (amean, astd) = ([list(map(float, v)) for v in stats[k]] for k in ("video", "audio"))
     vae.register_to_config(latents_mean=vmean, latents_std=vstd)
     audio_vae.register_to_config(latents_mean=amean, latents_std=astd)
     vm, vs = torch.tensor(vmean, device=device).view(1, -1, 1, 1, 1), torch.tensor(vstd, device=device).view(1, -1, 1, 1, 1)

@@ -128,7 +128,7 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     torchrun ranks of a stage get, so that their start-up counts against the stage's budget."""
     from h3.train.dit import load_ema_into, train_dit
     from h3.train.distill import train_distill
-    from h3.train.pool import Pool, build_pool
+    from h3.train.pool import Pool, build_pool, latent_stats_of
     from h3.train.vaes import (
         audio_decoder_vae, train_audio_decoder, train_audio_vae, train_video_decoder, train_video_vae, wide_vae,
     )
@@ -191,7 +191,11 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
             _load_trained(comps["vae"], state_dir, "video_vae", cfg.device)
             _load_trained(comps["audio_vae"], state_dir, "audio_vae", cfg.device)
             devices = [cfg.device] if gpu_count(cfg) < 2 else [f"cuda:{i}" for i in range(gpu_count(cfg))]
-            pool = build_pool(comps, cfg, devices=devices)
+            # a DiT that continues keeps the latent statistics it trained with (a pool drawn otherwise has others)
+            kept = latent_stats_of(load_state(state_dir / "dit" / "state.pt", "cpu"))
+            if kept is not None:
+                logger.info("pool: normalized with the latent statistics the DiT trained with")
+            pool = build_pool(comps, cfg, devices=devices, stats=kept)
             pool.save(state_dir / "pool" / "pool.pt")
             result = {"done": True, "seconds": time.monotonic() - started}
         elif name in ("video-decoder", "audio-decoder") and parallel_vaes:

@@ -206,6 +206,23 @@ def _read_pack(src: Path) -> tuple[dict, dict[str, dict]]:
     return manifest, states
 
 
+def _checkpoint_latent_stats(ckpt: Path) -> dict | None:
+    """The latent statistics a checkpoint's DiT was trained with: its VAEs' ``latents_mean`` / ``latents_std`` (the
+    pipeline normalizes with them); None when a config lacks them or holds a non-finite value."""
+    out = {}
+    for key, folder in (("video", "vae"), ("audio", "audio_vae")):
+        try:
+            config = json.loads((ckpt / folder / "config.json").read_text())
+            pair = [[float(v) for v in config["latents_mean"]], [float(v) for v in config["latents_std"]]]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if not all(math.isfinite(v) for part in pair for v in part) or min(pair[1]) <= 0:
+            raise PackError(f"{ckpt / folder / 'config.json'}: latents_mean / latents_std must be finite, the std "
+                            "positive")
+        out[key] = pair
+    return out
+
+
 def _check_state(state, where: str) -> dict:
     if not isinstance(state, dict) or not {"step", "total_steps", "seconds", "log"} <= set(state):
         raise PackError(f"{where}: not a stage state (needs step, total_steps, seconds, log)")
@@ -376,7 +393,8 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=()) -> dic
         "video_vae": {**base("video_vae"), "model": narrow_state},
         "video_decoder": {**base("video_decoder"), "model": wide},
         "audio_vae": {**base("audio_vae"), "model": audio},
-        "dit": {**base("dit"), "model": dit, "ema": {k: v.clone() for k, v in dit.items() if v.is_floating_point()}},
+        "dit": {**base("dit"), "model": dit, "ema": {k: v.clone() for k, v in dit.items() if v.is_floating_point()},
+                **({"latent_stats": stats} if (stats := _checkpoint_latent_stats(ckpt)) else {})},
     }
     if "audio_decoder" in stages_info:
         states["audio_decoder"] = {**base("audio_decoder"), "model": {k: v.clone() for k, v in audio.items()}}
