@@ -10,6 +10,9 @@
 #
 #   WHEEL_DIRS=.whl_prod GOALS_BOX_S=330 FA3_BOX_S=150 bash bench/device/h200_session9.sh
 #
+# (GOALS_BOX_S=0 skips the first; CALL_S, default 585, is when the gates must end, counted from the script's start.
+# Session 9 ran the second and third alone: GOALS_BOX_S=0 FA3_BOX_S=150 CALL_S=300.)
+#
 # from the repository root, carrying .whl_prod, .carry/sagewhl and .carry/fa3whl (the flash_attn_3 wheel session 8
 # built, 1.7 MB), h3/assets/tiny out of the index. Returns results.tgz (the goals' raw JSON under g23/).
 set -u
@@ -24,17 +27,21 @@ python3 -c 'import flash_attn_interface, sageattention; print("fa3 and sage impo
 # 1. the 15 s request (the sparse row first: the request runs on its levers; about 300 s: at 15 s the dense first step
 #    alone is ~45 s, the decode ~14 s and the mux of noise-like frames ~20 s, twice, plus the compile of the shape)
 B=${GOALS_BOX_S:-330}
-echo "goals box $B s at $((SECONDS - t0)) s"
-(export GOALS_BOX_S=$((B - 5)) GOALS_ARGS="--rows sparse768,request15"
- timeout -k 10 $B bash bench/device/h200_goals.sh "$R/g23" >"$R/g23/driver.log" 2>&1; echo "goals rc $? at $((SECONDS - t0)) s")
-tail -c 1500 "$R/g23/h200_goals.log"
+if [ "$B" -gt 0 ]; then
+  echo "goals box $B s at $((SECONDS - t0)) s"
+  (export GOALS_BOX_S=$((B - 5)) GOALS_ARGS="--rows sparse768,request15"
+   timeout -k 10 $B bash bench/device/h200_goals.sh "$R/g23" >"$R/g23/driver.log" 2>&1; echo "goals rc $? at $((SECONDS - t0)) s")
+  tail -c 1500 "$R/g23/h200_goals.log"
+else
+  echo "goals skipped (GOALS_BOX_S=0)"
+fi
 # 2. the dense forward with FA3 FP8 attention against Sage
 timeout -k 10 ${FA3_BOX_S:-150} python3 bench/h200_recipes_speed.py --out $R/fa3/recipes_fa3fp8.json \
   --shapes 5s-768x1344 --repeats 2 --variants turbo4-fp8+fa3fp8+compile+bucket,turbo4-fp8-sage-compile \
   >"$R/fa3/recipes.log" 2>&1
 echo "fa3fp8 rc $? at $((SECONDS - t0)) s"; grep -v "W1\|Warning" "$R/fa3/recipes.log" | tail -4
 # 3. gates, runs of 4 pairs, with what the call has left
-G=$((585 - (SECONDS - t0))); gend=$((SECONDS + G)); gleft() { local l=$((gend - SECONDS)); [ $l -lt 5 ] && l=5; echo $l; }
+G=$((${CALL_S:-585} - (SECONDS - t0))); gend=$((SECONDS + G)); gleft() { local l=$((gend - SECONDS)); [ $l -lt 5 ] && l=5; echo $l; }
 W=/tmp/gates-s9
 for spec in "side4:integrity,fidelity,audio,ghosting:" "side5:integrity,fidelity,audio,ghosting,reference_free:--reuse-run"; do
   IFS=: read -r tag gates extra <<<"$spec"
