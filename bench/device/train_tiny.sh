@@ -23,20 +23,24 @@
 # that depend on it, dit drops distill), PACK_MOMENTS (bf16), RUN_DIR (/tmp/h3-train; with RESUME_FROM it is emptied
 # first when it is that default), PACK (1; 0 returns no state pack: a call seeded from the shipped checkpoint needs none).
 #
-# Next training (planned 2026-12-02, session 8, after run 12; bench/results/tiny_train_h200.md): the DiT fails on
-# two-shape scenes (held-out colour right on 1 of 4 two-shape clips, 10 of 12 one-shape; direction 0 of 4 and 11 of 12)
-# and its constant-rate training had flattened (runs 9-10). Call 1 continues the shipped DiT on a pool with more
-# two-shape scenes (a draw chance of 0.6: more than twice the default's two-shape scenes) and anneals its rate along a cosine to a
-# tenth over the call's 5000 steps (~360 s at 14 steps/s after the ~75 s pool), then exports; probe it on the CPU
-# (`python bench/content_check.py --seeds 0,1 --limit 8 --rows baseline --name content_check_run13_probe`, and with
-# --limit 24 for the whole held-out suite) before spending call 2 on the distillation against the new teacher (call
-# 1's export also holds a LoRA distilled in the seconds its budget leaves: a throwaway, not to ship):
-#   WHEELS=.whl COMMIT=<sha> RESUME_FROM=h3/assets/tiny CONTINUE=dit:5000 PACK=0 STAGE_SECONDS=dit=420,export=25 \
+# Next training (planned 2026-12-02, session 9, after run 13; bench/results/tiny_train_h200.md): run 13a continued the
+# DiT 15116 -> 20116 on a pool with more two-shape scenes (held-out colour 77 -> 85 %, direction 69 -> 73, sync 5 -> 18;
+# two-shape scenes still the failure) and run 13b distilled the LoRA against it (turbo4-tiny INCONCLUSIVE on prompt
+# faithfulness, not within 5 points of the teacher on colour and direction). CONTINUE=dit:STEPS names the stage's new
+# total, not an increment. Since beb78c4 a continued DiT keeps the latent statistics it trained with, so the pool's
+# draw chance can change between calls without moving them. Call 1: the DiT on to 25116 steps; call 2: distil against
+# it with a state pack back (PACK=1); call 3: continue that distillation from the pack (the pack carried instead of the
+# checkpoint: h3/assets/tiny out of the index, RESUME_FROM the pack's folder):
+#   WHEELS=.whl COMMIT=<sha> RESUME_FROM=h3/assets/tiny CONTINUE=dit:25116 PACK=0 STAGE_SECONDS=dit=420,export=25 \
 #     BUDGET_S=560 EXTRA_ARGS="--set pool_two_shape_share=0.6 --set dit_lr_final=0.1 --set dit_lr_steps=5000" \
 #     bash bench/device/train_tiny.sh $OUT
-#   WHEELS=.whl COMMIT=<sha> RESUME_FROM=h3/assets/tiny PACK=0 STAGE_SECONDS=distill=450,export=25 BUDGET_S=575 \
-#     EXTRA_ARGS="--set distill_teacher_samples=2048 --set distill_steps=2300 --set distill_lr_final=0.1 \
-#     --set distill_moment_weight=1.0" bash bench/device/train_tiny.sh $OUT        (run 12's distillation)
+#   WHEELS=.whl COMMIT=<sha> RESUME_FROM=h3/assets/tiny PACK=1 STAGE_SECONDS=distill=430,export=25 BUDGET_S=575 \
+#     EXTRA_ARGS="--set pool_two_shape_share=0.6 --set distill_teacher_samples=2048 --set distill_steps=4400 \
+#     --set distill_lr_final=0.1 --set distill_moment_weight=1.0" bash bench/device/train_tiny.sh $OUT
+#   WHEELS=.whl COMMIT=<sha> RESUME_FROM=<folder of call 2's state.pack.part-*> CONTINUE=distill:4400 PACK=0 \
+#     STAGE_SECONDS=distill=450,export=25 BUDGET_S=575 EXTRA_ARGS="<call 2's>" bash bench/device/train_tiny.sh $OUT
+# Probe each on the CPU: `python bench/content_check.py --seeds 0,1 --rows baseline --name content_check_runN_probe`
+# and `python bench/signoff_proof.py --model tiny-trained --vbench-env /tmp/vbench-env --out FRESH --name ...`.
 #
 # Earlier plan (2026-12-01 after runs 5-7, bench/results/tiny_train_h200.md): the shipped checkpoint
 # (h3/assets/tiny, run 7: video VAE 629 + decoder 4016, audio VAE 2632, DiT 7413 at 14 steps/s of 192 alone on one
