@@ -169,8 +169,10 @@ def levers_applied(model, recipe, device: str):
 
 
 def measure_variant(model, inputs: dict, variant: str, repeats: int, device: str = "cuda",
-                    count: bool = False) -> dict:
-    """``count``: count the FLOPs of the first call (only for a variant whose modules are stock nn.Linear)."""
+                    count: bool = False, profile: bool = False) -> dict:
+    """``count``: count the FLOPs of the first call (only for a variant whose modules are stock nn.Linear).
+    ``profile``: after the timed forwards, one more (the sparse kind for a sparse recipe) under torch.profiler, its
+    device time by kernel family (bench/kernel_profile.py) in ``row["kernels"]``."""
     from h3.anatomy import observe_attention_dispatch
     from h3.levers import lever_configs, lever_telemetry
 
@@ -220,6 +222,10 @@ def measure_variant(model, inputs: dict, variant: str, repeats: int, device: str
                     row["dense_forward_s"] = row["forward_s"]
                 if device.startswith("cuda"):
                     row["peak_memory_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+                if profile and device.startswith("cuda"):
+                    from bench.kernel_profile import kernel_breakdown
+
+                    row["kernels"] = kernel_breakdown(sparse_forward if sparse else (lambda: model(**inputs)))
                 row["dispatched"] = sorted(set(dispatched))
                 row["telemetry"] = {k: v for k, v in lever_telemetry(handles).items() if v.get("applied")}
         finally:
@@ -237,6 +243,8 @@ def main() -> None:
                         help="the variants for one shape instead of --variants (repeatable)")
     parser.add_argument("--shape-repeats", action="append", default=[], metavar="SHAPE=N",
                         help="--repeats for one shape (repeatable)")
+    parser.add_argument("--profile", action="store_true",
+                        help="one more forward per variant under torch.profiler: device time by kernel family")
     parser.add_argument("--smoke", action="store_true",
                         help="a smoke run of this script on the CPU: the tiny preset's DiT config, float32")
     args = parser.parse_args()
@@ -269,7 +277,8 @@ def main() -> None:
                 entry["flops_dense"] = count_flops(model, lambda: model(**inputs))
         for i, name in enumerate(variants):
             try:
-                row = measure_variant(model, inputs, name, repeats, device, count=(i == 0 and name == "stock"))
+                row = measure_variant(model, inputs, name, repeats, device, count=(i == 0 and name == "stock"),
+                                      profile=args.profile)
                 if "flops" in row:
                     entry["flops_dense"] = row.pop("flops")
                 row["dense_equivalent_tflops"] = entry["flops_dense"]["total"] / row["forward_s"] / 1e12
