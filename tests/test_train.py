@@ -302,6 +302,32 @@ def test_distill_lora_ships_in_the_h3_format_diffusers_loads(tmp_path):
     assert effect > 100 * float((peft[0] - hooked[0]).abs().max()) and effect > 1e-3, effect
 
 
+def test_a_shipped_lora_loads_back_into_the_distillation_exactly(tmp_path):
+    """``DistillLora.load_exported`` inverts the export (fc1 halves, the AdaLN factor's rank ratio): every factor equal
+    bit for bit, the file's sha256 returned; a file of another rank, or no file, is refused naming it."""
+    import hashlib
+
+    from h3.train.lora import DistillLora
+
+    model = small_dit()
+    trained = DistillLora(model, rank=4, adaln_rank=2, seed=0)
+    with torch.no_grad():
+        for p in trained.factors.values():
+            p.normal_(0, 1.0)
+    path = tmp_path / "turbo4-tiny.safetensors"
+    trained.save(path)
+    fresh = DistillLora(model, rank=4, adaln_rank=2, seed=1)
+    assert not all(torch.equal(fresh.factors[k], v) for k, v in trained.factors.items())
+    assert fresh.load_exported(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert all(torch.equal(fresh.factors[k], v) for k, v in trained.factors.items())
+    with pytest.raises(ValueError, match="turbo4-tiny.safetensors: network alpha"):
+        DistillLora(model, rank=8, adaln_rank=2).load_exported(path)
+    with pytest.raises(ValueError, match="do not fit"):
+        DistillLora(model, rank=4, adaln_rank=1).load_exported(path)
+    with pytest.raises(ValueError, match="no such LoRA file"):
+        fresh.load_exported(tmp_path / "missing.safetensors")
+
+
 def test_text_encoding_in_batches_equals_one_at_a_time(components):
     te, tok, proc = components["text_encoder"], components["tokenizer"], components["processor"]
     prompts = ["a red circle moves left to right while a low tone hums", "a blue square moves top to bottom while a "
@@ -929,7 +955,23 @@ def test_a_continued_dit_keeps_the_latent_statistics_it_trained_with(tmp_path):
     out = tmp_path / "b"
     assert main(["unpack", "--out", str(out), "--from", str(ckpt), "--continue", f"dit:{steps + 2}"]) == 0
     assert load_state(out / "state" / "dit" / "state.pt")["latent_stats"] == shipped
+    # the distillation starts from the checkpoint's LoRA (distill_init): its state at step 0 holds the file's factors
+    lora_file = ckpt / "lora" / "turbo4-tiny.safetensors"
+    other = replace(other, distill_init=str(lora_file))
+    for stage in ("pool", "dit"):
+        assert run(stage, other, out, finish_on_budget=True, max_seconds=900) == 0
+    assert run("distill", other, out, stop_after=0) != 0
+    from h3.train.lora import DistillLora
+
+    expected = DistillLora(MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG), other.lora_rank, other.lora_adaln_rank)
+    sha = expected.load_exported(lora_file)
+    started = load_state(out / "state" / "distill" / "state.pt")
+    assert started["step"] == 0 and started["init_from"] == {"file": str(lora_file), "sha256": sha}
+    assert all(torch.equal(started["lora"][k], v) for k, v in expected.state_dict().items())
     assert run("all", other, out, finish_on_budget=True, max_seconds=900) == 0
+    record = json.loads((out / "tiny" / "training_record.json").read_text())
+    assert record["stages"]["distill"]["init_from"]["sha256"] == sha
+    assert f"--set distill_init={lora_file}" in record["reproduce"]
     assert latent_stats(Pool.load(out / "state" / "pool" / "pool.pt", "cpu")) == shipped
     assert load_state(out / "state" / "dit" / "state.pt")["latent_stats"] == shipped
     for key, folder in (("video", "vae"), ("audio", "audio_vae")):

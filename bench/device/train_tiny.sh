@@ -28,17 +28,17 @@
 # two-shape scenes still the failure) and run 13b distilled the LoRA against it (turbo4-tiny INCONCLUSIVE on prompt
 # faithfulness, not within 5 points of the teacher on colour and direction). CONTINUE=dit:STEPS names the stage's new
 # total, not an increment. Since beb78c4 a continued DiT keeps the latent statistics it trained with, so the pool's
-# draw chance can change between calls without moving them. Call 1: the DiT on to 25116 steps; call 2: distil against
-# it with a state pack back (PACK=1); call 3: continue that distillation from the pack (the pack carried instead of the
-# checkpoint: h3/assets/tiny out of the index, RESUME_FROM the pack's folder):
+# draw chance can change between calls without moving them; since session 9 the distillation can start from the
+# checkpoint's LoRA (distill_init), so each call adds its ~2100 steps to the last one's instead of starting over.
+# Call 1: the DiT on to 25116 steps (the seconds left distil on from run 13's LoRA); calls 2 and 3: the distillation
+# on from the LoRA of the checkpoint before (its tiny.tgz parts replace h3/assets/tiny between calls):
 #   WHEELS=.whl COMMIT=<sha> RESUME_FROM=h3/assets/tiny CONTINUE=dit:25116 PACK=0 STAGE_SECONDS=dit=420,export=25 \
-#     BUDGET_S=560 EXTRA_ARGS="--set pool_two_shape_share=0.6 --set dit_lr_final=0.1 --set dit_lr_steps=5000" \
-#     bash bench/device/train_tiny.sh $OUT
-#   WHEELS=.whl COMMIT=<sha> RESUME_FROM=h3/assets/tiny PACK=1 STAGE_SECONDS=distill=430,export=25 BUDGET_S=575 \
-#     EXTRA_ARGS="--set pool_two_shape_share=0.6 --set distill_teacher_samples=2048 --set distill_steps=4400 \
-#     --set distill_lr_final=0.1 --set distill_moment_weight=1.0" bash bench/device/train_tiny.sh $OUT
-#   WHEELS=.whl COMMIT=<sha> RESUME_FROM=<folder of call 2's state.pack.part-*> CONTINUE=distill:4400 PACK=0 \
-#     STAGE_SECONDS=distill=450,export=25 BUDGET_S=575 EXTRA_ARGS="<call 2's>" bash bench/device/train_tiny.sh $OUT
+#     BUDGET_S=560 EXTRA_ARGS="--set pool_two_shape_share=0.6 --set dit_lr_final=0.1 --set dit_lr_steps=5000 \
+#     --set distill_init=h3/assets/tiny/lora/turbo4-tiny.safetensors" bash bench/device/train_tiny.sh $OUT
+#   WHEELS=.whl COMMIT=<sha> RESUME_FROM=h3/assets/tiny PACK=0 STAGE_SECONDS=distill=450,export=25 BUDGET_S=575 \
+#     EXTRA_ARGS="--set pool_two_shape_share=0.6 --set distill_teacher_samples=2048 --set distill_steps=2300 \
+#     --set distill_lr_final=0.1 --set distill_moment_weight=1.0 \
+#     --set distill_init=h3/assets/tiny/lora/turbo4-tiny.safetensors" bash bench/device/train_tiny.sh $OUT
 # Probe each on the CPU: `python bench/content_check.py --seeds 0,1 --rows baseline --name content_check_runN_probe`
 # and `python bench/signoff_proof.py --model tiny-trained --vbench-env /tmp/vbench-env --out FRESH --name ...`.
 #

@@ -49,10 +49,10 @@ class TrainConfig:
     # latent pool
     pool_size: int = 6144
     pool_keyframe_share: float = 0.25
+    """Share of the pool that also carries fl2va keyframe and ref2va reference presentations."""
     pool_two_shape_share: float = 0.3
     """The pool's chance of a two-shape draw (h3.world.scene.TWO_SHAPE_SHARE: 0.3, the prompt suites', by default;
     0.6 gives more than twice the default's two-shape scenes: tests/test_train.py)."""
-    """Share of the pool that also carries fl2va keyframe and ref2va reference presentations."""
     # DiT
     dit_steps: int = 30000
     dit_batch: int = 192
@@ -89,6 +89,11 @@ class TrainConfig:
     latent channel, its mean and standard deviation over the tokens against the teacher's. Regression to the
     teacher's latents alone lets a small LoRA shrink their spread (a quieter, flatter clip: runs 10 and 11 lost
     loudness or contrast in 15 of 16 pairs); 0 (the default, runs up to 11) leaves the term out."""
+    distill_init: str = ""
+    """A LoRA file in the shipped format (an earlier checkpoint's ``lora/turbo4-tiny.safetensors``) the distillation
+    starts from instead of its seeded initialization ("" : none). One call distils ~2100 steps; starting from the last
+    checkpoint's LoRA lets the next call add to them, against a teacher that may have trained on. The distill state
+    and the training record name the file and its sha256."""
     lora_rank: int = 16
     lora_adaln_rank: int = 4
     checkpoint_every: int = 500

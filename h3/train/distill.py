@@ -125,7 +125,12 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
     state = load_state(path, cfg.device)
     log, step, seconds, total = StageLog(), 0, 0.0, cfg.distill_steps
     planned = cfg.distill_lr_steps or cfg.distill_steps  # what the learning rate's cosine is planned over
+    init_from = None
+    if state is None and cfg.distill_init:
+        init_from = {"file": cfg.distill_init, "sha256": lora.load_exported(cfg.distill_init)}
+        logger.info("distill: the LoRA starts from %s", cfg.distill_init)
     if state is not None:
+        init_from = state.get("init_from")
         lora.load_state_dict(state["lora"])
         if "opt" in state:  # a finished stage may travel without it (h3.train.travel, --moments drop)
             optimizer.load_state_dict(state["opt"])
@@ -142,7 +147,7 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
             return
         save_state(path, {"lora": lora.state_dict(), "opt": optimizer.state_dict(), "step": step, "log": log.rows,
                           "seconds": seconds + time.monotonic() - started, "total_steps": total,
-                          "planned_steps": planned})
+                          "planned_steps": planned, **({"init_from": init_from} if init_from else {})})
 
     try:
         while step < total:

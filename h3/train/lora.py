@@ -93,6 +93,44 @@ class DistillLora(torch.nn.Module):
             state[f"{KEY_PREFIX}.{i}.adaln_proj.linear.lora_B.weight"] = (b * (self.adaln_rank / alpha)).contiguous()
         return state, {"format": "pt", "alpha": str(alpha)}
 
+    def load_exported(self, path) -> str:
+        """Set the factors from a file :meth:`save` wrote (the inverse of :meth:`export`: ``mlp.fc1``'s halves swapped
+        back, the AdaLN factor's ``adaln_rank / rank`` undone); returns the file's sha256. A file of another rank,
+        layer count or format is refused with a ValueError naming it."""
+        import hashlib
+        from pathlib import Path
+
+        from safetensors import safe_open
+
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"{path}: no such LoRA file")
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            state = {k: handle.get_tensor(k) for k in handle.keys()}
+        if metadata.get("alpha") != str(float(self.rank)):
+            raise ValueError(f"{path}: network alpha {metadata.get('alpha')!r}, this LoRA's is {float(self.rank)} "
+                             f"(rank {self.rank}); not a distillation LoRA of this configuration")
+        expected, _ = self.export()
+        if set(state) != set(expected) or any(state[k].shape != v.shape for k, v in expected.items()):
+            raise ValueError(f"{path}: its tensors do not fit this LoRA (rank {self.rank}, AdaLN rank "
+                             f"{self.adaln_rank}, {len({k.split('_')[0] for k in self.factors})} blocks)")
+        alpha = float(self.rank)
+        with torch.no_grad():
+            for i in sorted({int(k.split("_")[0]) for k in self.factors}):
+                get = lambda name: state[f"{KEY_PREFIX}.{i}.{name}.weight"].float()  # noqa: E731
+                for name, target in (("attn.qkv_proj", "qkv"), ("attn.out_proj", "out"), ("mlp.fc2", "fc2"),
+                                     ("mlp.fc1", "fc1"), ("adaln_proj.linear", "adaln")):
+                    a, b = get(f"{name}.lora_A"), get(f"{name}.lora_B")
+                    if target == "fc1":
+                        gate, value = b.chunk(2, dim=0)
+                        b = torch.cat([value, gate])
+                    elif target == "adaln":
+                        b = b * (alpha / self.adaln_rank)
+                    self.factors[f"{i}_{target}_A"].copy_(a)
+                    self.factors[f"{i}_{target}_B"].copy_(b)
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
     def save(self, path) -> None:
         import os
         from pathlib import Path

@@ -308,7 +308,8 @@ def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit
         if "seeded_from" in state:
             seeded[name] = {**state["seeded_from"], "warm_from": state.get("warm_from")}
         stages[name] = {"steps": state["step"], "planned_steps": state.get("planned_steps", state["total_steps"]),
-                        "seconds": round(state["seconds"], 1), "final": state["log"][-1] if state["log"] else None}
+                        "seconds": round(state["seconds"], 1), "final": state["log"][-1] if state["log"] else None,
+                        **({"init_from": state["init_from"]} if state.get("init_from") else {})}
         losses[name] = state["log"]
     pool_path = state_dir / "pool" / "pool.pt"
     reproduce = reproduce_line(cfg, stages)
