@@ -346,6 +346,20 @@ class Policy(_Strict):
         judge = self.judges.get(kind) if kind is not None else None  # type: ignore[call-overload]
         return {**self.gates, **(judge.gates if judge else {})}
 
+    def floor_gates(self, kinds) -> list[str]:
+        """The gates whose thresholds for candidates of these signoff ``kinds`` are stated against the new-seed floor
+        (a ``fraction_of_floor`` in any metric's max, min, pair limit, margin or regression shift): the gates a floor
+        must measure for their verdict, in the policy's order."""
+        out: list[str] = []
+        for kind in kinds:
+            for name, gate in self.gates_for(kind).items():
+                thresholds = [t for m in gate.metrics.values()
+                              for t in (m.max, m.min, m.pair_limit, m.margin,
+                                        m.regression.min_shift if m.regression else None)]
+                if name not in out and any(isinstance(t, FloorFraction) for t in thresholds):
+                    out.append(name)
+        return out
+
     def all_gates(self) -> dict[str, GatePolicy]:
         """Every gate any candidate may be judged by (a gate of several judges: the first judge's policy)."""
         out = dict(self.gates)

@@ -44,3 +44,35 @@ def test_content_summary_counts_each_clip_once_and_leaves_unscored_pairs_out(tmp
     assert summary["baseline"] == {"colour": (1, 2), "pitch": (2, 2)}
     assert summary["fewer-steps"] == {"colour": (0, 2), "pitch": (2, 2)}
     assert summary["identity"] == {"colour": (1, 2), "pitch": (2, 2)}
+
+
+def _floor_gates_from_the_toml(path, kind) -> set[str]:
+    """Reference: the gates of the shared table and of ``kind``'s judge under which the raw TOML has a
+    ``fraction_of_floor`` anywhere."""
+    import tomllib
+
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+
+    def mentions(node) -> bool:
+        if isinstance(node, dict):
+            return "fraction_of_floor" in node or any(mentions(v) for v in node.values())
+        return False
+
+    tables = {**data.get("gates", {}), **data.get("judges", {}).get(kind, {}).get("gates", {})}
+    return {name for name, table in tables.items() if mentions(table)}
+
+
+def test_the_demo_floor_measures_what_its_candidates_judges_read():
+    """The demo's floor runs only the gates whose thresholds for its candidates' kinds (identity exact, fewer-steps
+    resample) are fractions of the floor; each kind's set equals a walk over the raw policy file."""
+    from h3.recipe import load_recipe
+    from h3eval.demo import floor_gates
+
+    path = policy_path("release")
+    policy = load_policy(path).policy
+    for kind in ("exact", "near", "resample"):
+        assert set(policy.floor_gates([kind])) == _floor_gates_from_the_toml(path, kind), kind
+    kinds = [load_recipe(name).signoff.kind for name in DEMO_RECIPES[1:]]
+    assert kinds == ["exact", "resample"]
+    expected = (_floor_gates_from_the_toml(path, "exact") | _floor_gates_from_the_toml(path, "resample")) & set(CPU_GATES)
+    assert set(floor_gates()) == expected == {"fidelity", "audio", "reference_free"}
