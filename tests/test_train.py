@@ -921,12 +921,13 @@ def test_a_pool_can_weigh_two_shape_scenes_more_without_moving_the_suites():
             sample_scenes(5, 1, two_shape_share=bad)
 
 
-def test_a_continued_dit_keeps_the_latent_statistics_it_trained_with(tmp_path):
+def test_a_continued_dit_keeps_the_latent_statistics_it_trained_with(tmp_path, capsys):
     """Every call rebuilds the pool; one drawn otherwise (here more two-shape scenes) has other per-channel latent
     statistics. Seeded from a checkpoint, the pool is normalized with the checkpoint's (its VAEs' latents_mean /
     latents_std), the DiT continues on them and the export ships them unchanged; a DiT state handed a pool normalized
     otherwise is refused with one error."""
     import json
+    import shutil
 
     from diffusers import MiniMaxH3Transformer3DModel
 
@@ -951,6 +952,14 @@ def test_a_continued_dit_keeps_the_latent_statistics_it_trained_with(tmp_path):
     assert run("pool", other, fresh, finish_on_budget=True, max_seconds=900) == 0
     own = latent_stats(Pool.load(fresh / "state" / "pool" / "pool.pt", "cpu"))
     assert own["audio"] != shipped["audio"] and own["video"] != shipped["video"]
+
+    broken = tmp_path / "broken"  # a std of 0 would divide the pool by zero: refused with one error naming the file
+    shutil.copytree(ckpt, broken)
+    config = json.loads((broken / "audio_vae" / "config.json").read_text())
+    config["latents_std"][0] = 0.0
+    (broken / "audio_vae" / "config.json").write_text(json.dumps(config))
+    assert main(["unpack", "--out", str(tmp_path / "x"), "--from", str(broken), "--continue", f"dit:{steps + 2}"]) == 3
+    assert "audio_vae/config.json: latents_mean / latents_std must be finite" in capsys.readouterr().err
 
     out = tmp_path / "b"
     assert main(["unpack", "--out", str(out), "--from", str(ckpt), "--continue", f"dit:{steps + 2}"]) == 0

@@ -208,7 +208,8 @@ def _read_pack(src: Path) -> tuple[dict, dict[str, dict]]:
 
 def _checkpoint_latent_stats(ckpt: Path) -> dict | None:
     """The latent statistics a checkpoint's DiT was trained with: its VAEs' ``latents_mean`` / ``latents_std`` (the
-    pipeline normalizes with them); None when a config lacks them or holds a non-finite value."""
+    pipeline normalizes with them); None when a config lacks them (a checkpoint from before they were kept), a
+    PackError when one holds a non-finite value or a std that is not positive."""
     out = {}
     for key, folder in (("video", "vae"), ("audio", "audio_vae")):
         try:
