@@ -7,7 +7,8 @@ and scaled per head: each head's absolute maximum mapped to 448 and its descale 
 SageAttention 2.2's sm90 kernel (``sageattn``: INT8 q/k, FP8 p/v).
 
 Time: CUDA events around each call, warm-up then the median of --repeats calls; the FP8 rows are timed twice, the
-kernel alone on quantized inputs and with the quantization of q, k and v included (what a lever pays per call).
+kernel alone on quantized inputs and with the quantization of q, k and v included (what a lever pays per call), in
+eager ops and compiled (the lever's two ``quantize`` settings).
 Error: every output against a float32 reference computed on --check-rows query rows sampled over the sequence (all
 heads, all keys): relative L2 error and the largest absolute error. Inputs: Gaussian q, k, v (seed 0) with an
 outlier channel per head (a few times the bulk, as real q/k carry), in bf16.
@@ -35,7 +36,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.h200_speed import cuda_time  # noqa: E402
-from h3.levers.fp8_attention import per_head_e4m3  # noqa: E402  (the lever's own quantization)
+from h3.levers.fp8_attention import compiled_quantize_qkv, per_head_e4m3  # noqa: E402  (the lever's own quantization)
 
 
 
@@ -166,6 +167,12 @@ def main() -> int:
             return out0(fa3(a, bb, c, q_descale=da, k_descale=db, v_descale=dc))
         record("fa3_fp8_per_head_with_quant", quantize_and_run, quantize_and_run,
                "per-head amax, scale and cast of q, k, v (PyTorch ops, eager) plus the kernel")
+
+        def compiled_quantize_and_run():
+            (a, da), (bb, db), (c, dc) = compiled_quantize_qkv(q, k, v)
+            return out0(fa3(a, bb, c, q_descale=da, k_descale=db, v_descale=dc))
+        record("fa3_fp8_per_head_with_compiled_quant", compiled_quantize_and_run, compiled_quantize_and_run,
+               "the same quantization as one inductor graph (the lever's quantize = 'compiled') plus the kernel")
     try:
         from sageattention import sageattn
     except ImportError as exc:

@@ -13,7 +13,9 @@ out of the box), optionally followed by modifiers joined with ``+``:
 * ``dynamic``  — the same with ``compile.dynamic = true`` (shape-generic graphs: no recompile per prompt length);
 * ``fp8`` / ``int8`` — ``quant.mode`` set to FP8 / INT8 W8A8;
 * ``sage`` / ``cudnn`` / ``fa3`` — ``attention.backend`` set to ``sage`` / ``_native_cudnn`` / ``_flash_3`` (FlashAttention-3, bench/device/build_fa3.sh);
-* ``fa3fp8`` — FP8 attention through FlashAttention-3 with per-head scales (``[fp8_attention] kernel = "fa3"``);
+* ``fa3fp8`` — FP8 attention through FlashAttention-3 with per-head scales (``[fp8_attention] kernel = "fa3"``), q, k
+  and v quantized by one compiled graph; ``fa3fp8eager`` the same with the quantization in eager ops (``quantize =
+  "eager"``, the session-9 path);
 * ``sparseNN`` — block-sparse attention at NN % sparsity (128-token blocks, dense first step, 128-row buckets);
 * ``bucket`` — shape bucketing switched on (128-row buckets: one set of compiled graphs for every prompt length in a
   bucket, attention on the real rows only).
@@ -109,8 +111,9 @@ def variant_recipe(variant: str):
         elif mod in ("sage", "cudnn", "fa3"):
             update["attention"] = recipe.attention.model_copy(
                 update={"backend": {"sage": "sage", "cudnn": "_native_cudnn", "fa3": "_flash_3"}[mod]})
-        elif mod == "fa3fp8":  # FlashAttention-3's FP8 forward with per-head scales (h3.levers.fp8_attention)
-            update["fp8_attention"] = recipe.fp8_attention.model_copy(update={"enabled": True, "kernel": "fa3"})
+        elif mod in ("fa3fp8", "fa3fp8eager"):  # FlashAttention-3's FP8 forward, per-head scales (fp8_attention)
+            update["fp8_attention"] = recipe.fp8_attention.model_copy(update={
+                "enabled": True, "kernel": "fa3", "quantize": "eager" if mod == "fa3fp8eager" else "compiled"})
         elif mod == "bucket":
             update["bucketing"] = recipe.bucketing.model_copy(update={"enabled": True, "multiple": 128})
         elif mod.startswith("sparse") and mod[len("sparse"):].isdigit():

@@ -19,8 +19,11 @@ FAMILIES = ("gemm", "attention", "triton_fused", "elementwise", "reduction", "co
 
 _PATTERNS: tuple[tuple[str, re.Pattern], ...] = (
     ("attention", re.compile(r"flash|fmha|attention|attn|sage|sdpa|softmax_warp", re.I)),
-    ("gemm", re.compile(r"gemm|xmma|cutlass|matmul|_mm_|\bmm_|scaled_mm|cublas|sm90_.*(e4m3|bf16|f16)|triton_tem", re.I)),
+    # inductor's fused kernels before the GEMMs: "triton_red_fused__scaled_mm_..." is the fused quantization prologue
+    # of a scaled_mm (its name lists the graph's ops), not the GEMM, which is cuBLASLt's own kernel
     ("triton_fused", re.compile(r"^triton_(poi|per|red)_", re.I)),
+    ("gemm", re.compile(r"gemm|xmma|cutlass|matmul|_mm_|\bmm_|scaled_mm|cublas|nvjet|sm90_.*(e4m3|bf16|f16)|triton_tem",
+                        re.I)),
     ("copy", re.compile(r"^Memcpy|^Memset|copy_kernel|CatArrayBatchedCopy|direct_copy", re.I)),
     ("reduction", re.compile(r"reduce_kernel|reduction|welford|norm_kernel|amax", re.I)),
     ("elementwise", re.compile(r"elementwise|vectorized|unrolled_elementwise|pointwise", re.I)),

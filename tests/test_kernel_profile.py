@@ -13,6 +13,8 @@ NAMES = {
     "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas": "gemm",
     "void cutlass::device_kernel<cutlass::gemm::kernel::GemmUniversal<cute::tuple<int, int, int, int>, float_e4m3_t> >(...)": "gemm",
     "triton_tem_fused_mm_0": "gemm",
+    "nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT": "gemm",
+    "triton_red_fused__scaled_mm__to_copy_abs_amax_clamp_div_mul_silu_split_t_unsqueeze_view_1": "triton_fused",
     "void flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t> >(...)": "attention",
     "void cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x128x128_4x1x1_kernel0_0": "attention",
     "qk_int8_sv_f8_accum_f32_attn_inst_buf_kernel": "attention",

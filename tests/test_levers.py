@@ -1180,6 +1180,28 @@ def test_per_head_e4m3_rounds_like_a_float64_reference_and_maps_each_head_amax_t
     assert float(back[1, :, 2].abs().max()) == 0.0
 
 
+def test_compiled_quantization_of_qkv_is_the_eager_one_bit_for_bit_with_one_graph_for_every_length():
+    """``quantize = 'compiled'`` (the fa3 kernel's default): q, k and v quantized by one inductor graph give the eager
+    :func:`per_head_e4m3`'s e4m3 bytes and descales exactly, at two sequence lengths (bf16 heads of very different
+    sizes, one all zero), and the second length reuses the first's graph (dynamic shapes: no compile per bucket)."""
+    import torch._dynamo.utils
+
+    from h3.levers.fp8_attention import compiled_quantize_qkv, quantize_qkv
+
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    gen = torch.Generator().manual_seed(0)
+    sizes = torch.tensor([0.1, 3.0, 50.0])[None, None, :, None]
+    for seq in (37, 53):
+        qkv = [(torch.randn(1, seq, 3, 24, generator=gen) * sizes).to(torch.bfloat16) for _ in range(3)]
+        qkv[2][:, :, 1] = 0.0
+        for (got, got_descale), (want, want_descale) in zip(compiled_quantize_qkv(*qkv), quantize_qkv(*qkv)):
+            assert got.dtype == torch.float8_e4m3fn
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)) and torch.equal(got_descale, want_descale)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+
+
 def test_fp8_attention_emulated_on_the_transformer_counts_every_call_and_stays_near_sdpa(base):
     """``kernel = 'emulate'``: every attention call of every block goes through the e4m3 path (counted outside the
     compiled graphs: equal under torch.compile), and the whole transformer's velocity stays within the rounding's
@@ -1192,8 +1214,8 @@ def test_fp8_attention_emulated_on_the_transformer_counts_every_call_and_stays_n
     outputs = forward_all(transformer, base.calls)
     telemetry = handle.telemetry()
     layers = len(transformer.transformer_blocks)
-    assert telemetry == {"applied": True, "kernel": "emulate", "scaling": "per_head", "fp8_calls": layers * len(base.calls),
-                         "forwards": len(base.calls), "layers": layers}
+    assert telemetry == {"applied": True, "kernel": "emulate", "scaling": "per_head", "quantize": "eager",
+                         "fp8_calls": layers * len(base.calls), "forwards": len(base.calls), "layers": layers}
     rel = assert_close(outputs[-1][0], base.outputs[-1][0], 0.1, "emulated FP8 attention vs SDPA")
     assert rel > 1e-4
     assert_counters_hold_under_compile(handle, transformer, base.calls, outputs)

@@ -6,7 +6,10 @@ per-head scaling 0.18, bench/results/attention_kernels_h200.md). Two kernels:
 
 - ``fa3``: FlashAttention-3's FP8 forward (``flash_attn_3``, Hopper; bench/device/build_fa3.sh builds it for head
   dimension 128, the released DiT's). At 5 s 768x1344 one call took 45.7 ms (903 TFLOP/s) against Sage 2.2's 53.0 and
-  cuDNN's 72.3 ms; with the quantization of q, k and v in eager PyTorch ops, 53.0 ms.
+  cuDNN's 72.3 ms; with the quantization of q, k and v in eager PyTorch ops, 53.0 ms. A profiled forward
+  (bench/results/h200_kernel_profile_s10.md) put that eager quantization at ~560 ms of the 4.2 s forward (abs, amax,
+  a float32 copy, multiply, clamp and the e4m3 cast as separate passes over q, k and v), so by default it runs as one
+  inductor-compiled graph (``quantize = "compiled"``: a reduction and a cast per tensor).
 - ``emulate``: the same per-head scales and e4m3 rounding of q, k and v, then attention in their own dtype through
   PyTorch's SDPA, on any device: the input-rounding part of the FP8 error (not the kernel's own rounding of the
   softmax probabilities), so that its quality cost can be measured by the suite's gates where FA3 cannot run (the
@@ -49,6 +52,10 @@ class Fp8AttentionConfig(LeverConfig):
     kernel: Literal["fa3", "emulate"] = "fa3"
     """``fa3``: FlashAttention-3's FP8 forward (Hopper, flash_attn_3 installed); ``emulate``: e4m3 rounding of q, k and
     v with the same scales, attention through SDPA (any device; for measuring the quality cost)."""
+    quantize: Literal["compiled", "eager"] = "compiled"
+    """How the fa3 kernel's inputs are quantized: ``compiled``, :func:`per_head_e4m3` of q, k and v as one
+    inductor-compiled graph, dynamic in the sequence length (compiled once, on the first call); ``eager``, the same
+    operations one PyTorch kernel at a time (the measured baseline). ``emulate`` always quantizes eagerly."""
 
     def is_on(self) -> bool:
         return self.enabled
@@ -111,14 +118,34 @@ def fake_e4m3(x: torch.Tensor) -> torch.Tensor:
     return (quantized.float() * descale[:, None, :, None]).to(x.dtype)
 
 
-def fp8_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kernel: str) -> torch.Tensor:
+def quantize_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    """:func:`per_head_e4m3` of each of q, k and v."""
+    return tuple(per_head_e4m3(t) for t in (query, key, value))
+
+
+_compiled_quantize_qkv = None
+
+
+def compiled_quantize_qkv(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor):
+    """:func:`quantize_qkv` compiled by inductor (dynamic shapes: one graph for every sequence length), built on the
+    first call. It is called from the attention call that runs outside the transformer's compiled graph, so it is
+    compiled on its own, recipe compile or not."""
+    global _compiled_quantize_qkv
+    if _compiled_quantize_qkv is None:
+        _compiled_quantize_qkv = torch.compile(quantize_qkv, dynamic=True, fullgraph=True)
+    return _compiled_quantize_qkv(query, key, value)
+
+
+def fp8_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kernel: str,
+                  quantize: str = "compiled") -> torch.Tensor:
     """Attention (B, S, H, D) -> (B, S, H, D) with per-head e4m3 q, k and v."""
     if kernel == "emulate":
         q, k, v = (fake_e4m3(t).transpose(1, 2) for t in (query, key, value))
         return torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2)
     from flash_attn_interface import flash_attn_func
 
-    (q8, dq), (k8, dk), (v8, dv) = (per_head_e4m3(t) for t in (query, key, value))
+    quantizer = compiled_quantize_qkv if quantize == "compiled" else quantize_qkv
+    (q8, dq), (k8, dk), (v8, dv) = quantizer(query, key, value)
     out = flash_attn_func(q8, k8, v8, q_descale=dq, k_descale=dk, v_descale=dv)
     out = out[0] if isinstance(out, tuple) else out
     return out.to(query.dtype)
@@ -158,7 +185,7 @@ class Fp8AttentionHandle(LeverHandle):
         valid = padding.real_rows(seq) if padding is not None else None
         if valid is not None:
             query, key, value = query[:, :valid], key[:, :valid], value[:, :valid]
-        out = fp8_attention(query, key, value, self.config.kernel)
+        out = fp8_attention(query, key, value, self.config.kernel, self.config.quantize)
         self.fp8_calls += 1
         if valid is not None:
             out = torch.nn.functional.pad(out, (0, 0, 0, 0, 0, seq - valid))
@@ -172,6 +199,7 @@ class Fp8AttentionHandle(LeverHandle):
 
     def telemetry(self) -> dict[str, Any]:
         return {"applied": not self.removed, "kernel": self.config.kernel, "scaling": "per_head",
+                "quantize": "eager" if self.config.kernel == "emulate" else self.config.quantize,
                 "fp8_calls": self.fp8_calls, "forwards": self.forwards,
                 "layers": len(self.transformer.transformer_blocks)}
 
