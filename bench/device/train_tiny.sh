@@ -23,7 +23,12 @@
 # that depend on it, dit drops distill), PACK_MOMENTS (bf16), RUN_DIR (/tmp/h3-train; with RESUME_FROM it is emptied
 # first when it is that default), PACK (1; 0 returns no state pack: a call seeded from the shipped checkpoint needs none).
 #
-# Next training (planned 2026-12-02, session 9, after run 13; bench/results/tiny_train_h200.md): run 13a continued the
+# Session 10 (2026-12-02) ran the plan below as runs 14a (DiT to 25116) and 14c (the distillation on from run 13's LoRA
+# at distill_lr 5e-4): neither improved held-out content or the signoff (tiny_train_h200.md), run 13 stays shipped, and
+# the next training needs a new lever (a wider DiT from run 13's VAEs, more caption variety per combination, or a
+# distribution-matching distillation), not more calls of these.
+#
+# Plan written after run 13 (session 9; bench/results/tiny_train_h200.md): run 13a continued the
 # DiT 15116 -> 20116 on a pool with more two-shape scenes (held-out colour 77 -> 85 %, direction 69 -> 73, sync 5 -> 18;
 # two-shape scenes still the failure) and run 13b distilled the LoRA against it (turbo4-tiny INCONCLUSIVE on prompt
 # faithfulness, not within 5 points of the teacher on colour and direction). CONTINUE=dit:STEPS names the stage's new
