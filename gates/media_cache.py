@@ -8,9 +8,9 @@ frames), decoded audio, and video frames uploaded to a device (:func:`load_video
 a GPU upload each clip once. (One shared bound of 3 entries across kinds evicted the baseline's frames while the
 integrity gate read the candidate's audio, so the next gate decoded the baseline again.)
 
-On a machine with many cores the video decoder uses FFmpeg's frame threads (``h3.media.decode_video(threads=0)``:
-the same frames, measured equal in tests/test_gate_fidelity.py); on a few shared cores one thread (more threads were
-no faster on the 2-core CPU).
+On a machine with many cores the video decoder uses FFmpeg's frame threads (``h3.media.decode_video(threads=0)``)
+and converts the frames to RGB in a few threads beside it (``convert_threads``): the same frames, measured equal in
+tests/test_gate_fidelity.py; on a few shared cores one thread (more threads were no faster on the 2-core CPU).
 """
 
 from __future__ import annotations
@@ -92,12 +92,19 @@ def decode_threads() -> int:
     return 0 if (os.cpu_count() or 1) >= THREADED_DECODE_MIN_CORES else 1
 
 
+def convert_threads() -> int:
+    """Threads converting decoded frames to RGB (``h3.media.decode_video(convert_threads=)``): a quarter of the cores,
+    at most 8, on many cores (the two clips of a pair decode side by side, the next pair's ahead); else 1."""
+    cores = os.cpu_count() or 1
+    return min(8, cores // 4) if cores >= THREADED_DECODE_MIN_CORES else 1
+
+
 def load_video(path: str | os.PathLike) -> tuple[np.ndarray, float]:
     """``h3.media.decode_video`` through the cache: uint8 (T, H, W, 3) frames (read-only) and fps."""
     from h3.media import decode_video
 
     def load() -> tuple[np.ndarray, float]:
-        frames, fps = decode_video(path, threads=decode_threads())
+        frames, fps = decode_video(path, threads=decode_threads(), convert_threads=convert_threads())
         frames.setflags(write=False)  # shared between gates: nobody may modify it in place
         return frames, fps
 

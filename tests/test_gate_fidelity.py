@@ -280,8 +280,8 @@ def test_psnr_torch_path_is_the_exact_integer_one():
 
 
 def test_threaded_decode_gives_the_same_frames_and_a_pair_decodes_once(tmp_path, monkeypatch):
-    """h3.media.decode_video with FFmpeg's frame threads (the clip cache's choice on many cores) decodes the same
-    frames; and the four per-pair gates together decode each side's video and audio once (the cache keeps both
+    """h3.media.decode_video with FFmpeg's frame threads and with the RGB conversion in a thread pool (the clip
+    cache's choices on many cores) decodes the same frames; and the four per-pair gates together decode each side's video and audio once (the cache keeps both
     sides of the pair per kind)."""
     import h3.media
     from gates import media_cache
@@ -293,6 +293,8 @@ def test_threaded_decode_gives_the_same_frames_and_a_pair_decodes_once(tmp_path,
     one, fps1 = decode_video(path)
     auto, fps0 = decode_video(path, threads=0)
     assert np.array_equal(one, auto) and fps1 == fps0
+    pooled, fps2 = decode_video(path, threads=0, convert_threads=3)
+    assert np.array_equal(one, pooled) and fps2 == fps1
 
     calls = []
     for name in ("decode_video", "decode_audio"):
