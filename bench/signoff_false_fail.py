@@ -200,14 +200,17 @@ def near_run(root: Path, pool: Path, pairs: list[tuple[str, int]], rng: np.rando
     return mapping
 
 
-def judge(root: Path, loaded, floor: Path) -> tuple[str, list[str]]:
+def judge(root: Path, loaded, floor: Path) -> tuple[str, list[str], list[str]]:
+    """The candidate's outcome, the required metrics (or metric-less gates) that FAILed, and those INCONCLUSIVE."""
     from h3eval.verdict import compute_verdict
 
     verdict = compute_verdict(root, loaded, floor_path=floor)
     c = verdict.candidates[0]
-    failed = [f"{g.gate}.{m.metric}" for g in c.gates for m in g.metrics if m.required and m.outcome == "FAIL"]
-    failed += [f"{g.gate}" for g in c.gates if g.required and g.outcome == "FAIL" and not g.metrics]
-    return c.outcome, failed
+
+    def named(outcome: str) -> list[str]:
+        out = [f"{g.gate}.{m.metric}" for g in c.gates for m in g.metrics if m.required and m.outcome == outcome]
+        return out + [f"{g.gate}" for g in c.gates if g.required and g.outcome == outcome and not g.metrics]
+    return c.outcome, named("FAIL"), named("INCONCLUSIVE")
 
 
 def rate(k: int, n: int) -> dict:
@@ -264,22 +267,25 @@ def main() -> None:
     judges = [("resample", None)] + [("resample", float(m)) for m in args.margins.split(",") if m]
     for kind, margin in judges + ([("near", None)] if near_seeds else []):
         loaded = sim_policy(margin, tuple(g for g in args.drop_gates.split(",") if g))
-        outcomes, failed_on = [], {}
+        outcomes, failed_on, inconclusive_on = [], {}, {}
         for i in range(args.runs):
             with tempfile.TemporaryDirectory(prefix="sim18-") as tmp:
                 root = Path(tmp)
                 drawn = resample_run(root, scores, rng) if kind == "resample" else near_run(root, near_dir,
                                                                                              near_pairs, rng,
                                                                                              args.near_recipe)
-                outcome, failed = judge(root, loaded, floor)
+                outcome, failed, inconclusive = judge(root, loaded, floor)
             outcomes.append(outcome)
             for f in failed:
                 failed_on[f] = failed_on.get(f, 0) + 1
+            for f in inconclusive if outcome == "INCONCLUSIVE" else ():
+                inconclusive_on[f] = inconclusive_on.get(f, 0) + 1
             if outcome == "FAIL" and len(examples) < 5:
                 examples[f"{kind}-{margin}-{i}"] = {"drawn": drawn, "failed": failed}
         key = kind if margin is None else f"{kind}@{margin}xfloor"
         results[key] = {**rate(outcomes.count("FAIL"), len(outcomes)), "pass": outcomes.count("PASS"),
-                        "inconclusive": outcomes.count("INCONCLUSIVE"), "failed_on": failed_on}
+                        "inconclusive": outcomes.count("INCONCLUSIVE"), "failed_on": failed_on,
+                        "inconclusive_on": inconclusive_on}
         print(key, results[key], flush=True)
 
     shipped = tomllib.loads(RELEASE.read_text())["judges"]["resample"]["gates"]["reference_free"]["metrics"]
@@ -295,12 +301,15 @@ def main() -> None:
                            "the floor is measured on the same pool (in sample)",
                            "[speed] is left out: a benign candidate that is the baseline is not faster",
                            "999 bootstrap resamples (the policy's 9999 only moves PASS / INCONCLUSIVE, never FAIL)"]}
-    rows = ["| judge | runs | FAIL | INCONCLUSIVE | PASS | false-FAIL rate | 95% CI (Clopper-Pearson) | failed on |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| judge | runs | FAIL | INCONCLUSIVE | PASS | false-FAIL rate | 95% CI (Clopper-Pearson) | failed on | "
+            "INCONCLUSIVE runs: inconclusive on |", "|---|---|---|---|---|---|---|---|---|"]
+
+    def counted(on: dict) -> str:
+        return ", ".join(f"{k} x{v}" for k, v in sorted(on.items(), key=lambda kv: (-kv[1], kv[0]))) or "-"
     for key, r in results.items():
         rows.append(f"| {key} | {r['runs']} | {r['fails']} | {r['inconclusive']} | {r['pass']} | {r['rate']:.2%} | "
-                    f"[{r['ci95'][0]:.2%}, {r['ci95'][1]:.2%}] | "
-                    f"{', '.join(f'{k} x{v}' for k, v in sorted(r['failed_on'].items())) or '-'} |")
+                    f"[{r['ci95'][0]:.2%}, {r['ci95'][1]:.2%}] | {counted(r['failed_on'])} | "
+                    f"{counted(r['inconclusive_on'])} |")
     md = "\n".join([
         f"Simulated runs of 16 benign pairs judged by `compute_verdict` under gates/policies/release.toml (without "
         f"`[speed]`), floor `{floor}`. Resample pool: {len(scores)} baseline clips ({len(manifest.prompts.ids)} "
