@@ -622,6 +622,70 @@ def test_vae_tile_per_resolution(base):
     assert handle.telemetry()["tiles_used"][-1] == [vae.tile_sample_min_height, vae.tile_sample_min_width]
 
 
+def test_vae_decoder_quantized_and_compiled_counts_every_call_and_restores():
+    """``[vae_decoder]`` on the trained tiny's video VAE (the random preset's decoder blocks are zero-scaled: they add
+    nothing to quantize): the ViT decoder's block linears INT8 W8A8 and its blocks compiled (dynamo's eager backend
+    here; inductor on the GPU). The decode stays within INT8's reach of the float decoder (relative max error under
+    0.05, above 1e-4: it did quantize), each quantized linear runs once per decoder call (a tile), every block is a
+    compiled region, the executed check passes and refuses a bypassed module; removing the lever restores the float
+    decode bit for bit."""
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    from h3.levers.vae_decoder import VaeDecoderConfig, apply_vae_decoder, decoder_blocks
+    from h3.tiny_trained import TRAINED_DIR
+
+    vae = AutoencoderKLMiniMaxH3.from_pretrained(TRAINED_DIR / "vae").eval()
+    vae.enable_tiling(tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_min_overlap_height=32,
+                      tile_sample_min_overlap_width=32)
+    z = torch.randn(1, vae.config.latent_channels, 5, 6, 6, generator=torch.Generator().manual_seed(0))  # 96x96
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+    config = VaeDecoderConfig(compile=True, backend="eager", quant="int8_w8a8")
+    handle = apply_vae_decoder(vae, config)
+    try:
+        handle.begin_request()
+        with torch.no_grad():
+            out = vae.decode(z).sample
+        telemetry = handle.telemetry()
+    finally:
+        torch._dynamo.reset()
+    blocks = len(decoder_blocks(vae.decoder))
+    rel = assert_close(out, ref, 0.05, "INT8 W8A8 decoder vs float")
+    assert rel > 1e-4
+    reference = AutoencoderKLMiniMaxH3.from_pretrained(TRAINED_DIR / "vae")
+    linears = sum(isinstance(m, torch.nn.Linear) for b in decoder_blocks(reference.decoder) for m in b.modules())
+    assert telemetry["decoder_calls"] >= 2  # 96x96 in 64 px tiles
+    assert telemetry["compiled_regions"] == telemetry["decoder_blocks"] == blocks >= 1
+    assert telemetry["quantized_modules"] == linears
+    assert telemetry["quantized_linear_calls"] == linears * telemetry["decoder_calls"]
+    executed = Executed(forward_passes=1, attention_backends=[], torch_dtype="float32", vae_tiling=True,
+                        vae_tile=[64, 64])
+    assert config.check_executed(telemetry, executed) == []
+    bypassed = {**telemetry, "quantized_linear_calls": telemetry["quantized_linear_calls"] - 1}
+    assert any("quantized-linear calls" in p for p in config.check_executed(bypassed, executed))
+    assert any("blocks compiled" in p for p in config.check_executed({**telemetry, "compiled_regions": 0}, executed))
+    assert any("decoded no video" in p for p in config.check_executed(
+        {**telemetry, "decoder_calls": 0, "quantized_linear_calls": 0}, executed))
+    handle.remove()
+    with torch.no_grad():
+        assert torch.equal(vae.decode(z).sample, ref)
+    assert not any(isinstance(m, torch.nn.Module) and type(m).__name__ == "QuantizedLinear" for m in vae.modules())
+
+
+def test_vae_decoder_off_keeps_recipe_hashes_and_refuses_fp8_on_the_cpu():
+    """An off ``[vae_decoder]`` section is omitted from the recipe (every shipped recipe's hash is what it was), an on
+    one is part of it; FP8 in the decoder is refused on the CPU before anything loads."""
+    from h3.levers.vae_decoder import VaeDecoderConfig
+
+    recipe = load_recipe("baseline")
+    on = recipe_from_dict({**recipe.model_dump(), "vae_decoder": {"compile": True}})
+    assert "vae_decoder" not in recipe.resolved() and on.resolved()["vae_decoder"]["compile"] is True
+    assert recipe.sha256() != on.sha256()
+    assert recipe_from_dict(recipe.model_dump()).sha256() == recipe.sha256()
+    assert VaeDecoderConfig(quant="fp8_w8a8").device_problems("cpu")
+    assert VaeDecoderConfig(quant="int8_w8a8").device_problems("cpu") == []
+
+
 # -- end to end: telemetry in the clip record ---------------------------------------------------------------------------
 
 def test_tinydemo_recipe_reports_what_ran(tmp_path):

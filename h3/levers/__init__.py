@@ -13,7 +13,8 @@ ones before it:
 7. ``cache`` (step caches), 8. ``parallel`` (context parallelism across ranks: after the attention processors, which
    it hands its config to, and before offload and compile, which wrap what it hooked), 9. ``offload`` (group
    offloading), 10. ``compile`` (regional torch.compile, last so that it traces the final modules), 11. ``vae`` (the
-   stock tiling, tiles per resolution, residency).
+   stock tiling, tiles per resolution, residency), 12. ``vae_decoder`` (the video VAE's ViT decoder quantized and
+   compiled, region by region).
 
 The recipe (:mod:`h3.recipe`) is composed from the same list: one section per lever, named by the config's
 ``name``. Every lever is named in ``executed.levers`` of each clip record: ``{"applied": false}`` when the recipe
@@ -56,6 +57,7 @@ REGISTRY: tuple[type[LeverConfig], ...] = (
     _config("offload", "OffloadConfig"),
     _config("compile", "CompileConfig"),
     _config("vae", "VaeConfig"),
+    _config("vae_decoder", "VaeDecoderConfig"),
 )
 """Every lever, in the order it is applied, one line each (the lever's file and its config class); each config's
 ``name`` is its recipe section."""
