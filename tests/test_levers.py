@@ -674,7 +674,8 @@ def test_vae_decoder_quantized_and_compiled_counts_every_call_and_restores():
 
 def test_vae_decoder_off_keeps_recipe_hashes_and_refuses_fp8_on_the_cpu():
     """An off ``[vae_decoder]`` section is omitted from the recipe (every shipped recipe's hash is what it was), an on
-    one is part of it; FP8 in the decoder is refused on the CPU before anything loads."""
+    one is part of it; FP8 in the decoder is refused on the CPU before anything loads, and an exclude pattern that is
+    not a regular expression when the recipe loads."""
     from h3.levers.vae_decoder import VaeDecoderConfig
 
     recipe = load_recipe("baseline")
@@ -684,6 +685,8 @@ def test_vae_decoder_off_keeps_recipe_hashes_and_refuses_fp8_on_the_cpu():
     assert recipe_from_dict(recipe.model_dump()).sha256() == recipe.sha256()
     assert VaeDecoderConfig(quant="fp8_w8a8").device_problems("cpu")
     assert VaeDecoderConfig(quant="int8_w8a8").device_problems("cpu") == []
+    with pytest.raises(ValueError, match="'\\(' is not a regular expression"):
+        VaeDecoderConfig(exclude=["("])
 
 
 # -- end to end: telemetry in the clip record ---------------------------------------------------------------------------

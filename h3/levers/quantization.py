@@ -36,6 +36,17 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT8_MAX = 127.0
 
 
+def regular_expressions(value: list[str]) -> list[str]:
+    """``value`` if every item compiles as a regular expression (checked at load, not when a lever applies after the
+    weights), else ValueError naming the first that does not."""
+    for pattern in value:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{pattern!r} is not a regular expression ({exc})") from None
+    return value
+
+
 class QuantizationConfig(LeverConfig):
     """Linear quantization of the transformer (per-channel weight scales, per-token activation scales); recipe
     section ``[quant]``."""
@@ -53,12 +64,7 @@ class QuantizationConfig(LeverConfig):
     @field_validator("exclude")
     @classmethod
     def _patterns_compile(cls, value: list[str]) -> list[str]:
-        for pattern in value:  # at load, not when the lever applies after the weights
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"{pattern!r} is not a regular expression ({exc})") from None
-        return value
+        return regular_expressions(value)
 
     def is_on(self) -> bool:
         return self.mode != "none"

@@ -20,7 +20,6 @@ the decode). Recipe section ``[vae_decoder]``; off, it leaves every recipe's has
 from __future__ import annotations
 
 import logging
-import re
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
@@ -53,12 +52,9 @@ class VaeDecoderConfig(LeverConfig):
     @field_validator("exclude")
     @classmethod
     def _patterns_compile(cls, value: list[str]) -> list[str]:
-        for pattern in value:
-            try:
-                re.compile(pattern)
-            except re.error as exc:
-                raise ValueError(f"{pattern!r} is not a regular expression ({exc})") from None
-        return value
+        from h3.levers.quantization import regular_expressions
+
+        return regular_expressions(value)
 
     def is_on(self) -> bool:
         return self.compile or self.quant != "none"
