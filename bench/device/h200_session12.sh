@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# One H200 call of session 12 (2026-12-02), on a fresh machine: the kernels' wheels are built when no earlier call's
+# wheels are carried, then the parts named in PARTS run in that order, each side by side inside the call:
+#   ak     issue 23: FA3 FP8 with eager against compiled per-head quantization, Sage 2.2, cuDNN (attention_kernels.py)
+#   fwd    issue 23: the dense 5 s 768x1344 forward, FA3 FP8 with compiled quantization, with eager, and Sage 2.2
+#   gates  issue 19: the per-pair gates in runs of 4 pairs (gates_speed --pairs 4), then decoding one pair's clips with
+#          the RGB conversion in 1, 2, 4 and 8 threads (h3.media.decode_video(convert_threads=))
+#   goals  issue 23: bench/device/h200_goals.sh with GOALS_ARGS (e.g. --rows decode15 --decode-levers ...)
+#
+#   PARTS="ak fwd" bash bench/device/h200_session12.sh        (from the repository root)
+#
+# Carry .whl_prod (diffusers 0.42.1, pydantic 2.14.4 and its three wheels, PyAV 18.1.0, lpips 0.1.4, pyloudnorm 0.2.0,
+# scikit-video 1.1.11: 46 MB) and either the wheels an earlier call returned (.carry/sagewhl, .carry/fa3whl) or the
+# sources (.carry/sage: `git archive d1a57a5 csrc sageattention setup.py pyproject.toml README.md LICENSE MANIFEST.in`
+# of thu-ml/SageAttention; .carry/fa3/fa3-src.tgz as build_fa3.sh says). h3/assets/tiny out of the index (the tree with
+# it and the wheels is over 64 MiB). The two builds run side by side (~3 min on 16 cores); their wheels come back
+# under $OUT. Boxes: BUILD_BOX_S (240), AK_BOX_S (90), FWD_BOX_S (220), GATES_BOX_S (150), GOALS_BOX_S (250).
+# Returns results.tgz.
+set -u
+t0=$SECONDS
+R=/tmp/res; rm -rf $R; mkdir -p $R/ak $R/fwd $R/gates $R/g23 $R/build
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl_prod/*.whl \
+  >"$R/pip.log" 2>&1 || { echo pip failed; tail -5 "$R/pip.log"; }
+echo "wheels installed at $((SECONDS - t0)) s"
+box=${BUILD_BOX_S:-240}
+if ! ls .carry/sagewhl/*.whl >/dev/null 2>&1; then
+  mkdir -p .carry/sagewhl
+  (cd .carry/sage && timeout $box bash ../../bench/device/build_sageattention.sh . "$PWD/../sagewhl") \
+    >"$R/build/sage.log" 2>&1 &
+fi
+if ! ls .carry/fa3whl/*.whl >/dev/null 2>&1; then
+  timeout $box bash bench/device/build_fa3.sh .carry/fa3/fa3-src.tgz .carry/fa3whl >"$R/build/fa3.log" 2>&1 &
+fi
+wait
+echo "builds done at $((SECONDS - t0)) s"; tail -2 "$R"/build/*.log 2>/dev/null
+for w in .carry/sagewhl/*.whl .carry/fa3whl/*.whl; do
+  [ -f "$w" ] && [ "$(stat -c %s "$w")" -lt 16000000 ] && [ -n "$(ls $R/build)" ] && cp "$w" "$OUT/"
+done
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/sagewhl/*.whl \
+  .carry/fa3whl/*.whl >>"$R/pip.log" 2>&1 || { echo kernel wheels failed; tail -5 "$R/pip.log"; }
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
+python3 -c 'import flash_attn_interface, sageattention; print("fa3 and sage import")' 2>&1 | tail -1
+for part in ${PARTS:-ak fwd}; do
+  case $part in
+  ak)
+    timeout -k 5 ${AK_BOX_S:-90} python3 bench/attention_kernels.py --out $R/ak >"$R/ak/ak.log" 2>&1
+    echo "attention kernels rc $? at $((SECONDS - t0)) s"; grep "^fa3\|^sage\|^sdpa" "$R/ak/ak.log" | cut -c1-160 ;;
+  fwd)
+    timeout -k 10 ${FWD_BOX_S:-220} python3 bench/h200_recipes_speed.py --out $R/fwd/recipes_fa3quant.json \
+      --shapes 5s-768x1344 --repeats 2 --variants \
+      turbo4-fp8+fa3fp8+compile+bucket,turbo4-fp8+fa3fp8eager+compile+bucket,turbo4-fp8-sage-compile \
+      >"$R/fwd/recipes.log" 2>&1
+    echo "forwards rc $? at $((SECONDS - t0)) s"; grep -v "W1\|Warning" "$R/fwd/recipes.log" | grep forward_s | cut -c1-200 ;;
+  gates)
+    W=/tmp/gates-s12
+    timeout -k 5 ${GATES_BOX_S:-150} python3 bench/gates_speed.py --device cuda -o lpips_trunk=rand \
+      --gates integrity,fidelity,audio,ghosting --repeat 2 --pairs 4 --workdir $W --tag s12_side4_p4 --out "$R/gates" \
+      >"$R/gates/side4.log" 2>&1
+    echo "gates rc $? at $((SECONDS - t0)) s"
+    grep -h "all gates on the pair\|at once" $R/gates/gates_speed_gpu_s12_*.md 2>/dev/null
+    timeout -k 5 60 python3 - "$W" >"$R/gates/decode.json" 2>"$R/gates/decode.log" <<'PY'
+import json, statistics, sys, time
+from pathlib import Path
+from h3.media import decode_video
+clips = sorted(Path(sys.argv[1]).rglob("*.mp4"))[:2]
+out = {"clips": [str(c) for c in clips], "seconds": {}}
+for convert in (1, 2, 4, 8, 1, 2, 4, 8):
+    for clip in clips:
+        t = time.perf_counter(); decode_video(clip, threads=0, convert_threads=convert)
+        out["seconds"].setdefault(str(convert), []).append(time.perf_counter() - t)
+out["median_s"] = {k: statistics.median(v) for k, v in out["seconds"].items()}
+print(json.dumps(out, indent=1))
+PY
+    echo "decode rc $? at $((SECONDS - t0)) s"; grep -A5 median_s "$R/gates/decode.json" ;;
+  goals)
+    B=${GOALS_BOX_S:-250}
+    (export GOALS_BOX_S=$((B - 5)); timeout -k 10 $B bash bench/device/h200_goals.sh "$R/g23" >"$R/g23/driver.log" 2>&1
+     echo "goals rc $? at $((SECONDS - t0)) s")
+    tail -c 1500 "$R/g23/h200_goals.log" ;;
+  esac
+done
+tar -czf "$OUT/results.tgz" --exclude='*.mp4' -C $R .
+ls -la "$OUT"
