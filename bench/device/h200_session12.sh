@@ -5,7 +5,8 @@
 #   fwd    issue 23: the dense 5 s 768x1344 forward, FA3 FP8 with compiled quantization, with eager, and Sage 2.2
 #   gates  issue 19: the per-pair gates in runs of 4 pairs (gates_speed --pairs 4), then decoding one pair's clips with
 #          the RGB conversion in 1, 2, 4 and 8 threads (h3.media.decode_video(convert_threads=))
-#   goals  issue 23: bench/device/h200_goals.sh with GOALS_ARGS (e.g. --rows decode15 --decode-levers ...)
+#   goals  issue 23: bench/device/h200_goals.sh with GOALS_ARGS (e.g. --rows sparse768,request15) in GOALS_BOX_S;
+#   goals2 the same again with GOALS2_ARGS in GOALS2_BOX_S (e.g. --rows decode15 --decode-levers compile,fp8)
 #
 #   PARTS="ak fwd" bash bench/device/h200_session12.sh        (from the repository root)
 #
@@ -14,7 +15,8 @@
 # sources (.carry/sage: `git archive d1a57a5 csrc sageattention setup.py pyproject.toml README.md LICENSE MANIFEST.in`
 # of thu-ml/SageAttention; .carry/fa3/fa3-src.tgz as build_fa3.sh says). h3/assets/tiny out of the index (the tree with
 # it and the wheels is over 64 MiB). The two builds run side by side (~3 min on 16 cores); their wheels come back
-# under $OUT. Boxes: BUILD_BOX_S (240), AK_BOX_S (90), FWD_BOX_S (220), GATES_BOX_S (150), GOALS_BOX_S (250).
+# under $OUT. Boxes: BUILD_BOX_S (240), AK_BOX_S (90), FWD_BOX_S (220), GATES_BOX_S (150), GOALS_BOX_S (250),
+# GOALS2_BOX_S (200).
 # Returns results.tgz.
 set -u
 t0=$SECONDS
@@ -72,11 +74,13 @@ out["median_s"] = {k: statistics.median(v) for k, v in out["seconds"].items()}
 print(json.dumps(out, indent=1))
 PY
     echo "decode rc $? at $((SECONDS - t0)) s"; grep -A5 median_s "$R/gates/decode.json" ;;
-  goals)
-    B=${GOALS_BOX_S:-250}
-    (export GOALS_BOX_S=$((B - 5)); timeout -k 10 $B bash bench/device/h200_goals.sh "$R/g23" >"$R/g23/driver.log" 2>&1
-     echo "goals rc $? at $((SECONDS - t0)) s")
-    tail -c 1500 "$R/g23/h200_goals.log" ;;
+  goals|goals2)  # goals2: a second box with GOALS2_ARGS / GOALS2_BOX_S, written under g23b/
+    if [ $part = goals ]; then B=${GOALS_BOX_S:-250} G="$R/g23" A=${GOALS_ARGS:-}
+    else B=${GOALS2_BOX_S:-200} G="$R/g23b" A=${GOALS2_ARGS:-}; fi
+    mkdir -p "$G"
+    (export GOALS_BOX_S=$((B - 5)) GOALS_ARGS="$A"
+     timeout -k 10 $B bash bench/device/h200_goals.sh "$G" >"$G/driver.log" 2>&1; echo "$part rc $? at $((SECONDS - t0)) s")
+    tail -c 1500 "$G/h200_goals.log" ;;
   esac
 done
 tar -czf "$OUT/results.tgz" --exclude='*.mp4' -C $R .
