@@ -1334,6 +1334,38 @@ def test_attention_backend_check_lets_fp8_attention_own_the_blocks_calls():
     assert native.check_executed({"applied": False}, plain) != []
 
 
+def test_attention_backend_check_lets_all_sparse_blocks_leave_the_dispatcher():
+    """Block-sparse attention on every step and layer owns the blocks' calls: the dispatcher ran the recipe's backend
+    for the refiner or nothing. A dense step (dense_calls > 0) puts the blocks back on the dispatcher."""
+    from h3.levers.attention_backend import AttentionBackendConfig
+
+    native = AttentionBackendConfig()
+    all_sparse = {"applied": True, "dense_calls": 0, "sparse_calls": 8}
+    one_dense = {"applied": True, "dense_calls": 2, "sparse_calls": 6}
+    for sparse, dispatched, ok in ((all_sparse, [], True), (all_sparse, ["native"], True),
+                                   (all_sparse, ["sage"], False), (one_dense, [], False),
+                                   (one_dense, ["native"], True)):
+        executed = Executed(forward_passes=4, attention_backends=dispatched, torch_dtype="float32", vae_tiling=False,
+                            levers={"sparse_attention": sparse})
+        assert (native.check_executed({"applied": False}, executed) == []) is ok, (sparse, dispatched)
+
+
+def test_sparse_on_every_step_request_passes_the_executed_check(tmp_path):
+    """A whole request with block-sparse attention on every step (no dense first step): every block call ran sparse,
+    the refiner's attention went through the dispatcher, and the product's configured-versus-executed check finds
+    nothing amiss (it refused this request before: 'asks for native, the dispatcher ran [native]')."""
+    from h3eval.executed import check_executed
+
+    recipe = recipe_from_dict({**FAST_RECIPE, "name": "fast-sparse-all", "sparse_attention": {
+        "enabled": True, "block_size": 16, "sparsity": 0.5, "dense_steps": 0}})
+    runtime = H3Runtime.load("tiny-random", recipe, "cpu")
+    record = runtime.generate(GenerateRequest(prompt="A person is squat", seed=3), tmp_path / "clip.mp4")
+    sparse = record.executed.levers["sparse_attention"]
+    assert sparse["dense_calls"] == 0 and sparse["sparse_calls"] > 0
+    assert record.executed.attention_backends == ["native"]
+    assert check_executed(recipe, record) == []
+
+
 def test_fp8_attention_emulated_request_passes_the_executed_check(tmp_path):
     """A whole request with FP8 attention emulated: the clip record counts every block's attention call of every DiT
     forward, and the product's configured-versus-executed check (h3eval.executed) finds nothing amiss."""

@@ -52,18 +52,16 @@ class AttentionBackendConfig(LeverConfig):
 
     def check_executed(self, telemetry: dict[str, Any] | None, executed: "Executed") -> list[str]:
         """The dispatcher ran one backend during denoising, the one asked for (``native`` included: the lever is
-        off then, and what ran must still be SDPA). Block-sparse attention runs its sparse calls through its own
-        kernel, not the dispatcher: a request whose every attention call was sparse dispatched nothing; so does one
-        whose attention all ran through FP8 attention (h3.levers.fp8_attention, which owns the call)."""
+        off then, and what ran must still be SDPA). A lever that owns the DiT blocks' attention calls takes them off
+        the dispatcher: block-sparse attention once every block call ran sparse (no dense step or layer), FP8
+        attention (h3.levers.fp8_attention) once it counted its calls. Attention outside the blocks (the text
+        refiner's) still goes through the dispatcher with this backend, so the dispatcher then ran this backend or
+        nothing."""
         sparse = executed.levers.get("sparse_attention") or {}
         only_sparse = sparse.get("applied") is True and sparse.get("dense_calls") == 0 and bool(sparse.get("sparse_calls"))
         fp8 = executed.levers.get("fp8_attention") or {}
-        if fp8.get("applied") is True and bool(fp8.get("fp8_calls")):
-            # FP8 attention owns the DiT blocks' calls (its own check counts them all); attention outside the blocks
-            # (the text refiner's) still goes through the dispatcher, with this backend.
-            expected_any = ([], [self.backend])
-        else:
-            expected_any = ([] if only_sparse else [self.backend],)
+        owned = only_sparse or (fp8.get("applied") is True and bool(fp8.get("fp8_calls")))
+        expected_any = ([], [self.backend]) if owned else ([self.backend],)
         if executed.attention_backends not in expected_any:
             return [f"attention.backend: recipe asks for {self.backend!r}, the dispatcher ran "
                     f"{executed.attention_backends}"]
