@@ -1,7 +1,7 @@
 """The speed goals of issue 23 on one H200, measured as whole requests (no projections), most valuable row first.
 
     python bench/h200_goals.py --out $OUT/h200_goals_raw.json [--budget-s 270]
-        [--rows request544,decode15,dense768,sparse768,request15] [--decode-tiles 304x320,384x448]
+        [--rows request544,decode15,dense768,sparse768,request15,request15all] [--decode-tiles 304x320,384x448]
         [--decode-levers compile,compile+fp8]
     python bench/h200_goals.py --out /tmp/goals_smoke.json --smoke      # the same code on the CPU, tiny configs
 
@@ -27,7 +27,10 @@ as not measured with the reason:
 * ``dense768``: one dense DiT forward at 5 s 768x1344 with the request's recipe (goal <= 3.3 s);
 * ``sparse768``: one 85 % block-sparse forward at 5 s 768x1344 (FP8, compile, 128-token blocks; goal <= 1.6 s), and
   its dense first step;
-* ``request15``: a 15 s 768x1344 turbo4-sparse request (85 % sparse, dense first step; goal <= 30 s).
+* ``request15``: a 15 s 768x1344 turbo4-sparse request (85 % sparse, dense first step; goal <= 30 s);
+* ``request15all``: the same request with every step sparse (``dense_steps = 0``: the issue's "sparse attention on
+  every step, without a dense first step"; not a goal row of its own). It reuses request15's compiled graphs (the
+  sparse calls run outside them), so it runs after request15 in the same process.
 
 The raw result is written after every row (a run cut short keeps what it measured); ``bench/h200_goals_table.py``
 turns it into ``bench/results/h200_goals.json`` (the issue's form) and the markdown table.
@@ -54,11 +57,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from h3.atomic import atomic_write_json  # noqa: E402
 from bench.h200_speed import SHAPES, TEXT_TOKENS, dit_inputs, latent_geometry, run_record  # noqa: E402
 
-ROWS = ("request544", "decode15", "dense768", "sparse768", "request15")
+ROWS = ("request544", "decode15", "dense768", "sparse768", "request15", "request15all")
 # Seconds each row needs on an H200, from bench/results/h200_recipes_speed.md and h200_speed_stock.json (compile of a
 # new shape ~15 s; a 544x960 FP8 forward 1.8 s, 768x1344 5.2 s, 15 s 768x1344 26-35 s; decode 2.8 s / 18.5 s at
 # 304x320): a row starts only when the budget left covers its estimate.
-ESTIMATE_S = {"request544": 45, "decode15": 22, "dense768": 30, "sparse768": 45, "request15": 200}
+ESTIMATE_S = {"request544": 45, "decode15": 22, "dense768": 30, "sparse768": 45, "request15": 200, "request15all": 120}
 TEXT_SIZE = dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
                  num_key_value_heads=8, head_dim=128, vocab_size=151936,
                  rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20]})
@@ -270,7 +273,7 @@ def main() -> None:
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16
     shapes = {"request544": "5s-544x960", "decode15": "15s-768x1344", "dense768": "5s-768x1344",
-              "sparse768": "5s-768x1344", "request15": "15s-768x1344"}
+              "sparse768": "5s-768x1344", "request15": "15s-768x1344", "request15all": "15s-768x1344"}
     if args.smoke:
         shapes = {k: "smoke-64x64" for k in shapes}
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -457,6 +460,21 @@ def main() -> None:
         return row
 
     run_row("request15", request15_row)
+
+    def request15all_row() -> dict:
+        if "sparse_attention" not in handles:
+            raise RuntimeError("the 15 s request needs the sparse row's levers")
+        state = handles["sparse_attention"]
+        state.config = state.config.model_copy(update={"dense_steps": 0})
+        row = request_row(shapes["request15all"], 4, handles)
+        from h3.levers import lever_telemetry
+
+        tel = lever_telemetry(handles).get("sparse_attention", {})
+        row["variant"] = "turbo4-sparse+sparse85+compile on FP8 linears, every step sparse (dense_steps 0)"
+        row["telemetry"] = {k: v for k, v in tel.items() if isinstance(v, (int, float, str))}
+        return row
+
+    run_row("request15all", request15all_row)
     result["wall_s"] = time.perf_counter() - start
     atomic_write_json(out, result)
     print("wrote", out, "in", round(result["wall_s"], 1), "s", flush=True)
