@@ -16,7 +16,7 @@
 # of thu-ml/SageAttention; .carry/fa3/fa3-src.tgz as build_fa3.sh says). h3/assets/tiny out of the index (the tree with
 # it and the wheels is over 64 MiB). The two builds run side by side (~3 min on 16 cores); their wheels come back
 # under $OUT. Boxes: BUILD_BOX_S (240), AK_BOX_S (90), FWD_BOX_S (220), GATES_BOX_S (150), GOALS_BOX_S (250),
-# GOALS2_BOX_S (200).
+# GOALS2_BOX_S (200), each cut to what is left of CALL_S (570); FWD_VARIANTS picks the forwards.
 # Returns results.tgz.
 set -u
 t0=$SECONDS
@@ -42,25 +42,26 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
   .carry/fa3whl/*.whl >>"$R/pip.log" 2>&1 || { echo kernel wheels failed; tail -5 "$R/pip.log"; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
 python3 -c 'import flash_attn_interface, sageattention; print("fa3 and sage import")' 2>&1 | tail -1
+# CALL_S (default 570): when the last part must end; each part's box is cut to what is left of it.
+cap() { local l=$((${CALL_S:-570} - (SECONDS - t0) - 10)); [ $l -lt 20 ] && l=20; [ "$1" -lt $l ] && echo "$1" || echo $l; }
 for part in ${PARTS:-ak fwd}; do
   case $part in
   ak)
-    timeout -k 5 ${AK_BOX_S:-90} python3 bench/attention_kernels.py --out $R/ak >"$R/ak/ak.log" 2>&1
+    timeout -k 5 $(cap ${AK_BOX_S:-90}) python3 bench/attention_kernels.py --out $R/ak >"$R/ak/ak.log" 2>&1
     echo "attention kernels rc $? at $((SECONDS - t0)) s"; grep "^fa3\|^sage\|^sdpa" "$R/ak/ak.log" | cut -c1-160 ;;
   fwd)
-    timeout -k 10 ${FWD_BOX_S:-220} python3 bench/h200_recipes_speed.py --out $R/fwd/recipes_fa3quant.json \
-      --shapes 5s-768x1344 --repeats 2 --variants \
-      turbo4-fp8+fa3fp8+compile+bucket,turbo4-fp8+fa3fp8eager+compile+bucket,turbo4-fp8-sage-compile \
-      >"$R/fwd/recipes.log" 2>&1
+    V=${FWD_VARIANTS:-turbo4-fp8+fa3fp8+compile+bucket,turbo4-fp8+fa3fp8eager+compile+bucket,turbo4-fp8-sage-compile}
+    timeout -k 10 $(cap ${FWD_BOX_S:-220}) python3 bench/h200_recipes_speed.py --out $R/fwd/recipes_fa3quant.json \
+      --shapes 5s-768x1344 --repeats 2 --variants $V >"$R/fwd/recipes.log" 2>&1
     echo "forwards rc $? at $((SECONDS - t0)) s"; grep -v "W1\|Warning" "$R/fwd/recipes.log" | grep forward_s | cut -c1-200 ;;
   gates)
     W=/tmp/gates-s12
-    timeout -k 5 ${GATES_BOX_S:-150} python3 bench/gates_speed.py --device cuda -o lpips_trunk=rand \
+    timeout -k 5 $(cap ${GATES_BOX_S:-150}) python3 bench/gates_speed.py --device cuda -o lpips_trunk=rand \
       --gates integrity,fidelity,audio,ghosting --repeat 2 --pairs 4 --workdir $W --tag s12_side4_p4 --out "$R/gates" \
       >"$R/gates/side4.log" 2>&1
     echo "gates rc $? at $((SECONDS - t0)) s"
     grep -h "all gates on the pair\|at once" $R/gates/gates_speed_gpu_s12_*.md 2>/dev/null
-    timeout -k 5 60 python3 - "$W" >"$R/gates/decode.json" 2>"$R/gates/decode.log" <<'PY'
+    timeout -k 5 $(cap 60) python3 - "$W" >"$R/gates/decode.json" 2>"$R/gates/decode.log" <<'PY'
 import json, statistics, sys, time
 from pathlib import Path
 from h3.media import decode_video
@@ -77,6 +78,7 @@ PY
   goals|goals2)  # goals2: a second box with GOALS2_ARGS / GOALS2_BOX_S, written under g23b/
     if [ $part = goals ]; then B=${GOALS_BOX_S:-250} G="$R/g23" A=${GOALS_ARGS:-}
     else B=${GOALS2_BOX_S:-200} G="$R/g23b" A=${GOALS2_ARGS:-}; fi
+    B=$(cap $B)
     mkdir -p "$G"
     (export GOALS_BOX_S=$((B - 5)) GOALS_ARGS="$A"
      timeout -k 10 $B bash bench/device/h200_goals.sh "$G" >"$G/driver.log" 2>&1; echo "$part rc $? at $((SECONDS - t0)) s")
