@@ -1,8 +1,10 @@
 """Issue 23's goals table from the measured rows of bench/h200_goals.py: every goal met, missed or not measured.
 
-    python bench/h200_goals_table.py [--results bench/results]
+    python bench/h200_goals_table.py [--results bench/results] [--raw h200_goals_raw.json --raw ...]
 
-Reads ``h200_goals_raw.json`` (bench/h200_goals.py on the H200), ``h200_speed_stock.json`` (the chip's measured bf16
+Reads the raw results of bench/h200_goals.py on the H200 (``--raw``, oldest first, default ``h200_goals_raw.json``:
+each row is taken from the newest file that measured it, so calls that measured different rows combine, and each
+goal names its file), ``h200_speed_stock.json`` (the chip's measured bf16
 and fp8 matmul ceilings), ``h200_recipes_768.json`` (the dense forward's FLOPs at 5 s 768x1344, counted on the same
 config) and ``vae_decode_flops.json`` (bench/vae_decode_flops.py: the tiled decode's FLOPs) from ``--results``, and
 writes there ``h200_goals.json`` in the issue's form, one entry per goal::
@@ -37,7 +39,10 @@ GOALS = (
     ("sparse768", "85% sparse forward", 1.6),
     ("decode15", "video decode at 15 s 768×1344", 6.0),
 )
-SHAPE = {"request15": "15s-768x1344", "request544": "5s-544x960", "dense768": "5s-768x1344",
+EXTRA = ("request15all",)
+"""Rows of the bench that are not goals of their own: shown beside the goals (the 15 s request with every step
+sparse)."""
+SHAPE = {"request15all": "15s-768x1344", "request15": "15s-768x1344", "request544": "5s-544x960", "dense768": "5s-768x1344",
          "sparse768": "5s-768x1344", "decode15": "15s-768x1344"}
 STAGES = ("text_encode", "denoise", "video_decode", "audio_decode", "frames_pcm_to_host", "mux")
 
@@ -67,14 +72,33 @@ def _seconds(value, where: str) -> float:
     return float(value)
 
 
+def merge_raws(raws: list[tuple[str, dict]]) -> tuple[dict, dict]:
+    """The rows of several raw results (oldest first), each from the newest file that measured it (a row that no
+    file measured: the newest file's reason), and the file of each row."""
+    rows: dict = {}
+    sources: dict = {}
+    for name, raw in raws:
+        found = raw.get("rows")
+        if not isinstance(found, dict):
+            raise BadInput(f"{name} has no 'rows' object")
+        for key, row in found.items():
+            if not isinstance(row, dict):
+                raise BadInput(f"{name}: rows.{key} is not an object")
+            if row.get("measured") is True or rows.get(key, {}).get("measured") is not True:
+                rows[key], sources[key] = row, name
+    return rows, sources
+
+
 def goals(raw: dict, source: str = RAW) -> dict:
     """The issue's form: one entry per goal, from the raw rows (never a number for a row not measured)."""
-    rows = raw.get("rows")
-    if not isinstance(rows, dict):
-        raise BadInput(f"{source} has no 'rows' object")
+    rows, sources = merge_raws([(source, raw)])
+    return goals_of(rows, sources)
+
+
+def goals_of(rows: dict, sources: dict) -> dict:
     out = {}
     for key, goal, target in GOALS:
-        row = rows.get(key) or {}
+        row, source = rows.get(key) or {}, sources.get(key, RAW)
         if row.get("measured") is True:
             if row.get("shape") != SHAPE[key]:  # a smoke run's rows, say: no verdict on a goal at another shape
                 raise BadInput(f"{source}: rows.{key} was measured at {row.get('shape')!r}; the goal is at "
@@ -100,15 +124,16 @@ def _decode_flops(vae: dict | None, tile: str) -> float | None:
     return float(flops) if isinstance(flops, (int, float)) and math.isfinite(flops) and flops > 0 else None
 
 
-def render(results: Path) -> tuple[dict, str]:
-    raw = _load(results, RAW)
+def render(results: Path, raw_names: list[str] | None = None) -> tuple[dict, str]:
+    raws = [(name, _load(results, name)) for name in (raw_names or [RAW])]
+    rows, sources = merge_raws(raws)
+    raw = raws[-1][1]
     stock = _load(results, "h200_speed_stock.json")
     ceil = stock.get("ceilings", {})
     bf16, fp8 = ceil.get("bf16_matmul_tflops"), ceil.get("fp8_matmul_tflops")
-    table = goals(raw)
+    table = goals_of(rows, sources)
     flops768 = _flops_768(_load(results, "h200_recipes_768.json", required=False))
     vae = _load(results, "vae_decode_flops.json", required=False)
-    rows = raw["rows"]
 
     def rate(flops: float | None, seconds: float | None) -> str:
         if not flops or not seconds:
@@ -120,8 +145,11 @@ def render(results: Path) -> tuple[dict, str]:
              f"- device: {raw.get('device')}; torch {raw.get('torch')} (CUDA {raw.get('cuda')}), diffusers "
              f"{raw.get('diffusers')}, SageAttention {raw.get('sageattention') or 'not installed'}; "
              f"{raw.get('weights')}",
-             f"- command: `{raw.get('command')}` ({raw.get('date')}; driver `bash bench/device/h200_goals.sh OUTDIR`, "
-             f"a {raw.get('budget_s')} s box); rendered by `python bench/h200_goals_table.py`",
+             *[f"- `{name}`: `{r.get('command')}` ({r.get('date')}; driver `bash bench/device/h200_goals.sh OUTDIR`, "
+               f"a {r.get('budget_s')} s box); rows {', '.join(f'`{k}`' for k, v in sources.items() if v == name)}"
+               for name, r in raws],
+             "- rendered by `python bench/h200_goals_table.py"
+             + "".join(f" --raw {name}" for name, _ in raws if raw_names) + "`",
              f"- DiT recipe of the dense rows: `{raw.get('dense_variant')}` (the runtime's `apply_recipe_levers`, "
              "float weights dropped as the runtime does); ceilings measured on the same chip "
              f"(`h200_speed_stock.json`): bf16 {bf16:.0f}, fp8 {fp8:.0f} TFLOP/s", "",
@@ -141,7 +169,8 @@ def render(results: Path) -> tuple[dict, str]:
             achieved = rate(_decode_flops(vae, row.get("best_tile", "")), entry["measured"])
         verdict = "**met**" if entry["met"] else "**missed**"
         lines.append(f"| {goal} | ≤ {target:g} s | {entry['measured']:.2f} s | {verdict} | {achieved} | `{key}` |")
-    requests = [(k, rows[k]) for k in ("request544", "request15") if rows.get(k, {}).get("measured")]
+    requests = [(k, rows[k]) for k in ("request544", "request15", "request15all")
+                if rows.get(k, {}).get("measured")]
     if requests:
         lines += ["", "## The requests, stage by stage (seconds; the timed request, after a first one that compiled)",
                   "", "| row | variant | " + " | ".join(STAGES) + " | total | first request | mux of smooth frames |",
@@ -154,6 +183,10 @@ def render(results: Path) -> tuple[dict, str]:
                          f"{row.get('mux_smooth_frames_s', float('nan')):.2f} |")
         lines += ["", "Random weights decode to noise-like frames, the worst case for libx264: the request's own mux "
                   "stage is an upper bound, the mux of smooth moving frames of the same shape a lower one."]
+        if rows.get("request15all", {}).get("measured"):
+            lines += ["", "`request15all` is not a goal row: the 15 s request with every step sparse (the issue's "
+                      "\"sparse attention on every step, without a dense first step\"), beside `request15`'s shipped "
+                      "recipe (dense first step)."]
     decode = rows.get("decode15", {})
     if decode.get("measured"):
         lines += ["", "## Video decode at 15 s 768×1344 per tile", "", "| tile | decode (s) | achieved |",
@@ -163,6 +196,19 @@ def render(results: Path) -> tuple[dict, str]:
                 lines.append(f"| {tile} | {t['decode_s']:.2f} | {rate(_decode_flops(vae, tile), t['decode_s'])} |")
             else:
                 lines.append(f"| {tile} | not measured: {t.get('reason')} | — |")
+        levers = decode.get("levers") or {}
+        if levers:
+            tile = decode.get("best_tile", "")
+            lines += ["", f"The `vae_decoder` lever's variants at {tile} (h3/levers/vae_decoder.py; a first decode "
+                      "compiles, the second is timed; not the goal's figure, which is the stock decode):", "",
+                      "| variant | decode (s) | first decode (s) | achieved |", "|---|---|---|---|"]
+            for spec, v in levers.items():
+                if v.get("measured"):
+                    d = _seconds(v.get("decode_s"), f"{sources.get('decode15')}: decode15.levers.{spec}.decode_s")
+                    lines.append(f"| {spec} | {d:.2f} | {v.get('first_s', float('nan')):.1f} | "
+                                 f"{rate(_decode_flops(vae, tile), d)} |")
+                else:
+                    lines.append(f"| {spec} | not measured: {v.get('error') or v.get('reason')} | | |")
     for key in ("dense768", "sparse768"):
         row = rows.get(key, {})
         if row.get("measured"):
@@ -179,9 +225,11 @@ def render(results: Path) -> tuple[dict, str]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--results", type=Path, default=RESULTS)
+    parser.add_argument("--raw", action="append", default=None, help="a raw result in --results (repeatable, oldest "
+                        "first; default h200_goals_raw.json)")
     args = parser.parse_args()
     try:
-        table, md = render(args.results)
+        table, md = render(args.results, args.raw)
     except BadInput as exc:
         print(f"h200_goals_table: {exc}", file=sys.stderr)
         sys.exit(3)
