@@ -2,9 +2,10 @@
 
     python bench/h200_goals_table.py [--results bench/results] [--raw h200_goals_raw.json --raw ...]
 
-Reads the raw results of bench/h200_goals.py on the H200 (``--raw``, oldest first, default ``h200_goals_raw.json``:
-each row is taken from the newest file that measured it, so calls that measured different rows combine, and each
-goal names its file), ``h200_speed_stock.json`` (the chip's measured bf16
+Reads the raw results of bench/h200_goals.py on the H200 (``--raw``, in rising precedence, default
+``h200_goals_raw.json``: each row is taken from the last file given that measured it, so calls that measured different
+rows combine, and each goal names its file; the vae_decoder lever's variants are shown from every file that timed
+them, beside the stock decode of the same process), ``h200_speed_stock.json`` (the chip's measured bf16
 and fp8 matmul ceilings), ``h200_recipes_768.json`` (the dense forward's FLOPs at 5 s 768x1344, counted on the same
 config) and ``vae_decode_flops.json`` (bench/vae_decode_flops.py: the tiled decode's FLOPs) from ``--results``, and
 writes there ``h200_goals.json`` in the issue's form, one entry per goal::
@@ -73,8 +74,8 @@ def _seconds(value, where: str) -> float:
 
 
 def merge_raws(raws: list[tuple[str, dict]]) -> tuple[dict, dict]:
-    """The rows of several raw results (oldest first), each from the newest file that measured it (a row that no
-    file measured: the newest file's reason), and the file of each row."""
+    """The rows of several raw results (in rising precedence), each from the last file that measured it (a row that
+    no file measured: the last file's reason), and the file of each row."""
     rows: dict = {}
     sources: dict = {}
     for name, raw in raws:
@@ -146,7 +147,7 @@ def render(results: Path, raw_names: list[str] | None = None) -> tuple[dict, str
              f"{raw.get('diffusers')}, SageAttention {raw.get('sageattention') or 'not installed'}; "
              f"{raw.get('weights')}",
              *[f"- `{name}`: `{r.get('command')}` ({r.get('date')}; driver `bash bench/device/h200_goals.sh OUTDIR`, "
-               f"a {r.get('budget_s')} s box); rows {', '.join(f'`{k}`' for k, v in sources.items() if v == name)}"
+               f"a {r.get('budget_s')} s box); rows {', '.join(f'`{k}`' for k, v in sources.items() if v == name) or 'none taken'}"
                for name, r in raws],
              "- rendered by `python bench/h200_goals_table.py"
              + "".join(f" --raw {name}" for name, _ in raws if raw_names) + "`",
@@ -196,19 +197,24 @@ def render(results: Path, raw_names: list[str] | None = None) -> tuple[dict, str
                 lines.append(f"| {tile} | {t['decode_s']:.2f} | {rate(_decode_flops(vae, tile), t['decode_s'])} |")
             else:
                 lines.append(f"| {tile} | not measured: {t.get('reason')} | — |")
-        levers = decode.get("levers") or {}
-        if levers:
-            tile = decode.get("best_tile", "")
-            lines += ["", f"The `vae_decoder` lever's variants at {tile} (h3/levers/vae_decoder.py; a first decode "
-                      "compiles, the second is timed; not the goal's figure, which is the stock decode):", "",
-                      "| variant | decode (s) | first decode (s) | achieved |", "|---|---|---|---|"]
-            for spec, v in levers.items():
-                if v.get("measured"):
-                    d = _seconds(v.get("decode_s"), f"{sources.get('decode15')}: decode15.levers.{spec}.decode_s")
-                    lines.append(f"| {spec} | {d:.2f} | {v.get('first_s', float('nan')):.1f} | "
-                                 f"{rate(_decode_flops(vae, tile), d)} |")
-                else:
-                    lines.append(f"| {spec} | not measured: {v.get('error') or v.get('reason')} | | |")
+    for name, r in raws:  # the lever's variants, from every file that timed them, beside that process's stock decode
+        row = (r.get("rows") or {}).get("decode15") or {}
+        levers = row.get("levers") or {}
+        if not (row.get("measured") is True and levers):
+            continue
+        tile = row.get("best_tile", "")
+        stock = _seconds(row.get("measured_s"), f"{name}: rows.decode15.measured_s")
+        lines += ["", f"The `vae_decoder` lever's variants at {tile} (`{name}`; h3/levers/vae_decoder.py; a first "
+                  "decode compiles, the second is timed), beside the stock decode of the same process:", "",
+                  "| variant | decode (s) | against stock | first decode (s) | achieved |", "|---|---|---|---|---|",
+                  f"| stock (eager, unquantized) | {stock:.2f} | 1.00x | — | {rate(_decode_flops(vae, tile), stock)} |"]
+        for spec, v in levers.items():
+            if v.get("measured"):
+                d = _seconds(v.get("decode_s"), f"{name}: rows.decode15.levers.{spec}.decode_s")
+                lines.append(f"| {spec} | {d:.2f} | {stock / d:.2f}x | {v.get('first_s', float('nan')):.1f} | "
+                             f"{rate(_decode_flops(vae, tile), d)} |")
+            else:
+                lines.append(f"| {spec} | not measured: {v.get('error') or v.get('reason')} | | | |")
     for key in ("dense768", "sparse768"):
         row = rows.get(key, {})
         if row.get("measured"):

@@ -120,8 +120,9 @@ def test_every_row_of_the_bench_is_a_goal_of_the_table():
 
 
 def test_goals_combine_calls_each_row_from_the_newest_file_that_measured_it(planted: Path):
-    """Calls measure different rows: the table takes each from the newest raw file (given oldest first) that measured
-    it, names that file as the goal's source, and a later file that did not reach a row keeps the earlier figure."""
+    """Calls measure different rows: the table takes each from the last raw file given (rising precedence) that
+    measured it, names that file as the goal's source, and a later file that did not reach a row keeps the earlier
+    figure. The decoder lever's variants are shown beside the stock decode of their own process."""
     later = _raw()
     later["command"] = "the later call"
     later["rows"] = {
@@ -151,14 +152,15 @@ def test_goals_combine_calls_each_row_from_the_newest_file_that_measured_it(plan
     assert table["video decode at 15 s 768×1344"]["measured"] == 14.3
     md = proc.stdout
     assert "| `request15all` | `every step sparse` |" in md
-    assert "| fp8 | 9.50 | 11.0 |" in md and "| compile | not measured: RuntimeError: planted | | |" in md
+    assert "| stock (eager, unquantized) | 14.30 | 1.00x | — |" in md
+    assert "| fp8 | 9.50 | 1.51x | 11.0 |" in md and "| compile | not measured: RuntimeError: planted | | | |" in md
     assert "--raw h200_goals_raw.json --raw h200_goals_raw_later.json" in md
     later["rows"]["decode15"]["levers"]["fp8"]["decode_s"] = math.nan
     (planted / "h200_goals_raw_later.json").write_text(json.dumps(later))
     proc = subprocess.run([sys.executable, "bench/h200_goals_table.py", "--results", str(planted), "--raw",
                            "h200_goals_raw.json", "--raw", "h200_goals_raw_later.json"], cwd=ROOT,
                           capture_output=True, text=True)
-    assert proc.returncode == 3 and "decode15.levers.fp8.decode_s: nan is not a finite positive" in proc.stderr
+    assert proc.returncode == 3 and "rows.decode15.levers.fp8.decode_s: nan is not a finite positive" in proc.stderr
 
 
 def test_goals_models_take_the_runtimes_float32_rule():
