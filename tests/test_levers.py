@@ -1379,3 +1379,25 @@ def test_fp8_attention_emulated_request_passes_the_executed_check(tmp_path):
     assert fp8["forwards"] == record.executed.forward_passes == 2
     assert fp8["fp8_calls"] == fp8["layers"] * 2 and fp8["kernel"] == "emulate"
     assert check_executed(recipe, record) == []
+
+
+def test_lever_quality_recipes_are_the_baseline_with_one_lever_on():
+    """bench/lever_quality.py's measurement recipes (bench/recipes, 'bench only: the baseline + ...') measure one lever's
+    quality cost: each must be the baseline with exactly that one lever section changed, and that lever on."""
+    from pathlib import Path
+
+    base = load_recipe("baseline").model_dump()
+    found = 0
+    for path in sorted((Path(__file__).resolve().parent.parent / "bench" / "recipes").glob("*.toml")):
+        recipe = load_recipe(path)
+        if not recipe.description.startswith("bench only: the baseline + "):
+            continue
+        found += 1
+        data = recipe.model_dump()
+        changed = sorted(k for k in set(base) | set(data) if base.get(k) != data.get(k))
+        levers = [k for k in changed if k not in ("name", "description", "signoff")]
+        assert len(levers) == 1, (path.name, changed)
+        config = getattr(recipe, levers[0])
+        assert config.is_on(), (path.name, levers[0])
+        assert recipe.signoff.kind == "near", path.name
+    assert found >= 3
