@@ -83,17 +83,23 @@ def main() -> None:
                     "ci": [m.ci_low, m.ci_high], "threshold": m.threshold, "threshold_source": m.threshold_source,
                     "required": m.required}
                    for g in c.gates for m in g.metrics]
-        rows.append({"candidate": c.candidate, "judge": c.judge, "outcome": c.outcome,
-                     "failed": [f"{m['gate']}.{m['metric']}" for m in metrics if m["required"] and m["outcome"] == "FAIL"],
-                     "metrics": metrics, "reasons": c.reasons})
+        failed = [f"{m['gate']}.{m['metric']}" for m in metrics if m["required"] and m["outcome"] == "FAIL"]
+        # a required gate that FAILed on no metric of the table (integrity's flags, ghosting's run-level test)
+        failed += [f"{g.gate} ({'; '.join(g.reasons)[:160]})" if g.reasons else g.gate for g in c.gates
+                   if g.required and g.outcome == "FAIL" and not any(f.startswith(g.gate + ".") for f in failed)]
+        rows.append({"candidate": c.candidate, "judge": c.judge, "outcome": c.outcome, "failed": failed,
+                     "speed": c.speed.outcome if c.speed else None, "metrics": metrics, "reasons": c.reasons})
     payload = {"model": args.model, "prompts": args.prompts, "seeds": seeds, "pairs": len(prompts.ids) * len(seeds),
                "candidates": args.candidate, "policy": str(RELEASE.relative_to(ROOT)), "lpips_trunk": trunk,
                "gates": GATES, "floor_gates": FLOOR_GATES, "gate_errors": summary.errors, "rows": rows,
                "timings": timings, "seconds": round(time.perf_counter() - started, 1), "run_dir": str(run_dir),
                "verdict_lines": lines}
-    table = ["| candidate | judge | outcome | failed on |", "|---|---|---|---|"]
+    # The speed verdict is this CPU's (the levers are GPU levers): a quality record reads the gates, not the speed.
+    table = ["| candidate | judge | outcome | failed on | speed verdict on this CPU (not the lever's point) |",
+             "|---|---|---|---|---|"]
     for r in rows:
-        table.append(f"| {r['candidate']} | {r['judge']} | **{r['outcome']}** | {', '.join(r['failed']) or '-'} |")
+        failed = (", ".join(r["failed"]) or "-").replace("|", "\\|")  # a reason's "|change|" is no column
+        table.append(f"| {r['candidate']} | {r['judge']} | **{r['outcome']}** | {failed} | {r['speed'] or '-'} |")
     table += ["", "| candidate | metric | mean over pairs | 95% CI | threshold | outcome |", "|---|---|---|---|---|---|"]
     for r in rows:
         for m in r["metrics"]:
