@@ -356,6 +356,14 @@ def main() -> None:
         g = torch.Generator(device="cpu").manual_seed(3)
         z = torch.randn(1, parts.vae.config.latent_channels, geo["latent_frames"], lh, lw, generator=g).to(device,
                                                                                                              dtype)
+        def timed_decode() -> float:
+            with torch.no_grad():
+                sync(device)
+                t0 = time.perf_counter()
+                parts.vae.decode(z, return_dict=False)
+                sync(device)
+            return time.perf_counter() - t0
+
         per_tile = {}
         for spec in args.decode_tiles.split(","):
             th, tw = (int(v) for v in spec.split("x"))
@@ -363,12 +371,7 @@ def main() -> None:
                 per_tile[spec] = {"measured": False, "reason": f"out of the time box: {left():.0f} s left"}
                 continue
             parts.vae.enable_tiling(tile_sample_min_height=th, tile_sample_min_width=tw)
-            with torch.no_grad():
-                sync(device)
-                t0 = time.perf_counter()
-                parts.vae.decode(z, return_dict=False)
-                sync(device)
-            per_tile[spec] = {"measured": True, "decode_s": time.perf_counter() - t0}
+            per_tile[spec] = {"measured": True, "decode_s": timed_decode()}
         done = {k: v["decode_s"] for k, v in per_tile.items() if v.get("measured")}
         best = min(done, key=done.get)
         # the vae_decoder lever's variants at the best tile, after the stock decode: a first decode compiles, the
@@ -388,14 +391,7 @@ def main() -> None:
             try:
                 handle = apply_vae_decoder(parts.vae, config, allow_cpu_fp8=args.smoke)
                 try:
-                    times = []
-                    for _ in range(2):
-                        with torch.no_grad():
-                            sync(device)
-                            t0 = time.perf_counter()
-                            parts.vae.decode(z, return_dict=False)
-                            sync(device)
-                        times.append(time.perf_counter() - t0)
+                    times = [timed_decode(), timed_decode()]
                     levers[spec] = {"measured": True, "first_s": times[0], "decode_s": times[1],
                                     "telemetry": handle.telemetry()}
                 finally:
