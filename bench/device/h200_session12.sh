@@ -26,7 +26,8 @@
 # it and the wheels is over 64 MiB). The two builds run side by side (~3 min on 16 cores); their wheels come back
 # under $OUT. Boxes: BUILD_BOX_S (240), AK_BOX_S (90), FWD_BOX_S (220), GATES_BOX_S (150), GOALS_BOX_S (250),
 # GOALS2_BOX_S (200), each cut to what is left of CALL_S (570); FWD_VARIANTS picks the forwards.
-# Returns results.tgz.
+# Returns results.tgz. It replaces h200_session11.sh (prepared in session 10 for a machine with the wheels carried;
+# never run), whose three parts are its ak, fwd and gates.
 set -u
 t0=$SECONDS
 R=/tmp/res; rm -rf $R; mkdir -p $R/ak $R/fwd $R/gates $R/g23 $R/build
