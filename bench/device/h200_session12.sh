@@ -23,9 +23,19 @@
 # scikit-video 1.1.11: 46 MB) and either the wheels an earlier call returned (.carry/sagewhl, .carry/fa3whl) or the
 # sources (.carry/sage: `git archive d1a57a5 csrc sageattention setup.py pyproject.toml README.md LICENSE MANIFEST.in`
 # of thu-ml/SageAttention; .carry/fa3/fa3-src.tgz as build_fa3.sh says). h3/assets/tiny out of the index (the tree with
-# it and the wheels is over 64 MiB). The two builds run side by side (~3 min on 16 cores); their wheels come back
-# under $OUT. Boxes: BUILD_BOX_S (240), AK_BOX_S (90), FWD_BOX_S (220), GATES_BOX_S (150), GOALS_BOX_S (250),
-# GOALS2_BOX_S (200), each cut to what is left of CALL_S (570); FWD_VARIANTS picks the forwards.
+# it and the wheels is over 64 MiB). The two builds run side by side (105 s in s12A, 16 cores); their wheels come back
+# under $OUT (put them in .carry/sagewhl and .carry/fa3whl for later calls). On a fresh checkout, from the repository
+# root (`echo /.carry/ >> .git/info/exclude; echo /.whl_prod/ >> .git/info/exclude` first):
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl_prod \
+#     diffusers==0.42.1 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspection av==18.1.0 \
+#     lpips==0.1.4 pyloudnorm==0.2.0 scikit-video==1.1.11
+#   git -C <SageAttention> archive d1a57a5 csrc sageattention setup.py pyproject.toml README.md LICENSE MANIFEST.in \
+#     | tar -C .carry/sage -xf -            (the fetch tool gives the mirrors; FA3's tarball: bench/device/build_fa3.sh)
+# and `git rm -r -q --cached h3/assets/tiny; echo /h3/assets/tiny/ >> .git/info/exclude` for the call (undo after:
+# delete that line, `git reset -q h3/assets/tiny && git checkout -q -- h3/assets/tiny`).
+# Boxes: BUILD_BOX_S (240), AK_BOX_S (90), FWD_BOX_S (220), GATES_BOX_S (150), GOALS_BOX_S (250), GOALS2_BOX_S (200),
+# each cut to what is left of CALL_S (570); FWD_VARIANTS picks the forwards.
 # Returns results.tgz. It replaces h200_session11.sh (prepared in session 10 for a machine with the wheels carried;
 # never run), whose three parts are its ak, fwd and gates.
 set -u
