@@ -43,8 +43,8 @@ GOALS = (
 EXTRA = ("request15all",)
 """Rows of the bench that are not goals of their own: shown beside the goals (the 15 s request with every step
 sparse)."""
-SHAPE = {"request15all": "15s-768x1344", "request15": "15s-768x1344", "request544": "5s-544x960", "dense768": "5s-768x1344",
-         "sparse768": "5s-768x1344", "decode15": "15s-768x1344"}
+SHAPE = {"request15all": "15s-768x1344", "request15": "15s-768x1344", "request544": "5s-544x960",
+         "dense768": "5s-768x1344", "sparse768": "5s-768x1344", "decode15": "15s-768x1344"}
 STAGES = ("text_encode", "denoise", "video_decode", "audio_decode", "frames_pcm_to_host", "mux")
 
 
@@ -142,12 +142,13 @@ def render(results: Path, raw_names: list[str] | None = None) -> tuple[dict, str
         t = flops / seconds / 1e12
         return f"{t:.0f} TFLOP/s ({t / bf16:.0%} of bf16 {bf16:.0f}, {t / fp8:.0%} of fp8 {fp8:.0f})"
 
+    taken = {name: ", ".join(f"`{k}`" for k, v in sources.items() if v == name) or "none taken" for name, _ in raws}
     lines = ["# Issue 23's goals on one H200, measured as whole requests", "",
              f"- device: {raw.get('device')}; torch {raw.get('torch')} (CUDA {raw.get('cuda')}), diffusers "
              f"{raw.get('diffusers')}, SageAttention {raw.get('sageattention') or 'not installed'}; "
              f"{raw.get('weights')}",
              *[f"- `{name}`: `{r.get('command')}` ({r.get('date')}; driver `bash bench/device/h200_goals.sh OUTDIR`, "
-               f"a {r.get('budget_s')} s box); rows {', '.join(f'`{k}`' for k, v in sources.items() if v == name) or 'none taken'}"
+               f"a {r.get('budget_s')} s box); rows {taken[name]}"
                for name, r in raws],
              "- rendered by `python bench/h200_goals_table.py"
              + "".join(f" --raw {name}" for name, _ in raws if raw_names) + "`",
@@ -207,7 +208,8 @@ def render(results: Path, raw_names: list[str] | None = None) -> tuple[dict, str
         lines += ["", f"The `vae_decoder` lever's variants at {tile} (`{name}`; h3/levers/vae_decoder.py; a first "
                   "decode compiles, the second is timed), beside the stock decode of the same process:", "",
                   "| variant | decode (s) | against stock | first decode (s) | achieved |", "|---|---|---|---|---|",
-                  f"| stock (eager, unquantized) | {stock:.2f} | 1.00x | — | {rate(_decode_flops(vae, tile), stock)} |"]
+                  f"| stock (eager, unquantized) | {stock:.2f} | 1.00x | — | "
+                  f"{rate(_decode_flops(vae, tile), stock)} |"]
         for spec, v in levers.items():
             if v.get("measured"):
                 d = _seconds(v.get("decode_s"), f"{name}: rows.decode15.levers.{spec}.decode_s")

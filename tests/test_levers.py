@@ -1382,8 +1382,8 @@ def test_fp8_attention_emulated_request_passes_the_executed_check(tmp_path):
 
 
 def test_lever_quality_recipes_are_the_baseline_with_one_lever_on():
-    """bench/lever_quality.py's measurement recipes (bench/recipes, 'bench only: the baseline + ...') measure one lever's
-    quality cost: each must be the baseline with exactly that one lever section changed, and that lever on."""
+    """bench/lever_quality.py's measurement recipes (bench/recipes, 'bench only: the baseline + ...') measure one
+    lever's quality cost: each must be the baseline with exactly that one lever section changed, and that lever on."""
     from pathlib import Path
 
     base = load_recipe("baseline").model_dump()
