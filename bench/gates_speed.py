@@ -129,12 +129,20 @@ def main() -> int:
                              "many pairs pays it (where the gates run side by side the next pair's clips are decoded "
                              "while this pair's gates run: h3eval.gaterun.decode_ahead)")
     parser.add_argument("--tag", default=None, help="suffix of the result files (default: cpu or gpu)")
+    parser.add_argument("--torch-threads", type=int, default=None,
+                        help="torch's intra-op threads for the whole process (default: torch's own, one per core); "
+                             "with the gates side by side each gate's torch work otherwise asks for every core")
     parser.add_argument("--gates", default=",".join(FOUR_GATES),
                         help="comma-separated gates (default: the four same-seed per-pair gates; add reference_free "
                              "for the resample judge's per-clip scores)")
     args = parser.parse_args()
+    if args.torch_threads is not None and args.torch_threads < 1:
+        parser.error(f"--torch-threads {args.torch_threads}: at least 1")
 
     import torch
+
+    if args.torch_threads is not None:
+        torch.set_num_threads(args.torch_threads)
 
     from gates.base import get_gate, known_gates
     from gates.media_cache import clear as clear_clips, load_audio, load_video

@@ -3,8 +3,8 @@
 # wheels are carried, then the parts named in PARTS run in that order, each side by side inside the call:
 #   ak     issue 23: FA3 FP8 with eager against compiled per-head quantization, Sage 2.2, cuDNN (attention_kernels.py)
 #   fwd    issue 23: the dense 5 s 768x1344 forward, FA3 FP8 with compiled quantization, with eager, and Sage 2.2
-#   gates  issue 19: the per-pair gates in runs of 4 pairs (gates_speed --pairs 4; GATE_THREADS="default 2 1" times
-#          each count of gates side by side), then decoding one pair's clips with
+#   gates  issue 19: the per-pair gates in runs of 4 pairs (gates_speed --pairs 4; GATE_THREADS="default 4/4 2" times
+#          each setting: gates side by side / torch threads), then decoding one pair's clips with
 #          the RGB conversion in 1, 2, 4 and 8 threads (h3.media.decode_video(convert_threads=))
 #   goals  issue 23: bench/device/h200_goals.sh with GOALS_ARGS (e.g. --rows sparse768,request15) in GOALS_BOX_S;
 #   goals2 the same again with GOALS2_ARGS in GOALS2_BOX_S (e.g. --rows decode15 --decode-levers compile,fp8)
@@ -15,9 +15,9 @@
 # GOALS_ARGS="--rows sparse768,request15,request15all"`, s12D `CALL_S=550 PARTS="gates goals2 goals" GATES_BOX_S=170
 # GOALS2_BOX_S=200 GOALS2_ARGS="--rows decode15 --decode-tiles 304x320 --decode-levers fp8,compile,compile+fp8"
 # GOALS_BOX_S=300 GOALS_ARGS="--rows sparse768,request15all"`. What they did not reach, for the next call (~560 s):
-#   CALL_S=560 PARTS="goals goals2 gates" GOALS_BOX_S=300 GOALS_ARGS="--rows sparse768,request15all" GOALS2_BOX_S=130 \
-#     GOALS2_ARGS="--rows decode15 --decode-tiles 304x320 --decode-levers compile+fp8" GATE_THREADS="default 2" \
-#     GATES_BOX_S=100 bash bench/device/h200_session12.sh
+#   CALL_S=560 PARTS="goals gates goals2" GOALS_BOX_S=280 GOALS_ARGS="--rows sparse768,request15all" \
+#     GATE_THREADS="default 4/4" GATES_BOX_S=90 GOALS2_BOX_S=120 \
+#     GOALS2_ARGS="--rows decode15 --decode-tiles 304x320 --decode-levers compile+fp8" bash bench/device/h200_session12.sh
 #
 # Carry .whl_prod (diffusers 0.42.1, pydantic 2.14.4 and its three wheels, PyAV 18.1.0, lpips 0.1.4, pyloudnorm 0.2.0,
 # scikit-video 1.1.11: 46 MB) and either the wheels an earlier call returned (.carry/sagewhl, .carry/fa3whl) or the
@@ -75,15 +75,17 @@ for part in ${PARTS:-ak fwd}; do
       --shapes 5s-768x1344 --repeats 2 --variants $V >"$R/fwd/recipes.log" 2>&1
     echo "forwards rc $? at $((SECONDS - t0)) s"; grep -v "W1\|Warning" "$R/fwd/recipes.log" | grep forward_s | cut -c1-200 ;;
   gates)
-    # GATE_THREADS: the gates side by side per pair to time, in turn ("default": h3eval.gaterun.gate_workers' own
-    # choice, 4 on this host; a number sets $H3EVAL_GATE_THREADS); the later runs reuse the first one's pairs.
+    # GATE_THREADS: the settings to time, in turn: "default" (h3eval.gaterun.gate_workers' own choice, 4 gates side
+    # by side on this host, torch's threads one per core), W (W gates side by side: $H3EVAL_GATE_THREADS) or W/T (and
+    # torch's intra-op threads T for the process: gates_speed --torch-threads); the later runs reuse the first's pairs.
     W=/tmp/gates-s12; reuse=""
     for gt in ${GATE_THREADS:-default}; do
-      tag=s12_side4_p4; [ "$gt" = default ] || tag=s12_side4_p4_t$gt
-      (if [ "$gt" != default ]; then export H3EVAL_GATE_THREADS=$gt; fi
+      tag=s12_side4_p4; [ "$gt" = default ] || tag=s12_side4_p4_t${gt/\//x}
+      side=${gt%%/*}; tt=""; [ "$gt" != "$side" ] && tt="--torch-threads ${gt#*/}"
+      (if [ "$gt" != default ]; then export H3EVAL_GATE_THREADS=$side; fi
        timeout -k 5 $(cap ${GATES_BOX_S:-150}) python3 bench/gates_speed.py --device cuda -o lpips_trunk=rand \
          --gates integrity,fidelity,audio,ghosting --repeat 2 --pairs 4 --workdir $W --tag $tag --out "$R/gates" \
-         $reuse >"$R/gates/$tag.log" 2>&1; echo "gates ($gt side by side) rc $? at $((SECONDS - t0)) s")
+         $tt $reuse >"$R/gates/$tag.log" 2>&1; echo "gates ($gt) rc $? at $((SECONDS - t0)) s")
       reuse=--reuse-run
     done
     grep -h "all gates on the pair\|at once" $R/gates/gates_speed_gpu_s12_*.md 2>/dev/null
