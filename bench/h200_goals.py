@@ -61,6 +61,8 @@ ROWS = ("request544", "decode15", "dense768", "sparse768", "request15", "request
 # Seconds each row needs on an H200, from bench/results/h200_recipes_speed.md and h200_speed_stock.json (compile of a
 # new shape ~15 s; a 544x960 FP8 forward 1.8 s, 768x1344 5.2 s, 15 s 768x1344 26-35 s; decode 2.8 s / 18.5 s at
 # 304x320): a row starts only when the budget left covers its estimate.
+DECODE_LEVER_MODS = ("compile", "fp8", "int8")
+"""What a --decode-levers variant is made of (h3.levers.vae_decoder: compile, and one W8A8 quantization)."""
 ESTIMATE_S = {"request544": 45, "decode15": 22, "dense768": 30, "sparse768": 45, "request15": 200, "request15all": 120}
 TEXT_SIZE = dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
                  num_key_value_heads=8, head_dim=128, vocab_size=151936,
@@ -293,6 +295,10 @@ def main() -> None:
     for r in rows:
         if r not in ROWS:
             parser.error(f"unknown row {r!r}; rows are {', '.join(ROWS)}")
+    for spec in [v for v in args.decode_levers.split(",") if v]:  # else a typo would time the stock decode under it
+        mods = spec.split("+")
+        if any(m not in DECODE_LEVER_MODS for m in mods) or sum(m in ("fp8", "int8") for m in mods) > 1:
+            parser.error(f"--decode-levers {spec!r}: a variant is compile, fp8 or int8 joined by '+' (one quantization)")
     for r in ROWS:
         result["rows"][r] = {"shape": shapes[r], "measured": False,
                              "reason": "not asked for (--rows)" if r not in rows else "not reached"}

@@ -183,3 +183,14 @@ def test_goals_models_take_the_runtimes_float32_rule():
     assert goals.vae.decoder.transformer_blocks[0].scale1.dtype == torch.float32
     assert goals.vae.decoder.transformer_blocks[0].norm1.weight.dtype == torch.float32
     assert goals.vae.decoder.proj_out.weight.dtype == torch.bfloat16
+
+
+def test_goals_refuse_an_unknown_decoder_variant_before_building_anything():
+    """A --decode-levers variant that is not compile / fp8 / int8 joined by '+' (one quantization at most) is refused
+    at once with exit 2, instead of timing the stock decode under the misspelt name."""
+    for bad in ("compil", "compile+fp16", "fp8+int8"):
+        proc = subprocess.run([sys.executable, "bench/h200_goals.py", "--out", "/nonexistent/x.json", "--smoke",
+                               "--rows", "decode15", "--decode-levers", f"compile,{bad}"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2, (bad, proc.stderr[-500:])
+        assert f"--decode-levers {bad!r}: a variant is compile, fp8 or int8" in proc.stderr
