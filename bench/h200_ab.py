@@ -129,7 +129,7 @@ def chain_config(args: argparse.Namespace) -> dict[str, Any]:
         "gates": [g for g in args.gates.split(",") if g], "off_identity": [s for s in args.off_identity.split(",")
                                                                           if s],
         "warmup": args.warmup, "warmup_recipes": [r for r in args.warmup_recipes.split(",") if r],
-        "baseline_last": args.baseline_last,
+        "baseline_last": args.baseline_last, "baseline": args.baseline,
         "policy": str(args.policy), "lora_dir": _lora_dir(args),
     }
 
@@ -250,7 +250,7 @@ def prepare(args: argparse.Namespace) -> None:
 def _ab_argv(config: dict[str, Any], shape: str, work: Path, urls: list[str] | None,
              limit_s: float | None = None) -> list[str]:
     seconds, height, width = SHAPES[shape]
-    argv = [sys.executable, "-m", "h3eval.cli", "ab", "--baseline", BASELINE,
+    argv = [sys.executable, "-m", "h3eval.cli", "ab", "--baseline", config.get("baseline", BASELINE),
             *[a for c in config["candidates"] for a in ("--candidate", c)],
             "--prompts", str(work / f"prompts-{shape}.jsonl"), "--out", str(run_dir(work, shape)),
             "--model", config["model"], "--seeds", config["seeds"], "--warmup", str(config["warmup"]),
@@ -302,7 +302,8 @@ class Servers:
     def start(self, timeout_s: float = 900.0) -> list[str]:
         import httpx
 
-        groups = [("0", [BASELINE], "resident"), ("1", list(self.config["candidates"]), "offload")]
+        baseline = self.config.get("baseline", BASELINE)
+        groups = [("0", [baseline], "resident"), ("1", list(self.config["candidates"]), "offload")]
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
         pending = []
         for gpu, recipes, residency in groups:
@@ -522,11 +523,13 @@ def _floor_from_run(args: argparse.Namespace) -> dict[str, Any]:
     from h3eval import gaterun
     from h3eval.floor import newseed_floor_from_run
     from h3eval.runner import RunError
+    from h3eval.store import RunStore
 
     gates_ = [g for g in args.gates.split(",") if g not in ("integrity", "trajectory")]
     t0 = time.perf_counter()
     try:
-        out = newseed_floor_from_run(args.run, BASELINE, args.floor_out, gates=gates_, device=args.device,
+        baseline = RunStore(args.run).read_manifest().baseline or BASELINE  # the run's own (chain --baseline)
+        out = newseed_floor_from_run(args.run, baseline, args.floor_out, gates=gates_, device=args.device,
                                      gate_options=gaterun.parse_options(args.option or []), progress=False)
     except RunError as exc:
         return {"written": False, "why": str(exc)}
@@ -686,6 +689,9 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--baseline-last", action="store_true",
                    help="ab runs each pair's candidates before its baseline (h3eval ab --baseline-last)")
+    p.add_argument("--baseline", default=BASELINE,
+                   help="the run's baseline recipe (a name or a .toml; e.g. a fast recipe, to measure one lever "
+                        "added to it side by side without the stock baseline's minutes a request)")
     p.add_argument("--warmup-recipes", default="",
                    help="comma-separated recipes that get the warm-up requests (default: every recipe)")
     p.add_argument("--policy", default=str(POLICY))

@@ -164,6 +164,43 @@ def test_the_gates_step_writes_the_new_seed_floor_from_the_baselines_own_seeds(t
     assert not (tmp_path / "floor1" / "floor.json").exists()
 
 
+def test_a_chain_with_another_baseline_runs_ab_and_takes_the_floor_from_that_recipe(tmp_path):
+    """``chain --baseline R`` (a lever added to a fast recipe, measured against it): ab is asked for R as its baseline,
+    and the gates step's new-seed floor comes from R's own clips (the run manifest's baseline), not from a stock
+    ``baseline`` the run does not have."""
+    import argparse
+
+    from bench.h200_ab import _ab_argv, chain_config
+    from bench.h200_ab import gates as gates_step
+    from h3eval.synth import make_synthetic_run, moving_square_frames, tone_pcm
+    from tests.conftest import FAST_RECIPE
+
+    args = argparse.Namespace(model="h3-random", device="cuda", layout="shared", shapes="5s-544x960", prompts="*=1",
+                              seeds="0,1", candidates="bench/device/turbo4-fp8-sage-compile-vaec.toml",
+                              gates="integrity", off_identity="", warmup=1, warmup_recipes="", baseline_last=False,
+                              baseline="turbo4-fp8-sage-compile", policy="release.toml", work=str(tmp_path))
+    config = chain_config(args)
+    argv = _ab_argv(config, "5s-544x960", tmp_path, None)
+    assert argv[argv.index("--baseline") + 1] == "turbo4-fp8-sage-compile"
+    assert argv[argv.index("--candidate") + 1] == "bench/device/turbo4-fp8-sage-compile-vaec.toml"
+    assert _ab_argv({**config, "baseline": "baseline"}, "5s-544x960", tmp_path, None)[5] == "baseline"
+
+    run = tmp_path / "run"
+    store = make_synthetic_run(run, baseline="fast", candidates=["vaec"], seeds=[0, 1],
+                               frames_fn=lambda r, p, s: moving_square_frames(seed=s),
+                               audio_fn=lambda r, p, s: tone_pcm(1.0, 440.0 + 60.0 * s))
+    manifest = store.read_manifest()  # real recipes, as an ab run records them
+    manifest.recipes = {name: {**FAST_RECIPE, "name": name} for name in manifest.recipes}
+    store.write_manifest(manifest)
+    args = argparse.Namespace(run=str(run), device="cpu", gates="audio", option=[],
+                              timing=str(tmp_path / "timing.json"), floor_out=str(tmp_path / "floor"))
+    assert gates_step(args) == 0
+    floor = json.loads((tmp_path / "timing.json").read_text())["floor"]
+    assert floor["written"], floor
+    assert (tmp_path / "floor" / "floor.json").is_file()
+    assert sorted(p.name for p in (tmp_path / "floor" / "gates" / "audio").iterdir()) == ["fast-newseed"]
+
+
 def test_the_gate_process_first_pair_is_reported_apart_from_the_per_pair_median(tmp_path):
     """The first pair of the gate process loads the models (cold); with other pairs timed it is left out of the
     median and named, with its seconds, in the record."""

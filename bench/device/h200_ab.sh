@@ -22,6 +22,9 @@
 # H200_AB_QUICK=1: no version and module checks before the chain (~10 s).
 # H200_AB_CANDIDATES=fast,turbo4-sparse (the default): the candidates, `fast` standing for the FP8 one above; e.g.
 # H200_AB_CANDIDATES=fast with H200_AB_OFF_IDENTITY=1 spends a call's time on the off-identity check instead.
+# H200_AB_BASELINE=fast (or a recipe name / .toml): the run's baseline in place of the stock `baseline`, e.g. to
+# measure one lever added to the fast recipe side by side (its candidate bench/device/turbo4-fp8-sage-compile-vaec.toml)
+# without the stock baseline's 81 s a 544x960 request; judged against that baseline as the candidate's kind says.
 # H200_AB_WARMUP_ALL=1 (with H200_AB_WARMUP=1): a warm-up request for every compiled candidate, not the FP8 one only.
 # A CPU rehearsal: H200_AB_MODEL=h3-random-small H200_AB_DEVICE=cpu H200_AB_SHAPE=5s-128x128 bash ... OUTDIR
 set -u
@@ -49,8 +52,9 @@ else fast=bench/device/turbo4-fp8-compile.toml
     >>"$out/chain.log"
 fi
 candidates=$(echo "${H200_AB_CANDIDATES:-fast,turbo4-sparse}" | sed "s#\bfast\b#$fast#")
+baseline=$(echo "${H200_AB_BASELINE:-baseline}" | sed "s#^fast\$#$fast#")
 warm=$(basename "$fast" .toml); [ -n "${H200_AB_WARMUP_ALL:-}" ] && case ",$candidates," in *,turbo4-sparse,*) warm="$warm,turbo4-sparse";; esac
-echo "candidates $candidates; warm-up ${H200_AB_WARMUP:-0} (${H200_AB_WARMUP_FAST:+$warm})" >>"$out/chain.log"
+echo "baseline $baseline; candidates $candidates; warm-up ${H200_AB_WARMUP:-0} (${H200_AB_WARMUP_FAST:+$warm})" >>"$out/chain.log"
 # The chain leaves 20 s of the box for packing the results below.
 chain_s=$((end - SECONDS - 20))
 # The chain runs in the background so that a SIGTERM from an outer `timeout` shorter than BUDGET_S is trapped: the
@@ -59,7 +63,7 @@ timeout -k 7 $((chain_s + 5)) "$PY" bench/h200_ab.py chain --work "$work" --mode
   --shapes "$shape" --prompts '*=1' --seeds "$seeds" --warmup "${H200_AB_WARMUP:-0}" \
   ${H200_AB_WARMUP_FAST:+--warmup-recipes "$warm"} ${H200_AB_BASELINE_LAST:+--baseline-last} \
   --off-identity "$([ -n "${H200_AB_OFF_IDENTITY:-}" ] && echo "$shape")" \
-  --candidates "$candidates" --budget-s "$chain_s" ${H200_AB_GATES_RESERVE_S:+--gates-reserve-s \
+  --candidates "$candidates" --baseline "$baseline" --budget-s "$chain_s" ${H200_AB_GATES_RESERVE_S:+--gates-reserve-s \
   "$H200_AB_GATES_RESERVE_S"} >>"$out/chain.log" 2>&1 &
 cpid=$!
 cut=0

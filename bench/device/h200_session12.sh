@@ -8,6 +8,12 @@
 #          the RGB conversion in 1, 2, 4 and 8 threads (h3.media.decode_video(convert_threads=))
 #   goals  issue 23: bench/device/h200_goals.sh with GOALS_ARGS (e.g. --rows sparse768,request15) in GOALS_BOX_S;
 #   goals2 the same again with GOALS2_ARGS in GOALS2_BOX_S (e.g. --rows decode15 --decode-levers compile,fp8)
+#   ab     issue 23: bench/device/h200_ab.sh in AB_BOX_S (its H200_AB_* settings pass through), its results straight
+#          under $OUT/ab (state.tgz, clips.tgz, rendered tables). Session 13's call s13B, the VAE decoder's compile
+#          added to the fast recipe, measured through the runtime side by side with it and judged near:
+#   CALL_S=470 PARTS=ab AB_BOX_S=450 H200_AB_QUICK=1 H200_AB_WARMUP=1 H200_AB_BASELINE=fast H200_AB_SEEDS=0,1,2,3 \
+#     H200_AB_CANDIDATES=bench/device/turbo4-fp8-sage-compile-vaec.toml H200_AB_GATES_RESERVE_S=70 \
+#     bash bench/device/h200_session12.sh
 #
 #   PARTS="ak fwd" bash bench/device/h200_session12.sh        (from the repository root)
 #
@@ -111,6 +117,11 @@ PY
     (export GOALS_BOX_S=$((B - 5)) GOALS_ARGS="$A"
      timeout -k 10 $B bash bench/device/h200_goals.sh "$G" >"$G/driver.log" 2>&1; echo "$part rc $? at $((SECONDS - t0)) s")
     tail -c 1500 "$G/h200_goals.log" ;;
+  ab)
+    mkdir -p "$OUT/ab"
+    BUDGET_S=$(cap ${AB_BOX_S:-300}) timeout -k 10 $(cap $((${AB_BOX_S:-300} + 15))) bash bench/device/h200_ab.sh \
+      "$OUT/ab" >"$R/ab.log" 2>&1
+    echo "ab rc $? at $((SECONDS - t0)) s"; tail -25 "$R/ab.log" | cut -c1-220 ;;
   esac
 done
 tar -czf "$OUT/results.tgz" --exclude='*.mp4' -C $R .
