@@ -146,6 +146,9 @@ class AbPlan:
 
     @property
     def protocols(self) -> list[str]:
+        """The speed protocols that run: none with ``speed_rounds`` 0 (speed.json then has the quality clips only)."""
+        if not self.speed_rounds:
+            return []
         return ["repeated", "mixed"] if self.speed_protocol == "both" else [self.speed_protocol]
 
     def validate(self) -> None:
@@ -360,7 +363,7 @@ def build_speed(plan: AbPlan, store: RunStore, refused: dict[str, list[str]]) ->
         },
         "gpu_hourly_rate": plan.gpu_hourly_rate,
     }
-    if plan.speed_protocol == "both":
+    if plan.protocols == ["repeated", "mixed"]:
         ratios = {}
         for name in names:
             m, r = sections["mixed"].get(name, {}), sections["repeated"].get(name, {})

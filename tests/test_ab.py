@@ -319,6 +319,9 @@ def test_warmup_recipe_warms_only_the_named_recipe_and_baseline_last_orders_the_
     cold = read_finished_record(next((out / "warmup" / "sleepy").glob("*.mp4")))
     warm = read_finished_record(out / "clips" / "sleepy" / "a-s0.mp4")
     assert cold.timings.generation_side_latency_s > warm.timings.generation_side_latency_s + 5.0  # the planted 6 s
+    # No speed round: speed.json has the quality clips' section only, no empty protocol table.
+    assert list(json.loads((out / "speed.json").read_text())["protocols"]) == ["quality_clips"]
+    assert not (out / "speed").exists()
 
 
 # -- the command -----------------------------------------------------------------------------------------------------
