@@ -673,9 +673,14 @@ def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
     from h3.tiny_trained import VAE_DECODER_CONFIG
     from h3.train.run import run
 
-    assert run("all", TrainConfig.smoke(distill_moment_weight=0.5), tmp_path, parallel_vaes=True,
-               finish_on_budget=True, max_seconds=900) == 0
+    from h3.train.pool import Pool
+
+    # More teacher samples asked for than the pool has t2va presentations: the record says how many there were.
+    cfg = TrainConfig.smoke(distill_moment_weight=0.5, distill_teacher_samples=1000)
+    assert run("all", cfg, tmp_path, parallel_vaes=True, finish_on_budget=True, max_seconds=900) == 0
     record = json.loads((tmp_path / "tiny" / "training_record.json").read_text())
+    tasks = Pool.load(tmp_path / "state" / "pool" / "pool.pt", "cpu").tasks
+    assert record["stages"]["distill"]["teacher_samples"] == tasks.count("t2va") == cfg.pool_size < 1000
     assert set(record["stages"]) == {"video_vae", "video_decoder", "audio_vae", "audio_decoder", "dit", "distill"}
     distill_rows = record["losses"]["distill"]
     assert distill_rows and all(math.isfinite(r["moment"]) and r["moment"] >= 0 for r in distill_rows)

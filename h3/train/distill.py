@@ -38,7 +38,10 @@ def teacher_set(transformer, pool: Pool, cfg: TrainConfig, chunk: int = 128, ran
     batches = Batches(pool, cfg)
     cpu_g, _ = generators(cfg.seed, "teacher/pick", 0, cfg.device)
     t2va = [i for i, task in enumerate(pool.tasks) if task == "t2va"]
-    picks = [t2va[int(i)] for i in torch.randperm(len(t2va), generator=cpu_g)[:cfg.distill_teacher_samples]]
+    if cfg.distill_teacher_samples > len(t2va):
+        logger.warning("distill_teacher_samples %d: the pool has %d t2va presentations (one per clip): the teacher "
+                       "set is those %d", cfg.distill_teacher_samples, len(t2va), len(t2va))
+    picks = [t2va[int(i)] for i in torch.randperm(len(t2va), generator=cpu_g)[:teacher_count(pool, cfg)]]
     picks = picks[rank::world]
     by_len: dict[int, list[int]] = {}
     for p in picks:
@@ -58,6 +61,12 @@ def teacher_set(transformer, pool: Pool, cfg: TrainConfig, chunk: int = 128, ran
             groups.append({"key": key, "presentations": part, "noise_v": nv, "noise_a": na, "x0_v": xv, "x0_a": xa})
         logger.info("teacher: %d/%d samples", sum(len(g["presentations"]) for g in groups), len(picks))
     return groups
+
+
+def teacher_count(pool: Pool, cfg: TrainConfig) -> int:
+    """How many teacher samples the distillation draws: ``distill_teacher_samples``, at most the pool's t2va
+    presentations (one per clip), over all ranks."""
+    return min(cfg.distill_teacher_samples, sum(task == "t2va" for task in pool.tasks))
 
 
 def student_grid(steps: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -147,7 +156,8 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
             return
         save_state(path, {"lora": lora.state_dict(), "opt": optimizer.state_dict(), "step": step, "log": log.rows,
                           "seconds": seconds + time.monotonic() - started, "total_steps": total,
-                          "planned_steps": planned, **({"init_from": init_from} if init_from else {})})
+                          "planned_steps": planned, "teacher_samples": teacher_count(pool, cfg),
+                          **({"init_from": init_from} if init_from else {})})
 
     try:
         while step < total:

@@ -309,7 +309,8 @@ def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit
             seeded[name] = {**state["seeded_from"], "warm_from": state.get("warm_from")}
         stages[name] = {"steps": state["step"], "planned_steps": state.get("planned_steps", state["total_steps"]),
                         "seconds": round(state["seconds"], 1), "final": state["log"][-1] if state["log"] else None,
-                        **({"init_from": state["init_from"]} if state.get("init_from") else {})}
+                        **({"init_from": state["init_from"]} if state.get("init_from") else {}),
+                        **({"teacher_samples": state["teacher_samples"]} if "teacher_samples" in state else {})}
         losses[name] = state["log"]
     pool_path = state_dir / "pool" / "pool.pt"
     reproduce = reproduce_line(cfg, stages)
