@@ -54,7 +54,8 @@ fi
 candidates=$(echo "${H200_AB_CANDIDATES:-fast,turbo4-sparse}" | sed "s#\bfast\b#$fast#")
 baseline=$(echo "${H200_AB_BASELINE:-baseline}" | sed "s#^fast\$#$fast#")
 warm=$(basename "$fast" .toml); [ -n "${H200_AB_WARMUP_ALL:-}" ] && case ",$candidates," in *,turbo4-sparse,*) warm="$warm,turbo4-sparse";; esac
-echo "baseline $baseline; candidates $candidates; warm-up ${H200_AB_WARMUP:-0} (${H200_AB_WARMUP_FAST:+$warm})" >>"$out/chain.log"
+echo "baseline $baseline; candidates $candidates; warm-up ${H200_AB_WARMUP:-0} (${H200_AB_WARMUP_FAST:+$warm})" \
+  >>"$out/chain.log"
 # The chain leaves 20 s of the box for packing the results below.
 chain_s=$((end - SECONDS - 20))
 # The chain runs in the background so that a SIGTERM from an outer `timeout` shorter than BUDGET_S is trapped: the
