@@ -664,6 +664,25 @@ def test_pack_moments_per_stage(tmp_path):
             parse_moments(bad)
 
 
+def test_teacher_picks_keep_the_old_draw_and_repeat_presentations_evenly_past_the_pool():
+    """Up to the pool's t2va presentations the picks are a seeded permutation's prefix (the draw every earlier run
+    made, so their records reproduce); past it, further permutations follow: every presentation recurs 2 or 3 times
+    for 2.5 x the pool, none 3 times before all twice."""
+    from h3.train.distill import teacher_picks
+
+    def g():
+        return torch.Generator().manual_seed(7)
+
+    assert teacher_picks(10, 6, g()) == torch.randperm(10, generator=g()).tolist()[:6]
+    picks = teacher_picks(10, 25, g())
+    reference = g()
+    first, second, third = (torch.randperm(10, generator=reference).tolist() for _ in range(3))
+    assert picks == first + second + third[:5]
+    assert sorted(picks.count(i) for i in range(10)) == [2] * 5 + [3] * 5
+    with pytest.raises(ValueError, match="no t2va"):
+        teacher_picks(0, 3, g())
+
+
 def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
     """``python -m h3.train all --smoke`` end to end, the video decoder in its own process as on a GPU: every stage
     ends, the record names them all, and the export ships the wide decoder (a stage that hard-codes a shape of the
@@ -675,12 +694,23 @@ def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
 
     from h3.train.pool import Pool
 
-    # More teacher samples asked for than the pool has t2va presentations: the record says how many there were.
-    cfg = TrainConfig.smoke(distill_moment_weight=0.5, distill_teacher_samples=1000)
+    # More teacher samples than the pool has t2va presentations: each recurs with another noise, and the record says
+    # how many samples over how many presentations.
+    cfg = TrainConfig.smoke(distill_moment_weight=0.5, distill_teacher_samples=11)
     assert run("all", cfg, tmp_path, parallel_vaes=True, finish_on_budget=True, max_seconds=900) == 0
     record = json.loads((tmp_path / "tiny" / "training_record.json").read_text())
     tasks = Pool.load(tmp_path / "state" / "pool" / "pool.pt", "cpu").tasks
-    assert record["stages"]["distill"]["teacher_samples"] == tasks.count("t2va") == cfg.pool_size < 1000
+    assert tasks.count("t2va") == cfg.pool_size == 8
+    assert (record["stages"]["distill"]["teacher_samples"], record["stages"]["distill"]["teacher_presentations"]) \
+        == (11, 8)
+    groups = torch.load(tmp_path / "state" / "distill" / "teacher.pt", weights_only=False)
+    assert sum(len(g["presentations"]) for g in groups) == 11
+    noises = {}
+    for g in groups:
+        for p, noise in zip(g["presentations"], g["noise_v"]):
+            noises.setdefault(p, []).append(noise)
+    assert len(noises) == 8 and sorted(map(len, noises.values())) == [1, 1, 1, 1, 1, 2, 2, 2]
+    assert all(not torch.equal(n[0], n[1]) for n in noises.values() if len(n) == 2)  # another noise each time
     assert set(record["stages"]) == {"video_vae", "video_decoder", "audio_vae", "audio_decoder", "dit", "distill"}
     distill_rows = record["losses"]["distill"]
     assert distill_rows and all(math.isfinite(r["moment"]) and r["moment"] >= 0 for r in distill_rows)

@@ -38,10 +38,11 @@ def teacher_set(transformer, pool: Pool, cfg: TrainConfig, chunk: int = 128, ran
     batches = Batches(pool, cfg)
     cpu_g, _ = generators(cfg.seed, "teacher/pick", 0, cfg.device)
     t2va = [i for i, task in enumerate(pool.tasks) if task == "t2va"]
-    if cfg.distill_teacher_samples > len(t2va):
-        logger.warning("distill_teacher_samples %d: the pool has %d t2va presentations (one per clip): the teacher "
-                       "set is those %d", cfg.distill_teacher_samples, len(t2va), len(t2va))
-    picks = [t2va[int(i)] for i in torch.randperm(len(t2va), generator=cpu_g)[:teacher_count(pool, cfg)]]
+    samples, presentations = teacher_count(pool, cfg)
+    if samples > presentations:
+        logger.info("teacher: %d samples over the pool's %d t2va presentations (one per clip), each drawn with "
+                    "%d-%d noises", samples, presentations, samples // presentations, -(-samples // presentations))
+    picks = [t2va[i] for i in teacher_picks(len(t2va), samples, cpu_g)]
     picks = picks[rank::world]
     by_len: dict[int, list[int]] = {}
     for p in picks:
@@ -63,10 +64,24 @@ def teacher_set(transformer, pool: Pool, cfg: TrainConfig, chunk: int = 128, ran
     return groups
 
 
-def teacher_count(pool: Pool, cfg: TrainConfig) -> int:
-    """How many teacher samples the distillation draws: ``distill_teacher_samples``, at most the pool's t2va
-    presentations (one per clip), over all ranks."""
-    return min(cfg.distill_teacher_samples, sum(task == "t2va" for task in pool.tasks))
+def teacher_count(pool: Pool, cfg: TrainConfig) -> tuple[int, int]:
+    """(teacher samples, distinct t2va presentations among them) over all ranks: ``distill_teacher_samples`` samples;
+    past the pool's t2va presentations (one per clip) a presentation recurs with another noise (:func:`teacher_picks`)."""
+    available = sum(task == "t2va" for task in pool.tasks)
+    return cfg.distill_teacher_samples, min(cfg.distill_teacher_samples, available)
+
+
+def teacher_picks(available: int, samples: int, generator: torch.Generator) -> list[int]:
+    """Indices into the ``available`` t2va presentations for ``samples`` teacher samples: a random permutation's first
+    ``samples`` (what the teacher set always drew, so earlier runs reproduce), followed, when more are asked for than
+    there are, by further permutations, so that each presentation recurs as evenly as possible; each occurrence gets
+    its own noise (the teacher set draws noise per sample)."""
+    if available <= 0:
+        raise ValueError("the pool has no t2va presentation to distil on")
+    picks: list[int] = []
+    while len(picks) < samples:
+        picks += torch.randperm(available, generator=generator).tolist()
+    return picks[:samples]
 
 
 def student_grid(steps: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -156,7 +171,8 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
             return
         save_state(path, {"lora": lora.state_dict(), "opt": optimizer.state_dict(), "step": step, "log": log.rows,
                           "seconds": seconds + time.monotonic() - started, "total_steps": total,
-                          "planned_steps": planned, "teacher_samples": teacher_count(pool, cfg),
+                          "planned_steps": planned, "teacher_samples": teacher_count(pool, cfg)[0],
+                          "teacher_presentations": teacher_count(pool, cfg)[1],
                           **({"init_from": init_from} if init_from else {})})
 
     try:

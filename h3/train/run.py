@@ -310,7 +310,7 @@ def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit
         stages[name] = {"steps": state["step"], "planned_steps": state.get("planned_steps", state["total_steps"]),
                         "seconds": round(state["seconds"], 1), "final": state["log"][-1] if state["log"] else None,
                         **({"init_from": state["init_from"]} if state.get("init_from") else {}),
-                        **({"teacher_samples": state["teacher_samples"]} if "teacher_samples" in state else {})}
+                        **{k: state[k] for k in ("teacher_samples", "teacher_presentations") if k in state}}
         losses[name] = state["log"]
     pool_path = state_dir / "pool" / "pool.pt"
     reproduce = reproduce_line(cfg, stages)
