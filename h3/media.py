@@ -73,7 +73,14 @@ def encode_mp4(
     sample_rate: int = 32000,
     crf: int = VIDEO_CRF,
 ) -> None:
-    """Write ``frames`` (uint8 (T, H, W, 3)) and ``pcm`` (int16 (N, channels)) to an MP4, atomically."""
+    """Write ``frames`` (uint8 (T, H, W, 3)) and ``pcm`` (int16 (N, channels)) to an MP4, atomically.
+
+    The audio is AAC-encoded in a second thread while the video encodes (PyAV releases the GIL inside the codecs; on
+    the 2-core CPU the AAC encoder's two-loop search was about half of a tiny clip's mux) and its packets are muxed
+    after the video's, where the one-thread encode muxed them: the file is byte-identical either way
+    (tests/test_media_encode.py)."""
+    import threading
+
     import av
 
     frames = np.asarray(frames)
@@ -95,7 +102,7 @@ def encode_mp4(
                 vstream.codec_context.thread_type = "FRAME"  # FFmpeg's default for libx264 is slice threads
                 options["x264-params"] = LARGE_X264_PARAMS
             vstream.options = options
-            astream = None
+            audio_thread, audio_packets, audio_error = None, [], []
             if pcm is not None:
                 pcm = np.ascontiguousarray(pcm, dtype=np.int16)
                 if pcm.ndim != 2 or pcm.shape[1] != 2:
@@ -103,20 +110,34 @@ def encode_mp4(
                 astream = container.add_stream(AUDIO_CODEC, rate=sample_rate)
                 astream.codec_context.layout = "stereo"
                 astream.bit_rate = AUDIO_BITRATE
-            for index in range(num_frames):
-                # Convert to yuv420p ourselves: PyAV's implicit conversion inside encode() was seen to give
-                # different bytes for the same frames; an explicit reformat did not.
-                frame = av.VideoFrame.from_ndarray(frames[index], format="rgb24").reformat(format="yuv420p")
-                frame.pts = index
-                container.mux(vstream.encode(frame))
-            container.mux(vstream.encode())
-            if astream is not None:
-                aframe = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="stereo")
-                aframe.sample_rate = sample_rate
-                aframe.pts = 0
-                aframe.time_base = Fraction(1, sample_rate)
-                container.mux(astream.encode(aframe))
-                container.mux(astream.encode())
+
+                def encode_audio() -> None:
+                    try:
+                        aframe = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="stereo")
+                        aframe.sample_rate = sample_rate
+                        aframe.pts = 0
+                        aframe.time_base = Fraction(1, sample_rate)
+                        audio_packets.extend(astream.encode(aframe))
+                        audio_packets.extend(astream.encode())
+                    except BaseException as exc:  # re-raised in the calling thread after the join
+                        audio_error.append(exc)
+
+                audio_thread = threading.Thread(target=encode_audio, name="aac-encode", daemon=True)
+                audio_thread.start()
+            try:
+                for index in range(num_frames):
+                    # Convert to yuv420p ourselves: PyAV's implicit conversion inside encode() was seen to give
+                    # different bytes for the same frames; an explicit reformat did not.
+                    frame = av.VideoFrame.from_ndarray(frames[index], format="rgb24").reformat(format="yuv420p")
+                    frame.pts = index
+                    container.mux(vstream.encode(frame))
+                container.mux(vstream.encode())
+            finally:  # the audio encoder never outlives the container, even when the video's encode failed
+                if audio_thread is not None:
+                    audio_thread.join()
+            if audio_error:
+                raise audio_error[0]
+            container.mux(audio_packets)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

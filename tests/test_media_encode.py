@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 
+from bench.mux_threads import encode_mp4_one_thread
 from bench.x264_determinism import textured_frames as _frames
 from h3.media import ENCODE_THREADS_LARGE, ENCODE_THREADS_MIN_PIXELS, decode_video, encode_mp4, encode_threads
 
@@ -47,3 +48,30 @@ def test_encode_is_byte_identical_and_close_to_the_source(tmp_path, height, widt
     assert fps == 24 and decoded.shape == frames.shape
     # CRF 18 on a pattern with strong colour detail (4:2:0 chroma bounds it): measured 36.3-36.5 dB at both sizes
     assert _psnr(decoded, frames) > 35.0
+
+
+def test_audio_encoded_beside_the_video_gives_the_one_thread_bytes(tmp_path):
+    """encode_mp4 encodes the AAC track in a second thread while the video encodes: the file must be the one the
+    one-thread encode writes, byte for byte (a tone with clicks, so that the AAC encoder has work to do)."""
+    frames = _frames(24, 128, 128)
+    t = np.arange(32000) / 32000.0
+    tone = 0.3 * np.sin(2 * np.pi * 440.0 * t) + 0.4 * (np.arange(32000) % 8000 < 40)
+    pcm = np.ascontiguousarray(np.stack([tone, 0.5 * tone], axis=1) * 32767.0).astype(np.int16)
+    encode_mp4(tmp_path / "threaded.mp4", frames, pcm)
+    encode_mp4_one_thread(tmp_path / "reference.mp4", frames, pcm)
+    assert (tmp_path / "threaded.mp4").read_bytes() == (tmp_path / "reference.mp4").read_bytes()
+
+
+def test_an_audio_encode_error_is_raised_and_leaves_no_file(tmp_path, monkeypatch):
+    """An error inside the audio thread reaches the caller, after the video finished, and nothing is written."""
+    import av
+
+    def broken(*args, **kwargs):
+        raise ValueError("planted audio failure")
+
+    monkeypatch.setattr(av.AudioFrame, "from_ndarray", broken)
+    target = tmp_path / "clip.mp4"
+    with pytest.raises(ValueError, match="planted audio failure"):
+        encode_mp4(target, _frames(8, 64, 64), np.zeros((32000, 2), np.int16))
+    assert list(tmp_path.iterdir()) == []
+
