@@ -65,8 +65,9 @@ def teacher_set(transformer, pool: Pool, cfg: TrainConfig, chunk: int = 128, ran
 
 
 def teacher_count(pool: Pool, cfg: TrainConfig) -> tuple[int, int]:
-    """(teacher samples, distinct t2va presentations among them) over all ranks: ``distill_teacher_samples`` samples;
-    past the pool's t2va presentations (one per clip) a presentation recurs with another noise (:func:`teacher_picks`)."""
+    """(teacher samples, distinct t2va presentations among them) over all ranks: ``distill_teacher_samples``
+    samples; past the pool's t2va presentations (one per clip) a presentation recurs with another noise
+    (:func:`teacher_picks`)."""
     available = sum(task == "t2va" for task in pool.tasks)
     return cfg.distill_teacher_samples, min(cfg.distill_teacher_samples, available)
 
