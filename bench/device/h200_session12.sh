@@ -40,7 +40,8 @@
 #     | tar -C .carry/sage -xf -            (the fetch tool gives the mirrors; FA3's tarball: bench/device/build_fa3.sh)
 # and `git rm -r -q --cached h3/assets/tiny; echo /h3/assets/tiny/ >> .git/info/exclude` for the call (undo after:
 # delete that line, `git reset -q h3/assets/tiny && git checkout -q -- h3/assets/tiny`).
-# Boxes: BUILD_BOX_S (240), AK_BOX_S (90), FWD_BOX_S (220), GATES_BOX_S (150), GOALS_BOX_S (250), GOALS2_BOX_S (200),
+# Boxes: BUILD_BOX_S (240), AK_BOX_S (90), FWD_BOX_S (220), GATES_BOX_S (150 per setting, the first + GATES_PAIRS_S
+# 90 for making the pairs), GOALS_BOX_S (250), GOALS2_BOX_S (200),
 # each cut to what is left of CALL_S (570); FWD_VARIANTS picks the forwards.
 # Returns results.tgz. It replaces h200_session11.sh (prepared in session 10 for a machine with the wheels carried;
 # never run), whose three parts are its ak, fwd and gates.
@@ -84,12 +85,15 @@ for part in ${PARTS:-ak fwd}; do
     # GATE_THREADS: the settings to time, in turn: "default" (h3eval.gaterun.gate_workers' own choice, 4 gates side
     # by side on this host, torch's threads one per core), W (W gates side by side: $H3EVAL_GATE_THREADS) or W/T (and
     # torch's intra-op threads T for the process: gates_speed --torch-threads); the later runs reuse the first's pairs.
+    # The first setting also makes the run's 4 pairs of 5 s 768x1344 clips: its box is GATES_BOX_S + GATES_PAIRS_S
+    # (90 s; in s13A a 90 s box in all ended the default setting before it timed anything).
     W=/tmp/gates-s12; reuse=""
     for gt in ${GATE_THREADS:-default}; do
+      box=${GATES_BOX_S:-150}; [ -z "$reuse" ] && box=$((box + ${GATES_PAIRS_S:-90}))
       tag=s12_side4_p4; [ "$gt" = default ] || tag=s12_side4_p4_t${gt/\//x}
       side=${gt%%/*}; tt=""; [ "$gt" != "$side" ] && tt="--torch-threads ${gt#*/}"
       (if [ "$gt" != default ]; then export H3EVAL_GATE_THREADS=$side; fi
-       timeout -k 5 $(cap ${GATES_BOX_S:-150}) python3 bench/gates_speed.py --device cuda -o lpips_trunk=rand \
+       timeout -k 5 $(cap $box) python3 bench/gates_speed.py --device cuda -o lpips_trunk=rand \
          --gates integrity,fidelity,audio,ghosting --repeat 2 --pairs 4 --workdir $W --tag $tag --out "$R/gates" \
          $tt $reuse >"$R/gates/$tag.log" 2>&1; echo "gates ($gt) rc $? at $((SECONDS - t0)) s")
       reuse=--reuse-run
