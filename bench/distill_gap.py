@@ -64,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from bench import _results
-    from h3.recipe import load_recipe, recipe_from_dict
+    from h3.recipe import load_recipe, with_lora_file
     from h3.runtime import GenerateRequest, H3Runtime
     from h3.trajectory import load_trajectory, trajectory_path
     from h3eval.prompts import load_prompts, parse_seeds
@@ -73,9 +73,7 @@ def main() -> None:
     if args.lora:
         if not Path(args.lora).is_file():
             raise SystemExit(f"--lora {args.lora}: no such file")
-        data = student.model_dump()
-        data["lora"]["path"] = str(Path(args.lora).resolve())
-        student = recipe_from_dict(data)
+        student = with_lora_file(student, Path(args.lora).resolve())
     runtimes = {"teacher": H3Runtime.load(args.model, load_recipe(args.teacher), "cpu"),
                 "student": H3Runtime.load(args.model, student, "cpu")}
     seeds = parse_seeds(args.seeds)

@@ -79,14 +79,12 @@ def runtime_factory(model, recipe, device):
 
 def recipe(name: str, model: str = "tiny"):
     """A shipped recipe, or one of bench/recipes; with a checkpoint folder as the model, '@turbo4-tiny' is its LoRA."""
-    from h3.recipe import load_recipe, recipe_from_dict
+    from h3.recipe import load_recipe, with_lora_file
 
     path = BENCH_RECIPES / f"{name}.toml"
     loaded = load_recipe(path if path.exists() else name)
     if loaded.lora.enabled and loaded.lora.path == "@turbo4-tiny" and Path(model).is_dir():
-        data = loaded.model_dump()
-        data["lora"]["path"] = str(Path(model) / "lora" / "turbo4-tiny.safetensors")
-        loaded = recipe_from_dict(data)
+        loaded = with_lora_file(loaded, Path(model) / "lora" / "turbo4-tiny.safetensors")
     return loaded
 
 

@@ -1401,3 +1401,16 @@ def test_lever_quality_recipes_are_the_baseline_with_one_lever_on():
         assert config.is_on(), (path.name, levers[0])
         assert recipe.signoff.kind == "near", path.name
     assert found >= 3
+
+
+def test_with_lora_file_replaces_only_the_lora_path(tmp_path):
+    """bench's probes (content_check, signoff_proof, distill_gap) put another LoRA file in a recipe: only
+    ``lora.path`` changes, and the result is validated again (its hash follows the path)."""
+    from h3.recipe import load_recipe, with_lora_file
+
+    recipe = load_recipe("turbo4-tiny")
+    other = with_lora_file(recipe, tmp_path / "probe.safetensors")
+    assert other.lora.path == str(tmp_path / "probe.safetensors")
+    before, after = recipe.model_dump(), other.model_dump()
+    before["lora"].pop("path"), after["lora"].pop("path")
+    assert before == after and other.sha256() != recipe.sha256()

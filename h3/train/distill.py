@@ -167,13 +167,15 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
     lora.attach(transformer)
     started, ran = time.monotonic(), 0
 
+    samples, presentations = teacher_count(pool, cfg)
+
     def save():
         if not dist.main:
             return
         save_state(path, {"lora": lora.state_dict(), "opt": optimizer.state_dict(), "step": step, "log": log.rows,
                           "seconds": seconds + time.monotonic() - started, "total_steps": total,
-                          "planned_steps": planned, "teacher_samples": teacher_count(pool, cfg)[0],
-                          "teacher_presentations": teacher_count(pool, cfg)[1],
+                          "planned_steps": planned, "teacher_samples": samples,
+                          "teacher_presentations": presentations,
                           **({"init_from": init_from} if init_from else {})})
 
     try:
