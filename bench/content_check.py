@@ -15,6 +15,7 @@ video event has an audio onset within 2 frames and every onset an event. Targets
 direction >= 80%, pitch >= 90%, sync >= 80%; turbo4-tiny within 5 points of the baseline; 8-step no-LoRA worse.
 
 ``--model PATH`` scores a checkpoint directory; its ``lora/turbo4-tiny.safetensors`` stands in for '@turbo4-tiny'.
+A checkpoint directory's requests default to the full-size 768x1344 canvas: pass ``--size 128`` for the tiny's.
 Writes bench/results/content_check*.{json,md}.
 """
 
@@ -52,17 +53,15 @@ def wilson(k: int, n: int) -> tuple[float, float]:
     return float(ci.low), float(ci.high)
 
 
-def score_row(model: str, recipe_name: str, prompts, seeds, workdir: Path) -> dict:
+def score_row(model: str, recipe_name: str, prompts, seeds, workdir: Path, size: int | None = None) -> dict:
     from h3.media import decode_audio, decode_video
-    from h3.recipe import load_recipe, recipe_from_dict
+    from h3.recipe import load_recipe, with_lora_file
     from h3.runtime import GenerateRequest, H3Runtime
     from h3.world.detect import describe_clip, parse_caption, score_clip
 
     recipe = load_recipe(recipe_name)
     if recipe.lora.enabled and recipe.lora.path == "@turbo4-tiny" and Path(model).is_dir():
-        data = recipe.model_dump()
-        data["lora"]["path"] = str(Path(model) / "lora" / "turbo4-tiny.safetensors")
-        recipe = recipe_from_dict(data)
+        recipe = with_lora_file(recipe, Path(model) / "lora" / "turbo4-tiny.safetensors")
     runtime = H3Runtime.load(model, recipe, "cpu")
     clips, seconds, steps = [], [], {"computed": 0, "cached": 0}
     for prompt in prompts:
@@ -70,7 +69,8 @@ def score_row(model: str, recipe_name: str, prompts, seeds, workdir: Path) -> di
         for seed in seeds:
             out = workdir / f"{recipe.name}-{prompt.id}-s{seed}.mp4"
             started = time.perf_counter()
-            record = runtime.generate(GenerateRequest(prompt=prompt.prompt, seed=seed, prompt_id=prompt.id), out)
+            record = runtime.generate(GenerateRequest(prompt=prompt.prompt, seed=seed, prompt_id=prompt.id,
+                                                      height=size, width=size), out)
             seconds.append(time.perf_counter() - started)
             cache = record.executed.levers.get("cache") or {}
             steps["computed"] += cache.get("computed_steps") or record.executed.forward_passes
@@ -126,6 +126,8 @@ def main() -> None:
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--name", default="content_check")
     parser.add_argument("--note", default="", help="a line for the Markdown (what the model is)")
+    parser.add_argument("--size", type=int, default=None, help="square frame side (a checkpoint folder as the model "
+                                                               "defaults to the full-size shape); default: the model's")
     args = parser.parse_args()
 
     from bench import _results
@@ -139,7 +141,7 @@ def main() -> None:
         for label in args.rows.split(","):
             model, recipe, _ = ROWS[label]
             model = args.model if model == "MODEL" else model
-            rows[label] = score_row(model, recipe, prompts, seeds, Path(tmp))
+            rows[label] = score_row(model, recipe, prompts, seeds, Path(tmp), args.size)
             print(label, {m: rows[label]["summary"][m]["share"] for m in METRICS}, flush=True)
     md = table(rows)
     if args.note:
