@@ -126,10 +126,10 @@ SHIPPED_ON_CPU = {
     "offload-int8-adaln": "use_stream .* needs a CUDA GPU",
     # The trained tiny preset's LoRA (it ships in h3/assets/tiny): refused for the random tiny preset before any weight
     # loads; tests/test_train.py loads it into the trained one.
-    "turbo4-tiny": r"lora.path '@turbo4-tiny' is the trained tiny preset's 4-step LoRA \(--model tiny\); it "
-                   r"cannot load into another model",
-    "turbo4-tiny-int8": r"lora.path '@turbo4-tiny' is the trained tiny preset's 4-step LoRA \(--model tiny\); "
-                        r"it cannot load into another model",
+    "turbo4-tiny": r"lora.path '@turbo4-tiny' is a LoRA of the trained tiny preset \(--model tiny\); it cannot "
+                   r"load into another model",
+    "turbo4-tiny-int8": r"lora.path '@turbo4-tiny' is a LoRA of the trained tiny preset \(--model tiny\); it "
+                        r"cannot load into another model",
 }
 
 
@@ -220,6 +220,58 @@ def test_missing_lora_file_is_named(tmp_path, monkeypatch):
     monkeypatch.delenv("H3_LORA_DIR")
     with pytest.raises(LeverError, match=r"environment variable that is not set"):
         H3Runtime.load("tiny-random", recipe_from_dict(recipe), "cpu")
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_compensation_lora_sits_on_the_fused_distillation_lora_and_refuses_other_routing(base, tiny_lora_file,
+                                                                                          tmp_path, fuse):
+    """The second adapter (seed 000's SLA compensation LoRA) adds its own scale * B @ A on top of the fused
+    distillation LoRA (float64 reference), passes the matched-module check, and a recipe that runs another routing or
+    another distillation LoRA than the file states is refused before any weight loads."""
+    from h3.atomic import sha256_file
+    from h3.levers.compensation_lora import COMPENSATES_KEY, ROUTING_KEYS
+    from h3.levers.lora import save_lora_file, tiny_lora_state_dict, write_tiny_lora
+    from safetensors.torch import load_file
+
+    transformer = base.runtime.pipe.transformer
+    meta = {"format": "pt", "alpha": "2.0", ROUTING_KEYS["block_size"]: "32", ROUTING_KEYS["sparsity"]: "0.85",
+            ROUTING_KEYS["dense_steps"]: "0", COMPENSATES_KEY: sha256_file(tiny_lora_file)}
+    comp = save_lora_file(tmp_path / "comp.safetensors", tiny_lora_state_dict(transformer, seed=77), meta)
+    data = {**FAST_RECIPE, "lora": {"enabled": True, "path": str(tiny_lora_file), "fuse": True},
+            "compensation_lora": {"enabled": True, "path": str(comp), "fuse": fuse},
+            "sparse_attention": {"enabled": True, "block_size": 32, "sparsity": 0.85, "dense_steps": 0}}
+    runtime = H3Runtime.load("tiny-random", recipe_from_dict(data), "cpu")
+    telemetry = runtime.levers["compensation_lora"].telemetry()
+    assert telemetry["matched_modules"] == telemetry["file_modules"] == 14 and telemetry["scaling"] == [0.5]
+    name = "transformer_blocks.0.attn.to_v"
+    weight = transformer.get_submodule(name).weight.double()
+    for file in (tiny_lora_file, comp):
+        state = load_file(str(file))
+        a, b = (state[f"transformer.{name}.lora_{x}.weight"].double() for x in "AB")
+        weight = weight + 0.5 * (b @ a)
+    x = torch.randn(5, weight.shape[1], generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        actual = runtime.pipe.transformer.get_submodule(name)(x)
+    assert_close(actual, x.double() @ weight.T, 1e-6, "distillation + compensation LoRA vs float64 W + both deltas")
+    executed = Executed(forward_passes=0, attention_backends=[], torch_dtype="float32", vae_tiling=True)
+    assert recipe_from_dict(data).compensation_lora.check_telemetry(telemetry, executed) == []
+    assert "matched 13 of the 14" in " ".join(recipe_from_dict(data).compensation_lora.check_telemetry(
+        {**telemetry, "matched_modules": 13}, executed))
+
+    other = write_tiny_lora(tmp_path / "other.safetensors", transformer, alpha=4.0)
+    refusals = [
+        ({"sparse_attention": {**data["sparse_attention"], "sparsity": 0.5}},
+         r"trained for sparse_attention.sparsity = 0.85, the recipe runs 0.5"),
+        ({"sparse_attention": {**data["sparse_attention"], "dense_steps": 1}},
+         r"trained for sparse_attention.dense_steps = 0, the recipe runs 1"),
+        ({"sparse_attention": {"enabled": False}}, r"compensation_lora needs sparse_attention on"),
+        ({"lora": {**data["lora"], "fuse": False}}, r"compensation_lora needs lora.fuse = true"),
+        ({"lora": {**data["lora"], "path": str(other)}},
+         r"was trained on the LoRA with sha256 " + meta[COMPENSATES_KEY][:16]),
+    ]
+    for change, match in refusals:
+        with pytest.raises(LeverError, match=match):
+            H3Runtime.load("tiny-random", recipe_from_dict({**data, **change}), "cpu")
 
 
 # -- AdaLN precompute -----------------------------------------------------------------------------------------------

@@ -80,6 +80,47 @@ def test_packed_forward_equals_the_stock_forward_per_request(anchors):
     assert all(isinstance(m.processor, MiniMaxH3AttnProcessor) for m in model.modules() if hasattr(m, "processor"))
 
 
+def test_sparse_packed_forward_is_the_sparse_lever_per_request():
+    """The compensation LoRA's student (block-sparse attention per packed request, as a token mask under SDPA) is what
+    the ``sparse_attention`` lever computes at inference (its routing, flex_attention on the kept blocks) request by
+    request; and it is not dense attention (the mask matters at this sparsity)."""
+    from h3.levers.sparse_attention import SparseAttentionConfig, apply_sparse_attention
+
+    model = small_dit().eval()
+    tags = torch.ones(9, dtype=torch.long)
+    layout = t2va_layout(tags)
+    b = 2
+    gen = torch.Generator().manual_seed(2)
+    video = torch.randn(b, len(layout.video_indices), ROW, generator=gen)
+    audio = torch.randn(b, len(layout.audio_indices), 32, generator=gen)
+    text = torch.randn(b, 9, 32, generator=gen)
+    tv, ta = torch.rand(b, generator=gen), torch.rand(b, generator=gen)
+    seen = []
+    hook = model.transformer_blocks[0].attn.register_forward_hook(lambda _m, _i, out: seen.append(out))
+    with torch.no_grad():
+        pv, pa = packed_forward(model, layout, video, audio, text, tv, ta, sparse=(16, 0.75))
+        packed_forward(model, layout, video, audio, text, tv, ta)
+        hook.remove()
+        handle = apply_sparse_attention(model, SparseAttentionConfig(enabled=True, block_size=16, sparsity=0.75,
+                                                                     dense_steps=0))
+        try:
+            for i in range(b):
+                timestep, index = torch.unique(row_timesteps(layout, tv[i:i + 1], ta[i:i + 1])[0], sorted=True,
+                                               return_inverse=True)
+                sv, sa = model(hidden_states=video[i:i + 1], audio_hidden_states=audio[i:i + 1],
+                               encoder_hidden_states=text[i:i + 1], timestep=timestep, timestep_indices=index,
+                               token_tags=layout.token_tags, position_ids=layout.position_ids,
+                               video_indices=layout.video_indices, audio_indices=layout.audio_indices,
+                               text_indices=layout.text_indices, return_dict=False)
+                torch.testing.assert_close(pv[i], sv[0], rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(pa[i], sa[0], rtol=1e-4, atol=1e-5)
+            assert handle.telemetry()["realized_sparsity"] > 0.6
+        finally:
+            handle.remove()
+    sparse_out, dense_out = seen
+    assert (sparse_out - dense_out).norm() > 0.05 * dense_out.norm()
+
+
 def test_patchify_is_the_pipelines():
     from diffusers.modular_pipelines.minimax_h3.before_denoise import patchify_video_latents
 
@@ -696,7 +737,7 @@ def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
 
     # More teacher samples than the pool has t2va presentations: each recurs with another noise, and the record says
     # how many samples over how many presentations.
-    cfg = TrainConfig.smoke(distill_moment_weight=0.5, distill_teacher_samples=11)
+    cfg = TrainConfig.smoke(distill_moment_weight=0.5, distill_teacher_samples=11, compensate_steps=2)
     assert run("all", cfg, tmp_path, parallel_vaes=True, finish_on_budget=True, max_seconds=900) == 0
     record = json.loads((tmp_path / "tiny" / "training_record.json").read_text())
     tasks = Pool.load(tmp_path / "state" / "pool" / "pool.pt", "cpu").tasks
@@ -711,7 +752,20 @@ def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
             noises.setdefault(p, []).append(noise)
     assert len(noises) == 8 and sorted(map(len, noises.values())) == [1, 1, 1, 1, 1, 2, 2, 2]
     assert all(not torch.equal(n[0], n[1]) for n in noises.values() if len(n) == 2)  # another noise each time
-    assert set(record["stages"]) == {"video_vae", "video_decoder", "audio_vae", "audio_decoder", "dit", "distill"}
+    assert set(record["stages"]) == {"video_vae", "video_decoder", "audio_vae", "audio_decoder", "dit", "distill",
+                                     "compensate"}
+    # The compensation LoRA ships beside the turbo one, naming the routing it trained under and the LoRA it sits on.
+    from safetensors import safe_open
+
+    from h3.atomic import sha256_file
+
+    assert record["compensation_lora"]["file"] == "lora/sparse85-tiny.safetensors"
+    assert record["compensation_lora"]["ok"] and record["stages"]["compensate"]["steps"] == 2
+    with safe_open(str(tmp_path / "tiny" / "lora" / "sparse85-tiny.safetensors"), framework="pt") as handle:
+        meta = handle.metadata()
+    assert (meta["h3_sparse_block_size"], float(meta["h3_sparse_sparsity"])) == ("32", 0.85)
+    assert meta["h3_compensates_sha256"] == sha256_file(tmp_path / "tiny" / "lora" / "turbo4-tiny.safetensors")
+    assert "--set compensate_steps=2" in record["reproduce"]
     distill_rows = record["losses"]["distill"]
     assert distill_rows and all(math.isfinite(r["moment"]) and r["moment"] >= 0 for r in distill_rows)
     assert "--set video_decoder_steps=3" in record["reproduce"]

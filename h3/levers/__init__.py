@@ -4,7 +4,8 @@
 :data:`REGISTRY` lists the levers in the order :func:`apply_recipe_levers` applies them, each composing with the
 ones before it:
 
-1. ``lora`` (step distillation) — changes the weights the next two read;
+1. ``lora`` (step distillation) — changes the weights the next two read; 1b. ``compensation_lora`` (a second LoRA
+   over the first, for sparse attention);
 2. ``adaln`` (modulation precompute) — its tables include the LoRA's effect on ``adaln_proj``;
 3. ``quant`` (linear quantization);
 4. ``attention`` (backend), 5. ``bucketing``, 6. ``sparse_attention`` — the last two install attention processors that
@@ -46,6 +47,7 @@ def _config(module: str, name: str) -> type[LeverConfig]:
 
 REGISTRY: tuple[type[LeverConfig], ...] = (
     _config("lora", "LoraConfig"),
+    _config("compensation_lora", "CompensationLoraConfig"),
     _config("adaln", "AdalnConfig"),
     _config("quantization", "QuantizationConfig"),
     _config("attention_backend", "AttentionBackendConfig"),

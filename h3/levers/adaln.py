@@ -47,10 +47,11 @@ class AdalnConfig(LeverConfig):
         return self.precompute
 
     def apply(self, pipe, ctx: ApplyContext) -> "AdalnHandle":
-        lora = ctx.handles.get("lora")
+        # Both LoRAs change adaln_proj: the tables are keyed by each (file, scale, fused).
+        tags = [ctx.handles[name].weights_tag for name in ("lora", "compensation_lora") if name in ctx.handles]
         return apply_adaln_precompute(
             pipe, self, num_inference_steps=ctx.num_inference_steps, model_sha256=ctx.model_sha256,
-            weights_tag=lora.weights_tag if lora is not None else "", compute_device=ctx.device,
+            weights_tag=";".join(tags), compute_device=ctx.device,
             keep_originals=ctx.reversible, keep_on=ctx.keep_on,
         )
 

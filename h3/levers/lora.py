@@ -28,6 +28,18 @@ TINY_LORA = "@tiny"
 TURBO4_TINY_LORA = "@turbo4-tiny"
 """The trained tiny preset's distilled 4-step LoRA (h3/assets/tiny/lora/turbo4-tiny.safetensors, made by
 ``python -m h3.train``), in the MiniMax-H3 format the real turbo LoRAs use."""
+SPARSE85_TINY_LORA = "@sparse85-tiny"
+"""The trained tiny preset's sparse-attention compensation LoRA (lora/sparse85-tiny.safetensors, made by
+``python -m h3.train``'s compensate stage), loaded by the ``compensation_lora`` lever."""
+TRAINED_LORAS = {TURBO4_TINY_LORA: "TURBO4_LORA_FILE", SPARSE85_TINY_LORA: "SPARSE85_LORA_FILE"}
+"""The trained tiny preset's LoRAs by recipe name: the h3.tiny_trained constant holding each file's path."""
+
+
+def trained_lora_file(name: str) -> Path:
+    """The file a trained-tiny LoRA name (``@turbo4-tiny``) stands for."""
+    import h3.tiny_trained
+
+    return getattr(h3.tiny_trained, TRAINED_LORAS[name])
 TINY_LORA_SEED = 9001
 TINY_LORA_RANK = 4
 TINY_LORA_ALPHA = 2.0
@@ -57,14 +69,12 @@ class LoraConfig(LeverConfig):
     def check_inputs(self) -> None:
         if not self.enabled or self.path == TINY_LORA:
             return
-        if self.path == TURBO4_TINY_LORA:  # the model is checked at load; here only that the file shipped
-            from h3.tiny_trained import TURBO4_LORA_FILE
-
-            if not TURBO4_LORA_FILE.is_file():
-                raise LeverError(f"LoRA file {TURBO4_LORA_FILE} (lora.path = '@turbo4-tiny') does not exist; it ships "
-                                 "with the trained tiny preset (python -m h3.train exports it)")
+        if self.path in TRAINED_LORAS:  # the model is checked at load; here only that the file shipped
+            if not trained_lora_file(self.path).is_file():
+                raise LeverError(f"LoRA file {trained_lora_file(self.path)} ({self.name}.path = '{self.path}') does "
+                                 "not exist; it ships with the trained tiny preset (python -m h3.train exports it)")
             return
-        resolve_lora_path(self.path, is_tiny=False)
+        resolve_lora_path(self.path, is_tiny=False, section=self.name)
 
     def apply(self, pipe, ctx: ApplyContext) -> "LoraHandle":
         return apply_lora(pipe, self, is_tiny=ctx.is_tiny, device=ctx.device, reversible=ctx.reversible,
@@ -95,10 +105,11 @@ class LoraConfig(LeverConfig):
         return problems
 
 
-def resolve_lora_path(path: str | None, *, is_tiny: bool, transformer: torch.nn.Module | None = None) -> Path:
-    """The LoRA file a recipe names, or a LeverError naming the missing file."""
+def resolve_lora_path(path: str | None, *, is_tiny: bool, transformer: torch.nn.Module | None = None,
+                      section: str = "lora") -> Path:
+    """The LoRA file a recipe names (in its ``section``), or a LeverError naming the missing file."""
     if not path:
-        raise LeverError("lora.enabled is true but lora.path is empty; name the few-step LoRA file")
+        raise LeverError(f"{section}.enabled is true but {section}.path is empty; name the LoRA file")
     if path == TINY_LORA:
         if not is_tiny:
             raise LeverError("lora.path '@tiny' is the tiny preset's demo LoRA; it cannot load into a real checkpoint")
@@ -108,30 +119,31 @@ def resolve_lora_path(path: str | None, *, is_tiny: bool, transformer: torch.nn.
         if not target.is_file():
             write_tiny_lora(target, transformer)
         return target
-    if path == TURBO4_TINY_LORA:
-        from h3.tiny_trained import TRANSFORMER_CONFIG, TURBO4_LORA_FILE
+    if path in TRAINED_LORAS:
+        from h3.tiny_trained import TRANSFORMER_CONFIG
 
         config = dict(getattr(transformer, "config", None) or {})
         same = all(list(config[k]) == list(v) if isinstance(v, tuple) else config[k] == v
                    for k, v in TRANSFORMER_CONFIG.items() if k in config) and set(TRANSFORMER_CONFIG) <= set(config)
         if not (is_tiny and same):
-            raise LeverError("lora.path '@turbo4-tiny' is the trained tiny preset's 4-step LoRA (--model tiny); "
-                             "it cannot load into another model")
-        if not TURBO4_LORA_FILE.is_file():
-            raise LeverError(f"LoRA file {TURBO4_LORA_FILE} (recipe key lora.path = '@turbo4-tiny') does not exist; "
-                             "it ships with the trained tiny preset (python -m h3.train exports it)")
-        return TURBO4_LORA_FILE
+            raise LeverError(f"{section}.path '{path}' is a LoRA of the trained tiny preset (--model tiny); it cannot "
+                             "load into another model")
+        target = trained_lora_file(path)
+        if not target.is_file():
+            raise LeverError(f"LoRA file {target} (recipe key {section}.path = '{path}') does not exist; it ships "
+                             "with the trained tiny preset (python -m h3.train exports it)")
+        return target
     expanded = os.path.expandvars(os.path.expanduser(path))
     if "$" in expanded:
         raise LeverError(
-            f"LoRA path {path!r} (recipe key lora.path) names an environment variable that is not set "
+            f"LoRA path {path!r} (recipe key {section}.path) names an environment variable that is not set "
             f"({expanded!r}); set it to the folder holding the few-step LoRA. Refusing to run the recipe without it."
         )
     resolved = Path(expanded)
     if not resolved.is_file():
         raise LeverError(
-            f"LoRA file {resolved} (recipe key lora.path = {path!r}) does not exist; put the few-step LoRA "
-            "(.safetensors) there or point lora.path at it. Refusing to run the recipe without it."
+            f"LoRA file {resolved} (recipe key {section}.path = {path!r}) does not exist; put the LoRA "
+            f"(.safetensors) there or point {section}.path at it. Refusing to run the recipe without it."
         )
     return resolved
 
@@ -289,6 +301,7 @@ class LoraHandle(LeverHandle):
                  fused_weights: list[str] | None = None, weight_source=None,
                  originals: dict[str, torch.Tensor] | None = None):
         super().__init__()
+        self.name = config.name  # lora, or compensation_lora (the same mechanism, a second adapter)
         self.pipe, self.config, self.path = pipe, config, path
         self.file_modules, self.matched, self.scalings = file_modules, matched, scalings
         self.fused_weights = fused_weights
@@ -368,7 +381,7 @@ class LoraHandle(LeverHandle):
                 param.requires_grad_(self.requires_grad[name])
         if self.attributes_before is not None:
             drop_added_attributes(transformer, self.attributes_before)
-        unmark_applied(transformer, "lora")
+        unmark_applied(transformer, self.config.name)
 
 
 def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False, device: str | torch.device | None = None,
@@ -382,10 +395,10 @@ def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False, device: str |
     from diffusers.loaders.lora_pipeline import MiniMaxH3LoraLoaderMixin
 
     transformer = pipe.transformer
-    path = resolve_lora_path(config.path, is_tiny=is_tiny, transformer=transformer)
+    path = resolve_lora_path(config.path, is_tiny=is_tiny, transformer=transformer, section=config.name)
     attributes_before = instance_attributes(transformer)
     requires_grad = {name: p.requires_grad for name, p in transformer.named_parameters()}
-    mark_applied(transformer, "lora")
+    mark_applied(transformer, config.name)
     try:
         state, _ = MiniMaxH3LoraLoaderMixin.lora_state_dict(str(path), return_lora_metadata=True)
         file_modules = sorted({k.removeprefix("transformer.").split(".lora_")[0] for k in state if "lora_" in k})
@@ -421,7 +434,7 @@ def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False, device: str |
             pipe.unload_lora_weights()
         logger.info("LoRA %s: %d of %d modules matched, fused=%s", path, len(layers), len(file_modules), config.fuse)
     except BaseException:
-        unmark_applied(transformer, "lora")
+        unmark_applied(transformer, config.name)
         raise
     handle = LoraHandle(pipe, config, path, file_modules, sorted(layers), scalings, device, fused_weights,
                         weight_source, originals)

@@ -94,6 +94,14 @@ class TrainConfig:
     starts from instead of its seeded initialization ("" : none). One call distils ~2100 steps; starting from the last
     checkpoint's LoRA lets the next call add to them, against a teacher that may have trained on. The distill state
     and the training record name the file and its sha256."""
+    # the sparse-attention compensation LoRA (h3.train.compensate)
+    compensate_steps: int = 0
+    """Steps of the compensation LoRA (0, the default: no such stage, no such file; runs up to 16 had none)."""
+    compensate_block_size: int = 32
+    compensate_sparsity: float = 0.85
+    """The routing the compensation LoRA trains under (the tiny's sparse recipes: 32-token blocks, 85 %, every step)."""
+    compensate_lr: float = 1e-3
+    compensate_lr_final: float = 0.1
     lora_rank: int = 16
     lora_adaln_rank: int = 4
     checkpoint_every: int = 500

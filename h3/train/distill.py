@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -102,7 +103,10 @@ def moment_gap(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return mean_gap + std_gap
 
 
-def distill_loss(transformer, batches: Batches, group: dict, index: torch.Tensor, grid, cfg: TrainConfig):
+def distill_loss(transformer, batches: Batches, group: dict, index: torch.Tensor, grid, cfg: TrainConfig,
+                 sparse: tuple[int, float] | None = None):
+    """The student's 4 steps from the teacher sample's noise, each step's x0 estimate against the teacher's final
+    latents (``sparse``: the student attends block-sparsely, :func:`h3.train.packing.packed_forward`)."""
     tv, sgv, ta, sga = grid
     layout = batches.layout(group["key"], batches.pool.tags[group["presentations"][0]])
     text = torch.stack([batches.pool.texts[group["presentations"][int(i)]] for i in index]).float()
@@ -112,7 +116,7 @@ def distill_loss(transformer, batches: Batches, group: dict, index: torch.Tensor
     total, parts = 0.0, {}
     for i in range(len(tv)):
         with autocast(cfg.device):
-            pv, pa = packed_forward(transformer, layout, xv, xa, text, tv[i].expand(b), ta[i].expand(b))
+            pv, pa = packed_forward(transformer, layout, xv, xa, text, tv[i].expand(b), ta[i].expand(b), sparse)
         x0v = xv + (1 - tv[i]) * pv.float()
         x0a = xa + (1 - ta[i]) * pa.float()
         lv = (x0v - target_v).pow(2).mean()
@@ -136,6 +140,24 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
     dist = dist or Dist()
     transformer.requires_grad_(False)
     transformer.eval()
+    groups = load_teacher_set(transformer, pool, cfg, out, dist)
+    lora = DistillLora(transformer, cfg.lora_rank, cfg.lora_adaln_rank, seed=cfg.seed).to(cfg.device)
+    init_from = None
+    if cfg.distill_init and not (out / "distill" / "state.pt").is_file():
+        init_from = {"file": cfg.distill_init, "sha256": lora.load_exported(cfg.distill_init)}
+        logger.info("distill: the LoRA starts from %s", cfg.distill_init)
+    samples, presentations = teacher_count(pool, cfg)
+    plan = LoraPlan(stage="distill", steps=cfg.distill_steps, lr=cfg.distill_lr, lr_final=cfg.distill_lr_final,
+                    lr_steps=cfg.distill_lr_steps,
+                    record={"teacher_samples": samples, "teacher_presentations": presentations,
+                            **({"init_from": init_from} if init_from else {})})
+    result = fit_lora(transformer, lora, groups, Batches(pool, cfg), cfg, out / "distill" / "state.pt", plan, budget,
+                      stop_after, dist)
+    return lora, result
+
+
+def load_teacher_set(transformer, pool: Pool, cfg: TrainConfig, out: Path, dist: Dist) -> list[dict]:
+    """The teacher set this rank trains on: made once by the distill stage, kept in its state folder."""
     teacher_path = out / "distill" / ("teacher.pt" if dist.world == 1 else f"teacher-{dist.rank}of{dist.world}.pt")
     groups = load_state(teacher_path, cfg.device)
     if groups is None:
@@ -143,19 +165,36 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
         groups = teacher_set(transformer, pool, cfg, rank=dist.rank, world=dist.world)
         save_state(teacher_path, groups)
         logger.info("teacher set in %.1f s", time.monotonic() - started)
-    batches = Batches(pool, cfg)
-    lora = DistillLora(transformer, cfg.lora_rank, cfg.lora_adaln_rank, seed=cfg.seed).to(cfg.device)
-    optimizer = torch.optim.AdamW(lora.parameters(), lr=cfg.distill_lr, betas=(0.9, 0.99), weight_decay=0.0)
-    path = out / "distill" / "state.pt"
+    return groups
+
+
+@dataclass
+class LoraPlan:
+    """What :func:`fit_lora` trains: the stage's name (its log lines and random stream), steps, learning rate (cosine
+    from ``lr`` to ``lr * lr_final`` over ``lr_steps`` or ``steps``), the student's attention (``sparse``: block
+    size and sparsity, else dense), and what its state records besides the log."""
+
+    stage: str
+    steps: int
+    lr: float
+    lr_final: float
+    lr_steps: int | None = None
+    sparse: tuple[int, float] | None = None
+    record: dict = field(default_factory=dict)
+
+
+def fit_lora(transformer, lora: DistillLora, groups: list[dict], batches: Batches, cfg: TrainConfig, path: Path,
+             plan: LoraPlan, budget: Budget, stop_after: int | None = None, dist: Dist | None = None) -> dict:
+    """Train ``lora`` (attached to ``transformer`` while it trains, detached after) so that the 4-step student's x0
+    estimates meet the teacher's final latents (:func:`distill_loss`); resumable from the state at ``path``."""
+    dist = dist or Dist()
+    optimizer = torch.optim.AdamW(lora.parameters(), lr=plan.lr, betas=(0.9, 0.99), weight_decay=0.0)
     state = load_state(path, cfg.device)
-    log, step, seconds, total = StageLog(), 0, 0.0, cfg.distill_steps
-    planned = cfg.distill_lr_steps or cfg.distill_steps  # what the learning rate's cosine is planned over
-    init_from = None
-    if state is None and cfg.distill_init:
-        init_from = {"file": cfg.distill_init, "sha256": lora.load_exported(cfg.distill_init)}
-        logger.info("distill: the LoRA starts from %s", cfg.distill_init)
+    log, step, seconds, total = StageLog(), 0, 0.0, plan.steps
+    planned = plan.lr_steps or plan.steps  # what the learning rate's cosine is planned over
+    record = dict(plan.record)
     if state is not None:
-        init_from = state.get("init_from")
+        record.update({k: state[k] for k in ("init_from",) if k in state})
         lora.load_state_dict(state["lora"])
         if "opt" in state:  # a finished stage may travel without it (h3.train.travel, --moments drop)
             optimizer.load_state_dict(state["opt"])
@@ -167,28 +206,23 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
     lora.attach(transformer)
     started, ran = time.monotonic(), 0
 
-    samples, presentations = teacher_count(pool, cfg)
-
     def save():
         if not dist.main:
             return
         save_state(path, {"lora": lora.state_dict(), "opt": optimizer.state_dict(), "step": step, "log": log.rows,
                           "seconds": seconds + time.monotonic() - started, "total_steps": total,
-                          "planned_steps": planned, "teacher_samples": samples,
-                          "teacher_presentations": presentations,
-                          **({"init_from": init_from} if init_from else {})})
+                          "planned_steps": planned, **record})
 
     try:
         while step < total:
             if dist.any(budget.expired(), cfg.device) or (stop_after is not None and ran >= stop_after):
                 save()
-                return lora, {"done": False, "step": step, "log": log.rows,
-                              "seconds": seconds + time.monotonic() - started}
-            set_lr(optimizer, lr_at(step, cfg.distill_lr, DISTILL_WARMUP, planned, cfg.distill_lr_final))
-            cpu_g, _ = generators(cfg.seed, dist.stream("distill"), step, cfg.device)
+                return {"done": False, "step": step, "log": log.rows, "seconds": seconds + time.monotonic() - started}
+            set_lr(optimizer, lr_at(step, plan.lr, DISTILL_WARMUP, planned, plan.lr_final))
+            cpu_g, _ = generators(cfg.seed, dist.stream(plan.stage), step, cfg.device)
             group = groups[int(torch.multinomial(sizes, 1, generator=cpu_g))]
             index = torch.randint(len(group["presentations"]), (cfg.distill_batch,), generator=cpu_g).to(cfg.device)
-            loss, parts = distill_loss(transformer, batches, group, index, grid, cfg)
+            loss, parts = distill_loss(transformer, batches, group, index, grid, cfg, plan.sparse)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             dist.average_grads(lora.parameters())
@@ -198,11 +232,11 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
             ran += 1
             if (step % cfg.log_every == 0 or step == total) and dist.main:
                 log.add(step, loss=loss.item(), **parts)
-                logger.info("distill step %d/%d loss %.4f %s", step, total, loss.item(),
+                logger.info("%s step %d/%d loss %.4f %s", plan.stage, step, total, loss.item(),
                             {k: round(v, 4) for k, v in parts.items()})
             if step % cfg.checkpoint_every == 0:
                 save()
         save()
     finally:
         lora.detach()
-    return lora, {"done": True, "step": step, "log": log.rows, "seconds": seconds + time.monotonic() - started}
+    return {"done": True, "step": step, "log": log.rows, "seconds": seconds + time.monotonic() - started}

@@ -1,8 +1,8 @@
-"""Stage 6: the shipped checkpoint and its training record.
+"""The last stage: the shipped checkpoint and its training record.
 
 Writes ``<out>/tiny``: the trained components in the Hugging Face layout the runtime loads (h3.tiny_trained
 .save_checkpoint: safetensors, the tiny canvas configs, ``transformer_ref`` on the same DiT), the distilled LoRA at
-``lora/turbo4-tiny.safetensors``, and ``training_record.json`` (command, seed, configuration, steps and seconds per
+``lora/turbo4-tiny.safetensors`` (and the compensation LoRA when it trained), and ``training_record.json`` (command, seed, configuration, steps and seconds per
 stage, loss numbers, device, versions, the commit of the code). Refuses to finish if a file is over 16 MB or the
 checkpoint over 30 MB (the repository's limits for shipped weights).
 """
@@ -58,7 +58,7 @@ def plot_record(record: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    stages = [s for s in ("video_vae", "audio_vae", "video_decoder", "audio_decoder", "dit", "distill")
+    stages = [s for s in ("video_vae", "audio_vae", "video_decoder", "audio_decoder", "dit", "distill", "compensate")
               if record["losses"].get(s)]
     fig, axes = plt.subplots(1, len(stages), figsize=(4.2 * len(stages), 3.4))
     for ax, stage in zip(axes if len(stages) > 1 else [axes], stages):
@@ -92,7 +92,10 @@ def environment(device: str) -> dict:
     return info
 
 
-def export_checkpoint(components: dict, lora, out: Path, record: dict) -> Path:
+def export_checkpoint(components: dict, lora, out: Path, record: dict, compensation=None, cfg=None) -> Path:
+    """``compensation`` (with the run's ``cfg``): the sparse-attention compensation LoRA, written beside the turbo
+    LoRA (h3.train.compensate)."""
+    from h3.atomic import sha256_file
     from h3.tiny_trained import save_checkpoint
 
     target, staging = out / "tiny", out / ".tiny-staging"
@@ -105,6 +108,16 @@ def export_checkpoint(components: dict, lora, out: Path, record: dict) -> Path:
         record["lora"] = {"file": "lora/turbo4-tiny.safetensors", **verify_lora(lora, cpu["transformer"], lora_path)}
     except ImportError as exc:  # the loader's conversion needs peft's helpers on some installs
         record["lora"] = {"file": "lora/turbo4-tiny.safetensors", "verified": f"not here: {exc}"}
+    if compensation is not None:
+        from h3.train.compensate import compensation_file, compensation_metadata
+
+        name = compensation_file(cfg)
+        compensation.to("cpu").save(staging / name, compensation_metadata(cfg, sha256_file(lora_path)))
+        try:
+            record["compensation_lora"] = {"file": name, **verify_lora(compensation, cpu["transformer"],
+                                                                       staging / name)}
+        except ImportError as exc:
+            record["compensation_lora"] = {"file": name, "verified": f"not here: {exc}"}
     record["sizes"] = check_sizes(staging)
     write_json(staging / "training_record.json", record)
     try:

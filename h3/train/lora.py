@@ -131,7 +131,8 @@ class DistillLora(torch.nn.Module):
                     self.factors[f"{i}_{target}_B"].copy_(b)
         return hashlib.sha256(path.read_bytes()).hexdigest()
 
-    def save(self, path) -> None:
+    def save(self, path, metadata: dict[str, str] | None = None) -> None:
+        """Write :meth:`export`'s file atomically; ``metadata``: more ``__metadata__`` entries beside the alpha."""
         import os
         from pathlib import Path
 
@@ -139,9 +140,9 @@ class DistillLora(torch.nn.Module):
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        state, metadata = self.export()
+        state, alpha = self.export()
         tmp = path.with_name(path.name + ".tmp")
-        save_file(state, str(tmp), metadata=metadata)
+        save_file(state, str(tmp), metadata={**(metadata or {}), **alpha})
         os.replace(tmp, path)
 
 

@@ -40,13 +40,17 @@ VIDEO_SHIFT, AUDIO_SHIFT = 12.0, 3.0
 
 class SegmentedAttnProcessor:
     """diffusers' MiniMaxH3AttnProcessor over ``segments`` independent documents of equal length, packed back to back
-    along the sequence (the model's batch axis stays 1)."""
+    along the sequence (the model's batch axis stays 1).
+
+    ``sparse`` = (block_size, sparsity): each document attends block-sparsely as the ``sparse_attention`` lever routes
+    it at inference (:func:`h3.levers.sparse_attention.route_blocks` on the document's own rows, the kept blocks exact),
+    computed as SDPA under the kept blocks' token mask, so that gradients flow (the compensation LoRA's training)."""
 
     _attention_backend = None
     _parallel_config = None
 
-    def __init__(self, segments: int = 1):
-        self.segments = segments
+    def __init__(self, segments: int = 1, sparse: tuple[int, float] | None = None):
+        self.segments, self.sparse = segments, sparse
 
     def __call__(self, attn, hidden_states, rotary_emb=None, attention_mask=None):
         query = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))
@@ -60,6 +64,10 @@ class SegmentedAttnProcessor:
         if rows % self.segments:
             raise ValueError(f"{rows} rows do not split into {self.segments} equal documents")
         split = lambda x: x.reshape(batch * self.segments, rows // self.segments, *x.shape[2:])  # noqa: E731
+        if self.sparse is not None:
+            out = masked_block_sparse(split(query), split(key), split(value), *self.sparse)
+            out = out.reshape(batch, rows, *out.shape[2:]).flatten(2, 3).type_as(query)
+            return attn.to_out[1](attn.to_out[0](out))
         out = dispatch_attention_fn(split(query), split(key), split(value), attn_mask=attention_mask, dropout_p=0.0,
                                     is_causal=False, backend=self._attention_backend,
                                     parallel_config=self._parallel_config)
@@ -67,12 +75,24 @@ class SegmentedAttnProcessor:
         return attn.to_out[1](attn.to_out[0](out))
 
 
+def masked_block_sparse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_size: int,
+                        sparsity: float) -> torch.Tensor:
+    """(B, S, H, D) block-sparse attention, differentiable: the lever's routing, its kept blocks as a token mask."""
+    from h3.levers.sparse_attention import kept_block_mask, route_blocks
+
+    seq = query.shape[1]
+    kept = kept_block_mask(*route_blocks(query.detach(), key.detach(), block_size, sparsity))
+    mask = kept.repeat_interleave(block_size, dim=2).repeat_interleave(block_size, dim=3)[:, :, :seq, :seq]
+    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
+
+
 @contextmanager
-def segmented_attention(transformer, segments: int):
+def segmented_attention(transformer, segments: int, sparse: tuple[int, float] | None = None):
     """Swap every attention processor of ``transformer`` for a :class:`SegmentedAttnProcessor` while inside."""
     modules = [m for m in transformer.modules() if isinstance(m, MiniMaxH3Attention)]
     old = [m.processor for m in modules]
-    proc = SegmentedAttnProcessor(segments)
+    proc = SegmentedAttnProcessor(segments, sparse)
     for m in modules:
         m.processor = proc
     try:
@@ -168,8 +188,10 @@ def row_timesteps(layout: Layout, t_video: torch.Tensor, t_audio: torch.Tensor) 
 
 
 def packed_forward(transformer, layout: Layout, video_rows: torch.Tensor, audio_rows_: torch.Tensor,
-                   text: torch.Tensor, t_video: torch.Tensor, t_audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run B requests of one layout through the real forward in one packed sequence.
+                   text: torch.Tensor, t_video: torch.Tensor, t_audio: torch.Tensor,
+                   sparse: tuple[int, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run B requests of one layout through the real forward in one packed sequence (``sparse``: block-sparse
+    attention per request, :class:`SegmentedAttnProcessor`).
 
     video_rows: (B, Nv, Dv) in the order of ``layout.video_indices`` (conditioning rows first); audio_rows_: (B, Na, 32);
     text: (B, T, text_dim); t_video, t_audio: (B,). Returns the velocity of every video and audio row, (B, Nv, Dv) and
@@ -193,6 +215,6 @@ def packed_forward(transformer, layout: Layout, video_rows: torch.Tensor, audio_
         text_indices=(layout.text_indices.to(device)[None] + offsets).reshape(-1),
         return_dict=False,
     )
-    with segmented_attention(transformer, batch):
+    with segmented_attention(transformer, batch, sparse):
         video, audio = transformer(**kwargs)
     return video.reshape(batch, -1, video.shape[-1]), audio.reshape(batch, -1, audio.shape[-1])

@@ -4,7 +4,8 @@ Stages and their state under ``DIR/state``: video_vae, video_decoder (the shippe
 a GPU it trains in a second process beside the audio-vae, pool, dit and distill stages, which do not depend on it),
 audio_vae (on a GPU beside video_vae when both train in one call), audio_decoder (the audio-vae stage's decoder
 continued on whole clips, its encoder frozen: on a GPU in its own process beside the pool, dit and distill stages),
-pool, dit, distill; export writes ``DIR/tiny``
+pool, dit, distill, compensate (the sparse-attention compensation LoRA; skipped unless ``compensate_steps``); export
+writes ``DIR/tiny``
 (the checkpoint that ships as h3/assets/tiny) with its training record. A slice that runs out of its wall-clock budget saves its state and exits with :data:`EXIT_RESUME`; the same command continues it. With
 ``finish_on_budget`` a stage whose budget is spent ends there instead (its record says how many of its planned steps
 ran) and the next stage starts: what one device call of 10 minutes needs.
@@ -26,7 +27,7 @@ from h3.train.common import Budget, Dist, TrainConfig, load_state, save_state, w
 
 logger = logging.getLogger(__name__)
 
-STAGES = ("video-vae", "video-decoder", "audio-vae", "audio-decoder", "pool", "dit", "distill", "export")
+STAGES = ("video-vae", "video-decoder", "audio-vae", "audio-decoder", "pool", "dit", "distill", "compensate", "export")
 EXIT_RESUME = 75
 
 
@@ -126,6 +127,7 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
 
     ``deadline`` (a ``time.time()`` value) ends the whole run at that wall-clock moment, whenever it started: what the
     torchrun ranks of a stage get, so that their start-up counts against the stage's budget."""
+    from h3.train.compensate import train_compensation
     from h3.train.dit import load_ema_into, train_dit
     from h3.train.distill import train_distill
     from h3.train.pool import Pool, build_pool, latent_stats_of
@@ -156,14 +158,14 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     ranks = stage_ranks(cfg) if dist.world == 1 else dist.world
     comps = components(cfg)
     pool = None
-    lora = None
+    lora = compensation = None
     helper = None
     decoder_helpers: dict = {}  # stage -> its process beside the next stages (video-decoder, audio-decoder)
     if stage == "all" and parallel_vaes is None:
         parallel_vaes = torch.device(cfg.device).type == "cuda"
     beside = ("audio-vae", "video-decoder", "audio-decoder") if parallel_vaes else ()
     for index, name in enumerate(todo):
-        if name != "export" and stage_done(state_dir, name):
+        if name != "export" and stage_done(state_dir, name) or (name == "compensate" and not cfg.compensate_steps):
             continue
         # What the later stages of this call are budgeted is kept for them (audio-vae runs beside video-vae, the
         # video decoder beside the stages after it).
@@ -233,6 +235,10 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
             elif name == "distill":
                 load_ema_into(comps["transformer"], state_dir, cfg.device)
                 lora, result = train_distill(comps["transformer"], pool, cfg, state_dir, budget, stop_after, dist)
+            elif name == "compensate":
+                load_ema_into(comps["transformer"], state_dir, cfg.device)
+                compensation, result = train_compensation(comps["transformer"], pool, cfg, state_dir, budget,
+                                                          stop_after, dist)
             else:  # export
                 from h3.train.distill import DistillLora
                 from h3.train.export import environment, export_checkpoint
@@ -254,8 +260,12 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                 if lora is None:
                     lora = DistillLora(comps["transformer"], cfg.lora_rank, cfg.lora_adaln_rank).to(cfg.device)
                     lora.load_state_dict(load_state(state_dir / "distill" / "state.pt", cfg.device)["lora"])
+                compensated = load_state(state_dir / "compensate" / "state.pt", cfg.device)
+                if compensated is not None and compensation is None:
+                    compensation = DistillLora(comps["transformer"], cfg.lora_rank, cfg.lora_adaln_rank).to(cfg.device)
+                    compensation.load_state_dict(compensated["lora"])
                 record = training_record(cfg, state_dir, command, code_commit, environment(cfg.device))
-                target = export_checkpoint(comps, lora, out, record)
+                target = export_checkpoint(comps, lora, out, record, compensation, cfg)
                 logger.info("exported %s", target)
                 result = {"done": True}
         logger.info("stage %s: %s in %.1f s", name, "done" if result["done"] else "paused",
@@ -301,7 +311,7 @@ def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit
     from h3.world.scene import HELD_OUT_PAIRS
 
     stages, losses, seeded = {}, {}, {}
-    for name in ("video_vae", "audio_vae", "video_decoder", "audio_decoder", "dit", "distill"):
+    for name in ("video_vae", "audio_vae", "video_decoder", "audio_decoder", "dit", "distill", "compensate"):
         state = load_state(state_dir / name / "state.pt", "cpu")
         if state is None:
             continue
@@ -310,7 +320,8 @@ def training_record(cfg: TrainConfig, state_dir: Path, command: str, code_commit
         stages[name] = {"steps": state["step"], "planned_steps": state.get("planned_steps", state["total_steps"]),
                         "seconds": round(state["seconds"], 1), "final": state["log"][-1] if state["log"] else None,
                         **({"init_from": state["init_from"]} if state.get("init_from") else {}),
-                        **{k: state[k] for k in ("teacher_samples", "teacher_presentations") if k in state}}
+                        **{k: state[k] for k in ("teacher_samples", "teacher_presentations", "block_size",
+                                                 "sparsity") if k in state}}
         losses[name] = state["log"]
     pool_path = state_dir / "pool" / "pool.pt"
     reproduce = reproduce_line(cfg, stages)

@@ -1,0 +1,101 @@
+"""Sparse-attention compensation: a second LoRA that sits on the step-distillation one and makes up for the attention
+that block-sparse routing drops (seed 000's SLA recipe: 85 % sparsity "uses a specially trained LoRA to compensate for
+sparsification"; its sparse step costs fell 32 % with no quality gate failing).
+
+The adapter loads through diffusers' MiniMax-H3 LoRA loader as the ``lora`` lever's does (the same code, adapter name
+``compensation``), with the same matched-module, fuse and adapter-weight checks. A compensation LoRA is trained for one
+routing and one distilled LoRA, so the recipe is refused unless it runs that: sparse attention on, at the block size,
+sparsity and dense steps the file states (``h3_sparse_*`` in its ``__metadata__``, written by ``python -m h3.train``'s
+compensate stage), on top of the LoRA whose sha256 it names. diffusers 0.42.1 cannot inject a second adapter while the
+first is live unfused (peft's NoMatchingPeftModuleError), so the ``lora`` lever must fuse.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from h3.levers.base import ApplyContext, LeverError
+from h3.levers.lora import TRAINED_LORAS, LoraConfig, LoraHandle, apply_lora, trained_lora_file
+
+ROUTING_KEYS = {"block_size": "h3_sparse_block_size", "sparsity": "h3_sparse_sparsity",
+                "dense_steps": "h3_sparse_dense_steps"}
+"""The sparse_attention settings a compensation LoRA was trained under, by their ``__metadata__`` keys."""
+COMPENSATES_KEY = "h3_compensates_sha256"
+
+
+class CompensationLoraConfig(LoraConfig):
+    """A sparse-attention compensation LoRA beside the step-distillation one (recipe section ``[compensation_lora]``;
+    ``@sparse85-tiny`` is the trained tiny preset's, for 85 % in 32-token blocks on every step over ``@turbo4-tiny``)."""
+
+    name = "compensation_lora"
+    omitted_when_default: ClassVar[bool] = True  # added after recipes were hashed: an off section keeps their hash
+
+    adapter_name: str = "compensation"
+
+    def composition_problems(self, recipe: Any) -> list[str]:
+        if not self.enabled:
+            return []
+        problems = []
+        sparse, lora = recipe.sparse_attention, recipe.lora
+        if not sparse.enabled:
+            problems.append("compensation_lora needs sparse_attention on: it compensates for the blocks that routing "
+                            "drops")
+        if lora.enabled and not lora.fuse:
+            problems.append("compensation_lora needs lora.fuse = true: diffusers 0.42.1 cannot load a second adapter "
+                            "while the first is live unfused")
+        stated = file_metadata(self.path)
+        if stated is None:
+            return problems  # no file (check_inputs names it) or one that states nothing: nothing to compare
+        for field, key in ROUTING_KEYS.items():
+            if key in stated and sparse.enabled and float(stated[key]) != float(getattr(sparse, field)):
+                problems.append(f"compensation_lora {self.path!r} was trained for sparse_attention.{field} = "
+                                f"{stated[key]}, the recipe runs {getattr(sparse, field)}")
+        if COMPENSATES_KEY in stated:
+            base = lora_sha256(lora.path) if lora.enabled else None
+            if base != stated[COMPENSATES_KEY]:
+                problems.append(f"compensation_lora {self.path!r} was trained on the LoRA with sha256 "
+                                f"{stated[COMPENSATES_KEY][:16]}..., the recipe's [lora] is "
+                                f"{'off' if not lora.enabled else (base or '?')[:16] + '...'}")
+        return problems
+
+    def apply(self, pipe, ctx: ApplyContext) -> LoraHandle:
+        # Its fused form is undone from its own copies (weight_source would read back the weights without the
+        # distillation LoRA fused under it).
+        return apply_lora(pipe, self, is_tiny=ctx.is_tiny, device=ctx.device, reversible=ctx.reversible,
+                          keep_on=ctx.keep_on, weight_source=None)
+
+
+def _file(path: str | None) -> Path | None:
+    """The file a recipe's path names, when that is known without the model (None for ``@tiny`` or no path)."""
+    if not path or path.startswith("@") and path not in TRAINED_LORAS:
+        return None
+    if path in TRAINED_LORAS:
+        return trained_lora_file(path)
+    import os
+
+    expanded = os.path.expandvars(os.path.expanduser(path))
+    return None if "$" in expanded else Path(expanded)
+
+
+def file_metadata(path: str | None) -> dict[str, str] | None:
+    """The ``__metadata__`` of the LoRA file ``path`` names (None when it is not there)."""
+    target = _file(path)
+    if target is None or not target.is_file():
+        return None
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(target), framework="pt") as handle:
+            return handle.metadata() or {}
+    except Exception as exc:  # a file safetensors cannot read
+        raise LeverError(f"LoRA file {target}: not a readable safetensors file ({exc})") from None
+
+
+def lora_sha256(path: str | None) -> str | None:
+    target = _file(path)
+    if target is None or not target.is_file():
+        return None
+    from h3.atomic import sha256_file
+
+    return sha256_file(target)
