@@ -228,14 +228,13 @@ def test_compensation_lora_sits_on_the_fused_distillation_lora_and_refuses_other
     """The second adapter (seed 000's SLA compensation LoRA) adds its own scale * B @ A on top of the fused
     distillation LoRA (float64 reference), passes the matched-module check, and a recipe that runs another routing or
     another distillation LoRA than the file states is refused before any weight loads."""
-    from h3.atomic import sha256_file
-    from h3.levers.compensation_lora import COMPENSATES_KEY, ROUTING_KEYS
+    from h3.levers.compensation_lora import COMPENSATES_KEY, ROUTING_KEYS, lora_tensors_sha256
     from h3.levers.lora import save_lora_file, tiny_lora_state_dict, write_tiny_lora
     from safetensors.torch import load_file
 
     transformer = base.runtime.pipe.transformer
     meta = {"format": "pt", "alpha": "2.0", ROUTING_KEYS["block_size"]: "32", ROUTING_KEYS["sparsity"]: "0.85",
-            ROUTING_KEYS["dense_steps"]: "0", COMPENSATES_KEY: sha256_file(tiny_lora_file)}
+            ROUTING_KEYS["dense_steps"]: "0", COMPENSATES_KEY: lora_tensors_sha256(tiny_lora_file)}
     comp = save_lora_file(tmp_path / "comp.safetensors", tiny_lora_state_dict(transformer, seed=77), meta)
     data = {**FAST_RECIPE, "lora": {"enabled": True, "path": str(tiny_lora_file), "fuse": True},
             "compensation_lora": {"enabled": True, "path": str(comp), "fuse": fuse},
@@ -258,7 +257,28 @@ def test_compensation_lora_sits_on_the_fused_distillation_lora_and_refuses_other
     assert "matched 13 of the 14" in " ".join(recipe_from_dict(data).compensation_lora.check_telemetry(
         {**telemetry, "matched_modules": 13}, executed))
 
-    other = write_tiny_lora(tmp_path / "other.safetensors", transformer, alpha=4.0)
+    # The distillation LoRA is named by its metadata and tensors, not by its file's bytes: the same adapter with its
+    # metadata written in another order is the same LoRA; one changed value is another (reference: the hash of the
+    # sorted metadata and the tensors' bytes, computed here).
+    import hashlib
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors = load_file(str(tiny_lora_file))
+    save_file(tensors, str(tmp_path / "same.safetensors"), metadata={"format": "pt", "alpha": "2.0"})
+    save_file(tensors, str(tmp_path / "same2.safetensors"), metadata={"alpha": "2.0", "format": "pt"})
+    assert lora_tensors_sha256(tmp_path / "same.safetensors") == meta[COMPENSATES_KEY]
+    assert lora_tensors_sha256(tmp_path / "same2.safetensors") == meta[COMPENSATES_KEY]
+    digest = hashlib.sha256(json.dumps([["alpha", "2.0"], ["format", "pt"]]).encode())
+    for key in sorted(tensors):
+        digest.update(f"{key}|{tensors[key].dtype}|{list(tensors[key].shape)}|".encode())
+        digest.update(tensors[key].numpy().tobytes())
+    assert digest.hexdigest() == meta[COMPENSATES_KEY]
+    tensors[next(iter(sorted(tensors)))][0, 0] += 1e-3
+    save_file(tensors, str(tmp_path / "changed.safetensors"), metadata={"format": "pt", "alpha": "2.0"})
+    assert lora_tensors_sha256(tmp_path / "changed.safetensors") != meta[COMPENSATES_KEY]
+    other = write_tiny_lora(tmp_path / "other.safetensors", transformer, alpha=4.0)  # same tensors, another alpha
     refusals = [
         ({"sparse_attention": {**data["sparse_attention"], "sparsity": 0.5}},
          r"trained for sparse_attention.sparsity = 0.85, the recipe runs 0.5"),

@@ -757,14 +757,14 @@ def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
     # The compensation LoRA ships beside the turbo one, naming the routing it trained under and the LoRA it sits on.
     from safetensors import safe_open
 
-    from h3.atomic import sha256_file
+    from h3.levers.compensation_lora import COMPENSATES_KEY, lora_tensors_sha256
 
     assert record["compensation_lora"]["file"] == "lora/sparse85-tiny.safetensors"
     assert record["compensation_lora"]["ok"] and record["stages"]["compensate"]["steps"] == 2
     with safe_open(str(tmp_path / "tiny" / "lora" / "sparse85-tiny.safetensors"), framework="pt") as handle:
         meta = handle.metadata()
     assert (meta["h3_sparse_block_size"], float(meta["h3_sparse_sparsity"])) == ("32", 0.85)
-    assert meta["h3_compensates_sha256"] == sha256_file(tmp_path / "tiny" / "lora" / "turbo4-tiny.safetensors")
+    assert meta[COMPENSATES_KEY] == lora_tensors_sha256(tmp_path / "tiny" / "lora" / "turbo4-tiny.safetensors")
     assert "--set compensate_steps=2" in record["reproduce"]
     distill_rows = record["losses"]["distill"]
     assert distill_rows and all(math.isfinite(r["moment"]) and r["moment"] >= 0 for r in distill_rows)
@@ -955,6 +955,10 @@ def test_reproduce_line_repeats_the_settings_and_the_distillation_plan():
     assert "distill_lr_steps" not in reproduce_line(cfg, done)
     assert "distill_lr_steps" not in reproduce_line(TrainConfig(), stages)
     assert reproduce_line(TrainConfig(), {}) == "python -m h3.train all --out OUT --seed 17 --device cuda "
+    # the compensation stage the same (run 17: 1770 of 2000 planned steps)
+    comp = reproduce_line(TrainConfig(), {"compensate": {"steps": 1770, "planned_steps": 2000}})
+    assert _parse_set([w for prev, w in zip(shlex.split(comp), shlex.split(comp)[1:]) if prev == "--set"],
+                      TrainConfig()) == replace(TrainConfig(), compensate_steps=1770, compensate_lr_steps=2000)
 
 
 def test_dit_learning_rate_anneals_along_its_plan_from_where_it_restarted(tmp_path):

@@ -15,13 +15,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
+
 from h3.levers.base import ApplyContext, LeverError
 from h3.levers.lora import TRAINED_LORAS, LoraConfig, LoraHandle, apply_lora, trained_lora_file
 
 ROUTING_KEYS = {"block_size": "h3_sparse_block_size", "sparsity": "h3_sparse_sparsity",
                 "dense_steps": "h3_sparse_dense_steps"}
 """The sparse_attention settings a compensation LoRA was trained under, by their ``__metadata__`` keys."""
-COMPENSATES_KEY = "h3_compensates_sha256"
+COMPENSATES_KEY = "h3_compensates_tensors_sha256"
+"""The distillation LoRA a compensation LoRA sits on, by :func:`lora_tensors_sha256` (its tensors and metadata, not its
+file's bytes: the same adapter written again can order its ``__metadata__`` otherwise)."""
 
 
 class CompensationLoraConfig(LoraConfig):
@@ -52,7 +56,7 @@ class CompensationLoraConfig(LoraConfig):
                 problems.append(f"compensation_lora {self.path!r} was trained for sparse_attention.{field} = "
                                 f"{stated[key]}, the recipe runs {getattr(sparse, field)}")
         if COMPENSATES_KEY in stated:
-            base = lora_sha256(lora.path) if lora.enabled else None
+            base = lora_tensors_sha256(_file(lora.path)) if lora.enabled else None
             if base != stated[COMPENSATES_KEY]:
                 problems.append(f"compensation_lora {self.path!r} was trained on the LoRA with sha256 "
                                 f"{stated[COMPENSATES_KEY][:16]}..., the recipe's [lora] is "
@@ -92,10 +96,22 @@ def file_metadata(path: str | None) -> dict[str, str] | None:
         raise LeverError(f"LoRA file {target}: not a readable safetensors file ({exc})") from None
 
 
-def lora_sha256(path: str | None) -> str | None:
-    target = _file(path)
-    if target is None or not target.is_file():
+def lora_tensors_sha256(path: Path | None) -> str | None:
+    """sha256 over a safetensors file's ``__metadata__`` (sorted by key: the network alpha is part of the adapter)
+    and its tensors (name, dtype, shape, bytes, in name order), not over the file's bytes, whose metadata order can
+    differ for the same adapter; None when there is no such file."""
+    if path is None or not Path(path).is_file():
         return None
-    from h3.atomic import sha256_file
+    import hashlib
+    import json
 
-    return sha256_file(target)
+    from safetensors import safe_open
+
+    digest = hashlib.sha256()
+    with safe_open(str(path), framework="pt") as handle:
+        digest.update(json.dumps(sorted((handle.metadata() or {}).items())).encode())
+        for name in sorted(handle.keys()):
+            tensor = handle.get_tensor(name).contiguous()
+            digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
+            digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

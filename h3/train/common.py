@@ -102,6 +102,8 @@ class TrainConfig:
     """The routing the compensation LoRA trains under (the tiny's sparse recipes: 32-token blocks, 85 %, every step)."""
     compensate_lr: float = 1e-3
     compensate_lr_final: float = 0.1
+    compensate_lr_steps: int | None = None
+    """The steps the compensation's cosine is planned over (None: ``compensate_steps``), as ``distill_lr_steps``."""
     lora_rank: int = 16
     lora_adaln_rank: int = 4
     checkpoint_every: int = 500

@@ -6,7 +6,7 @@ block-sparsely on every step, as the ``sparse_attention`` lever routes at infere
 ``compensate_sparsity``, no dense step); a second :class:`~h3.train.lora.DistillLora`, starting from zero (B = 0: the
 uncompensated sparse student), is trained on the distillation's teacher set and objective (:func:`h3.train.distill.
 fit_lora`). It ships beside the turbo LoRA as ``lora/sparse<percent>-tiny.safetensors``, in the same format, its
-file naming the block size and sparsity it was trained for and the sha256 of the LoRA it compensates; the
+file naming the block size and sparsity it was trained for and the LoRA it compensates (its tensors' sha256); the
 ``compensation_lora`` lever loads it as a second adapter. ``compensate_steps`` 0 (the default) skips the stage.
 """
 
@@ -29,13 +29,13 @@ def compensation_file(cfg: TrainConfig) -> str:
     return f"lora/sparse{round(cfg.compensate_sparsity * 100)}-tiny.safetensors"
 
 
-def compensation_metadata(cfg: TrainConfig, compensates_sha256: str) -> dict[str, str]:
+def compensation_metadata(cfg: TrainConfig, compensates: str) -> dict[str, str]:
     """What the file states besides the network alpha: the routing it was trained under, the LoRA it sits on."""
     from h3.levers.compensation_lora import COMPENSATES_KEY, ROUTING_KEYS
 
     return {ROUTING_KEYS["block_size"]: str(cfg.compensate_block_size),
             ROUTING_KEYS["sparsity"]: repr(cfg.compensate_sparsity), ROUTING_KEYS["dense_steps"]: "0",
-            COMPENSATES_KEY: compensates_sha256}
+            COMPENSATES_KEY: compensates}
 
 
 def train_compensation(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budget,
@@ -55,7 +55,7 @@ def train_compensation(transformer, pool: Pool, cfg: TrainConfig, out: Path, bud
     base.requires_grad_(False)
     lora = DistillLora(transformer, cfg.lora_rank, cfg.lora_adaln_rank, seed=cfg.seed + 1).to(cfg.device)
     plan = LoraPlan(stage="compensate", steps=cfg.compensate_steps, lr=cfg.compensate_lr,
-                    lr_final=cfg.compensate_lr_final, sparse=(cfg.compensate_block_size, cfg.compensate_sparsity),
+                    lr_final=cfg.compensate_lr_final, lr_steps=cfg.compensate_lr_steps, sparse=(cfg.compensate_block_size, cfg.compensate_sparsity),
                     record={"block_size": cfg.compensate_block_size, "sparsity": cfg.compensate_sparsity})
     base.attach(transformer)
     try:

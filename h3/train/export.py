@@ -95,7 +95,7 @@ def environment(device: str) -> dict:
 def export_checkpoint(components: dict, lora, out: Path, record: dict, compensation=None, cfg=None) -> Path:
     """``compensation`` (with the run's ``cfg``): the sparse-attention compensation LoRA, written beside the turbo
     LoRA (h3.train.compensate)."""
-    from h3.atomic import sha256_file
+    from h3.levers.compensation_lora import lora_tensors_sha256
     from h3.tiny_trained import save_checkpoint
 
     target, staging = out / "tiny", out / ".tiny-staging"
@@ -112,7 +112,7 @@ def export_checkpoint(components: dict, lora, out: Path, record: dict, compensat
         from h3.train.compensate import compensation_file, compensation_metadata
 
         name = compensation_file(cfg)
-        compensation.to("cpu").save(staging / name, compensation_metadata(cfg, sha256_file(lora_path)))
+        compensation.to("cpu").save(staging / name, compensation_metadata(cfg, lora_tensors_sha256(lora_path)))
         try:
             record["compensation_lora"] = {"file": name, **verify_lora(compensation, cpu["transformer"],
                                                                        staging / name)}

@@ -132,18 +132,12 @@ class DistillLora(torch.nn.Module):
         return hashlib.sha256(path.read_bytes()).hexdigest()
 
     def save(self, path, metadata: dict[str, str] | None = None) -> None:
-        """Write :meth:`export`'s file atomically; ``metadata``: more ``__metadata__`` entries beside the alpha."""
-        import os
-        from pathlib import Path
+        """Write :meth:`export`'s file atomically, byte for byte the same for the same factors (h3.levers.lora
+        .save_lora_file); ``metadata``: more ``__metadata__`` entries beside the alpha."""
+        from h3.levers.lora import save_lora_file
 
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         state, alpha = self.export()
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(state, str(tmp), metadata={**(metadata or {}), **alpha})
-        os.replace(tmp, path)
+        save_lora_file(path, state, {**(metadata or {}), **alpha})
 
 
 def loaded_deltas(path) -> dict[str, torch.Tensor]:

@@ -292,10 +292,11 @@ def reproduce_line(cfg: TrainConfig, stages: dict) -> str:
     steps = {f"{name}_steps": info["steps"] for name, info in stages.items()}
     settings = {k: v for k, v in cfg.to_dict().items()
                 if k not in ("seed", "device", *steps) and v != defaults.get(k)}
-    distill = stages.get("distill")
-    if distill and cfg.distill_lr_final < 1.0 and distill["steps"] < distill["planned_steps"] \
-            and cfg.distill_lr_steps is None:
-        steps["distill_lr_steps"] = distill["planned_steps"]
+    for stage in ("distill", "compensate"):
+        ran = stages.get(stage)
+        if ran and getattr(cfg, f"{stage}_lr_final") < 1.0 and ran["steps"] < ran["planned_steps"] \
+                and getattr(cfg, f"{stage}_lr_steps") is None:
+            steps[f"{stage}_lr_steps"] = ran["planned_steps"]
     dit = stages.get("dit")
     if dit and cfg.dit_lr_final < 1.0 and dit["steps"] < dit["planned_steps"] and cfg.dit_lr_steps is None:
         steps["dit_lr_steps"] = dit["planned_steps"]  # a cosine from scratch (a continued one states its plan)
