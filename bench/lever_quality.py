@@ -3,14 +3,16 @@
 
     python bench/lever_quality.py --candidate fp8-attention-emulated [--model tiny] [--prompts world-demo]
                                   [--seeds 0,1,2,3] [--out /tmp/lever-quality] [--name lever_quality_<candidate>]
+                                  [--vbench-env PATH]
 
 One run of 16 pairs (the world-demo captions x 4 seeds) with the baseline and the candidate recipes (each judged by the
-kind its recipe declares), latent trajectories recorded; the per-pair gates of the exact and near judges (integrity,
-fidelity, audio, ghosting, trajectory; LPIPS on the AlexNet trunk when its weights are in the torch cache, else the
-package's ``rand`` trunk, recorded) and the new-seed noise floor from the run's own baseline clips (each clip against
-the same prompt's next seed), then ``compute_verdict`` under gates/policies/release.toml. Writes
-bench/results/NAME.{json,md}: the verdict per candidate, the failed metrics, and each metric's pooled value against the
-floor.
+kind its recipe declares), latent trajectories recorded; the per-pair gates of each candidate's judge: exact and near
+read integrity, fidelity, audio, ghosting and trajectory (LPIPS on the AlexNet trunk when its weights are in the torch
+cache, else the package's ``rand`` trunk, recorded), resample reads integrity, reference_free and prompt_faithfulness
+(and VBench's temporal_flickering with ``--vbench-env``, as bench/signoff_proof.py); the new-seed noise floor from the
+run's own baseline clips (each clip against the same prompt's next seed), then ``compute_verdict`` under
+gates/policies/release.toml. Writes bench/results/NAME.{json,md}: the verdict per candidate, the failed metrics, and
+each metric's pooled value against the floor.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.signoff_proof import RELEASE, ROOT, floor, recipe  # noqa: E402
+from bench.signoff_proof import PAIR_GATES, RELEASE, ROOT, floor, recipe  # noqa: E402
 
 GATES = ["integrity", "fidelity", "audio", "ghosting", "trajectory"]
 FLOOR_GATES = ["fidelity", "audio", "ghosting", "trajectory"]
+RESAMPLE_GATES = PAIR_GATES
+"""What the resample judge reads (bench/signoff_proof.py's per-pair gates)."""
 
 
 def main() -> None:
@@ -38,6 +42,8 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/lever-quality")
     parser.add_argument("--name", default=None, help="results file name in bench/results (default: from the candidates)")
     parser.add_argument("--judge-only", action="store_true", help="the clips are made: gate, floor and judge only")
+    parser.add_argument("--vbench-env", default=None, help="pinned VBench environment: temporal_flickering for the "
+                        "resample candidates")
     args = parser.parse_args()
 
     from h3.runtime import GenerateRequest  # noqa: F401  (the runtime's import cost before the clock starts)
@@ -70,10 +76,21 @@ def main() -> None:
     trunk = lpips_trunk()
     options = {"fidelity.lpips_trunk": trunk}
     t = time.perf_counter()
-    summary = run_gates(run_dir, GATES, device="cpu", options=options, progress=False)
+    resample = [n for n in args.candidate if recipe(n, args.model).signoff.kind == "resample"]
+    near = [n for n in args.candidate if n not in resample]
+    errors = []
+    for gates, candidates in ((GATES, near), (RESAMPLE_GATES, resample)):
+        if candidates:
+            errors += run_gates(run_dir, gates, device="cpu", options=options, progress=False,
+                                candidates=candidates).errors
+    env = Path(args.vbench_env) if args.vbench_env and resample else None
+    if env is not None:
+        proof.vbench_flicker(run_dir, env)
+    floor_gates = [*(FLOOR_GATES if near else []),
+                   *([g for g in proof.FLOOR_GATES if g not in FLOOR_GATES] if resample else [])]
     if floor_dir.exists():
         shutil.rmtree(floor_dir)
-    floor_path = floor(run_dir, floor_dir, options, None, gates=FLOOR_GATES)
+    floor_path = floor(run_dir, floor_dir, options, env, gates=floor_gates)
     timings["gates_and_floor_s"] = round(time.perf_counter() - t, 1)
     verdict, _ = run_report(run_dir, RELEASE, floor=floor_path)
     lines = summary_lines(verdict)
@@ -91,7 +108,9 @@ def main() -> None:
                      "speed": c.speed.outcome if c.speed else None, "metrics": metrics, "reasons": c.reasons})
     payload = {"model": args.model, "prompts": args.prompts, "seeds": seeds, "pairs": len(prompts.ids) * len(seeds),
                "candidates": args.candidate, "policy": str(RELEASE.relative_to(ROOT)), "lpips_trunk": trunk,
-               "gates": GATES, "floor_gates": FLOOR_GATES, "gate_errors": summary.errors, "rows": rows,
+               "gates": {"near_or_exact": GATES if near else [], "resample": RESAMPLE_GATES if resample else []},
+               "vbench_env": str(env) if env else None, "floor_gates": floor_gates, "gate_errors": errors,
+               "rows": rows,
                "timings": timings, "seconds": round(time.perf_counter() - started, 1), "run_dir": str(run_dir),
                "verdict_lines": lines}
     # The speed verdict is this CPU's (the levers are GPU levers): a quality record reads the gates, not the speed.
@@ -109,7 +128,8 @@ def main() -> None:
     md = "\n".join([
         f"Model `{args.model}`, prompts `{args.prompts}` x seeds {seeds} = {payload['pairs']} pairs, policy "
         f"`gates/policies/release.toml`, floor from the baseline's new-seed pairs of the same run; LPIPS trunk "
-        f"`{trunk}`; gates {', '.join(GATES)}.", "", *table, "", "## Verdict", "", "```", *lines, "```", "",
+        f"`{trunk}`; gates {', '.join(GATES)} (exact and near) and {', '.join(RESAMPLE_GATES)} (resample"
+        f"{', with VBench temporal_flickering' if env else ''}).", "", *table, "", "## Verdict", "", "```", *lines, "```", "",
         f"Generation {timings['generate_s']} s, gates and floor {timings['gates_and_floor_s']} s on this machine's CPU.",
     ])
     from bench._results import write
