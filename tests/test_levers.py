@@ -130,6 +130,8 @@ SHIPPED_ON_CPU = {
                    r"load into another model",
     "turbo4-tiny-int8": r"lora.path '@turbo4-tiny' is a LoRA of the trained tiny preset \(--model tiny\); it "
                         r"cannot load into another model",
+    "turbo4-tiny-sparse85": r"lora.path '@turbo4-tiny' is a LoRA of the trained tiny preset \(--model tiny\); it "
+                            r"cannot load into another model",
 }
 
 
@@ -1473,6 +1475,42 @@ def test_lever_quality_recipes_are_the_baseline_with_one_lever_on():
         assert config.is_on(), (path.name, levers[0])
         assert recipe.signoff.kind == "near", path.name
     assert found >= 3
+
+
+def test_the_uncompensated_sparse_recipe_differs_from_the_shipped_one_only_by_its_compensation_lora():
+    """bench/recipes/turbo4-tiny-sparse85-nocomp is what the compensation LoRA is measured against: the shipped
+    turbo4-tiny-sparse85 with that one section off; and both are turbo4-tiny plus the sparse routing."""
+    from pathlib import Path
+
+    shipped = load_recipe("turbo4-tiny-sparse85").model_dump()
+    nocomp = load_recipe(Path(__file__).resolve().parent.parent / "bench" / "recipes"
+                         / "turbo4-tiny-sparse85-nocomp.toml").model_dump()
+    turbo = load_recipe("turbo4-tiny").model_dump()
+    differs = lambda a, b: sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))  # noqa: E731
+    assert differs(shipped, nocomp) == ["compensation_lora", "description", "name", "signoff"]
+    assert differs(nocomp, turbo) == ["description", "name", "signoff", "sparse_attention"]
+    assert shipped["signoff"]["kind"] == nocomp["signoff"]["kind"] == turbo["signoff"]["kind"] == "resample"
+    assert shipped["compensation_lora"]["enabled"] and shipped["sparse_attention"]["dense_steps"] == 0
+
+
+def test_the_shipped_compensation_lora_loads_over_the_shipped_turbo4_tiny():
+    """turbo4-tiny-sparse85 on the trained tiny: the compensation LoRA states the routing the recipe runs and the
+    turbo4-tiny it was trained over (by tensors), and every module it targets matches; with its routing changed the
+    recipe is refused."""
+    from h3.levers.compensation_lora import COMPENSATES_KEY, file_metadata, lora_tensors_sha256
+    from h3.tiny_trained import TURBO4_LORA_FILE
+
+    recipe = load_recipe("turbo4-tiny-sparse85")
+    stated = file_metadata("@sparse85-tiny")
+    assert stated[COMPENSATES_KEY] == lora_tensors_sha256(TURBO4_LORA_FILE)
+    runtime = H3Runtime.load("tiny", recipe, "cpu")
+    telemetry = runtime.levers["compensation_lora"].telemetry()
+    assert telemetry["matched_modules"] == telemetry["file_modules"] == runtime.levers["lora"].telemetry()[
+        "file_modules"] > 0
+    data = recipe.model_dump()
+    data["sparse_attention"]["block_size"] = 64
+    with pytest.raises(LeverError, match=r"trained for sparse_attention.block_size = 32, the recipe runs 64"):
+        H3Runtime.load("tiny", recipe_from_dict(data), "cpu")
 
 
 def test_with_lora_file_replaces_only_the_lora_path(tmp_path):
