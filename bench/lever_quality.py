@@ -76,8 +76,9 @@ def main() -> None:
     trunk = lpips_trunk()
     options = {"fidelity.lpips_trunk": trunk}
     t = time.perf_counter()
-    resample = [n for n in args.candidate if recipe(n, args.model).signoff.kind == "resample"]
-    near = [n for n in args.candidate if n not in resample]
+    candidates = {recipe(n, args.model).name: recipe(n, args.model).signoff.kind for n in args.candidate}
+    resample = [n for n, kind in candidates.items() if kind == "resample"]
+    near = [n for n in candidates if n not in resample]
     errors = []
     for gates, candidates in ((GATES, near), (RESAMPLE_GATES, resample)):
         if candidates:
