@@ -10,6 +10,11 @@ latents, video and audio apart, in the pipeline's latent space: the quantity h3.
 loss sums the two over the teacher set). A student that learned its teacher set rather than the teacher shows a gap on
 fresh seeds far above the loss it ended training at. Seeds default to 100 and 101, outside what the demo and the
 content check use. Writes bench/results/<name>.{json,md}.
+
+    python bench/distill_gap.py --from-run RUN_DIR --student NAME [--student NAME ...] --name NAME
+
+reads the trajectories an A/B run already recorded (``trajectory=True``, e.g. bench/lever_quality.py's run) instead of
+generating: each student recipe's clips against the teacher's of the same prompt and seed.
 """
 
 from __future__ import annotations
@@ -58,10 +63,18 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=8, help="the first N prompts of each suite")
     parser.add_argument("--seeds", default="100,101")
     parser.add_argument("--teacher", default="baseline")
-    parser.add_argument("--student", default="turbo4-tiny")
+    parser.add_argument("--student", action="append", default=None, help="default turbo4-tiny; repeatable with "
+                        "--from-run")
+    parser.add_argument("--from-run", default=None, help="an A/B run folder whose clips have trajectories")
     parser.add_argument("--name", default="distill_gap")
     parser.add_argument("--note", default="")
     args = parser.parse_args()
+    args.student = args.student or ["turbo4-tiny"]
+    if args.from_run:
+        return from_run(Path(args.from_run), args.teacher, args.student, args.name, args.note)
+    if len(args.student) > 1:
+        raise SystemExit("several --student need --from-run (a generating run compares one student)")
+    args.student = args.student[0]
 
     from bench import _results
     from h3.recipe import load_recipe, with_lora_file
@@ -109,6 +122,43 @@ def main() -> None:
                "seeds": seeds, "limit": args.limit, "prompts_sha256": suites, "summary": summary, "clips": clips,
                "note": args.note}
     paths = _results.write(args.name, payload, md)
+    print(md)
+    print("wrote", *paths)
+
+
+def from_run(run: Path, teacher: str, students: list[str], name: str, note: str) -> None:
+    """The gap of each student's recorded clips to the teacher's of the same prompt and seed in one A/B run."""
+    from bench import _results
+    from h3.trajectory import load_trajectory
+
+    clips_dir = run / "clips"
+    if not (clips_dir / teacher).is_dir():
+        raise SystemExit(f"{run}: no clips of {teacher!r} (an A/B run folder with trajectories?)")
+    teacher_files = {p.name: p for p in sorted((clips_dir / teacher).glob("*.traj.npz"))}
+    if not teacher_files:
+        raise SystemExit(f"{run}: {teacher!r} has no trajectories (the run was made without trajectory=True)")
+    rows, summary = [], {}
+    for student in students:
+        files = sorted((clips_dir / student).glob("*.traj.npz"))
+        missing = sorted({p.name for p in files} ^ set(teacher_files))
+        if not files or missing:
+            raise SystemExit(f"{run}: {student!r} and {teacher!r} do not have the same clips' trajectories "
+                             f"({len(files)} against {len(teacher_files)}; e.g. {missing[:2]})")
+        for path in files:
+            gap = final_x0_gap(load_trajectory(teacher_files[path.name]), load_trajectory(path))
+            rows.append({"student": student, "clip": path.name.removesuffix(".traj.npz"), **gap})
+        summary[student] = {m: summarize([r[m] for r in rows if r["student"] == student]) for m in ("video", "audio")}
+    md = (note.rstrip() + "\n\n" if note else "")
+    md += (f"Recorded trajectories of run `{run}`: each student's final x0 against teacher `{teacher}`'s, same prompt "
+           "and seed (mean squared difference, pipeline latent space).\n\n"
+           "| student | clips | video median | video mean | video max | audio median | audio mean | audio max |\n"
+           "|---|---|---|---|---|---|---|---|\n")
+    for student, s in summary.items():
+        v, a = s["video"], s["audio"]
+        md += (f"| `{student}` | {v['n']} | {v['median']:.4f} | {v['mean']:.4f} | {v['max']:.4f} | "
+               f"{a['median']:.5f} | {a['mean']:.5f} | {a['max']:.5f} |\n")
+    paths = _results.write(name, {"run": str(run), "teacher": teacher, "students": students, "summary": summary,
+                                  "clips": rows, "note": note}, md)
     print(md)
     print("wrote", *paths)
 

@@ -46,3 +46,37 @@ def test_mismatched_or_non_finite_trajectories_are_refused():
 
 def test_summary_reads_median_mean_and_max():
     assert summarize([0.1, 0.4, 0.2]) == {"n": 3, "median": 0.2, "mean": pytest.approx(0.7 / 3), "max": 0.4}
+
+
+def test_a_recorded_run_gives_each_students_gap_per_clip_and_refuses_missing_clips(tmp_path, monkeypatch):
+    """``--from-run``: each student's recorded trajectories against the teacher's of the same clip name (planted
+    offsets of known size per clip), the summary over them; a student missing a clip is refused."""
+    import json
+
+    import bench._results as results
+    from bench.distill_gap import from_run
+
+    written = {}
+    monkeypatch.setattr(results, "write", lambda name, payload, md: written.update(name=name, payload=payload) or [])
+    rng = np.random.default_rng(3)
+    clips = tmp_path / "run" / "clips"
+    offsets = {"a": [0.1, 0.2, 0.3], "b": [0.5, 0.5, 0.5]}
+    for i in range(3):
+        teacher = _traj(rng, 29)
+        (clips / "baseline").mkdir(parents=True, exist_ok=True)
+        np.savez(clips / "baseline" / f"demo-0{i}-s0.traj.npz", **teacher)
+        for student, offs in offsets.items():
+            moved = {k: v.copy() for k, v in teacher.items()}
+            moved["video_x0"][-1] += np.float32(offs[i])
+            (clips / student).mkdir(exist_ok=True)
+            np.savez(clips / student / f"demo-0{i}-s0.traj.npz", **moved)
+    from_run(tmp_path / "run", "baseline", ["a", "b"], "gap_test", "")
+    summary = written["payload"]["summary"]
+    assert summary["a"]["video"]["median"] == pytest.approx(0.04, rel=1e-5)  # 0.2 ** 2
+    assert summary["a"]["video"]["max"] == pytest.approx(0.09, rel=1e-5)
+    assert summary["b"]["video"]["mean"] == pytest.approx(0.25, rel=1e-5)
+    assert summary["a"]["audio"]["max"] == 0.0
+    json.dumps(written["payload"])  # plain data
+    (clips / "b" / "demo-02-s0.traj.npz").unlink()
+    with pytest.raises(SystemExit, match="do not have the same clips"):
+        from_run(tmp_path / "run", "baseline", ["b"], "gap_test", "")
