@@ -55,6 +55,17 @@ def summarize(values: list[float]) -> dict[str, float]:
     return {"n": int(v.size), "median": float(np.median(v)), "mean": float(v.mean()), "max": float(v.max())}
 
 
+def gap_table(label: str, summary: dict[str, dict]) -> str:
+    """The markdown table of per-row summaries (a suite's or a student's), video and audio."""
+    md = (f"| {label} | clips | video median | video mean | video max | audio median | audio mean | audio max |\n"
+          "|---|---|---|---|---|---|---|---|\n")
+    for name, s in summary.items():
+        v, a = s["video"], s["audio"]
+        md += (f"| `{name}` | {v['n']} | {v['median']:.4f} | {v['mean']:.4f} | {v['max']:.4f} | {a['median']:.5f} | "
+               f"{a['mean']:.5f} | {a['max']:.5f} |\n")
+    return md
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny-trained")
@@ -111,13 +122,8 @@ def main() -> None:
     md = (args.note.rstrip() + "\n\n" if args.note else "")
     md += (f"Student `{args.student}`" + (f" with LoRA `{args.lora}`" if args.lora else "")
            + f" against teacher `{args.teacher}` on `{args.model}`, seeds {seeds}, the first {args.limit} prompts of "
-           "each suite: mean squared difference of the final x0 latents (pipeline latent space).\n\n"
-           "| suite | clips | video median | video mean | video max | audio median | audio mean | audio max |\n"
-           "|---|---|---|---|---|---|---|---|\n")
-    for name, s in summary.items():
-        v, a = s["video"], s["audio"]
-        md += (f"| `{name}` | {v['n']} | {v['median']:.4f} | {v['mean']:.4f} | {v['max']:.4f} | {a['median']:.5f} | "
-               f"{a['mean']:.5f} | {a['max']:.5f} |\n")
+           "each suite: mean squared difference of the final x0 latents (pipeline latent space).\n\n")
+    md += gap_table("suite", summary)
     payload = {"model": args.model, "lora": args.lora, "teacher": args.teacher, "student": args.student,
                "seeds": seeds, "limit": args.limit, "prompts_sha256": suites, "summary": summary, "clips": clips,
                "note": args.note}
@@ -150,13 +156,8 @@ def from_run(run: Path, teacher: str, students: list[str], name: str, note: str)
         summary[student] = {m: summarize([r[m] for r in rows if r["student"] == student]) for m in ("video", "audio")}
     md = (note.rstrip() + "\n\n" if note else "")
     md += (f"Recorded trajectories of run `{run}`: each student's final x0 against teacher `{teacher}`'s, same prompt "
-           "and seed (mean squared difference, pipeline latent space).\n\n"
-           "| student | clips | video median | video mean | video max | audio median | audio mean | audio max |\n"
-           "|---|---|---|---|---|---|---|---|\n")
-    for student, s in summary.items():
-        v, a = s["video"], s["audio"]
-        md += (f"| `{student}` | {v['n']} | {v['median']:.4f} | {v['mean']:.4f} | {v['max']:.4f} | "
-               f"{a['median']:.5f} | {a['mean']:.5f} | {a['max']:.5f} |\n")
+           "and seed (mean squared difference, pipeline latent space).\n\n")
+    md += gap_table("student", summary)
     paths = _results.write(name, {"run": str(run), "teacher": teacher, "students": students, "summary": summary,
                                   "clips": rows, "note": note}, md)
     print(md)

@@ -50,6 +50,25 @@ def checkpoint(components, tmp_path_factory):
     return save_checkpoint(components, tmp_path_factory.mktemp("ckpt") / "tiny")
 
 
+def packed_inputs(layout, batch: int, seed: int):
+    """Seeded video rows, audio rows, 9 text rows and per-request timesteps for ``batch`` requests of ``layout``."""
+    gen = torch.Generator().manual_seed(seed)
+    video = torch.randn(batch, len(layout.video_indices), ROW, generator=gen)
+    audio = torch.randn(batch, len(layout.audio_indices), 32, generator=gen)
+    text = torch.randn(batch, 9, 32, generator=gen)
+    return video, audio, text, torch.rand(batch, generator=gen), torch.rand(batch, generator=gen)
+
+
+def stock_forward(model, layout, video, audio, text, tv, ta, i):
+    """Request ``i`` of a packed batch alone through the model's own forward (its layout, its timesteps)."""
+    timestep, index = torch.unique(row_timesteps(layout, tv[i:i + 1], ta[i:i + 1])[0], sorted=True,
+                                   return_inverse=True)
+    return model(hidden_states=video[i:i + 1], audio_hidden_states=audio[i:i + 1],
+                 encoder_hidden_states=text[i:i + 1], timestep=timestep, timestep_indices=index,
+                 token_tags=layout.token_tags, position_ids=layout.position_ids, video_indices=layout.video_indices,
+                 audio_indices=layout.audio_indices, text_indices=layout.text_indices, return_dict=False)
+
+
 @pytest.mark.parametrize("anchors", [(), ("first",), ("first", "last")])
 def test_packed_forward_equals_the_stock_forward_per_request(anchors):
     model = small_dit().eval()
@@ -57,21 +76,11 @@ def test_packed_forward_equals_the_stock_forward_per_request(anchors):
     tags[2:6] = 0  # a vision block, tagged video
     layout = t2va_layout(tags, anchors)
     b = 3
-    gen = torch.Generator().manual_seed(1)
-    video = torch.randn(b, len(layout.video_indices), ROW, generator=gen)
-    audio = torch.randn(b, len(layout.audio_indices), 32, generator=gen)
-    text = torch.randn(b, 9, 32, generator=gen)
-    tv, ta = torch.rand(b, generator=gen), torch.rand(b, generator=gen)
+    video, audio, text, tv, ta = packed_inputs(layout, b, seed=1)
     with torch.no_grad():
         pv, pa = packed_forward(model, layout, video, audio, text, tv, ta)
         for i in range(b):
-            timestep, index = torch.unique(row_timesteps(layout, tv[i:i + 1], ta[i:i + 1])[0], sorted=True,
-                                           return_inverse=True)
-            sv, sa = model(hidden_states=video[i:i + 1], audio_hidden_states=audio[i:i + 1],
-                           encoder_hidden_states=text[i:i + 1], timestep=timestep, timestep_indices=index,
-                           token_tags=layout.token_tags, position_ids=layout.position_ids,
-                           video_indices=layout.video_indices, audio_indices=layout.audio_indices,
-                           text_indices=layout.text_indices, return_dict=False)
+            sv, sa = stock_forward(model, layout, video, audio, text, tv, ta, i)
             torch.testing.assert_close(pv[i], sv[0], rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(pa[i], sa[0], rtol=1e-5, atol=1e-6)
     # The processor swap is undone.
@@ -90,11 +99,7 @@ def test_sparse_packed_forward_is_the_sparse_lever_per_request():
     tags = torch.ones(9, dtype=torch.long)
     layout = t2va_layout(tags)
     b = 2
-    gen = torch.Generator().manual_seed(2)
-    video = torch.randn(b, len(layout.video_indices), ROW, generator=gen)
-    audio = torch.randn(b, len(layout.audio_indices), 32, generator=gen)
-    text = torch.randn(b, 9, 32, generator=gen)
-    tv, ta = torch.rand(b, generator=gen), torch.rand(b, generator=gen)
+    video, audio, text, tv, ta = packed_inputs(layout, b, seed=2)
     seen = []
     hook = model.transformer_blocks[0].attn.register_forward_hook(lambda _m, _i, out: seen.append(out))
     with torch.no_grad():
@@ -105,13 +110,7 @@ def test_sparse_packed_forward_is_the_sparse_lever_per_request():
                                                                      dense_steps=0))
         try:
             for i in range(b):
-                timestep, index = torch.unique(row_timesteps(layout, tv[i:i + 1], ta[i:i + 1])[0], sorted=True,
-                                               return_inverse=True)
-                sv, sa = model(hidden_states=video[i:i + 1], audio_hidden_states=audio[i:i + 1],
-                               encoder_hidden_states=text[i:i + 1], timestep=timestep, timestep_indices=index,
-                               token_tags=layout.token_tags, position_ids=layout.position_ids,
-                               video_indices=layout.video_indices, audio_indices=layout.audio_indices,
-                               text_indices=layout.text_indices, return_dict=False)
+                sv, sa = stock_forward(model, layout, video, audio, text, tv, ta, i)
                 torch.testing.assert_close(pv[i], sv[0], rtol=1e-4, atol=1e-5)
                 torch.testing.assert_close(pa[i], sa[0], rtol=1e-4, atol=1e-5)
             assert handle.telemetry()["realized_sparsity"] > 0.6
