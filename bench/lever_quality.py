@@ -130,7 +130,8 @@ def main() -> None:
         f"Model `{args.model}`, prompts `{args.prompts}` x seeds {seeds} = {payload['pairs']} pairs, policy "
         f"`gates/policies/release.toml`, floor from the baseline's new-seed pairs of the same run; LPIPS trunk "
         f"`{trunk}`; gates {', '.join(GATES)} (exact and near) and {', '.join(RESAMPLE_GATES)} (resample"
-        f"{', with VBench temporal_flickering' if env else ''}).", "", *table, "", "## Verdict", "", "```", *lines, "```", "",
+        f"{', with VBench temporal_flickering' if env else ''}).", "", *table, "", "## Verdict", "", "```", *lines,
+        "```", "",
         f"Generation {timings['generate_s']} s, gates and floor {timings['gates_and_floor_s']} s on this machine's CPU.",
     ])
     from bench._results import write

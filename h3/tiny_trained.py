@@ -39,7 +39,8 @@ TRAINED_DIR = Path(__file__).parent / "assets" / "tiny"
 TRAINED_LORA_DIR = TRAINED_DIR / "lora"
 TURBO4_LORA_FILE = TRAINED_LORA_DIR / "turbo4-tiny.safetensors"
 SPARSE85_LORA_FILE = TRAINED_LORA_DIR / "sparse85-tiny.safetensors"
-"""The sparse-attention compensation LoRA over turbo4-tiny (85 % in 32-token blocks, every step; h3.train.compensate)."""
+"""The sparse-attention compensation LoRA over turbo4-tiny (85 % in 32-token blocks, every step;
+h3.train.compensate)."""
 INIT_SEED = 20261130
 TEXT_HIDDEN = 32
 EMBED_GAIN = 12.0

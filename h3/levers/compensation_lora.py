@@ -30,7 +30,8 @@ file's bytes: the same adapter written again can order its ``__metadata__`` othe
 
 class CompensationLoraConfig(LoraConfig):
     """A sparse-attention compensation LoRA beside the step-distillation one (recipe section ``[compensation_lora]``;
-    ``@sparse85-tiny`` is the trained tiny preset's, for 85 % in 32-token blocks on every step over ``@turbo4-tiny``)."""
+    ``@sparse85-tiny`` is the trained tiny preset's, for 85 % in 32-token blocks on every step over
+    ``@turbo4-tiny``)."""
 
     name = "compensation_lora"
     omitted_when_default: ClassVar[bool] = True  # added after recipes were hashed: an off section keeps their hash

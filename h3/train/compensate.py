@@ -55,7 +55,8 @@ def train_compensation(transformer, pool: Pool, cfg: TrainConfig, out: Path, bud
     base.requires_grad_(False)
     lora = DistillLora(transformer, cfg.lora_rank, cfg.lora_adaln_rank, seed=cfg.seed + 1).to(cfg.device)
     plan = LoraPlan(stage="compensate", steps=cfg.compensate_steps, lr=cfg.compensate_lr,
-                    lr_final=cfg.compensate_lr_final, lr_steps=cfg.compensate_lr_steps, sparse=(cfg.compensate_block_size, cfg.compensate_sparsity),
+                    lr_final=cfg.compensate_lr_final, lr_steps=cfg.compensate_lr_steps,
+                    sparse=(cfg.compensate_block_size, cfg.compensate_sparsity),
                     record={"block_size": cfg.compensate_block_size, "sparsity": cfg.compensate_sparsity})
     base.attach(transformer)
     try:

@@ -2,9 +2,9 @@
 
 Writes ``<out>/tiny``: the trained components in the Hugging Face layout the runtime loads (h3.tiny_trained
 .save_checkpoint: safetensors, the tiny canvas configs, ``transformer_ref`` on the same DiT), the distilled LoRA at
-``lora/turbo4-tiny.safetensors`` (and the compensation LoRA when it trained), and ``training_record.json`` (command, seed, configuration, steps and seconds per
-stage, loss numbers, device, versions, the commit of the code). Refuses to finish if a file is over 16 MB or the
-checkpoint over 30 MB (the repository's limits for shipped weights).
+``lora/turbo4-tiny.safetensors`` (and the compensation LoRA when it trained), and ``training_record.json``
+(command, seed, configuration, steps and seconds per stage, loss numbers, device, versions, the commit of the code).
+Refuses to finish if a file is over 16 MB or the checkpoint over 30 MB (the repository's limits for shipped weights).
 """
 
 from __future__ import annotations
