@@ -736,7 +736,8 @@ def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
 
     # More teacher samples than the pool has t2va presentations: each recurs with another noise, and the record says
     # how many samples over how many presentations.
-    cfg = TrainConfig.smoke(distill_moment_weight=0.5, distill_teacher_samples=11, compensate_steps=2)
+    cfg = TrainConfig.smoke(distill_moment_weight=0.5, distill_motion_weight=0.5, distill_teacher_samples=11,
+                            compensate_steps=2)
     assert run("all", cfg, tmp_path, parallel_vaes=True, finish_on_budget=True, max_seconds=900) == 0
     record = json.loads((tmp_path / "tiny" / "training_record.json").read_text())
     tasks = Pool.load(tmp_path / "state" / "pool" / "pool.pt", "cpu").tasks
@@ -767,6 +768,7 @@ def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
     assert "--set compensate_steps=2" in record["reproduce"]
     distill_rows = record["losses"]["distill"]
     assert distill_rows and all(math.isfinite(r["moment"]) and r["moment"] >= 0 for r in distill_rows)
+    assert all(math.isfinite(r["motion"]) and r["motion"] >= 0 for r in distill_rows)
     assert "--set video_decoder_steps=3" in record["reproduce"]
     vae = json.loads((tmp_path / "tiny" / "vae" / "config.json").read_text())
     assert {k: vae[k] for k in VAE_DECODER_CONFIG} == VAE_DECODER_CONFIG
@@ -920,6 +922,28 @@ def test_moment_gap_matches_a_float64_reference_and_reads_a_planted_shrink():
     assert float(moment_gap(torch.tensor(shrunk), torch.tensor(target))) == pytest.approx(
         ((0.5 * target.std(1)) ** 2).mean(), rel=1e-12)
     assert float(moment_gap(torch.tensor(target), torch.tensor(target))) == 0.0
+
+
+def test_motion_gap_matches_a_float64_reference_and_ignores_a_constant_offset():
+    """The distillation's motion term: the frame-to-frame changes of the video x0 (frame-major rows) against the
+    teacher's; a student off by the same amount in every frame has none of it, one whose motion is frozen has all."""
+    import numpy as np
+
+    from h3.train.distill import motion_gap
+
+    rng = np.random.default_rng(4)
+    frames, rows = 5, 3
+    target = rng.normal(size=(2, frames * rows, 4))
+    x = rng.normal(size=(2, frames * rows, 4))
+    d = lambda v: np.diff(v.reshape(2, frames, rows, 4), axis=1)  # noqa: E731
+    ref = ((d(x) - d(target)) ** 2).mean()
+    assert float(motion_gap(torch.tensor(x), torch.tensor(target), frames)) == pytest.approx(ref, rel=1e-12)
+    assert float(motion_gap(torch.tensor(target + 0.7), torch.tensor(target), frames)) == pytest.approx(0, abs=1e-12)
+    frozen = np.tile(target[:, :rows], (1, frames, 1))  # every frame the first one
+    assert float(motion_gap(torch.tensor(frozen), torch.tensor(target), frames)) == pytest.approx(
+        (d(target) ** 2).mean(), rel=1e-12)
+    with pytest.raises(ValueError, match="do not split into 4 latent frames"):
+        motion_gap(torch.tensor(x), torch.tensor(target), 4)
 
 
 def test_reproduce_line_repeats_the_settings_and_the_distillation_plan():

@@ -89,6 +89,11 @@ class TrainConfig:
     latent channel, its mean and standard deviation over the tokens against the teacher's. Regression to the
     teacher's latents alone lets a small LoRA shrink their spread (a quieter, flatter clip: runs 10 and 11 lost
     loudness or contrast in 15 of 16 pairs); 0 (the default, runs up to 11) leaves the term out."""
+    distill_motion_weight: float = 0.0
+    """Weight of a term on the student's final video x0 changes between consecutive latent frames against the teacher's
+    (:func:`h3.train.distill.motion_gap`): the events the content check counts (bounces, direction) live in those
+    changes, and runs 13-16's students lost 3-4 of the teacher's 6 bounces on world-demo's 16 pairs (session 14's
+    signoff probes); 0 (the default, every run up to 16) leaves the term out."""
     distill_init: str = ""
     """A LoRA file in the shipped format (an earlier checkpoint's ``lora/turbo4-tiny.safetensors``) the distillation
     starts from instead of its seeded initialization ("" : none). One call distils ~2100 steps; starting from the last

@@ -23,7 +23,7 @@ from h3.train.common import (
 )
 from h3.train.dit import Batches, sample
 from h3.train.lora import DistillLora
-from h3.train.packing import AUDIO_SHIFT, VIDEO_ROW, VIDEO_SHIFT, packed_forward
+from h3.train.packing import AUDIO_SHIFT, NUM_LATENT_FRAMES, VIDEO_ROW, VIDEO_SHIFT, packed_forward
 from h3.train.pool import Pool
 
 logger = logging.getLogger(__name__)
@@ -103,6 +103,15 @@ def moment_gap(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return mean_gap + std_gap
 
 
+def motion_gap(x: torch.Tensor, target: torch.Tensor, frames: int = NUM_LATENT_FRAMES) -> torch.Tensor:
+    """Mean squared gap between the changes from one latent frame to the next of ``x`` and of ``target`` (batch,
+    video rows, values), the rows frame-major (h3.train.packing.patchify's order, t2va: no conditioning rows)."""
+    if x.shape[1] % frames:
+        raise ValueError(f"{x.shape[1]} video rows do not split into {frames} latent frames")
+    step = lambda v: v.unflatten(1, (frames, -1)).diff(dim=1)  # noqa: E731
+    return (step(x) - step(target)).pow(2).mean()
+
+
 def distill_loss(transformer, batches: Batches, group: dict, index: torch.Tensor, grid, cfg: TrainConfig,
                  sparse: tuple[int, float] | None = None):
     """The student's 4 steps from the teacher sample's noise, each step's x0 estimate against the teacher's final
@@ -127,6 +136,10 @@ def distill_loss(transformer, batches: Batches, group: dict, index: torch.Tensor
             moment = moment_gap(x0v, target_v) + moment_gap(x0a, target_a)
             total = total + len(tv) * cfg.distill_moment_weight * moment
             parts["moment"] = moment.item()
+        if cfg.distill_motion_weight and i == len(tv) - 1:  # the clip's motion: its events are the content
+            motion = motion_gap(x0v, target_v)
+            total = total + len(tv) * cfg.distill_motion_weight * motion
+            parts["motion"] = motion.item()
         rv, ra = sgv[i + 1] / sgv[i], sga[i + 1] / sga[i]
         xv = (rv * xv + (1 - rv) * x0v).detach()
         xa = (ra * xa + (1 - ra) * x0a).detach()
