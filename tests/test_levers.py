@@ -294,6 +294,11 @@ def test_compensation_lora_sits_on_the_fused_distillation_lora_and_refuses_other
     for change, match in refusals:
         with pytest.raises(LeverError, match=match):
             H3Runtime.load("tiny-random", recipe_from_dict({**data, **change}), "cpu")
+    garbled = save_lora_file(tmp_path / "garbled.safetensors", tiny_lora_state_dict(transformer, seed=77),
+                             {**meta, ROUTING_KEYS["sparsity"]: "eighty-five"})
+    with pytest.raises(LeverError, match=r"states h3_sparse_sparsity = 'eighty-five', not a number"):
+        H3Runtime.load("tiny-random", recipe_from_dict(
+            {**data, "compensation_lora": {**data["compensation_lora"], "path": str(garbled)}}), "cpu")
 
 
 # -- AdaLN precompute -----------------------------------------------------------------------------------------------
