@@ -76,14 +76,14 @@ def main() -> None:
     trunk = lpips_trunk()
     options = {"fidelity.lpips_trunk": trunk}
     t = time.perf_counter()
-    candidates = {recipe(n, args.model).name: recipe(n, args.model).signoff.kind for n in args.candidate}
-    resample = [n for n, kind in candidates.items() if kind == "resample"]
-    near = [n for n in candidates if n not in resample]
+    kinds = {loaded.name: loaded.signoff.kind for loaded in (recipe(n, args.model) for n in args.candidate)}
+    resample = [n for n, kind in kinds.items() if kind == "resample"]
+    near = [n for n in kinds if n not in resample]
     errors = []
-    for gates, candidates in ((GATES, near), (RESAMPLE_GATES, resample)):
-        if candidates:
+    for gates, judged in ((GATES, near), (RESAMPLE_GATES, resample)):
+        if judged:
             errors += run_gates(run_dir, gates, device="cpu", options=options, progress=False,
-                                candidates=candidates).errors
+                                candidates=judged).errors
     env = Path(args.vbench_env) if args.vbench_env and resample else None
     if env is not None:
         proof.vbench_flicker(run_dir, env)

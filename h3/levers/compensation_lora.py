@@ -6,8 +6,8 @@ The adapter loads through diffusers' MiniMax-H3 LoRA loader as the ``lora`` leve
 ``compensation``), with the same matched-module, fuse and adapter-weight checks. A compensation LoRA is trained for one
 routing and one distilled LoRA, so the recipe is refused unless it runs that: sparse attention on, at the block size,
 sparsity and dense steps the file states (``h3_sparse_*`` in its ``__metadata__``, written by ``python -m h3.train``'s
-compensate stage), on top of the LoRA it names (by its tensors' sha256). diffusers 0.42.1 cannot inject a second adapter while the
-first is live unfused (peft's NoMatchingPeftModuleError), so the ``lora`` lever must fuse.
+compensate stage), on top of the LoRA it names (by its tensors' sha256). diffusers 0.42.1 cannot inject a second
+adapter while the first is live unfused (peft's NoMatchingPeftModuleError), so the ``lora`` lever must fuse.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 
 from h3.levers.base import ApplyContext, LeverError
-from h3.levers.lora import TRAINED_LORAS, LoraConfig, LoraHandle, apply_lora, trained_lora_file
+from h3.levers.lora import TRAINED_LORAS, LoraConfig, LoraHandle, apply_lora, resolve_lora_path, trained_lora_file
 
 ROUTING_KEYS = {"block_size": "h3_sparse_block_size", "sparsity": "h3_sparse_sparsity",
                 "dense_steps": "h3_sparse_dense_steps"}
@@ -84,10 +84,10 @@ def _file(path: str | None) -> Path | None:
         return None
     if path in TRAINED_LORAS:
         return trained_lora_file(path)
-    import os
-
-    expanded = os.path.expandvars(os.path.expanduser(path))
-    return None if "$" in expanded else Path(expanded)
+    try:
+        return resolve_lora_path(path, is_tiny=False)  # the lora lever's expansion of $VARS and ~
+    except LeverError:  # unset variable or no such file: check_inputs names it
+        return None
 
 
 def file_metadata(path: str | None) -> dict[str, str] | None:

@@ -95,7 +95,6 @@ def environment(device: str) -> dict:
 def export_checkpoint(components: dict, lora, out: Path, record: dict, compensation=None, cfg=None) -> Path:
     """``compensation`` (with the run's ``cfg``): the sparse-attention compensation LoRA, written beside the turbo
     LoRA (h3.train.compensate)."""
-    from h3.levers.compensation_lora import lora_tensors_sha256
     from h3.tiny_trained import save_checkpoint
 
     target, staging = out / "tiny", out / ".tiny-staging"
@@ -109,6 +108,7 @@ def export_checkpoint(components: dict, lora, out: Path, record: dict, compensat
     except ImportError as exc:  # the loader's conversion needs peft's helpers on some installs
         record["lora"] = {"file": "lora/turbo4-tiny.safetensors", "verified": f"not here: {exc}"}
     if compensation is not None:
+        from h3.levers.compensation_lora import lora_tensors_sha256
         from h3.train.compensate import compensation_file, compensation_metadata
 
         name = compensation_file(cfg)
