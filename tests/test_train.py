@@ -360,12 +360,48 @@ def test_a_shipped_lora_loads_back_into_the_distillation_exactly(tmp_path):
     assert not all(torch.equal(fresh.factors[k], v) for k, v in trained.factors.items())
     assert fresh.load_exported(path) == hashlib.sha256(path.read_bytes()).hexdigest()
     assert all(torch.equal(fresh.factors[k], v) for k, v in trained.factors.items())
-    with pytest.raises(ValueError, match="turbo4-tiny.safetensors: network alpha"):
-        DistillLora(model, rank=8, adaln_rank=2).load_exported(path)
+    with pytest.raises(ValueError, match="do not fit"):
+        DistillLora(model, rank=2, adaln_rank=2).load_exported(path)
     with pytest.raises(ValueError, match="do not fit"):
         DistillLora(model, rank=4, adaln_rank=1).load_exported(path)
     with pytest.raises(ValueError, match="no such LoRA file"):
         fresh.load_exported(tmp_path / "missing.safetensors")
+
+
+def test_a_lower_rank_lora_is_embedded_into_a_wider_one_with_the_same_deltas(tmp_path):
+    """Continuing a rank-4 LoRA at rank 8 (AdaLN 2 -> 3): every module's delta after loading equals the file's own,
+    B @ A computed in float64 from the file's tensors as diffusers' loader reads them (``loaded_deltas``); the new
+    columns of B are zero and the new rows of A keep the wider LoRA's init, so training can use them; a file whose
+    alpha is not its rank is refused."""
+    from safetensors.torch import load_file, save_file
+
+    from h3.train.lora import DistillLora, loaded_deltas
+
+    model = small_dit()
+    narrow = DistillLora(model, rank=4, adaln_rank=2, seed=0)
+    with torch.no_grad():
+        for p in narrow.factors.values():
+            p.normal_(0, 1.0)
+    path = tmp_path / "narrow.safetensors"
+    narrow.save(path)
+    wide = DistillLora(model, rank=8, adaln_rank=3, seed=5)
+    init = {k: v.detach().clone() for k, v in wide.factors.items()}
+    wide.load_exported(path)
+    reference = {name: d.double() for name, d in loaded_deltas(path).items()}
+    got = wide.deltas(model)
+    assert set(got) == set(reference)
+    for name, delta in got.items():
+        torch.testing.assert_close(delta.double(), reference[name], rtol=1e-5, atol=1e-5)
+    for key, value in wide.factors.items():
+        r = 2 if "_adaln_" in key else 4
+        if key.endswith("_B"):
+            assert torch.count_nonzero(value[:, r:]) == 0 and torch.count_nonzero(value[:, :r]) > 0
+        else:
+            assert torch.equal(value[r:], init[key][r:]) and not torch.equal(value[:r], init[key][:r])
+    state = load_file(str(path))
+    save_file(state, str(tmp_path / "odd.safetensors"), metadata={"format": "pt", "alpha": "8.0"})
+    with pytest.raises(ValueError, match="odd.safetensors: network alpha '8.0' for its rank 4"):
+        wide.load_exported(tmp_path / "odd.safetensors")
 
 
 def test_text_encoding_in_batches_equals_one_at_a_time(components):

@@ -95,8 +95,11 @@ class DistillLora(torch.nn.Module):
 
     def load_exported(self, path) -> str:
         """Set the factors from a file :meth:`save` wrote (the inverse of :meth:`export`: ``mlp.fc1``'s halves swapped
-        back, the AdaLN factor's ``adaln_rank / rank`` undone); returns the file's sha256. A file of another rank,
-        layer count or format is refused with a ValueError naming it."""
+        back, the AdaLN factor's ``adaln_rank / rank`` undone); returns the file's sha256. A file of lower rank (or
+        AdaLN rank) is embedded: its factors fill the first rows of each ``A`` and the first columns of each ``B``, the
+        other rows of ``A`` keep their random init and the other columns of ``B`` are zero, so every module's delta
+        ``B @ A`` is the file's exactly and training adds capacity from there (a rank-16 LoRA continued at rank 64). A
+        file of higher rank, another layer count or another format is refused with a ValueError naming it."""
         import hashlib
         from pathlib import Path
 
@@ -108,14 +111,24 @@ class DistillLora(torch.nn.Module):
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
             state = {k: handle.get_tensor(k) for k in handle.keys()}
-        if metadata.get("alpha") != str(float(self.rank)):
-            raise ValueError(f"{path}: network alpha {metadata.get('alpha')!r}, this LoRA's is {float(self.rank)} "
-                             f"(rank {self.rank}); not a distillation LoRA of this configuration")
+        blocks = len({k.split("_")[0] for k in self.factors})
         expected, _ = self.export()
-        if set(state) != set(expected) or any(state[k].shape != v.shape for k, v in expected.items()):
-            raise ValueError(f"{path}: its tensors do not fit this LoRA (rank {self.rank}, AdaLN rank "
-                             f"{self.adaln_rank}, {len({k.split('_')[0] for k in self.factors})} blocks)")
-        alpha = float(self.rank)
+        misfit = ValueError(f"{path}: its tensors do not fit this LoRA (rank {self.rank}, AdaLN rank "
+                            f"{self.adaln_rank}, {blocks} blocks)")
+        if set(state) != set(expected):
+            raise misfit
+        rank = state[f"{KEY_PREFIX}.0.attn.qkv_proj.lora_A.weight"].shape[0]
+        adaln_rank = state[f"{KEY_PREFIX}.0.adaln_proj.linear.lora_A.weight"].shape[0]
+        if metadata.get("alpha") != str(float(rank)):
+            raise ValueError(f"{path}: network alpha {metadata.get('alpha')!r} for its rank {rank} (a distillation "
+                             f"LoRA's is its rank, {float(rank)}); not a distillation LoRA")
+        if rank > self.rank or adaln_rank > self.adaln_rank:
+            raise misfit
+        for k, v in expected.items():
+            r = adaln_rank if ".adaln_proj." in k else rank
+            want = (r, v.shape[1]) if k.endswith("lora_A.weight") else (v.shape[0], r)
+            if tuple(state[k].shape) != want:
+                raise misfit
         with torch.no_grad():
             for i in sorted({int(k.split("_")[0]) for k in self.factors}):
                 get = lambda name: state[f"{KEY_PREFIX}.{i}.{name}.weight"].float()  # noqa: E731
@@ -126,9 +139,11 @@ class DistillLora(torch.nn.Module):
                         gate, value = b.chunk(2, dim=0)
                         b = torch.cat([value, gate])
                     elif target == "adaln":
-                        b = b * (alpha / self.adaln_rank)
-                    self.factors[f"{i}_{target}_A"].copy_(a)
-                    self.factors[f"{i}_{target}_B"].copy_(b)
+                        b = b * (float(rank) / adaln_rank)
+                    r = a.shape[0]
+                    self.factors[f"{i}_{target}_A"][:r].copy_(a)
+                    self.factors[f"{i}_{target}_B"][:, :r].copy_(b)
+                    self.factors[f"{i}_{target}_B"][:, r:].zero_()
         return hashlib.sha256(path.read_bytes()).hexdigest()
 
     def save(self, path, metadata: dict[str, str] | None = None) -> None:
