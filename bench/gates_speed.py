@@ -244,6 +244,7 @@ def main() -> int:
         "gates": gates,
         "gates_missing": missing,
         "gate_threads": gate_workers(len(gates)),
+        "thread_env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ},
         "pairs_in_run": args.pairs,
         "options": options,
         "setup_s": setup_s,
@@ -272,6 +273,10 @@ def main() -> int:
     return 0
 
 
+THREAD_ENV = ("H3EVAL_GATE_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS")
+"""Environment variables that change how the gates use the cores; the record states the ones set."""
+
+
 def markdown(r: dict) -> str:
     lines = [
         f"# Gates speed — {r['device']}",
@@ -288,6 +293,8 @@ def markdown(r: dict) -> str:
         f"- options: {r['options'] or 'defaults'}",
         f"- gates of the pair at once: {r.get('gate_threads', 1)} (h3eval.gaterun.gate_workers: side by side on a host "
         "of 2+ cores, $H3EVAL_GATE_THREADS overrides; the breakdown below runs each gate alone)",
+        f"- threading environment: {', '.join(f'{k}={v}' for k, v in r.get('thread_env', {}).items()) or 'none set'} "
+        f"(of {', '.join(THREAD_ENV)})",
         "",
         "| measure | wall s | CPU s (all threads) |",
         "|---|---|---|",

@@ -87,18 +87,27 @@ for part in ${PARTS:-ak fwd}; do
     # torch's intra-op threads T for the process: gates_speed --torch-threads); the later runs reuse the first's pairs.
     # The first setting also makes the run's 4 pairs of 5 s 768x1344 clips: its box is GATES_BOX_S + GATES_PAIRS_S
     # (90 s; in s13A a 90 s box in all ended the default setting before it timed anything).
-    W=/tmp/gates-s12; reuse=""
-    for gt in ${GATE_THREADS:-default}; do
+    # A setting may end in +passive (OMP_WAIT_POLICY=PASSIVE: OpenMP's idle threads sleep instead of spinning) or
+    # +blas1 (OPENBLAS_NUM_THREADS=1), e.g. GATE_THREADS="default default+passive default+blas1 default"; a setting
+    # named again gets its own tag (_b, _c), so that an A-B-A order keeps every run's file.
+    W=/tmp/gates-s12; reuse=""; seen=" "
+    for token in ${GATE_THREADS:-default}; do
+      gt=${token%%+*}; envs=""; [ "$gt" != "$token" ] && envs=${token#*+}
       box=${GATES_BOX_S:-150}; [ -z "$reuse" ] && box=$((box + ${GATES_PAIRS_S:-90}))
       tag=s12_side4_p4; [ "$gt" = default ] || tag=s12_side4_p4_t${gt/\//x}
+      [ -n "$envs" ] && tag=${tag}_${envs//+/_}
+      k=$(printf '%s\n' $seen | grep -cx "$tag"); seen="$seen $tag"
+      [ "$k" -gt 0 ] && tag=${tag}_$(printf "\\x$(printf %x $((97 + k)))")
       side=${gt%%/*}; tt=""; [ "$gt" != "$side" ] && tt="--torch-threads ${gt#*/}"
       (if [ "$gt" != default ]; then export H3EVAL_GATE_THREADS=$side; fi
+       case "+$envs+" in *+passive+*) export OMP_WAIT_POLICY=PASSIVE ;; esac
+       case "+$envs+" in *+blas1+*) export OPENBLAS_NUM_THREADS=1 ;; esac
        timeout -k 5 $(cap $box) python3 bench/gates_speed.py --device cuda -o lpips_trunk=rand \
          --gates integrity,fidelity,audio,ghosting --repeat 2 --pairs 4 --workdir $W --tag $tag --out "$R/gates" \
-         $tt $reuse >"$R/gates/$tag.log" 2>&1; echo "gates ($gt) rc $? at $((SECONDS - t0)) s")
+         $tt $reuse >"$R/gates/$tag.log" 2>&1; echo "gates ($token, $tag) rc $? at $((SECONDS - t0)) s")
       reuse=--reuse-run
     done
-    grep -h "all gates on the pair\|at once" $R/gates/gates_speed_gpu_s12_*.md 2>/dev/null
+    grep -H "all gates on the pair\|at once" $R/gates/gates_speed_gpu_s12_*.md 2>/dev/null
     timeout -k 5 $(cap 60) python3 - "$W" >"$R/gates/decode.json" 2>"$R/gates/decode.log" <<'PY'
 import json, statistics, sys, time
 from pathlib import Path
