@@ -33,3 +33,18 @@ def metric(value: float | None, higher_is_better: bool, unit: str | None = None)
 
 def relative_to_run(ctx: PairContext, path: Path) -> str:
     return Path(os.path.relpath(Path(path).resolve(), Path(ctx.run_dir).resolve())).as_posix()
+
+
+_blas = None
+
+
+def blas_controller():
+    """One threadpoolctl controller for the process (the BLAS libraries loaded when it is first asked for): building one
+    walks the loaded libraries (dl_iterate_phdr), which must not race a first import of an extension module in another
+    thread (the gates run side by side), so it is built once and its limits are set through it."""
+    global _blas
+    if _blas is None:
+        from threadpoolctl import ThreadpoolController
+
+        _blas = ThreadpoolController()
+    return _blas

@@ -62,13 +62,13 @@ import dataclasses
 import logging
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
 
 import numpy as np
 
 from pydantic import Field
 
 from gates.base import Gate, GateInputError, GateOptions, GateResult, Metric, MetricSpec, PairContext, register_gate
+from gates.common import blas_controller
 
 logger = logging.getLogger(__name__)
 
@@ -685,23 +685,9 @@ def ghost_scores(
     "torch:cpu" runs the torch path on the CPU (tests)."""
     config = config or GhostingConfig()
     if device == "cpu":
-        with _blas_controller().limit(limits=workers, user_api="blas"):
+        with blas_controller().limit(limits=workers, user_api="blas"):
             return _ghost_scores(frames_base, frames_cand, config, _Numpy(workers), chunk or 4)
     return _ghost_scores(frames_base, frames_cand, config, _backend(device, workers), chunk or 16)
-
-
-_blas: Any = None
-
-
-def _blas_controller():
-    """One threadpoolctl controller for the process: building one walks the loaded libraries (dl_iterate_phdr), which
-    must not race a first import of an extension module in another thread (the gates run side by side)."""
-    global _blas
-    if _blas is None:
-        from threadpoolctl import ThreadpoolController
-
-        _blas = ThreadpoolController()
-    return _blas
 
 
 def _frames_equal(a, b) -> bool:

@@ -18,8 +18,9 @@ and artifacts to the same folder. The loop is pair-major so that the gates of on
 - **Metrics**: a result whose metrics are not among those the gate declares (``Gate.metrics``: name, direction,
   unit) is an error result: the verdict reads the declarations.
 - **Side by side**: on a host of 2 cores or more the gates of a pair run in threads, one per core
-  (``$H3EVAL_GATE_THREADS`` overrides: 1 runs them one after another), after both clips are decoded at once, and the
-  next pair's clips decode meanwhile (:func:`decode_ahead`); each
+  (``$H3EVAL_GATE_THREADS`` overrides: 1 runs them one after another), after both clips are decoded at once, with
+  one BLAS thread (:data:`SIDE_BY_SIDE_BLAS_THREADS`), and the next pair's clips decode meanwhile
+  (:func:`decode_ahead`); each
   gate's result is the same either way (tests/test_gaterun.py), only the wall time differs. A gate's first
   non-identical pair in a process runs one after another (its lazy imports and model loads, see ``_warm``), and
   identical pairs always do (they are cheap).
@@ -306,7 +307,8 @@ def run_gates(
         raise GateRunError("no gate chosen (--gates NAME,...)")
     gates = [get_gate(name) for name in dict.fromkeys(gate_names)]  # KeyError names the known gates
     device = check_device(device)
-    gate_workers(1)  # a bad $H3EVAL_GATE_THREADS is refused before anything runs
+    gate_workers(1)  # a bad $H3EVAL_GATE_THREADS or $H3EVAL_GATE_BLAS_THREADS is refused before anything runs
+    side_by_side_blas_threads()
     options = dict(options or {})
     check_options(gates, options)
     pairs = store.pairs()
@@ -418,10 +420,13 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
         from concurrent.futures import ThreadPoolExecutor
 
         from gates import media_cache
+        from gates.common import blas_controller
 
         bar.update(task, description=f"{len(todo)} gates {pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}")
         media_cache.prefetch([base.mp4, cand.mp4], {n for gate, *_ in todo for n in gate.needs})
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gate") as pool:
+        blas = side_by_side_blas_threads()
+        limit = blas_controller().limit(limits=blas, user_api="blas") if blas else contextlib.nullcontext()
+        with limit, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gate") as pool:
             futures = [(gate, path, pool.submit(score, gate, path, gate_options, stamp))
                        for gate, path, gate_options, stamp in todo]
             for gate, path, future in futures:
@@ -476,6 +481,33 @@ demo in a fresh process, twice each way, measured its gates 69 / 74 s one at a t
 its floor 45 / 47 against 38 / 37 s (bench/results/demo_cpu_s8_threads{1,2}{,_b}.md); on the H200 host (16 cores) a
 5 s 768x1344 pair's four gates 1.5 s side by side (gates_speed_gpu_s8_side4.md). A gate's first non-identical pair in
 a process still runs one after another (``_warm``: the lazy-import deadlock of session 7)."""
+
+
+SIDE_BY_SIDE_BLAS_THREADS = 1
+"""BLAS threads while a pair's gates run side by side (the gates are the parallelism; their matrix products are
+small); ``$H3EVAL_GATE_BLAS_THREADS`` overrides it, 0 leaving the BLAS as it is. With the BLAS's own threads, one per
+core, the audio gate's mel projection and the ghosting gate's numpy steps kept the H200 host's 16 cores spinning: with
+one BLAS thread for the whole process (OPENBLAS_NUM_THREADS=1) a 5 s 768x1344 pair's four gates took 1.02 s a pair
+against 1.31 / 1.18 s before and after, CPU 5.2 s against 12.1 / 11.7 (bench/results/gates_speed_gpu_s16_*.md, one
+call). The limit is restored when the pair's gates end."""
+GATE_BLAS_THREADS_ENV = "H3EVAL_GATE_BLAS_THREADS"
+
+
+def side_by_side_blas_threads() -> int:
+    """BLAS threads for a pair's gates side by side: ``$H3EVAL_GATE_BLAS_THREADS`` when set (0: no limit), else
+    :data:`SIDE_BY_SIDE_BLAS_THREADS`."""
+    import os
+
+    raw = os.environ.get(GATE_BLAS_THREADS_ENV)
+    if raw is None:
+        return SIDE_BY_SIDE_BLAS_THREADS
+    try:
+        wanted = int(raw)
+    except ValueError:
+        raise GateRunError(f"${GATE_BLAS_THREADS_ENV}={raw!r} is not a whole number of threads") from None
+    if wanted < 0:
+        raise GateRunError(f"${GATE_BLAS_THREADS_ENV}={raw!r}: 0 (no limit) or more")
+    return wanted
 
 
 def gate_workers(n_gates: int) -> int:

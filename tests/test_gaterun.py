@@ -312,10 +312,59 @@ def test_gates_side_by_side_give_the_results_of_one_after_another(tmp_path, monk
     assert any(a[k]["metrics"]["lpips_mean"]["value"] > 0 for k in a if "fidelity/drift" in k)
 
 
+def test_gates_side_by_side_run_with_one_blas_thread_and_the_run_restores_it(tmp_path, monkeypatch):
+    """While a pair's gates run side by side the BLAS libraries have ``SIDE_BY_SIDE_BLAS_THREADS`` threads (read inside
+    each gate from the libraries themselves); a gate's first pair, one after another, runs with the process's setting
+    (3 here), which the run leaves as it found it."""
+    import threading
+
+    from threadpoolctl import threadpool_limits
+
+    from gates.common import blas_controller
+    from h3eval import gaterun
+
+    blas = blas_controller().select(user_api="blas")
+    assert blas.lib_controllers, "no BLAS library loaded: nothing to observe"
+    seen = []
+    original = gaterun.evaluate_pair
+
+    def spy(gate, ctx, identical):
+        side_by_side = threading.current_thread().name.startswith("gate")
+        seen.append((side_by_side, {lib.num_threads for lib in blas.lib_controllers}))
+        return original(gate, ctx, identical)
+
+    monkeypatch.setattr(gaterun, "evaluate_pair", spy)
+    monkeypatch.setattr(gaterun, "_warm", set())
+    monkeypatch.setenv("H3EVAL_GATE_THREADS", "3")
+    run = make_run(tmp_path / "r", candidates=("drift",), prompt_ids=("p0", "p1", "p2"), frames_fn=_frames,
+                   audio_fn=_audio)
+    with threadpool_limits(limits=3, user_api="blas"):
+        assert not run_gates(run.root, ["fidelity", "audio", "ghosting"], options=RAND, progress=False).failed
+        after = {lib.num_threads for lib in blas.lib_controllers}
+    assert [s for s, _ in seen] == [False] * 3 + [True] * 6
+    assert all(threads == {3} for s, threads in seen if not s)
+    assert all(threads == {gaterun.SIDE_BY_SIDE_BLAS_THREADS} for s, threads in seen if s)
+    assert after == {3}
+
+    # $H3EVAL_GATE_BLAS_THREADS=0 leaves the BLAS as it is (the before-and-after of the speed record)
+    monkeypatch.setenv("H3EVAL_GATE_BLAS_THREADS", "0")
+    seen.clear()
+    with threadpool_limits(limits=3, user_api="blas"):
+        assert not run_gates(run.root, ["fidelity", "audio", "ghosting"], options=RAND, progress=False,
+                             force=True).failed
+    assert [s for s, _ in seen] == [True] * 9 and all(threads == {3} for _, threads in seen)
+
+
 def test_a_bad_gate_thread_count_is_refused_before_anything_runs(run, monkeypatch):
     for bad in ("0", "two"):
         monkeypatch.setenv("H3EVAL_GATE_THREADS", bad)
         with pytest.raises(GateRunError, match="H3EVAL_GATE_THREADS"):
+            run_gates(run.root, GATES, options=RAND, progress=False)
+        assert not (run.root / "gates").exists()
+    monkeypatch.delenv("H3EVAL_GATE_THREADS")
+    for bad in ("-1", "1.5"):
+        monkeypatch.setenv("H3EVAL_GATE_BLAS_THREADS", bad)
+        with pytest.raises(GateRunError, match="H3EVAL_GATE_BLAS_THREADS"):
             run_gates(run.root, GATES, options=RAND, progress=False)
         assert not (run.root / "gates").exists()
 

@@ -88,7 +88,8 @@ for part in ${PARTS:-ak fwd}; do
     # The first setting also makes the run's 4 pairs of 5 s 768x1344 clips: its box is GATES_BOX_S + GATES_PAIRS_S
     # (90 s; in s13A a 90 s box in all ended the default setting before it timed anything).
     # A setting may end in +passive (OMP_WAIT_POLICY=PASSIVE: OpenMP's idle threads sleep instead of spinning) or
-    # +blas1 (OPENBLAS_NUM_THREADS=1), e.g. GATE_THREADS="default default+passive default+blas1 default"; a setting
+    # +blas1 (OPENBLAS_NUM_THREADS=1) or +blasfree (H3EVAL_GATE_BLAS_THREADS=0: the gates side by side without the
+    # product's one-BLAS-thread limit, as before session 16), e.g. GATE_THREADS="default default+passive default+blas1 default"; a setting
     # named again gets its own tag (_b, _c), so that an A-B-A order keeps every run's file.
     W=/tmp/gates-s12; reuse=""; seen=" "
     for token in ${GATE_THREADS:-default}; do
@@ -102,6 +103,7 @@ for part in ${PARTS:-ak fwd}; do
       (if [ "$gt" != default ]; then export H3EVAL_GATE_THREADS=$side; fi
        case "+$envs+" in *+passive+*) export OMP_WAIT_POLICY=PASSIVE ;; esac
        case "+$envs+" in *+blas1+*) export OPENBLAS_NUM_THREADS=1 ;; esac
+       case "+$envs+" in *+blasfree+*) export H3EVAL_GATE_BLAS_THREADS=0 ;; esac
        timeout -k 5 $(cap $box) python3 bench/gates_speed.py --device cuda -o lpips_trunk=rand \
          --gates integrity,fidelity,audio,ghosting --repeat 2 --pairs 4 --workdir $W --tag $tag --out "$R/gates" \
          $tt $reuse >"$R/gates/$tag.log" 2>&1; echo "gates ($token, $tag) rc $? at $((SECONDS - t0)) s")
