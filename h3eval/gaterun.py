@@ -438,6 +438,9 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
     if side_error is None and not identical:
         with _warm_lock:
             _warm.update(gate.name for gate, *_ in todo)
+        from gates.common import blas_controller
+
+        blas_controller()  # built here, in the one thread running, once the gates' libraries are loaded (see _warm)
 
 
 def decode_ahead(gates: list[Gate]) -> bool:
