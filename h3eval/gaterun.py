@@ -18,8 +18,8 @@ and artifacts to the same folder. The loop is pair-major so that the gates of on
 - **Metrics**: a result whose metrics are not among those the gate declares (``Gate.metrics``: name, direction,
   unit) is an error result: the verdict reads the declarations.
 - **Side by side**: on a host of 2 cores or more the gates of a pair run in threads, one per core
-  (``$H3EVAL_GATE_THREADS`` overrides: 1 runs them one after another), after both clips are decoded at once, with
-  one BLAS thread (:data:`SIDE_BY_SIDE_BLAS_THREADS`), and the next pair's clips decode meanwhile
+  (``$H3EVAL_GATE_THREADS`` overrides: 1 runs them one after another), after both clips are decoded at once, on a
+  GPU with one BLAS thread (:data:`SIDE_BY_SIDE_BLAS_THREADS`), and the next pair's clips decode meanwhile
   (:func:`decode_ahead`); each
   gate's result is the same either way (tests/test_gaterun.py), only the wall time differs. A gate's first
   non-identical pair in a process runs one after another (its lazy imports and model loads, see ``_warm``), and
@@ -308,7 +308,7 @@ def run_gates(
     gates = [get_gate(name) for name in dict.fromkeys(gate_names)]  # KeyError names the known gates
     device = check_device(device)
     gate_workers(1)  # a bad $H3EVAL_GATE_THREADS or $H3EVAL_GATE_BLAS_THREADS is refused before anything runs
-    side_by_side_blas_threads()
+    side_by_side_blas_threads(device)
     options = dict(options or {})
     check_options(gates, options)
     pairs = store.pairs()
@@ -424,7 +424,7 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
 
         bar.update(task, description=f"{len(todo)} gates {pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}")
         media_cache.prefetch([base.mp4, cand.mp4], {n for gate, *_ in todo for n in gate.needs})
-        blas = side_by_side_blas_threads()
+        blas = side_by_side_blas_threads(device)
         limit = blas_controller().limit(limits=blas, user_api="blas") if blas else contextlib.nullcontext()
         with limit, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gate") as pool:
             futures = [(gate, path, pool.submit(score, gate, path, gate_options, stamp))
@@ -487,23 +487,24 @@ a process still runs one after another (``_warm``: the lazy-import deadlock of s
 
 
 SIDE_BY_SIDE_BLAS_THREADS = 1
-"""BLAS threads while a pair's gates run side by side (the gates are the parallelism; their matrix products are
-small); ``$H3EVAL_GATE_BLAS_THREADS`` overrides it, 0 leaving the BLAS as it is. With the BLAS's own threads, one per
-core, the audio gate's mel projection and the ghosting gate's numpy steps kept the H200 host's 16 cores spinning: with
-one BLAS thread for the whole process (OPENBLAS_NUM_THREADS=1) a 5 s 768x1344 pair's four gates took 1.02 s a pair
-against 1.31 / 1.18 s before and after, CPU 5.2 s against 12.1 / 11.7 (bench/results/gates_speed_gpu_s16_*.md, one
-call). The limit is restored when the pair's gates end."""
+"""BLAS threads while a pair's gates run side by side on a GPU (their heavy work is on the GPU; the BLAS's products
+are small); ``$H3EVAL_GATE_BLAS_THREADS`` overrides it, 0 leaving the BLAS as it is. With the BLAS's own threads, one
+per core, the audio gate's mel projection and the ghosting gate's numpy steps kept the H200 host's 16 cores spinning:
+with the limit a 5 s 768x1344 pair's four gates took 0.954 / 1.180 / 0.975 s a pair against 1.110 / 1.211 s without it
+in between, CPU 5 s against 10-11 (bench/results/gates_speed_gpu_s16C_default.md, one call). On the CPU device the
+BLAS is left as it is: on the 2-core VM the limit measured no gain (13.1 / 16.1 s a pair against 12.0 / 13.5 s
+without it, bench/results/gates_speed_cpu_s16_*.md: limit / nolimit). The limit is restored when the pair's gates end."""
 GATE_BLAS_THREADS_ENV = "H3EVAL_GATE_BLAS_THREADS"
 
 
-def side_by_side_blas_threads() -> int:
-    """BLAS threads for a pair's gates side by side: ``$H3EVAL_GATE_BLAS_THREADS`` when set (0: no limit), else
-    :data:`SIDE_BY_SIDE_BLAS_THREADS`."""
+def side_by_side_blas_threads(device: str) -> int:
+    """BLAS threads for a pair's gates side by side on ``device`` (0: no limit): ``$H3EVAL_GATE_BLAS_THREADS`` when
+    set, else :data:`SIDE_BY_SIDE_BLAS_THREADS` on a CUDA device and no limit on the CPU."""
     import os
 
     raw = os.environ.get(GATE_BLAS_THREADS_ENV)
     if raw is None:
-        return SIDE_BY_SIDE_BLAS_THREADS
+        return SIDE_BY_SIDE_BLAS_THREADS if str(device).startswith("cuda") else 0
     try:
         wanted = int(raw)
     except ValueError:

@@ -313,9 +313,10 @@ def test_gates_side_by_side_give_the_results_of_one_after_another(tmp_path, monk
 
 
 def test_gates_side_by_side_run_with_one_blas_thread_and_the_run_restores_it(tmp_path, monkeypatch):
-    """While a pair's gates run side by side the BLAS libraries have ``SIDE_BY_SIDE_BLAS_THREADS`` threads (read inside
-    each gate from the libraries themselves); a gate's first pair, one after another, runs with the process's setting
-    (3 here), which the run leaves as it found it."""
+    """While a pair's gates run side by side the BLAS libraries have the threads ``$H3EVAL_GATE_BLAS_THREADS`` names
+    (read inside each gate from the libraries themselves; the default, 1 on a GPU, is set here for the CPU run); a
+    gate's first pair, one after another, runs with the process's setting (3 here), which the run leaves as it found
+    it; 0, the CPU's default, leaves the BLAS as it is."""
     import threading
 
     from threadpoolctl import threadpool_limits
@@ -336,6 +337,7 @@ def test_gates_side_by_side_run_with_one_blas_thread_and_the_run_restores_it(tmp
     monkeypatch.setattr(gaterun, "evaluate_pair", spy)
     monkeypatch.setattr(gaterun, "_warm", set())
     monkeypatch.setenv("H3EVAL_GATE_THREADS", "3")
+    monkeypatch.setenv("H3EVAL_GATE_BLAS_THREADS", str(gaterun.SIDE_BY_SIDE_BLAS_THREADS))
     run = make_run(tmp_path / "r", candidates=("drift",), prompt_ids=("p0", "p1", "p2"), frames_fn=_frames,
                    audio_fn=_audio)
     with threadpool_limits(limits=3, user_api="blas"):
@@ -346,8 +348,9 @@ def test_gates_side_by_side_run_with_one_blas_thread_and_the_run_restores_it(tmp
     assert all(threads == {gaterun.SIDE_BY_SIDE_BLAS_THREADS} for s, threads in seen if s)
     assert after == {3}
 
-    # $H3EVAL_GATE_BLAS_THREADS=0 leaves the BLAS as it is (the before-and-after of the speed record)
-    monkeypatch.setenv("H3EVAL_GATE_BLAS_THREADS", "0")
+    # unset on the CPU device, or 0, the BLAS is left as it is (the before-and-after of the speed records)
+    monkeypatch.delenv("H3EVAL_GATE_BLAS_THREADS")
+    assert (gaterun.side_by_side_blas_threads("cpu"), gaterun.side_by_side_blas_threads("cuda:1")) == (0, 1)
     seen.clear()
     with threadpool_limits(limits=3, user_api="blas"):
         assert not run_gates(run.root, ["fidelity", "audio", "ghosting"], options=RAND, progress=False,
