@@ -500,17 +500,9 @@ GATE_BLAS_THREADS_ENV = "H3EVAL_GATE_BLAS_THREADS"
 def side_by_side_blas_threads(device: str) -> int:
     """BLAS threads for a pair's gates side by side on ``device`` (0: no limit): ``$H3EVAL_GATE_BLAS_THREADS`` when
     set, else :data:`SIDE_BY_SIDE_BLAS_THREADS` on a CUDA device and no limit on the CPU."""
-    import os
-
-    raw = os.environ.get(GATE_BLAS_THREADS_ENV)
-    if raw is None:
+    wanted = _env_threads(GATE_BLAS_THREADS_ENV, 0, "0 (no limit) or more")
+    if wanted is None:
         return SIDE_BY_SIDE_BLAS_THREADS if str(device).startswith("cuda") else 0
-    try:
-        wanted = int(raw)
-    except ValueError:
-        raise GateRunError(f"${GATE_BLAS_THREADS_ENV}={raw!r} is not a whole number of threads") from None
-    if wanted < 0:
-        raise GateRunError(f"${GATE_BLAS_THREADS_ENV}={raw!r}: 0 (no limit) or more")
     return wanted
 
 
@@ -519,18 +511,28 @@ def gate_workers(n_gates: int) -> int:
     of gates on a host of :data:`GATE_THREADS_MIN_CORES` cores or more, else 1."""
     import os
 
-    raw = os.environ.get(GATE_THREADS_ENV)
-    if raw is not None:
-        try:
-            wanted = int(raw)
-        except ValueError:
-            raise GateRunError(f"${GATE_THREADS_ENV}={raw!r} is not a whole number of threads") from None
-        if wanted < 1:
-            raise GateRunError(f"${GATE_THREADS_ENV}={raw!r}: at least 1 thread")
-    else:
+    wanted = _env_threads(GATE_THREADS_ENV, 1, "at least 1 thread")
+    if wanted is None:
         cores = os.cpu_count() or 1
         wanted = cores if cores >= GATE_THREADS_MIN_CORES else 1
     return max(1, min(wanted, n_gates))
+
+
+def _env_threads(name: str, least: int, rule: str) -> int | None:
+    """The whole number of threads in ``$name`` (None when unset); a value that is not one, or under ``least``, is
+    refused naming the variable."""
+    import os
+
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    try:
+        wanted = int(raw)
+    except ValueError:
+        raise GateRunError(f"${name}={raw!r} is not a whole number of threads") from None
+    if wanted < least:
+        raise GateRunError(f"${name}={raw!r}: {rule}")
+    return wanted
 
 
 def _count(summary: GateRunSummary, gate: str, result: GateResult, path: Path) -> None:

@@ -342,6 +342,18 @@ def test_distill_lora_ships_in_the_h3_format_diffusers_loads(tmp_path):
     assert effect > 100 * float((peft[0] - hooked[0]).abs().max()) and effect > 1e-3, effect
 
 
+def _saved_random_lora(model, path, rank: int, adaln_rank: int):
+    """A distillation LoRA on ``model`` with every factor drawn from N(0, 1) (seeded), saved at ``path``."""
+    from h3.train.lora import DistillLora
+
+    lora = DistillLora(model, rank=rank, adaln_rank=adaln_rank, seed=0)
+    with torch.no_grad():
+        for p in lora.factors.values():
+            p.normal_(0, 1.0)
+    lora.save(path)
+    return lora
+
+
 def test_a_shipped_lora_loads_back_into_the_distillation_exactly(tmp_path):
     """``DistillLora.load_exported`` inverts the export (fc1 halves, the AdaLN factor's rank ratio): every factor equal
     bit for bit, the file's sha256 returned; a file of another rank, or no file, is refused naming it."""
@@ -350,12 +362,8 @@ def test_a_shipped_lora_loads_back_into_the_distillation_exactly(tmp_path):
     from h3.train.lora import DistillLora
 
     model = small_dit()
-    trained = DistillLora(model, rank=4, adaln_rank=2, seed=0)
-    with torch.no_grad():
-        for p in trained.factors.values():
-            p.normal_(0, 1.0)
     path = tmp_path / "turbo4-tiny.safetensors"
-    trained.save(path)
+    trained = _saved_random_lora(model, path, rank=4, adaln_rank=2)
     fresh = DistillLora(model, rank=4, adaln_rank=2, seed=1)
     assert not all(torch.equal(fresh.factors[k], v) for k, v in trained.factors.items())
     assert fresh.load_exported(path) == hashlib.sha256(path.read_bytes()).hexdigest()
@@ -378,12 +386,8 @@ def test_a_lower_rank_lora_is_embedded_into_a_wider_one_with_the_same_deltas(tmp
     from h3.train.lora import DistillLora, loaded_deltas
 
     model = small_dit()
-    narrow = DistillLora(model, rank=4, adaln_rank=2, seed=0)
-    with torch.no_grad():
-        for p in narrow.factors.values():
-            p.normal_(0, 1.0)
     path = tmp_path / "narrow.safetensors"
-    narrow.save(path)
+    _saved_random_lora(model, path, rank=4, adaln_rank=2)
     wide = DistillLora(model, rank=8, adaln_rank=3, seed=5)
     init = {k: v.detach().clone() for k, v in wide.factors.items()}
     wide.load_exported(path)
