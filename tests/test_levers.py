@@ -1482,14 +1482,25 @@ def test_lever_quality_recipes_are_the_baseline_with_one_lever_on():
     assert found >= 3
 
 
-def test_the_uncompensated_sparse_recipe_differs_from_the_shipped_one_only_by_its_compensation_lora():
-    """bench/recipes/turbo4-tiny-sparse85-nocomp is what the compensation LoRA is measured against: the shipped
-    turbo4-tiny-sparse85 with that one section off; and both are turbo4-tiny plus the sparse routing."""
+@pytest.mark.parametrize("compensated, sparsity", [("turbo4-tiny-sparse85", 0.85), ("turbo4-tiny-sparse50", 0.5)])
+def test_the_uncompensated_sparse_recipe_differs_from_the_compensated_one_only_by_its_compensation_lora(
+        compensated, sparsity):
+    """bench/recipes/turbo4-tiny-sparse{85,50}-nocomp is what a compensation LoRA is measured against: the compensated
+    recipe (the shipped turbo4-tiny-sparse85, the bench's turbo4-tiny-sparse50) with that one section off; and both
+    are turbo4-tiny plus the sparse routing at the sparsity the LoRA file states it was trained for."""
     from pathlib import Path
 
-    shipped = load_recipe("turbo4-tiny-sparse85").model_dump()
-    nocomp = load_recipe(Path(__file__).resolve().parent.parent / "bench" / "recipes"
-                         / "turbo4-tiny-sparse85-nocomp.toml").model_dump()
+    from h3.levers.compensation_lora import ROUTING_KEYS, file_metadata
+
+    root = Path(__file__).resolve().parent.parent
+    bench = root / "bench" / "recipes"
+    recipe = load_recipe(bench / f"{compensated}.toml" if (bench / f"{compensated}.toml").exists() else compensated)
+    shipped = recipe.model_dump()
+    nocomp = load_recipe(bench / f"{compensated}-nocomp.toml").model_dump()
+    assert shipped["sparse_attention"]["sparsity"] == nocomp["sparse_attention"]["sparsity"] == sparsity
+    path = recipe.compensation_lora.path
+    stated = file_metadata(path if path.startswith("@") else str(root / path))
+    assert stated is not None and float(stated[ROUTING_KEYS["sparsity"]]) == sparsity
     turbo = load_recipe("turbo4-tiny").model_dump()
     differs = lambda a, b: sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))  # noqa: E731
     assert differs(shipped, nocomp) == ["compensation_lora", "description", "name", "signoff"]
