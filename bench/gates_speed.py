@@ -273,7 +273,8 @@ def main() -> int:
     return 0
 
 
-THREAD_ENV = ("H3EVAL_GATE_THREADS", "H3EVAL_GATE_BLAS_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS")
+THREAD_ENV = ("H3EVAL_GATE_THREADS", "H3EVAL_GATE_BLAS_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+              "OPENBLAS_NUM_THREADS")
 """Environment variables that change how the gates use the cores; the record states the ones set."""
 
 

@@ -42,6 +42,7 @@ from typing import Any, Iterable
 
 from gates.base import (GATE_RESULT_VERSION, ClipSide, Gate, GateInputError, GateResult, PairContext, PairRef,
                         RunClip, RunContext, RunInfo, get_gate)
+from gates.common import blas_controller
 from h3.atomic import atomic_write_json, sha256_file
 from h3eval.store import (GateResultError, RecordError, RunManifest, RunStore, StoreError, clip_stem, read_clip_record,
                           read_gate_result)
@@ -420,7 +421,6 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
         from concurrent.futures import ThreadPoolExecutor
 
         from gates import media_cache
-        from gates.common import blas_controller
 
         bar.update(task, description=f"{len(todo)} gates {pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}")
         media_cache.prefetch([base.mp4, cand.mp4], {n for gate, *_ in todo for n in gate.needs})
@@ -438,8 +438,6 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
     if side_error is None and not identical:
         with _warm_lock:
             _warm.update(gate.name for gate, *_ in todo)
-        from gates.common import blas_controller
-
         blas_controller()  # built here, in the one thread running, once the gates' libraries are loaded (see _warm)
 
 
@@ -493,7 +491,8 @@ per core, the audio gate's mel projection and the ghosting gate's numpy steps ke
 with the limit a 5 s 768x1344 pair's four gates took 0.954 / 1.180 / 0.975 s a pair against 1.110 / 1.211 s without it
 in between, CPU 5 s against 10-11 (bench/results/gates_speed_gpu_s16C_default.md, one call). On the CPU device the
 BLAS is left as it is: on the 2-core VM the limit measured no gain (13.1 / 16.1 s a pair against 12.0 / 13.5 s
-without it, bench/results/gates_speed_cpu_s16_*.md: limit / nolimit). The limit is restored when the pair's gates end."""
+without it, bench/results/gates_speed_cpu_s16_*.md: limit / nolimit). The limit is restored when the pair's gates
+end."""
 GATE_BLAS_THREADS_ENV = "H3EVAL_GATE_BLAS_THREADS"
 
 

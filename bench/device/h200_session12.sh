@@ -89,8 +89,8 @@ for part in ${PARTS:-ak fwd}; do
     # (90 s; in s13A a 90 s box in all ended the default setting before it timed anything).
     # A setting may end in +passive (OMP_WAIT_POLICY=PASSIVE: OpenMP's idle threads sleep instead of spinning) or
     # +blas1 (OPENBLAS_NUM_THREADS=1) or +blasfree (H3EVAL_GATE_BLAS_THREADS=0: the gates side by side without the
-    # product's one-BLAS-thread limit, as before session 16), e.g. GATE_THREADS="default default+passive default+blas1 default"; a setting
-    # named again gets its own tag (_b, _c), so that an A-B-A order keeps every run's file.
+    # product's one-BLAS-thread limit, as before session 16), e.g. GATE_THREADS="default default+blasfree default"; a
+    # setting named again gets its own tag (_b, _c), so that an A-B-A order keeps every run's file.
     W=/tmp/gates-s12; reuse=""; seen=" "
     for token in ${GATE_THREADS:-default}; do
       gt=${token%%+*}; envs=""; [ "$gt" != "$token" ] && envs=${token#*+}
