@@ -21,7 +21,8 @@
 # (a folder, carried with the call, holding an earlier call's state.pack.part-*), CONTINUE (with RESUME_FROM: stages a
 # budget ended that this call re-opens, STAGE[:STEPS],...: video-vae or audio-vae drops the dit and distill states
 # that depend on it, dit drops distill), PACK_MOMENTS (bf16), RUN_DIR (/tmp/h3-train; with RESUME_FROM it is emptied
-# first when it is that default), PACK (1; 0 returns no state pack: a call seeded from the shipped checkpoint needs none).
+# first when it is that default), PACK (1; 0 returns no state pack: a call seeded from the shipped checkpoint needs none),
+# SITE (/tmp/site: where the wheels install; two runs side by side need their own SITE and RUN_DIR).
 #
 # Session 10 (2026-12-02) ran the plan below as runs 14a (DiT to 25116) and 14c (the distillation on from run 13's LoRA
 # at distill_lr 5e-4): neither improved held-out content or the signoff (tiny_train_h200.md), run 13 stays shipped, and
@@ -101,8 +102,9 @@ BUDGET_S=${BUDGET_S:-570}
 STAGE=${STAGE:-all}
 PY=${PYTHON:-python3}
 if [ -n "${WHEELS:-}" ]; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
+  site=${SITE:-/tmp/site}  # SITE and RUN_DIR apart: two trainings side by side on one GPU
+  $PY -m pip install -q --no-index --no-deps --no-compile --target "$site" "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH=$site:$PWD
 else
   export PYTHONPATH=$PWD
 fi

@@ -99,6 +99,20 @@ class TrainConfig:
     starts from instead of its seeded initialization ("" : none). One call distils ~2100 steps; starting from the last
     checkpoint's LoRA lets the next call add to them, against a teacher that may have trained on. The distill state
     and the training record name the file and its sha256."""
+    distill_objective: str = "regression"
+    """How the student learns: "regression" (every run up to 21: each step's x0 estimate against the teacher's final
+    latents from the same noise, :func:`h3.train.distill.distill_loss`) or "dmd" (distribution matching against a
+    fake score trained on the student's samples, :mod:`h3.train.dmd`)."""
+    dmd_fake_rank: int = 64
+    dmd_fake_adaln_rank: int = 16
+    """The fake score's LoRA (on the frozen teacher; B = 0 at the start, so it starts as the teacher)."""
+    dmd_fake_lr: float = 5e-4
+    dmd_fake_updates: int = 2
+    """Fake-score steps per student step (DMD2's two time-scale rule: the fake score must keep up with the student)."""
+    dmd_fake_warmup: int = 100
+    """Steps at the start that train the fake score alone, on the initial student's samples."""
+    dmd_regression_weight: float = 0.0
+    """Weight of the regression to the teacher's final latents beside the DMD term (the original DMD's anchor)."""
     # the sparse-attention compensation LoRA (h3.train.compensate)
     compensate_steps: int = 0
     """Steps of the compensation LoRA (0, the default: no such stage, no such file; runs up to 16 had none)."""

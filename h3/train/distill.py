@@ -151,6 +151,8 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
     """``transformer`` holds the teacher weights (frozen here); returns the trained LoRA (detached) and the log. With
     several ranks (``dist``) each makes its share of the teacher set and the LoRA's gradients are averaged."""
     dist = dist or Dist()
+    if cfg.distill_objective not in ("regression", "dmd"):
+        raise ValueError(f"distill_objective {cfg.distill_objective!r}: 'regression' or 'dmd'")
     transformer.requires_grad_(False)
     transformer.eval()
     groups = load_teacher_set(transformer, pool, cfg, out, dist)
@@ -164,8 +166,16 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
                     lr_steps=cfg.distill_lr_steps,
                     record={"teacher_samples": samples, "teacher_presentations": presentations,
                             **({"init_from": init_from} if init_from else {})})
-    result = fit_lora(transformer, lora, groups, Batches(pool, cfg), cfg, out / "distill" / "state.pt", plan, budget,
-                      stop_after, dist)
+    if cfg.distill_objective == "dmd":
+        from h3.train.dmd import fit_dmd
+
+        fake = DistillLora(transformer, cfg.dmd_fake_rank, cfg.dmd_fake_adaln_rank, seed=cfg.seed + 2).to(cfg.device)
+        plan.record["objective"] = "dmd"
+        result = fit_dmd(transformer, lora, fake, groups, Batches(pool, cfg), cfg, out / "distill" / "state.pt", plan,
+                         budget, stop_after, dist)
+    else:
+        result = fit_lora(transformer, lora, groups, Batches(pool, cfg), cfg, out / "distill" / "state.pt", plan,
+                          budget, stop_after, dist)
     return lora, result
 
 

@@ -63,7 +63,7 @@ def plot_record(record: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(stages), figsize=(4.2 * len(stages), 3.4))
     for ax, stage in zip(axes if len(stages) > 1 else [axes], stages):
         rows = record["losses"][stage]
-        keys = [k for k in rows[0] if k != "step"]
+        keys = list(dict.fromkeys(k for r in rows for k in r if k != "step"))  # DMD's first rows lack the student's
         for key in keys:
             pts = [(r["step"], r[key]) for r in rows if key in r and r[key] > 0]
             if pts:
