@@ -202,7 +202,7 @@ def fit_dmd(transformer, student, fake, groups: list[dict], batches, cfg: TrainC
             ran += 1
             if (step % cfg.log_every == 0 or step == total) and dist.main:
                 values = {name: float(v) for name, v in parts.items()}
-                log.add(step, **({"loss": float(loss)} if train_student else {}), **values)
+                log.add(step, **({"loss": float(loss.detach())} if train_student else {}), **values)
                 logger.info("%s step %d/%d (dmd, student step %d) %s", plan.stage, step, total, k,
                             {name: round(v, 4) for name, v in values.items()})
             if step % cfg.checkpoint_every == 0:
