@@ -1215,3 +1215,28 @@ def test_an_unknown_distillation_objective_is_refused(tmp_path):
     with pytest.raises(ValueError, match="distill_objective 'gan'"):
         train_distill(small_dit(), synthetic_pool(), TrainConfig.smoke(distill_objective="gan"), tmp_path,
                       Budget(None))
+
+
+@pytest.mark.parametrize("fixed", [-1, 3])
+def test_dmd_sees_a_random_student_step_or_the_one_it_is_given(tmp_path, monkeypatch, fixed):
+    """``dmd_student_step`` -1 draws the student step per training step (over 8 steps more than one), 3 keeps the last
+    one (the clip) every time; a step the student does not have is refused."""
+    from h3.train import dmd
+    from h3.train.distill import train_distill
+
+    seen = []
+    real = dmd.student_sample
+
+    def spy(transformer, layout, text, xv, xa, grid, k, device):
+        seen.append(k)
+        return real(transformer, layout, text, xv, xa, grid, k, device)
+
+    monkeypatch.setattr(dmd, "student_sample", spy)
+    cfg = TrainConfig.smoke(distill_objective="dmd", distill_steps=8, dmd_fake_warmup=1, distill_teacher_samples=4,
+                            distill_teacher_steps=3, distill_batch=1, lora_rank=2, lora_adaln_rank=1, dmd_fake_rank=2,
+                            dmd_fake_adaln_rank=1, dmd_fake_updates=1, dmd_student_step=fixed)
+    train_distill(small_dit(), synthetic_pool(), cfg, tmp_path / "run", Budget(None))
+    assert len(seen) == 8 and all(0 <= k < 4 for k in seen)
+    assert (len(set(seen)) > 1) if fixed < 0 else (seen == [3] * 8), seen
+    with pytest.raises(ValueError, match="dmd_student_step 4"):
+        train_distill(small_dit(), synthetic_pool(), replace(cfg, dmd_student_step=4), tmp_path / "bad", Budget(None))

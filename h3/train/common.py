@@ -113,6 +113,10 @@ class TrainConfig:
     """Steps at the start that train the fake score alone, on the initial student's samples."""
     dmd_regression_weight: float = 0.0
     """Weight of the regression to the teacher's final latents beside the DMD term (the original DMD's anchor)."""
+    dmd_student_step: int = -1
+    """The student step whose x0 estimate the DMD term and the fake score see: -1 (the default, run 22) a random one
+    per training step (DMD2's multi-step generator), else that step (0-based; ``distill_student_steps - 1`` the
+    clip itself: the fake score then models the clips alone, not a mixture of the four steps' estimates)."""
     # the sparse-attention compensation LoRA (h3.train.compensate)
     compensate_steps: int = 0
     """Steps of the compensation LoRA (0, the default: no such stage, no such file; runs up to 16 had none)."""

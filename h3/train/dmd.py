@@ -10,7 +10,7 @@ objective on the student's samples, so it tracks the distribution the student ma
 difference of the two denoisers at a noised student sample, ``x0_fake - x0_teacher`` (the gradient of the KL between
 the two distributions), normalised by the teacher's mean error on that sample.
 
-Per step: a random student step ``k`` of 4; the student runs steps ``0..k-1`` from the teacher set's noise without
+Per step: a random student step ``k`` of 4 (``dmd_student_step``: a fixed one); the student runs steps ``0..k-1`` from the teacher set's noise without
 gradient and step ``k`` with it, its x0 estimate ``x0_k`` being the sample (each of the student's steps is meant to
 make a clip, as the regression stage trains them all to). Then
 
@@ -110,6 +110,9 @@ def fit_dmd(transformer, student, fake, groups: list[dict], batches, cfg: TrainC
     from h3.train.distill import DISTILL_WARMUP, student_grid
 
     dist = dist or Dist()
+    if not -1 <= cfg.dmd_student_step < cfg.distill_student_steps:
+        raise ValueError(f"dmd_student_step {cfg.dmd_student_step}: -1 (a random step) or a step of the student's "
+                         f"{cfg.distill_student_steps} (0-based)")
     opt_s = torch.optim.AdamW(student.parameters(), lr=plan.lr, betas=(0.9, 0.99), weight_decay=0.0)
     opt_f = torch.optim.AdamW(fake.parameters(), lr=cfg.dmd_fake_lr, betas=(0.9, 0.99), weight_decay=0.0)
     state = load_state(path, cfg.device)
@@ -148,7 +151,9 @@ def fit_dmd(transformer, student, fake, groups: list[dict], batches, cfg: TrainC
             cpu_g, dev_g = generators(cfg.seed, dist.stream(plan.stage), step, cfg.device)
             group = groups[int(torch.multinomial(sizes, 1, generator=cpu_g))]
             index = torch.randint(len(group["presentations"]), (cfg.distill_batch,), generator=cpu_g).to(cfg.device)
-            k = int(torch.randint(cfg.distill_student_steps, (1,), generator=cpu_g))
+            k = int(torch.randint(cfg.distill_student_steps, (1,), generator=cpu_g))  # drawn either way: same streams
+            if cfg.dmd_student_step >= 0:
+                k = cfg.dmd_student_step
             layout = batches.layout(group["key"], batches.pool.tags[group["presentations"][0]])
             text = torch.stack([batches.pool.texts[group["presentations"][int(i)]] for i in index]).float()
             parts = {}
