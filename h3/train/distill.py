@@ -170,7 +170,6 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
         from h3.train.dmd import fit_dmd
 
         fake = DistillLora(transformer, cfg.dmd_fake_rank, cfg.dmd_fake_adaln_rank, seed=cfg.seed + 2).to(cfg.device)
-        plan.record["objective"] = "dmd"
         result = fit_dmd(transformer, lora, fake, groups, Batches(pool, cfg), cfg, out / "distill" / "state.pt", plan,
                          budget, stop_after, dist)
     else:

@@ -31,7 +31,10 @@ from pathlib import Path
 
 import torch
 
-from h3.train.common import TrainConfig, autocast, generators, load_state, lr_at, save_state, set_lr
+from h3.train.common import (
+    Dist, StageLog, TrainConfig, autocast, generators, load_state, lr_at, save_state, set_lr,
+)
+from h3.train.distill import DISTILL_WARMUP, student_grid
 from h3.train.packing import AUDIO_SHIFT, VIDEO_SHIFT, packed_forward, shifted_sigma
 
 logger = logging.getLogger(__name__)
@@ -106,9 +109,6 @@ def fit_dmd(transformer, student, fake, groups: list[dict], batches, cfg: TrainC
     """Train ``student`` by DMD against the frozen ``transformer`` (the teacher), with ``fake`` as the fake score;
     resumable from the state at ``path`` (both LoRAs, both optimizers). The same return as
     :func:`h3.train.distill.fit_lora`."""
-    from h3.train.common import Dist, StageLog
-    from h3.train.distill import DISTILL_WARMUP, student_grid
-
     dist = dist or Dist()
     if not -1 <= cfg.dmd_student_step < cfg.distill_student_steps:
         raise ValueError(f"dmd_student_step {cfg.dmd_student_step}: -1 (a random step) or a step of the student's "
