@@ -1209,6 +1209,32 @@ def test_dmd_distillation_trains_both_loras_and_resumes_to_the_same_state(tmp_pa
             assert torch.equal(a[part][key], b[part][key]), (part, key)
 
 
+@pytest.mark.parametrize("objective", ["regression", "dmd"])
+def test_distillation_snapshots_are_the_student_at_their_steps(tmp_path, objective):
+    """``distill_snapshot_every = 2`` over 4 steps writes the student at steps 2 and 4 in the exported format: the
+    step-4 file is byte for byte the final LoRA's export, the step-2 file that of a run cut after 2 steps (and differs
+    from step 4's); none is written without the setting."""
+    from h3.train.distill import train_distill
+
+    cfg = TrainConfig.smoke(distill_objective=objective, distill_steps=4, dmd_fake_warmup=1, distill_teacher_samples=4,
+                            distill_teacher_steps=3, distill_batch=2, lora_rank=4, lora_adaln_rank=2,
+                            dmd_fake_rank=4, dmd_fake_adaln_rank=2, dmd_fake_updates=1, checkpoint_every=1000,
+                            distill_snapshot_every=2)
+    pool = synthetic_pool()
+    final, _ = train_distill(small_dit(), pool, cfg, tmp_path / "a", Budget(None))
+    shots = tmp_path / "a" / "distill" / "snapshots"
+    assert sorted(p.name for p in shots.iterdir()) == ["turbo4-tiny-step00002.safetensors",
+                                                       "turbo4-tiny-step00004.safetensors"]
+    final.to("cpu").save(tmp_path / "final.safetensors")
+    assert (shots / "turbo4-tiny-step00004.safetensors").read_bytes() == (tmp_path / "final.safetensors").read_bytes()
+    cut, _ = train_distill(small_dit(), pool, replace(cfg, distill_snapshot_every=0), tmp_path / "b", Budget(None),
+                           stop_after=2)
+    cut.to("cpu").save(tmp_path / "cut.safetensors")
+    step2 = (shots / "turbo4-tiny-step00002.safetensors").read_bytes()
+    assert step2 == (tmp_path / "cut.safetensors").read_bytes() != (tmp_path / "final.safetensors").read_bytes()
+    assert not (tmp_path / "b" / "distill" / "snapshots").exists()
+
+
 def test_an_unknown_distillation_objective_is_refused(tmp_path):
     from h3.train.distill import train_distill
 

@@ -22,7 +22,9 @@
 # budget ended that this call re-opens, STAGE[:STEPS],...: video-vae or audio-vae drops the dit and distill states
 # that depend on it, dit drops distill), PACK_MOMENTS (bf16), RUN_DIR (/tmp/h3-train; with RESUME_FROM it is emptied
 # first when it is that default), PACK (1; 0 returns no state pack: a call seeded from the shipped checkpoint needs none),
-# SITE (/tmp/site: where the wheels install; two runs side by side need their own SITE and RUN_DIR).
+# SITE (/tmp/site: where the wheels install; two runs side by side need their own SITE and RUN_DIR), CHECKPOINT (all;
+# lora returns tiny-lora.tgz, the exported LoRAs and record alone, for a distillation from the shipped checkpoint).
+# With `--set distill_snapshot_every=N` the student's LoRA every N distillation steps comes back in snapshots.tgz.
 #
 # Session 17 (2026-12-03) ran run 22, the DMD objective (distill_objective=dmd, h3/train/dmd.py): faithfulness closed,
 # but every DMD student overshoots the teacher's motion and texture and FAILs motion smoothness / VBench flicker
@@ -157,8 +159,14 @@ timeout $((left - 15)) $PY -m h3.train "$STAGE" --out "$run" --device "${DEVICE:
 rc=$?
 echo "train exit $rc at $SECONDS s"
 grep -E "stage |step .*(00|/[0-9]+) |exported|Error|error" "$out/train.log" | tail -40
-if [ -d "$run/tiny" ]; then
+if [ -d "$run/tiny" ] && [ "${CHECKPOINT:-all}" = lora ]; then
+  # a distillation call from the shipped checkpoint changes only the LoRA: its record, plot and LoRAs (~1 MB)
+  tar -C "$run" -czf "$out/tiny-lora.tgz" tiny/lora tiny/training_record.json $(cd "$run" && ls tiny/*.png 2>/dev/null)
+elif [ -d "$run/tiny" ]; then
   tar -C "$run" -czf - tiny | split -b 15m - "$out/tiny.tgz.part-"
+fi
+if [ -d "$run/state/distill/snapshots" ]; then  # distill_snapshot_every: the student at several steps
+  tar -C "$run/state/distill" -czf "$out/snapshots.tgz" snapshots
 fi
 if [ -d "$run/state" ] && [ "${PACK:-1}" = 1 ]; then
   timeout 60 $PY -m h3.train pack --out "$run" --to "$run/state.pack" --moments "${PACK_MOMENTS:-bf16}" \

@@ -117,6 +117,10 @@ class TrainConfig:
     """The student step whose x0 estimate the DMD term and the fake score see: -1 (the default, run 22) a random one
     per training step (DMD2's multi-step generator), else that step (0-based; ``distill_student_steps - 1`` the
     clip itself: the fake score then models the clips alone, not a mixture of the four steps' estimates)."""
+    distill_snapshot_every: int = 0
+    """Every this many distillation steps (0: never) the student LoRA is also written as
+    ``<run>/distill/snapshots/turbo4-tiny-step<N>.safetensors``, in the exported format, so that one call yields the
+    student at several lengths of training (the DMD students' overshoot grows with their steps)."""
     # the sparse-attention compensation LoRA (h3.train.compensate)
     compensate_steps: int = 0
     """Steps of the compensation LoRA (0, the default: no such stage, no such file; runs up to 16 had none)."""

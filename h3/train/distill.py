@@ -178,6 +178,17 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
     return lora, result
 
 
+def snapshot(lora, state_path: Path, step: int, cfg: TrainConfig) -> Path | None:
+    """Every ``distill_snapshot_every`` steps, the student LoRA as exported (``lora/turbo4-tiny.safetensors``'s format)
+    in ``snapshots/`` beside the stage's state, named by its step; None between them."""
+    if not cfg.distill_snapshot_every or step % cfg.distill_snapshot_every:
+        return None
+    target = state_path.parent / "snapshots" / f"turbo4-tiny-step{step:05d}.safetensors"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lora.save(target)
+    return target
+
+
 def load_teacher_set(transformer, pool: Pool, cfg: TrainConfig, out: Path, dist: Dist) -> list[dict]:
     """The teacher set this rank trains on: made once by the distill stage, kept in its state folder."""
     teacher_path = out / "distill" / ("teacher.pt" if dist.world == 1 else f"teacher-{dist.rank}of{dist.world}.pt")
@@ -258,6 +269,8 @@ def fit_lora(transformer, lora: DistillLora, groups: list[dict], batches: Batche
                             {k: round(v, 4) for k, v in parts.items()})
             if step % cfg.checkpoint_every == 0:
                 save()
+            if plan.stage == "distill" and dist.main:
+                snapshot(lora, path, step, cfg)
         save()
     finally:
         lora.detach()

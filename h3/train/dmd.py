@@ -34,7 +34,7 @@ import torch
 from h3.train.common import (
     Dist, StageLog, TrainConfig, autocast, generators, load_state, lr_at, save_state, set_lr,
 )
-from h3.train.distill import DISTILL_WARMUP, student_grid
+from h3.train.distill import DISTILL_WARMUP, snapshot, student_grid
 from h3.train.packing import AUDIO_SHIFT, VIDEO_SHIFT, packed_forward, shifted_sigma
 
 logger = logging.getLogger(__name__)
@@ -212,6 +212,8 @@ def fit_dmd(transformer, student, fake, groups: list[dict], batches, cfg: TrainC
                             {name: round(v, 4) for name, v in values.items()})
             if step % cfg.checkpoint_every == 0:
                 save()
+            if dist.main:
+                snapshot(student, path, step, cfg)
         save()
     finally:
         student.detach()

@@ -74,12 +74,13 @@ class DistillLora(torch.nn.Module):
                 for name, f, rows in self.modules_of(transformer)}
 
     def export(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        """(state dict in the original MiniMax-H3 names, safetensors metadata with the network alpha)."""
+        """(state dict in the original MiniMax-H3 names, on the CPU wherever the factors are, safetensors metadata with
+        the network alpha)."""
         alpha = float(self.rank)
         state: dict[str, torch.Tensor] = {}
         layers = sorted({int(k.split("_")[0]) for k in self.factors})
         for i in layers:
-            f = lambda n: (self.factors[f"{i}_{n}_A"].detach().float(), self.factors[f"{i}_{n}_B"].detach().float())  # noqa: E731
+            f = lambda n: tuple(self.factors[f"{i}_{n}_{p}"].detach().float().cpu() for p in "AB")  # noqa: E731
             for name, source in (("attn.qkv_proj", "qkv"), ("attn.out_proj", "out"), ("mlp.fc2", "fc2")):
                 a, b = f(source)
                 state[f"{KEY_PREFIX}.{i}.{name}.lora_A.weight"] = a.contiguous()
