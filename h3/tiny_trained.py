@@ -38,8 +38,12 @@ from h3.tiny import SPECIAL_TOKENS
 TRAINED_DIR = Path(__file__).parent / "assets" / "tiny"
 TRAINED_LORA_DIR = TRAINED_DIR / "lora"
 TURBO4_LORA_FILE = TRAINED_LORA_DIR / "turbo4-tiny.safetensors"
+"""The distilled 4-step LoRA (since session 18 run 23d's DMD student at step 200, bench/results/tiny_train_h200.md)."""
+TURBO4_RUN13_LORA_FILE = TRAINED_LORA_DIR / "turbo4-tiny-run13.safetensors"
+"""The distilled 4-step LoRA shipped before it (run 13, x0 regression): the LoRA the compensation LoRAs were trained
+over, so the sparse recipes keep it."""
 SPARSE85_LORA_FILE = TRAINED_LORA_DIR / "sparse85-tiny.safetensors"
-"""The sparse-attention compensation LoRA over turbo4-tiny (85 % in 32-token blocks, every step;
+"""The sparse-attention compensation LoRA over run 13's turbo4-tiny (85 % in 32-token blocks, every step;
 h3.train.compensate)."""
 INIT_SEED = 20261130
 TEXT_HIDDEN = 32

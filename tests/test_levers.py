@@ -130,8 +130,8 @@ SHIPPED_ON_CPU = {
                    r"load into another model",
     "turbo4-tiny-int8": r"lora.path '@turbo4-tiny' is a LoRA of the trained tiny preset \(--model tiny\); it "
                         r"cannot load into another model",
-    "turbo4-tiny-sparse85": r"lora.path '@turbo4-tiny' is a LoRA of the trained tiny preset \(--model tiny\); it "
-                            r"cannot load into another model",
+    "turbo4-tiny-sparse85": r"lora.path '@turbo4-tiny-run13' is a LoRA of the trained tiny preset \(--model tiny\); "
+                            r"it cannot load into another model",
 }
 
 
@@ -1487,7 +1487,8 @@ def test_the_uncompensated_sparse_recipe_differs_from_the_compensated_one_only_b
         compensated, sparsity):
     """bench/recipes/turbo4-tiny-sparse{85,50}-nocomp is what a compensation LoRA is measured against: the compensated
     recipe (the shipped turbo4-tiny-sparse85, the bench's turbo4-tiny-sparse50) with that one section off; and both
-    are turbo4-tiny plus the sparse routing at the sparsity the LoRA file states it was trained for."""
+    are turbo4-tiny plus the sparse routing at the sparsity the LoRA file states it was trained for, over the
+    distillation LoRA it states it was trained over (run 13's, ``@turbo4-tiny-run13``, since turbo4-tiny moved on)."""
     from pathlib import Path
 
     from h3.levers.compensation_lora import ROUTING_KEYS, file_metadata
@@ -1504,21 +1505,33 @@ def test_the_uncompensated_sparse_recipe_differs_from_the_compensated_one_only_b
     turbo = load_recipe("turbo4-tiny").model_dump()
     differs = lambda a, b: sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))  # noqa: E731
     assert differs(shipped, nocomp) == ["compensation_lora", "description", "name", "signoff"]
-    assert differs(nocomp, turbo) == ["description", "name", "signoff", "sparse_attention"]
+    assert differs(nocomp, turbo) == ["description", "lora", "name", "signoff", "sparse_attention"]
+    assert shipped["lora"]["path"] == nocomp["lora"]["path"] == "@turbo4-tiny-run13"
+    assert {**nocomp["lora"], "path": turbo["lora"]["path"]} == turbo["lora"]
+    if "h3_compensates_tensors_sha256" in stated:
+        from h3.levers.compensation_lora import lora_tensors_sha256
+        from h3.tiny_trained import TURBO4_RUN13_LORA_FILE
+
+        assert stated["h3_compensates_tensors_sha256"] == lora_tensors_sha256(TURBO4_RUN13_LORA_FILE)
     assert shipped["signoff"]["kind"] == nocomp["signoff"]["kind"] == turbo["signoff"]["kind"] == "resample"
     assert shipped["compensation_lora"]["enabled"] and shipped["sparse_attention"]["dense_steps"] == 0
 
 
 def test_the_shipped_compensation_lora_loads_over_the_shipped_turbo4_tiny():
     """turbo4-tiny-sparse85 on the trained tiny: the compensation LoRA states the routing the recipe runs and the
-    turbo4-tiny it was trained over (by tensors), and every module it targets matches; with its routing changed the
-    recipe is refused."""
+    distillation LoRA it was trained over (by tensors: run 13's, which the recipe loads; not the turbo4-tiny shipped
+    since, which it refuses), and every module it targets matches; with its routing changed the recipe is refused."""
     from h3.levers.compensation_lora import COMPENSATES_KEY, file_metadata, lora_tensors_sha256
-    from h3.tiny_trained import TURBO4_LORA_FILE
+    from h3.tiny_trained import TURBO4_LORA_FILE, TURBO4_RUN13_LORA_FILE
 
     recipe = load_recipe("turbo4-tiny-sparse85")
     stated = file_metadata("@sparse85-tiny")
-    assert stated[COMPENSATES_KEY] == lora_tensors_sha256(TURBO4_LORA_FILE)
+    assert stated[COMPENSATES_KEY] == lora_tensors_sha256(TURBO4_RUN13_LORA_FILE)
+    assert stated[COMPENSATES_KEY] != lora_tensors_sha256(TURBO4_LORA_FILE)
+    over_new = recipe.model_dump()
+    over_new["lora"]["path"] = "@turbo4-tiny"
+    with pytest.raises(LeverError, match=r"was trained on the LoRA with sha256"):
+        H3Runtime.load("tiny", recipe_from_dict(over_new), "cpu")
     runtime = H3Runtime.load("tiny", recipe, "cpu")
     telemetry = runtime.levers["compensation_lora"].telemetry()
     assert telemetry["matched_modules"] == telemetry["file_modules"] == runtime.levers["lora"].telemetry()[

@@ -31,7 +31,10 @@ TURBO4_TINY_LORA = "@turbo4-tiny"
 SPARSE85_TINY_LORA = "@sparse85-tiny"
 """The trained tiny preset's sparse-attention compensation LoRA (lora/sparse85-tiny.safetensors, made by
 ``python -m h3.train``'s compensate stage), loaded by the ``compensation_lora`` lever."""
-TRAINED_LORAS = {TURBO4_TINY_LORA: "TURBO4_LORA_FILE", SPARSE85_TINY_LORA: "SPARSE85_LORA_FILE"}
+TURBO4_RUN13_TINY_LORA = "@turbo4-tiny-run13"
+"""Run 13's distilled LoRA (x0 regression), turbo4-tiny until session 18: the one the compensation LoRAs sit on."""
+TRAINED_LORAS = {TURBO4_TINY_LORA: "TURBO4_LORA_FILE", TURBO4_RUN13_TINY_LORA: "TURBO4_RUN13_LORA_FILE",
+                 SPARSE85_TINY_LORA: "SPARSE85_LORA_FILE"}
 """The trained tiny preset's LoRAs by recipe name: the h3.tiny_trained constant holding each file's path."""
 
 
