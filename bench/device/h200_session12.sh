@@ -40,6 +40,7 @@
 #     | tar -C .carry/sage -xf -            (the fetch tool gives the mirrors; FA3's tarball: bench/device/build_fa3.sh)
 # and `git rm -r -q --cached h3/assets/tiny; echo /h3/assets/tiny/ >> .git/info/exclude` for the call (undo after:
 # delete that line, `git reset -q h3/assets/tiny && git checkout -q -- h3/assets/tiny`).
+# BUILD=0: no kernel builds nor kernel wheels (the gates part needs none).
 # Boxes: BUILD_BOX_S (240), AK_BOX_S (90), FWD_BOX_S (220), GATES_BOX_S (150 per setting, the first + GATES_PAIRS_S
 # 90 for making the pairs), GOALS_BOX_S (250), GOALS2_BOX_S (200),
 # each cut to what is left of CALL_S (570); FWD_VARIANTS picks the forwards.
@@ -52,6 +53,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   >"$R/pip.log" 2>&1 || { echo pip failed; tail -5 "$R/pip.log"; }
 echo "wheels installed at $((SECONDS - t0)) s"
 box=${BUILD_BOX_S:-240}
+if [ "${BUILD:-1}" = 0 ]; then echo "no kernel builds (BUILD=0)"; else
 if ! ls .carry/sagewhl/*.whl >/dev/null 2>&1; then
   mkdir -p .carry/sagewhl
   (cd .carry/sage && timeout $box bash ../../bench/device/build_sageattention.sh . "$PWD/../sagewhl") \
@@ -67,6 +69,7 @@ for w in .carry/sagewhl/*.whl .carry/fa3whl/*.whl; do
 done
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/sagewhl/*.whl \
   .carry/fa3whl/*.whl >>"$R/pip.log" 2>&1 || { echo kernel wheels failed; tail -5 "$R/pip.log"; }
+fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
 python3 -c 'import flash_attn_interface, sageattention; print("fa3 and sage import")' 2>&1 | tail -1
 # CALL_S (default 570): when the last part must end; each part's box is cut to what is left of it.
@@ -90,7 +93,9 @@ for part in ${PARTS:-ak fwd}; do
     # A setting may end in +passive (OMP_WAIT_POLICY=PASSIVE: OpenMP's idle threads sleep instead of spinning) or
     # +blas1 (OPENBLAS_NUM_THREADS=1) or +blasfree (H3EVAL_GATE_BLAS_THREADS=0: the gates side by side without the
     # product's one-BLAS-thread limit, as before session 16), e.g. GATE_THREADS="default default+blasfree default"; a
-    # setting named again gets its own tag (_b, _c), so that an A-B-A order keeps every run's file.
+    # setting named again gets its own tag (_b, _c), so that an A-B-A order keeps every run's file. GATES_REPEAT (2)
+    # warm runs of the 4 pairs per setting (every run's time is in the JSON's full_pair_all_s: the rate of runs <= 1 s);
+    # GATES_DECODE=0 skips the decode-threads timing after the settings.
     W=/tmp/gates-s12; reuse=""; seen=" "
     for token in ${GATE_THREADS:-default}; do
       gt=${token%%+*}; envs=""; [ "$gt" != "$token" ] && envs=${token#*+}
@@ -105,11 +110,12 @@ for part in ${PARTS:-ak fwd}; do
        case "+$envs+" in *+blas1+*) export OPENBLAS_NUM_THREADS=1 ;; esac
        case "+$envs+" in *+blasfree+*) export H3EVAL_GATE_BLAS_THREADS=0 ;; esac
        timeout -k 5 $(cap $box) python3 bench/gates_speed.py --device cuda -o lpips_trunk=rand \
-         --gates integrity,fidelity,audio,ghosting --repeat 2 --pairs 4 --workdir $W --tag $tag --out "$R/gates" \
+         --gates integrity,fidelity,audio,ghosting --repeat ${GATES_REPEAT:-2} --pairs 4 --workdir $W --tag $tag --out "$R/gates" \
          $tt $reuse >"$R/gates/$tag.log" 2>&1; echo "gates ($token, $tag) rc $? at $((SECONDS - t0)) s")
       reuse=--reuse-run
     done
     grep -H "all gates on the pair\|at once" $R/gates/gates_speed_gpu_s12_*.md 2>/dev/null
+    [ "${GATES_DECODE:-1}" = 0 ] && continue
     timeout -k 5 $(cap 60) python3 - "$W" >"$R/gates/decode.json" 2>"$R/gates/decode.log" <<'PY'
 import json, statistics, sys, time
 from pathlib import Path
