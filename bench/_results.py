@@ -31,8 +31,11 @@ def write(name: str, payload: dict[str, Any], table_md: str) -> tuple[Path, Path
     data = {**context(), **payload}
     json_path, md_path = RESULTS / f"{name}.json", RESULTS / f"{name}.md"
     atomic_write_json(json_path, data)
+    numerics = data["machine"].get("numerics") or {}
+    cpu = ", ".join(str(numerics[k]) for k in ("cpu_model", "aten_cpu_capability") if numerics.get(k))
     header = (f"# {name}\n\n- date: {data['date']}\n- command: `{data['command']}`\n"
-              f"- machine: {data['machine']['platform']}, {data['machine']['cpu_count']} cpus\n"
+              f"- machine: {data['machine']['platform']}, {data['machine']['cpu_count']} cpus"
+              + (f" ({cpu})" if cpu else "") + "\n"
               f"- versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()) + "\n\n")
     atomic_write_text(md_path, header + table_md.rstrip() + "\n")
     return json_path, md_path
