@@ -25,9 +25,9 @@ environment (``--vbench-env``; one scoring subprocess per run through ``gates.vb
 run's own report.md.
 
 A probe of another LoRA on the same checkpoint (``--reuse-from`` an earlier proof's --out) generates only the two
-recipes that load it and reuses every other clip and gate result (keyed by the clips' sha256): about 3 minutes on the
-2-core VM instead of 15. Session 18 checked it: run 22d's LoRA probed that way gave the same turbo4-tiny clips (sha256)
-and the same verdict, dimension for dimension, as its full probe.
+recipes that load it and reuses every other clip and gate result: 2 of the 6 recipes' clips are made. Session 18
+checked it: run 22d's LoRA probed that way gave the same turbo4-tiny clips (sha256) and the same verdict, dimension
+for dimension, as its full probe (signoff_proof_run22d_probe.md).
 """
 
 from __future__ import annotations
@@ -171,7 +171,7 @@ def main() -> None:
     parser.add_argument("--no-record", action="store_true", help="do not write bench/results (dry runs)")
     parser.add_argument("--reuse-from", default=None,
                         help="a finished proof's --out made with the same checkpoint but another LoRA: its clips of "
-                             "every recipe that does not load the LoRA are reused (a LoRA probe in ~3 min, not ~15)")
+                             "every recipe that does not load the LoRA are reused (only the LoRA's 2 recipes are generated)")
     args = parser.parse_args()
 
     from gates.vbench.env import default_env_path

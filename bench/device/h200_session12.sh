@@ -54,21 +54,21 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 echo "wheels installed at $((SECONDS - t0)) s"
 box=${BUILD_BOX_S:-240}
 if [ "${BUILD:-1}" = 0 ]; then echo "no kernel builds (BUILD=0)"; else
-if ! ls .carry/sagewhl/*.whl >/dev/null 2>&1; then
-  mkdir -p .carry/sagewhl
-  (cd .carry/sage && timeout $box bash ../../bench/device/build_sageattention.sh . "$PWD/../sagewhl") \
-    >"$R/build/sage.log" 2>&1 &
-fi
-if ! ls .carry/fa3whl/*.whl >/dev/null 2>&1; then
-  timeout $box bash bench/device/build_fa3.sh .carry/fa3/fa3-src.tgz .carry/fa3whl >"$R/build/fa3.log" 2>&1 &
-fi
-wait
-echo "builds done at $((SECONDS - t0)) s"; tail -2 "$R"/build/*.log 2>/dev/null
-for w in .carry/sagewhl/*.whl .carry/fa3whl/*.whl; do
-  [ -f "$w" ] && [ "$(stat -c %s "$w")" -lt 16000000 ] && [ -n "$(ls $R/build)" ] && cp "$w" "$OUT/"
-done
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/sagewhl/*.whl \
-  .carry/fa3whl/*.whl >>"$R/pip.log" 2>&1 || { echo kernel wheels failed; tail -5 "$R/pip.log"; }
+  if ! ls .carry/sagewhl/*.whl >/dev/null 2>&1; then
+    mkdir -p .carry/sagewhl
+    (cd .carry/sage && timeout $box bash ../../bench/device/build_sageattention.sh . "$PWD/../sagewhl") \
+      >"$R/build/sage.log" 2>&1 &
+  fi
+  if ! ls .carry/fa3whl/*.whl >/dev/null 2>&1; then
+    timeout $box bash bench/device/build_fa3.sh .carry/fa3/fa3-src.tgz .carry/fa3whl >"$R/build/fa3.log" 2>&1 &
+  fi
+  wait
+  echo "builds done at $((SECONDS - t0)) s"; tail -2 "$R"/build/*.log 2>/dev/null
+  for w in .carry/sagewhl/*.whl .carry/fa3whl/*.whl; do
+    [ -f "$w" ] && [ "$(stat -c %s "$w")" -lt 16000000 ] && [ -n "$(ls $R/build)" ] && cp "$w" "$OUT/"
+  done
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/sagewhl/*.whl \
+    .carry/fa3whl/*.whl >>"$R/pip.log" 2>&1 || { echo kernel wheels failed; tail -5 "$R/pip.log"; }
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=0
 python3 -c 'import flash_attn_interface, sageattention; print("fa3 and sage import")' 2>&1 | tail -1
@@ -110,7 +110,8 @@ for part in ${PARTS:-ak fwd}; do
        case "+$envs+" in *+blas1+*) export OPENBLAS_NUM_THREADS=1 ;; esac
        case "+$envs+" in *+blasfree+*) export H3EVAL_GATE_BLAS_THREADS=0 ;; esac
        timeout -k 5 $(cap $box) python3 bench/gates_speed.py --device cuda -o lpips_trunk=rand \
-         --gates integrity,fidelity,audio,ghosting --repeat ${GATES_REPEAT:-2} --pairs 4 --workdir $W --tag $tag --out "$R/gates" \
+         --gates integrity,fidelity,audio,ghosting --repeat ${GATES_REPEAT:-2} --pairs 4 --workdir $W --tag $tag \
+         --out "$R/gates" \
          $tt $reuse >"$R/gates/$tag.log" 2>&1; echo "gates ($token, $tag) rc $? at $((SECONDS - t0)) s")
       reuse=--reuse-run
     done
