@@ -22,6 +22,7 @@ has the same architecture and so the same cost (recorded in the result).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -45,7 +46,9 @@ FPS, RATE = 24, 32000
 INFO_KEYS = ("lpips_trunk", "lpips_resolution", "lpips_scale", "lpips_stride", "ssim_plane", "psnr_cap_db")
 
 
+@functools.lru_cache(maxsize=2)
 def pair_frames(num_frames: int, height: int, width: int, drift: bool) -> np.ndarray:
+    """The synthetic pair's frames (the same for every pair of a run: made once per side, read-only)."""
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     background = np.stack([40 + 120 * xx / width, 50 + 80 * yy / height, 90 + 40 * (xx + yy) / (width + height)], -1)
@@ -62,6 +65,7 @@ def pair_frames(num_frames: int, height: int, width: int, drift: bool) -> np.nda
         if drift:
             frame += noise_rng.normal(0, 2.0, frame.shape).astype(np.float32)
         frames[t] = np.clip(frame, 0, 255).astype(np.uint8)
+    frames.setflags(write=False)
     return frames
 
 
@@ -152,7 +156,7 @@ def main() -> int:
         clear_clips()
         clear_scores()
 
-    from h3eval.gaterun import gate_workers, options_for, parse_options, run_gates
+    from h3eval.gaterun import decode_ahead_pairs, gate_workers, options_for, parse_options, run_gates
     from h3eval.synth import make_synthetic_run
 
     machine_info = machine(args.device)  # load average before anything of ours runs
@@ -244,6 +248,7 @@ def main() -> int:
         "gates": gates,
         "gates_missing": missing,
         "gate_threads": gate_workers(len(gates)),
+        "decode_ahead_pairs": decode_ahead_pairs(),
         "thread_env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ},
         "pairs_in_run": args.pairs,
         "options": options,
@@ -273,8 +278,8 @@ def main() -> int:
     return 0
 
 
-THREAD_ENV = ("H3EVAL_GATE_THREADS", "H3EVAL_GATE_BLAS_THREADS", "OMP_NUM_THREADS", "OMP_WAIT_POLICY",
-              "OPENBLAS_NUM_THREADS")
+THREAD_ENV = ("H3EVAL_GATE_THREADS", "H3EVAL_GATE_BLAS_THREADS", "H3EVAL_DECODE_AHEAD", "OMP_NUM_THREADS",
+              "OMP_WAIT_POLICY", "OPENBLAS_NUM_THREADS")
 """Environment variables that change how the gates use the cores; the record states the ones set."""
 
 
@@ -293,7 +298,9 @@ def markdown(r: dict) -> str:
         f"- gates: {', '.join(r['gates'])}" + (f"; not in this build: {', '.join(r['gates_missing'])}" if r['gates_missing'] else ""),
         f"- options: {r['options'] or 'defaults'}",
         f"- gates of the pair at once: {r.get('gate_threads', 1)} (h3eval.gaterun.gate_workers: side by side on a host "
-        "of 2+ cores, $H3EVAL_GATE_THREADS overrides; the breakdown below runs each gate alone)",
+        "of 2+ cores, $H3EVAL_GATE_THREADS overrides; the breakdown below runs each gate alone)"
+        + (f"; pairs decoded ahead: {r['decode_ahead_pairs']} (h3eval.gaterun.decode_ahead_pairs)"
+           if "decode_ahead_pairs" in r else ""),
         f"- threading environment: {', '.join(f'{k}={v}' for k, v in r.get('thread_env', {}).items()) or 'none set'} "
         f"(of {', '.join(THREAD_ENV)})",
         "",

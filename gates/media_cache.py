@@ -3,7 +3,7 @@
 The runner goes pair by pair and runs every chosen gate on the pair before moving on, so a small LRU of decoded
 clips (keyed by path, size and modification time: a rewritten file is decoded again) is enough. It keeps, per kind,
 the two sides of the current pair, the next pair's two (decoded ahead while this pair's gates run, where they run
-side by side: h3eval.gaterun.decode_ahead) and one spare: decoded video (a 5 s 768x1344 clip is about 384 MB of uint8
+side by side: h3eval.gaterun.decode_ahead; up to MAX_DECODE_AHEAD pairs) and one spare: decoded video (a 5 s 768x1344 clip is about 384 MB of uint8
 frames), decoded audio, and video frames uploaded to a device (:func:`load_video_on`), so that the gates that run on
 a GPU upload each clip once. (One shared bound of 3 entries across kinds evicted the baseline's frames while the
 integrity gate read the candidate's audio, so the next gate decoded the baseline again.)
@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable
@@ -26,7 +27,9 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
-_MAX_PER_KIND = 5
+MAX_DECODE_AHEAD = 2
+"""The most pairs whose clips h3eval.gaterun decodes ahead of the current pair (h3eval.gaterun.decode_ahead_pairs)."""
+_MAX_PER_KIND = 2 * (1 + MAX_DECODE_AHEAD) + 1  # the current pair's two sides, the pairs ahead, one spare
 THREADED_DECODE_MIN_CORES = 8
 """Cores from which the video decoder runs FFmpeg's frame threads (below: one thread)."""
 _lock = threading.Lock()
@@ -116,9 +119,16 @@ def load_video_on(path: str | os.PathLike, device: str):
     gates that run on a GPU share it; nobody may modify it in place), and fps."""
     import torch
 
+    on_cpu = torch.device(device).type == "cpu"
+
     def load():
         frames, fps = load_video(path)
-        return torch.from_numpy(frames.copy()).to(device), fps
+        if on_cpu:  # a tensor of its own (the device path run on the CPU, in tests)
+            return torch.from_numpy(frames.copy()), fps
+        with warnings.catch_warnings():  # the cached frames are read-only; the tensor is only read, to copy it over
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            host = torch.from_numpy(frames)
+        return host.to(device), fps
 
     return _cached(f"video@{torch.device(device)}", path, load)
 

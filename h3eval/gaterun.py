@@ -19,8 +19,8 @@ and artifacts to the same folder. The loop is pair-major so that the gates of on
   unit) is an error result: the verdict reads the declarations.
 - **Side by side**: on a host of 2 cores or more the gates of a pair run in threads, one per core
   (``$H3EVAL_GATE_THREADS`` overrides: 1 runs them one after another), after both clips are decoded at once, on a
-  GPU with one BLAS thread (:data:`SIDE_BY_SIDE_BLAS_THREADS`), and the next pair's clips decode meanwhile
-  (:func:`decode_ahead`); each
+  GPU with one BLAS thread (:data:`SIDE_BY_SIDE_BLAS_THREADS`), and the next pairs' clips decode meanwhile
+  (:func:`decode_ahead`, :func:`decode_ahead_pairs`); each
   gate's result is the same either way (tests/test_gaterun.py), only the wall time differs. A gate's first
   non-identical pair in a process runs one after another (its lazy imports and model loads, see ``_warm``), and
   identical pairs always do (they are cheap).
@@ -308,8 +308,9 @@ def run_gates(
         raise GateRunError("no gate chosen (--gates NAME,...)")
     gates = [get_gate(name) for name in dict.fromkeys(gate_names)]  # KeyError names the known gates
     device = check_device(device)
-    gate_workers(1)  # a bad $H3EVAL_GATE_THREADS or $H3EVAL_GATE_BLAS_THREADS is refused before anything runs
-    side_by_side_blas_threads(device)
+    gate_workers(1)  # a bad $H3EVAL_GATE_THREADS, $H3EVAL_GATE_BLAS_THREADS or $H3EVAL_DECODE_AHEAD is refused
+    side_by_side_blas_threads(device)  # before anything runs
+    decode_ahead_pairs()
     options = dict(options or {})
     check_options(gates, options)
     pairs = store.pairs()
@@ -336,6 +337,7 @@ def run_gates(
         TextColumn("[bold]gates[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
         TextColumn("{task.description}"),
     )
+    ahead: dict[int, threading.Thread] = {}  # pair index -> the thread decoding its clips ahead
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(store.lock("h3eval gate"))  # one process writes gate results into a run at a time
@@ -344,17 +346,28 @@ def run_gates(
         try:
             with Progress(*columns, console=Console(stderr=True), disable=not progress, transient=False) as bar:
                 task = bar.add_task("", total=len(pairs) * len(gates))
+                depth = decode_ahead_pairs()
                 for index, (candidate, prompt_id, seed) in enumerate(pairs):
                     pair = PairRef(baseline=manifest.baseline, candidate=candidate, prompt_id=prompt_id, seed=seed)
-                    ahead = None
-                    if index + 1 < len(pairs) and decode_ahead(gates):
-                        ahead = _decode_ahead(store, manifest.baseline, pairs[index + 1], gates)
+
+                    def start_ahead(index: int = index) -> None:
+                        # Called once this pair's own clips are decoded (so they do not share the cores with the
+                        # next pairs' decodes): the next ``depth`` pairs' clips decode while its gates run.
+                        if not decode_ahead(gates):
+                            return
+                        for later in range(index + 1, min(len(pairs), index + 1 + depth)):
+                            if later not in ahead:
+                                ahead[later] = _decode_ahead(store, manifest.baseline, pairs[later], gates)
+
                     try:
-                        _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task, info)
+                        _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task, info,
+                                  start_ahead)
                     finally:
-                        if ahead is not None:
-                            ahead.join()  # at most one pair ahead: the clip cache holds two pairs' clips
+                        if (thread := ahead.pop(index + 1, None)) is not None:
+                            thread.join()  # the next pair's clips are in the cache (the later ones go on decoding)
         finally:
+            for thread in ahead.values():
+                thread.join()
             media_cache.clear()
     logger.info(
         "gates %s over %d pairs: %d computed, %d resumed, %d errors",
@@ -363,7 +376,7 @@ def run_gates(
     return summary
 
 
-def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task, info) -> None:
+def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task, info, start_ahead) -> None:
     side_error = None
     base = cand = None
     try:
@@ -424,6 +437,7 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
 
         bar.update(task, description=f"{len(todo)} gates {pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}")
         media_cache.prefetch([base.mp4, cand.mp4], {n for gate, *_ in todo for n in gate.needs})
+        start_ahead()
         blas = side_by_side_blas_threads(device)
         limit = blas_controller().limit(limits=blas, user_api="blas") if blas else contextlib.nullcontext()
         with limit, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gate") as pool:
@@ -432,6 +446,7 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
             for gate, path, future in futures:
                 keep(gate, path, future.result())
         return
+    start_ahead()
     for gate, path, gate_options, stamp in todo:
         bar.update(task, description=f"{gate.name} {pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}")
         keep(gate, path, score(gate, path, gate_options, stamp))
@@ -450,6 +465,30 @@ def decode_ahead(gates: list[Gate]) -> bool:
         return False
     with _warm_lock:
         return all(gate.name in _warm for gate in gates)
+
+
+DECODE_AHEAD_ENV = "H3EVAL_DECODE_AHEAD"
+"""Overrides :func:`decode_ahead_pairs` (0 to :data:`gates.media_cache.MAX_DECODE_AHEAD` pairs)."""
+DECODE_AHEAD_DEEP_MIN_CORES = 16
+"""Cores from which two pairs are decoded ahead instead of one."""
+
+
+def decode_ahead_pairs() -> int:
+    """How many pairs' clips decode ahead while a pair's gates run (where :func:`decode_ahead` allows it):
+    ``$H3EVAL_DECODE_AHEAD`` when set, else 2 on a host of :data:`DECODE_AHEAD_DEEP_MIN_CORES` cores or more, else 1.
+    On the H200 host a 5 s 768x1344 pair's decode and its four gates side by side take about a second each while the
+    16 cores stay two-thirds idle (bench/results/gates_speed_gpu_s20_p4.md), so a second pair in flight keeps them busy; the pair
+    after the current one is joined before its gates run, as with one."""
+    import os
+
+    from gates.media_cache import MAX_DECODE_AHEAD
+
+    wanted = _env_threads(DECODE_AHEAD_ENV, 0, f"0 to {MAX_DECODE_AHEAD} pairs")
+    if wanted is None:
+        wanted = 2 if (os.cpu_count() or 1) >= DECODE_AHEAD_DEEP_MIN_CORES else 1
+    if wanted > MAX_DECODE_AHEAD:
+        raise GateRunError(f"${DECODE_AHEAD_ENV}={wanted}: 0 to {MAX_DECODE_AHEAD} pairs (the clip cache's bound)")
+    return wanted
 
 
 def _decode_ahead(store: RunStore, baseline: str, pair: tuple[str, str, int], gates: list[Gate]) -> threading.Thread:

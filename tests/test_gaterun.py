@@ -471,3 +471,75 @@ def test_the_next_pairs_clips_are_decoded_while_this_pairs_gates_run(tmp_path, m
     assert len(a) == 16 and a.keys() == b.keys()
     for key in a:
         _assert_same(a[key], b[key], key)
+
+
+def test_two_pairs_decode_ahead_each_clip_once_and_give_the_same_results(tmp_path, monkeypatch):
+    """With $H3EVAL_DECODE_AHEAD=2 the runner keeps two pairs' clips decoding ahead: the pairs after a warm pair's
+    own clips are decoded start then (pairs 2 and 3 from pair 1, pair 4 from pair 2), every clip is decoded once,
+    and every result equals the one-after-another run's."""
+    import shutil
+    import threading
+    from pathlib import Path
+
+    from gates import media_cache
+    from h3eval import gaterun
+    from h3eval.store import RunStore
+
+    gates = ["integrity", "fidelity", "audio", "ghosting"]
+    prompts = tuple(f"p{i}" for i in range(5))
+    one = make_run(tmp_path / "one", candidates=("drift",), prompt_ids=prompts, frames_fn=_frames, audio_fn=_audio)
+    shutil.copytree(one.root, tmp_path / "many")
+    monkeypatch.setenv("H3EVAL_GATE_THREADS", "1")
+    assert not run_gates(one.root, gates, options=RAND, progress=False).failed
+    media_cache.clear()
+    calls, decoded = [], []
+    original_prefetch, original_video = media_cache.prefetch, media_cache.load_video
+
+    def prefetch(paths, needs):
+        calls.append((threading.current_thread().name, tuple(Path(p).stem for p in paths)))
+        return original_prefetch(paths, needs)
+
+    def load_video(path):
+        key = media_cache._key("video", path)
+        with media_cache._lock:
+            fresh = key not in media_cache._cache and key not in media_cache._loading
+        if fresh:
+            decoded.append((Path(path).parent.name, Path(path).stem))
+        return original_video(path)
+
+    monkeypatch.setattr(media_cache, "prefetch", prefetch)
+    monkeypatch.setattr(media_cache, "load_video", load_video)
+    monkeypatch.setenv("H3EVAL_GATE_THREADS", "4")
+    monkeypatch.setenv("H3EVAL_DECODE_AHEAD", "2")
+    monkeypatch.setattr(gaterun, "_warm", set())
+    many = RunStore(tmp_path / "many")
+    assert not run_gates(many.root, gates, options=RAND, progress=False).failed
+    ahead = sorted(stems for name, stems in calls if name == "decode-ahead")
+    assert ahead == [(f"p{i}-s0", f"p{i}-s0") for i in (2, 3, 4)]
+    assert sorted(decoded) == sorted((d, f"p{i}-s0") for i in range(5) for d in ("baseline", "drift"))
+    a, b = _results(one, gates), _results(many, gates)
+    assert len(a) == 20 and a.keys() == b.keys()
+    for key in a:
+        _assert_same(a[key], b[key], key)
+
+
+def test_decode_ahead_depth_defaults_by_cores_and_refuses_bad_values(monkeypatch, tmp_path):
+    import os
+
+    from gates.media_cache import MAX_DECODE_AHEAD, _MAX_PER_KIND
+    from h3eval.gaterun import decode_ahead_pairs
+
+    monkeypatch.delenv("H3EVAL_DECODE_AHEAD", raising=False)
+    for cores, want in ((2, 1), (8, 1), (15, 1), (16, 2), (128, 2), (None, 1)):
+        monkeypatch.setattr(os, "cpu_count", lambda: cores)
+        assert decode_ahead_pairs() == want, cores
+    # the clip cache holds the current pair, the pairs ahead and a spare, per kind
+    assert _MAX_PER_KIND >= 2 * (1 + MAX_DECODE_AHEAD) + 1
+    monkeypatch.setenv("H3EVAL_DECODE_AHEAD", "0")
+    assert decode_ahead_pairs() == 0
+    store = make_run(tmp_path / "run", candidates=("drift",), frames_fn=_frames, audio_fn=_audio)
+    for bad in ("3", "-1", "two"):
+        monkeypatch.setenv("H3EVAL_DECODE_AHEAD", bad)
+        with pytest.raises(GateRunError, match="H3EVAL_DECODE_AHEAD"):
+            run_gates(store.root, ["integrity"], progress=False)
+    assert not (store.root / "gates").exists()  # refused before anything was written

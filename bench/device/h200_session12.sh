@@ -95,12 +95,13 @@ for part in ${PARTS:-ak fwd}; do
     # product's one-BLAS-thread limit, as before session 16), e.g. GATE_THREADS="default default+blasfree default"; a
     # setting named again gets its own tag (_b, _c), so that an A-B-A order keeps every run's file. GATES_REPEAT (2)
     # warm runs of the 4 pairs per setting (every run's time is in the JSON's full_pair_all_s: the rate of runs <= 1 s);
-    # GATES_DECODE=0 skips the decode-threads timing after the settings.
+    # GATES_DECODE=0 skips the decode-threads timing after the settings. +ahead1 / +ahead2: H3EVAL_DECODE_AHEAD (pairs
+    # decoded ahead, h3eval.gaterun.decode_ahead_pairs). GATES_PAIRS (4): pairs in the run (their tag says p<N>).
     W=/tmp/gates-s12; reuse=""; seen=" "
     for token in ${GATE_THREADS:-default}; do
       gt=${token%%+*}; envs=""; [ "$gt" != "$token" ] && envs=${token#*+}
       box=${GATES_BOX_S:-150}; [ -z "$reuse" ] && box=$((box + ${GATES_PAIRS_S:-90}))
-      tag=s12_side4_p4; [ "$gt" = default ] || tag=s12_side4_p4_t${gt/\//x}
+      np=${GATES_PAIRS:-4}; tag=s12_side4_p$np; [ "$gt" = default ] || tag=s12_side4_p${np}_t${gt/\//x}
       [ -n "$envs" ] && tag=${tag}_${envs//+/_}
       k=$(printf '%s\n' $seen | grep -cx "$tag"); seen="$seen $tag"
       [ "$k" -gt 0 ] && tag=${tag}_$(printf "\\x$(printf %x $((97 + k)))")
@@ -109,8 +110,11 @@ for part in ${PARTS:-ak fwd}; do
        case "+$envs+" in *+passive+*) export OMP_WAIT_POLICY=PASSIVE ;; esac
        case "+$envs+" in *+blas1+*) export OPENBLAS_NUM_THREADS=1 ;; esac
        case "+$envs+" in *+blasfree+*) export H3EVAL_GATE_BLAS_THREADS=0 ;; esac
+       case "+$envs+" in *+ahead1+*) export H3EVAL_DECODE_AHEAD=1 ;; esac
+       case "+$envs+" in *+ahead2+*) export H3EVAL_DECODE_AHEAD=2 ;; esac
        timeout -k 5 $(cap $box) python3 bench/gates_speed.py --device cuda -o lpips_trunk=rand \
-         --gates integrity,fidelity,audio,ghosting --repeat ${GATES_REPEAT:-2} --pairs 4 --workdir $W --tag $tag \
+         --gates integrity,fidelity,audio,ghosting --repeat ${GATES_REPEAT:-2} --pairs ${GATES_PAIRS:-4} \
+         --workdir $W --tag $tag \
          --out "$R/gates" \
          $tt $reuse >"$R/gates/$tag.log" 2>&1; echo "gates ($token, $tag) rc $? at $((SECONDS - t0)) s")
       reuse=--reuse-run
