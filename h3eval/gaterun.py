@@ -469,23 +469,21 @@ def decode_ahead(gates: list[Gate]) -> bool:
 
 DECODE_AHEAD_ENV = "H3EVAL_DECODE_AHEAD"
 """Overrides :func:`decode_ahead_pairs` (0 to :data:`gates.media_cache.MAX_DECODE_AHEAD` pairs)."""
-DECODE_AHEAD_DEEP_MIN_CORES = 16
-"""Cores from which two pairs are decoded ahead instead of one."""
+DECODE_AHEAD_PAIRS = 1
+"""Pairs whose clips decode ahead by default. On the H200 host (16 cores), runs of 8 pairs of 5 s 768x1344 clips, one
+call, in the order 1-2-1-2: one pair ahead 0.737-0.897 s a pair (10 warm runs), two pairs ahead 0.836-0.973 s
+(bench/results/gates_speed_gpu_s20_p8_ahead{1,2}{,_b}.md): a second pair's decode competes with the current
+pair's gates for the cores and the GIL more than it hides."""
 
 
 def decode_ahead_pairs() -> int:
     """How many pairs' clips decode ahead while a pair's gates run (where :func:`decode_ahead` allows it):
-    ``$H3EVAL_DECODE_AHEAD`` when set, else 2 on a host of :data:`DECODE_AHEAD_DEEP_MIN_CORES` cores or more, else 1.
-    On the H200 host a 5 s 768x1344 pair's decode and its four gates side by side take about a second each while the
-    16 cores stay two-thirds idle (bench/results/gates_speed_gpu_s20_p4.md), so a second pair in flight keeps them busy; the pair
-    after the current one is joined before its gates run, as with one."""
-    import os
-
+    ``$H3EVAL_DECODE_AHEAD`` when set, else :data:`DECODE_AHEAD_PAIRS`."""
     from gates.media_cache import MAX_DECODE_AHEAD
 
     wanted = _env_threads(DECODE_AHEAD_ENV, 0, f"0 to {MAX_DECODE_AHEAD} pairs")
     if wanted is None:
-        wanted = 2 if (os.cpu_count() or 1) >= DECODE_AHEAD_DEEP_MIN_CORES else 1
+        return DECODE_AHEAD_PAIRS
     if wanted > MAX_DECODE_AHEAD:
         raise GateRunError(f"${DECODE_AHEAD_ENV}={wanted}: 0 to {MAX_DECODE_AHEAD} pairs (the clip cache's bound)")
     return wanted
