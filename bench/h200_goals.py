@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import re
 import statistics
 import sys
 import tempfile
@@ -267,6 +268,8 @@ def main() -> None:
     parser.add_argument("--decode-tiles", default="304x320")
     parser.add_argument("--decode-levers", default="", help="vae_decoder variants timed after the stock decode at "
                         "its best tile, comma-separated: compile, fp8, int8, compile+fp8, ...")
+    parser.add_argument("--lever-tiles", default="", help="tiles at which the --decode-levers variants are timed, "
+                        "comma-separated (default: the stock decode's best tile); each tile's stock decode is timed too")
     parser.add_argument("--repeats", type=int, default=1, help="timed requests / forwards per row after the first")
     parser.add_argument("--smoke", action="store_true", help="the tiny preset's configs on the CPU, float32")
     args = parser.parse_args()
@@ -295,6 +298,11 @@ def main() -> None:
     for r in rows:
         if r not in ROWS:
             parser.error(f"unknown row {r!r}; rows are {', '.join(ROWS)}")
+    for spec in [v for v in args.lever_tiles.split(",") if v]:
+        if not re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", spec):
+            parser.error(f"--lever-tiles {spec!r}: a tile is HEIGHTxWIDTH in pixels, e.g. 304x320")
+    if args.lever_tiles and not args.decode_levers:
+        parser.error("--lever-tiles times the --decode-levers variants: name them")
     for spec in [v for v in args.decode_levers.split(",") if v]:  # else a typo would time the stock decode under it
         mods = spec.split("+")
         if any(m not in DECODE_LEVER_MODS for m in mods) or sum(m in ("fp8", "int8") for m in mods) > 1:
@@ -384,27 +392,42 @@ def main() -> None:
         # second is timed (h3.levers.vae_decoder)
         from h3.levers.vae_decoder import VaeDecoderConfig, apply_vae_decoder
 
+        def lever_variants() -> dict:
+            levers = {}
+            for spec in [v for v in args.decode_levers.split(",") if v]:
+                if left() < 2 * ESTIMATE_S["decode15"]:
+                    levers[spec] = {"measured": False, "reason": f"out of the time box: {left():.0f} s left"}
+                    continue
+                mods = spec.split("+")
+                config = VaeDecoderConfig(compile="compile" in mods,
+                                          quant=next((f"{m}_w8a8" for m in mods if m in ("fp8", "int8")), "none"))
+                try:
+                    handle = apply_vae_decoder(parts.vae, config, allow_cpu_fp8=args.smoke)
+                    try:
+                        times = [timed_decode(), timed_decode()]
+                        levers[spec] = {"measured": True, "first_s": times[0], "decode_s": times[1],
+                                        "telemetry": handle.telemetry()}
+                    finally:
+                        handle.remove()
+                except Exception as exc:  # keep the row: the stock decode is measured
+                    levers[spec] = {"measured": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            return levers
+
         th, tw = (int(v) for v in best.split("x"))
         parts.vae.enable_tiling(tile_sample_min_height=th, tile_sample_min_width=tw)
-        levers = {}
-        for spec in [v for v in args.decode_levers.split(",") if v]:
-            if left() < 2 * ESTIMATE_S["decode15"]:
-                levers[spec] = {"measured": False, "reason": f"out of the time box: {left():.0f} s left"}
+        levers = lever_variants() if not args.lever_tiles else {}
+        # --lever-tiles: the variants at each of those tiles, beside that tile's own stock decode (the best tile for
+        # a compiled decoder need not be the eager one's)
+        lever_tiles = {}
+        for spec in [v for v in args.lever_tiles.split(",") if v]:
+            if left() < 3 * ESTIMATE_S["decode15"]:
+                lever_tiles[spec] = {"measured": False, "reason": f"out of the time box: {left():.0f} s left"}
                 continue
-            mods = spec.split("+")
-            config = VaeDecoderConfig(compile="compile" in mods,
-                                      quant=next((f"{m}_w8a8" for m in mods if m in ("fp8", "int8")), "none"))
-            try:
-                handle = apply_vae_decoder(parts.vae, config, allow_cpu_fp8=args.smoke)
-                try:
-                    times = [timed_decode(), timed_decode()]
-                    levers[spec] = {"measured": True, "first_s": times[0], "decode_s": times[1],
-                                    "telemetry": handle.telemetry()}
-                finally:
-                    handle.remove()
-            except Exception as exc:  # keep the row: the stock decode is measured
-                levers[spec] = {"measured": False, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            th, tw = (int(v) for v in spec.split("x"))
+            parts.vae.enable_tiling(tile_sample_min_height=th, tile_sample_min_width=tw)
+            lever_tiles[spec] = {"measured": True, "stock_s": timed_decode(), "levers": lever_variants()}
         return {"per_tile": per_tile, "best_tile": best, "measured_s": done[best], "levers": levers,
+                "lever_tiles": lever_tiles,
                 "note": "one decode per tile, VAE eager (uncompiled); the VAE had run 304x320 tiles at 544x960 in the "
                         "request row first (cuDNN autotune warm); `levers`: the vae_decoder lever's variants at the "
                         "best tile (not the row's figure)"}

@@ -217,6 +217,27 @@ def render(results: Path, raw_names: list[str] | None = None) -> tuple[dict, str
                              f"{rate(_decode_flops(vae, tile), d)} |")
             else:
                 lines.append(f"| {spec} | not measured: {v.get('error') or v.get('reason')} | | | |")
+    for name, r in raws:  # --lever-tiles: the lever's variants at several tiles, each beside its own stock decode
+        per = ((r.get("rows") or {}).get("decode15") or {}).get("lever_tiles") or {}
+        if not per:
+            continue
+        lines += ["", f"The `vae_decoder` lever's variants per tile (`{name}`; a first decode compiles, the second is "
+                  "timed), each beside the stock decode at the same tile in the same process:", "",
+                  "| tile | variant | decode (s) | against that tile's stock | first decode (s) | achieved |",
+                  "|---|---|---|---|---|---|"]
+        for tile, t in per.items():
+            if not t.get("measured"):
+                lines.append(f"| {tile} | — | not measured: {t.get('reason')} | | | |")
+                continue
+            stock = _seconds(t.get("stock_s"), f"{name}: rows.decode15.lever_tiles.{tile}.stock_s")
+            lines.append(f"| {tile} | stock (eager) | {stock:.2f} | 1.00x | — | {rate(_decode_flops(vae, tile), stock)} |")
+            for spec, v in (t.get("levers") or {}).items():
+                if v.get("measured"):
+                    d = _seconds(v.get("decode_s"), f"{name}: rows.decode15.lever_tiles.{tile}.levers.{spec}.decode_s")
+                    lines.append(f"| {tile} | {spec} | {d:.2f} | {stock / d:.2f}x | {v.get('first_s', float('nan')):.1f}"
+                                 f" | {rate(_decode_flops(vae, tile), d)} |")
+                else:
+                    lines.append(f"| {tile} | {spec} | not measured: {v.get('error') or v.get('reason')} | | | |")
     for key in ("dense768", "sparse768"):
         row = rows.get(key, {})
         if row.get("measured"):
