@@ -428,9 +428,12 @@ def main() -> None:
             lever_tiles[spec] = {"measured": True, "stock_s": timed_decode(), "levers": lever_variants()}
         return {"per_tile": per_tile, "best_tile": best, "measured_s": done[best], "levers": levers,
                 "lever_tiles": lever_tiles,
-                "note": "one decode per tile, VAE eager (uncompiled); the VAE had run 304x320 tiles at 544x960 in the "
-                        "request row first (cuDNN autotune warm); `levers`: the vae_decoder lever's variants at the "
-                        "best tile (not the row's figure)"}
+                "note": "one decode per tile, VAE eager (uncompiled)"
+                        + ("; the VAE had run 304x320 tiles at 544x960 in the request row first (cuDNN autotune warm)"
+                           if "request544" in rows else "; no request row ran before it (the first tile's decode warms "
+                           "cuDNN's autotune)")
+                        + "; `levers`: the vae_decoder lever's variants at the best tile (not the row's figure); "
+                          "`lever_tiles`: the variants at each --lever-tiles tile, beside that tile's stock decode"}
 
     run_row("decode15", decode_row)
 
