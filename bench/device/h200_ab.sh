@@ -15,8 +15,9 @@
 # H200_AB_SHAPE=5s-768x1344 H200_AB_SEEDS=0 for the larger shape: its baseline alone is 29 x 6.63 s = 192 s of DiT
 # (bench/results/h200_speed_stock.md), so one seed is what fits a 10-minute call.
 # H200_AB_GATES_RESERVE_S: what ab leaves the later steps (bench/h200_ab.py --gates-reserve-s; default 50 s).
-# H200_AB_WARMUP=1 H200_AB_WARMUP_FAST=1: one warm-up request for the FP8 candidate only (its torch.compile paid
-# outside the timed request; the baseline's warm-up would cost a request of minutes and warm nothing).
+# H200_AB_WARMUP=1 H200_AB_WARMUP_FAST=1: one warm-up request for the compiled candidates only, the FP8 one and
+# turbo4-sparse (compiled since session 20) where it runs (their torch.compile paid outside the timed request; the
+# baseline's warm-up would cost a request of minutes and warm nothing).
 # H200_AB_OFF_IDENTITY=1: the off-identity candidate (the baseline's levers again, byte for byte) runs too.
 # H200_AB_BASELINE_LAST=1: each pair's candidates before its baseline (768x1344: the baseline is ~3.5 min).
 # H200_AB_QUICK=1: no version and module checks before the chain (~10 s).
@@ -25,7 +26,6 @@
 # H200_AB_BASELINE=fast (or a recipe name / .toml): the run's baseline in place of the stock `baseline`, e.g. to
 # measure one lever added to the fast recipe side by side (its candidate bench/device/turbo4-fp8-sage-compile-vaec.toml)
 # without the stock baseline's 81 s a 544x960 request; judged against that baseline as the candidate's kind says.
-# H200_AB_WARMUP_ALL=1 (with H200_AB_WARMUP=1): a warm-up request for every compiled candidate, not the FP8 one only.
 # A CPU rehearsal: H200_AB_MODEL=h3-random-small H200_AB_DEVICE=cpu H200_AB_SHAPE=5s-128x128 bash ... OUTDIR
 set -u
 out=$(mkdir -p "$1" && cd "$1" && pwd)
@@ -53,7 +53,7 @@ else fast=bench/device/turbo4-fp8-compile.toml
 fi
 candidates=$(echo "${H200_AB_CANDIDATES:-fast,turbo4-sparse}" | sed "s#\bfast\b#$fast#")
 baseline=$(echo "${H200_AB_BASELINE:-baseline}" | sed "s#^fast\$#$fast#")
-warm=$(basename "$fast" .toml); [ -n "${H200_AB_WARMUP_ALL:-}" ] && case ",$candidates," in *,turbo4-sparse,*) warm="$warm,turbo4-sparse";; esac
+warm=$(basename "$fast" .toml); case ",$candidates," in *,turbo4-sparse,*) warm="$warm,turbo4-sparse";; esac
 echo "baseline $baseline; candidates $candidates; warm-up ${H200_AB_WARMUP:-0} (${H200_AB_WARMUP_FAST:+$warm})" \
   >>"$out/chain.log"
 # The chain leaves 20 s of the box for packing the results below.
