@@ -91,6 +91,13 @@ def expand_variants(spec: str) -> list[str]:
     return out
 
 
+COMPILE_MODES = {"graphs": "reduce-overhead", "autotune": "max-autotune-no-cudagraphs"}
+"""Variant modifiers that compile the DiT blocks with one of inductor's mode option sets (h3.levers.compile's
+``mode``): ``graphs`` captures each compiled block in CUDA graphs (issue 23: "capture the step in CUDA graphs where
+shapes are bucketed"; pair it with ``bucket`` or a bucketing recipe), ``autotune`` autotunes the matmul and fused
+kernels without graphs."""
+
+
 def variant_recipe(variant: str):
     """The Recipe a variant names, with the sections that do not touch the DiT forward set aside (returned)."""
     from h3.recipe import load_recipe
@@ -106,6 +113,9 @@ def variant_recipe(variant: str):
         elif mod == "dynamic":  # compile with dynamic shapes: one graph for every prompt length
             update["compile"] = update.get("compile", recipe.compile).model_copy(update={"enabled": True,
                                                                                           "dynamic": True})
+        elif mod in COMPILE_MODES:  # inductor's option sets: CUDA graphs of each compiled block, or autotuning
+            update["compile"] = update.get("compile", recipe.compile).model_copy(update={"enabled": True,
+                                                                                          "mode": COMPILE_MODES[mod]})
         elif mod in ("fp8", "int8"):
             update["quant"] = recipe.quant.model_copy(update={"mode": f"{mod}_w8a8"})
         elif mod in ("sage", "cudnn", "fa3"):
@@ -139,7 +149,8 @@ def configured_of(recipe) -> dict:
             "dense_steps": recipe.sparse_attention.dense_steps if recipe.sparse_attention.enabled else None,
             "bucketing": recipe.bucketing.multiple if recipe.bucketing.enabled else None,
             "compile": recipe.compile.enabled,
-            **({"fp8_attention": recipe.fp8_attention.kernel} if recipe.fp8_attention.enabled else {})}
+            **({"fp8_attention": recipe.fp8_attention.kernel} if recipe.fp8_attention.enabled else {}),
+            **({"compile_mode": recipe.compile.mode} if recipe.compile.enabled and recipe.compile.mode else {})}
 
 
 def begin_request(handles: dict) -> None:

@@ -243,3 +243,22 @@ def test_coverage_does_not_count_a_recipes_earlier_form_as_shipped():
     cells = next(line for line in coverage(results) if line.startswith("| `turbo4-int8` |")).split(" | ")[1:]
     assert cells == ["**not as shipped**; measured as `turbo4-int8` (before the recipe changed: bucketing None then, "
                      "128 now; compile False then, True now)", "as shipped", "**not measured** |"]
+
+
+def test_graphs_and_autotune_modifiers_compile_with_inductors_mode_and_say_so():
+    """Issue 23's CUDA-graph capture, as a speed-table variant: ``+graphs`` compiles the DiT blocks in inductor's
+    reduce-overhead mode (CUDA graphs), ``+autotune`` in max-autotune without graphs; the row's ``configured`` names
+    the mode (and omits it where none is set, so earlier rows still read as their recipe)."""
+    import pytest
+
+    from bench.h200_recipes_speed import configured_of, variant_recipe
+
+    graphs = variant_recipe("turbo4-fp8-sage-compile+graphs")[0]
+    assert graphs.compile.enabled and graphs.compile.mode == "reduce-overhead"
+    assert graphs.bucketing.enabled and graphs.bucketing.multiple == 128  # the recipe's buckets: static shapes
+    assert configured_of(graphs)["compile_mode"] == "reduce-overhead"
+    tuned = variant_recipe("stock+autotune+bucket")[0]
+    assert (tuned.compile.enabled, tuned.compile.mode) == (True, "max-autotune-no-cudagraphs")
+    assert "compile_mode" not in configured_of(variant_recipe("turbo4-fp8-sage-compile")[0])
+    with pytest.raises(ValueError, match="unknown modifier 'graph'"):
+        variant_recipe("stock+graph")

@@ -25,6 +25,11 @@
 #     GATE_THREADS="default 4/4" GATES_BOX_S=90 GOALS2_BOX_S=120 \
 #     GOALS2_ARGS="--rows decode15 --decode-tiles 304x320 --decode-levers compile+fp8" bash bench/device/h200_session12.sh
 #
+# Prepared in session 20, not run (issue 23's CUDA graphs: each compiled block captured, shapes bucketed; and
+# inductor's autotuning), beside the shipped fast recipe in one process, Sage built on the way (~105 s):
+#   CALL_S=560 PARTS="fwd" FWD_BOX_S=400 FWD_VARIANTS=turbo4-fp8-sage-compile,turbo4-fp8-sage-compile+graphs,\
+#     turbo4-fp8-sage-compile+autotune,turbo4-fp8-sage-compile bash bench/device/h200_session12.sh
+# (the variant grammar: bench/h200_recipes_speed.py's COMPILE_MODES; autotune's first call may take minutes).
 # Carry .whl_prod (diffusers 0.42.1, pydantic 2.14.4 and its three wheels, PyAV 18.1.0, lpips 0.1.4, pyloudnorm 0.2.0,
 # scikit-video 1.1.11: 46 MB) and either the wheels an earlier call returned (.carry/sagewhl, .carry/fa3whl) or the
 # sources (.carry/sage: `git archive d1a57a5 csrc sageattention setup.py pyproject.toml README.md LICENSE MANIFEST.in`
