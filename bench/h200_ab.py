@@ -476,12 +476,12 @@ def gates(args: argparse.Namespace) -> int:
             sync(ctx.device)
             per_gate[gate.name] = time.perf_counter() - t0
 
-    def timed(store, sides, gates_, pair, device, options, force, summary, bar, task, info):
+    def timed(store, sides, gates_, pair, device, options, force, summary, *rest):
         before = sum(summary.scored.values()) if summary.scored else 0
         per_gate.clear()
         t0 = time.perf_counter()
         try:
-            return original(store, sides, gates_, pair, device, options, force, summary, bar, task, info)
+            return original(store, sides, gates_, pair, device, options, force, summary, *rest)
         finally:
             sync(device)
             computed = (sum(summary.scored.values()) if summary.scored else 0) - before
