@@ -75,3 +75,20 @@ def test_an_audio_encode_error_is_raised_and_leaves_no_file(tmp_path, monkeypatc
         encode_mp4(target, _frames(8, 64, 64), np.zeros((32000, 2), np.int16))
     assert list(tmp_path.iterdir()) == []
 
+
+
+
+@pytest.mark.parametrize("convert_threads", [1, 3])
+def test_one_reformatter_per_thread_decodes_the_per_frame_conversions_bytes(tmp_path, convert_threads):
+    """decode_video converts with one swscale context per converting thread, reused over the clip: the RGB frames are
+    byte for byte PyAV's own per-frame frame.to_ndarray(format="rgb24") (a new context each frame)."""
+    import av
+
+    frames = _frames(12, 128, 160)
+    path = tmp_path / "clip.mp4"
+    encode_mp4(path, frames, np.zeros((16000, 2), np.int16))
+    with av.open(str(path)) as container:
+        per_frame = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    shared = decode_video(path, convert_threads=convert_threads)[0]
+    assert shared.shape == frames.shape and np.array_equal(shared, per_frame)
+    assert _psnr(shared, frames) > 30  # and they are the source frames, up to the codec
