@@ -198,6 +198,19 @@ def render(results: Path, raw_names: list[str] | None = None) -> tuple[dict, str
                 lines.append(f"| {tile} | {t['decode_s']:.2f} | {rate(_decode_flops(vae, tile), t['decode_s'])} |")
             else:
                 lines.append(f"| {tile} | not measured: {t.get('reason')} | — |")
+    def variant_rows(levers: dict, stock: float, tile: str, where: str, lead: str = "") -> list[str]:
+        """A table row per vae_decoder variant: its decode against ``stock`` (the same process's, at ``tile``), the
+        first (compiling) decode and the throughput; ``lead`` opens each row (the per-tile table's tile column)."""
+        out = []
+        for spec, v in levers.items():
+            if v.get("measured"):
+                d = _seconds(v.get("decode_s"), f"{where}.{spec}.decode_s")
+                out.append(f"| {lead}{spec} | {d:.2f} | {stock / d:.2f}x | {v.get('first_s', float('nan')):.1f} | "
+                           f"{rate(_decode_flops(vae, tile), d)} |")
+            else:
+                out.append(f"| {lead}{spec} | not measured: {v.get('error') or v.get('reason')} | | | |")
+        return out
+
     for name, r in raws:  # the lever's variants, from every file that timed them, beside that process's stock decode
         row = (r.get("rows") or {}).get("decode15") or {}
         levers = row.get("levers") or {}
@@ -210,13 +223,7 @@ def render(results: Path, raw_names: list[str] | None = None) -> tuple[dict, str
                   "| variant | decode (s) | against stock | first decode (s) | achieved |", "|---|---|---|---|---|",
                   f"| stock (eager, unquantized) | {stock:.2f} | 1.00x | — | "
                   f"{rate(_decode_flops(vae, tile), stock)} |"]
-        for spec, v in levers.items():
-            if v.get("measured"):
-                d = _seconds(v.get("decode_s"), f"{name}: rows.decode15.levers.{spec}.decode_s")
-                lines.append(f"| {spec} | {d:.2f} | {stock / d:.2f}x | {v.get('first_s', float('nan')):.1f} | "
-                             f"{rate(_decode_flops(vae, tile), d)} |")
-            else:
-                lines.append(f"| {spec} | not measured: {v.get('error') or v.get('reason')} | | | |")
+        lines += variant_rows(levers, stock, tile, f"{name}: rows.decode15.levers")
     for name, r in raws:  # --lever-tiles: the lever's variants at several tiles, each beside its own stock decode
         per = ((r.get("rows") or {}).get("decode15") or {}).get("lever_tiles") or {}
         if not per:
@@ -231,13 +238,8 @@ def render(results: Path, raw_names: list[str] | None = None) -> tuple[dict, str
                 continue
             stock = _seconds(t.get("stock_s"), f"{name}: rows.decode15.lever_tiles.{tile}.stock_s")
             lines.append(f"| {tile} | stock (eager) | {stock:.2f} | 1.00x | — | {rate(_decode_flops(vae, tile), stock)} |")
-            for spec, v in (t.get("levers") or {}).items():
-                if v.get("measured"):
-                    d = _seconds(v.get("decode_s"), f"{name}: rows.decode15.lever_tiles.{tile}.levers.{spec}.decode_s")
-                    lines.append(f"| {tile} | {spec} | {d:.2f} | {stock / d:.2f}x | {v.get('first_s', float('nan')):.1f}"
-                                 f" | {rate(_decode_flops(vae, tile), d)} |")
-                else:
-                    lines.append(f"| {tile} | {spec} | not measured: {v.get('error') or v.get('reason')} | | | |")
+            lines += variant_rows(t.get("levers") or {}, stock, tile,
+                                  f"{name}: rows.decode15.lever_tiles.{tile}.levers", lead=f"{tile} | ")
     for key in ("dense768", "sparse768"):
         row = rows.get(key, {})
         if row.get("measured"):

@@ -419,27 +419,14 @@ def test_gate_threads_default_to_one_per_core_from_two_cores_and_one_below(monke
     assert gate_workers(7) == 3 and gate_workers(2) == 2
 
 
-def test_the_next_pairs_clips_are_decoded_while_this_pairs_gates_run(tmp_path, monkeypatch):
-    """Where the gates run side by side and all of them are warm, the runner decodes the next pair's two clips in a
-    background thread while the current pair's gates run (at most one pair ahead); every result equals the one-after-
-    another run's. Pair 0 warms the gates (one after another, nothing ahead); from pair 1 on, the clips of pair i+1
-    are decoded ahead, so the side-by-side prefetch of pair i+1 finds them decoded."""
-    import shutil
+def _record_decodes(monkeypatch) -> tuple[list, list]:
+    """Wrap the clip cache's prefetch and video loading: ``calls`` gets (thread name, the clips' stems) per prefetch,
+    ``decoded`` (thread name, recipe folder, stem) per clip decoded afresh (not found in the cache nor in flight)."""
     import threading
     from pathlib import Path
 
     from gates import media_cache
-    from h3eval import gaterun
-    from h3eval.store import RunStore
 
-    gates = ["integrity", "fidelity", "audio", "ghosting"]
-    one = make_run(tmp_path / "one", candidates=("drift",), prompt_ids=("p0", "p1", "p2", "p3"), frames_fn=_frames,
-                   audio_fn=_audio)
-    shutil.copytree(one.root, tmp_path / "many")
-    monkeypatch.setenv("H3EVAL_GATE_THREADS", "1")
-    assert not gaterun.decode_ahead([get_gate(g) for g in gates])
-    assert not run_gates(one.root, gates, options=RAND, progress=False).failed
-    media_cache.clear()
     calls, decoded = [], []
     original_prefetch, original_video = media_cache.prefetch, media_cache.load_video
 
@@ -457,6 +444,29 @@ def test_the_next_pairs_clips_are_decoded_while_this_pairs_gates_run(tmp_path, m
 
     monkeypatch.setattr(media_cache, "prefetch", prefetch)
     monkeypatch.setattr(media_cache, "load_video", load_video)
+    return calls, decoded
+
+
+def test_the_next_pairs_clips_are_decoded_while_this_pairs_gates_run(tmp_path, monkeypatch):
+    """Where the gates run side by side and all of them are warm, the runner decodes the next pair's two clips in a
+    background thread while the current pair's gates run (at most one pair ahead); every result equals the one-after-
+    another run's. Pair 0 warms the gates (one after another, nothing ahead); from pair 1 on, the clips of pair i+1
+    are decoded ahead, so the side-by-side prefetch of pair i+1 finds them decoded."""
+    import shutil
+
+    from gates import media_cache
+    from h3eval import gaterun
+    from h3eval.store import RunStore
+
+    gates = ["integrity", "fidelity", "audio", "ghosting"]
+    one = make_run(tmp_path / "one", candidates=("drift",), prompt_ids=("p0", "p1", "p2", "p3"), frames_fn=_frames,
+                   audio_fn=_audio)
+    shutil.copytree(one.root, tmp_path / "many")
+    monkeypatch.setenv("H3EVAL_GATE_THREADS", "1")
+    assert not gaterun.decode_ahead([get_gate(g) for g in gates])
+    assert not run_gates(one.root, gates, options=RAND, progress=False).failed
+    media_cache.clear()
+    calls, decoded = _record_decodes(monkeypatch)
     monkeypatch.setenv("H3EVAL_GATE_THREADS", "4")
     monkeypatch.setattr(gaterun, "_warm", set())
     many = RunStore(tmp_path / "many")
@@ -478,8 +488,6 @@ def test_two_pairs_decode_ahead_each_clip_once_and_give_the_same_results(tmp_pat
     own clips are decoded start then (pairs 2 and 3 from pair 1, pair 4 from pair 2), every clip is decoded once,
     and every result equals the one-after-another run's."""
     import shutil
-    import threading
-    from pathlib import Path
 
     from gates import media_cache
     from h3eval import gaterun
@@ -492,31 +500,15 @@ def test_two_pairs_decode_ahead_each_clip_once_and_give_the_same_results(tmp_pat
     monkeypatch.setenv("H3EVAL_GATE_THREADS", "1")
     assert not run_gates(one.root, gates, options=RAND, progress=False).failed
     media_cache.clear()
-    calls, decoded = [], []
-    original_prefetch, original_video = media_cache.prefetch, media_cache.load_video
-
-    def prefetch(paths, needs):
-        calls.append((threading.current_thread().name, tuple(Path(p).stem for p in paths)))
-        return original_prefetch(paths, needs)
-
-    def load_video(path):
-        key = media_cache._key("video", path)
-        with media_cache._lock:
-            fresh = key not in media_cache._cache and key not in media_cache._loading
-        if fresh:
-            decoded.append((Path(path).parent.name, Path(path).stem))
-        return original_video(path)
-
-    monkeypatch.setattr(media_cache, "prefetch", prefetch)
-    monkeypatch.setattr(media_cache, "load_video", load_video)
+    calls, decoded = _record_decodes(monkeypatch)
     monkeypatch.setenv("H3EVAL_GATE_THREADS", "4")
     monkeypatch.setenv("H3EVAL_DECODE_AHEAD", "2")
     monkeypatch.setattr(gaterun, "_warm", set())
     many = RunStore(tmp_path / "many")
     assert not run_gates(many.root, gates, options=RAND, progress=False).failed
     ahead = sorted(stems for name, stems in calls if name == "decode-ahead")
-    assert ahead == [(f"p{i}-s0", f"p{i}-s0") for i in (2, 3, 4)]
-    assert sorted(decoded) == sorted((d, f"p{i}-s0") for i in range(5) for d in ("baseline", "drift"))
+    assert ahead == [[f"p{i}-s0", f"p{i}-s0"] for i in (2, 3, 4)]
+    assert sorted((d, s) for _, d, s in decoded) == sorted((d, f"p{i}-s0") for i in range(5) for d in ("baseline", "drift"))
     a, b = _results(one, gates), _results(many, gates)
     assert len(a) == 20 and a.keys() == b.keys()
     for key in a:
