@@ -269,7 +269,8 @@ def main() -> None:
     parser.add_argument("--decode-levers", default="", help="vae_decoder variants timed after the stock decode at "
                         "its best tile, comma-separated: compile, fp8, int8, compile+fp8, ...")
     parser.add_argument("--lever-tiles", default="", help="tiles at which the --decode-levers variants are timed, "
-                        "comma-separated (default: the stock decode's best tile); each tile's stock decode is timed too")
+                        "comma-separated (default: the stock decode's best tile); each tile's stock decode is "
+                        "timed too")
     parser.add_argument("--repeats", type=int, default=1, help="timed requests / forwards per row after the first")
     parser.add_argument("--smoke", action="store_true", help="the tiny preset's configs on the CPU, float32")
     args = parser.parse_args()

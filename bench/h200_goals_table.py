@@ -237,7 +237,8 @@ def render(results: Path, raw_names: list[str] | None = None) -> tuple[dict, str
                 lines.append(f"| {tile} | — | not measured: {t.get('reason')} | | | |")
                 continue
             stock = _seconds(t.get("stock_s"), f"{name}: rows.decode15.lever_tiles.{tile}.stock_s")
-            lines.append(f"| {tile} | stock (eager) | {stock:.2f} | 1.00x | — | {rate(_decode_flops(vae, tile), stock)} |")
+            lines.append(f"| {tile} | stock (eager) | {stock:.2f} | 1.00x | — | "
+                         f"{rate(_decode_flops(vae, tile), stock)} |")
             lines += variant_rows(t.get("levers") or {}, stock, tile,
                                   f"{name}: rows.decode15.lever_tiles.{tile}.levers", lead=f"{tile} | ")
     for key in ("dense768", "sparse768"):

@@ -171,7 +171,8 @@ def main() -> None:
     parser.add_argument("--no-record", action="store_true", help="do not write bench/results (dry runs)")
     parser.add_argument("--reuse-from", default=None,
                         help="a finished proof's --out made with the same checkpoint but another LoRA: its clips of "
-                             "every recipe that does not load the LoRA are reused (only the LoRA's 2 recipes are generated)")
+                             "every recipe that does not load the LoRA are reused (only the LoRA's 2 recipes are "
+                             "generated)")
     args = parser.parse_args()
 
     from gates.vbench.env import default_env_path

@@ -3,8 +3,8 @@
 The runner goes pair by pair and runs every chosen gate on the pair before moving on, so a small LRU of decoded
 clips (keyed by path, size and modification time: a rewritten file is decoded again) is enough. It keeps, per kind,
 the two sides of the current pair, the next pair's two (decoded ahead while this pair's gates run, where they run
-side by side: h3eval.gaterun.decode_ahead; up to MAX_DECODE_AHEAD pairs) and one spare: decoded video (a 5 s 768x1344 clip is about 384 MB of uint8
-frames), decoded audio, and video frames uploaded to a device (:func:`load_video_on`), so that the gates that run on
+side by side: h3eval.gaterun.decode_ahead; up to MAX_DECODE_AHEAD pairs) and one spare: decoded video (a 5 s
+768x1344 clip is about 384 MB of uint8 frames), decoded audio, and video frames uploaded to a device (:func:`load_video_on`), so that the gates that run on
 a GPU upload each clip once. (One shared bound of 3 entries across kinds evicted the baseline's frames while the
 integrity gate read the candidate's audio, so the next gate decoded the baseline again.)
 

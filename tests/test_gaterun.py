@@ -508,7 +508,8 @@ def test_two_pairs_decode_ahead_each_clip_once_and_give_the_same_results(tmp_pat
     assert not run_gates(many.root, gates, options=RAND, progress=False).failed
     ahead = sorted(stems for name, stems in calls if name == "decode-ahead")
     assert ahead == [[f"p{i}-s0", f"p{i}-s0"] for i in (2, 3, 4)]
-    assert sorted((d, s) for _, d, s in decoded) == sorted((d, f"p{i}-s0") for i in range(5) for d in ("baseline", "drift"))
+    assert sorted((d, s) for _, d, s in decoded) == sorted(
+        (d, f"p{i}-s0") for i in range(5) for d in ("baseline", "drift"))
     a, b = _results(one, gates), _results(many, gates)
     assert len(a) == 20 and a.keys() == b.keys()
     for key in a:

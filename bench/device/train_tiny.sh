@@ -31,7 +31,8 @@
 # snapshot at step 200 (from the run-13 LoRA, weight 0.5) PASSes the signoff and ships as turbo4-tiny. Its command:
 #   X="--set pool_two_shape_share=0.6 --set distill_teacher_samples=2048 --set distill_steps=1200
 #   --set distill_lr=0.0002 --set distill_lr_final=0.1 --set distill_objective=dmd --set dmd_student_step=3
-#   --set distill_snapshot_every=200 --set dmd_regression_weight=0.5 --set distill_init=h3/assets/tiny/lora/turbo4-tiny-run13.safetensors"
+#   --set distill_snapshot_every=200 --set dmd_regression_weight=0.5 \
+#   --set distill_init=h3/assets/tiny/lora/turbo4-tiny-run13.safetensors"
 #   SITE=/tmp/site-d RUN_DIR=/tmp/run-d WHEELS=.whl COMMIT=<sha> RESUME_FROM=h3/assets/tiny PACK=0 CHECKPOINT=lora
 #   STAGE_SECONDS=distill=460,export=25 BUDGET_S=555 EXTRA_ARGS="$X" bash bench/device/train_tiny.sh $OUT/d
 # (two such trainings side by side fit one call; the pool takes ~140 s of each, the machine start is charged too).
