@@ -814,6 +814,57 @@ def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
     assert {k: vae[k] for k in VAE_DECODER_CONFIG} == VAE_DECODER_CONFIG
 
 
+def test_processes_of_one_run_write_its_json_files_at_once(tmp_path):
+    """Stages beside each other write the run's config.json at the same moment (what made the every-stage test flaky
+    under load: with one shared temporary name a writer's rename took the file from under the other, and that stage's
+    process died). Four writers, 200 writes each: none fails, and the file is always one writer's whole JSON."""
+    import json
+    import threading
+
+    from h3.train.common import write_json
+
+    path, errors = tmp_path / "config.json", []
+
+    def writer(index: int) -> None:
+        for k in range(200):
+            try:
+                write_json(path, {"writer": index, "k": k, "pad": "x" * 4000})
+                json.loads(path.read_text())
+            except Exception as exc:  # noqa: BLE001 - every failure is counted
+                errors.append(repr(exc))
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert json.loads(path.read_text())["k"] == 199
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]  # no temporary file left behind
+
+
+def test_a_stage_process_that_fails_is_an_error_naming_it_and_a_paused_one_resumes():
+    """The export waits for the stages beside it: one that ended done or paused on its budget gives its code (a paused
+    one makes the run's code EXIT_RESUME), one that crashed is an error naming the stage, never a silent export of the
+    narrow decoder in place of the wide one."""
+    import subprocess
+    import sys
+
+    from h3.train.run import EXIT_RESUME, StageProcessError, _wait_beside, _wait_stage
+
+    def process(code: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", f"raise SystemExit({code})"])
+
+    assert _wait_stage("video-decoder", process(0)) == 0
+    assert _wait_stage("video-decoder", process(EXIT_RESUME)) == EXIT_RESUME
+    with pytest.raises(StageProcessError, match=r"stage video-decoder \(its own process, pid \d+\) exited with code 3"):
+        _wait_stage("video-decoder", process(3))
+    assert _wait_beside(None, {"video-decoder": process(0), "audio-decoder": process(0)}, 0) == 0
+    assert _wait_beside(process(0), {"video-decoder": process(EXIT_RESUME)}, 0) == EXIT_RESUME
+    with pytest.raises(StageProcessError, match="audio-decoder"):
+        _wait_beside(None, {"video-decoder": process(0), "audio-decoder": process(1)}, 0)
+
+
 def test_seeding_from_the_exported_checkpoint_continues_it(tmp_path, monkeypatch, capsys):
     """A new session has the shipped checkpoint, not the state pack it came from: ``unpack --from CHECKPOINT_DIR``
     rebuilds the states from its weights and record (exactly), ``--continue dit:N`` re-opens the DiT with AdamW

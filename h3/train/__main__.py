@@ -92,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage-seconds", default="", help="per-stage budgets, e.g. dit=300,distill=90")
     parser.add_argument("--stop-after", type=int, help="end each training stage's slice after N steps")
     parser.add_argument("--finish-on-budget", action="store_true")
+    parser.add_argument("--beside", action="store_true", help=argparse.SUPPRESS)  # a stage an `all` run started
     parser.add_argument("--code-commit", default="")
     parser.add_argument("--to", type=Path, help="pack: the pack file to write")
     parser.add_argument("--from", dest="source", type=Path,
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         stage_seconds[key] = float(value)
     return run(args.stage, cfg, args.out, max_seconds=args.max_seconds, stage_seconds=stage_seconds,
                stop_after=args.stop_after, finish_on_budget=args.finish_on_budget, command=command,
-               code_commit=commit or args.code_commit, deadline=args.deadline)
+               code_commit=commit or args.code_commit, deadline=args.deadline, beside=args.beside)
 
 
 if __name__ == "__main__":

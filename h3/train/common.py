@@ -227,10 +227,12 @@ def load_state(path: Path, device="cpu") -> dict | None:
 
 
 def write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    """Atomically, through a temporary file of this writer's own (h3.atomic): stages of one run in processes beside
+    each other write the same config.json at once, and a shared temporary name let one writer's rename take the file
+    from under the other (FileNotFoundError: that stage's process died, and the export shipped without it)."""
+    from h3.atomic import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
 @dataclass

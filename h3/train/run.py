@@ -103,7 +103,8 @@ def _stage_process(stage: str, out: Path, device: str | None, max_seconds: float
     budget is passed as a wall-clock deadline, so that the new process's start-up (imports, components: ~10 s on a
     GPU host) counts against it: a helper given ``max_seconds`` from its own start ended that much after this process
     expected, and the export that waits for it ran past the call's end (run 5's first call)."""
-    args = [sys.executable, "-m", "h3.train", stage, "--out", str(out), "--config", str(out / "config.json")]
+    args = [sys.executable, "-m", "h3.train", stage, "--out", str(out), "--config", str(out / "config.json"),
+            "--beside"]
     if device is not None:
         args += ["--device", device]
     if max_seconds is not None:
@@ -111,6 +112,21 @@ def _stage_process(stage: str, out: Path, device: str | None, max_seconds: float
     if finish_on_budget:
         args.append("--finish-on-budget")
     return subprocess.Popen(args)
+
+
+class StageProcessError(RuntimeError):
+    """A stage that ran in its own process beside this one failed."""
+
+
+def _wait_stage(stage: str, process: subprocess.Popen) -> int:
+    """Wait for a stage's own process; its exit code when it ended done (0) or paused on its budget
+    (:data:`EXIT_RESUME`). Any other code is an error naming the stage: the export must not ship the narrow decoder,
+    or this process train a stage again, in place of one that crashed."""
+    code = process.wait()
+    if code not in (0, EXIT_RESUME):
+        raise StageProcessError(f"stage {stage} (its own process, pid {process.pid}) exited with code {code}; "
+                                "its output above says why")
+    return code
 
 
 def _apply_stats(comps: dict, pool) -> None:
@@ -122,11 +138,13 @@ def _apply_stats(comps: dict, pool) -> None:
 def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = None,
         stage_seconds: dict | None = None, stop_after: int | None = None, finish_on_budget: bool = False,
         command: str = "", code_commit: str = "", parallel_vaes: bool | None = None,
-        deadline: float | None = None) -> int:
+        deadline: float | None = None, beside: bool = False) -> int:
     """Run one stage or ``all``; returns 0 when what was asked is done, :data:`EXIT_RESUME` when a budget ran out.
 
     ``deadline`` (a ``time.time()`` value) ends the whole run at that wall-clock moment, whenever it started: what the
-    torchrun ranks of a stage get, so that their start-up counts against the stage's budget."""
+    torchrun ranks of a stage get, so that their start-up counts against the stage's budget. ``beside``: this process
+    is a stage that an ``all`` run started beside itself (:func:`_stage_process`); the run's config.json is that run's
+    and is left as it is (the stage's own ``--device`` would otherwise land in it)."""
     from h3.train.compensate import train_compensation
     from h3.train.dit import load_ema_into, train_dit
     from h3.train.distill import train_distill
@@ -144,7 +162,7 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
             cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', dist.rank))}"
         if not dist.main:
             logging.getLogger().setLevel(logging.WARNING)
-    else:
+    elif not beside:
         write_json(out / "config.json", {"config": cfg.to_dict(), "command": command, "code_commit": code_commit})
     if deadline is not None:
         left = deadline - time.time()
@@ -184,7 +202,7 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
             result = train_video_vae(comps["vae"], cfg, state_dir, budget, stop_after)
         elif name == "audio-vae":
             if helper is not None:
-                helper.wait()
+                _wait_stage("audio-vae", helper)
                 helper = None
                 if stage_done(state_dir, "audio-vae"):
                     continue
@@ -243,9 +261,11 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                 from h3.train.distill import DistillLora
                 from h3.train.export import environment, export_checkpoint
 
-                for process in decoder_helpers.values():
-                    process.wait()
+                paused = [n for n, process in decoder_helpers.items() if _wait_stage(n, process) == EXIT_RESUME]
                 decoder_helpers.clear()
+                if paused:  # the same command continues them, then exports
+                    logger.info("stage export: waits for %s, paused on its budget", ", ".join(paused))
+                    return EXIT_RESUME
                 decoder = load_state(state_dir / "video_decoder" / "state.pt", cfg.device)
                 if decoder is not None:  # the shipped decoder (a run without the stage ships the narrow one)
                     comps["vae"] = wide_vae(decoder["model"], cfg.seed).to(cfg.device)
@@ -277,11 +297,17 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                 dist.barrier()
                 continue
             # A torchrun rank exits 0 (a non-zero rank makes torchrun stop the others); the parent reads the state.
-            return EXIT_RESUME if dist.world == 1 else 0
-    for process in (helper, *decoder_helpers.values()):
-        if process is not None:
-            process.wait()
-    return 0
+            return _wait_beside(helper, decoder_helpers, EXIT_RESUME if dist.world == 1 else 0)
+    return _wait_beside(helper, decoder_helpers, 0)
+
+
+def _wait_beside(helper, decoder_helpers: dict, code: int) -> int:
+    """Before this process returns ``code``, wait for the stages still running beside it (each ends on its own
+    deadline): none outlives the command, so its next run never starts a second copy of one. A stage that paused on
+    its budget makes the run's code :data:`EXIT_RESUME`."""
+    codes = [_wait_stage("audio-vae", helper)] if helper is not None else []
+    codes += [_wait_stage(name, process) for name, process in decoder_helpers.items()]
+    return EXIT_RESUME if EXIT_RESUME in codes else code
 
 
 def reproduce_line(cfg: TrainConfig, stages: dict) -> str:
