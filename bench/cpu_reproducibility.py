@@ -1,6 +1,7 @@
 """What MKL's reproducibility mode costs on the tiny preset, and what it buys (issue 16).
 
-    python bench/cpu_reproducibility.py [--rounds 3] [--clips 3] [--modes off,COMPATIBLE,AUTO,AVX2]
+    python bench/cpu_reproducibility.py [--rounds 3] [--clips 3] [--modes off,COMPATIBLE,AUTO,AVX2] [--model tiny]
+        [--name cpu_reproducibility]
 
 Each mode runs in its own process (MKL reads ``MKL_CBWR`` once, when it first runs): ``off`` is
 ``H3_CPU_REPRODUCIBLE=0`` (MKL picks kernels by CPU and alignment), the others set ``MKL_CBWR``. Per process: load the
@@ -35,7 +36,7 @@ from h3.determinism import numerics_platform
 from h3.recipe import load_recipe
 from h3.runtime import GenerateRequest, H3Runtime
 from test_determinism import realign
-runtime = H3Runtime.load("tiny-random", load_recipe("baseline"), "cpu")
+runtime = H3Runtime.load({model!r}, load_recipe("baseline"), "cpu")
 calls = []
 hook = runtime.pipe.transformer.register_forward_pre_hook(
     lambda m, a, k: calls.append({{n: (v.clone() if torch.is_tensor(v) else v) for n, v in k.items()}}),
@@ -54,7 +55,7 @@ with tempfile.TemporaryDirectory() as tmp:
 # The alignment check in float32 (the tests' recipe): bf16 matmuls on the CPU run in oneDNN, not MKL.
 from conftest import FAST_RECIPE
 from h3.recipe import recipe_from_dict
-runtime = H3Runtime.load("tiny-random", recipe_from_dict(FAST_RECIPE), "cpu")
+runtime = H3Runtime.load({model!r}, recipe_from_dict(FAST_RECIPE), "cpu")
 calls = []
 hook = runtime.pipe.transformer.register_forward_pre_hook(
     lambda m, a, k: calls.append({{n: (v.clone() if torch.is_tensor(v) else v) for n, v in k.items()}}),
@@ -72,14 +73,14 @@ print(json.dumps({{"times": times, "cpu_times": cpu_times, "differing": differin
 """
 
 
-def run_mode(mode: str, clips: int) -> dict:
+def run_mode(mode: str, clips: int, model: str = "tiny-random") -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("MKL_CBWR", "H3_CPU_REPRODUCIBLE")}
     env["PYTHONPATH"] = str(ROOT)
     if mode == "off":
         env["H3_CPU_REPRODUCIBLE"] = "0"
     else:
         env["MKL_CBWR"] = mode
-    code = _CHILD.format(root=str(ROOT), tests=str(ROOT / "tests"), clips=clips)
+    code = _CHILD.format(root=str(ROOT), tests=str(ROOT / "tests"), clips=clips, model=model)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"mode {mode} failed:\n{proc.stderr[-2000:]}")
@@ -91,6 +92,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clips", type=int, default=3)
     parser.add_argument("--modes", default="off,COMPATIBLE,AUTO,AVX2")
+    parser.add_argument("--model", default="tiny-random", help="the preset to time (tiny: the trained one)")
+    parser.add_argument("--name", default="cpu_reproducibility", help="results file name in bench/results")
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if "off" not in modes:
@@ -101,7 +104,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(args.rounds):
         for mode in modes:
-            result = run_mode(mode, args.clips)
+            result = run_mode(mode, args.clips, args.model)
             runs[mode].append(result)
             print(f"round {r} {mode}: median {statistics.median(result['times']):.3f} s, "
                   f"differing {result['differing']}", flush=True)
@@ -118,7 +121,7 @@ def main() -> None:
         summary[mode]["cpu_ratio_to_off"] = summary[mode]["median_cpu_s"] / summary["off"]["median_cpu_s"]
     cpu = runs[modes[0]][0]["numerics"]
     table = (f"CPU: {cpu['cpu_model']} ({cpu['cpu_vendor']}), ATen capability {cpu['aten_cpu_capability']}, "
-             f"{cpu['torch_threads']} threads. Tiny preset, `baseline` recipe (29 steps, 128×128, 5 s), "
+             f"{cpu['torch_threads']} threads. Preset `{args.model}`, `baseline` recipe (29 steps, 128×128, 5 s), "
              f"{args.rounds} interleaved rounds × {args.clips} clips per mode.\n\n"
              "| mode | MKL CNR on | median CPU time per clip (s) | vs off | median request-to-file (s) | vs off | "
              "float32 elements differing after re-homing the weights at a 4 / 16-byte offset |\n"
@@ -129,11 +132,11 @@ def main() -> None:
         table += (f"| {mode} | {s['mkl_cbwr_active']} | {s['median_cpu_s']:.3f} (n={s['n']}) | "
                   f"{s['cpu_ratio_to_off']:.3f}× | {s['median_s']:.3f} | {s['ratio_to_off']:.3f}× "
                   f"| {' / '.join(str(d[k]) for k in sorted(d, key=int))} |\n")
-    table += ("\n`off` is `H3_CPU_REPRODUCIBLE=0`; the runtime's default is `MKL_CBWR=COMPATIBLE` "
-              "(h3/determinism.py). A non-zero count means the same weights at another alignment gave other "
+    table += ("\n`off` is `H3_CPU_REPRODUCIBLE=0`; the runtime's default is `MKL_CBWR=AUTO` "
+              "(h3/determinism.py; COMPATIBLE before session 21). A non-zero count means the same weights at another alignment gave other "
               "bits: what broke byte identity in issue 16.\n")
-    _results.write("cpu_reproducibility", {"modes": summary, "runs": runs, "rounds": args.rounds,
-                                           "clips": args.clips}, table)
+    _results.write(args.name, {"modes": summary, "runs": runs, "rounds": args.rounds, "clips": args.clips,
+                               "model": args.model}, table)
     print(table)
 
 

@@ -31,10 +31,15 @@ import platform
 from pathlib import Path
 from typing import Any
 
-# COMPATIBLE: one code path on every x86-64 CPU (Intel or AMD), so results do not depend on alignment or on which
-# vector branch MKL would have picked. Chosen over AUTO/AVX2 because its cost on the tiny preset is within noise
-# (bench/results/cpu_reproducibility.md) and it is the only mode defined on every x86-64 CPU.
-DEFAULT_MKL_CBWR = "COMPATIBLE"
+# AUTO: MKL's reproducible mode on the code path it picks for this CPU, so results do not depend on operand alignment
+# (0 of the float32 elements differ after re-homing the weights, on an AMD EPYC and on an Intel Xeon) and MKL keeps its
+# fast kernels for the CPU. Until session 21 it was COMPATIBLE (one code path on every x86-64 CPU), which buys nothing
+# the product promises (byte identity holds on one platform: oneDNN's kernels differ by CPU anyway) and was the slowest
+# reproducible mode on both: a trained-tiny clip 1.318 s (2.345 CPU-s) against AUTO's 1.274 s (2.232) on the Intel
+# Xeon (cpu_reproducibility_s21_intel.md), a random-tiny clip 1.399 s against 1.196 s on the AMD EPYC
+# (cpu_reproducibility.md). Every record names the mode (hardware.numerics.mkl_cbwr), so a clip made under one is
+# reported as made on another platform than one made under the other, never compared byte for byte.
+DEFAULT_MKL_CBWR = "AUTO"
 _SWITCH = "H3_CPU_REPRODUCIBLE"
 # mkl_cbwr_get's answer when CNR is off (MKL_CBWR_BRANCH_OFF in mkl_service.h).
 _MKL_CBWR_BRANCH_OFF = 1
