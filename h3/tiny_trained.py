@@ -184,9 +184,20 @@ def world_tokenizer(tokenizer_file: Path | None = None, build: bool = False):
                               pad_token="<|endoftext|>")
 
 
-def init_components(seed: int = INIT_SEED, tokenizer=None) -> dict:
-    """The trained preset's components before training: real classes, the configs above, weights drawn from ``seed``
-    (the text encoder's are final: it stays frozen)."""
+def shipped_transformer_config(root: Path = TRAINED_DIR) -> dict:
+    """The DiT shape the shipped checkpoint has: its transformer/config.json's TRANSFORMER_CONFIG keys (a training run
+    may widen the DiT: ``python -m h3.train --set dit_hidden_size=...``), else TRANSFORMER_CONFIG."""
+    path = Path(root) / "transformer" / "config.json"
+    if not path.is_file():
+        return dict(TRANSFORMER_CONFIG)
+    saved = json.loads(path.read_text())
+    return {k: tuple(saved[k]) if isinstance(v, tuple) else saved[k] for k, v in TRANSFORMER_CONFIG.items() if k in saved}
+
+
+def init_components(seed: int = INIT_SEED, tokenizer=None, transformer_config: dict | None = None) -> dict:
+    """The trained preset's components before training: real classes, the configs above (``transformer_config`` in
+    place of TRANSFORMER_CONFIG: a training run's DiT shape), weights drawn from ``seed`` (the text encoder's are
+    final: it stays frozen)."""
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Transformer3DModel
     from transformers import (
         Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLProcessor,
@@ -208,7 +219,7 @@ def init_components(seed: int = INIT_SEED, tokenizer=None) -> dict:
         with torch.no_grad():
             text_encoder.model.language_model.embed_tokens.weight.mul_(EMBED_GAIN)
         text_encoder.requires_grad_(False)
-        transformer = MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG)
+        transformer = MiniMaxH3Transformer3DModel(**(transformer_config or TRANSFORMER_CONFIG))
         vae = AutoencoderKLMiniMaxH3(**VAE_CONFIG)
         audio_vae = AutoencoderKLMiniMaxH3Audio(**AUDIO_VAE_CONFIG, latents_mean=[0.0] * 32, latents_std=[1.0] * 32)
     finally:

@@ -776,8 +776,9 @@ def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
 
     # More teacher samples than the pool has t2va presentations: each recurs with another noise, and the record says
     # how many samples over how many presentations.
+    # A DiT of another depth than the shipped one (issue 17's widening knobs): every stage takes it, and it exports.
     cfg = TrainConfig.smoke(distill_moment_weight=0.5, distill_motion_weight=0.5, distill_teacher_samples=11,
-                            compensate_steps=2)
+                            compensate_steps=2, dit_num_layers=3)
     assert run("all", cfg, tmp_path, parallel_vaes=True, finish_on_budget=True, max_seconds=900) == 0
     record = json.loads((tmp_path / "tiny" / "training_record.json").read_text())
     tasks = Pool.load(tmp_path / "state" / "pool" / "pool.pt", "cpu").tasks
@@ -812,6 +813,11 @@ def test_every_stage_runs_and_exports_on_the_cpu(tmp_path):
     assert "--set video_decoder_steps=3" in record["reproduce"]
     vae = json.loads((tmp_path / "tiny" / "vae" / "config.json").read_text())
     assert {k: vae[k] for k in VAE_DECODER_CONFIG} == VAE_DECODER_CONFIG
+    from h3.tiny_trained import shipped_transformer_config
+
+    assert shipped_transformer_config(tmp_path / "tiny") == {**TRANSFORMER_CONFIG, "num_layers": 3}
+    assert "--set dit_num_layers=3" in record["reproduce"]
+    assert json.loads((tmp_path / "config.json").read_text())["config"]["dit_num_layers"] == 3
 
 
 def test_processes_of_one_run_write_its_json_files_at_once(tmp_path):
@@ -863,6 +869,74 @@ def test_a_stage_process_that_fails_is_an_error_naming_it_and_a_paused_one_resum
     assert _wait_beside(process(0), {"video-decoder": process(EXIT_RESUME)}, 0) == EXIT_RESUME
     with pytest.raises(StageProcessError, match="audio-decoder"):
         _wait_beside(None, {"video-decoder": process(0), "audio-decoder": process(1)}, 0)
+
+
+def test_a_wider_dit_trains_exports_and_continues_with_its_own_shape(tmp_path, capsys):
+    """Issue 17's "widen the tiny configs as far as quality needs": ``--set dit_*`` gives the DiT another shape (0
+    keeps the shipped one); a checkpoint seeds a continuing run with the DiT shape in its own config.json; a run that
+    asks for another shape than its DiT state's is one error naming both, before any stage loads the state; the
+    trained LoRAs are checked against the shipped checkpoint's shape, not a constant."""
+    import shutil
+
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from h3.tiny_trained import TRAINED_DIR, shipped_transformer_config
+    from h3.train.common import save_state
+    from h3.train.run import check_dit_shape
+    from h3.train.travel import seed_from_checkpoint
+
+    assert TrainConfig().transformer_config() == TRANSFORMER_CONFIG == shipped_transformer_config()
+    wide_cfg = TrainConfig(dit_hidden_size=160, dit_num_layers=5, dit_num_attention_heads=5, dit_ffn_dim=320)
+    wide = wide_cfg.transformer_config()
+    assert {k: wide[k] for k in ("hidden_size", "num_layers", "num_attention_heads", "ffn_dim")} == {
+        "hidden_size": 160, "num_layers": 5, "num_attention_heads": 5, "ffn_dim": 320}
+    assert {k: v for k, v in wide.items() if k not in ("hidden_size", "num_layers", "num_attention_heads",
+                                                        "ffn_dim")} == {
+        k: v for k, v in TRANSFORMER_CONFIG.items() if k not in ("hidden_size", "num_layers", "num_attention_heads",
+                                                                  "ffn_dim")}
+    with pytest.raises(ValueError, match="whole numbers >= 0"):
+        TrainConfig(dit_num_layers=-1).transformer_config()
+
+    # An exported checkpoint with the wider DiT: the copy of the shipped one with its transformer replaced.
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(TRAINED_DIR, ckpt)
+    torch.manual_seed(0)
+    wide_dit = MiniMaxH3Transformer3DModel(**wide)
+    shutil.rmtree(ckpt / "transformer")
+    wide_dit.save_pretrained(ckpt / "transformer")
+    assert shipped_transformer_config(ckpt) == wide
+    seed_from_checkpoint(ckpt, tmp_path / "state", ())
+    state = torch.load(tmp_path / "state" / "dit" / "state.pt", weights_only=False)
+    assert all(torch.equal(state["model"][k], v) for k, v in wide_dit.state_dict().items())
+
+    check_dit_shape(MiniMaxH3Transformer3DModel(**wide), tmp_path / "state")  # the run's own shape: no error
+    with pytest.raises(ValueError, match=r"another shape than this run's \(hidden_size=128, num_layers=4, "
+                                         r"num_attention_heads=4, ffn_dim=256; [1-9]\d* tensors differ by name, "
+                                         r"[1-9]\d* by shape\): continue it with the --set dit_hidden_size"):
+        check_dit_shape(MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG), tmp_path / "state")
+    for name, over, message in (("layers", dict(dit_num_layers=5), r"[1-9]\d* tensors differ by name, 0 by shape"),
+                                ("width", dict(dit_ffn_dim=320), r"0 tensors differ by name, [1-9]\d* by shape")):
+        save_state(tmp_path / name / "dit" / "state.pt", {"model": MiniMaxH3Transformer3DModel(
+            **TrainConfig(**over).transformer_config()).state_dict()})
+        with pytest.raises(ValueError, match=message):
+            check_dit_shape(MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG), tmp_path / name)
+    check_dit_shape(MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG), tmp_path / "none")  # no state yet
+
+    # `unpack --from CHECKPOINT --fresh dit`: the VAEs seeded, the DiT left to train from its initial weights (at any
+    # shape); asking for it both fresh and continued, or fresh for another stage, is one error.
+    from h3.train.__main__ import main
+
+    assert main(["unpack", "--out", str(tmp_path / "fresh"), "--from", str(TRAINED_DIR), "--fresh", "dit"]) == 0
+    seeded = sorted(p.parent.name for p in (tmp_path / "fresh" / "state").glob("*/state.pt"))
+    assert seeded == ["audio_decoder", "audio_vae", "video_decoder", "video_vae"]
+    check_dit_shape(MiniMaxH3Transformer3DModel(**wide), tmp_path / "fresh" / "state")
+    for extra, message in ((["--fresh", "dit", "--continue", "dit"], "dit: both continued and fresh"),
+                           (["--fresh", "audio-vae"], "--fresh audio_vae: a checkpoint can leave only dit unseeded")):
+        shutil.rmtree(tmp_path / "bad", ignore_errors=True)
+        capsys.readouterr()
+        assert main(["unpack", "--out", str(tmp_path / "bad"), "--from", str(TRAINED_DIR), *extra]) == 3
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "bad" / "state").exists() or not any((tmp_path / "bad" / "state").iterdir())
 
 
 def test_seeding_from_the_exported_checkpoint_continues_it(tmp_path, monkeypatch, capsys):

@@ -23,7 +23,10 @@
 # that depend on it, dit drops distill), PACK_MOMENTS (bf16), RUN_DIR (/tmp/h3-train; with RESUME_FROM it is emptied
 # first when it is that default), PACK (1; 0 returns no state pack: a call seeded from the shipped checkpoint needs none),
 # SITE (/tmp/site: where the wheels install; two runs side by side need their own SITE and RUN_DIR), CHECKPOINT (all;
-# lora returns tiny-lora.tgz, the exported LoRAs and record alone, for a distillation from the shipped checkpoint).
+# lora returns tiny-lora.tgz, the exported LoRAs and record alone, for a distillation from the shipped checkpoint),
+# FRESH (with RESUME_FROM a checkpoint folder: dit leaves the DiT unseeded, so that it trains from its initial weights on
+# the shipped VAEs: what a DiT of another shape, EXTRA_ARGS="--set dit_hidden_size=... --set dit_num_layers=...",
+# needs; issue 17, session 21's plan in tiny_train_h200.md).
 # With `--set distill_snapshot_every=N` the student's LoRA every N distillation steps comes back in snapshots.tgz.
 #
 # Session 18 (2026-12-03) ran run 23 (tiny_train_h200.md): the DMD term and the fake score on the last student step
@@ -130,7 +133,8 @@ run=${RUN_DIR:-/tmp/h3-train}
 if [ -n "${RESUME_FROM:-}" ] && [ -f "$RESUME_FROM/training_record.json" ]; then
   # an exported checkpoint (h3/assets/tiny): its weights and step counts seed the states (h3.train.travel)
   [ -z "${RUN_DIR:-}" ] && rm -rf "$run"
-  $PY -m h3.train unpack --out "$run" --from "$RESUME_FROM" ${CONTINUE:+--continue "$CONTINUE"} >>"$out/train.log" 2>&1
+  $PY -m h3.train unpack --out "$run" --from "$RESUME_FROM" ${CONTINUE:+--continue "$CONTINUE"} \
+    ${FRESH:+--fresh "$FRESH"} >>"$out/train.log" 2>&1
   rc=$?
   cat "$out/train.log"
   [ $rc -eq 0 ] || exit $rc

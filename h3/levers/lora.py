@@ -123,11 +123,12 @@ def resolve_lora_path(path: str | None, *, is_tiny: bool, transformer: torch.nn.
             write_tiny_lora(target, transformer)
         return target
     if path in TRAINED_LORAS:
-        from h3.tiny_trained import TRANSFORMER_CONFIG
+        from h3.tiny_trained import shipped_transformer_config
 
+        shipped = shipped_transformer_config()  # the shape its LoRAs were trained on (a run may widen the DiT)
         config = dict(getattr(transformer, "config", None) or {})
         same = all(list(config[k]) == list(v) if isinstance(v, tuple) else config[k] == v
-                   for k, v in TRANSFORMER_CONFIG.items() if k in config) and set(TRANSFORMER_CONFIG) <= set(config)
+                   for k, v in shipped.items() if k in config) and set(shipped) <= set(config)
         if not (is_tiny and same):
             raise LeverError(f"{section}.path '{path}' is a LoRA of the trained tiny preset (--model tiny); it cannot "
                              "load into another model")

@@ -51,8 +51,11 @@ def _travel(args) -> int:
                 raise PackError("unpack needs --from FILE")
             stages = list(filter(None, args.continue_stages.split(",")))
             if args.source.is_dir():  # an exported checkpoint (h3/assets/tiny): weights and step counts, no moments
-                manifest = seed_from_checkpoint(args.source, args.out / "state", stages)
+                manifest = seed_from_checkpoint(args.source, args.out / "state", stages,
+                                                list(filter(None, args.fresh.split(","))))
             else:
+                if args.fresh:
+                    raise PackError("--fresh needs --from CHECKPOINT_DIR (a state pack holds what it holds)")
                 manifest = unpack_state(args.source, args.out / "state", stages)
     except PackError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -100,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
                              "the video VAE, video decoder, audio VAE and DiT states from")
     parser.add_argument("--moments", default="bf16", help="pack: bf16 (default), fp32 or drop (finished stages), then any STAGE=MODE, e.g. "
                              "bf16,video_vae=drop")
+    parser.add_argument("--fresh", default="", metavar="dit",
+                        help="unpack --from CHECKPOINT_DIR: leave the DiT unseeded, so that the next run trains one "
+                             "from its initial weights on the checkpoint's VAEs (e.g. wider: --set dit_hidden_size=...)")
     parser.add_argument("--continue", dest="continue_stages", default="", metavar="STAGE[:STEPS],...",
                         help="unpack: re-open these budget-ended stages (video-vae, audio-vae, video-decoder, "
                              "audio-decoder, dit, distill)")

@@ -54,6 +54,13 @@ class TrainConfig:
     """The pool's chance of a two-shape draw (h3.world.scene.TWO_SHAPE_SHARE: 0.3, the prompt suites', by default;
     0.6 gives more than twice the default's two-shape scenes: tests/test_train.py)."""
     # DiT
+    dit_hidden_size: int = 0
+    """The DiT's shape (issue 17: "widen the tiny configs as far as quality needs"); 0 keeps
+    h3.tiny_trained.TRANSFORMER_CONFIG's. A run that widens it trains the DiT from its initial weights (a checkpoint's
+    DiT seeds only a run of its own shape) and exports the wider transformer, whose config.json the runtime reads."""
+    dit_num_layers: int = 0
+    dit_num_attention_heads: int = 0
+    dit_ffn_dim: int = 0
     dit_steps: int = 30000
     dit_batch: int = 192
     dit_lr: float = 2e-3
@@ -154,6 +161,17 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def transformer_config(self) -> dict:
+        """The DiT's diffusers config: TRANSFORMER_CONFIG with this run's ``dit_*`` shape settings over it."""
+        from h3.tiny_trained import TRANSFORMER_CONFIG
+
+        shape = {"hidden_size": self.dit_hidden_size, "num_layers": self.dit_num_layers,
+                 "num_attention_heads": self.dit_num_attention_heads, "ffn_dim": self.dit_ffn_dim}
+        bad = {k: v for k, v in shape.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0}
+        if bad:
+            raise ValueError(f"dit shape settings must be whole numbers >= 0 (0: the shipped one's), got {bad}")
+        return {**TRANSFORMER_CONFIG, **{k: v for k, v in shape.items() if v}}
 
 
 def step_seed(seed: int, stage: str, step: int) -> int:

@@ -34,7 +34,7 @@ EXIT_RESUME = 75
 def components(cfg: TrainConfig) -> dict:
     from h3.tiny_trained import INIT_SEED, init_components, world_tokenizer
 
-    comps = init_components(INIT_SEED, world_tokenizer(build=True))
+    comps = init_components(INIT_SEED, world_tokenizer(build=True), cfg.transformer_config())
     for name in ("transformer", "vae", "audio_vae", "text_encoder"):
         comps[name] = comps[name].to(cfg.device)
     return comps
@@ -129,6 +129,28 @@ def _wait_stage(stage: str, process: subprocess.Popen) -> int:
     return code
 
 
+DIT_SHAPE_KEYS = ("hidden_size", "num_layers", "num_attention_heads", "ffn_dim")
+
+
+def check_dit_shape(transformer, state_dir: Path) -> None:
+    """A run continues a DiT state only with the shape it was trained with: a different ``--set dit_*`` (or none, for
+    a widened run) is one error naming the shapes, before any stage loads the state."""
+    path = state_dir / "dit" / "state.pt"
+    state = load_state(path, "cpu")
+    if state is None:
+        return
+    want = {k: tuple(v.shape) for k, v in transformer.state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in state["model"].items()}
+    if want != have:
+        config = dict(transformer.config)
+        asked = ", ".join(f"{k}={config[k]}" for k in DIT_SHAPE_KEYS)
+        raise ValueError(f"{path}: the DiT state was trained with another shape than this run's ({asked}; "
+                         f"{len(set(want) ^ set(have))} tensors differ by name, "
+                         f"{sum(want[k] != have[k] for k in set(want) & set(have))} by shape): continue it with the "
+                         "--set dit_hidden_size / dit_num_layers / dit_num_attention_heads / dit_ffn_dim it was "
+                         "trained with")
+
+
 def _apply_stats(comps: dict, pool) -> None:
     comps["vae"].register_to_config(latents_mean=list(pool.video_stats[0]), latents_std=list(pool.video_stats[1]))
     comps["audio_vae"].register_to_config(latents_mean=list(pool.audio_stats[0]),
@@ -175,6 +197,8 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     torch.backends.cudnn.benchmark = True  # fixed shapes per stage: pick the fastest 3-D convolution once
     ranks = stage_ranks(cfg) if dist.world == 1 else dist.world
     comps = components(cfg)
+    if not beside and any(n in todo for n in ("dit", "distill", "compensate", "export")):
+        check_dit_shape(comps["transformer"], state_dir)
     pool = None
     lora = compensation = None
     helper = None

@@ -254,6 +254,11 @@ def unpack_state(src: Path, state_dir: Path, continue_stages=()) -> dict:
     if state_dir.exists() and any(state_dir.iterdir()):
         raise PackError(f"{state_dir}: not empty; unpack into a fresh run folder")
     wanted = [_parse_continue(item) for item in continue_stages]
+    fresh = [stage.replace("-", "_") for stage in fresh]
+    if unknown := [stage for stage in fresh if stage not in FRESH_STAGES]:
+        raise PackError(f"--fresh {','.join(unknown)}: a checkpoint can leave only {', '.join(FRESH_STAGES)} unseeded")
+    if both := sorted({stage.replace("-", "_") for stage, _ in wanted} & set(fresh)):
+        raise PackError(f"{', '.join(both)}: both continued and fresh; choose one")
     manifest, states = _read_pack(src)
     for stage, _ in wanted:
         key = stage.replace("-", "_")
@@ -319,7 +324,12 @@ CHECKPOINT_FILES = {"video_vae": "vae/diffusion_pytorch_model.safetensors",
 RECORD_FILE = "training_record.json"
 
 
-def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=()) -> dict:
+FRESH_STAGES = ("dit",)
+"""What ``unpack --from CHECKPOINT --fresh`` may leave unseeded: the DiT, so that a run trains one from its initial
+weights on the shipped VAEs (a DiT of another shape: ``--set dit_*``)."""
+
+
+def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=()) -> dict:
     """Training state rebuilt from an exported checkpoint (the one shipped in h3/assets/tiny), for a run that
     continues it when the state pack it was exported from is gone: a pack lives outside git (it is 35 MB, and the
     repository travels with every device call), so a new session has only what the repository ships.
@@ -337,11 +347,14 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=()) -> dic
 
     No optimizer moments travel: a stage re-opened with ``continue_stages`` starts AdamW afresh and warms its learning
     rate up again from the step it resumes at (``warm_from``), so a continued run is not the uninterrupted run's
-    continuation bit for bit; each state says so in ``seeded_from``, and the next training record lists it."""
+    continuation bit for bit; each state says so in ``seeded_from``, and the next training record lists it.
+
+    ``fresh`` (:data:`FRESH_STAGES`): stages not seeded at all; the next ``all`` trains them from their initial
+    weights (and, for the DiT, from a pool normalized with fresh latent statistics)."""
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Transformer3DModel
     from safetensors.torch import load_file
 
-    from h3.tiny_trained import AUDIO_VAE_CONFIG, INIT_SEED, TRANSFORMER_CONFIG, VAE_CONFIG, VAE_DECODER_CONFIG
+    from h3.tiny_trained import AUDIO_VAE_CONFIG, INIT_SEED, VAE_CONFIG, VAE_DECODER_CONFIG, shipped_transformer_config
     from h3.train.vaes import ENCODER_SIDE
 
     ckpt, state_dir = Path(ckpt), Path(state_dir)
@@ -357,6 +370,11 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=()) -> dic
     except (ValueError, KeyError, TypeError) as exc:
         raise PackError(f"{ckpt / RECORD_FILE}: not a training record ({exc})") from exc
     wanted = [_parse_continue(item) for item in continue_stages]
+    fresh = [stage.replace("-", "_") for stage in fresh]
+    if unknown := [stage for stage in fresh if stage not in FRESH_STAGES]:
+        raise PackError(f"--fresh {','.join(unknown)}: a checkpoint can leave only {', '.join(FRESH_STAGES)} unseeded")
+    if both := sorted({stage.replace("-", "_") for stage, _ in wanted} & set(fresh)):
+        raise PackError(f"{', '.join(both)}: both continued and fresh; choose one")
 
     def weights(stage: str, model) -> dict:
         try:
@@ -385,7 +403,9 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=()) -> dic
         wide = weights("video_vae", AutoencoderKLMiniMaxH3(**{**VAE_CONFIG, **VAE_DECODER_CONFIG}))
         narrow = AutoencoderKLMiniMaxH3(**VAE_CONFIG)
         audio = weights("audio_vae", AutoencoderKLMiniMaxH3Audio(**AUDIO_VAE_CONFIG))
-        dit = weights("dit", MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIG))
+        # the checkpoint's own DiT shape (a run may have widened it); the continuing run must ask for the same one
+        dit = None if "dit" in fresh else weights("dit",
+                                                  MiniMaxH3Transformer3DModel(**shipped_transformer_config(ckpt)))
     finally:
         torch.random.set_rng_state(rng)
     narrow_state = narrow.state_dict()
@@ -394,9 +414,11 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=()) -> dic
         "video_vae": {**base("video_vae"), "model": narrow_state},
         "video_decoder": {**base("video_decoder"), "model": wide},
         "audio_vae": {**base("audio_vae"), "model": audio},
-        "dit": {**base("dit"), "model": dit, "ema": {k: v.clone() for k, v in dit.items() if v.is_floating_point()},
-                **({"latent_stats": stats} if (stats := _checkpoint_latent_stats(ckpt)) else {})},
     }
+    if dit is not None:
+        states["dit"] = {**base("dit"), "model": dit,
+                         "ema": {k: v.clone() for k, v in dit.items() if v.is_floating_point()},
+                         **({"latent_stats": stats} if (stats := _checkpoint_latent_stats(ckpt)) else {})}
     if "audio_decoder" in stages_info:
         states["audio_decoder"] = {**base("audio_decoder"), "model": {k: v.clone() for k, v in audio.items()}}
     for stage, _ in wanted:
