@@ -939,6 +939,41 @@ def test_a_wider_dit_trains_exports_and_continues_with_its_own_shape(tmp_path, c
         assert not (tmp_path / "bad" / "state").exists() or not any((tmp_path / "bad" / "state").iterdir())
 
 
+def test_the_dit_ships_in_bfloat16_when_asked_and_loads_as_trained(components, tmp_path):
+    """``--set export_dit_dtype=bfloat16`` halves the DiT's file (what a wider DiT needs under the 30 MB budget): its
+    tensors are the trained float32 ones rounded to bfloat16, but for the modules diffusers keeps in float32 and the
+    norms, stored exactly; diffusers loads it, and a bad dtype is refused before any stage trains."""
+    from diffusers import MiniMaxH3Transformer3DModel
+    from safetensors.torch import load_file
+
+    from h3.train.distill import DistillLora
+    from h3.train.export import DIT_FILE, export_checkpoint
+    from h3.train.run import run
+
+    transformer = components["transformer"]
+    lora = DistillLora(transformer, 4, 2)
+    record = {"seed": 0, "losses": {"dit": [{"step": 1, "loss": 0.5}]}}
+    cfg = TrainConfig(export_dit_dtype="bfloat16")
+    full = {k: v.detach().float() for k, v in transformer.state_dict().items()}
+    export_checkpoint(dict(components), lora, tmp_path / "bf16", record, cfg=cfg)
+    stored = load_file(str(tmp_path / "bf16" / "tiny" / DIT_FILE))
+    kept = tuple(MiniMaxH3Transformer3DModel._keep_in_fp32_modules)
+    for key, value in stored.items():
+        exact = key.startswith(kept) or "norm" in key
+        assert value.dtype == (torch.float32 if exact else torch.bfloat16), key
+        assert torch.equal(value, full[key] if exact else full[key].to(torch.bfloat16)), key
+    halved = sum(v.dtype == torch.bfloat16 for v in stored.values())
+    assert record["dit_file"] == {"dtype": "bfloat16", "tensors_in_dtype": halved,
+                                  "tensors_float32": len(stored) - halved} and halved >= 8 * 4  # 8+ a block
+    total = sum(v.numel() for v in full.values())
+    assert (tmp_path / "bf16" / "tiny" / DIT_FILE).stat().st_size < 0.55 * 4 * total
+    loaded = MiniMaxH3Transformer3DModel.from_pretrained(tmp_path / "bf16" / "tiny" / "transformer")
+    assert all(torch.equal(v.float(), stored[k].float()) for k, v in loaded.state_dict().items())
+    with pytest.raises(ValueError, match="export_dit_dtype must be one of float32, bfloat16, got 'fp16'"):
+        run("all", TrainConfig.smoke(export_dit_dtype="fp16"), tmp_path / "bad")
+    assert not (tmp_path / "bad" / "state" / "video_vae").exists()
+
+
 def test_seeding_from_the_exported_checkpoint_continues_it(tmp_path, monkeypatch, capsys):
     """A new session has the shipped checkpoint, not the state pack it came from: ``unpack --from CHECKPOINT_DIR``
     rebuilds the states from its weights and record (exactly), ``--continue dit:N`` re-opens the DiT with AdamW

@@ -92,15 +92,43 @@ def environment(device: str) -> dict:
     return info
 
 
+DIT_FILE = "transformer/diffusion_pytorch_model.safetensors"
+EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def store_dit_in(root: Path, dtype: str) -> dict:
+    """Rewrite the exported DiT's weights in ``dtype``, but for the tensors of the modules diffusers keeps in float32
+    (``_keep_in_fp32_modules``) and of its norms (``_skip_layerwise_casting_patterns``): how many of each."""
+    from diffusers import MiniMaxH3Transformer3DModel
+    from safetensors.torch import load_file, save_file
+
+    if dtype not in EXPORT_DTYPES:
+        raise ValueError(f"export_dit_dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
+    path = root / DIT_FILE
+    kept = tuple(MiniMaxH3Transformer3DModel._keep_in_fp32_modules or ())
+    skip = tuple(MiniMaxH3Transformer3DModel._skip_layerwise_casting_patterns or ())
+    tensors = load_file(str(path))
+    cast = {k for k, v in tensors.items()
+            if v.is_floating_point() and not k.startswith(kept) and not any(p in k for p in skip)}
+    if EXPORT_DTYPES[dtype] != torch.float32:
+        save_file({k: v.to(EXPORT_DTYPES[dtype]) if k in cast else v for k, v in tensors.items()}, str(path),
+                  metadata={"format": "pt"})
+    return {"dtype": dtype, "tensors_in_dtype": len(cast) if dtype != "float32" else len(tensors),
+            "tensors_float32": len(tensors) - len(cast) if dtype != "float32" else len(tensors)}
+
+
 def export_checkpoint(components: dict, lora, out: Path, record: dict, compensation=None, cfg=None) -> Path:
     """``compensation`` (with the run's ``cfg``): the sparse-attention compensation LoRA, written beside the turbo
-    LoRA (h3.train.compensate)."""
+    LoRA (h3.train.compensate). The DiT file in ``cfg.export_dit_dtype`` (:func:`store_dit_in`)."""
     from h3.tiny_trained import save_checkpoint
 
     target, staging = out / "tiny", out / ".tiny-staging"
     shutil.rmtree(staging, ignore_errors=True)
     cpu = {k: (v.to("cpu").float() if isinstance(v, torch.nn.Module) else v) for k, v in components.items()}
     save_checkpoint(cpu, staging)
+    dit_dtype = getattr(cfg, "export_dit_dtype", "float32")
+    if dit_dtype != "float32":
+        record["dit_file"] = store_dit_in(staging, dit_dtype)
     lora_path = staging / "lora" / "turbo4-tiny.safetensors"
     lora.to("cpu").save(lora_path)
     try:

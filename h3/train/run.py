@@ -196,6 +196,10 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = True  # fixed shapes per stage: pick the fastest 3-D convolution once
     ranks = stage_ranks(cfg) if dist.world == 1 else dist.world
+    from h3.train.export import EXPORT_DTYPES
+
+    if cfg.export_dit_dtype not in EXPORT_DTYPES:  # before any stage trains, not at the export
+        raise ValueError(f"export_dit_dtype must be one of {', '.join(EXPORT_DTYPES)}, got {cfg.export_dit_dtype!r}")
     comps = components(cfg)
     if not beside and any(n in todo for n in ("dit", "distill", "compensate", "export")):
         check_dit_shape(comps["transformer"], state_dir)
