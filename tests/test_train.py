@@ -971,7 +971,9 @@ def test_the_dit_ships_in_bfloat16_when_asked_and_loads_as_trained(components, t
     assert all(torch.equal(v.float(), stored[k].float()) for k, v in loaded.state_dict().items())
     with pytest.raises(ValueError, match="export_dit_dtype must be one of float32, bfloat16, got 'fp16'"):
         run("all", TrainConfig.smoke(export_dit_dtype="fp16"), tmp_path / "bad")
-    assert not (tmp_path / "bad" / "state" / "video_vae").exists()
+    with pytest.raises(ValueError, match="whole numbers >= 0"):
+        run("all", TrainConfig.smoke(dit_hidden_size=-8), tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()  # nothing written, not even the run's config
 
 
 def test_seeding_from_the_exported_checkpoint_continues_it(tmp_path, monkeypatch, capsys):

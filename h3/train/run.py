@@ -170,11 +170,16 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     from h3.train.compensate import train_compensation
     from h3.train.dit import load_ema_into, train_dit
     from h3.train.distill import train_distill
+    from h3.train.export import EXPORT_DTYPES
     from h3.train.pool import Pool, build_pool, latent_stats_of
     from h3.train.vaes import (
         audio_decoder_vae, train_audio_decoder, train_audio_vae, train_video_decoder, train_video_vae, wide_vae,
     )
 
+    # Settings a later stage would refuse, refused before anything is written or trained.
+    if cfg.export_dit_dtype not in EXPORT_DTYPES:
+        raise ValueError(f"export_dit_dtype must be one of {', '.join(EXPORT_DTYPES)}, got {cfg.export_dit_dtype!r}")
+    cfg.transformer_config()
     out = Path(out)
     state_dir = out / "state"
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -196,10 +201,6 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cudnn.benchmark = True  # fixed shapes per stage: pick the fastest 3-D convolution once
     ranks = stage_ranks(cfg) if dist.world == 1 else dist.world
-    from h3.train.export import EXPORT_DTYPES
-
-    if cfg.export_dit_dtype not in EXPORT_DTYPES:  # before any stage trains, not at the export
-        raise ValueError(f"export_dit_dtype must be one of {', '.join(EXPORT_DTYPES)}, got {cfg.export_dit_dtype!r}")
     comps = components(cfg)
     if not beside and any(n in todo for n in ("dit", "distill", "compensate", "export")):
         check_dit_shape(comps["transformer"], state_dir)
