@@ -9,7 +9,8 @@ shipped ``baseline`` recipe (29 steps, bf16, 128x128, 5 s); one warm-up clip, th
 the shapes interleaved round by round so the machine's load hits them alike. Reports request-to-file and denoise
 medians against the shipped shape's, the DiT's parameters, its file at float32 and bfloat16, the rank-16 LoRA's file
 (h3.train.distill.DistillLora, as the distillation trains it) and the checkpoint's total with the DiT at float32 and
-as ``--set export_dit_dtype=bfloat16`` ships it, against the 30 MB budget (16 MB a file). Writes bench/results/<name>.{json,md}.
+as ``--set export_dit_dtype=bfloat16`` ships it, against the 30 MB budget (16 MB a file).
+Writes bench/results/<name>.{json,md}.
 """
 
 from __future__ import annotations

@@ -191,7 +191,8 @@ def shipped_transformer_config(root: Path = TRAINED_DIR) -> dict:
     if not path.is_file():
         return dict(TRANSFORMER_CONFIG)
     saved = json.loads(path.read_text())
-    return {k: tuple(saved[k]) if isinstance(v, tuple) else saved[k] for k, v in TRANSFORMER_CONFIG.items() if k in saved}
+    return {k: tuple(saved[k]) if isinstance(v, tuple) else saved[k]
+            for k, v in TRANSFORMER_CONFIG.items() if k in saved}
 
 
 def init_components(seed: int = INIT_SEED, tokenizer=None, transformer_config: dict | None = None) -> dict:

@@ -105,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                              "bf16,video_vae=drop")
     parser.add_argument("--fresh", default="", metavar="dit",
                         help="unpack --from CHECKPOINT_DIR: leave the DiT unseeded, so that the next run trains one "
-                             "from its initial weights on the checkpoint's VAEs (e.g. wider: --set dit_hidden_size=...)")
+                             "from its initial weights on the checkpoint's VAEs (e.g. wider: "
+                             "--set dit_hidden_size=...)")
     parser.add_argument("--continue", dest="continue_stages", default="", metavar="STAGE[:STEPS],...",
                         help="unpack: re-open these budget-ended stages (video-vae, audio-vae, video-decoder, "
                              "audio-decoder, dit, distill)")

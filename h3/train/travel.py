@@ -254,11 +254,6 @@ def unpack_state(src: Path, state_dir: Path, continue_stages=()) -> dict:
     if state_dir.exists() and any(state_dir.iterdir()):
         raise PackError(f"{state_dir}: not empty; unpack into a fresh run folder")
     wanted = [_parse_continue(item) for item in continue_stages]
-    fresh = [stage.replace("-", "_") for stage in fresh]
-    if unknown := [stage for stage in fresh if stage not in FRESH_STAGES]:
-        raise PackError(f"--fresh {','.join(unknown)}: a checkpoint can leave only {', '.join(FRESH_STAGES)} unseeded")
-    if both := sorted({stage.replace("-", "_") for stage, _ in wanted} & set(fresh)):
-        raise PackError(f"{', '.join(both)}: both continued and fresh; choose one")
     manifest, states = _read_pack(src)
     for stage, _ in wanted:
         key = stage.replace("-", "_")
@@ -372,7 +367,8 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=
     wanted = [_parse_continue(item) for item in continue_stages]
     fresh = [stage.replace("-", "_") for stage in fresh]
     if unknown := [stage for stage in fresh if stage not in FRESH_STAGES]:
-        raise PackError(f"--fresh {','.join(unknown)}: a checkpoint can leave only {', '.join(FRESH_STAGES)} unseeded")
+        raise PackError(f"--fresh {','.join(unknown)}: a checkpoint can leave only {', '.join(FRESH_STAGES)} "
+                        "unseeded")
     if both := sorted({stage.replace("-", "_") for stage, _ in wanted} & set(fresh)):
         raise PackError(f"{', '.join(both)}: both continued and fresh; choose one")
 
