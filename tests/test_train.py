@@ -1035,6 +1035,20 @@ def test_seeding_from_the_exported_checkpoint_continues_it(tmp_path, monkeypatch
     assert record["seeded_from_checkpoint"]["dit"]["warm_from"] == steps
     assert record["seeded_from_checkpoint"]["dit"]["checkpoint"] == str(ckpt)
 
+    # `--fresh dit` with a DiT of another shape (session 21's plan for issue 17): the seeded VAEs, a DiT trained from
+    # its initial weights at that shape, exported with it.
+    fresh = tmp_path / "c"
+    assert main(["unpack", "--out", str(fresh), "--from", str(ckpt), "--fresh", "dit"]) == 0
+    deeper = TrainConfig.smoke(dit_num_layers=3)
+    assert run("all", deeper, fresh, finish_on_budget=True, max_seconds=900) == 0
+    record = json.loads((fresh / "tiny" / "training_record.json").read_text())
+    assert record["stages"]["dit"]["steps"] == deeper.dit_steps and "dit" not in record["seeded_from_checkpoint"]
+    assert record["stages"]["video_decoder"]["steps"] == shipped["video_decoder"]["steps"]
+    exported = json.loads((fresh / "tiny" / "transformer" / "config.json").read_text())
+    assert (exported["num_layers"], exported["hidden_size"]) == (3, TRANSFORMER_CONFIG["hidden_size"])
+    assert all(torch.equal(load_file(str(fresh / "tiny" / "vae" / "diffusion_pytorch_model.safetensors"))[k], v)
+               for k, v in vae.items())  # the shipped video VAE, untouched
+
 
 def test_audio_decoder_continues_the_decoder_on_whole_clips_with_the_encoder_frozen(tmp_path):
     """The audio-decoder stage: starts from the audio-vae stage's weights, leaves every encoder-side weight (the causal
