@@ -134,8 +134,7 @@ def main() -> None:
                   f"| {' / '.join(str(d[k]) for k in sorted(d, key=int))} |\n")
     table += ("\n`off` is `H3_CPU_REPRODUCIBLE=0`; the runtime's default is `MKL_CBWR=AUTO` "
               "(h3/determinism.py; COMPATIBLE before session 21). A non-zero count means the same weights at "
-              "another alignment gave other "
-              "bits: what broke byte identity in issue 16.\n")
+              "another alignment gave other bits: what broke byte identity in issue 16.\n")
     _results.write(args.name, {"modes": summary, "runs": runs, "rounds": args.rounds, "clips": args.clips,
                                "model": args.model}, table)
     print(table)

@@ -881,19 +881,17 @@ def test_a_wider_dit_trains_exports_and_continues_with_its_own_shape(tmp_path, c
     from diffusers import MiniMaxH3Transformer3DModel
 
     from h3.tiny_trained import TRAINED_DIR, shipped_transformer_config
-    from h3.train.common import save_state
+    from h3.train.common import DIT_SHAPE_SETTINGS, save_state
     from h3.train.run import check_dit_shape
     from h3.train.travel import seed_from_checkpoint
 
     assert TrainConfig().transformer_config() == TRANSFORMER_CONFIG == shipped_transformer_config()
     wide_cfg = TrainConfig(dit_hidden_size=160, dit_num_layers=5, dit_num_attention_heads=5, dit_ffn_dim=320)
     wide = wide_cfg.transformer_config()
-    assert {k: wide[k] for k in ("hidden_size", "num_layers", "num_attention_heads", "ffn_dim")} == {
+    assert {k: wide[k] for k in DIT_SHAPE_SETTINGS} == {
         "hidden_size": 160, "num_layers": 5, "num_attention_heads": 5, "ffn_dim": 320}
-    assert {k: v for k, v in wide.items() if k not in ("hidden_size", "num_layers", "num_attention_heads",
-                                                        "ffn_dim")} == {
-        k: v for k, v in TRANSFORMER_CONFIG.items() if k not in ("hidden_size", "num_layers", "num_attention_heads",
-                                                                  "ffn_dim")}
+    assert {k: v for k, v in wide.items() if k not in DIT_SHAPE_SETTINGS} == {
+        k: v for k, v in TRANSFORMER_CONFIG.items() if k not in DIT_SHAPE_SETTINGS}
     with pytest.raises(ValueError, match="whole numbers >= 0"):
         TrainConfig(dit_num_layers=-1).transformer_config()
 

@@ -14,6 +14,11 @@ from pathlib import Path
 import torch
 
 
+DIT_SHAPE_SETTINGS = {"hidden_size": "dit_hidden_size", "num_layers": "dit_num_layers",
+                      "num_attention_heads": "dit_num_attention_heads", "ffn_dim": "dit_ffn_dim"}
+"""The DiT's diffusers config keys a run may set, and the TrainConfig setting of each (0: the shipped value)."""
+
+
 @dataclass
 class TrainConfig:
     """Every knob of ``python -m h3.train``; the training record stores it whole. The step counts are maxima: with
@@ -170,8 +175,7 @@ class TrainConfig:
         """The DiT's diffusers config: TRANSFORMER_CONFIG with this run's ``dit_*`` shape settings over it."""
         from h3.tiny_trained import TRANSFORMER_CONFIG
 
-        shape = {"hidden_size": self.dit_hidden_size, "num_layers": self.dit_num_layers,
-                 "num_attention_heads": self.dit_num_attention_heads, "ffn_dim": self.dit_ffn_dim}
+        shape = {key: getattr(self, setting) for key, setting in DIT_SHAPE_SETTINGS.items()}
         bad = {k: v for k, v in shape.items() if not isinstance(v, int) or isinstance(v, bool) or v < 0}
         if bad:
             raise ValueError(f"dit shape settings must be whole numbers >= 0 (0: the shipped one's), got {bad}")

@@ -97,24 +97,21 @@ EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def store_dit_in(root: Path, dtype: str) -> dict:
-    """Rewrite the exported DiT's weights in ``dtype``, but for the tensors of the modules diffusers keeps in float32
-    (``_keep_in_fp32_modules``) and of its norms (``_skip_layerwise_casting_patterns``): how many of each."""
+    """Rewrite the exported DiT's weights in ``dtype`` (of :data:`EXPORT_DTYPES`; run() refuses any other before
+    training), but for the tensors of the modules diffusers keeps in float32 (``_keep_in_fp32_modules``) and of its
+    norms (``_skip_layerwise_casting_patterns``): how many of each."""
     from diffusers import MiniMaxH3Transformer3DModel
     from safetensors.torch import load_file, save_file
 
-    if dtype not in EXPORT_DTYPES:
-        raise ValueError(f"export_dit_dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
     path = root / DIT_FILE
     kept = tuple(MiniMaxH3Transformer3DModel._keep_in_fp32_modules or ())
     skip = tuple(MiniMaxH3Transformer3DModel._skip_layerwise_casting_patterns or ())
     tensors = load_file(str(path))
     cast = {k for k, v in tensors.items()
             if v.is_floating_point() and not k.startswith(kept) and not any(p in k for p in skip)}
-    if EXPORT_DTYPES[dtype] != torch.float32:
-        save_file({k: v.to(EXPORT_DTYPES[dtype]) if k in cast else v for k, v in tensors.items()}, str(path),
-                  metadata={"format": "pt"})
-    return {"dtype": dtype, "tensors_in_dtype": len(cast) if dtype != "float32" else len(tensors),
-            "tensors_float32": len(tensors) - len(cast) if dtype != "float32" else len(tensors)}
+    save_file({k: v.to(EXPORT_DTYPES[dtype]) if k in cast else v for k, v in tensors.items()}, str(path),
+              metadata={"format": "pt"})
+    return {"dtype": dtype, "tensors_in_dtype": len(cast), "tensors_float32": len(tensors) - len(cast)}
 
 
 def export_checkpoint(components: dict, lora, out: Path, record: dict, compensation=None, cfg=None) -> Path:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from h3.train.common import Budget, Dist, TrainConfig, load_state, save_state, write_json
+from h3.train.common import DIT_SHAPE_SETTINGS, Budget, Dist, TrainConfig, load_state, save_state, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -129,9 +129,6 @@ def _wait_stage(stage: str, process: subprocess.Popen) -> int:
     return code
 
 
-DIT_SHAPE_KEYS = ("hidden_size", "num_layers", "num_attention_heads", "ffn_dim")
-
-
 def check_dit_shape(transformer, state_dir: Path) -> None:
     """A run continues a DiT state only with the shape it was trained with: a different ``--set dit_*`` (or none, for
     a widened run) is one error naming the shapes, before any stage loads the state."""
@@ -143,12 +140,11 @@ def check_dit_shape(transformer, state_dir: Path) -> None:
     have = {k: tuple(v.shape) for k, v in state["model"].items()}
     if want != have:
         config = dict(transformer.config)
-        asked = ", ".join(f"{k}={config[k]}" for k in DIT_SHAPE_KEYS)
+        asked = ", ".join(f"{k}={config[k]}" for k in DIT_SHAPE_SETTINGS)
         raise ValueError(f"{path}: the DiT state was trained with another shape than this run's ({asked}; "
                          f"{len(set(want) ^ set(have))} tensors differ by name, "
                          f"{sum(want[k] != have[k] for k in set(want) & set(have))} by shape): continue it with the "
-                         "--set dit_hidden_size / dit_num_layers / dit_num_attention_heads / dit_ffn_dim it was "
-                         "trained with")
+                         f"--set {' / '.join(DIT_SHAPE_SETTINGS.values())} it was trained with")
 
 
 def _apply_stats(comps: dict, pool) -> None:
