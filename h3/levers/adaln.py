@@ -38,6 +38,8 @@ class AdalnConfig(LeverConfig):
     (recipe section ``[adaln]``)."""
 
     name = "adaln"
+    signoff_kind = "exact"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "precomputed modulation tables: the same computation (seed 002: bitwise-identical)"
 
     precompute: bool = False
     disk_cache: bool = True

@@ -28,6 +28,8 @@ class AttentionBackendConfig(LeverConfig):
     """Attention backend, through diffusers' attention dispatcher (recipe section ``[attention]``)."""
 
     name = "attention"
+    signoff_kind = "near"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "another attention kernel (Sage, FA3, math SDPA): the same sample up to rounding"
 
     backend: Literal["native", "_native_math", "_native_flash", "_native_efficient", "_native_cudnn", "flex",
                      "sage", "flash", "_flash_3"] = "native"

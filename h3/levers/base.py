@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -124,6 +124,12 @@ class LeverConfig(BaseModel):
     omitted_when_default: ClassVar[bool] = False
     """Leave this section out of the resolved recipe (and so out of its hash) while it equals the defaults: set by a
     lever added after recipes were hashed and recorded, so that those recipes keep their hash."""
+    signoff_kind: ClassVar[Literal["exact", "near", "resample"] | None] = None
+    """The judge a change of this lever implies when a recipe is judged against its parent (``exact``: the same
+    computation; ``near``: the same sample, a small numerical change; ``resample``: another sample of the prompt). Every
+    registered lever declares it (tests/test_lineage.py); :func:`h3.recipe.lever_differences` reads it."""
+    signoff_why: ClassVar[str] = ""
+    """Why that kind, in a few words (written into the verdict)."""
 
     def is_on(self) -> bool:
         """Whether the recipe switches this lever on (an off lever is not applied and reports ``applied: false``)."""

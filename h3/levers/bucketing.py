@@ -37,6 +37,8 @@ class BucketingConfig(LeverConfig):
     only (recipe section ``[bucketing]``)."""
 
     name = "bucketing"
+    signoff_kind = "near"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "padded shape buckets: the same sample, rounded differently"
 
     enabled: bool = False
     multiple: int = Field(default=64, ge=1)

@@ -34,6 +34,8 @@ class CompensationLoraConfig(LoraConfig):
     ``@turbo4-tiny``)."""
 
     name = "compensation_lora"
+    signoff_kind = "resample"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "a LoRA trained to compensate sparsification changes the weights: another sample"
     omitted_when_default: ClassVar[bool] = True  # added after recipes were hashed: an off section keeps their hash
 
     adapter_name: str = "compensation"

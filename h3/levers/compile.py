@@ -30,6 +30,8 @@ class CompileConfig(LeverConfig):
     """Regional torch.compile of the DiT blocks, one region per block (recipe section ``[compile]``)."""
 
     name = "compile"
+    signoff_kind = "near"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "torch.compile fuses kernels that round differently: the same sample up to rounding"
 
     enabled: bool = False
     backend: str = "inductor"

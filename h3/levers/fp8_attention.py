@@ -46,6 +46,8 @@ class Fp8AttentionConfig(LeverConfig):
     """FP8 e4m3 attention with per-head scales (recipe section ``[fp8_attention]``)."""
 
     name = "fp8_attention"
+    signoff_kind = "near"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "q, k and v rounded to e4m3: the same sample with attention's inputs rounded"
     omitted_when_default: ClassVar[bool] = True  # added after recipes were hashed: an off section keeps their hash
 
     enabled: bool = False

@@ -55,6 +55,8 @@ class LoraConfig(LeverConfig):
     ``[lora]``)."""
 
     name = "lora"
+    signoff_kind = "resample"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "a distillation LoRA changes the weights: another sample of the prompt (seed 000: 29 -> 4 steps)"
 
     enabled: bool = False
     path: str | None = None

@@ -26,6 +26,8 @@ class OffloadConfig(LeverConfig):
     section ``[offload]``)."""
 
     name = "offload"
+    signoff_kind = "exact"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "weights streamed from host memory: the same computation"
 
     enabled: bool = False
     num_blocks_per_group: int = Field(default=1, ge=1)

@@ -60,6 +60,8 @@ class ParallelConfig(LeverConfig):
     parallelism, tile-parallel video VAE decode, replicated text encoder. Degree 1 (the default) is one process."""
 
     name = "parallel"
+    signoff_kind = "near"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "sequence parallelism across ranks: the same sample up to split reductions' rounding"
     omitted_when_default = True  # added after recipes were hashed: a single-process recipe keeps its hash
 
     degree: int = Field(default=1, ge=1)

@@ -52,6 +52,8 @@ class QuantizationConfig(LeverConfig):
     section ``[quant]``."""
 
     name = "quant"
+    signoff_kind = "near"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "8-bit or FP8 linears: the same sample with a small numerical error"
 
     mode: Literal["none", "int8_weight_only", "int8_w8a8", "fp8_w8a8"] = "none"
     exclude: list[str] = Field(

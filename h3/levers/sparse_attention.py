@@ -49,6 +49,8 @@ class SparseAttentionConfig(LeverConfig):
     ``[sparse_attention]``."""
 
     name = "sparse_attention"
+    signoff_kind = "near"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "attention over the best key blocks only: an approximation of the same sample (ghosts: seed 001)"
 
     enabled: bool = False
     block_size: int = Field(default=128, ge=16)

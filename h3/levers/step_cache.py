@@ -34,6 +34,8 @@ class StepCacheConfig(LeverConfig):
     """Step caches from diffusers' hooks, through ``transformer.enable_cache`` (recipe section ``[cache]``)."""
 
     name = "cache"
+    signoff_kind = "near"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "blocks reused from earlier steps of the same sample (stale-feature ghosts: seed 001)"
 
     kind: Literal["none", "fbc", "mag", "taylorseer"] = "none"
     threshold: float = Field(default=0.05, ge=0.0)

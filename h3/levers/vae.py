@@ -30,6 +30,8 @@ class VaeConfig(LeverConfig):
     per-resolution tile and the parked VAEs."""
 
     name = "vae"
+    signoff_kind = "near"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "another VAE tiling: the same latents decoded with other seams"
 
     tiling: bool = True
     tile_height: int = Field(default=256, ge=32)

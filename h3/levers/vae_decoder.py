@@ -40,6 +40,8 @@ class VaeDecoderConfig(LeverConfig):
     """Regional compile and linear quantization of the video VAE's ViT decoder (recipe section ``[vae_decoder]``)."""
 
     name = "vae_decoder"
+    signoff_kind = "near"  # the judge a change of this lever implies (h3.recipe.lever_differences)
+    signoff_why = "the VAE decoder compiled or quantized: the same latents, a small numerical error"
     omitted_when_default: ClassVar[bool] = True  # added after recipes were hashed: an off section keeps their hash
 
     compile: bool = False
