@@ -35,9 +35,19 @@ class RecipeError(ValueError):
 
 SignoffKind = Literal["exact", "near", "resample"]
 
-NOT_COMPUTATION = ("signoff",)
+NOT_COMPUTATION = ("signoff", "parent")
 """Recipe keys that say how a recipe is judged, not what it computes: left out of :meth:`Recipe.sha256` (a clip's
-recipe hash names its computation, so declaring a signoff kind never invalidates finished clips)."""
+recipe hash names its computation, so declaring a signoff kind or a parent never invalidates finished clips)."""
+
+KIND_ORDER: dict[str, int] = {"exact": 0, "near": 1, "resample": 2}
+"""Signoff kinds from the least to the most change: the judge of several changes is the strictest one's."""
+
+SETTING_KINDS: dict[str, tuple[str, str]] = {
+    "steps": ("resample", "another step count draws another sample of the prompt (seed 000: 29 -> 4 DiT executions)"),
+    "dtype": ("near", "another compute dtype: the same sample with other rounding"),
+}
+"""The signoff kind a change of each recipe setting that is not a lever implies (a lever's is its config's
+``signoff_kind``); name, description, signoff and parent say nothing about the computation."""
 
 
 class SignoffConfig(BaseModel):
@@ -71,12 +81,23 @@ class _RecipeBase(BaseModel):
     signoff: SignoffConfig | None = None
     """How the recipe is signed off (``[signoff] kind = ...``); None: undeclared, which a policy that judges by kind
     refuses to guess (INCONCLUSIVE)."""
+    parent: str | None = None
+    """The recipe this one is judged against (``parent = "turbo4-tiny"``): its judge follows the levers that differ
+    between the two (:func:`lever_differences`), not its whole recipe, and ``h3eval ab`` generates the parent in the
+    same run (a ladder). None: judged against the run's baseline by its declared ``[signoff] kind``."""
 
     @field_validator("name")
     @classmethod
     def _safe_name(cls, value: str) -> str:
         if not is_safe_name(value):
             raise ValueError(f"recipe name {value!r} must be letters, digits, '.', '_' or '-' (it names a folder)")
+        return value
+
+    @field_validator("parent")
+    @classmethod
+    def _safe_parent(cls, value: str | None) -> str | None:
+        if value is not None and not is_safe_name(value):
+            raise ValueError(f"parent {value!r} must be a recipe name (letters, digits, '.', '_' or '-')")
         return value
 
     def resolved(self) -> dict[str, Any]:
@@ -88,6 +109,8 @@ class _RecipeBase(BaseModel):
             default = info.default_factory
             if isinstance(config, LeverConfig) and config.omitted_when_default and config == default():
                 del data[field]
+        if data.get("parent") is None:  # added after runs were recorded: a recipe without one resolves as before
+            data.pop("parent", None)
         return data
 
     def sha256(self) -> str:
@@ -156,3 +179,54 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise RecipeError(f"recipe file {path} is not valid TOML: {exc}") from None
     return recipe_from_dict(data, source=str(path))
+
+
+class LeverDifference(BaseModel):
+    """One lever (or setting) that differs between a recipe and its parent, and the judge that change implies."""
+
+    model_config = ConfigDict(extra="forbid")
+    lever: str
+    kind: SignoffKind
+    why: str
+    parent: Any = None
+    """The parent's section (or setting), as resolved."""
+    candidate: Any = None
+
+
+def _section(config: type[LeverConfig], data: Any) -> tuple[Any, bool | None]:
+    """A lever section as compared (its config's full dump, defaults filled in) and whether it is on; the raw section
+    and None when it does not validate (an imported recipe's: compared as written)."""
+    try:
+        parsed = config.model_validate(data if data is not None else {})
+    except ValidationError:
+        return data, None
+    return parsed.model_dump(mode="json"), parsed.is_on()
+
+
+def lever_differences(parent: dict[str, Any], candidate: dict[str, Any]) -> list[LeverDifference]:
+    """What differs between two resolved recipes (``Recipe.resolved()``, or a run's ``run.json`` copy of it), each
+    with the signoff kind its lever declares (``LeverConfig.signoff_kind``; :data:`SETTING_KINDS` for steps and
+    dtype). A lever off on both sides does not differ, whatever its other fields say, unless it makes a setting while
+    off (``prepare``: the VAE's tiling). Empty: the same computation."""
+    out: list[LeverDifference] = []
+    for key, (kind, why) in SETTING_KINDS.items():
+        if parent.get(key) != candidate.get(key):
+            out.append(LeverDifference(lever=key, kind=kind, why=why, parent=parent.get(key),
+                                       candidate=candidate.get(key)))
+    for config in REGISTRY:
+        a, on_a = _section(config, parent.get(config.name))
+        b, on_b = _section(config, candidate.get(config.name))
+        if a == b:
+            continue
+        if on_a is False and on_b is False and config.prepare is LeverConfig.prepare:
+            continue
+        out.append(LeverDifference(lever=config.name, kind=config.signoff_kind or "resample",
+                                   why=config.signoff_why or "a lever that declares no signoff kind: the strictest",
+                                   parent=a, candidate=b))
+    return out
+
+
+def lineage_kind(differences: Sequence[LeverDifference]) -> SignoffKind:
+    """The strictest kind among ``differences`` (exact < near < resample); no difference is ``exact``."""
+    kinds = [d.kind for d in differences] or ["exact"]
+    return max(kinds, key=KIND_ORDER.__getitem__)  # type: ignore[return-value]
