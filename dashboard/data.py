@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +129,17 @@ CLIP_COLUMNS = [
     "mp4",
     "workflow",
     "conditioning",
+    "timed",
+    "r2f_timed",
+    "anatomy_timed",
 ]
+"""``timed``, ``r2f_timed``, ``anatomy_timed``: the record's generation-side latency, request-to-file latency and
+stage anatomy are reported and positive. Clips imported without timings hold zeros there (listed in the record's
+``extra.unreported``), which no table may read as a latency."""
+
+
+def _timed(value: float, field: str, unreported: set[str]) -> bool:
+    return field not in unreported and math.isfinite(value) and value > 0
 
 
 def fingerprint(root: str | Path) -> tuple:
@@ -202,6 +213,7 @@ def _load_clips(store: RunStore, label: str, problems: list[str]) -> pd.DataFram
                 problems.append(str(exc))
                 continue
             anatomy = rec.timings.stage_anatomy
+            unreported = set((rec.extra or {}).get("unreported") or [])
             row = {
                 "run": label,
                 "recipe": recipe,
@@ -220,6 +232,12 @@ def _load_clips(store: RunStore, label: str, problems: list[str]) -> pd.DataFram
                 "mp4": str(path.with_suffix(".mp4")),
                 "workflow": rec.request.workflow,
                 "conditioning": [(c.role, c.sha256) for c in rec.request.conditioning],
+                "timed": _timed(rec.timings.generation_side_latency_s, "timings.generation_side_latency_s",
+                                unreported),
+                "r2f_timed": _timed(rec.timings.request_to_file_latency_s, "timings.request_to_file_latency_s",
+                                    unreported),
+                "anatomy_timed": "stage_anatomy" not in unreported
+                and _timed(sum(float(getattr(anatomy, stage)) for stage in STAGES), "", unreported),
             }
             rows.append(row)
     return pd.DataFrame(rows, columns=CLIP_COLUMNS)
@@ -296,9 +314,25 @@ def warm_clips(run: RunData) -> pd.DataFrame:
     return run.clips[~run.clips["warmup"].astype(bool)]
 
 
-def paired_latencies(run: RunData, candidate: str, column: str = "generation_side_latency_s") -> pd.DataFrame:
-    """Baseline and candidate latency of every (prompt, seed) both sides finished, warm-up excluded."""
+def timed_clips(run: RunData, flag: str = "timed") -> pd.DataFrame:
+    """Warm clips whose timing (``flag``: ``timed``, ``r2f_timed`` or ``anatomy_timed``) was reported."""
     clips = warm_clips(run)
+    return clips[clips[flag].astype(bool)]
+
+
+def has_timing(run: RunData) -> bool:
+    """Whether any warm clip of the run has a reported generation-side latency (an imported run may have none)."""
+    return bool(len(timed_clips(run)))
+
+
+NO_TIMING = ("no timing data for this run: its clip records report no latency (clips imported without a manifest "
+             "or timing file carry none)")
+
+
+def paired_latencies(run: RunData, candidate: str, column: str = "generation_side_latency_s") -> pd.DataFrame:
+    """Baseline and candidate latency of every (prompt, seed) both sides finished with that latency reported,
+    warm-up excluded."""
+    clips = timed_clips(run, "timed" if column == "generation_side_latency_s" else "r2f_timed")
     base = clips[clips["recipe"] == run.baseline][["prompt_id", "seed", column]]
     cand = clips[clips["recipe"] == candidate][["prompt_id", "seed", column]]
     merged = base.merge(cand, on=["prompt_id", "seed"], suffixes=("_baseline", "_candidate"))
@@ -334,7 +368,7 @@ def speed_table(run: RunData, hourly_rate: float | None = None, *,
     - ``dollars_per_clip``: :func:`h3eval.stats.usd_per_clip` (p50 request-to-file × rate); None without a rate.
     """
     rate = hourly_rate if hourly_rate is not None else run.hourly_rate
-    clips = warm_clips(run)
+    clips, r2f_clips = timed_clips(run), timed_clips(run, "r2f_timed")
     recipes: list[tuple[str, str]] = []
     if run.baseline is not None:
         recipes.append((run.baseline, "baseline"))
@@ -344,6 +378,7 @@ def speed_table(run: RunData, hourly_rate: float | None = None, *,
     rows = []
     for recipe, role in recipes:
         mine = clips[clips["recipe"] == recipe]
+        r2f = r2f_clips[r2f_clips["recipe"] == recipe]["request_to_file_latency_s"].to_numpy(dtype=np.float64)
         lat = mine["generation_side_latency_s"].to_numpy(dtype=np.float64)
         row: dict[str, Any] = {
             "run": run.label,
@@ -354,11 +389,11 @@ def speed_table(run: RunData, hourly_rate: float | None = None, *,
             "speedup_ci_low": None,
             "speedup_ci_high": None,
             "p50_latency_s": float(np.median(lat)) if len(lat) else None,
-            "p50_request_to_file_s": float(np.median(mine["request_to_file_latency_s"])) if len(mine) else None,
+            "p50_request_to_file_s": float(np.median(r2f)) if len(r2f) else None,
             "real_time_factor": float(np.median(lat / mine["duration_s"].to_numpy(dtype=np.float64)))
             if len(lat)
             else None,
-            "dollars_per_clip": S.usd_per_clip(mine["request_to_file_latency_s"].tolist(), rate),
+            "dollars_per_clip": S.usd_per_clip(r2f.tolist(), rate),
             "verdict": candidate_verdict(run.verdict, recipe) if role == "candidate" else None,
         }
         if role == "baseline":
@@ -381,7 +416,7 @@ def stage_anatomy(runs: list[RunData]) -> pd.DataFrame:
     """Mean seconds of each stage per (run, recipe) over warm requests, long format (run, recipe, stage, seconds)."""
     rows = []
     for run in runs:
-        clips = warm_clips(run)
+        clips = timed_clips(run, "anatomy_timed")
         for recipe, group in clips.groupby("recipe", sort=True):
             for stage in STAGES:
                 rows.append(

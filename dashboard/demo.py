@@ -201,3 +201,21 @@ def _write_gates(store: RunStore, cand: str, pid: str, seed: int, num_frames: in
 
 def record_of(store: RunStore, recipe: str, pid: str, seed: int) -> ClipRecord:
     return store.load_record(recipe, pid, seed)
+
+
+def make_import_folders(root: str | Path, *, prompt_ids: tuple[str, ...] = ("p-cat", "p-car"),
+                        seeds: tuple[int, ...] = (0,), num_frames: int = 24, size: int = 64) -> tuple[Path, Path]:
+    """Two folders of ``<prompt>-s<seed>.mp4`` clips as another stack would leave them (no records, no timings), for
+    ``h3eval import``: ``baseline/`` and ``candidate/`` (the planted ghost of ``faster``). Returns both folders."""
+    from h3.media import encode_mp4
+
+    root = Path(root)
+    folders = (root / "baseline", root / "candidate")
+    for folder, ghost in zip(folders, (False, True)):
+        folder.mkdir(parents=True, exist_ok=True)
+        for pid in prompt_ids:
+            for seed in seeds:
+                frames = moving_square_frames(num_frames=num_frames, size=size, seed=seed + 10 * len(pid))
+                encode_mp4(folder / f"{clip_stem(pid, seed)}.mp4", ghosted(frames) if ghost else frames,
+                           tone_pcm(num_frames / 24), fps=24)
+    return folders

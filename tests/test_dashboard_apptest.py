@@ -149,7 +149,24 @@ def test_viewer_pair_from_link(monkeypatch, runs):
     n = min(wa.shape[1], wb.shape[1])
     rms = np.sqrt(np.mean((wb[:, :n].astype(np.float64).mean(0) - wa[:, :n].astype(np.float64).mean(0)) ** 2))
     assert any(c.value.startswith(f"RMS of the waveform difference: {rms:.5f}.") for c in at.caption)
-    assert len(at.get("video")) == 2
+    # The synchronized players come first on the page and carry exactly the pair's two clips, at the clip's fps.
+    players = at.get("iframe")
+    assert len(players) == 1 and not at.get("video")
+    page = players[0].proto.srcdoc
+    assert embedded_clip(page, "clipA") == store.clip_path(BASELINE, "p-cat", 0).read_bytes()
+    assert embedded_clip(page, "clipB") == store.clip_path("faster", "p-cat", 0).read_bytes()
+    assert 'data-fps="24.0" data-frames="24"' in page
+    kinds = [type(e).__name__ + ":" + getattr(e, "type", "") for e in at.main]
+    assert kinds.index("UnknownElement:iframe") < kinds.index("Dataframe:dataframe")  # above the gate table
+
+
+def embedded_clip(page: str, element_id: str) -> bytes:
+    import base64
+    import re
+
+    m = re.search(rf'<script id="{element_id}" type="application/octet-stream">([^<]*)</script>', page)
+    assert m, f"no {element_id} in the player page"
+    return base64.b64decode(m.group(1))
 
 
 def test_viewer_missing_clip_and_missing_gates(monkeypatch, runs, tmp_path):
@@ -229,6 +246,40 @@ def test_unreadable_files_listed_in_sidebar(monkeypatch, tmp_path):
     at.selectbox(key="gates_gate").set_value("lpips").run()
     assert any("fast/p-cat-s0 (unreadable: p-cat-s0.json could not be read)" in w.value for w in at.warning)
     assert any("p-cat-s0.json: unreadable JSON" in c.value for c in at.sidebar.caption)
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory) -> Path:
+    """Clips from another stack brought in with `h3eval import`, no manifest: no latency, no anatomy, no gates."""
+    from typer.testing import CliRunner
+
+    from dashboard.demo import make_import_folders
+    from h3eval.cli import app as cli
+
+    root = tmp_path_factory.mktemp("imported")
+    base, cand = make_import_folders(root / "src", prompt_ids=("p-cat", "p-car"), seeds=(0,))
+    out = root / "imported"
+    result = CliRunner().invoke(cli, ["import", "--baseline-dir", f"sglang-base={base}", "--candidate-dir",
+                                      f"sglang-fp8={cand}", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    record = RunStore(out).read_record("sglang-fp8", "p-cat", 0)
+    assert record.timings.generation_side_latency_s == 0  # what the pages must not read as a latency
+    assert "timings.generation_side_latency_s" in record.extra["unreported"]
+    return out
+
+
+@pytest.mark.parametrize("page", ["overview", "anatomy", "viewer", "gates", "trajectory", "verdict"])
+def test_imported_run_without_timing_renders_every_page(monkeypatch, imported, page):
+    at = app(monkeypatch, imported, page=page)  # no exception, no error element
+    infos = [i.value for i in at.info]
+    if page in ("overview", "anatomy"):
+        assert any(i.startswith("imported: no timing data for this run") for i in infos), infos
+    if page == "overview":
+        speed = at.dataframe[0].value.set_index("recipe")
+        assert speed.loc["sglang-fp8", "speedup_95ci"] == "no timing data"
+        assert speed.loc["sglang-fp8", "n"] == 0 and speed[["speedup", "p50_latency_s"]].isna().all().all()
+    if page == "viewer":
+        assert len(at.get("iframe")) == 1  # the synchronized players need no timing
 
 
 @pytest.mark.parametrize("page", ["overview", "anatomy", "viewer", "gates", "trajectory", "verdict"])

@@ -10,8 +10,13 @@ from dashboard import data, state
 
 def render(ctx: state.Context) -> None:
     table = data.stage_anatomy(ctx.runs)
+    for run in ctx.runs:
+        if len(data.warm_clips(run)) and not len(data.timed_clips(run, "anatomy_timed")):
+            st.info(f"{run.label}: no timing data for this run: its clip records report no stage anatomy "
+                    "(clips made by another stack and imported).")
     if not len(table):
-        st.info("No finished warm clips in these runs yet.")
+        if not any(len(data.warm_clips(run)) for run in ctx.runs):
+            st.info("No finished warm clips in these runs yet.")
         return
     table["label"] = table["run"] + " / " + table["recipe"]
     st.caption("Mean seconds per stage over warm requests (requests marked `extra.warmup` are excluded). "

@@ -21,10 +21,14 @@ def render(ctx: state.Context) -> None:
     if not len(speed):
         st.info("No recipes with finished clips in these runs yet.")
         return
+    for run in ctx.runs:
+        if not data.has_timing(run):
+            st.info(f"{run.label}: {data.NO_TIMING}. Speed, real-time factor and $/clip are left empty.")
     shown = speed.copy()
     shown["speedup_95ci"] = [
-        _ci_text(lo, hi) if role == "candidate" else ("baseline" if role == "baseline" else "no baseline in run")
-        for lo, hi, role in zip(shown["speedup_ci_low"], shown["speedup_ci_high"], shown["role"])
+        ("no timing data" if not n else _ci_text(lo, hi)) if role == "candidate"
+        else ("baseline" if role == "baseline" else "no baseline in run")
+        for lo, hi, role, n in zip(shown["speedup_ci_low"], shown["speedup_ci_high"], shown["role"], shown["n"])
     ]
     shown["verdict"] = [
         v if isinstance(v, str) else ("no verdict yet" if role == "candidate" else "—")

@@ -1,5 +1,6 @@
-"""Clip viewer: baseline | candidate | amplified difference | ghosting heatmap on one frame scrubber, with the gate
-flags on the timeline, both clips playable with audio, per-frame gate curves and the audio difference. For fl2va and
+"""Clip viewer: on top, baseline and candidate played in sync (dashboard.views.player: one controller, frame
+stepping, A/B wipe and flicker); below, baseline | candidate | amplified difference | ghosting heatmap on one frame
+scrubber, with the gate flags on the timeline, per-frame gate curves and the audio difference. For fl2va and
 ref2va clips, each keyframe or reference image beside the frames it conditions, with the keyframe gate's scores."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, state
+from dashboard.views import player
 from h3.media import MediaError
 
 GHOSTING_GATE = "ghosting"
@@ -62,15 +64,17 @@ def render(ctx: state.Context) -> None:
 
     results = {g: r for (g, c, p, s), r in run.gate_results.items() if c == cand and p == prompt and s == seed}
     st.caption(f"Pair **{run.baseline}** vs **{cand}**, prompt `{prompt}`, seed {seed}.")
-    _flags(run, cand, prompt, seed, results)
 
     base_mp4 = _clip(run, run.baseline, prompt, seed)
     cand_mp4 = _clip(run, cand, prompt, seed)
     if base_mp4 is None or cand_mp4 is None:
         missing = [name for name, p in ((run.baseline, base_mp4), (cand, cand_mp4)) if p is None]
         st.info(f"Clip missing for {', '.join(missing)}: frames cannot be shown for this pair.")
+        _flags(run, cand, prompt, seed, results)
         _curves(run, cand, prompt, seed, results, frame=None)
         return
+    _players(run, cand, prompt, seed, base_mp4, cand_mp4)
+    _flags(run, cand, prompt, seed, results)
 
     try:
         a = state.decode_video(base_mp4, state.mtime_ns(base_mp4))
@@ -121,12 +125,32 @@ def render(ctx: state.Context) -> None:
     _conditioning(run, prompt, seed, results, a, b, frame)
     _curves(run, cand, prompt, seed, results, frame=frame)
 
+    _audio(base_mp4, cand_mp4)
+
+
+def _players(run, cand, prompt, seed, base_mp4: str, cand_mp4: str) -> None:
+    """Baseline and candidate played in sync (one controller), at the top of the page; two plain players when the
+    pair is too large to embed."""
+    rows = run.clips[(run.clips["prompt_id"] == prompt) & (run.clips["seed"] == seed)]
+    shape = {r.recipe: (float(r.fps), int(r.num_frames)) for r in rows.itertuples() if r.recipe in (run.baseline, cand)}
+    (fps_a, n_a), (fps_b, n_b) = shape.get(run.baseline, (0.0, 0)), shape.get(cand, (0.0, 0))
+    if fps_a != fps_b:
+        st.warning(f"Frame rates differ (baseline {fps_a:g}, candidate {fps_b:g} fps): the players follow the "
+                   "baseline's clock.")
+    if fps_a > 0 and player.fits(base_mp4, cand_mp4):
+        st.caption("Synchronized players: one play, pause and seek; -1 / +1 frame (or the arrow keys) steps at the "
+                   f"clip's {fps_a:g} fps; view: side by side, A/B wipe or A/B flicker.")
+        player.render(base_mp4, cand_mp4, fps_a, min(n_a, n_b) if n_a and n_b else max(n_a, n_b),
+                      f"{run.baseline} · {Path(base_mp4).name}", f"{cand} · {Path(cand_mp4).name}")
+        return
+    why = ("the records give no frame rate" if fps_a <= 0 else
+           f"the two clips are over {player.MAX_EMBED_BYTES // 2**20} MiB together")
+    st.info(f"Players not synchronized ({why}): two independent players.")
     v1, v2 = st.columns(2)
     v1.caption(f"baseline: {Path(base_mp4).name}")
     v1.video(base_mp4)
     v2.caption(f"candidate: {Path(cand_mp4).name}")
     v2.video(cand_mp4)
-    _audio(base_mp4, cand_mp4)
 
 
 def _conditioning(run, prompt, seed, results, a: np.ndarray, b: np.ndarray, frame: int) -> None:
