@@ -701,6 +701,36 @@ def trajectory_table(run: RunData) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["candidate", "pair", "series", "step", "value"])
 
 
+TRAJECTORY_MODALITIES = ("video", "audio")
+
+
+def trajectory_schedules(run: RunData) -> pd.DataFrame:
+    """Per trajectory pair and modality, what the gate compared: both sides' step counts, the noise levels both
+    schedules visited (the only ones the per-step series cover), whether the schedules differ (the gate's note), and
+    the gate's final x0 relative L2 (its metric ``<modality>_x0_rel_l2_final``: what decodes into the clip)."""
+    rows = []
+    for (gate, cand, pid, seed), result in sorted(run.gate_results.items()):
+        if gate != TRAJECTORY_GATE or result.get("status") != "ok":
+            continue
+        info, metrics = result.get("info") or {}, result.get("metrics") or {}
+        for modality in TRAJECTORY_MODALITIES:
+            steps = info.get(f"{modality}_steps")
+            if not (isinstance(steps, list) and len(steps) == 2):
+                continue
+            common = info.get(f"{modality}_common_t") or []
+            final = (metrics.get(f"{modality}_x0_rel_l2_final") or {}).get("value")
+            rows.append({"candidate": cand, "prompt_id": pid, "seed": seed, "modality": modality,
+                         "baseline_steps": int(steps[0]), "candidate_steps": int(steps[1]),
+                         "common_levels": len(common), "common_t": [float(t) for t in common],
+                         "differ": bool(info.get(f"{modality}_note")) or steps[0] != steps[1]
+                         or len(common) != steps[0],
+                         "note": info.get(f"{modality}_note"),
+                         "final_x0_rel_l2": float(final) if isinstance(final, (int, float)) else None})
+    return pd.DataFrame(rows, columns=["candidate", "prompt_id", "seed", "modality", "baseline_steps",
+                                       "candidate_steps", "common_levels", "common_t", "differ", "note",
+                                       "final_x0_rel_l2"])
+
+
 def audio_difference(
     baseline: np.ndarray, candidate: np.ndarray, sample_rate: int, *, nperseg: int = 1024
 ) -> dict[str, np.ndarray]:

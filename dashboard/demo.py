@@ -76,9 +76,12 @@ def make_review_run(
     warmup: tuple[str, str, int] | None = None,
     error_pair: tuple[str, str, int] | None = None,
     hourly_rate: float | None = 13.16,
+    schedule_differs: tuple[str, ...] = (),
 ) -> RunStore:
     """Write the review run. ``warmup``: a (recipe, prompt, seed) whose record is marked as a warm-up request;
-    ``error_pair``: a (candidate, prompt, seed) whose lpips result is an error with no value."""
+    ``error_pair``: a (candidate, prompt, seed) whose lpips result is an error with no value; ``schedule_differs``:
+    candidates whose trajectory result is the trajectory gate's own on a 29-step baseline against an 8-step candidate
+    (:func:`schedule_trajectories`)."""
     seconds = num_frames / 24
 
     def frames_fn(recipe: str, pid: str, seed: int) -> np.ndarray:
@@ -105,7 +108,7 @@ def make_review_run(
             for pid in prompt_ids:
                 for seed in seeds:
                     _write_gates(store, cand, pid, seed, num_frames, size, error=(cand, pid, seed) == error_pair,
-                                 trajectory=trajectory)
+                                 trajectory=trajectory, schedule_differs=cand in schedule_differs)
     if verdict:
         atomic_write_json(store.verdict_path, demo_verdict(candidates))
     return store
@@ -146,8 +149,33 @@ def _png(path: Path, image: np.ndarray) -> None:
     atomic_write_bytes(path, buffer.getvalue())
 
 
+SCHEDULE_STEPS = (29, 8)
+"""Baseline and candidate steps of a ``schedule_differs`` candidate (the field report's 29 against a distilled 8)."""
+
+
+def schedule_trajectories(seed: int, final_rel_l2: float, rows: int = 64, channels: int = 4
+                          ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Latent trajectories (h3.trajectory's keys) of a 29-step baseline and an 8-step candidate of the same seed: the
+    same start (noise level 1, same noise, same first x0 prediction), no other noise level in common, and final x0
+    predictions ``final_rel_l2`` apart in relative L2."""
+    rng = np.random.default_rng(seed)
+    noise = rng.standard_normal((rows, channels)).astype(np.float32)
+    target = rng.standard_normal((rows, channels)).astype(np.float32)
+    away = rng.standard_normal((rows, channels))
+    away = (away / np.linalg.norm(away) * np.linalg.norm(target) * final_rel_l2).astype(np.float32)
+
+    def side(steps: int, end: np.ndarray) -> dict[str, np.ndarray]:
+        t = np.linspace(1.0, 1.0 / steps, steps)
+        w = np.linspace(0.0, 1.0, steps)[:, None, None].astype(np.float32)
+        x0 = (1 - w) * target + w * end  # the first prediction is ``target`` on both sides
+        xt = t[:, None, None].astype(np.float32) * noise + (1 - t[:, None, None]).astype(np.float32) * x0
+        return {"video_t": t, "video_xt": xt, "video_x0": x0}
+
+    return side(SCHEDULE_STEPS[0], target), side(SCHEDULE_STEPS[1], target + away)
+
+
 def _write_gates(store: RunStore, cand: str, pid: str, seed: int, num_frames: int, size: int, *, error: bool,
-                 trajectory: bool) -> None:
+                 trajectory: bool, schedule_differs: bool = False) -> None:
     pair = PairRef(baseline=BASELINE, candidate=cand, prompt_id=pid, seed=seed)
     stem = clip_stem(pid, seed)
     lp = lpips_series(cand, pid, seed, num_frames)
@@ -185,7 +213,15 @@ def _write_gates(store: RunStore, cand: str, pid: str, seed: int, num_frames: in
     atomic_write_json(store.gate_result_path("ghosting", cand, pair.prompt_id, pair.seed),
                       ghost.model_dump(mode="json"))
 
-    if trajectory:
+    if trajectory and schedule_differs:
+        from gates.trajectory import trajectory_divergence
+
+        out = trajectory_divergence(*schedule_trajectories(seed + len(pid), 0.22))
+        traj = GateResult(gate="trajectory", pair=pair, series=out["series"], info=out["info"],
+                          metrics={k: Metric(value=v, higher_is_better=False) for k, v in out["metrics"].items()})
+        atomic_write_json(store.gate_result_path("trajectory", cand, pair.prompt_id, pair.seed),
+                          traj.model_dump(mode="json"))
+    elif trajectory:
         steps = 8
         growth = {"fast": 0.01, "faster": 0.03, "fastest": 0.05}[cand]
         traj = GateResult(

@@ -226,6 +226,35 @@ def test_trajectory_curves(monkeypatch, runs):
     assert table.loc["fast", "median video_xt_rel_l2 at last step"] == pytest.approx(0.01 * 8)
 
 
+def test_trajectory_says_when_schedules_differ(monkeypatch, tmp_path):
+    """The gate's own result for a 29-step baseline against an 8-step candidate: one common noise level (the start,
+    where both agree: 0), and a final x0 0.22 apart. The page says the schedules differ and shows the final x0."""
+    from dashboard.demo import schedule_trajectories
+
+    root = tmp_path / "steps"
+    make_review_run(root, candidates=("fast", "faster"), prompt_ids=("p-cat",), seeds=(0, 1),
+                    schedule_differs=("faster",))
+    at = app(monkeypatch, root, page="trajectory")
+    warning = next(w.value for w in at.warning if "faster: schedules differ" in w.value)
+    finals = []
+    for seed in (0, 1):
+        base, cand = schedule_trajectories(seed + len("p-cat"), 0.22)
+        b, c = base["video_x0"][-1].astype(np.float64), cand["video_x0"][-1].astype(np.float64)
+        finals.append(np.linalg.norm(c - b) / np.linalg.norm(b))  # float64, independent of the gate's rel_l2
+    assert "(29 vs 8 steps) on 2 of 2 pair(s)" in warning and "1 noise level(s) both schedules visit (t = 1)" in warning
+    assert f"relative L2 {np.median(finals):.3g} median over 2 pair(s)" in warning
+    assert not any("fast: schedules differ" in w.value for w in at.warning)
+    table = frame_with(at, "last step").set_index("candidate")
+    assert table.loc["faster", "schedules"] == "differ: 29 vs 8 steps"
+    assert np.isnan(table.loc["faster", "median video_x0_rel_l2 at last step"])  # no flat zero shown as a result
+    assert table.loc["faster", "median final video x0 rel-L2"] == pytest.approx(np.median(finals), rel=1e-6)
+    assert table.loc["fast", "median video_x0_rel_l2 at last step"] == pytest.approx(0.01 * 8 * 1.5)
+    pairs = frame_with(at, "steps (baseline vs candidate)")
+    row = pairs[(pairs.candidate == "faster") & (pairs.seed == 1)].iloc[0]
+    assert row["steps (baseline vs candidate)"] == "29 vs 8" and row["common noise levels"] == 1
+    assert row["final video x0 rel-L2"] == pytest.approx(finals[1], rel=1e-6)
+
+
 def test_verdict_page(monkeypatch, runs):
     at = app(monkeypatch, runs["full"], page="verdict")
     assert at.metric[0].label == "Overall" and at.metric[0].value == "FAIL"
