@@ -169,3 +169,30 @@ def test_a_parent_cycle_is_refused(two_folders, tmp_path):
     with pytest.raises(RunError, match="a cycle x -> y -> x"):
         run_import(baseline_dir=str(base), candidate_dirs=[f"x={cand}", f"y={cand}"], out=tmp_path / "run",
                    parents=["x=y", "y=x"])
+
+
+def test_without_any_timing_the_speed_check_says_no_timing_data(two_folders, tmp_path):
+    """Imported clips without latencies: the speed part is INCONCLUSIVE and says so plainly (their records hold a
+    placeholder 0, which once read as "latency not a positive number")."""
+    from h3eval.policy import load_policy
+    from h3eval.verdict import compute_verdict
+
+    base, cand = two_folders
+    out = tmp_path / "run"
+    run_import(baseline_dir=f"ref={base}", candidate_dirs=[f"fp8={cand}"], out=out)
+    policy = tmp_path / "speed.toml"
+    policy.write_text('version = 1\nname = "speed-only"\nmin_pairs = 2\nn_resamples = 999\n[speed]\nmin_speedup = 1.0\n')
+    speed = compute_verdict(out, load_policy(policy)).candidates[0].speed
+    assert speed.outcome == "INCONCLUSIVE" and speed.n_pairs == 0
+    assert speed.reasons == ["no timing data: speed not judged (fp8, ref imported without latencies: give them with "
+                             "`h3eval import ... --timings NAME=FILE` or in the manifest)"]
+    # With the latencies of one side only, the other side is named.
+    times = tmp_path / "t.json"
+    times.write_text(json.dumps({"a-s0": 1.0, "b-s0": 1.0}))
+    run_import(baseline_dir=f"ref={base}", candidate_dirs=[f"fp8={cand}"], out=out, timings=[f"ref={times}"])
+    assert "(fp8 imported without latencies" in compute_verdict(out, load_policy(policy)).candidates[0].speed.reasons[0]
+    times_fp8 = tmp_path / "t8.json"
+    times_fp8.write_text(json.dumps({"a-s0": 0.5, "b-s0": 0.5}))
+    run_import(baseline_dir=f"ref={base}", candidate_dirs=[f"fp8={cand}"], out=out, timings=[f"fp8={times_fp8}"])
+    speed = compute_verdict(out, load_policy(policy)).candidates[0].speed
+    assert speed.n_pairs == 2 and speed.speedup == pytest.approx(2.0)

@@ -18,7 +18,7 @@ import numpy as np
 from h3eval import stats as S
 from h3eval.policy import GatePolicy, MetricPolicy, Policy, SpeedPolicy, Waiver
 from h3eval.store import clip_stem
-from h3eval.verdict.gather import LoadedResult
+from h3eval.verdict.gather import NO_TIMING_DATA, LoadedResult
 from h3eval.verdict.schema import (WORST_SHOWN, GateVerdict, MetricVerdict, Outcome, Settings, SpeedVerdict,
                                    WaiverApplied)
 
@@ -257,6 +257,11 @@ def decide_speed(sv: SpeedVerdict, problems: list[str], sp: SpeedPolicy, policy_
         sv.judged, sv.bound = "min_speedup", sp.min_speedup
     min_pairs = sp.min_pairs or policy_min_pairs
     reasons: list[str] = []
+    if problems and not sv.pairs and all(NO_TIMING_DATA in p for p in problems):
+        sides = sorted({s for p in problems for s in p.rsplit("(", 1)[-1].rstrip(")").split(" and ")})
+        sv.reasons = [f"{NO_TIMING_DATA}: speed not judged ({', '.join(sides)} imported without latencies: give them "
+                      "with `h3eval import ... --timings NAME=FILE` or in the manifest)"]
+        return sv
     if problems:
         reasons.append(f"{len(problems)} pair(s) without usable timings: " + "; ".join(problems[:5]))
     if sv.n_pairs < min_pairs:

@@ -201,6 +201,11 @@ def load_record(store: RunStore, recipe: str, prompt_id: str, seed: int) -> tupl
         return None, f"{store.relative(exc.path)}{str(exc).removeprefix(str(exc.path))}"
 
 
+NO_TIMING_DATA = "no timing data"
+"""The speed problem of a pair whose clip record has no latency (imported without one): h3eval.verdict.decide says
+"no timing data: speed not judged" when no pair has any."""
+
+
 def gather_speed(store: RunStore, manifest: RunManifest, candidate: str, sp: SpeedPolicy,
                  expected: list[tuple[str, int]]) -> tuple[SpeedVerdict, list[str]]:
     """The candidate's speed verdict with its latency pairs (warm-up requests excluded), and the pairs whose timings
@@ -221,6 +226,10 @@ def gather_speed(store: RunStore, manifest: RunManifest, candidate: str, sp: Spe
             continue
         b = getattr(base.timings, sp.latency)
         c = getattr(cand.timings, sp.latency)
+        untimed = [r.recipe_name for r in (base, cand) if f"timings.{sp.latency}" in r.extra.get("unreported", [])]
+        if untimed:  # an imported clip without latencies: its record holds a placeholder 0
+            problems.append(f"{clip_stem(prompt_id, seed)}: {NO_TIMING_DATA} ({' and '.join(untimed)})")
+            continue
         if not (math.isfinite(b) and math.isfinite(c) and b > 0 and c > 0):
             problems.append(f"{clip_stem(prompt_id, seed)}: latency not a positive number ({b}, {c})")
             continue
