@@ -579,6 +579,69 @@ def candidate_verdict(verdict: dict[str, Any] | None, candidate: str) -> str | N
     return str(rows.sort_values("depth").iloc[0]["status"])
 
 
+DEFAULT_POLICY = "release"
+"""The policy whose judges the Gates page reads when a run has no verdict.json yet (``h3eval gate``'s default)."""
+
+
+@dataclass
+class JudgeUse:
+    """Which gates decide a candidate's verdict: its judge's and the policy's shared gates."""
+
+    kind: str | None
+    """The judge (signoff kind: exact, near, resample), None when the candidate has none."""
+    gates: dict[str, bool] | None
+    """Gate -> required (False: advisory) of every gate the verdict uses; None when not known."""
+    source: str
+    """Where this was read: verdict.json, or the policy (no verdict yet)."""
+    problem: str | None = None
+    """Why the candidate has no judge, or why its gates could not be read."""
+
+    def describe(self, gate: str) -> str:
+        """One cell: whether ``gate`` counts in this candidate's verdict, and if not, why."""
+        if self.gates is None:
+            return f"unknown ({self.problem})" if self.problem else "unknown"
+        if gate in self.gates:
+            return ("used by the judge" if self.kind else "used") + ("" if self.gates[gate] else " (advisory)")
+        if self.kind:
+            return f"not used by this candidate's judge ({self.kind})"
+        return "not used" + (f": no judge ({self.problem})" if self.problem else "")
+
+
+def judge_use(run: RunData, policy: str = DEFAULT_POLICY) -> dict[str, JudgeUse]:
+    """Per candidate, the gates its verdict uses: from verdict.json when the run has one (its judge and its gate
+    list), else from ``policy`` (a shipped name or a path) through h3eval's own judge choice."""
+    if run.verdict is not None:
+        name = run.verdict.get("policy_name") or "?"
+        out = {}
+        for entry in run.verdict.get("candidates") or []:
+            if not isinstance(entry, dict) or not isinstance(entry.get("candidate"), str):
+                continue
+            gates = {g["gate"]: bool(g.get("required", True)) for g in entry.get("gates") or []
+                     if isinstance(g, dict) and isinstance(g.get("gate"), str)}
+            kind = entry.get("judge") if isinstance(entry.get("judge"), str) else None
+            out[entry["candidate"]] = JudgeUse(kind, gates, f"verdict.json (policy {name})")
+        for cand in run.candidates:
+            out.setdefault(cand, JudgeUse(None, None, f"verdict.json (policy {name})",
+                                          "verdict.json does not judge this candidate"))
+        return out
+    from h3eval.demo import policy_path
+    from h3eval.policy import PolicyError, load_policy
+    from h3eval.verdict import choose_judge
+
+    source = f"policy {policy} (no verdict.json yet)"
+    try:
+        loaded = load_policy(policy_path(policy))
+        manifest = RunManifest.model_validate(run.manifest or {})
+    except (PolicyError, ValidationError, OSError) as exc:
+        return {c: JudgeUse(None, None, source, f"cannot read: {exc}".splitlines()[0]) for c in run.candidates}
+    out = {}
+    for cand in run.candidates:
+        kind, _why, problems = choose_judge(loaded.policy, manifest, cand)
+        gates = {g: gp.required for g, gp in loaded.policy.gates_for(kind).items()}
+        out[cand] = JudgeUse(kind, gates, source, "; ".join(problems) or None)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Clip viewer
 # ---------------------------------------------------------------------------------------------------------------

@@ -202,6 +202,51 @@ def test_gates_worst_first_with_links(monkeypatch, runs):
     assert values == sorted(values, reverse=True)  # lower is better: worst (highest) first
 
 
+def test_gates_say_whether_the_candidates_judge_uses_them(monkeypatch, tmp_path):
+    """From verdict.json: `faster` judged as resample, whose verdict lists no ghosting gate, though ghosting flags
+    every pair; from the release policy (no verdict.json): each recipe's declared [signoff] kind picks the judge."""
+    import json
+
+    from h3eval.demo import policy_path
+    from h3eval.policy import load_policy
+
+    root = tmp_path / "judged"
+    store = make_review_run(root, candidates=("fast", "faster"), prompt_ids=("p-cat",), seeds=(0, 1))
+    verdict = json.loads(store.verdict_path.read_text())
+    for entry in verdict["candidates"]:
+        entry["judge"] = "near" if entry["candidate"] == "fast" else "resample"
+        if entry["candidate"] == "faster":
+            entry["gates"] = [g for g in entry["gates"] if g["gate"] != "ghosting"]
+    store.verdict_path.write_text(json.dumps(verdict))
+    at = app(monkeypatch, root, page="gates")
+    assert at.selectbox(key="gates_gate").value == "ghosting"
+    counts = frame_with(at, "in the verdict").set_index("candidate")
+    assert counts.loc["faster", "in the verdict"] == "not used by this candidate's judge (resample)"
+    assert counts.loc["fast", "in the verdict"] == "used by the judge"
+    assert ("faster: ghosting flagged 2 of 2 pairs, but not used by this candidate's judge (resample): these flags "
+            "are shown for review and do not decide its verdict.") in [i.value for i in at.info]
+    assert any("from verdict.json (policy demo)" in c.value for c in at.caption)
+
+    store.verdict_path.unlink()  # no verdict yet: the release policy's judges, by each recipe's declared kind
+    manifest = store.read_manifest()
+    manifest.recipes["fast"]["signoff"] = {"kind": "near"}
+    manifest.recipes["faster"]["signoff"] = {"kind": "resample"}
+    store.write_manifest(manifest)
+    release = load_policy(policy_path("release")).policy
+    assert "ghosting" in release.gates_for("near") and "ghosting" not in release.gates_for("resample")
+    at = app(monkeypatch, root, page="gates")
+    counts = frame_with(at, "in the verdict").set_index("candidate")
+    assert counts.loc["faster", "in the verdict"] == "not used by this candidate's judge (resample)"
+    assert counts.loc["fast", "in the verdict"] == "used by the judge"
+    assert any("from policy release (no verdict.json yet)" in c.value for c in at.caption)
+    at.selectbox(key="gates_gate").set_value("trajectory").run()
+    counts = frame_with(at, "in the verdict").set_index("candidate")
+    near = release.gates_for("near")
+    assert counts.loc["fast", "in the verdict"] == (
+        "not used by this candidate's judge (near)" if "trajectory" not in near
+        else "used by the judge" + ("" if near["trajectory"].required else " (advisory)"))
+
+
 def test_gates_and_trajectory_and_verdict_absent(monkeypatch, runs):
     at = app(monkeypatch, runs["bare"], page="gates")
     assert any("No gate results in bare yet" in i.value for i in at.info)

@@ -1,4 +1,5 @@
-"""Gates: per-pair results of each gate, worst pairs first, with their distribution and links into the viewer."""
+"""Gates: per-pair results of each gate, worst pairs first, with their distribution and links into the viewer; for
+each candidate, whether the gate counts in its verdict (its judge's gates, from verdict.json or the policy)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,20 @@ def render(ctx: state.Context) -> None:
     frame = run.gates[run.gates["gate"] == gate].copy()
 
     counts = frame.groupby(["candidate", "status"]).size().unstack(fill_value=0).reset_index()
+    counts["total"] = frame.groupby("candidate").size().reindex(counts["candidate"]).to_numpy()
     counts["flagged"] = frame.groupby("candidate")["flagged"].sum().reindex(counts["candidate"]).to_numpy()
+    use = data.judge_use(run)
+    counts["in the verdict"] = [use[c].describe(gate) if c in use else "unknown (not a candidate of the run)"
+                                for c in counts["candidate"]]
     st.dataframe(counts, hide_index=True, key="gates_counts")
+    sources = sorted({u.source for u in use.values()})
+    if sources:
+        st.caption(f"In the verdict: whether {gate} counts in each candidate's verdict, from {', '.join(sources)}.")
+    for row in counts.itertuples():
+        u = use.get(row.candidate)
+        if u is not None and u.gates is not None and gate not in u.gates and row.flagged:
+            st.info(f"{row.candidate}: {gate} flagged {int(row.flagged)} of {int(row.total)} pairs, but "
+                    f"{u.describe(gate)}: these flags are shown for review and do not decide its verdict.")
     bad = frame[frame["status"] != "ok"]
     if len(bad):
         st.warning(f"{len(bad)} pair(s) not scored by {gate}: " + ", ".join(
