@@ -84,3 +84,153 @@ def test_every_shipped_parent_is_a_shipped_recipe():
     for name in known_recipes():
         parent = load_recipe(name).parent
         assert parent is None or parent in known_recipes(), (name, parent)
+
+
+# -- the verdict -----------------------------------------------------------------------------------------------------
+LINEAGE_POLICY = """
+version = 1
+name = "lineage-test"
+min_pairs = 8
+n_resamples = 2000
+
+[speed]
+min_speedup = 1.0
+
+[gates.integrity]
+max_flagged = 0
+
+[judges.near]
+why = "the same sample"
+
+[judges.near.gates.ghosting]
+run_test = { metric = "ghost_p_value", fdr = 0.01 }
+
+[judges.near.gates.fidelity.metrics.lpips_mean]
+direction = "lower_is_better"
+max = 0.05
+
+[judges.resample]
+why = "another sample"
+
+[judges.resample.gates.vbench.metrics.overall_consistency]
+compare = "sides"
+direction = "higher_is_better"
+margin = 0.01
+"""
+
+
+def _ladder_run(tmp_path, *, parent="turbo", candidates=("turbo", "sparse")):
+    """A run baseline -> turbo (turbo4-tiny's recipe) -> sparse (turbo + sparse attention, parent ``parent``)."""
+    from h3eval.store import RunStore
+    from verdict_fixtures import make_run
+
+    speed = {"baseline": 3.0, "turbo": 2.0, "sparse": 1.0}
+    store = make_run(tmp_path / "run", candidates=candidates, n_prompts=16,
+                     latency=lambda recipe, pid, seed: speed[recipe])
+    m = store.read_manifest()
+    base = {**_resolved("baseline"), "name": "baseline"}
+    turbo = {**_resolved("turbo4-tiny"), "name": "turbo"}
+    sparse = {**turbo, "name": "sparse", "parent": parent,
+              "sparse_attention": {**turbo["sparse_attention"], "enabled": True, "block_size": 32, "sparsity": 0.5}}
+    m.recipes = {"baseline": base, "turbo": turbo, "sparse": sparse}
+    RunStore(store.root).write_manifest(m)
+    return store
+
+
+def _write(store, gate, candidate, reference, metrics, rng_seed=0):
+    """Gate results of ``candidate`` against ``reference`` for every pair; ``metrics(i)`` -> {name: (value, hib)}."""
+    from gates.base import GateResult, Metric, PairRef
+    from h3.atomic import atomic_write_json
+    from h3eval.verdict.lineage import result_dir
+    from verdict_fixtures import pairs_of
+
+    for i, (pid, seed) in enumerate(pairs_of(store)):
+        result = GateResult(gate=gate, pair=PairRef(baseline=reference, candidate=candidate, prompt_id=pid, seed=seed),
+                            metrics={k: Metric(value=v, higher_is_better=h) for k, (v, h) in metrics(i).items()})
+        path = result_dir(store, gate, candidate, reference, "baseline") / f"{pid}-s{seed}.json"
+        atomic_write_json(path, result.model_dump(mode="json"))
+
+
+def _judge(store, tmp_path):
+    from h3eval.verdict import compute_verdict
+    from h3eval.policy import load_policy
+
+    policy = tmp_path / "lineage.toml"
+    policy.write_text(LINEAGE_POLICY)
+    return compute_verdict(store.root, load_policy(policy))
+
+
+def _clean(store, *, ghost_p=None):
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    uniform = rng.uniform(0.05, 1.0, 16)
+    p_values = uniform if ghost_p is None else ghost_p
+    for cand, ref in (("turbo", "baseline"), ("sparse", "baseline"), ("sparse", "turbo")):
+        _write(store, "integrity", cand, ref, lambda i: {})
+    base_oc = rng.uniform(0.2, 0.3, 16)
+    for cand in ("turbo", "sparse"):
+        _write(store, "vbench", cand, "baseline", lambda i: {
+            "overall_consistency": (float(base_oc[i] + 0.001 * ((i % 3) - 1)), True),
+            "overall_consistency.baseline": (float(base_oc[i]), True)})
+    _write(store, "fidelity", "sparse", "turbo", lambda i: {"lpips_mean": (0.01 + 0.001 * (i % 4), False)})
+    _write(store, "ghosting", "sparse", "turbo", lambda i: {"ghost_p_value": (float(p_values[i]), True)})
+
+
+def test_a_rung_is_judged_near_against_its_parent_and_the_top_resample_against_the_baseline(tmp_path):
+    store = _ladder_run(tmp_path)
+    _clean(store)
+    verdict = _judge(store, tmp_path)
+    by = {c.candidate: c for c in verdict.candidates}
+    turbo, sparse = by["turbo"], by["sparse"]
+    assert (turbo.judge, turbo.judge_source, turbo.judged_against) == ("resample", "declared", None)
+    assert (sparse.judge, sparse.judge_source, sparse.judged_against) == ("near", "lineage", "turbo")
+    assert [d["lever"] for d in sparse.lever_differences] == ["sparse_attention"]
+    assert "sparse_attention (near" in sparse.judge_reason and "'turbo'" in sparse.judge_reason
+    assert {g.gate for g in sparse.gates} == {"integrity", "ghosting", "fidelity"}
+    assert sparse.gates[0].evidence == ["gates/integrity/sparse/vs-turbo/"]
+    # Speed of a rung is against the rung below: 2.0 s -> 1.0 s is 2x (against the baseline it would be 3x).
+    assert sparse.speed.reference == "turbo" and abs(sparse.speed.speedup - 2.0) < 1e-9
+    top = sparse.against_baseline
+    assert top is not None and (top.judge, top.judge_source) == ("resample", "ladder top")
+    assert {d["lever"] for d in top.lever_differences} == {"steps", "lora", "sparse_attention"}
+    assert abs(top.speed.speedup - 3.0) < 1e-9
+    assert sparse.outcome == "PASS" and top.outcome == "PASS", (sparse.reasons, top.reasons)
+    assert [(r.candidate, r.below, r.judge) for r in verdict.ladder] == [("turbo", "baseline", "resample"),
+                                                                        ("sparse", "turbo", "near")]
+    assert abs(verdict.ladder[1].speedup - 2.0) < 1e-9
+
+
+def test_a_ghost_against_the_parent_fails_the_rung_though_the_baseline_judge_would_pass_it(tmp_path):
+    import numpy as np
+
+    store = _ladder_run(tmp_path)
+    p = np.full(16, 0.6)
+    p[:5] = 1e-6  # five pairs with a lagged copy the parent's clip does not have
+    _clean(store, ghost_p=p)
+    sparse = {c.candidate: c for c in _judge(store, tmp_path).candidates}["sparse"]
+    assert sparse.outcome == "FAIL" and sparse.own_outcome == "FAIL"
+    assert sparse.against_baseline.outcome == "PASS"
+    ghosting = next(g for g in sparse.gates if g.gate == "ghosting")
+    assert ghosting.outcome == "FAIL" and len(ghosting.flagged) == 5
+
+
+def test_a_rung_without_results_against_its_parent_is_inconclusive_and_says_how(tmp_path):
+    store = _ladder_run(tmp_path)
+    _clean(store)
+    import shutil
+
+    for gate in ("fidelity", "ghosting"):
+        shutil.rmtree(store.root / "gates" / gate / "sparse" / "vs-turbo")
+    sparse = {c.candidate: c for c in _judge(store, tmp_path).candidates}["sparse"]
+    assert sparse.outcome == "INCONCLUSIVE"
+    fidelity = next(g for g in sparse.gates if g.gate == "fidelity")
+    assert any("pairs a candidate with its parent's clips" in r for r in fidelity.reasons)
+
+
+def test_a_parent_absent_from_the_run_falls_back_to_the_declared_kind_with_a_warning(tmp_path):
+    store = _ladder_run(tmp_path, parent="turbo4-tiny")
+    _clean(store)
+    sparse = {c.candidate: c for c in _judge(store, tmp_path).candidates}["sparse"]
+    assert (sparse.judge, sparse.judge_source, sparse.judged_against) == ("resample", "declared", None)
+    assert any("names parent 'turbo4-tiny', which has no clips in this run" in w for w in sparse.warnings)

@@ -45,62 +45,71 @@ from h3eval.verdict.decide import (apply_waiver, candidate_outcome, combine, dec
                                    waiver_for)
 from h3eval.verdict.gather import (gather_metric, gather_speed, input_hashes, load_results, registered_gate_classes,
                                    versions)
+from h3eval.verdict.lineage import Judgement, judgements, ladder_of, parent_in_run, result_dir
 from h3eval.verdict.schema import (EXIT_CODES, EXIT_USAGE, VERDICT_SCHEMA, VERDICT_VERSION, WORST_SHOWN,
-                                   CandidateVerdict, ClipHashes, FileHash, GateVerdict, InputHashes, MetricVerdict,
-                                   Outcome, PairValue, Settings, SpeedPair, SpeedVerdict, Verdict, VerdictInputError,
-                                   WaiverApplied)
+                                   CandidateVerdict, ClipHashes, FileHash, GateVerdict, InputHashes, LadderRung,
+                                   MetricVerdict, Outcome, PairValue, Settings, SpeedPair, SpeedVerdict, Verdict,
+                                   VerdictInputError, WaiverApplied)
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
     "EXIT_CODES", "EXIT_USAGE", "VERDICT_SCHEMA", "VERDICT_VERSION", "WORST_SHOWN", "CandidateVerdict", "ClipHashes",
-    "FileHash", "GateVerdict", "InputHashes", "MetricVerdict", "Outcome", "PairValue", "Settings", "SpeedPair",
-    "SpeedVerdict", "Verdict", "VerdictInputError", "WaiverApplied", "combine", "compute_verdict", "read_verdict",
-    "run_verdict", "speed_verdict", "summary_lines", "write_verdict",
+    "FileHash", "GateVerdict", "InputHashes", "LadderRung", "MetricVerdict", "Outcome", "PairValue", "Settings",
+    "SpeedPair", "SpeedVerdict", "Verdict", "VerdictInputError", "WaiverApplied", "choose_judge", "combine",
+    "compute_verdict", "ladder_rungs", "read_verdict", "run_verdict", "speed_verdict", "summary_lines",
+    "write_verdict",
 ]
 
 
 def speed_verdict(store: RunStore, manifest: RunManifest, candidate: str, loaded: LoadedPolicy, settings: Settings,
-                  expected: list[tuple[str, int]]) -> SpeedVerdict:
-    """Speedup of ``candidate`` over the baseline from paired clip records (warm-up requests excluded)."""
+                  expected: list[tuple[str, int]], reference: str | None = None) -> SpeedVerdict:
+    """Speedup of ``candidate`` over ``reference`` (None: the baseline) from paired clip records (warm-up requests
+    excluded)."""
     sp = loaded.policy.speed
     assert sp is not None
-    sv, problems = gather_speed(store, manifest, candidate, sp, expected)
+    sv, problems = gather_speed(store, manifest, candidate, sp, expected, reference)
     return decide_speed(sv, problems, sp, loaded.policy.min_pairs, settings)
 
 
 def choose_judge(policy, manifest: RunManifest, candidate: str) -> tuple[str | None, str | None, list[str]]:
-    """(kind, why, problems) of the judge for ``candidate``: its recipe's ``[signoff] kind`` (from the run's resolved
-    recipes) when the policy judges by kind. A problem (no kind declared, no judge for it) makes the candidate
+    """(kind, why, problems) of the judge that decides ``candidate`` against its parent or the baseline
+    (:func:`h3eval.verdict.lineage.judgements`): the levers that differ from its parent when its recipe names one in
+    the run, else its recipe's ``[signoff] kind``. A problem (no kind declared, no judge for it) makes the candidate
     INCONCLUSIVE: a kind is never guessed."""
-    if not policy.judges:
-        return None, None, []
-    recipe = manifest.recipes.get(candidate) or {}
-    signoff = recipe.get("signoff") if isinstance(recipe, dict) else None
-    kind = signoff.get("kind") if isinstance(signoff, dict) else None
-    known = ", ".join(policy.judges)
-    if kind is None:
-        return None, None, [f"recipe {candidate!r} declares no [signoff] kind; policy {policy.name!r} judges by kind "
-                            f"({known}) and does not guess one"]
-    if kind not in policy.judges:
-        return None, None, [f"recipe {candidate!r} declares [signoff] kind = {kind!r}, which policy {policy.name!r} "
-                            f"has no judge for (it judges: {known})"]
-    judge = policy.judges[kind]
-    declared = f"recipe {candidate!r} declares [signoff] kind = {kind!r}"
-    if signoff.get("reason"):
-        declared += f" ({signoff['reason']})"
-    return kind, f"{declared}: {judge.why or judge.description or kind}", []
+    first = judgements(policy, manifest, candidate)[0]
+    return first.kind, first.why, list(first.problems)
 
 
 def _judge_candidate(store: RunStore, manifest: RunManifest, candidate: str, loaded: LoadedPolicy,
                      classes: dict[str, type], present: list[str], expected: list[tuple[str, int]],
                      floor: NoiseFloor | None, settings: Settings, gate_hashes: dict[str, str]) -> CandidateVerdict:
-    """One candidate: its judge (by the recipe's signoff kind, when the policy has judges), every gate of it
-    (gathered, then decided together: Holm spans the candidate's metrics), the speed check, and their combination."""
+    """One candidate under each of its judgements (:func:`h3eval.verdict.lineage.judgements`): against its parent
+    (or the baseline), and for the top of a ladder against the baseline as well; its outcome combines them."""
+    found = judgements(loaded.policy, manifest, candidate)
+    verdicts = [_judge_against(store, manifest, candidate, j, loaded, classes, present, expected, floor, settings,
+                               gate_hashes) for j in found]
+    main = verdicts[0]
+    if len(verdicts) > 1:
+        top = verdicts[1]
+        main.against_baseline, main.own_outcome = top, main.outcome
+        main.outcome = combine([main.outcome, top.outcome])
+        main.reasons.append(f"against the baseline {manifest.baseline!r} (the top of the ladder "
+                            f"{' -> '.join(ladder_of(manifest, candidate))}), judged as {top.judge}: {top.outcome}"
+                            + (f" ({'; '.join(top.reasons[:2])})" if top.reasons else ""))
+    return main
+
+
+def _judge_against(store: RunStore, manifest: RunManifest, candidate: str, judgement: Judgement,
+                   loaded: LoadedPolicy, classes: dict[str, type], present: list[str], expected: list[tuple[str, int]],
+                   floor: NoiseFloor | None, settings: Settings, gate_hashes: dict[str, str]) -> CandidateVerdict:
+    """One candidate against one reference: its judge, every gate of it (gathered, then decided together: Holm spans
+    the candidate's metrics), the speed check, and their combination."""
     policy = loaded.policy
-    kind, judge_reason, judge_problems = choose_judge(policy, manifest, candidate)
+    kind, judge_reason, judge_problems = judgement.kind, judgement.why, judgement.problems
+    reference = judgement.reference
     gates = policy.gates_for(kind)
-    cand_warnings: list[str] = []
+    cand_warnings: list[str] = list(judgement.warnings)
     if kind is not None and len(expected) < policy.judges[kind].warn_below_pairs:
         cand_warnings.append(
             f"only {len(expected)} pairs (prompts x seeds): under {policy.judges[kind].warn_below_pairs} a paired "
@@ -111,8 +120,9 @@ def _judge_candidate(store: RunStore, manifest: RunManifest, candidate: str, loa
     """Outcomes of the gate-level checks (results present, flags, missing pairs) per gate."""
     works = []
     for gate, gp in gates.items():
+        folder = store.relative(result_dir(store, gate, candidate, reference, manifest.baseline))
         gv = GateVerdict(gate=gate, candidate=candidate, required=gp.required, outcome="INCONCLUSIVE",
-                         raw_outcome="INCONCLUSIVE", n_expected=len(expected), evidence=[f"gates/{gate}/{candidate}/"])
+                         raw_outcome="INCONCLUSIVE", n_expected=len(expected), evidence=[f"{folder}/"])
         gate_verdicts.append(gv)
         if gate not in classes and gate not in present:
             gv.reasons.append(
@@ -121,9 +131,13 @@ def _judge_candidate(store: RunStore, manifest: RunManifest, candidate: str, loa
             )
             gate_level[gate] = ["INCONCLUSIVE"]
             continue
-        results, stray, n_files = load_results(store, gate, candidate, manifest.baseline, expected, gate_hashes)
+        results, stray, n_files = load_results(store, gate, candidate, reference, expected, gate_hashes,
+                                               manifest.baseline)
         gv.warnings.extend(stray)
         gv.n_results = n_files
+        if not n_files and reference != manifest.baseline:
+            gv.reasons.append(f"no results of {candidate!r} against its parent {reference!r} under {folder}/: "
+                              f"`h3eval gate RUN --gates {gate}` pairs a candidate with its parent's clips")
         if gp.when_applicable and results and all(
                 r.result is not None and r.result.status == "not_applicable" for r in results.values()):
             why = next(iter(results.values())).result.info.get("reason", "")  # type: ignore[union-attr]
@@ -146,7 +160,7 @@ def _judge_candidate(store: RunStore, manifest: RunManifest, candidate: str, loa
 
     speed: SpeedVerdict | None = None
     if policy.speed is not None:
-        speed = speed_verdict(store, manifest, candidate, loaded, settings, expected)
+        speed = speed_verdict(store, manifest, candidate, loaded, settings, expected, reference)
         if kind is not None and policy.judges[kind].speed_required is not None:
             speed.required = policy.judges[kind].speed_required
         waiver = waiver_for(policy.waivers, SPEED_GATE, None, candidate, settings.today, speed.warnings)
@@ -156,7 +170,33 @@ def _judge_candidate(store: RunStore, manifest: RunManifest, candidate: str, loa
         outcome = combine([outcome, "INCONCLUSIVE"])
         reasons = judge_problems + reasons
     return CandidateVerdict(candidate=candidate, outcome=outcome, judge=kind, judge_reason=judge_reason,
-                            reasons=reasons, warnings=cand_warnings, gates=gate_verdicts, speed=speed)
+                            reasons=reasons, warnings=cand_warnings, gates=gate_verdicts, speed=speed,
+                            judged_against=None if reference == manifest.baseline else reference,
+                            judge_source=judgement.source if policy.judges else None,
+                            lever_differences=judgement.differences)
+
+
+def ladder_rungs(verdict_candidates: list[CandidateVerdict], manifest: RunManifest) -> list[LadderRung]:
+    """Each candidate judged against a parent other than the baseline, with the rung below it (a candidate judged
+    against the baseline by lineage too), in the order of the ladder: seed 000's stage table."""
+    by_name = {c.candidate: c for c in verdict_candidates}
+    rungs: list[LadderRung] = []
+    parents = {parent_in_run(manifest, name) for name in manifest.candidates} - {None, manifest.baseline}
+    in_ladder = {name for name in manifest.candidates if parent_in_run(manifest, name) is not None} | parents
+    for name in manifest.candidates:
+        if name not in in_ladder or name not in by_name:
+            continue
+        c = by_name[name]
+        below = c.judged_against or manifest.baseline or ""
+        sp = c.speed
+        quality = ", ".join(f"{g.gate} {g.outcome}" for g in c.gates if g.required)
+        rungs.append(LadderRung(
+            candidate=name, below=below, judge=c.judge, levers=[d["lever"] for d in c.lever_differences],
+            outcome=c.own_outcome or c.outcome, speedup=sp.speedup if sp else None,
+            speedup_ci=(sp.ci_low, sp.ci_high) if sp and sp.ci_low is not None and sp.ci_high is not None else None,
+            quality=quality))
+    order = {name: len(ladder_of(manifest, name)) for name in manifest.candidates}
+    return sorted(rungs, key=lambda r: order.get(r.candidate, 0))
 
 
 def compute_verdict(
@@ -200,6 +240,7 @@ def compute_verdict(
 
     candidates = [_judge_candidate(store, manifest, candidate, loaded, classes, present, expected, floor, settings,
                                    gate_hashes) for candidate in manifest.candidates]
+    ladder = ladder_rungs(candidates, manifest) if policy.judges else []
     overall = combine([c.outcome for c in candidates])
     reasons = [f"{c.candidate}: {c.outcome}" for c in candidates]
     return Verdict(
@@ -213,6 +254,7 @@ def compute_verdict(
         warnings=warnings,
         notices=store.weights_notices(),
         candidates=candidates,
+        ladder=ladder,
         settings=settings,
         inputs=input_hashes(store, manifest, loaded, floor, gate_hashes),
         versions=versions(),
@@ -252,9 +294,15 @@ def summary_lines(verdict: Verdict) -> list[str]:
     lines = [f"{verdict.outcome}  policy {verdict.policy_name!r}, baseline {verdict.baseline!r}"]
     lines += [f"  NOTE: {notice}" for notice in verdict.notices]
     for c in verdict.candidates:
-        lines.append(f"  {c.candidate}: {c.outcome}" + (f" (judged as {c.judge})" if c.judge else ""))
+        against = f" against {c.judged_against}" if c.judged_against else ""
+        lines.append(f"  {c.candidate}: {c.outcome}" + (f" (judged as {c.judge}{against})" if c.judge else ""))
         if c.judge_reason:
             lines.append(f"    judge: {c.judge_reason}")
+        top = c.against_baseline
+        if top is not None:
+            lines.append(f"    against the baseline (ladder top): {top.outcome}"
+                         + (f" (judged as {top.judge})" if top.judge else ""))
+            lines += [f"      - {reason}" for reason in top.reasons]
         for reason in c.reasons:
             if reason.startswith("recipe "):
                 lines.append(f"    - {reason}")

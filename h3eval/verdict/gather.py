@@ -30,13 +30,19 @@ class LoadedResult:
 
 
 def load_results(
-    store: RunStore, gate: str, candidate: str, baseline: str, expected: list[tuple[str, int]], hashes: dict[str, str]
+    store: RunStore, gate: str, candidate: str, baseline: str, expected: list[tuple[str, int]], hashes: dict[str, str],
+    run_baseline: str | None = None,
 ) -> tuple[dict[tuple[str, int], LoadedResult], list[str], int]:
-    """Result of each expected pair (absent key = no file), stray-file warnings, and files found."""
+    """Result of each expected pair (absent key = no file), stray-file warnings, and files found. ``baseline`` is the
+    recipe the candidate is compared with: the run's baseline (``run_baseline``, None: the same) or its parent, whose
+    results live in their own folder (:func:`h3eval.verdict.lineage.result_dir`)."""
+    from h3eval.verdict.lineage import result_dir
+
     out: dict[tuple[str, int], LoadedResult] = {}
     warnings: list[str] = []
     expected_set = {clip_stem(p, s): (p, s) for p, s in expected}
-    files = store.gate_result_files(gate, candidate)
+    directory = result_dir(store, gate, candidate, baseline, run_baseline if run_baseline is not None else baseline)
+    files = sorted(directory.glob("*.json")) if directory.is_dir() else []
     for path in files:
         rel = store.relative(path)
         stem = path.stem
@@ -207,15 +213,18 @@ NO_TIMING_DATA = "no timing data"
 
 
 def gather_speed(store: RunStore, manifest: RunManifest, candidate: str, sp: SpeedPolicy,
-                 expected: list[tuple[str, int]]) -> tuple[SpeedVerdict, list[str]]:
-    """The candidate's speed verdict with its latency pairs (warm-up requests excluded), and the pairs whose timings
-    cannot be used (no record, unreadable, not a positive number)."""
+                 expected: list[tuple[str, int]], reference: str | None = None) -> tuple[SpeedVerdict, list[str]]:
+    """The candidate's speed verdict against ``reference`` (None: the baseline; a ladder's rung: its parent) with its
+    latency pairs (warm-up requests excluded), and the pairs whose timings cannot be used (no record, unreadable, not
+    a positive number)."""
     assert manifest.baseline is not None
+    reference = reference or manifest.baseline
     sv = SpeedVerdict(candidate=candidate, required=sp.required, outcome="INCONCLUSIVE", raw_outcome="INCONCLUSIVE",
-                      latency=sp.latency, min_speedup=sp.min_speedup)
+                      latency=sp.latency, min_speedup=sp.min_speedup,
+                      reference=None if reference == manifest.baseline else reference)
     problems: list[str] = []
     for prompt_id, seed in expected:
-        base, err_b = load_record(store, manifest.baseline, prompt_id, seed)
+        base, err_b = load_record(store, reference, prompt_id, seed)
         cand, err_c = load_record(store, candidate, prompt_id, seed)
         if err_b or err_c:
             problems.extend(e for e in (err_b, err_c) if e)

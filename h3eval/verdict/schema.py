@@ -129,6 +129,8 @@ class SpeedVerdict(_Model):
     warnings: list[str] = Field(default_factory=list)
     latency: str
     min_speedup: float
+    reference: str | None = None
+    """The recipe the speedup is against when it is not the baseline (a ladder's rung: its parent)."""
     judged: Literal["min_speedup", "non_inferiority"] = "min_speedup"
     """``min_speedup``: a candidate meant to be faster; ``non_inferiority``: one meant to be no slower (the policy's
     ``no_slower``), held against ``1 - margin``."""
@@ -162,6 +164,34 @@ class CandidateVerdict(_Model):
     warnings: list[str] = Field(default_factory=list)
     gates: list[GateVerdict] = Field(default_factory=list)
     speed: SpeedVerdict | None = None
+    judged_against: str | None = None
+    """The recipe the candidate was compared with (None: the run's baseline; a ladder's rung: its parent)."""
+    judge_source: Literal["declared", "lineage", "ladder top"] | None = None
+    """``declared``: the recipe's [signoff] kind against the baseline; ``lineage``: the levers that differ from its
+    parent (:mod:`h3eval.verdict.lineage`); ``ladder top``: the levers that differ from the baseline, for the top of a
+    ladder."""
+    lever_differences: list[dict[str, Any]] = Field(default_factory=list)
+    """The levers that differ from the recipe it was compared with (lever, kind, why), when judged by lineage."""
+    against_baseline: "CandidateVerdict | None" = None
+    """The top of a ladder judged against the baseline as well; the candidate's outcome combines both."""
+    own_outcome: Outcome | None = None
+    """The outcome against its parent alone, when ``against_baseline`` is set."""
+    power_note: str | None = None
+    """The smallest regression this run could detect on the judge's decisive dimensions, at its size (the MDE)."""
+
+
+class LadderRung(_Model):
+    """One rung of a ladder (seed 000's stage table): the candidate against the rung below it."""
+
+    candidate: str
+    below: str
+    judge: str | None = None
+    levers: list[str] = Field(default_factory=list)
+    outcome: Outcome
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None
+    quality: str = ""
+    """The judge's gates and their outcomes (``fidelity PASS, ghosting FAIL``)."""
 
 
 class FileHash(_Model):
@@ -219,6 +249,8 @@ class Verdict(_Model):
     """What the run's weights make of the verdict (``"random weights: speed and memory are real, quality is not"``
     for the ``h3-random`` presets): shown first wherever the verdict is."""
     candidates: list[CandidateVerdict] = Field(default_factory=list)
+    ladder: list[LadderRung] = Field(default_factory=list)
+    """Each candidate with a parent in the run, against the rung below it, baseline first (empty: no ladder)."""
     settings: Settings
     inputs: InputHashes
     versions: dict[str, str] = Field(default_factory=dict)
