@@ -81,9 +81,16 @@ class GateRunSummary:
         return {**asdict(self), "failed": self.failed}
 
 
-def result_path(store: RunStore, gate: str, candidate: str, prompt_id: str, seed: int) -> Path:
-    """Where the result of ``gate`` on one pair lives (the store's :meth:`~h3eval.store.RunStore.gate_result_path`)."""
-    return store.gate_result_path(gate, candidate, prompt_id, seed)
+def result_path(store: RunStore, gate: str, candidate: str, prompt_id: str, seed: int,
+                reference: str | None = None) -> Path:
+    """Where the result of ``gate`` on one pair lives: against the baseline, the store's
+    :meth:`~h3eval.store.RunStore.gate_result_path`; against a parent ``reference`` (a ladder's rung), its own folder
+    (:func:`h3eval.verdict.lineage.result_dir`)."""
+    if reference is None:
+        return store.gate_result_path(gate, candidate, prompt_id, seed)
+    from h3eval.verdict.lineage import result_dir
+
+    return result_dir(store, gate, candidate, reference, None) / f"{clip_stem(prompt_id, seed)}.json"
 
 
 def load_valid_result(path: Path, gate: str, pair: PairRef, inputs: dict[str, Any] | None = None) -> GateResult | None:
@@ -290,9 +297,15 @@ def run_gates(
     force: bool = False,
     progress: bool = True,
     candidates: list[str] | None = None,
+    pairing_gates: dict[tuple[str, str], set[str]] | None = None,
 ) -> GateRunSummary:
     """Run ``gate_names`` over every pair of the run at ``run_dir`` (only ``candidates``' pairs when given: a judge's
     gates need not run on candidates another judge decides); see the module docstring.
+
+    Pairs: each candidate against the baseline, and a candidate whose recipe names another candidate as its parent
+    against that parent too, with the same prompts and seeds (:func:`h3eval.verdict.lineage.pairings`: a ladder's rung
+    is judged against the rung below). ``pairing_gates`` maps (reference, candidate) to the gates that comparison needs
+    (:func:`h3eval.verdict.lineage.pairing_gates` reads them from a policy); a comparison it leaves out runs none.
 
     Raises KeyError (unknown gate, with the known ones) or GateRunError before anything is written (also when another
     process is writing into the run: the store's lock).
@@ -313,12 +326,21 @@ def run_gates(
     decode_ahead_pairs()
     options = dict(options or {})
     check_options(gates, options)
-    pairs = store.pairs()
+    from h3eval.verdict.lineage import pairings
+
+    ids = manifest.prompts.ids if manifest.prompts else []
+    pairs = [(ref, cand, pid, seed) for ref, cand in pairings(manifest) for pid in ids for seed in manifest.seeds
+             if pairing_gates is None or pairing_gates.get((ref, cand))]
     if candidates is not None:
         unknown = sorted(set(candidates) - set(manifest.candidates))
         if unknown:
             raise GateRunError(f"{unknown} are not candidates of this run ({', '.join(manifest.candidates)})")
-        pairs = [pair for pair in pairs if pair[0] in candidates]
+        pairs = [pair for pair in pairs if pair[1] in candidates]
+
+    def gates_of(reference: str, candidate: str) -> list[Gate]:
+        if pairing_gates is None:
+            return gates
+        return [gate for gate in gates if gate.name in pairing_gates.get((reference, candidate), ())]
     names = [g.name for g in gates]
     summary = GateRunSummary(
         run_dir=str(store.root), gates=names, device=device, pairs=len(pairs),
@@ -345,10 +367,11 @@ def run_gates(
             raise GateRunError(str(exc)) from None
         try:
             with Progress(*columns, console=Console(stderr=True), disable=not progress, transient=False) as bar:
-                task = bar.add_task("", total=len(pairs) * len(gates))
+                task = bar.add_task("", total=sum(len(gates_of(p[0], p[1])) for p in pairs))
                 depth = decode_ahead_pairs()
-                for index, (candidate, prompt_id, seed) in enumerate(pairs):
-                    pair = PairRef(baseline=manifest.baseline, candidate=candidate, prompt_id=prompt_id, seed=seed)
+                for index, (reference, candidate, prompt_id, seed) in enumerate(pairs):
+                    pair = PairRef(baseline=reference, candidate=candidate, prompt_id=prompt_id, seed=seed)
+                    pair_gates = gates_of(reference, candidate)
 
                     def start_ahead(index: int = index) -> None:
                         # Called once this pair's own clips are decoded (so they do not share the cores with the
@@ -357,10 +380,10 @@ def run_gates(
                             return
                         for later in range(index + 1, min(len(pairs), index + 1 + depth)):
                             if later not in ahead:
-                                ahead[later] = _decode_ahead(store, manifest.baseline, pairs[later], gates)
+                                ahead[later] = _decode_ahead(store, pairs[later][0], pairs[later][1:], gates)
 
                     try:
-                        _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task, info,
+                        _run_pair(store, sides, pair_gates, pair, device, options, force, summary, bar, task, info,
                                   start_ahead)
                     finally:
                         if (thread := ahead.pop(index + 1, None)) is not None:
@@ -379,15 +402,16 @@ def run_gates(
 def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task, info, start_ahead) -> None:
     side_error = None
     base = cand = None
+    reference = None if pair.baseline == info.baseline else pair.baseline  # a ladder's rung against its parent
     try:
-        base = sides.load(pair.baseline, pair.prompt_id, pair.seed, "baseline")
+        base = sides.load(pair.baseline, pair.prompt_id, pair.seed, "baseline" if reference is None else "parent")
         cand = sides.load(pair.candidate, pair.prompt_id, pair.seed, "candidate")
     except StoreError as exc:
         side_error = str(exc)
 
     todo = []
     for gate in gates:
-        path = result_path(store, gate.name, pair.candidate, pair.prompt_id, pair.seed)
+        path = result_path(store, gate.name, pair.candidate, pair.prompt_id, pair.seed, reference)
         gate_options = options_for(gate.name, options, gate.option_names)
         stamp = None if side_error else _inputs_stamp(sides.sha(base.mp4), sides.sha(cand.mp4), gate_options)
         kept = None if force or side_error else load_valid_result(path, gate.name, pair, stamp)

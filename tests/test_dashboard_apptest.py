@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -374,20 +375,32 @@ def test_viewer_with_the_ghosting_gates_strip(monkeypatch, tmp_path):
     make_review_run(root, candidates=("fast",), prompt_ids=("p-cat",), seeds=(0,), gates=False, verdict=False)
     rel = "gates/ghosting/fast/p-cat-s0-ghosting-strip.png"
     (root / rel).parent.mkdir(parents=True)
-    Image.fromarray(np.full((32, 96, 3), 200, dtype=np.uint8)).save(root / rel)
+    from gates.ghosting import GhostingConfig, render_strip
+
+    store = RunStore(root)
+    frames_a = decode_video(store.clip_path(BASELINE, "p-cat", 0))[0]
+    frames_b = decode_video(store.clip_path("fast", "p-cat", 0))[0]
+    n = len(frames_a)
+    scores = SimpleNamespace(lag=np.full(n, 1), dy=np.zeros(n, int), dx=np.full(n, 3))
+    Image.fromarray(render_strip(frames_a, frames_b, scores, [21, 22, 23], GhostingConfig())).save(root / rel)
     result = GateResult(
         gate="ghosting", pair=PairRef(baseline=BASELINE, candidate="fast", prompt_id="p-cat", seed=0),
         metrics={"ghost_score_max": Metric(value=0.05, higher_is_better=False)},
         series={"ghost_score": [0.01] * 20 + [0.05] * 4}, flagged=True, flags=["ghosting: 4 of 24 frames"],
         artifacts=[rel],
         info={"config": {"frame_threshold": 0.03}, "ghost_frame_indices": [20, 21, 22, 23],
-              "worst_frames": [{"frame": 22, "ghost_score": 0.05, "lag": 1, "dy": 0, "dx": 3}]},
+              "worst_frames": [{"frame": 22, "ghost_score": 0.05, "lag": 1, "dy": 0, "dx": 3}],
+              "strip_frames": [21, 22, 23]},
     )
     atomic_write_json(root / "gates/ghosting/fast/p-cat-s0.json", result.model_dump(mode="json"))
     at = app(monkeypatch, root, page="viewer")
     captions = [c for img in at.get("image") for c in img.captions]
     assert "ghosting · p-cat-s0-ghosting-strip.png" in captions
     assert "The ghosting gate drew its heatmaps as a strip of its worst frames: below." in [i.value for i in at.info]
+    assert any(c.value.startswith("Heatmap cell: how many 8-bit luma levels the displaced copy adds") for c in at.caption)
+    Image.fromarray(np.full((32, 96, 3), 200, dtype=np.uint8)).save(root / rel)  # not the gate's layout
+    at = app(monkeypatch, root, page="viewer")
+    assert any(c.value.startswith("Not the ghosting gate's strip layout") for c in at.caption)
     assert at.slider(key="viewer_frame").value == 22
     timeline = next(c.value for c in at.caption if c.value.startswith("Per-frame gate series"))
     assert "flagged frames: 20, 21, 22, 23;" in timeline

@@ -13,7 +13,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data, state
-from dashboard.views import player
+from dashboard.views import ghost_strip, player
 from h3.media import MediaError
 
 GHOSTING_GATE = "ghosting"
@@ -117,10 +117,20 @@ def render(ctx: state.Context) -> None:
     else:
         cols[3].info("The ghosting gate wrote no heatmap for this pair.")
     for rel in heat_other:  # whole-pair images (the ghosting strip: frames, difference and heatmap side by side)
-        if (Path(run.root) / rel).exists():
-            st.image(str(Path(run.root) / rel), caption=f"ghosting · {Path(rel).name}", width="stretch")
-        else:
+        path = Path(run.root) / rel
+        if not path.exists():
             st.warning(f"ghosting artifact listed but missing on disk: {rel}")
+            continue
+        strip_frames = ((ghost or {}).get("info") or {}).get("strip_frames")
+        frames = tuple(int(f) for f in strip_frames) if isinstance(strip_frames, list) else None
+        png = _labelled_strip(str(path), state.mtime_ns(str(path)), frames, a.shape[1], a.shape[2])
+        if png is None:
+            st.image(str(path), caption=f"ghosting · {Path(rel).name}", width="stretch")
+            st.caption("Not the ghosting gate's strip layout (rows of baseline | candidate | difference | heatmap): "
+                       "shown as written, unlabelled.")
+        else:
+            st.image(png, caption=f"ghosting · {Path(rel).name}", width="stretch")
+            st.caption(ghost_strip.HEATMAP_MEANING.format(heat_max=ghost_strip.strip_settings()[1]))
 
     _conditioning(run, prompt, seed, results, a, b, frame)
     _curves(run, cand, prompt, seed, results, frame=frame)
@@ -151,6 +161,15 @@ def _players(run, cand, prompt, seed, base_mp4: str, cand_mp4: str) -> None:
     v1.video(base_mp4)
     v2.caption(f"candidate: {Path(cand_mp4).name}")
     v2.video(cand_mp4)
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _labelled_strip(path: str, mtime_ns: int, frames: tuple[int, ...] | None, height: int, width: int) -> bytes | None:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        strip = np.asarray(image.convert("RGB"))
+    return ghost_strip.labelled_png(strip, list(frames) if frames is not None else None, height, width)
 
 
 def _conditioning(run, prompt, seed, results, a: np.ndarray, b: np.ndarray, frame: int) -> None:
