@@ -87,5 +87,7 @@ def register(app: typer.Typer) -> None:
                            f"{check['not_comparable'][0]['why']}", err=True)
         for err in manifest.errors:
             typer.echo(f"  {err.error}", err=True)
+        typer.echo(f"next: h3eval gate {out} --policy release" if manifest.status == "complete" else
+                   f"next: rerun this command to resume {out}, then h3eval gate {out} --policy release")
         if manifest.status != "complete":
             raise typer.Exit(1)
