@@ -234,3 +234,37 @@ def test_a_parent_absent_from_the_run_falls_back_to_the_declared_kind_with_a_war
     sparse = {c.candidate: c for c in _judge(store, tmp_path).candidates}["sparse"]
     assert (sparse.judge, sparse.judge_source, sparse.judged_against) == ("resample", "declared", None)
     assert any("names parent 'turbo4-tiny', which has no clips in this run" in w for w in sparse.warnings)
+
+
+def test_the_gate_runner_pairs_a_rung_with_its_parents_clips(tmp_path):
+    """Same prompts, same seeds: the rung's clip against its parent's, written where the verdict reads it."""
+    import numpy as np
+
+    from h3eval.gaterun import run_gates
+    from h3eval.policy import load_policy
+    from h3eval.store import RunStore
+    from h3eval.synth import make_synthetic_run
+    from h3eval.verdict.lineage import pairing_gates
+    from gates.base import GateResult
+
+    store = make_synthetic_run(tmp_path / "run", candidates=("turbo", "sparse"), prompt_ids=("p0", "p1"))
+    m = store.read_manifest()
+    m.recipes["sparse"] = {**m.recipes["sparse"], "parent": "turbo"}
+    RunStore(store.root).write_manifest(m)
+    summary = run_gates(store.root, ["integrity"], progress=False)
+    assert summary.pairs == 6 and not summary.errors  # turbo and sparse against the baseline, sparse against turbo
+    rung = sorted((store.root / "gates" / "integrity" / "sparse" / "vs-turbo").glob("*.json"))
+    assert [p.name for p in rung] == ["p0-s0.json", "p1-s0.json"]
+    result = GateResult.model_validate_json(rung[0].read_text())
+    assert (result.pair.baseline, result.pair.candidate, result.pair.prompt_id) == ("turbo", "sparse", "p0")
+    assert np.isclose(len(list((store.root / "gates" / "integrity" / "sparse").glob("*.json"))), 2)
+    # With a policy, each comparison runs the gates its judgement needs (here: a ladder of imported-style recipes
+    # judged by their declared kinds; the rung by the near judge against its parent).
+    for name, kind in (("turbo", "resample"), ("sparse", "near")):
+        m.recipes[name] = {**m.recipes[name], "signoff": {"kind": kind}}
+    policy = tmp_path / "lineage.toml"
+    policy.write_text(LINEAGE_POLICY)
+    needs = pairing_gates(load_policy(policy).policy, m)
+    assert needs[("turbo", "sparse")] == {"integrity", "ghosting", "fidelity"}
+    assert needs[("baseline", "sparse")] == {"integrity", "vbench"}  # the ladder's top, against the baseline
+    assert needs[("baseline", "turbo")] == {"integrity", "vbench"}

@@ -112,11 +112,20 @@ def _by_levers(policy, manifest: RunManifest, candidate: str, reference: str, so
 
     ref, cand = manifest.recipes.get(reference), manifest.recipes.get(candidate)
     if not (_has_levers(ref) and _has_levers(cand)):
-        # Imported clips: no levers to compare, so the kind declared for the candidate (``--kind``) judges it against
-        # its parent; never a guess.
-        judgement = _declared(policy, manifest, candidate, reference)
-        judgement.source = source
-        return judgement
+        # Imported clips: no levers to compare. The kind declared for the candidate (``--kind``) judges it against its
+        # parent, never a guess; the top of such a ladder is judged `resample` against the baseline (the rungs'
+        # changes compounded: another sample of the prompt).
+        if source == "lineage":
+            judgement = _declared(policy, manifest, candidate, reference)
+            judgement.source = source
+            return judgement
+        judge = policy.judges.get("resample")
+        why = (f"the top of the ladder {' -> '.join(ladder_of(manifest, candidate))}, judged against the baseline "
+               f"{reference!r}: its levers are not known here (imported clips), so as another sample of the prompt")
+        if judge is None:
+            return Judgement(reference, None, None, source, problems=[
+                f"{why}, which policy {policy.name!r} has no `resample` judge for"])
+        return Judgement(reference, "resample", f"{why}: {judge.why or judge.description}", source)
     diffs = lever_differences(ref, cand)
     kind = lineage_kind(diffs)
     shown = [{"lever": d.lever, "kind": d.kind, "why": d.why} for d in diffs]
@@ -172,4 +181,14 @@ def judgements(policy, manifest: RunManifest, candidate: str) -> list[Judgement]
     out = [_by_levers(policy, manifest, candidate, parent, "lineage")]
     if parent != baseline and is_ladder_top(manifest, candidate):
         out.append(_by_levers(policy, manifest, candidate, baseline, "ladder top"))
+    return out
+
+
+def pairing_gates(policy, manifest: RunManifest) -> dict[tuple[str, str], set[str]]:
+    """(reference, candidate) -> the gates its judgements under ``policy`` need (the shared gates and the judge's):
+    what :func:`h3eval.gaterun.run_gates` runs for each comparison when a policy picks the gates."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for candidate in manifest.candidates:
+        for judgement in judgements(policy, manifest, candidate):
+            out.setdefault((judgement.reference, candidate), set()).update(policy.gates_for(judgement.kind))
     return out
