@@ -18,7 +18,9 @@ import base64
 import datetime as dt
 import html
 import io
+import json
 import logging
+import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Iterable
@@ -50,6 +52,48 @@ def _iter_items(c: CandidateVerdict) -> Iterable[GateVerdict | SpeedVerdict]:
     yield from c.gates
     if c.speed is not None:
         yield c.speed
+
+
+def _positive(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def speed_json_estimate(run_dir: str | Path | None, candidate: str) -> str | None:
+    """``<section>: 3.31x [2.83, 4.48] (n 12)`` from the run's speed.json for ``candidate``: its first speed protocol
+    with a speedup (the mixed and repeated protocols before the quality clips), or None. Numbers that are not finite
+    and positive are ignored, never shown."""
+    if run_dir is None:
+        return None
+    try:
+        speed = json.loads((Path(run_dir) / "speed.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    sections = speed.get("protocols") if isinstance(speed, dict) else None
+    if not isinstance(sections, dict):
+        return None
+    for name in sorted(sections, key=lambda n: n == "quality_clips"):
+        entry = sections[name].get(candidate) if isinstance(sections[name], dict) else None
+        sp = entry.get("speedup") if isinstance(entry, dict) else None
+        if not isinstance(sp, dict) or not _positive(sp.get("speedup")):
+            continue
+        ci = (f" [{sp['ci_low']:.2f}, {sp['ci_high']:.2f}]" if _positive(sp.get("ci_low"))
+              and _positive(sp.get("ci_high")) else " (no CI)")
+        n = sp.get("n_pairs")
+        return f"{name}: {sp['speedup']:.2f}x{ci}" + (f" (n {n})" if isinstance(n, int) else "")
+    return None
+
+
+def speed_cell(sp: SpeedVerdict, run_dir: str | Path | None = None) -> str:
+    """The signoff table's speed cell: the outcome with the speedup and its CI the verdict judged; when the verdict
+    has no estimate (too few timed pairs, timings missing), the run's speed.json estimate, named as such."""
+    if sp.speedup is not None and math.isfinite(sp.speedup):
+        ci = (f" [{sp.ci_low:.2f}, {sp.ci_high:.2f}]" if sp.ci_low is not None and sp.ci_high is not None
+              else " (no CI)")
+        return f"{sp.outcome} {sp.speedup:.2f}x{ci}"
+    other = speed_json_estimate(run_dir, sp.candidate)
+    if other is not None:
+        return f"{sp.outcome} (no estimate in the verdict; speed.json {other})"
+    return f"{sp.outcome} (no estimate: no timed pairs)"
 
 
 # -- markdown ------------------------------------------------------------------------------------------------------
@@ -140,7 +184,7 @@ def render_markdown(verdict: Verdict, run_dir: str | Path | None = None) -> str:
             cells.append("" if g is None else g.outcome + ("" if g.required else " (adv.)") + ("*" if g.waiver else ""))
         if has_speed:
             sp = c.speed
-            cells.append("" if sp is None else f"{sp.outcome} {_fmt(sp.speedup, 3)}x" + ("*" if sp.waiver else ""))
+            cells.append("" if sp is None else _md_escape(speed_cell(sp, run_dir)) + ("*" if sp.waiver else ""))
         out.append("| " + " | ".join(cells) + " |")
     out += ["", "`*` waived; `(adv.)` advisory.", ""]
     if verdict.warnings:
@@ -462,7 +506,7 @@ def render_html(verdict: Verdict, run_dir: str | Path) -> str:
             row += "<td></td>" if g is None else _cell(g.outcome, g.outcome + ("" if g.required else " (adv.)")
                                                        + (" *waived" if g.waiver else ""))
         sp = c.speed
-        row += "<td></td>" if sp is None else _cell(sp.outcome, f"{sp.outcome} {_fmt(sp.speedup, 3)}x")
+        row += "<td></td>" if sp is None else _cell(sp.outcome, speed_cell(sp, run_dir))
         parts.append(row + "</tr>")
     parts.append("</table>")
     for w in verdict.warnings:
