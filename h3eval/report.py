@@ -93,7 +93,7 @@ def speed_cell(sp: SpeedVerdict, run_dir: str | Path | None = None) -> str:
     other = speed_json_estimate(run_dir, sp.candidate)
     if other is not None:
         return f"{sp.outcome} (no estimate in the verdict; speed.json {other})"
-    return f"{sp.outcome} (no estimate: no timed pairs)"
+    return f"{sp.outcome} (no estimate: " + ("no timed pairs)" if not sp.n_pairs else f"{sp.n_pairs} timed pair(s))")
 
 
 # -- markdown ------------------------------------------------------------------------------------------------------

@@ -57,6 +57,7 @@ def test_speed_cell_without_an_estimate_in_the_verdict(tmp_path):
     sp = SpeedVerdict(candidate="fewer-steps", required=True, outcome="INCONCLUSIVE", raw_outcome="INCONCLUSIVE",
                       latency="generation_side_latency_s", min_speedup=1.5)
     assert speed_cell(sp, None) == "INCONCLUSIVE (no estimate: no timed pairs)"
+    assert speed_cell(sp.model_copy(update={"n_pairs": 4}), None) == "INCONCLUSIVE (no estimate: 4 timed pair(s))"
     ok = {"speedup": 3.3149, "ci_low": 2.8312, "ci_high": 4.4788, "n_pairs": 12}
     _speed_json(tmp_path / "speed.json", {
         "quality_clips": {"fewer-steps": {"status": "ok", "speedup": {"speedup": 9.0, "ci_low": 8.0, "ci_high": 10.0,
