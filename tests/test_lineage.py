@@ -268,3 +268,22 @@ def test_the_gate_runner_pairs_a_rung_with_its_parents_clips(tmp_path):
     assert needs[("turbo", "sparse")] == {"integrity", "ghosting", "fidelity"}
     assert needs[("baseline", "sparse")] == {"integrity", "vbench"}  # the ladder's top, against the baseline
     assert needs[("baseline", "turbo")] == {"integrity", "vbench"}
+
+
+def test_ab_generates_a_rungs_parent_in_the_same_run():
+    from h3eval.ab import ladder_recipes
+    from h3eval.runner import RunError
+
+    base = load_recipe("baseline")
+    names = [r.name for r in ladder_recipes(base, [load_recipe("turbo4-tiny-sparse85")])]
+    assert names == ["turbo4-tiny", "turbo4-tiny-sparse85"]
+    # Listed already (in any order): not added twice, and the parent comes first.
+    names = [r.name for r in ladder_recipes(base, [load_recipe("turbo4-tiny-int8"), load_recipe("turbo4-tiny")])]
+    assert names == ["turbo4-tiny", "turbo4-tiny-int8"]
+    loop = recipe_from_dict({**_resolved("turbo4-tiny"), "name": "a", "parent": "b"})
+    other = recipe_from_dict({**_resolved("turbo4-tiny"), "name": "b", "parent": "a"})
+    with pytest.raises(RunError, match="loop"):
+        ladder_recipes(base, [loop, other])
+    orphan = recipe_from_dict({**_resolved("turbo4-tiny"), "name": "c", "parent": "no-such-recipe"})
+    with pytest.raises(RunError, match="names parent 'no-such-recipe'"):
+        ladder_recipes(base, [orphan])
