@@ -21,7 +21,8 @@ A random-input sweep per candidate op (sequence lengths around its block boundar
 around multiples of 8) catches an op that is right on the captured shape and wrong on another.
 
 An op that cannot run on this device (a CUDA kernel on the CPU, a lever module this checkout lacks) makes its rows
-``not_applicable`` with the reason, and the pair's status ``not_applicable`` — never a pass.
+``not_applicable`` with the reason, and the pair's status ``not_applicable`` — never a pass. A pair with an imported
+clip (``h3eval import``: no recipe to replay) is ``not_applicable`` as a whole, with ``info["reason"]``.
 
 Run it with ``h3eval gate RUNDIR --gates opcheck [--option opcheck.KEY=VALUE ...]`` (:class:`OpcheckOptions`); it needs
 the in-process runtime and the model named in run.json. Per pair it writes the usual result plus
@@ -404,6 +405,14 @@ class OpcheckGate(Gate):
                 result.status, result.error = "error", f"{ctx.run_dir / 'run.json'}: no resolved recipe {side!r}"
                 return result
             recipes[side] = ctx.run.recipes[side]
+        imported = [side for side, recipe in recipes.items() if "imported_from" in recipe]
+        if imported:
+            result.status = "not_applicable"
+            result.info["reason"] = (
+                f"cannot apply to imported clips ({' and '.join(imported)}: made by another stack): opcheck replays op "
+                "inputs captured from this runtime through each recipe's kernels, and an imported clip has no recipe "
+                "here")
+            return result
         base_ops, cand_ops = ops_for_recipe(recipes[ctx.pair.baseline]), ops_for_recipe(recipes[ctx.pair.candidate])
         for kind in ("attention", "linear"):
             if getattr(options, f"{kind}_op"):

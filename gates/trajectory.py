@@ -143,6 +143,13 @@ class TrajectoryGate(Gate):
     def evaluate(self, ctx: PairContext) -> GateResult:
         options = self.parse_options(ctx.options)
         result = GateResult(gate=self.name, pair=ctx.pair)
+        imported = [side.recipe for side in (ctx.baseline, ctx.candidate)
+                    if "imported_from" in (ctx.run.recipes.get(side.recipe) or {})]
+        if imported:
+            result.status = "not_applicable"
+            result.info["reason"] = (f"cannot apply to imported clips ({' and '.join(imported)}: made by another "
+                                     "stack, which records no latent trajectory)")
+            return result
         paths = {side.recipe: trajectory_path(side.mp4) for side in (ctx.baseline, ctx.candidate)}
         missing = [str(p) for p in paths.values() if not p.exists()]
         if missing:

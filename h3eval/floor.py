@@ -32,8 +32,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_FLOOR_GATES = ("fidelity", "audio", "ghosting")
 
 
-def _newseed_name(recipe: Recipe) -> str:
-    return f"{recipe.name}-newseed"
+def _name(recipe: Recipe | str) -> str:
+    """A recipe's name (a floor from a run knows only the name: an imported recipe is no h3 Recipe)."""
+    return recipe if isinstance(recipe, str) else recipe.name
+
+
+def _newseed_name(recipe: Recipe | str) -> str:
+    return f"{_name(recipe)}-newseed"
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -48,15 +53,15 @@ def _link_or_copy(src: Path, dst: Path) -> None:
     tmp.replace(dst)
 
 
-def _file_newseed_view(store: RunStore, recipe: Recipe, prompts: PromptSuite, seeds: list[int]) -> int:
+def _file_newseed_view(store: RunStore, recipe: Recipe | str, prompts: PromptSuite, seeds: list[int]) -> int:
     """File R's clip of seed s[i+1] under seed s[i] as recipe R-newseed (hard link, or copy across devices)."""
     made = 0
     target = _newseed_name(recipe)
     for prompt in prompts.prompts:
         for i, seed in enumerate(seeds):
             source_seed = seeds[(i + 1) % len(seeds)]
-            src_mp4 = store.clip_path(recipe.name, prompt.id, source_seed)
-            record = store.read_record(recipe.name, prompt.id, source_seed)
+            src_mp4 = store.clip_path(_name(recipe), prompt.id, source_seed)
+            record = store.read_record(_name(recipe), prompt.id, source_seed)
             if record is None:
                 continue
             dst_mp4 = store.clip_path(target, prompt.id, seed)
@@ -89,7 +94,8 @@ def determinism_check(store: RunStore, recipe: Recipe, prompts: PromptSuite, see
             "platform": result["platforms"].get(recipe.name)}
 
 
-def floor_from_results(store: RunStore, recipe: Recipe, gates: list[str]) -> tuple[dict[str, float], dict[str, int]]:
+def floor_from_results(store: RunStore, recipe: Recipe | str,
+                       gates: list[str]) -> tuple[dict[str, float], dict[str, int]]:
     """Mean of every gate metric over the new-seed pairs (missing values skipped and counted, never zero-filled):
     of the absolute value of a pair metric, and of ``|score - score.baseline|`` for a per-clip score that a gate
     writes for both sides (the reference-free dimensions, prompt faithfulness).
@@ -176,7 +182,7 @@ def newseed_floor_from_run(
         raise RunError("a new-seed floor needs at least two seeds in the source run")
     with RunStore(out).lock("h3eval floor"):
         store = RunStore(out)
-        recipe = Recipe.model_validate(manifest.recipes[recipe_name])
+        recipe = recipe_name  # the run's resolved recipe may be an imported one (no steps...): only its name is used
         prompts = PromptSuite(path=Path(manifest.prompts.path), sha256=manifest.prompts.sha256,
                               prompts=[Prompt(id=i, prompt="") for i in manifest.prompts.ids])
         for pid in manifest.prompts.ids:

@@ -70,6 +70,8 @@ class GateRunSummary:
     identical: dict[str, int] = field(default_factory=dict)
     flagged: dict[str, int] = field(default_factory=dict)
     not_applicable: dict[str, int] = field(default_factory=dict)
+    not_applicable_reasons: dict[str, list[str]] = field(default_factory=dict)
+    """Gate -> the distinct reasons its results gave for not applying (said once per gate, not per pair)."""
     errors: list[dict[str, Any]] = field(default_factory=list)
     """One entry per errored (gate, pair): gate, candidate, prompt_id, seed, error, path."""
 
@@ -602,6 +604,10 @@ def _count(summary: GateRunSummary, gate: str, result: GateResult, path: Path) -
         summary.flagged[gate] += 1
     if result.status == "not_applicable":
         summary.not_applicable[gate] += 1
+        reasons = summary.not_applicable_reasons.setdefault(gate, [])
+        reason = result.info.get("reason") or "; ".join(result.info.get("not_applicable") or []) or result.error
+        if reason and reason not in reasons:
+            reasons.append(reason)
     if result.status == "error" or result.error is not None:
         summary.errors.append(
             dict(gate=gate, candidate=result.pair.candidate, prompt_id=result.pair.prompt_id, seed=result.pair.seed,

@@ -181,7 +181,8 @@ def test_without_any_timing_the_speed_check_says_no_timing_data(two_folders, tmp
     out = tmp_path / "run"
     run_import(baseline_dir=f"ref={base}", candidate_dirs=[f"fp8={cand}"], out=out)
     policy = tmp_path / "speed.toml"
-    policy.write_text('version = 1\nname = "speed-only"\nmin_pairs = 2\nn_resamples = 999\n[speed]\nmin_speedup = 1.0\n')
+    policy.write_text('version = 1\nname = "speed-only"\nmin_pairs = 2\nn_resamples = 999\n'
+                      '[speed]\nmin_speedup = 1.0\n')
     speed = compute_verdict(out, load_policy(policy)).candidates[0].speed
     assert speed.outcome == "INCONCLUSIVE" and speed.n_pairs == 0
     assert speed.reasons == ["no timing data: speed not judged (fp8, ref imported without latencies: give them with "

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from h3eval.commands.verdict import INPUT_ERRORS, UsageExit3Command, usage_error
+from h3eval.commands.verdict import INPUT_ERRORS, UsageExit3Command, not_gated, policy_path, usage_error
 from h3eval.report import run_report
 
 logger = logging.getLogger(__name__)
@@ -29,7 +29,8 @@ def register(app: typer.Typer) -> None:
     def report_command(
         ctx: typer.Context,
         run_dir: Optional[Path] = typer.Argument(None, help="The run directory (with run.json)."),
-        policy: Optional[Path] = typer.Option(None, "--policy", envvar="H3EVAL_POLICY", help="Policy TOML file."),
+        policy: Optional[str] = typer.Option(None, "--policy", envvar="H3EVAL_POLICY",
+                                             help="Policy TOML file or a shipped policy's name (release...)."),
         floor: Optional[Path] = typer.Option(None, "--floor", envvar="H3EVAL_FLOOR", help="Noise-floor JSON."),
         exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 whatever the verdict, once written."),
     ) -> None:
@@ -38,8 +39,14 @@ def register(app: typer.Typer) -> None:
         if run_dir is None:
             raise usage_error("usage: h3eval report RUNDIR [--policy FILE] [--floor FILE] [--exit-zero]")
         try:
-            verdict, paths = run_report(run_dir, policy, floor=floor)
+            policy_file = policy_path(policy) if policy is not None else None
+            ungated = not_gated(run_dir, policy_file) if policy_file is not None else None
+            if ungated:
+                raise usage_error(f"{run_dir} has no results of the gates policy {policy} needs ({ungated}): run "
+                                  f"`h3eval gate {run_dir} --policy {policy}` first (nothing was judged)")
+            verdict, paths = run_report(run_dir, policy_file, floor=floor)
         except INPUT_ERRORS as exc:
             raise usage_error(str(exc)) from None
         typer.echo(f"{verdict.outcome}: " + ", ".join(str(p) for p in paths.values()))
+        typer.echo(f"next: h3eval dashboard {run_dir}")
         raise typer.Exit(0 if exit_zero else verdict.exit_code)

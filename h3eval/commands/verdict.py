@@ -56,7 +56,8 @@ def register(app: typer.Typer) -> None:
     def verdict_command(
         ctx: typer.Context,
         run_dir: Optional[Path] = typer.Argument(None, help="The run directory (with run.json)."),
-        policy: Optional[Path] = typer.Option(None, "--policy", envvar="H3EVAL_POLICY", help="Policy TOML file."),
+        policy: Optional[str] = typer.Option(None, "--policy", envvar="H3EVAL_POLICY",
+                                             help="Policy TOML file or a shipped policy's name (release...)."),
         floor: Optional[Path] = typer.Option(
             None, "--floor", envvar="H3EVAL_FLOOR", help="Noise-floor JSON (overrides the policy's floor_file)."
         ),
@@ -68,11 +69,65 @@ def register(app: typer.Typer) -> None:
         if run_dir is None or policy is None:
             raise usage_error("usage: h3eval verdict RUNDIR --policy FILE [--floor FILE] [--write] [--json]")
         try:
-            verdict = run_verdict(run_dir, policy, floor=floor, write=write)
+            policy_file = policy_path(policy)
+            ungated = not_gated(run_dir, policy_file)
+            if ungated:
+                raise usage_error(f"{run_dir} has no results of the gates policy {policy} needs ({ungated}): run "
+                                  f"`h3eval gate {run_dir} --policy {policy}` first (nothing was judged)")
+            verdict = run_verdict(run_dir, policy_file, floor=floor, write=write)
         except INPUT_ERRORS as exc:
             raise usage_error(str(exc)) from None
         if as_json:
             typer.echo(json.dumps(verdict.dump(), indent=2))
         else:
             typer.echo("\n".join(summary_lines(verdict)))
+            typer.echo("\n".join(next_lines(verdict, run_dir, policy)))
         raise typer.Exit(verdict.exit_code)
+
+
+def policy_path(policy: str) -> Path:
+    """A policy file, or a shipped policy by name (``release``)."""
+    from h3eval.gateplan import policy_path as resolve
+
+    return resolve(policy)
+
+
+def not_gated(run_dir: Path, policy_file: Path) -> str | None:
+    """The policy's gates, comma-separated, when the run has results of none of them (``gate`` was not run yet);
+    else None."""
+    from h3eval.policy import load_policy
+    from h3eval.store import RunStore
+
+    store = RunStore(run_dir)
+    if not store.exists():
+        return None  # the verdict names what is wrong with the directory
+    needed = list(load_policy(policy_file).policy.all_gates())
+    present = set(store.gates_present())
+    return ", ".join(needed) if needed and not present & set(needed) else None
+
+
+def next_lines(verdict, run_dir: Path, policy: str) -> list[str]:
+    """What to run next: the gates still without results (and, for those that cannot run here, what would make them
+    run), else the dashboard."""
+    from h3eval.gateplan import blocker
+
+    missing: dict[str, list[str]] = {}
+    for candidate in verdict.candidates:
+        for gv in candidate.gates:
+            if gv.required and gv.n_results == 0:
+                missing.setdefault(gv.gate, []).append(candidate.candidate)
+    if not missing:
+        return [f"next: h3eval dashboard {run_dir}"]
+    lines = [f"next: h3eval gate {run_dir} --policy {policy} (no results yet: "
+             + "; ".join(f"{gate} for {', '.join(cands)}" for gate, cands in missing.items()) + ")"]
+    for gate in missing:
+        blocked = blocker(gate, options={}, dims=_dims(policy))
+        if blocked is not None:
+            lines.append(f"  {blocked.line()}")
+    return lines
+
+
+def _dims(policy: str) -> list[str]:
+    from h3eval.gateplan import load_named_policy, vbench_dimensions
+
+    return vbench_dimensions(load_named_policy(policy).policy)
