@@ -155,6 +155,77 @@ def conditioning_summary(run_dir: str | Path | None) -> list[str]:
     return lines
 
 
+def ladder_table(verdict: Verdict) -> list[str]:
+    """Seed 000's stage table: each rung against the rung below it, with its judge, the levers it adds, its speedup
+    over the rung below and its quality gates."""
+    out = ["## Ladder", "",
+           "Each rung against the rung below it (same prompts and seeds), judged by the levers it changes.", "",
+           "| rung | against | judge | levers changed | speedup vs the rung below [CI] | quality | outcome |",
+           "|---|---|---|---|---|---|---|"]
+    for r in verdict.ladder:
+        ci = f" [{_fmt(r.speedup_ci[0], 3)}, {_fmt(r.speedup_ci[1], 3)}]" if r.speedup_ci else ""
+        speed = f"{_fmt(r.speedup, 3)}x{ci}" if r.speedup is not None else "n/a"
+        out.append(f"| {r.candidate} | {r.below} | {r.judge or 'none'} | {', '.join(r.levers) or '-'} | {speed} | "
+                   f"{_md_escape(r.quality)} | **{r.outcome}** |")
+    return out + [""]
+
+
+def _candidate_section(c: CandidateVerdict, conf: int, heading: str, level: str = "###") -> list[str]:
+    """One candidate's judge, reasons, gates, metrics and speed (the ladder top's judgement against the baseline
+    renders the same way, one heading level down)."""
+    out = [heading, ""]
+    if c.judge is not None:
+        against = f" against `{c.judged_against}`" if c.judged_against else ""
+        out += [f"Judged as **{c.judge}**{against}: {_md_escape(c.judge_reason or '')}", ""]
+    if c.lever_differences:
+        out += ["| lever changed | implies | why |", "|---|---|---|"]
+        out += [f"| {d['lever']} | {d['kind']} | {_md_escape(d['why'])} |" for d in c.lever_differences] + [""]
+    if c.power_note:
+        out += [f"- smallest detectable regression: {_md_escape(c.power_note)}", ""]
+    out += [f"- {_md_escape(r)}" for r in c.reasons] + ([""] if c.reasons else [])
+    out += [f"- warning: {_md_escape(w)}" for w in c.warnings] + ([""] if c.warnings else [])
+    for item in _iter_items(c):
+        if isinstance(item, SpeedVerdict):
+            against = f" (against `{item.reference}`, the rung below)" if item.reference else ""
+            out += [f"{level} speed{against}: {item.outcome}{_waiver_text(item)}", ""]
+            out += [f"- {_md_escape(r)}" for r in item.reasons]
+            out += [f"- warning: {_md_escape(w)}" for w in item.warnings]
+            if item.speedup is not None:
+                out.append(f"- {item.latency}: geometric mean of per-request ratios "
+                           f"{_fmt(item.geometric_mean_ratio)}x, "
+                           f"median {_fmt(item.median_ratio)}x; {item.n_pairs} pairs, {item.excluded_warmup} "
+                           "warm-up pair(s) excluded")
+            out.append("")
+            continue
+        g = item
+        out += [f"{level} {g.gate}{'' if g.required else ' (advisory)'}: {g.outcome}{_waiver_text(g)}", ""]
+        out.append(f"- results: {g.n_usable} usable of {g.n_expected} expected pairs ({g.n_results} files); "
+                   f"evidence: [{g.evidence[0]}]({g.evidence[0]})")
+        out += [f"- {_md_escape(r)}" for r in g.reasons]
+        out += [f"- warning: {_md_escape(w)}" for w in g.warnings]
+        if g.flagged:
+            out += [f"- flagged: {_md_escape(f)}" for f in g.flagged[:10]]
+        if g.metrics:
+            out += [
+                "",
+                f"| metric | outcome | compare | estimate [{conf}% CI] | threshold | pairs | signs | Wilcoxon p | "
+                "decisive p (Holm) | TOST p | McNemar p | MDE |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            ]
+            out += [_metric_row(m) for m in g.metrics]
+            out.append("")
+            for m in g.metrics:
+                for line in m.reasons:
+                    out.append(f"- {m.metric}: {_md_escape(line)}")
+                for line in m.warnings:
+                    out.append(f"- {m.metric}: warning: {_md_escape(line)}")
+                if m.worst:
+                    links = ", ".join(f"[{p.prompt_id}-s{p.seed}]({p.file})" for p in m.worst)
+                    out.append(f"- {m.metric}: worst pairs: {links}")
+        out.append("")
+    return out
+
+
 def render_markdown(verdict: Verdict, run_dir: str | Path | None = None) -> str:
     conf = int(verdict.settings.confidence * 100)
     out = [
@@ -190,50 +261,14 @@ def render_markdown(verdict: Verdict, run_dir: str | Path | None = None) -> str:
     if verdict.warnings:
         out += ["## Warnings", ""] + [f"- {_md_escape(w)}" for w in verdict.warnings] + [""]
 
+    if verdict.ladder:
+        out += ladder_table(verdict)
     for c in verdict.candidates:
-        out += [f"## {c.candidate}: {c.outcome}", ""]
-        if c.judge is not None:
-            out += [f"Judged as **{c.judge}**: {_md_escape(c.judge_reason or '')}", ""]
-        out += [f"- {_md_escape(r)}" for r in c.reasons] + ([""] if c.reasons else [])
-        out += [f"- warning: {_md_escape(w)}" for w in c.warnings] + ([""] if c.warnings else [])
-        for item in _iter_items(c):
-            if isinstance(item, SpeedVerdict):
-                out += [f"### speed: {item.outcome}{_waiver_text(item)}", ""]
-                out += [f"- {_md_escape(r)}" for r in item.reasons]
-                out += [f"- warning: {_md_escape(w)}" for w in item.warnings]
-                if item.speedup is not None:
-                    out.append(f"- {item.latency}: geometric mean of per-request ratios "
-                               f"{_fmt(item.geometric_mean_ratio)}x, "
-                               f"median {_fmt(item.median_ratio)}x; {item.n_pairs} pairs, {item.excluded_warmup} "
-                               "warm-up pair(s) excluded")
-                out.append("")
-                continue
-            g = item
-            out += [f"### {g.gate}{'' if g.required else ' (advisory)'}: {g.outcome}{_waiver_text(g)}", ""]
-            out.append(f"- results: {g.n_usable} usable of {g.n_expected} expected pairs ({g.n_results} files); "
-                       f"evidence: [{g.evidence[0]}]({g.evidence[0]})")
-            out += [f"- {_md_escape(r)}" for r in g.reasons]
-            out += [f"- warning: {_md_escape(w)}" for w in g.warnings]
-            if g.flagged:
-                out += [f"- flagged: {_md_escape(f)}" for f in g.flagged[:10]]
-            if g.metrics:
-                out += [
-                    "",
-                    f"| metric | outcome | compare | estimate [{conf}% CI] | threshold | pairs | signs | Wilcoxon p | "
-                    "decisive p (Holm) | TOST p | McNemar p | MDE |",
-                    "|---|---|---|---|---|---|---|---|---|---|---|---|",
-                ]
-                out += [_metric_row(m) for m in g.metrics]
-                out.append("")
-                for m in g.metrics:
-                    for line in m.reasons:
-                        out.append(f"- {m.metric}: {_md_escape(line)}")
-                    for line in m.warnings:
-                        out.append(f"- {m.metric}: warning: {_md_escape(line)}")
-                    if m.worst:
-                        links = ", ".join(f"[{p.prompt_id}-s{p.seed}]({p.file})" for p in m.worst)
-                        out.append(f"- {m.metric}: worst pairs: {links}")
-            out.append("")
+        out += _candidate_section(c, conf, f"## {c.candidate}: {c.outcome}")
+        if c.against_baseline is not None:
+            top = c.against_baseline
+            out += _candidate_section(top, conf, f"### {c.candidate} against the baseline `{verdict.baseline}` (the "
+                                                 f"top of the ladder): {top.outcome}", level="####")
     out += ["## Inputs", "", f"- run.json sha256 `{verdict.inputs.run_manifest.sha256}`"]
     if verdict.inputs.prompts:
         out.append(f"- prompts `{verdict.inputs.prompts.path}` sha256 `{verdict.inputs.prompts.sha256}`")

@@ -287,3 +287,19 @@ def test_ab_generates_a_rungs_parent_in_the_same_run():
     orphan = recipe_from_dict({**_resolved("turbo4-tiny"), "name": "c", "parent": "no-such-recipe"})
     with pytest.raises(RunError, match="names parent 'no-such-recipe'"):
         ladder_recipes(base, [orphan])
+
+
+def test_the_report_shows_each_rung_against_the_rung_below_with_its_judge_speed_and_quality(tmp_path):
+    from h3eval.report import render_markdown
+
+    store = _ladder_run(tmp_path)
+    _clean(store)
+    text = render_markdown(_judge(store, tmp_path))
+    assert "## Ladder" in text
+    assert ("| turbo | baseline | resample | steps, lora | 1.5x [1.5, 1.5] | integrity PASS, vbench PASS | **PASS** |"
+            in text)
+    assert "| sparse | turbo | near | sparse_attention | 2x [2, 2] | integrity PASS, ghosting PASS, fidelity PASS | " \
+           "**PASS** |" in text
+    assert "Judged as **near** against `turbo`" in text and "| sparse_attention | near |" in text
+    assert "### sparse against the baseline `baseline` (the top of the ladder): PASS" in text
+    assert "### speed (against `turbo`, the rung below): PASS" in text

@@ -45,7 +45,7 @@ from h3eval.verdict.decide import (apply_waiver, candidate_outcome, combine, dec
                                    waiver_for)
 from h3eval.verdict.gather import (gather_metric, gather_speed, input_hashes, load_results, registered_gate_classes,
                                    versions)
-from h3eval.verdict.lineage import Judgement, judgements, ladder_of, parent_in_run, result_dir
+from h3eval.verdict.lineage import Judgement, changed_levers, judgements, ladder_of, parent_in_run, result_dir
 from h3eval.verdict.schema import (EXIT_CODES, EXIT_USAGE, VERDICT_SCHEMA, VERDICT_VERSION, WORST_SHOWN,
                                    CandidateVerdict, ClipHashes, FileHash, GateVerdict, InputHashes, LadderRung,
                                    MetricVerdict, Outcome, PairValue, Settings, SpeedPair, SpeedVerdict, Verdict,
@@ -190,8 +190,9 @@ def ladder_rungs(verdict_candidates: list[CandidateVerdict], manifest: RunManife
         below = c.judged_against or manifest.baseline or ""
         sp = c.speed
         quality = ", ".join(f"{g.gate} {g.outcome}" for g in c.gates if g.required)
+        levers = [d["lever"] for d in c.lever_differences] or changed_levers(manifest, below, name)
         rungs.append(LadderRung(
-            candidate=name, below=below, judge=c.judge, levers=[d["lever"] for d in c.lever_differences],
+            candidate=name, below=below, judge=c.judge, levers=levers,
             outcome=c.own_outcome or c.outcome, speedup=sp.speedup if sp else None,
             speedup_ci=(sp.ci_low, sp.ci_high) if sp and sp.ci_low is not None and sp.ci_high is not None else None,
             quality=quality))

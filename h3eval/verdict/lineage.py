@@ -107,6 +107,16 @@ def _has_levers(recipe: Any) -> bool:
     return True
 
 
+def changed_levers(manifest: RunManifest, reference: str, candidate: str) -> list[str]:
+    """The levers that differ between two of the run's recipes (empty when either is imported: levers unknown)."""
+    from h3.recipe import lever_differences
+
+    ref, cand = manifest.recipes.get(reference), manifest.recipes.get(candidate)
+    if not (_has_levers(ref) and _has_levers(cand)):
+        return []
+    return [d.lever for d in lever_differences(ref, cand)]
+
+
 def _by_levers(policy, manifest: RunManifest, candidate: str, reference: str, source: str) -> Judgement:
     from h3.recipe import lever_differences, lineage_kind
 
