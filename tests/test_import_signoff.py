@@ -197,3 +197,70 @@ def test_without_any_timing_the_speed_check_says_no_timing_data(two_folders, tmp
     run_import(baseline_dir=f"ref={base}", candidate_dirs=[f"fp8={cand}"], out=out, timings=[f"fp8={times_fp8}"])
     speed = compute_verdict(out, load_policy(policy)).candidates[0].speed
     assert speed.n_pairs == 2 and speed.speedup == pytest.approx(2.0)
+
+
+@pytest.mark.slow
+def test_imported_folders_reach_pass_and_fail_under_the_release_policy(tmp_path):
+    """Issue 51's done-when: clips from another stack, imported with a manifest that declares kinds and latencies,
+    gated and floored by the release policy, reach PASS for a candidate identical to the baseline (exact) and FAIL for
+    a degraded one (near: the same clips under heavy noise), through the commands a new user runs."""
+    import numpy as np
+
+    from h3eval.cli import app as h3eval_app
+    from h3eval.verdict import read_verdict
+
+    folder = tmp_path / "stack"
+    folder.mkdir()
+    rng = np.random.default_rng(51)
+    lines, latency = [], {}
+    for p in range(4):  # 4 prompts x 4 seeds: the release policy's 16 pairs
+        for seed in range(4):
+            frames = moving_square_frames(24, 64, 10 * seed + p)
+            audio = tone_pcm(1.0, freq=330.0 + 40 * seed + 10 * p)
+            noisy = np.clip(frames.astype(np.int16) + rng.integers(-70, 71, frames.shape), 0, 255).astype(np.uint8)
+            encode_mp4(folder / f"base-p{p}-s{seed}.mp4", frames, audio, fps=24)
+            shutil.copyfile(folder / f"base-p{p}-s{seed}.mp4", folder / f"same-p{p}-s{seed}.mp4")
+            encode_mp4(folder / f"noisy-p{p}-s{seed}.mp4", noisy, audio, fps=24)
+            for side, seconds in (("baseline", 10.0 + p + 0.1 * seed), ("same", 9.5 + p), ("noisy", 5.0 + p)):
+                latency[(side, f"p{p}", seed)] = seconds
+                lines.append({"side": side, "file": f"{'base' if side == 'baseline' else side}-p{p}-s{seed}.mp4",
+                              "prompt_id": f"p{p}", "seed": seed, "generation_side_latency_s": seconds})
+    lines += [{"side": "same", "kind": "exact"}, {"side": "noisy", "kind": "near", "parent": "base"}]
+    (folder / "manifest.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    run, floor = tmp_path / "run", tmp_path / "floor"
+    rand = ["-o", "fidelity.lpips_trunk=rand"]  # no AlexNet file offline: the random trunk, as the demo does
+
+    def h3eval(*args: str, code: int = 0) -> str:
+        result = CliRunner().invoke(h3eval_app, list(args))
+        assert result.exit_code == code, result.output
+        return result.output
+
+    out = h3eval("import", "--baseline-dir", f"base={folder}", "--candidate-dir", f"same={folder}", "--candidate-dir",
+                 f"noisy={folder}", "--manifest", str(folder / "manifest.jsonl"), "--out", str(run))
+    assert out.strip().splitlines()[-1] == f"next: h3eval gate {run} --policy release"
+    h3eval("verdict", str(run), "--policy", "release", code=3)  # before the gates: the one line naming them
+    out = h3eval("gate", str(run), "--policy", "release", "--no-progress", *rand)
+    assert "same: integrity, fidelity, audio" in out and "noisy: integrity, ghosting, fidelity, audio, trajectory" in out
+    assert out.strip().splitlines()[-1].startswith(f"next: h3eval floor --from-run {run} --recipe base --policy release")
+    out = h3eval("floor", "--from-run", str(run), "--recipe", "base", "--policy", "release", "--out", str(floor), *rand)
+    assert "floor gates from policy 'release' (exact, near): fidelity, audio, ghosting" in out
+    h3eval("verdict", str(run), "--policy", "release", "--floor", str(floor / "floor.json"), "--write", code=1)
+
+    verdict = read_verdict(run / "verdict.json")
+    by_name = {c.candidate: c for c in verdict.candidates}
+    assert verdict.outcome == "FAIL"
+    assert by_name["same"].outcome == "PASS" and by_name["same"].judge == "exact"
+    noisy = by_name["noisy"]
+    assert noisy.outcome == "FAIL" and noisy.judge == "near"
+    fidelity = next(g for g in noisy.gates if g.gate == "fidelity")
+    lpips = next(m for m in fidelity.metrics if m.metric == "lpips_mean")
+    floor_value = json.loads((floor / "floor.json").read_text())["metrics"]["fidelity.lpips_mean"]
+    assert fidelity.outcome == "FAIL" and lpips.outcome == "FAIL"
+    values = [json.loads(f.read_text())["metrics"]["lpips_mean"]["value"]
+              for f in sorted((run / "gates" / "fidelity" / "noisy").glob("*.json"))]
+    assert len(values) == 16 and lpips.mean_value == pytest.approx(float(np.mean(values)), rel=1e-9)
+    assert lpips.threshold == pytest.approx(0.1 * floor_value) and lpips.mean_value > lpips.threshold
+    # Speed from the declared latencies: every pair's ratio lies in the CI's neighbourhood, and it is judged.
+    ratios = [latency[("baseline", f"p{p}", s)] / latency[("noisy", f"p{p}", s)] for p in range(4) for s in range(4)]
+    assert noisy.speed.n_pairs == 16 and noisy.speed.outcome == "PASS"
+    assert min(ratios) <= noisy.speed.speedup <= max(ratios)
