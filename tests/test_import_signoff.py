@@ -240,8 +240,10 @@ def test_imported_folders_reach_pass_and_fail_under_the_release_policy(tmp_path)
     assert out.strip().splitlines()[-1] == f"next: h3eval gate {run} --policy release"
     h3eval("verdict", str(run), "--policy", "release", code=3)  # before the gates: the one line naming them
     out = h3eval("gate", str(run), "--policy", "release", "--no-progress", *rand)
-    assert "same: integrity, fidelity, audio" in out and "noisy: integrity, ghosting, fidelity, audio, trajectory" in out
-    assert out.strip().splitlines()[-1].startswith(f"next: h3eval floor --from-run {run} --recipe base --policy release")
+    assert "same: integrity, fidelity, audio" in out
+    assert "noisy: integrity, ghosting, fidelity, audio, trajectory" in out
+    assert out.strip().splitlines()[-1].startswith(
+        f"next: h3eval floor --from-run {run} --recipe base --policy release")
     out = h3eval("floor", "--from-run", str(run), "--recipe", "base", "--policy", "release", "--out", str(floor), *rand)
     assert "floor gates from policy 'release' (exact, near): fidelity, audio, ghosting" in out
     h3eval("verdict", str(run), "--policy", "release", "--floor", str(floor / "floor.json"), "--write", code=1)
