@@ -18,6 +18,9 @@ pytestmark = pytest.mark.slow
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 ERROR_SELECTOR = '[data-testid="stException"], [data-testid="stAlertContentError"]'
+NUM_FRAMES, FPS = 96, 24
+PAGES = {"overview": "Overview", "anatomy": "Anatomy", "viewer": "Clip viewer", "gates": "Gates",
+         "trajectory": "Trajectory", "verdict": "Verdict"}
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +29,30 @@ def server(tmp_path_factory):
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
     pytest.importorskip("playwright.sync_api", reason="playwright-python is not installed")
     root = tmp_path_factory.mktemp("browser") / "review"
-    make_review_run(root, prompt_ids=("p-cat", "p-car"), seeds=(0, 1), error_pair=("fast", "p-cat", 0))
+    # 96 frames at 24 fps: 4 s clips, so the players can be watched for 3 s without reaching the end.
+    make_review_run(root, prompt_ids=("p-cat", "p-car"), seeds=(0, 1), error_pair=("fast", "p-cat", 0),
+                    num_frames=NUM_FRAMES)
     broken = tmp_path_factory.mktemp("browser") / "broken"
     make_review_run(broken, candidates=("fast",), prompt_ids=("p-cat",), seeds=(0,), gates=False, verdict=False)
     RunStore(broken).clip_path("fast", "p-cat", 0).write_bytes(b"not an mp4")
-    with streamlit_dashboard([root, broken], tmp_path_factory.mktemp("log") / "streamlit.log") as base:
+    imported = import_without_timing(tmp_path_factory.mktemp("browser"))
+    with streamlit_dashboard([root, broken, imported], tmp_path_factory.mktemp("log") / "streamlit.log") as base:
         yield base
+
+
+def import_without_timing(root: Path) -> Path:
+    """Clips from another stack brought in with `h3eval import` and no manifest: the run has no timing at all."""
+    from typer.testing import CliRunner
+
+    from dashboard.demo import make_import_folders
+    from h3eval.cli import app as cli
+
+    base, cand = make_import_folders(root / "src", prompt_ids=("p-cat",), seeds=(0, 1))
+    out = root / "imported"
+    result = CliRunner().invoke(cli, ["import", "--baseline-dir", f"sglang-base={base}", "--candidate-dir",
+                                      f"sglang-fp8={cand}", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +117,112 @@ def test_every_page_renders_without_error(server, browser):
             assert row[0] == "faster" and row[4].startswith("[3.") and row[9] == "FAIL"
             assert float(row[3]) == pytest.approx(4.0, rel=0.01)
         page.close()
+
+
+def test_every_page_renders_an_imported_run_without_timing(server, browser):
+    """Run 2: `h3eval import` of clips with no latencies. Every page loads with no exception or error element, and
+    the speed pages say that the run has no timing data."""
+    for key, title in PAGES.items():
+        page = load(browser, f"{server}/?page={key}&run=2", title, f"imported-{key}")
+        body = page.inner_text("body")
+        assert page.locator(ERROR_SELECTOR).count() == 0, f"{key}: error element on the page"
+        assert "Traceback" not in body and "StatsInputError" not in body, key
+        if key in ("overview", "anatomy"):
+            assert "imported: no timing data for this run" in body, key
+        if key == "viewer":
+            assert "Pair sglang-base vs sglang-fp8" in body and page.locator("iframe").count() == 1
+        page.close()
+
+
+SAMPLE = """async (ms) => {
+  const s = window.h3sync, out = [];
+  const t0 = performance.now();
+  while (performance.now() - t0 < ms) {
+    out.push([s.A.currentTime, s.B.currentTime, s.A.paused, s.B.paused, performance.now() - t0]);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  return out;
+}"""
+
+
+def _players(page):
+    frame = page.locator("iframe").first.element_handle().content_frame()
+    frame.wait_for_function("() => window.h3sync && h3sync.A.readyState >= 2 && h3sync.B.readyState >= 2",
+                            timeout=30000)
+    return frame
+
+
+def _frames_now(frame) -> tuple[int, int]:
+    frame.wait_for_function("() => !h3sync.A.seeking && !h3sync.B.seeking", timeout=10000)
+    return tuple(frame.evaluate("() => [h3sync.frameOf(h3sync.A.currentTime), h3sync.frameOf(h3sync.B.currentTime)]"))
+
+
+STALL_S, SETTLE_S = 0.05, 0.25
+
+
+def _assert_in_sync(samples, seconds: float) -> None:
+    """Both clocks, read in one script task every 20 ms, within one frame of each other. The controller is page
+    script: when the page's main thread did not run for STALL_S (two samples more than that apart: the machine was
+    starved), the samples of the next SETTLE_S are not held to the bound; most of the time must still be checked."""
+    a = [x[0] for x in samples]
+    assert a[-1] - a[0] >= 0.8 * seconds, f"the baseline played {a[-1] - a[0]:.2f} s of {seconds} s"
+    assert not any(x[2] or x[3] for x in samples if x[4] > 100), "a player paused while playing"
+    checked, last_stall = [], None
+    for prev, cur in zip(samples, samples[1:]):
+        if cur[4] - prev[4] > STALL_S * 1000:
+            last_stall = cur[4]
+        if last_stall is None or cur[4] - last_stall > SETTLE_S * 1000:
+            checked.append(cur)
+    span = (checked[-1][4] - checked[0][4]) / 1000 if len(checked) > 1 else 0.0
+    assert span >= 0.6 * seconds and len(checked) >= 0.6 * len(samples), (
+        f"the page's script was starved too often to check the sync ({len(checked)} of {len(samples)} samples)")
+    drift = max(abs(x[0] - x[1]) for x in checked)
+    assert drift <= 1 / FPS, f"the players drifted {drift * FPS:.2f} frames apart"
+
+
+def test_clip_viewer_players_play_seek_and_step_in_sync(server, browser):
+    page = load(browser, f"{server}/?page=viewer&candidate=faster&prompt=p-cat&seed=0", "Clip viewer",
+                "viewer-players")
+    frame = _players(page)
+    assert frame.evaluate("() => [h3sync.fps, h3sync.frames, h3sync.A.duration > 3.9, h3sync.B.duration > 3.9]") == [
+        FPS, NUM_FRAMES, True, True]
+    frame.click("#play")  # one button plays both
+    _assert_in_sync(frame.evaluate(SAMPLE, 3000), 3.0)
+    frame.click("#play")  # ... and pauses both
+    frame.wait_for_function("() => h3sync.A.paused && h3sync.B.paused", timeout=5000)
+
+    # Seek with the one seek bar: both players land on the frame, then play on together.
+    frame.evaluate("() => { const s = document.getElementById('seek'); s.value = 12; "
+                   "s.dispatchEvent(new Event('input')); }")
+    assert _frames_now(frame) == (12, 12)
+    frame.click("#fwd")
+    assert _frames_now(frame) == (13, 13)
+    frame.click("#back")
+    frame.click("#back")
+    assert _frames_now(frame) == (11, 11)
+    frame.click("#play")
+    _assert_in_sync(frame.evaluate(SAMPLE, 1500), 1.5)
+    frame.click("#play")
+
+    # A/B wipe: the candidate over the baseline, cut at the line; A/B flicker: the candidate shown and hidden in turn.
+    frame.select_option("#mode", "wipe")
+    assert frame.evaluate("() => getComputedStyle(document.getElementById('sideB')).clipPath") == (
+        "inset(0px 0px 0px 50%)")
+    box_a = frame.locator("#videoA").bounding_box()
+    box_b = frame.locator("#videoB").bounding_box()
+    assert box_a == box_b  # the two players exactly overlap
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-viewer-wipe.png"))
+    frame.select_option("#mode", "flicker")
+    seen = frame.evaluate("""async () => { const out = new Set();
+        for (let i = 0; i < 30; i++) { out.add(document.getElementById('sideB').style.visibility);
+                                        await new Promise((r) => setTimeout(r, 50)); }
+        return [...out].sort(); }""")
+    assert seen == ["hidden", "visible"]
+    frame.select_option("#mode", "side")
+    assert frame.locator("#videoA").bounding_box()["x"] < frame.locator("#videoB").bounding_box()["x"]
+    page.screenshot(path=str(ARTIFACTS / "dashboard-viewer-players.png"))
+    page.close()
 
 
 def test_error_detector_sees_a_broken_clip(server, browser):

@@ -113,11 +113,24 @@ body { margin: 0; font: 13px sans-serif; color: #31333f; }
   window.addEventListener("resize", size);
   const frameOf = (t) => Math.min(last, Math.max(0, Math.floor(t * fps + 1e-6)));
   const timeOf = (f) => (f + 0.5) / fps;  // the middle of frame f: lands in f whatever the rounding
-  function follow() {  // the follower takes the leader's time, rate and play state
-    if (B.playbackRate !== A.playbackRate) B.playbackRate = A.playbackRate;
-    if (Math.abs(B.currentTime - A.currentTime) > 0.5 / fps) B.currentTime = A.currentTime;
-    if (A.paused && !B.paused) B.pause();
-    if (!A.paused && B.paused && !A.ended) B.play().catch(() => {});
+  // The follower takes the leader's time, rate and play state. Stopped: the same time. Playing: its rate is
+  // steered toward the leader's time (up to 50% faster or slower), and a follower more than FAR frames off (a stall
+  // of one decoder on a busy machine) jumps to the leader.
+  const FAR = 3;
+  let startedAt = 0;  // the leader's time when it was last started: the follower starts once that clock moves
+  function follow() {
+    if (A.paused || A.ended) {
+      if (!B.paused) B.pause();
+      if (B.currentTime !== A.currentTime) B.currentTime = A.currentTime;
+      B.playbackRate = A.playbackRate;
+      return;
+    }
+    if (A.currentTime <= startedAt + 0.25 / fps) return;  // the leader's clock has not started yet
+    if (B.paused) B.play().catch(() => {});
+    const d = A.currentTime - B.currentTime;  // > 0: the follower is behind
+    if (Math.abs(d) > FAR / fps && !B.seeking) { B.currentTime = A.currentTime; return; }
+    const rate = A.playbackRate * (1 + Math.max(-0.2, Math.min(0.2, 0.4 * d * fps)));
+    if (Math.abs(rate - B.playbackRate) > 0.01) B.playbackRate = rate;
   }
   function show() {
     const f = frameOf(A.currentTime);
@@ -139,14 +152,15 @@ body { margin: 0; font: 13px sans-serif; color: #31333f; }
   function toggle() {
     if (A.paused) {
       if (A.ended || frameOf(A.currentTime) >= last) { A.currentTime = 0; B.currentTime = 0; }
-      B.currentTime = A.currentTime;
-      A.play().catch(() => {}); B.play().catch(() => {});
+      B.currentTime = startedAt = A.currentTime;
+      A.play().catch(() => {});
     } else { A.pause(); B.pause(); B.currentTime = A.currentTime; }
   }
-  ["play", "pause", "seeked", "seeking", "ratechange", "ended"].forEach((e) => A.addEventListener(e, () => {
-    if (e === "ended") B.pause();
-    B.currentTime = A.currentTime; follow(); show();
+  ["pause", "seeked", "seeking", "ended", "waiting"].forEach((e) => A.addEventListener(e, () => {
+    if (e === "waiting" || e === "ended") B.pause();
+    B.currentTime = startedAt = A.currentTime; follow(); show();
   }));
+  ["play", "playing", "ratechange", "timeupdate"].forEach((e) => A.addEventListener(e, () => { follow(); show(); }));
   playBtn.onclick = toggle;
   document.getElementById("back").onclick = () => toFrame(frameOf(A.currentTime) - 1);
   document.getElementById("fwd").onclick = () => toFrame(frameOf(A.currentTime) + 1);
