@@ -53,6 +53,53 @@ def check_executed(recipe: Recipe, record: ClipRecord) -> list[str]:
     return problems
 
 
+QUANT_FLAG_SHARE = 0.5
+"""The executed check flags a quantization recipe that runs its mode on fewer than this share of the transformer's
+linears (the rest kept in floating point by ``quant.exclude`` or skipped for the kernel's shape)."""
+
+
+def executed_flags(recipe: Recipe, record: ClipRecord) -> list[str]:
+    """What ran as configured yet is a known recipe bug from the field (issue 50), one line each, the lever named:
+    a step cache that never hit or hit on every step (with its hit count), a LoRA whose effective scale is more than
+    2x off the file's own alpha / rank or that loads part of its modules, sparse attention on the audio queries, and
+    quantization configured but not running on most of the model (from its telemetry's module counts).
+
+    Unlike :func:`check_executed` these do not remove the clip or stop the recipe: the recipe asked for exactly this
+    (the signoff judges what it does to the clips); they say why a verdict should be read with care, and a plant of
+    the recipe-bug corpus (bench/recipe_bugs) that changes nothing the clip shows is still named here. Each lever's
+    config says its own (``executed_flags``); the quantization lever's are read here from the counts it reports."""
+    if "executed" in (record.extra or {}).get("unreported", []):
+        return []
+    ex = record.executed
+    flags = []
+    for config in lever_configs(recipe):
+        telemetry = ex.levers.get(config.name)
+        if not config.is_on() or not isinstance(telemetry, dict) or telemetry.get("applied") is not True:
+            continue  # a lever that did not run as configured is check_executed's problem, not a flag
+        method = getattr(config, "executed_flags", None)
+        if method is not None:
+            flags += [f"{config.name}: {flag}" for flag in method(telemetry, ex, recipe)]
+        if config.name == "quant":
+            flags += [f"quant: {flag}" for flag in quantization_flags(config.mode, telemetry)]
+    return flags
+
+
+def quantization_flags(mode: str, telemetry: dict) -> list[str]:
+    """FP8/INT8 configured but not running on most of the model: the lever's counts of quantized linears against
+    those it kept in floating point (excluded by pattern, skipped for the kernel's shape: the silent fallback)."""
+    keys = ("quantized_modules", "excluded_modules", "skipped_shape")
+    values = [telemetry.get(k) for k in keys]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        return [f"reported no module counts ({dict(zip(keys, values))}): whether {mode} ran on the model is unknown"]
+    quantized, excluded, skipped = values
+    total = quantized + excluded + skipped
+    if total and quantized < QUANT_FLAG_SHARE * total:
+        return [f"{mode} is configured but runs on {quantized} of the transformer's {total} linears ({excluded} kept "
+                f"in floating point by quant.exclude, {skipped} skipped for the kernel's shape): most of the model "
+                "is not quantized"]
+    return []
+
+
 def is_unverified(problems: list[str]) -> bool:
     """Whether the only problem is that nobody reported what ran (kept, and the speed summary says unverified)."""
     return bool(problems) and all(p == UNVERIFIED for p in problems)

@@ -23,6 +23,9 @@ from h3.levers.lora import TRAINED_LORAS, LoraConfig, LoraHandle, apply_lora, re
 ROUTING_KEYS = {"block_size": "h3_sparse_block_size", "sparsity": "h3_sparse_sparsity",
                 "dense_steps": "h3_sparse_dense_steps"}
 """The sparse_attention settings a compensation LoRA was trained under, by their ``__metadata__`` keys."""
+STREAMS_KEY = "h3_sparse_streams"
+"""The token streams whose queries the routing sparsified in training (comma-separated, ``video,audio``). Files
+written before ``sparse_attention.streams`` existed do not state it: their routing sparsified every stream."""
 COMPENSATES_KEY = "h3_compensates_tensors_sha256"
 """The distillation LoRA a compensation LoRA sits on, by :func:`lora_tensors_sha256` (its tensors and metadata, not its
 file's bytes: the same adapter written again can order its ``__metadata__`` otherwise)."""
@@ -65,6 +68,11 @@ class CompensationLoraConfig(LoraConfig):
             if trained != float(getattr(sparse, field)):
                 problems.append(f"compensation_lora {self.path!r} was trained for sparse_attention.{field} = "
                                 f"{stated[key]}, the recipe runs {getattr(sparse, field)}")
+        if STREAMS_KEY in stated and sparse.enabled:
+            trained = [s.strip() for s in stated[STREAMS_KEY].split(",") if s.strip()]
+            if sorted(trained) != sorted(sparse.streams):
+                problems.append(f"compensation_lora {self.path!r} was trained with the {trained} queries sparse, the "
+                                f"recipe sparsifies {list(sparse.streams)}")
         if COMPENSATES_KEY in stated:
             base = lora_tensors_sha256(_file(lora.path)) if lora.enabled else None
             if base != stated[COMPENSATES_KEY]:
@@ -72,6 +80,19 @@ class CompensationLoraConfig(LoraConfig):
                                 f"{stated[COMPENSATES_KEY][:16]}..., the recipe's [lora] is "
                                 f"{'off' if not lora.enabled else (base or '?')[:16] + '...'}")
         return problems
+
+    def executed_flags(self, telemetry: dict[str, Any], executed: Any, recipe: Any = None) -> list[str]:
+        """The LoRA's own flags (scale, partial include), and a file that does not state the token streams it was
+        trained for (written before ``sparse_attention.streams``: trained with every stream's queries sparse) under a
+        recipe that sparsifies fewer: another routing than it was trained for."""
+        flags = super().executed_flags(telemetry, executed, recipe)
+        sparse = getattr(recipe, "sparse_attention", None)
+        stated = file_metadata(self.path) if sparse is not None and sparse.enabled else None
+        if stated is not None and STREAMS_KEY not in stated and set(sparse.streams) != {"video", "audio", "text"}:
+            flags.append(f"{self.path!r} does not state the token streams it was trained for (written before "
+                         f"sparse_attention.streams: every stream's queries sparse); the recipe sparsifies "
+                         f"{list(sparse.streams)} only, another routing than its training")
+        return flags
 
     def apply(self, pipe, ctx: ApplyContext) -> LoraHandle:
         # Its fused form is undone from its own copies (weight_source would read back the weights without the

@@ -3,17 +3,25 @@
 Seed 001 hit two loader bugs: an adapter that matched 0 of 266 layers (different layer names) and loaded "without
 complaint", and a scale 16x too strong. So this lever counts the modules the adapter matched against the modules the
 file names, refuses a LoRA that matches none, and reports the per-module ``alpha / rank`` scaling it ended up with
-(diffusers honours per-module alphas and a ``__metadata__`` ``alpha``; ``scale`` multiplies on top).
+(diffusers honours per-module alphas and a ``__metadata__`` ``alpha``; ``scale`` multiplies on top) beside the
+file's own ``alpha / rank`` read from the file itself: the effective scale, and its ratio to the file's, are in every
+clip record, and the executed check flags a ratio beyond :data:`SCALE_FLAG_RATIO` (issue 50).
+
+``include`` loads only the file's modules whose (diffusers) name matches one of its patterns: a real setting (a LoRA
+applied to some blocks only), and the way a recipe expresses a LoRA that adapts half of the layers it was trained on.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import Field, field_validator, model_serializer
 
 from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, count_forward, counts,
                            drop_added_attributes, instance_attributes, mark_applied, new_counter, uncount_forward,
@@ -48,6 +56,10 @@ TINY_LORA_RANK = 4
 TINY_LORA_ALPHA = 2.0
 """The tiny demo LoRA records alpha 2 at rank 4 in its ``__metadata__``: scale 0.5, so a loader that ignores the
 metadata (scale 1.0) is caught by the tests."""
+SCALE_FLAG_RATIO = 2.0
+"""The executed check flags a LoRA whose effective scale (peft's ``alpha / rank`` x the recipe's ``scale``, per module)
+sits more than this factor above or below the file's own ``alpha / rank`` (seed 001: a scale 16x too strong produced
+visibly corrupted video; issue 18's LoRA at 0.3 drew worse clips)."""
 
 
 class LoraConfig(LeverConfig):
@@ -67,6 +79,29 @@ class LoraConfig(LeverConfig):
     fuse: bool = False
     """Fuse the adapter into the base weights at load time (no per-step LoRA matmuls) instead of running it unfused."""
     adapter_name: str = "distill"
+    include: list[str] = Field(default_factory=list)
+    """Regular expressions (``re.search``) over the diffusers names of the modules the file adapts
+    (``transformer_blocks.0.attn.to_q``): only those load; empty loads every module of the file. A pattern list that
+    selects none of them is refused like a LoRA that matches no layer."""
+
+    @field_validator("include")
+    @classmethod
+    def _patterns_compile(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression ({exc})") from None
+        return value
+
+    @model_serializer(mode="wrap")
+    def _omit_default_include(self, handler):
+        # ``include`` was added after recipes were hashed and clips recorded: left at its default (every module), it
+        # stays out of the resolved recipe, so those recipes keep their hash (the computation is the same).
+        data = handler(self)
+        if isinstance(data, dict) and not self.include:
+            data.pop("include", None)
+        return data
 
     def is_on(self) -> bool:
         return self.enabled
@@ -88,14 +123,21 @@ class LoraConfig(LeverConfig):
     def check_telemetry(self, telemetry: dict[str, Any], executed: "Executed") -> list[str]:
         """Every module the adapter file targets matched a transformer module (seed 001: a LoRA that matched 0 of 266
         layers "loaded without complaint"; one that matches some of them is as wrong), fused as configured, at the
-        configured adapter weight; unfused, its LoRA layers ran in the request."""
+        configured adapter weight; unfused, its LoRA layers ran in the request. With ``include``, every module it
+        selects matched (a partial selection is the recipe's, flagged by :meth:`executed_flags`)."""
         (targeted, matched), problems = counts(telemetry, "file_modules", "matched_modules")
         if not problems:
+            selected = telemetry.get("selected_modules", targeted) if self.include else targeted
             if targeted < 1:
                 problems.append("the adapter file targets no module")
-            elif matched != targeted:
-                problems.append(f"matched {matched} of the {targeted} modules the adapter file targets "
-                                f"({targeted - matched} unmatched): the adapter did not load as trained")
+            elif isinstance(selected, bool) or not isinstance(selected, int):
+                problems.append(f"reported no integer selected_modules ({selected!r})")
+            elif matched != selected:
+                which = "lora.include selects" if self.include else "the adapter file targets"
+                problems.append(f"matched {matched} of the {selected} modules {which} "
+                                f"({selected - matched} unmatched): the adapter did not load as trained")
+        if list(telemetry.get("include", [])) != list(self.include):
+            problems.append(f"recipe includes {list(self.include)}, the lever loaded with {telemetry.get('include')!r}")
         if telemetry.get("fused") is not self.fuse:
             problems.append(f"recipe asks for fuse={self.fuse}, the lever reported fused={telemetry.get('fused')!r}")
         weight = 1.0 if self.scale is None else self.scale
@@ -108,6 +150,105 @@ class LoraConfig(LeverConfig):
             if not missing and calls < 1:
                 problems.append(f"no LoRA layer ran in {executed.forward_passes} DiT forwards (unfused adapter)")
         return problems
+
+    def executed_flags(self, telemetry: dict[str, Any], executed: "Executed", recipe: Any = None) -> list[str]:
+        """What ran as configured yet is a known recipe bug: an effective scale more than :data:`SCALE_FLAG_RATIO`
+        off the file's own ``alpha / rank`` (seed 001's 16x; a scale that ignores the file's alpha), and an
+        ``include`` that loads only part of the modules the file adapts (seed 001's adapter that matched 0 of 266:
+        the partial form of it)."""
+        flags = []
+        ratio = telemetry.get("scale_ratio")
+        if _finite_pair(ratio) and (ratio[0] < 1 / SCALE_FLAG_RATIO or ratio[1] > SCALE_FLAG_RATIO):
+            low, high = ratio
+            span = f"{_g(low)}x" if low == high else f"{_g(low)}x to {_g(high)}x"
+            flags.append(f"effective scale {_span(telemetry.get('effective_scale'))} is {span} the file's own alpha / "
+                         f"rank {_span(telemetry.get('file_scale'))} (more than {_g(SCALE_FLAG_RATIO)}x off; "
+                         "seed 001: a LoRA 16x too strong corrupted the video)")
+        elif ratio is not None and not _finite_pair(ratio):
+            flags.append(f"reported no finite scale_ratio ({ratio!r}): the LoRA's effective scale is unknown")
+        (targeted,), missing = counts(telemetry, "file_modules")
+        selected = telemetry.get("selected_modules")
+        if not missing and isinstance(selected, int) and not isinstance(selected, bool) and selected < targeted:
+            flags.append(f"loads {selected} of the {targeted} modules the adapter file adapts (lora.include = "
+                         f"{list(self.include)}): the adapter runs on part of the layers it was trained on")
+        return flags
+
+
+def _finite_pair(value: Any) -> bool:
+    import math
+
+    return (isinstance(value, (list, tuple)) and len(value) == 2
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+                    for v in value) and value[0] <= value[1])
+
+
+def _g(value: float) -> str:
+    return f"{value:.4g}"
+
+
+def _span(value: Any) -> str:
+    if _finite_pair(value):
+        return _g(value[0]) if value[0] == value[1] else f"{_g(value[0])}..{_g(value[1])}"
+    return repr(value)
+
+
+def file_scales(path: str | os.PathLike) -> tuple[dict[str, float], bool]:
+    """The file's own scale of each module it adapts (by the file's module names): its ``alpha / rank``, the alpha
+    being the module's ``.alpha`` tensor, else the ``__metadata__`` ``alpha`` (only when no module has its own: the
+    rule diffusers' MiniMax-H3 loader follows), else the rank (alpha-less: 1.0). Read from the file itself, not from
+    what the loader made of it, so that a loader that drops the alpha is seen. Also whether per-module ``.alpha``
+    tensors are present (diffusers folds those into the factors, so peft's own scaling then carries only the
+    recipe's ``scale``)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        keys = list(handle.keys())
+        alphas = {k[: -len(".alpha")]: float(handle.get_tensor(k).float()) for k in keys if k.endswith(".alpha")}
+        ranks = {k.split(".lora_")[0]: handle.get_slice(k).get_shape()[0] for k in keys
+                 if k.endswith((".lora_A.weight", ".lora_down.weight"))}
+        network = (handle.metadata() or {}).get("alpha")
+    try:
+        network_alpha = float(network) if network is not None and not alphas else None
+    except ValueError:
+        network_alpha = None
+    scales = {}
+    for module, rank in ranks.items():
+        alpha = alphas.get(module, network_alpha if network_alpha is not None else float(rank))
+        scales[module] = alpha / rank
+    return scales, bool(alphas)
+
+
+def _ratio_range(layers: dict[str, Any], adapter: str, path: Path) -> tuple[list[float], list[float], list[float]]:
+    """(the file's own alpha / rank, the effective scale, their ratio), each as [min, max] over the loaded modules.
+
+    Matched by rank: without per-module alphas the file's scale depends on a module's rank alone. With per-module
+    ``.alpha`` tensors diffusers folds each into the factors (peft then scales by the recipe's weight alone), so the
+    effective scale is the file's times peft's scaling."""
+    scales, folded = file_scales(path)
+    by_rank: dict[int, set[float]] = {}
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as handle:
+        for key in handle.keys():
+            if key.endswith((".lora_A.weight", ".lora_down.weight")):
+                module = key.split(".lora_")[0]
+                by_rank.setdefault(handle.get_slice(key).get_shape()[0], set()).add(scales[module])
+    file_values = sorted({v for values in by_rank.values() for v in values})
+    effective, ratios = [], []
+    for layer in layers.values():
+        scaling = float(layer.scaling[adapter])
+        if folded:
+            ratios.append(scaling)
+            effective.extend(scaling * v for v in file_values)
+            continue
+        own = by_rank.get(int(layer.r[adapter]))
+        if own is None or len(own) != 1:
+            own = set(file_values)  # a rank the file does not hold (a converted fused projection): every value
+        for value in own:
+            effective.append(scaling)
+            ratios.append(scaling / value)
+    span = lambda v: [min(v), max(v)] if v else None  # noqa: E731
+    return span(file_values), span(effective), span(ratios)
 
 
 def resolve_lora_path(path: str | None, *, is_tiny: bool, transformer: torch.nn.Module | None = None,
@@ -305,11 +446,14 @@ class LoraHandle(LeverHandle):
     def __init__(self, pipe, config: LoraConfig, path: Path, file_modules: list[str], matched: list[str],
                  scalings: list[float], device: str | torch.device | None = None,
                  fused_weights: list[str] | None = None, weight_source=None,
-                 originals: dict[str, torch.Tensor] | None = None):
+                 originals: dict[str, torch.Tensor] | None = None, selected: list[str] | None = None,
+                 scale_ranges: tuple[Any, Any, Any] = (None, None, None)):
         super().__init__()
         self.name = config.name  # lora, or compensation_lora (the same mechanism, a second adapter)
         self.pipe, self.config, self.path = pipe, config, path
         self.file_modules, self.matched, self.scalings = file_modules, matched, scalings
+        self.selected = file_modules if selected is None else selected
+        self.file_scale, self.effective_scale, self.scale_ratio = scale_ranges
         self.fused_weights = fused_weights
         """Reversible fused form: the transformer weights the fuse changed in place (restored on ``remove()``)."""
         self.weight_source, self.originals = weight_source, originals or {}
@@ -336,7 +480,8 @@ class LoraHandle(LeverHandle):
         """What this LoRA did to the weights (file hash, scale, fused), for caches keyed by the weights (AdaLN)."""
         from h3.atomic import sha256_file
 
-        return f"lora={sha256_file(self.path)};scale={self.config.scale};fuse={self.config.fuse}"
+        tag = f"lora={sha256_file(self.path)};scale={self.config.scale};fuse={self.config.fuse}"
+        return tag + (f";include={self.config.include}" if self.config.include else "")
 
     def begin_request(self) -> None:
         for counter in self._counters:
@@ -347,11 +492,18 @@ class LoraHandle(LeverHandle):
             "applied": not self.removed,
             "path": str(self.path),
             "file_modules": len(self.file_modules),
+            "include": list(self.config.include),
+            "selected_modules": len(self.selected),
             "matched_modules": len(self.matched),
-            "unmatched_modules": len(self.file_modules) - len(self.matched),
+            "unmatched_modules": len(self.selected) - len(self.matched),
             "fused": self.config.fuse,
             "adapter_weight": 1.0 if self.config.scale is None else self.config.scale,
             "scaling": sorted(set(self.scalings)),
+            # [min, max] over the modules: the file's own alpha / rank (read from the file), the scale that multiplied
+            # B @ A (peft's, before any fuse), and their ratio (issue 50: flagged beyond SCALE_FLAG_RATIO).
+            "file_scale": self.file_scale,
+            "effective_scale": self.effective_scale,
+            "scale_ratio": self.scale_ratio,
             "lora_layer_calls": self.calls,
         }
 
@@ -407,16 +559,44 @@ def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False, device: str |
     mark_applied(transformer, config.name)
     try:
         state, _ = MiniMaxH3LoraLoaderMixin.lora_state_dict(str(path), return_lora_metadata=True)
-        file_modules = sorted({k.removeprefix("transformer.").split(".lora_")[0] for k in state if "lora_" in k})
+        module_of = lambda key: key.removeprefix("transformer.").split(".lora_")[0]  # noqa: E731
+        file_modules = sorted({module_of(k) for k in state if "lora_" in k})
+        selected = file_modules
+        if config.include:
+            patterns = [re.compile(p) for p in config.include]
+            selected = [m for m in file_modules if any(p.search(m) for p in patterns)]
+            if not selected:
+                raise LeverError(
+                    f"{config.name}.include = {list(config.include)} selects 0 of the {len(file_modules)} modules LoRA "
+                    f"{path} adapts (e.g. {file_modules[:2]}). Refusing to run without the adapter."
+                )
         names = {n for n, _ in transformer.named_modules()}
-        matched_names = [m for m in file_modules if m in names]
+        matched_names = [m for m in selected if m in names]
         if not matched_names:
             raise LeverError(
                 f"LoRA {path} matches 0 of its {len(file_modules)} modules in the transformer (first names in the "
                 f"file: {file_modules[:3]}; the transformer has e.g. 'transformer_blocks.0.attn.to_q'). Refusing to "
                 "run without the adapter."
             )
-        pipe.load_lora_weights(str(path), adapter_name=config.adapter_name)
+        if len(selected) < len(file_modules):
+            # Only the selected modules: written again in diffusers' layout with the file's metadata (its alpha, which
+            # diffusers reads from the file; a state dict handed over directly would load at alpha == rank), and the
+            # per-module alphas diffusers already folded into the factors kept out of it.
+            _, folded = file_scales(path)
+            from safetensors import safe_open
+
+            with safe_open(str(path), framework="pt") as handle:
+                metadata = dict(handle.metadata() or {})
+            if folded:
+                metadata.pop("alpha", None)
+            keep = set(selected)
+            part = {(k if k.startswith("transformer.") else f"transformer.{k}"): v.contiguous()
+                    for k, v in state.items() if "lora_" in k and module_of(k) in keep}
+            with tempfile.TemporaryDirectory(prefix="h3-lora-include-") as tmp:
+                filtered = save_lora_file(Path(tmp) / "selected.safetensors", part, metadata)
+                pipe.load_lora_weights(str(filtered), adapter_name=config.adapter_name)
+        else:
+            pipe.load_lora_weights(str(path), adapter_name=config.adapter_name)
         layers = _lora_layers(transformer, config.adapter_name)
         if not layers:
             raise LeverError(f"LoRA {path}: diffusers loaded it but no LoRA layer was created; refusing")
@@ -424,6 +604,7 @@ def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False, device: str |
             pipe.set_adapters([config.adapter_name], adapter_weights=[config.scale])
         # peft's per-module scaling: adapter weight x alpha / rank, what multiplies B @ A in the forward.
         scalings = [float(layer.scaling[config.adapter_name]) for layer in layers.values()]
+        scale_ranges = _ratio_range(layers, config.adapter_name, path)
         fused_weights, originals = None, {}
         if config.fuse and reversible:
             # The base layers' weights, by the names they have again once the adapter is unloaded.
@@ -443,7 +624,7 @@ def apply_lora(pipe, config: LoraConfig, *, is_tiny: bool = False, device: str |
         unmark_applied(transformer, config.name)
         raise
     handle = LoraHandle(pipe, config, path, file_modules, sorted(layers), scalings, device, fused_weights,
-                        weight_source, originals)
+                        weight_source, originals, selected=selected, scale_ranges=scale_ranges)
     if config.fuse:
         handle.merged_before = merged_before
     handle.attributes_before, handle.requires_grad = attributes_before, requires_grad

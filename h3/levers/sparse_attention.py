@@ -13,6 +13,12 @@ eagerly, which computes the same values through the reference implementation. Th
 kernel, the dense steps, the counters) runs outside the transformer's compiled graphs (:meth:`SparseAttentionHandle.
 attend`, a graph break), so the compiled blocks guard neither on the step nor on the request's real length, and the
 flex kernel's inputs are tensors whose shapes are the bucket's: one set of kernels for every prompt in a bucket.
+
+Token streams (``streams``): the packed sequence holds text, audio and video rows (diffusers' ``text_indices``,
+``audio_indices``, ``video_indices``, read from each transformer call). Only the query rows of the configured streams
+take the sparse path; the others attend densely to every key (the same keys, the recipe's backend). The default is
+video only: a published stack damaged its audio by sparsifying the audio queries (issue 50), and the executed check
+flags a recipe that does. The telemetry names the streams whose queries went sparse in the request.
 """
 
 from __future__ import annotations
@@ -20,10 +26,10 @@ from __future__ import annotations
 import logging
 import math
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
-from pydantic import Field
+from pydantic import Field, field_validator, model_serializer
 
 from h3.levers.base import ApplyContext, LeverConfig, LeverError, LeverHandle, counts, mark_applied, unmark_applied
 from h3.levers.bucketing import PaddingState, attend_valid_rows, output_projection, project_qkv
@@ -42,6 +48,9 @@ one, beyond the rounding to whole blocks: top-k keeps ``ceil((1 - s) * n)`` of `
 ``n`` real key blocks realizes up to ``1 / n`` less than configured (the check allows ``max(tolerance, 1 / n)`` below
 and ``tolerance`` above)."""
 _FLEX = None  # (the compiled flex_attention, its graph-counting backend), shared by every handle in the process
+STREAMS = ("video", "audio", "text")
+"""The token streams of MiniMax-H3's packed sequence, by the transformer call's ``<stream>_indices``."""
+DEFAULT_STREAMS = ["video"]
 
 
 class SparseAttentionConfig(LeverConfig):
@@ -61,6 +70,28 @@ class SparseAttentionConfig(LeverConfig):
     """The first N denoising steps run dense (seed 001: "only the first denoising step run with full attention")."""
     dense_layers: list[int] = Field(default_factory=list)
     """Transformer block indices that always run dense."""
+    streams: list[Literal["video", "audio", "text"]] = Field(default_factory=lambda: list(DEFAULT_STREAMS))
+    """The token streams whose query rows take the sparse path (the others attend densely to every key). Default:
+    video only; sparsifying the audio queries damaged the audio of a published stack, and the executed check flags
+    it."""
+
+    @field_validator("streams")
+    @classmethod
+    def _streams(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError(f"name at least one of {list(STREAMS)} (or switch the lever off)")
+        if len(set(value)) != len(value):
+            raise ValueError(f"{value} names a stream twice")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _omit_default_streams_when_off(self, handler):
+        # ``streams`` was added after recipes were hashed: a recipe with the lever off keeps its hash. One with it on
+        # gets a new hash, rightly: its audio and text queries now attend densely by default (another computation).
+        data = handler(self)
+        if isinstance(data, dict) and not self.enabled and list(self.streams) == DEFAULT_STREAMS:
+            data.pop("streams", None)
+        return data
 
     def is_on(self) -> bool:
         return self.enabled
@@ -81,6 +112,17 @@ class SparseAttentionConfig(LeverConfig):
             telemetry, "dense_forwards", "sparse_forwards", "dense_calls", "sparse_calls")
         if missing:
             return problems + missing
+        if list(telemetry.get("streams", ["video", "audio", "text"])) != list(self.streams):
+            problems.append(f"recipe sparsifies the {list(self.streams)} queries, the lever was set for "
+                            f"{telemetry.get('streams')!r}")
+        touched = telemetry.get("streams_touched")
+        if sparse_calls and isinstance(touched, list):
+            if "unknown" in touched:
+                problems.append("the transformer calls named no token streams (no <stream>_indices): every query "
+                                f"row went sparse, the recipe asks for {list(self.streams)} only")
+            elif not set(touched) <= set(self.streams):
+                problems.append(f"sparsified the {sorted(set(touched) - set(self.streams))} queries, the recipe "
+                                f"asks for {list(self.streams)} only")
         forwards = dense_fw + sparse_fw
         if executed.forward_passes > 0 and forwards != executed.forward_passes:
             problems.append(f"counted {forwards} forwards, the request ran {executed.forward_passes}")
@@ -104,6 +146,17 @@ class SparseAttentionConfig(LeverConfig):
                     problems.append(f"realized sparsity {realized:.4f}, recipe asks for {self.sparsity} (allowed "
                                     f"[{self.sparsity - below:.4f}, {self.sparsity + SPARSITY_TOLERANCE:.4f}])")
         return problems
+
+    def executed_flags(self, telemetry: dict[str, Any], executed: "Executed", recipe: Any = None) -> list[str]:
+        """Sparsity applied to the audio queries: configured, so not a mismatch, but a known way to damage the audio
+        (a published stack's bug, issue 50)."""
+        touched = telemetry.get("streams_touched")
+        if isinstance(touched, list) and ("audio" in touched or "unknown" in touched):
+            rows = telemetry.get("sparse_query_rows") or {}
+            return [f"sparse attention covered the audio queries ({rows.get('audio', '?')} audio rows per call at "
+                    f"sparsity {self.sparsity}; streams = {list(self.streams)}): sparsifying audio queries damaged the "
+                    "audio of a published stack"]
+        return []
 
 
 def keep_blocks(sparsity: float, n_valid: int) -> int:
@@ -254,9 +307,26 @@ class SparseAttentionHandle(LeverHandle):
         self.dense_calls = self.sparse_calls = 0
         self.dense_forwards = self.sparse_forwards = 0
         self._reset_routing()
+        self._dense_rows: torch.Tensor | None = None
+        """Query rows of the streams the config leaves dense, in the live call (None: every row goes sparse)."""
+        self._layout_known = False
+        self._stream_rows: dict[str, int] = {}
         for i, (block, prev) in enumerate(zip(transformer.transformer_blocks, previous)):
             block.attn.set_processor(BlockSparseAttnProcessor(self, i, prev))
+        self._pre = transformer.register_forward_pre_hook(self._layout, with_kwargs=True)
         self._post = transformer.register_forward_hook(self._advance, always_call=True)
+
+    def _layout(self, _module, _args, kwargs):
+        """The call's token streams (diffusers' ``<stream>_indices``): which query rows stay dense."""
+        indices = {name: kwargs.get(f"{name}_indices") for name in STREAMS}
+        self._layout_known = all(torch.is_tensor(v) for v in indices.values())
+        if not self._layout_known:
+            self._dense_rows, self._stream_rows = None, {}
+            return
+        self._stream_rows = {name: int(indices[name].numel()) for name in STREAMS}
+        dense = [indices[name].reshape(-1) for name in STREAMS if name not in self.config.streams]
+        rows = torch.cat(dense) if dense else None
+        self._dense_rows = rows.sort().values.long() if rows is not None and rows.numel() else None
 
     @torch.compiler.disable
     def attend(self, query, key, value, dense_layer: bool, backend=None, parallel_config=None):
@@ -271,26 +341,46 @@ class SparseAttentionHandle(LeverHandle):
             # (h3/parallel/attention.py); the lever's preflight refuses ring attention.
             from h3.parallel.attention import ulysses_attention
 
-            return ulysses_attention(query, key, value, lambda q, k, v: self._sparse(q, k, v, padding),
+            return ulysses_attention(query, key, value, lambda q, k, v: self._sparse(q, k, v, padding, backend),
                                      parallel_config)
-        return self._sparse(query, key, value, padding)
+        return self._sparse(query, key, value, padding, backend)
 
-    def _sparse(self, query, key, value, padding: PaddingState | None):
-        """Block-sparse attention over a whole sequence (B, S, H, D), its padding rows left out."""
+    def _sparse(self, query, key, value, padding: PaddingState | None, backend=None):
+        """Block-sparse attention over a whole sequence (B, S, H, D), its padding rows left out; the query rows of the
+        streams the config leaves dense attend densely to every real key instead."""
         seq, block = query.shape[1], self.config.block_size
         valid_len = padding.real_rows(seq) if padding is not None else None
         kv_num, kv_idx = route_blocks(query, key, block, self.config.sparsity, valid_len)
         n_valid = -(-(valid_len or seq) // block)
         self.sparse_calls += 1
+        if self._layout_known:
+            for name in STREAMS:
+                if name in self.config.streams:
+                    self._touched_rows[name] = self._touched_rows.get(name, 0) + self._stream_rows[name]
+        else:
+            self._touched_rows["unknown"] = self._touched_rows.get("unknown", 0) + (valid_len or seq)
         # Measured, not derived from the config: the fraction of real key blocks the kernel's mask keeps for the real
         # query blocks (summed on the device, read at telemetry time: no sync per call).
         kept = kept_block_mask(kv_num, kv_idx)[:, :, :n_valid, :n_valid]
         self._kept_fraction_sum = self._kept_fraction_sum + kept.float().mean()
         self.min_key_blocks = n_valid if self.min_key_blocks is None else min(self.min_key_blocks, n_valid)
-        return block_sparse_attention(query, key, value, kv_num, kv_idx, block, valid_len)
+        out = block_sparse_attention(query, key, value, kv_num, kv_idx, block, valid_len)
+        rows = self._dense_rows
+        if rows is None:
+            return out
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+        rows = rows.to(query.device)
+        real = valid_len or seq
+        dense = dispatch_attention_fn(query.index_select(1, rows), key[:, :real], value[:, :real], attn_mask=None,
+                                      dropout_p=0.0, is_causal=False, backend=backend)
+        return out.index_copy(1, rows, dense.to(out.dtype))
 
     def _reset_routing(self) -> None:
         self._kept_fraction_sum: torch.Tensor | float = 0.0
+        self._touched_rows: dict[str, int] = {}
+        """Query rows that went through the sparse path in this request, by stream ("unknown": a call that named no
+        streams)."""
         self.min_key_blocks: int | None = None
         self._flex_graphs_at_start = flex_graphs()
 
@@ -325,12 +415,19 @@ class SparseAttentionHandle(LeverHandle):
             else None,
             "min_key_blocks": self.min_key_blocks,
             "layers": len(self.transformer.transformer_blocks),
+            # The token streams: configured, and those whose query rows really went sparse in this request (with the
+            # rows per sparse call of each), so a record shows whether audio queries were sparsified.
+            "streams": list(self.config.streams),
+            "streams_touched": sorted(name for name, rows in self._touched_rows.items() if rows),
+            "sparse_query_rows": {name: rows // self.sparse_calls for name, rows in self._touched_rows.items()}
+            if self.sparse_calls else {},
             # The separately compiled flex kernel (CUDA; eager on the CPU: 0): graphs in this process / this request.
             "flex_graphs_compiled_total": flex_graphs(),
             "flex_graphs_compiled_this_request": flex_graphs() - self._flex_graphs_at_start,
         }
 
     def _remove(self) -> None:
+        self._pre.remove()
         self._post.remove()
         for block, prev in zip(self.transformer.transformer_blocks, self.previous):
             block.attn.set_processor(prev)

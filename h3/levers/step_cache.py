@@ -75,6 +75,24 @@ class StepCacheConfig(LeverConfig):
                                     "step always computes)")
         return problems
 
+    def executed_flags(self, telemetry: dict[str, Any], executed: "Executed", recipe: Any = None) -> list[str]:
+        """What ran as configured yet says the cache did nothing or everything (issue 50: ``fbc-cache`` on the
+        trained tiny produced the baseline clip byte for byte and nothing said so): a request of more than one
+        forward whose cache never hit (the clip is the uncached computation: the lever bought nothing), or hit on
+        every step after the first (one computed step stands in for the whole schedule). Each with its hit count."""
+        (forwards, computed, cached), missing = counts(telemetry, "forwards", "computed_steps", "cached_steps")
+        if missing or forwards < 2:
+            return []
+        schedule = f"{self.kind} cache (threshold {self.threshold})" if self.kind in ("fbc", "mag") \
+            else f"{self.kind} cache"
+        if cached == 0:
+            return [f"the {schedule} never hit: 0 hits in {forwards} forwards, every step computed (the clip is the "
+                    "uncached computation; seed 001: a short schedule has no redundant steps to find)"]
+        if computed == 1:
+            return [f"the {schedule} hit on every step after the first: {cached} hits in {forwards} forwards, one "
+                    "computed step stood in for the whole schedule"]
+        return []
+
 
 def _register_block_metadata() -> None:
     from diffusers.hooks._helpers import TransformerBlockMetadata, TransformerBlockRegistry
