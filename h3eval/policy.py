@@ -423,8 +423,11 @@ def parse_policy(data: Mapping[str, Any], source: str | Path = "<policy>") -> Po
         raise PolicyError(_format_validation_error(Path(source), exc, dict(data))) from None
 
 
-def load_policy(path: str | Path) -> LoadedPolicy:
-    """Read and validate a policy file; errors name the file and the offending key."""
+def load_policy(path: str | Path, *, check_gates: bool = True) -> LoadedPolicy:
+    """Read and validate a policy file; errors name the file and the offending key. With ``check_gates`` (the
+    default) every gate the policy names must be a registered gate and every metric one its gate declares, with the
+    same direction (:func:`registry_problems`): a misspelled gate table is an error here, naming the known gates and
+    metrics, not an INCONCLUSIVE at run time (issue 51)."""
     path = Path(path)
     if path.is_dir():
         raise PolicyError(f"policy file {path} is a directory, not a TOML file")
@@ -434,21 +437,33 @@ def load_policy(path: str | Path) -> LoadedPolicy:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise PolicyError(f"{path}: not valid TOML: {exc}") from None
-    return LoadedPolicy(policy=parse_policy(data, path), path=path, sha256=sha256_file(path))
+    policy = parse_policy(data, path)
+    if check_gates:
+        from gates.base import gate_class, known_gates
+
+        problems = registry_problems(policy, {name: gate_class(name) for name in known_gates()}, unknown_gates=True)
+        if problems:
+            raise PolicyError(f"{path}: the policy names what no gate declares:\n  " + "\n  ".join(problems))
+    return LoadedPolicy(policy=policy, path=path, sha256=sha256_file(path))
 
 
-def registry_problems(policy: Policy, gates: Mapping[str, Any]) -> list[str]:
-    """Mismatches between the policy and the gates' own declarations (for gates that are registered).
+def registry_problems(policy: Policy, gates: Mapping[str, Any], unknown_gates: bool = False) -> list[str]:
+    """Mismatches between the policy and the gates' own declarations.
 
     ``gates`` maps a registered gate name to its class. Every gate class declares ``metrics``: a mapping of metric
     name -> :class:`gates.base.MetricSpec` (or a plain ``higher_is_better`` bool). Each policy metric must be declared
-    by its gate, with the same direction; the baseline side of a ``sides`` metric is not declared separately. Gates
-    not in ``gates`` are handled by the verdict (no results: INCONCLUSIVE).
+    by its gate, with the same direction; the baseline side of a ``sides`` metric is not declared separately. A gate
+    not in ``gates`` is a problem naming the known ones with ``unknown_gates`` (:func:`load_policy`), else left to the
+    verdict (no results: INCONCLUSIVE).
     """
     problems: list[str] = []
     tables = [("gates", policy.gates)] + [(f"judges.{k}.gates", j.gates) for k, j in policy.judges.items()]
     for where, gate_name, gate_policy in [(w, g, gp) for w, t in tables for g, gp in t.items()]:
         cls = gates.get(gate_name)
+        if cls is None and unknown_gates:
+            problems.append(f"{where}.{gate_name}: unknown gate {gate_name!r} (known gates: "
+                            f"{', '.join(sorted(gates)) or 'none'})")
+            continue
         if cls is None or not gate_policy.metrics:
             continue
         declared = getattr(cls, "metrics", None) or {}

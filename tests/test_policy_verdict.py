@@ -250,19 +250,36 @@ def test_missing_and_errored_results_are_inconclusive(tmp_path, policy_file):
     assert "p01-s0: no result file" in m.reasons[0] and "gate error: CUDA OOM" in m.reasons[0]
 
 
-def test_unknown_gate_and_gate_without_results_are_inconclusive(tmp_path, policy_file):
-    store = make_run(tmp_path / "run")
-    write_clean_results(store, "fast", skip_gates=("vbench",))
+def test_a_misspelled_gate_or_metric_is_refused_at_load_naming_the_known_ones(tmp_path):
+    """Issue 51: a misspelled gate table was accepted at load and only judged INCONCLUSIVE at run time."""
     text = TEST_POLICY + """
-[gates.nosuchgate]
+[judges.near.gates.ghostng]
 max_flagged = 0
 """
-    v = compute_verdict(store.root, load_policy(write_text(tmp_path / "p.toml", text)), today=TODAY)
-    unknown = _gate(v, "fast", "nosuchgate")
-    assert unknown.outcome == "INCONCLUSIVE" and "unknown gate 'nosuchgate'" in unknown.reasons[0]
+    with pytest.raises(PolicyError) as err:
+        load_policy(write_text(tmp_path / "p.toml", text))
+    assert ("judges.near.gates.ghostng: unknown gate 'ghostng' (known gates: audio, fidelity, ghosting, integrity"
+            in str(err.value))
+    metric = TEST_POLICY.replace("[gates.fidelity.metrics.lpips_mean]", "[gates.fidelity.metrics.lpips_maen]")
+    with pytest.raises(PolicyError, match=r"gates.fidelity.metrics.lpips_maen: gate 'fidelity' has no metric "
+                                          r"'lpips_maen' \(it declares: lpips_mean, lpips_p95, lpips_worst"):
+        load_policy(write_text(tmp_path / "m.toml", metric))
+    # The CLI says it in one line group, exit 3, before reading the run.
+    res = CliRunner().invoke(_cli(), [str(tmp_path), "--policy", str(tmp_path / "m.toml")])
+    assert res.exit_code == 3 and "lpips_maen" in res.output and "Traceback" not in res.output
+    # Every shipped policy names only what the gates declare.
+    for shipped in sorted((Path(__file__).resolve().parent.parent / "gates" / "policies").glob("*.toml")):
+        load_policy(shipped)
+
+
+def test_a_gate_without_results_is_inconclusive(tmp_path, policy_file):
+    store = make_run(tmp_path / "run")
+    write_clean_results(store, "fast", skip_gates=("vbench",))
+    v = compute_verdict(store.root, load_policy(policy_file), today=TODAY)
     vb = _gate(v, "fast", "vbench")
     assert vb.outcome == "INCONCLUSIVE"
-    assert any("unknown gate 'vbench'" in r or "no results" in r for r in vb.reasons)
+    assert any("no results" in r or "missing on 16 of 16" in r for r in vb.reasons + [r for m in vb.metrics
+                                                                                     for r in m.reasons])
     assert v.outcome == "INCONCLUSIVE"
 
 
@@ -411,7 +428,7 @@ def test_cli_exit_codes(tmp_path, two_candidate_run, policy_file):
     assert runner.invoke(_cli(), [str(clean.root), "--policy", str(policy_file), "--bogus"]).exit_code == 3
     assert runner.invoke(_cli(), [str(clean.root), "--policy"]).exit_code == 3  # click's own usage error
     res = runner.invoke(_cli(), [str(clean.root), "--policy", str(tmp_path / "missing.toml")])
-    assert res.exit_code == 3 and "does not exist" in res.output
+    assert res.exit_code == 3 and "is neither a file nor a shipped policy" in res.output
     res = runner.invoke(_cli(), [str(clean.root), "--policy", str(policy_file), "--json", "--write"])
     assert res.exit_code == 0 and json.loads(res.output)["outcome"] == "PASS"
     assert json.loads((clean.root / "verdict.json").read_text())["outcome"] == "PASS"
@@ -523,11 +540,12 @@ def test_holm_turns_four_marginal_passes_into_inconclusive(tmp_path):
     z = (z - z.mean()) / z.std(ddof=1)
     t_needed = sps.t.isf(0.01, 15)
     deltas = z * 0.01 / t_needed * 4  # mean 0, sd so that (0 + 0.01) / (sd / 4) = t_{0.99, 15}
-    names = ["m1", "m2", "m3", "m4"]
-    for (pid, s), d in zip(pairs_of(store), deltas):  # a gate of the run's own, not registered: no declarations
-        write_result(store, "custom", "fast", pid, s, {n: (float(d), True) for n in names})
+    names = ["subject_consistency_delta", "background_consistency_delta", "motion_smoothness_delta",
+             "imaging_quality_delta"]
+    for (pid, s), d in zip(pairs_of(store), deltas):
+        write_result(store, "vbench", "fast", pid, s, {n: (float(d), True) for n in names})
     body = "".join(f"""
-[gates.custom.metrics.{n}]
+[gates.vbench.metrics.{n}]
 compare = "delta"
 direction = "higher_is_better"
 margin = 0.01
@@ -535,7 +553,7 @@ margin = 0.01
     head = 'version = 1\nname = "holm"\nmin_pairs = 8\nn_resamples = 2000\n'
     v = compute_verdict(store.root, load_policy(write_text(tmp_path / "h.toml", head + body)), today=TODAY)
     for n in names:
-        _, m = _metric(v, "fast", "custom", n)
+        _, m = _metric(v, "fast", "vbench", n)
         assert m.p_value == pytest.approx(0.01, rel=1e-9) and m.p_holm == pytest.approx(0.04, rel=1e-9)
         assert m.ci_low > -0.01  # the CI alone would pass it
         assert m.outcome == "INCONCLUSIVE" and "Holm-adjusted p 0.04 exceeds 0.025" in m.reasons[0]
