@@ -304,3 +304,49 @@ def test_single_recipe_run_has_latency_but_no_speedup(tmp_path):
     assert table["speedup"].isna().all()
     assert table.loc["fast", "p50_latency_s"] == pytest.approx(
         np.median([0.95 * latency("fast", "p-cat", s) for s in (0, 1)]))
+
+
+def test_unreported_timings_are_left_out_not_read_as_zero(tmp_path):
+    """Clips imported without latencies hold zeros (listed in ``extra.unreported``): speed is computed over the clips
+    that report one, $/clip over those that report request-to-file, and a run without any says it has no timing."""
+    from h3.atomic import atomic_write_json
+
+    store = make_review_run(tmp_path / "partial", candidates=("fast",), prompt_ids=PROMPTS, seeds=SEEDS)
+    untimed = ("p-car", 1)  # this pair's candidate record reports nothing; every record lacks request-to-file
+    for recipe in (BASELINE, "fast"):
+        for pid in PROMPTS:
+            for seed in SEEDS:
+                record = store.load_record(recipe, pid, seed)
+                fields = ["timings.request_to_file_latency_s"]
+                record.timings.request_to_file_latency_s = 0.0
+                if recipe == "fast" and (pid, seed) == untimed:
+                    fields += ["timings.generation_side_latency_s", "stage_anatomy"]
+                    record.timings.generation_side_latency_s = 0.0
+                record.extra["unreported"] = fields
+                atomic_write_json(store.record_path(recipe, pid, seed), record.model_dump(mode="json"))
+    run = data.load_run(store.root)
+    assert data.has_timing(run)
+    row = data.speed_table(run, 13.16).set_index("recipe").loc["fast"]
+    pairs = [(p, s) for p in PROMPTS for s in SEEDS if (p, s) != untimed]
+    base = np.array([run.clips.set_index(["recipe", "prompt_id", "seed"]).loc[(BASELINE, p, s),
+                                                                              "generation_side_latency_s"]
+                     for p, s in pairs], dtype=np.float64)
+    cand = np.array([0.95 * latency("fast", p, s) for p, s in pairs], dtype=np.float64)
+    assert row["n"] == 3 and row["speedup"] == pytest.approx(base.mean() / cand.mean(), rel=1e-12)
+    assert row["p50_latency_s"] == pytest.approx(np.median(cand), rel=1e-12)
+    assert row["dollars_per_clip"] is None and row["p50_request_to_file_s"] is None  # never priced from zeros
+    anatomy = data.stage_anatomy([run]).set_index(["recipe", "stage"])
+    assert anatomy.loc[("fast", "denoise"), "n"] == 3
+
+    for pid in PROMPTS:  # nothing timed at all: no row is computed from the zeros
+        for seed in SEEDS:
+            for recipe in (BASELINE, "fast"):
+                record = store.load_record(recipe, pid, seed)
+                record.timings.generation_side_latency_s = 0.0
+                record.extra["unreported"] = ["timings.generation_side_latency_s", "stage_anatomy",
+                                              "timings.request_to_file_latency_s"]
+                atomic_write_json(store.record_path(recipe, pid, seed), record.model_dump(mode="json"))
+    run = data.load_run(store.root)
+    assert not data.has_timing(run) and not len(data.stage_anatomy([run]))
+    table = data.speed_table(run, 13.16)
+    assert (table["n"] == 0).all() and table[["speedup", "p50_latency_s", "dollars_per_clip"]].isna().all().all()
