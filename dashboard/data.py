@@ -243,8 +243,8 @@ def _load_clips(store: RunStore, label: str, problems: list[str]) -> pd.DataFram
     return pd.DataFrame(rows, columns=CLIP_COLUMNS)
 
 
-GATE_COLUMNS = ["gate", "candidate", "baseline", "prompt_id", "seed", "status", "flagged", "flags", "error", "identical",
-                "path"]
+GATE_COLUMNS = ["gate", "candidate", "baseline", "prompt_id", "seed", "status", "flagged", "flags", "error",
+                "identical", "path"]
 
 
 def _load_gates(
@@ -454,7 +454,8 @@ def quality_table(run: RunData, gate: str, metric: str, *, n_resamples: int = S.
     for cand in run.candidates:
         mine = frame[frame["candidate"] == cand] if len(frame) else frame
         values = (
-            pd.to_numeric(mine[col], errors="coerce").to_numpy(dtype=np.float64) if col in mine.columns else np.array([])
+            pd.to_numeric(mine[col], errors="coerce").to_numpy(dtype=np.float64) if col in mine.columns
+            else np.array([])
         )
         good = values[np.isfinite(values)]
         ci = S.mean_ci(good, n_resamples=n_resamples) if len(good) >= 2 else None

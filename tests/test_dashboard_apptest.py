@@ -397,7 +397,8 @@ def test_viewer_with_the_ghosting_gates_strip(monkeypatch, tmp_path):
     captions = [c for img in at.get("image") for c in img.captions]
     assert "ghosting · p-cat-s0-ghosting-strip.png" in captions
     assert "The ghosting gate drew its heatmaps as a strip of its worst frames: below." in [i.value for i in at.info]
-    assert any(c.value.startswith("Heatmap cell: how many 8-bit luma levels the displaced copy adds") for c in at.caption)
+    meaning = "Heatmap cell: how many 8-bit luma levels the displaced copy adds"
+    assert any(c.value.startswith(meaning) for c in at.caption)
     Image.fromarray(np.full((32, 96, 3), 200, dtype=np.uint8)).save(root / rel)  # not the gate's layout
     at = app(monkeypatch, root, page="viewer")
     assert any(c.value.startswith("Not the ghosting gate's strip layout") for c in at.caption)

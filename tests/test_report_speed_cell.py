@@ -66,7 +66,8 @@ def test_speed_cell_without_an_estimate_in_the_verdict(tmp_path):
     assert speed_cell(sp, tmp_path) == ("INCONCLUSIVE (no estimate in the verdict; speed.json mixed: 3.31x "
                                         "[2.83, 4.48] (n 12))")
     _speed_json(tmp_path / "speed.json", {"mixed": {"fewer-steps": {"speedup": {**ok, "ci_low": float("nan")}}}})
-    assert speed_cell(sp, tmp_path) == "INCONCLUSIVE (no estimate in the verdict; speed.json mixed: 3.31x (no CI) (n 12))"
+    assert speed_cell(sp, tmp_path) == ("INCONCLUSIVE (no estimate in the verdict; speed.json mixed: 3.31x (no CI) "
+                                        "(n 12))")
     _speed_json(tmp_path / "speed.json", {"mixed": {"fewer-steps": {"speedup": {**ok, "speedup": float("inf")}}},
                                           "repeated": {"other": {"speedup": ok}}})
     assert speed_cell(sp, tmp_path) == "INCONCLUSIVE (no estimate: no timed pairs)"
