@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from h3.weights import SeededWeights
+from h3.weights import SeededWeights, draw_parameter
 
 RANDOM_SEED = 20261201
 NOTICE = "random weights: speed and memory are real, quality is not"
@@ -176,8 +176,38 @@ def materialize(model: torch.nn.Module, device: torch.device, dtype: torch.dtype
     return model.eval()
 
 
-def build_components(configs: PresetConfigs, device: str | torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    """Every component of the t2va pipeline for ``configs``, weights drawn on ``device`` (``meta``: shapes only)."""
+@torch.no_grad()
+def materialize_on_host(model: torch.nn.Module, device: torch.device, dtype: torch.dtype, weights: SeededWeights,
+                        component: str) -> torch.nn.Module:
+    """:func:`materialize` and :meth:`SeededWeights.fill` with every parameter and persistent buffer kept in host
+    memory (pinned when ``device`` is a GPU, so that streaming it needs no second copy), each parameter drawn on
+    ``device`` one at a time and copied down: the same values as a build on ``device``, and never more than one
+    tensor of the component on it (the 62 GiB text encoder never passes through an 80 GB card whole)."""
+    persistent = set(model.state_dict().keys())
+    pin = device.type == "cuda"
+    for name, param in list(model.named_parameters()):
+        target = torch.float32 if (_keeps_float32(model, name) or not param.is_floating_point()) else dtype
+        drawn = torch.empty(param.shape, dtype=target, device=device)
+        draw_parameter(drawn, weights.seed, component, name)
+        host = torch.empty(param.shape, dtype=target, device="cpu", pin_memory=pin)
+        host.copy_(drawn)
+        del drawn
+        module_name, _, attr = name.rpartition(".")
+        module = model.get_submodule(module_name) if module_name else model
+        module._parameters[attr] = torch.nn.Parameter(host, requires_grad=param.requires_grad)
+    for name, buffer in list(model.named_buffers()):
+        if name in persistent and buffer.is_floating_point():
+            target = torch.float32 if _keeps_float32(model, name) else dtype
+            module_name, _, attr = name.rpartition(".")
+            module = model.get_submodule(module_name) if module_name else model
+            module._buffers[attr] = buffer.to(device="cpu", dtype=target)
+    return model.eval()
+
+
+def build_components(configs: PresetConfigs, device: str | torch.device, dtype: torch.dtype,
+                     on_host: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Every component of the t2va pipeline for ``configs``, weights drawn on ``device`` (``meta``: shapes only);
+    the components named in ``on_host`` keep their weights in host memory (:func:`materialize_on_host`)."""
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Transformer3DModel
     from transformers import (Qwen2VLImageProcessor, Qwen3VLConfig, Qwen3VLForConditionalGeneration,
                               Qwen3VLProcessor, Qwen3VLVideoProcessor)
@@ -204,8 +234,11 @@ def build_components(configs: PresetConfigs, device: str | torch.device, dtype: 
     for name, make in makers.items():
         with _constructing_on(device):
             model = make()
-        materialize(model, device, dtype)
-        weights.fill(name, model)
+        if name in on_host and device.type != "meta":
+            materialize_on_host(model, device, dtype, weights, name)
+        else:
+            materialize(model, device, dtype)
+            weights.fill(name, model)
         components[name] = model
     processor = Qwen3VLProcessor(
         image_processor=Qwen2VLImageProcessor(**configs.processor),
@@ -215,11 +248,12 @@ def build_components(configs: PresetConfigs, device: str | torch.device, dtype: 
     return dict(components, tokenizer=tokenizer, processor=processor, **tiny.schedulers())
 
 
-def random_pipeline(configs: PresetConfigs, device: str | torch.device, dtype: torch.dtype):
+def random_pipeline(configs: PresetConfigs, device: str | torch.device, dtype: torch.dtype,
+                    on_host: tuple[str, ...] = ()):
     """The real modular pipeline (``MiniMaxH3Blocks``) over :func:`build_components`, and the weight source that
     draws any of its parameters again."""
     from diffusers.modular_pipelines import MiniMaxH3Blocks
 
     pipe = MiniMaxH3Blocks().init_pipeline()
-    pipe.update_components(**build_components(configs, device, dtype))
+    pipe.update_components(**build_components(configs, device, dtype, on_host))
     return pipe, SeededWeights(configs.seed)
