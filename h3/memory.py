@@ -66,6 +66,11 @@ def gib(nbytes: int | float) -> float:
 
 H200_CAPACITY_GIB = 143771 / 1024
 """What ``nvidia-smi`` reports for one H200 here (143771 MiB; KINDS.md)."""
+H100_CAPACITY_GIB = 81559 / 1024
+"""What ``nvidia-smi`` reports for one H100 80GB HBM3 here (81559 MiB; KINDS.md)."""
+QUANT_WORKING_BYTES_PER_PARAM = 4 + 1
+"""Device bytes per weight element of the one layer being quantized (h3.levers.quantization.quantize_per_channel):
+its float32 copy, worked on in place, and the one-byte result."""
 HEADROOM_GIB = 2.0
 """Kept free for the CUDA context, cuBLAS workspaces and the caching allocator's fragmentation."""
 ACTIVATIONS_GIB = {"5s-544x960": 65.2 - 61.7, "5s-768x1344": 68.3 - 61.7, "15s-768x1344": 80.3 - 61.7}
@@ -96,8 +101,11 @@ def full_size_plan(recipes: list, *, text_encoder: str = "offload", shared: bool
     beside the model: quantized weights (the quantization lever's own selection of Linears), and on a runtime of its
     own minus the float weights it drops (a shared model keeps them, to switch back). A fused LoRA adds nothing (it is
     restored from the weight source). Activations: the measured peak of a stock forward at ``shape``
-    (:data:`ACTIVATIONS_GIB`). A plan, not a measurement: the H200 run (bench/device/h200_ab.sh) measures the peak."""
-    from h3.levers.quantization import quantized_bytes
+    (:data:`ACTIVATIONS_GIB`). The load's own peak counts too (``load_peak_gib``): the model as built, plus what
+    quantization holds while it runs (one layer's working copies, or every quantized copy on a shared model);
+    ``peak_gib`` is the larger of the load and the request, and the fits are read from it. A plan, not a
+    measurement: the H200 run (bench/device/h200_ab.sh) measures the peak."""
+    from h3.levers.quantization import quantized_bytes, select_linears
 
     meta = _released_on_meta()
     sizes = {name: component_bytes(meta[name]) / GIB for name in COMPONENTS}
@@ -105,24 +113,35 @@ def full_size_plan(recipes: list, *, text_encoder: str = "offload", shared: bool
     streamed = sum(component_bytes(layer) for layer in layers) / GIB
     te_device = sizes["text_encoder"] - (streamed if text_encoder == "offload" else 0.0)
     base = sizes["transformer"] + sizes["vae"] + sizes["audio_vae"] + te_device
-    extras = {}
+    extras, load_extras = {}, {}
     for recipe in recipes:
-        extra = 0.0
+        extra = load_extra = 0.0
         if recipe.quant.mode != "none":
             q = quantized_bytes(meta["transformer"], recipe.quant)
             extra += q["quantized_bytes"] / GIB - (0.0 if shared else q["replaced_float_bytes"] / GIB)
+            # The load (h3.levers.quantization.apply_quantization, layer by layer): the float model stays whole until
+            # each layer's turn, so the peak is the float model plus the largest layer's working copies; a shared
+            # model keeps every float layer, so its quantized copies all add.
+            chosen, _, _ = select_linears(meta["transformer"], recipe.quant)
+            largest = max((c.weight.numel() for c in chosen.values()), default=0)
+            load_extra = max(extra, largest * QUANT_WORKING_BYTES_PER_PARAM / GIB)
         extras[recipe.name] = extra
+        load_extras[recipe.name] = load_extra
     activations = ACTIVATIONS_GIB[shape]
     if shared:
         processes = {"shared": base + max(extras.values(), default=0.0) + activations}
+        load_peaks = {"shared": base + max(load_extras.values(), default=0.0)}
     else:
         processes = {name: base + extra + activations for name, extra in extras.items()}
-    worst = max(processes.values())
+        load_peaks = {name: base + load_extras[name] for name in extras}
+    peaks = {name: max(processes[name], load_peaks[name]) for name in processes}
+    worst = max(peaks.values())
     return {
         "components_gib": sizes, "text_encoder": text_encoder, "text_encoder_streamed_gib": streamed,
         "text_encoder_on_device_gib": te_device, "lever_extra_gib": extras, "activations_gib": activations,
-        "shape": shape, "shared": shared, "per_process_gib": processes,
-        "all_processes_gib": sum(processes.values()), "capacity_gib": capacity_gib, "headroom_gib": HEADROOM_GIB,
+        "shape": shape, "shared": shared, "per_process_gib": processes, "load_peak_gib": load_peaks,
+        "peak_gib": peaks,
+        "all_processes_gib": sum(peaks.values()), "capacity_gib": capacity_gib, "headroom_gib": HEADROOM_GIB,
         "fits_one_gpu_each": worst + HEADROOM_GIB <= capacity_gib,
-        "fits_one_gpu_together": sum(processes.values()) + HEADROOM_GIB <= capacity_gib,
+        "fits_one_gpu_together": sum(peaks.values()) + HEADROOM_GIB <= capacity_gib,
     }

@@ -93,6 +93,34 @@ class RequestError(ValueError):
     """A generation request H3 cannot run (shape, duration, seed)."""
 
 
+class DeviceError(RequestError):
+    """A ``--device`` this process cannot run on (not a device string torch knows, not a CPU or a CUDA GPU, or a GPU
+    this machine does not have); the message says which and what there is."""
+
+
+def check_device(device: str | None) -> str:
+    """``device`` as the runtime will use it (None: the GPU if there is one, else the CPU), or a DeviceError in one
+    sentence: checked before any weight loads, so a wrong ``--device`` costs no build and shows no traceback."""
+    if device is None:
+        return default_device()
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise DeviceError(f"--device {device!r} is not a device; use 'cpu' or 'cuda' (or 'cuda:N')") from None
+    if parsed.type == "cpu":
+        return str(device)
+    if parsed.type != "cuda":
+        raise DeviceError(f"--device {device!r}: h3 runs on 'cpu' or 'cuda' (or 'cuda:N'), not {parsed.type!r}")
+    if not torch.cuda.is_available():
+        built = f"torch {torch.__version__}" + (f" built with CUDA {torch.version.cuda}" if torch.version.cuda
+                                                else " built without CUDA")
+        raise DeviceError(f"--device {device!r}: no CUDA GPU is visible to this process ({built}); use --device cpu")
+    count = torch.cuda.device_count()
+    if parsed.index is not None and parsed.index >= count:
+        raise DeviceError(f"--device {device!r}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    return str(device)
+
+
 @dataclass
 class GenerateRequest:
     prompt: str
@@ -443,6 +471,8 @@ class H3Runtime:
         self.text_encoder_info = dict(text_encoder or {"residency": "resident"})
         self.loaded_dtype = recipe.dtype
         self.switches: list[dict[str, Any]] = []
+        self.final = False
+        """Whether the active recipe was applied for good (:meth:`switch_recipe` with ``final``)."""
         self.levers_applied = True
         self._loaded_settings = _component_settings(pipe)
         if shared:
@@ -472,6 +502,7 @@ class H3Runtime:
         h3eval/parallel_check.py); everything else keeps the recipe's."""
         from h3.random_model import is_random_preset
 
+        device = check_device(device)
         kwargs = dict(shared=shared, text_encoder=text_encoder, transformer_dtype=transformer_dtype)
         model = canonical_model(model)
         if model == "tiny-random":
@@ -506,14 +537,22 @@ class H3Runtime:
         transformer's drawn weights afterwards."""
         from h3 import random_model
         from h3.levers import keeps_on_cpu, preflight
-        from h3.residency import place_text_encoder
+        from h3.residency import TEXT_ENCODER_RESIDENCY, place_text_encoder
 
+        if text_encoder not in TEXT_ENCODER_RESIDENCY:  # before any weight is drawn
+            raise ValueError(f"text encoder residency must be one of {', '.join(TEXT_ENCODER_RESIDENCY)}, "
+                             f"got {text_encoder!r}")
         configs = random_model.preset(model)
-        device = device or default_device()
+        device = check_device(device)
         preflight(recipe, device)
         dtype = _torch_dtype(recipe.dtype)
+        # What lives in host memory is drawn on the device one tensor at a time and copied down (the same values as
+        # a build on the device): the 62 GiB text encoder streamed, or a component the offload lever streams, never
+        # passes through the device whole, so a full-size request fits one 80 GB card.
+        on_host = tuple(name for name in ("text_encoder", "transformer", "vae", "audio_vae")
+                        if keeps_on_cpu(recipe, name) or (name == "text_encoder" and text_encoder == "offload"))
         t0 = time.perf_counter()
-        pipe, source = random_model.random_pipeline(configs, device, dtype)
+        pipe, source = random_model.random_pipeline(configs, device, dtype, on_host=on_host)
         if transformer_dtype is not None:
             pipe.transformer.to(_torch_dtype(transformer_dtype))
         synchronize(device)
@@ -522,7 +561,7 @@ class H3Runtime:
         for name in ("text_encoder", "transformer", "vae", "audio_vae"):
             module = getattr(pipe, name)
             if keeps_on_cpu(recipe, name):
-                module.to("cpu")  # the offload lever streams it from there
+                module.to("cpu")  # the offload lever streams it from there (built there: a no-op)
             elif name == "text_encoder":
                 placed = place_text_encoder(module, device, text_encoder)
         synchronize(device)
@@ -560,7 +599,7 @@ class H3Runtime:
             raise ValueError(f"text encoder residency must be one of {', '.join(TEXT_ENCODER_RESIDENCY)}, "
                              f"got {text_encoder!r}")
         root = check_checkpoint_dir(path)
-        device = device or default_device()
+        device = check_device(device)
         preflight(recipe, device)  # before loading weights: a recipe that cannot run here fails in seconds
         dtype = _torch_dtype(recipe.dtype)
         t0 = time.perf_counter()
@@ -619,14 +658,15 @@ class H3Runtime:
         return (self.model in TINY_MODELS or Path(self.model).name == f"tiny-{tiny_identity()[:16]}"
                 or Path(self.model).resolve() == TRAINED_DIR.resolve())
 
-    def _apply_recipe(self, applied: dict | None = None) -> None:
+    def _apply_recipe(self, applied: dict | None = None, reversible: bool | None = None) -> None:
         from h3.levers import apply_recipe_levers
 
         # A shared model on a GPU keeps the float weights a lever replaces where they are (no copy at every switch;
         # the memory accounting counts them); on the CPU the place is the same.
         self.levers = apply_recipe_levers(
             self.pipe, self.recipe, device=self.device, model_sha256=self.model_sha256, is_tiny=self._is_tiny(),
-            reversible=self.shared, keep_on=None, weight_source=self.weight_source, applied=applied,
+            reversible=self.shared if reversible is None else reversible, keep_on=None,
+            weight_source=self.weight_source, applied=applied,
         )
 
     def check_shareable(self, recipe: Recipe) -> None:
@@ -644,13 +684,19 @@ class H3Runtime:
                 + ". Give it its own process (`h3 serve --recipe ...` and `h3eval ab --backend http --url "
                 f"{recipe.name}=URL`), or change the recipe.")
 
-    def switch_recipe(self, recipe: Recipe) -> dict[str, Any]:
+    def switch_recipe(self, recipe: Recipe, final: bool = False) -> dict[str, Any]:
         """Make ``recipe`` the active one of a shared model: remove the levers the two recipes do not share (in reverse
-        order), then apply the new recipe's. Returns what it did (kept, removed and applied levers, seconds)."""
+        order), then apply the new recipe's. Returns what it did (kept, removed and applied levers, seconds).
+
+        ``final``: the last recipe this model runs; its levers apply for good (quantization drops the float weights
+        it replaces, layer by layer), which is what lets an FP8 recipe follow bf16 ones on an 80 GB card. No switch
+        follows it."""
         from h3.levers import lever_configs
 
         if not self.shared:
             raise SharedModelError("switch_recipe needs a runtime loaded with shared=True")
+        if self.final:
+            raise SharedModelError(f"recipe {self.recipe.name!r} was applied for good (final): no switch follows it")
         self.check_shareable(recipe)
         t0 = time.perf_counter()
         previous = self.recipe.name
@@ -676,7 +722,8 @@ class H3Runtime:
         _restore_component_settings(self.pipe, self._loaded_settings)
         self.recipe = recipe
         try:
-            self._apply_recipe(applied=dict(self.levers))
+            self._apply_recipe(applied=dict(self.levers), reversible=False if final else None)
+            self.final = final
         except BaseException:
             # The new recipe's levers rolled back; leave the model as loaded so the next switch starts clean and no
             # request runs a half-applied recipe.
@@ -687,7 +734,8 @@ class H3Runtime:
         self.levers_applied = True
         synchronize(self.device)
         info = {"from": previous, "to": recipe.name, "kept": kept_names, "removed": removed,
-                "applied": [n for n in self.levers if n not in kept_names], "seconds": time.perf_counter() - t0}
+                "applied": [n for n in self.levers if n not in kept_names], "seconds": time.perf_counter() - t0,
+                "final": final}
         self.switches.append(info)
         return info
 

@@ -107,10 +107,18 @@ class QuantizationConfig(LeverConfig):
 
 def quantize_per_channel(weight: torch.Tensor, qmax: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric per-output-channel quantization: (q, scale) with ``weight ~= q * scale[:, None]``."""
-    w = weight.detach().float()
-    scale = w.abs().amax(dim=1).clamp(min=1e-12) / qmax
-    scaled = w / scale[:, None]
-    q = scaled.round().clamp(-qmax, qmax).to(dtype) if dtype == torch.int8 else scaled.clamp(-qmax, qmax).to(dtype)
+    w = weight.detach()
+    # The row maxima read in the weight's own dtype (abs and max are exact, so the scale is the float32 one), then one
+    # float32 copy divided, rounded and clamped in place: the layer's working memory is that copy and the result, not
+    # the three float32 temporaries the out-of-place form made (the load's peak, h3.memory.QUANT_WORKING_BYTES_...).
+    scale = w.abs().amax(dim=1).float().clamp(min=1e-12) / qmax
+    scaled = w.float()
+    if scaled.data_ptr() == w.data_ptr():
+        scaled = scaled.clone()  # a float32 weight: .float() is the weight itself, which must not change
+    scaled.div_(scale[:, None])
+    if dtype == torch.int8:
+        scaled.round_()
+    q = scaled.clamp_(-qmax, qmax).to(dtype)
     return q, scale
 
 
@@ -241,6 +249,12 @@ def _set_submodule(root: nn.Module, name: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
+def _shared_elsewhere(root: nn.Module, child: nn.Module) -> bool:
+    """Whether ``child`` is still a submodule of ``root`` under another name (one Linear registered twice): then its
+    weights stay."""
+    return any(m is child for m in root.modules())
+
+
 def select_linears(module: nn.Module, config: QuantizationConfig) -> tuple[dict[str, nn.Linear], list[str], list[str]]:
     """The Linears the lever quantizes (by name), those ``config.exclude`` keeps in floating point, and those whose
     shape the kernel does not take."""
@@ -297,15 +311,26 @@ def apply_quantization(module: nn.Module, config: QuantizationConfig, *, keep_or
             raise LeverError(f"quant.mode = 'fp8_w8a8' needs compute capability 8.9+, {compute} has "
                              f"{torch.cuda.get_device_capability(compute)}")
     chosen, excluded, skipped = select_linears(module, config)
+    names = list(chosen)
+    del chosen  # no list of the float layers outlives its turn below: each is freed as soon as its copy is made
     mark_applied(module, "quant")
     replaced, originals = {}, {}
-    for name, child in chosen.items():
+    for name in names:
+        # Layer by layer: the float layer is looked up, quantized, swapped out and (kept or) freed before the next,
+        # so the load peaks at the float model plus one layer's quantized copy, never at both whole copies (a 33 B
+        # DiT's 62 GiB of bf16 plus its 31 GiB of FP8 fit no 80 GB card).
+        child = module.get_submodule(name)
         quantized = QuantizedLinear(child, config.mode).to(device)
         quantized.calls = new_counter(compute)
+        _set_submodule(module, name, quantized)
         if keep_originals:
             originals[name] = child.to(keep_on) if keep_on is not None else child
+        elif not _shared_elsewhere(module, child):
+            # Free the float weight now: a caller's own reference to the Linear (a hook, a test) would otherwise keep
+            # it alive until the lever returns.
+            child.to("meta")
+        del child
         replaced[name] = quantized
-        _set_submodule(module, name, quantized)
     if not replaced:
         unmark_applied(module, "quant")
         raise LeverError(f"quantization {config.mode}: no Linear left to quantize after exclude={config.exclude}")
