@@ -57,14 +57,29 @@ def _root() -> None:
 
 @app.command("generate")
 def generate(
-    prompt: str = typer.Option(..., "--prompt", help="Prompt text."),
-    out: Path = typer.Option(..., "--out", help="Output .mp4 (the record goes to the same name with .json)."),
-    seed: int = typer.Option(0, "--seed"),
+    prompt: Optional[str] = typer.Option(None, "--prompt", help="Prompt text (or --prompts-file)."),
+    out: Path = typer.Option(..., "--out", help="Output .mp4 (the record goes to the same name with .json); with "
+                                                "--prompts-file, a folder."),
+    seed: int = typer.Option(0, "--seed", help="Seed (with --prompts-file: of the first prompt without its own seed; "
+                                               "the next gets seed+1, ...)."),
+    prompts_file: Optional[Path] = typer.Option(
+        None, "--prompts-file",
+        help="Run every prompt of this file (JSON Lines with \"prompt\" and optional \"id\", \"seed\"; or one "
+             "prompt a line) in this one process: the model loads once, every request after a recipe's first is warm; "
+             "clips, records and requests.json (each request's anatomy, each recipe's warm figures) go into --out."),
+    repeat: int = typer.Option(1, "--repeat", help="With --prompts-file: run the file's prompts this many times over."),
+    text_encoder: str = typer.Option(
+        "resident", "--text-encoder", envvar="H3_TEXT_ENCODER",
+        help="'resident' on the device, or 'offload': kept in host memory and streamed through the device while it "
+             "encodes (a full-size model on one 80 GB GPU needs it; the copy is measured in the text_encode stage)."),
     model: str = typer.Option("tiny", "--model", envvar="H3_MODEL",
                               help="'tiny' (the trained tiny preset; also 'tiny-trained'), 'tiny-random' (the tiny "
                                    "preset with random weights), 'h3-random' (released size, random weights), "
                                    "'h3-random-small' or a checkpoint directory."),
-    recipe: str = typer.Option("baseline", "--recipe", envvar="H3_RECIPE", help="Recipe name or TOML path."),
+    recipe: List[str] = typer.Option(
+        ["baseline"], "--recipe", envvar="H3_RECIPE",
+        help="Recipe name or TOML path. With --prompts-file it may be repeated: the prompts run under each recipe in "
+             "turn on one shared model, the last recipe applied for good."),
     seconds: Optional[float] = typer.Option(None, "--seconds"),
     num_frames: Optional[int] = typer.Option(None, "--num-frames"),
     height: Optional[int] = typer.Option(None, "--height"),
@@ -80,7 +95,7 @@ def generate(
     reference: Optional[Path] = typer.Option(None, "--reference",
                                              help="Reference image whose subject the clip keeps (ref2va)."),
 ) -> None:
-    """Generate one clip (MP4, 24 fps, 32 kHz stereo) and its JSON record.
+    """Generate one clip (MP4, 24 fps, 32 kHz stereo) and its JSON record; with --prompts-file, one per prompt.
 
     With --first-frame and/or --last-frame the fl2va workflow runs, with --reference ref2va; the record keeps each
     image's sha256."""
@@ -90,10 +105,33 @@ def generate(
     from h3.parallel import entry
     from h3.parallel.world import ParallelError
     from h3.recipe import RecipeError, load_recipe
-    from h3.runtime import CheckpointError, GenerateRequest, H3Runtime, RequestError, resolve_request
-    from h3.runtime import model_default_size
+    from h3.residency import TEXT_ENCODER_RESIDENCY
+    from h3.runtime import CheckpointError, GenerateRequest, H3Runtime, RequestError, SharedModelError
+    from h3.runtime import check_device, model_default_size, resolve_request
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if text_encoder not in TEXT_ENCODER_RESIDENCY:
+        raise bad_input(f"--text-encoder must be one of {', '.join(TEXT_ENCODER_RESIDENCY)}, got {text_encoder!r}")
+    if (prompt is None) == (prompts_file is None):
+        raise bad_input("give --prompt or --prompts-file (one of them)")
+    if prompts_file is None and (len(recipe) > 1 or repeat != 1):
+        raise bad_input("several --recipe and --repeat need --prompts-file (one process, several requests)")
+    if repeat < 1:
+        raise bad_input(f"--repeat must be a positive integer, got {repeat}")
+    shape = dict(num_frames=num_frames, seconds=seconds, height=height, width=width)
+    if prompts_file is not None:
+        try:
+            if first_frame or last_frame or reference:
+                raise RequestError("--prompts-file runs t2va requests; --first-frame, --last-frame and --reference "
+                                   "go with --prompt")
+            if out.suffix.lower() == ".mp4":
+                raise RequestError(f"with --prompts-file, --out names a folder, got {out}")
+            _run_prompts_file(prompts_file, out, seed, model, recipe, shape, device, text_encoder, repeat, nproc)
+        except (RecipeError, CheckpointError, RequestError, ConditioningError, LeverError, MediaError, ParallelError,
+                SharedModelError, OSError) as exc:
+            raise bad_input(str(exc)) from None
+        return
+    recipe = recipe[0]
     try:
         if out.suffix.lower() != ".mp4":
             raise RequestError(f"--out must name an .mp4 file, got {out}")
@@ -110,13 +148,15 @@ def generate(
             launched = entry.launch_ranks(recipe_obj, entry.child_argv("generate", {
                 "--prompt": prompt, "--out": out.resolve(), "--seed": seed, "--model": model,
                 "--recipe": entry.recipe_arg(recipe), "--seconds": seconds, "--num-frames": num_frames,
-                "--height": height, "--width": width, "--device": device,
+                "--height": height, "--width": width, "--device": device, "--text-encoder": text_encoder,
                 **{f"--{role.replace('_', '-')}": path.resolve() for role, path in
                    (("first_frame", first_frame), ("last_frame", last_frame), ("reference", reference))
                    if path is not None}}))
         else:
+            if not recipe_obj.parallel.is_on():
+                device = check_device(device)
             device = entry.join_ranks(recipe_obj, model, device)
-            runtime = H3Runtime.load(model, recipe_obj, device)
+            runtime = H3Runtime.load(model, recipe_obj, device, text_encoder=text_encoder)
             record = runtime.generate(request, out)
     except (RecipeError, CheckpointError, RequestError, ConditioningError, LeverError, MediaError, ParallelError,
             OSError) as exc:
@@ -130,6 +170,43 @@ def generate(
         f"audio {record.shape.audio_sample_rate} Hz x{record.shape.audio_channels}; {record.request.workflow}; "
         f"generation-side {record.timings.generation_side_latency_s:.2f} s"
     )
+
+
+def _run_prompts_file(prompts_file: Path, out: Path, seed: int, model: str, recipes: List[str], shape: dict,
+                      device: Optional[str], text_encoder: str, repeat: int, nproc: Optional[int]) -> None:
+    """``h3 generate --prompts-file``: every prompt under each recipe in this one process (h3.batch)."""
+    from h3.batch import SUMMARY, read_prompts_file, run_requests
+    from h3.parallel import entry
+    from h3.recipe import RecipeError, load_recipe
+    from h3.runtime import GenerateRequest, H3Runtime, check_device, model_default_size, resolve_request
+    from h3.runtime import shared_recipes_problems
+
+    prompts = read_prompts_file(prompts_file)
+    for item in prompts:  # every request checked before the model loads
+        resolve_request(GenerateRequest(prompt=item.prompt, seed=item.seed or seed, **shape),
+                        model_default_size(model))
+    loaded = [entry.with_nproc(load_recipe(r), nproc) for r in recipes]
+    if any(r.parallel.is_on() for r in loaded):
+        raise RecipeError("--prompts-file runs in one process; a parallel recipe (parallel.degree > 1 or --nproc) "
+                          "runs one request at a time through --prompt")
+    problems = shared_recipes_problems(loaded) if len(loaded) > 1 else []
+    if problems:
+        raise RecipeError("these recipes cannot take turns on one model: " + "; ".join(problems))
+    device = check_device(device)
+    runtime = H3Runtime.load(model, loaded[0], device, shared=len(loaded) > 1, text_encoder=text_encoder)
+
+    def report(clip: Path, record, row: dict) -> None:
+        typer.echo(f"{out / clip.name}: {row['recipe']} #{row['index']} {'warm' if row['warm'] else 'first'}; "
+                   f"generation-side {row['generation_side_latency_s']:.2f} s, request-to-file "
+                   f"{row['request_to_file_latency_s']:.2f} s")
+
+    summary = run_requests(runtime, loaded, prompts, out, seed=seed, shape=shape, repeat=repeat, on_clip=report)
+    for name, figures in summary.get("by_recipe", {}).items():
+        warm = figures["warm"]["generation_side_latency_s"]
+        if warm:
+            typer.echo(f"{name}: {figures['warm_requests']} warm requests, generation-side p50 {warm['p50']:.2f} s, "
+                       f"request-to-file p50 {figures['warm']['request_to_file_latency_s']['p50']:.2f} s")
+    typer.echo(f"{out / SUMMARY}")
 
 
 @app.command("serve")
@@ -230,6 +307,44 @@ def serve(
         raise bad_input(str(exc)) from None
     if launched:
         raise typer.Exit(launched)
+
+
+@app.command("seeded-lora")
+def seeded_lora(
+    out: Path = typer.Option(..., "--out", help="Folder to write minimax-h3-turbo-4step.safetensors into (then "
+                                                "export H3_LORA_DIR=that folder)."),
+    model: str = typer.Option("h3-random", "--model", help="The random preset whose DiT shapes the LoRA fits: "
+                                                          "'h3-random' (about 0.7 GB) or 'h3-random-small'."),
+) -> None:
+    """Write the seeded random turbo LoRA that the turbo recipes read on a random preset (the same file on every
+    machine: drawn on the CPU from a fixed seed; the DiT's shapes come from its config on the meta device, no
+    weights). Random weights: speed and memory are real, quality is not."""
+    import time
+
+    import torch
+
+    from h3 import random_model
+    from h3.levers.lora import TURBO_LORA_FILE, write_random_turbo_lora
+
+    if not random_model.is_random_preset(model):
+        raise bad_input(f"--model must be one of {', '.join(random_model.PRESETS)} (a checkpoint's turbo LoRA is the "
+                        f"model owner's file), got {model!r}")
+    if out.exists() and not out.is_dir():
+        raise bad_input(f"--out {out} exists and is not a folder")
+    path = out / TURBO_LORA_FILE
+    t0 = time.perf_counter()
+    from accelerate import init_empty_weights
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    with init_empty_weights():  # shapes only: the released DiT's 62 GiB are never allocated
+        transformer = MiniMaxH3Transformer3DModel(**random_model.preset(model).transformer)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_random_turbo_lora(path, transformer)
+    except OSError as exc:
+        raise bad_input(f"cannot write {path}: {exc.strerror or exc}") from None
+    typer.echo(f"{path}: {path.stat().st_size / 2**20:.0f} MiB in {time.perf_counter() - t0:.1f} s; "
+               f"export H3_LORA_DIR={out.resolve()}")
 
 
 def main() -> None:  # pragma: no cover
