@@ -183,6 +183,8 @@ class AbPlan:
     """Seconds from the session's start after which no request starts, nor one the recipe's previous request says
     would end past it: the rest are recorded as not run (the run is partial) and a rerun resumes them. A driver with a
     hard time limit (a lent GPU) keeps speed.json, the records and the manifest of what did run."""
+    progress: bool = True
+    """A line per finished request on stderr (on a terminal one updating line with the ETA): h3eval.progress."""
 
     @property
     def protocols(self) -> list[str]:
@@ -275,15 +277,26 @@ class _Session:
         self.errors: list[ClipError] = []
         self.stop_at = None if plan.time_box_s is None else _clock() + plan.time_box_s
         self.took: dict[str, float] = {}  # each recipe's longest request in this session (the time box's estimate)
+        self.progress = None  # an h3eval.progress.Progress over the session's requests (set by _run_ab)
 
     def run(self, jobs: list[Job]) -> None:
         todo = [j for j in jobs if read_finished_record(j.out) is None]
         if self.backend.concurrency <= 1:
             for job in todo:
-                self.one(job)
+                self.reported(job)
         else:
             with ThreadPoolExecutor(max_workers=self.backend.concurrency) as pool:
-                list(pool.map(self.one, todo))
+                list(pool.map(self.reported, todo))
+
+    def reported(self, job: Job) -> None:
+        """:meth:`one`, then its line of progress (its own wall clock: the time box's ``_clock`` is left alone)."""
+        if self.progress is None:
+            return self.one(job)
+        started = time.perf_counter()
+        self.progress.now(job.label)
+        self.one(job)
+        made = read_finished_record(job.out) is not None
+        self.progress.advance(job.label, f"{time.perf_counter() - started:.1f} s" if made else "not made")
 
     def one(self, job: Job) -> None:
         name = job.recipe.name
@@ -491,6 +504,7 @@ def _run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     session = _Session(plan, store, backend)
     entry = begin_session(store, manifest, session.id)
     warm_done: set[str] = set()
+    session.progress = _progress(plan, store)
 
     def warmups_for(jobs: list[Job]) -> list[Job]:
         need = {j.recipe.name for j in jobs if read_finished_record(j.out) is None} - warm_done
@@ -528,6 +542,7 @@ def _run_ab(plan: AbPlan, backend: Backend) -> AbResult:
             logger.warning("could not record the end of session %s in %s", session.id, store.manifest_path)
         raise
     finally:
+        session.progress.close()
         backend.close()
 
     baseline = plan.run.baseline
@@ -559,12 +574,25 @@ def _run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     return AbResult(manifest, speed, session.failed, identity)
 
 
+def _progress(plan: AbPlan, store: RunStore):
+    """The session's progress over every request it will send: the speed protocols' and the quality clips' not yet on
+    disk, and the warm-ups of the recipes that have any of them (as ``warmups_for`` sends them)."""
+    from h3eval.progress import Progress
+
+    jobs = [j for p in plan.protocols for j in speed_jobs(plan, store, p)] + quality_jobs(plan, store)
+    todo = [j for j in jobs if read_finished_record(j.out) is None]
+    warm = {j.recipe.name for j in todo} & set(plan.warmup_recipes if plan.warmup_recipes is not None
+                                                 else [r.name for r in plan.run.recipes])
+    total = len(todo) + plan.warmup * len(warm)
+    return Progress("ab", total + len(jobs) - len(todo), done=len(jobs) - len(todo), enabled=plan.progress)
+
+
 def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds="0", backend="inprocess", urls=(),
                      api_key=None, warmup=1, warmup_recipes=None, baseline_last=False, speed_protocol="mixed",
                      speed_rounds=2, gpu_hourly_rate=None,
                      off_identity=False, trajectory=False, seconds=None, num_frames=None, height=None, width=None,
                      timeout_s=1800.0, device=None, runtime_factory=None, share_model=True,
-                     text_encoder="resident", time_box_s=None) -> AbResult:
+                     text_encoder="resident", time_box_s=None, progress=True) -> AbResult:
     """``h3eval ab`` as a function of its options (recipe names or paths, a prompt suite name, seeds as text): builds
     the plan and the backend and runs (or resumes) the A/B run.
 
@@ -609,7 +637,7 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
         ),
         warmup=warmup, warmup_recipes=list(warmup_recipes) if warmup_recipes else None, baseline_last=baseline_last,
         speed_protocol=speed_protocol, speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate,
-        time_box_s=time_box_s,
+        time_box_s=time_box_s, progress=progress,
     )
     plan.validate()
     if backend == "http":

@@ -23,8 +23,11 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root() -> None:
+def _root(ctx: typer.Context) -> None:
     """Quality-gated evaluation of accelerated MiniMax-H3 inference."""
+    from h3eval.progress import quiet_repeats
+
+    ctx.call_on_close(quiet_repeats())  # each library warning once while the command runs, the counts at its end
 
 
 COMMAND_MODULES = [

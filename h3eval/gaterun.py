@@ -352,15 +352,9 @@ def run_gates(
     sides = ClipSides(store)
     info = run_info(manifest)
 
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     from gates import media_cache
+    from h3eval.progress import PairSteps
 
-    columns = (
-        TextColumn("[bold]gates[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TimeRemainingColumn(),
-        TextColumn("{task.description}"),
-    )
     ahead: dict[int, threading.Thread] = {}  # pair index -> the thread decoding its clips ahead
     with contextlib.ExitStack() as held:
         try:
@@ -368,12 +362,14 @@ def run_gates(
         except StoreError as exc:
             raise GateRunError(str(exc)) from None
         try:
-            with Progress(*columns, console=Console(stderr=True), disable=not progress, transient=False) as bar:
+            with PairSteps("gates", len(pairs), enabled=progress) as bar:  # a line per pair (h3eval.progress)
                 task = bar.add_task("", total=sum(len(gates_of(p[0], p[1])) for p in pairs))
                 depth = decode_ahead_pairs()
                 for index, (reference, candidate, prompt_id, seed) in enumerate(pairs):
                     pair = PairRef(baseline=reference, candidate=candidate, prompt_id=prompt_id, seed=seed)
                     pair_gates = gates_of(reference, candidate)
+                    bar.update(task, pair=f"{candidate}/{clip_stem(prompt_id, seed)}"
+                               + (f" vs {reference}" if reference != manifest.baseline else ""), steps=len(pair_gates))
 
                     def start_ahead(index: int = index) -> None:
                         # Called once this pair's own clips are decoded (so they do not share the cores with the

@@ -9,6 +9,7 @@ difference, so one run directory never mixes two experiments. One process fills 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -243,7 +244,7 @@ def _fill_run(
     try:
         for recipe, pid, seed in todo:
             if recipe.name in stopped:
-                bar.advance()
+                bar.advance(f"{recipe.name}/{pid}-s{seed}")
                 continue
             prompt = plan.prompts.by_id(pid)
             out = store.clip_path(recipe.name, pid, seed)
@@ -266,7 +267,7 @@ def _fill_run(
                 message = f"{type(exc).__name__}: {exc}" if not isinstance(exc, ExecutedMismatch) else str(exc)
                 logger.error("%s/%s-s%d failed: %s", recipe.name, pid, seed, message)
                 errors.append(store.write_clip_error(recipe.name, pid, seed, message))
-            bar.advance()
+            bar.advance(f"{recipe.name}/{pid}-s{seed}")
     finally:
         bar.close()
         backend.close()
@@ -281,21 +282,17 @@ class ExecutedMismatch(RuntimeError):
 
 
 class _progress:
-    """A rich progress bar on a terminal, quiet otherwise."""
+    """The clips' progress on stderr: one updating line with the ETA on a terminal, a line per clip otherwise."""
 
     def __init__(self, enabled: bool, total: int, done: int):
-        self._progress = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from h3eval.progress import Progress
 
-            self._progress = Progress(TextColumn("clips"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            self._progress.start()
-            self._task = self._progress.add_task("clips", total=total, completed=done)
+        self._progress = Progress("clips", total, unit="clip", done=done, enabled=enabled)
+        self._started = time.perf_counter()
 
-    def advance(self) -> None:
-        if self._progress is not None:
-            self._progress.advance(self._task)
+    def advance(self, what: str = "") -> None:
+        self._progress.advance(what, f"{time.perf_counter() - self._started:.1f} s" if what else "")
+        self._started = time.perf_counter()
 
     def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
+        self._progress.close()
