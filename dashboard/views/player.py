@@ -17,6 +17,8 @@ import json
 import re
 from pathlib import Path
 
+import streamlit as st
+
 MAX_EMBED_BYTES = 48 * 2**20
 """Baseline plus candidate MP4 bytes above which the pair is not embedded (the page would get slow)."""
 VIDEO_MAX_HEIGHT = 360
@@ -232,9 +234,15 @@ def player_html(base: bytes, cand: bytes, fps: float, num_frames: int, label_a: 
     return re.sub("|".join(values), lambda m: values[m.group(0)], _HTML)
 
 
+@st.cache_data(show_spinner=False, max_entries=4)
+def _cached_page(base_mp4: str, base_mtime: int, cand_mp4: str, cand_mtime: int, fps: float, num_frames: int,
+                 label_a: str, label_b: str) -> str:
+    del base_mtime, cand_mtime  # only part of the cache key: a rewritten clip is read again
+    return player_html(Path(base_mp4).read_bytes(), Path(cand_mp4).read_bytes(), fps, num_frames, label_a, label_b)
+
+
 def render(base_mp4: str | Path, cand_mp4: str | Path, fps: float, num_frames: int, label_a: str,
            label_b: str) -> None:
-    import streamlit as st
-
-    page = player_html(Path(base_mp4).read_bytes(), Path(cand_mp4).read_bytes(), fps, num_frames, label_a, label_b)
+    page = _cached_page(str(base_mp4), Path(base_mp4).stat().st_mtime_ns, str(cand_mp4),
+                        Path(cand_mp4).stat().st_mtime_ns, float(fps), int(num_frames), label_a, label_b)
     st.iframe(page, height=component_height())  # our own page (labels escaped): runs with the app's origin
