@@ -7,8 +7,15 @@ off-identity check, it must come out byte-identical) and ``fewer-steps`` (8 inst
 it must not) — with latent trajectories recorded. Every gate that runs on the CPU scores the pairs, the prompt
 faithfulness gate among them (the world's detector reads colour, shape, direction, pitch, bounces and sync from each
 clip and scores it against its caption); the baseline's own clips at other seeds give the new-seed noise floor the
-release policy states its thresholds against; the verdict and the reports are written; and the demo prints what it
-found, the content the clips show, and where to look.
+policy states its thresholds against; the verdict and the reports are written; and the demo prints what it found, the
+content the clips show, where to look and what to run next.
+
+The demo is judged under the ``demo`` policy (gates/policies/demo.toml): the release policy without VBench, whose
+pinned scoring environment a fresh machine does not have (``h3eval vbench setup``); under release itself the resample
+candidate would be INCONCLUSIVE for want of VBench on every fresh machine. Each long part shows its progress
+(h3eval.progress: ``demo 1/3 ab``, ``demo 2/3 gates``, ``demo 3/3 floor gates``; the report takes a second).
+Without the AlexNet weights LPIPS falls back to the lpips package's random trunk; the demo says so before it starts,
+at the end, and in the verdict's warnings.
 """
 
 from __future__ import annotations
@@ -26,6 +33,10 @@ DEMO_MODEL = "tiny"
 DEMO_PROMPTS = "world-demo"
 """Four captions of the world the preset was trained on (prompts/world-demo.jsonl), each with bounces."""
 DEMO_RECIPES = ("baseline", "identity", "fewer-steps")
+DEMO_INTENDED = {"identity": "PASS", "fewer-steps": "FAIL"}
+"""What the demo is for: an identical candidate passes, a lossy one (8 steps without distillation) fails."""
+DEMO_POLICY = "demo"
+"""gates/policies/demo.toml: the release policy without VBench (tests/test_demo.py holds the two together)."""
 DEMO_SEEDS = (0, 1, 2, 3)
 CPU_GATES = ("integrity", "fidelity", "ghosting", "audio", "trajectory", "reference_free", "prompt_faithfulness")
 ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
@@ -54,6 +65,9 @@ class DemoResult:
     """Recipe -> aspect -> (clips right, clips scored), from the prompt faithfulness gate (:func:`content_summary`)."""
     stage_seconds: dict[str, float] = field(default_factory=dict)
     """Wall seconds of each part: ab (clips, warm-ups, speed requests), gates, floor, report."""
+    policy: str = DEMO_POLICY
+    outcomes: dict[str, str] = field(default_factory=dict)
+    """Candidate -> its outcome (PASS, FAIL, INCONCLUSIVE), as verdict.json has it."""
 
 
 def lpips_trunk() -> str:
@@ -61,6 +75,31 @@ def lpips_trunk() -> str:
     import torch
 
     return "alexnet" if (Path(torch.hub.get_dir()) / "checkpoints" / ALEXNET_FILE).is_file() else "rand"
+
+
+def lpips_note() -> str:
+    """What the demo says when LPIPS falls back to the random trunk (before it starts, at the end, in the verdict)."""
+    import torch
+
+    where = Path(torch.hub.get_dir()) / "checkpoints" / ALEXNET_FILE
+    return (f"LPIPS (the fidelity gate) uses the lpips package's random trunk: the AlexNet weights {ALEXNET_FILE} are "
+            f"not at {where}; its values are for the demo only (put the file there for the real metric)")
+
+
+def policy_note(policy: str = DEMO_POLICY) -> str:
+    """The line that says which policy judges the demo and, for the demo policy, what it leaves out and why."""
+    if policy != DEMO_POLICY:
+        return f"judged under policy {policy!r}"
+    from h3eval.gateplan import blocker, vbench_dimensions
+    from h3eval.policy import load_policy
+
+    dims = vbench_dimensions(load_policy(policy_path("release")).policy)
+    blocked = blocker("vbench", options={}, dims=dims)
+    why = (f"not set up here: {blocked.fix}" if blocked is not None else
+           "set up here: judge the run under release with `h3eval floor --from-run RUN --recipe baseline --policy "
+           "release --out FLOOR`, `h3eval gate RUN --policy release` and `h3eval verdict RUN --policy release --floor "
+           "FLOOR/floor.json`")
+    return f"judged under the demo policy: release without VBench ({why})"
 
 
 def content_summary(run_dir: str | Path) -> dict[str, dict[str, tuple[int, int]]]:
@@ -88,13 +127,15 @@ def content_summary(run_dir: str | Path) -> dict[str, dict[str, tuple[int, int]]
 
 
 def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEEDS, prompts: str = DEMO_PROMPTS,
-             policy: str = "release", model: str = DEMO_MODEL) -> DemoResult:
+             policy: str = DEMO_POLICY, model: str = DEMO_MODEL) -> DemoResult:
     from h3eval.ab import off_identity, run_ab_from_args
     from h3eval.floor import newseed_floor_from_run
     from h3eval.gaterun import run_gates
+    from h3eval.progress import stage
     from h3eval.prompts import load_prompts
-    from h3eval.report import run_report
+    from h3eval.report import write_reports
     from h3eval.store import RunStore
+    from h3eval.verdict import run_verdict
 
     started = time.perf_counter()
     stages: dict[str, float] = {}
@@ -105,9 +146,10 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
     # candidate; fewer-steps must not. One warm-up request per recipe. No separate speed round: the verdict's speed
     # check pairs the 16 quality requests (each pair's recipes run back to back), and the demo's prompts all have one
     # length, so a mixed-prompt round would only repeat 12 of those requests (bench/results/demo_cpu_s13_amd.md).
-    run_ab_from_args(baseline="baseline", candidates=["identity", "fewer-steps"], prompts=prompts, out=run_dir,
-                     model=model, seeds=",".join(str(s) for s in seeds), off_identity=False, trajectory=True,
-                     warmup=1, speed_protocol="mixed", speed_rounds=0, device="cpu")
+    with stage("demo 1/3"):
+        run_ab_from_args(baseline="baseline", candidates=["identity", "fewer-steps"], prompts=prompts, out=run_dir,
+                         model=model, seeds=",".join(str(s) for s in seeds), off_identity=False, trajectory=True,
+                         warmup=1, speed_protocol="mixed", speed_rounds=0, device="cpu", progress=progress)
     stages["ab"] = time.perf_counter() - started
     manifest = RunStore(run_dir).read_manifest()
     if manifest.status != "complete":
@@ -118,21 +160,26 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
     trunk = lpips_trunk()
     options = {"fidelity.lpips_trunk": trunk}
     mark = time.perf_counter()
-    summary = run_gates(run_dir, list(CPU_GATES), device="cpu", options=options, progress=progress)
+    with stage("demo 2/3"):
+        summary = run_gates(run_dir, list(CPU_GATES), device="cpu", options=options, progress=progress)
     stages["gates"] = time.perf_counter() - mark
 
     mark = time.perf_counter()
     store = RunStore(run_dir)
     identical = {cand: off_identity(store, DEMO_RECIPES[0], cand, suite.ids, list(seeds))["passed"]
                  for cand in DEMO_RECIPES[1:]}
-    floor = newseed_floor_from_run(run_dir, DEMO_RECIPES[0], floor_dir, gates=floor_gates(policy), device="cpu",
-                                   gate_options=options, progress=progress,
-                                   determinism={"pairs": len(suite.ids) * len(seeds),
-                                                "identical": identical.get("identity", False),
-                                                "checked_by": "identity recipe vs baseline"})
+    with stage("demo 3/3 floor"):
+        floor = newseed_floor_from_run(run_dir, DEMO_RECIPES[0], floor_dir, gates=floor_gates(policy), device="cpu",
+                                       gate_options=options, progress=progress,
+                                       determinism={"pairs": len(suite.ids) * len(seeds),
+                                                    "identical": identical.get("identity", False),
+                                                    "checked_by": "identity recipe vs baseline"})
     stages["floor"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    verdict, paths = run_report(run_dir, policy_path(policy), floor=RunStore(floor_dir).floor_path)
+    verdict = run_verdict(run_dir, policy_path(policy), floor=RunStore(floor_dir).floor_path)
+    if trunk != "alexnet":
+        verdict.warnings.append(lpips_note())  # in verdict.json and the reports, not only on the terminal
+    paths = write_reports(verdict, run_dir)
     stages["report"] = time.perf_counter() - mark
     from h3eval.verdict import summary_lines
 
@@ -140,13 +187,15 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
                       lpips_trunk=trunk, reports=dict(paths), seconds=time.perf_counter() - started,
                       gate_errors=list(summary.errors) + list(floor["gate_errors"]), lines=summary_lines(verdict),
                       model=manifest.model, prompts=len(suite.ids), seeds=tuple(seeds),
-                      content=content_summary(run_dir), stage_seconds=stages)
+                      content=content_summary(run_dir), stage_seconds=stages, policy=policy,
+                      outcomes={c.candidate: str(c.outcome) for c in verdict.candidates})
 
 
-def floor_gates(policy: str = "release") -> list[str]:
+def floor_gates(policy: str = DEMO_POLICY) -> list[str]:
     """The gates the demo's floor measures: those of its CPU gates whose thresholds for the demo candidates' signoff
-    kinds (identity: exact, fewer-steps: resample) the policy states against the new-seed floor (under the release
-    policy fidelity, audio and reference_free; ghosting's and trajectory's floors are read by the near judge only)."""
+    kinds (identity: exact, fewer-steps: resample) the policy states against the new-seed floor (under the demo and
+    release policies fidelity, audio and reference_free; ghosting's and trajectory's floors are read by the near judge
+    only)."""
     from h3.recipe import load_recipe
     from h3eval.policy import load_policy
 

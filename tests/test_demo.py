@@ -76,3 +76,83 @@ def test_the_demo_floor_measures_what_its_candidates_judges_read():
     assert kinds == ["exact", "resample"]
     expected = (_floor_gates_from_the_toml(path, "exact") | _floor_gates_from_the_toml(path, "resample")) & set(CPU_GATES)
     assert set(floor_gates()) == expected == {"fidelity", "audio", "reference_free"}
+
+
+def test_the_demo_policy_is_the_release_policy_without_vbench():
+    """gates/policies/demo.toml is release.toml with the resample judge's VBench table removed (and its own name and
+    description), so the two cannot drift apart; the demo's gates are every gate its candidates' judges read under
+    it, whereas under release the resample judge also reads VBench, which the demo cannot run on a fresh machine."""
+    import tomllib
+
+    from h3.recipe import load_recipe
+    from h3eval.demo import DEMO_POLICY
+
+    release = tomllib.loads(policy_path("release").read_text(encoding="utf-8"))
+    demo = tomllib.loads(policy_path(DEMO_POLICY).read_text(encoding="utf-8"))
+    assert demo["name"] == "demo" and "without VBench" in demo["description"]
+    del release["judges"]["resample"]["gates"]["vbench"]
+    for data in (release, demo):
+        del data["name"], data["description"]
+    assert demo == release
+    kinds = [load_recipe(name).signoff.kind for name in DEMO_RECIPES[1:]]
+    needed = {g for kind in kinds for g in load_policy(policy_path(DEMO_POLICY)).policy.gates_for(kind)}
+    assert needed <= set(CPU_GATES)
+    needed_release = {g for kind in kinds for g in load_policy(policy_path("release")).policy.gates_for(kind)}
+    assert needed_release - set(CPU_GATES) == {"vbench"}
+
+
+def test_the_policy_note_says_what_is_left_out_and_how_to_get_it(monkeypatch):
+    import h3eval.gateplan as gateplan
+    from h3eval.demo import policy_note
+
+    asked = []
+
+    def blocked(gate, **kwargs):
+        asked.append((gate, kwargs["dims"]))
+        return gateplan.Blocked(gate, "not set up", "`h3eval vbench setup --dimensions temporal_flickering`")
+
+    monkeypatch.setattr(gateplan, "blocker", blocked)
+    assert policy_note() == ("judged under the demo policy: release without VBench (not set up here: `h3eval vbench "
+                             "setup --dimensions temporal_flickering`)")
+    assert asked == [("vbench", ["temporal_flickering"])]  # the dimensions release's VBench metrics name
+    monkeypatch.setattr(gateplan, "blocker", lambda gate, **kwargs: None)
+    assert "set up here: judge the run under release with" in policy_note()
+    assert policy_note("release") == "judged under policy 'release'"
+
+
+def _fake_demo(tmp_path, outcomes):
+    from h3eval.demo import DemoResult
+
+    run = tmp_path / "demo-run" / "run"
+    return DemoResult(run_dir=run, floor_dir=tmp_path / "demo-run" / "floor", overall="FAIL",
+                      lines=["FAIL  policy 'demo', baseline 'baseline'"], identical={"identity": True},
+                      lpips_trunk="rand", reports={"verdict": run / "verdict.json", "html": run / "report.html"},
+                      seconds=100.0, prompts=4, outcomes=outcomes)
+
+
+def test_the_demo_command_closes_with_the_outcome_the_report_and_the_next_command(tmp_path, monkeypatch):
+    """The closing lines (run_demo replaced by its result): the outcome per candidate against the intended one, the
+    report and the next command; the policy and the LPIPS fallback are said before the work starts; an outcome
+    other than the intended one exits 1."""
+    from typer.testing import CliRunner
+
+    import h3eval.demo as demo
+    from h3eval.cli import app
+
+    monkeypatch.setattr(demo, "lpips_trunk", lambda: "rand")
+    for outcomes, code in (({"identity": "PASS", "fewer-steps": "FAIL"}, 0),
+                           ({"identity": "PASS", "fewer-steps": "INCONCLUSIVE"}, 1)):
+        monkeypatch.setattr(demo, "run_demo", lambda out, outcomes=outcomes: _fake_demo(tmp_path, outcomes))
+        result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "demo-run")])
+        assert result.exit_code == code, result.output
+        lines = result.stdout.splitlines()
+        run = tmp_path / "demo-run" / "run"
+        assert lines[-2:] == [f"report: {run / 'report.html'}", f"next: h3eval dashboard {run}"]
+        intended = "as intended (the identical candidate passes, the lossy one fails)"
+        assert lines[-3] == (f"outcome: identity PASS, fewer-steps FAIL - {intended}; {run / 'verdict.json'}"
+                             if code == 0 else
+                             "outcome: identity PASS, fewer-steps INCONCLUSIVE - NOT the demo's intended outcome "
+                             f"(identity PASS, fewer-steps FAIL); {run / 'verdict.json'}")
+        err = result.stderr.splitlines()
+        assert err[0].startswith("h3eval demo: judged under the demo policy: release without VBench")
+        assert err[1].startswith("note: LPIPS (the fidelity gate) uses the lpips package's random trunk")

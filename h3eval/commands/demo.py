@@ -20,8 +20,12 @@ def register(app: typer.Typer) -> None:
         report."""
         setup_logging(verbose)
         from h3eval.commands._common import fail
-        from h3eval.demo import DEMO_RECIPES, DemoError, run_demo
+        from h3eval.demo import DEMO_INTENDED, DEMO_RECIPES, DemoError, lpips_note, lpips_trunk, policy_note, run_demo
 
+        # Said before the minutes of work, not only after them: what judges the demo, and a metric's fallback.
+        typer.echo(f"h3eval demo: {policy_note()}", err=True)
+        if lpips_trunk() != "alexnet":
+            typer.echo(f"note: {lpips_note()}", err=True)
         try:
             result = run_demo(out)
         except DemoError as exc:
@@ -40,11 +44,11 @@ def register(app: typer.Typer) -> None:
                 if aspects:
                     typer.echo(f"    {recipe:<12} " + ", ".join(f"{a} {r}/{n}" for a, (r, n) in aspects.items()))
         if result.lpips_trunk != "alexnet":
-            typer.echo("  note: LPIPS used the lpips package's random trunk (AlexNet weights "
-                       "alexnet-owt-7be5be79.pth are not in the torch hub cache); its values are for the demo only")
+            typer.echo(f"  note: {lpips_note()}")
         if result.gate_errors:
             typer.echo(f"  gate errors: {len(result.gate_errors)} (see the per-pair results)")
         typer.echo("")
+        typer.echo(policy_note(result.policy))
         for line in result.lines:
             # The verdict's reasons can list every pair; the report has them all, the terminal gets the gist.
             typer.echo(line if len(line) <= 240 else line[:237] + "...")
@@ -54,4 +58,14 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"  {name}: {path}")
         typer.echo(f"  clips: {result.run_dir / 'clips'} (MP4s with sound)   gate results: {result.run_dir / 'gates'}")
         typer.echo(f"  noise floor: {result.floor_dir / 'floor.json'}")
-        typer.echo(f"  dashboard: h3eval dashboard {result.run_dir}")
+        typer.echo("")
+        as_intended = result.outcomes == DEMO_INTENDED
+        typer.echo("outcome: " + ", ".join(f"{name} {outcome}" for name, outcome in result.outcomes.items())
+                   + (" - as intended (the identical candidate passes, the lossy one fails)" if as_intended else
+                      " - NOT the demo's intended outcome ("
+                      + ", ".join(f"{name} {outcome}" for name, outcome in DEMO_INTENDED.items()) + ")")
+                   + f"; {result.reports['verdict']}")
+        typer.echo(f"report: {result.reports['html']}")
+        typer.echo(f"next: h3eval dashboard {result.run_dir}")
+        if not as_intended:
+            raise typer.Exit(1)
