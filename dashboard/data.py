@@ -620,7 +620,9 @@ def judge_use(run: RunData, policy: str = DEFAULT_POLICY) -> dict[str, JudgeUse]
             gates = {g["gate"]: bool(g.get("required", True)) for g in entry.get("gates") or []
                      if isinstance(g, dict) and isinstance(g.get("gate"), str)}
             kind = entry.get("judge") if isinstance(entry.get("judge"), str) else None
-            out[entry["candidate"]] = JudgeUse(kind, gates, f"verdict.json (policy {name})")
+            why = None if kind else next((r for r in entry.get("reasons") or []
+                                          if isinstance(r, str) and "[signoff] kind" in r), None)
+            out[entry["candidate"]] = JudgeUse(kind, gates, f"verdict.json (policy {name})", why)
         for cand in run.candidates:
             out.setdefault(cand, JudgeUse(None, None, f"verdict.json (policy {name})",
                                           "verdict.json does not judge this candidate"))

@@ -350,3 +350,24 @@ def test_unreported_timings_are_left_out_not_read_as_zero(tmp_path):
     assert not data.has_timing(run) and not len(data.stage_anatomy([run]))
     table = data.speed_table(run, 13.16)
     assert (table["n"] == 0).all() and table[["speedup", "p50_latency_s", "dollars_per_clip"]].isna().all().all()
+
+
+def test_judge_use_from_a_verdict_names_why_a_candidate_has_no_judge():
+    verdict = {"policy_name": "release", "candidates": [
+        {"candidate": "imported", "judge": None, "reasons": [
+            "recipe 'imported' declares no [signoff] kind; policy 'release' judges by kind (exact, near, resample) "
+            "and does not guess one"], "gates": [{"gate": "integrity", "required": True}]},
+        {"candidate": "turbo", "judge": "resample", "gates": [{"gate": "integrity", "required": True},
+                                                             {"gate": "vbench", "required": False}]}]}
+    run = data.RunData(root="x", label="x", manifest={"baseline": "b", "candidates": ["imported", "turbo", "gone"]},
+                       clips=pd.DataFrame(columns=data.CLIP_COLUMNS), gates=pd.DataFrame(columns=data.GATE_COLUMNS),
+                       gate_results={}, metric_directions={}, verdict=verdict)
+    use = data.judge_use(run)
+    assert use["imported"].describe("integrity") == "used"
+    assert use["imported"].describe("ghosting") == (
+        "not used: no judge (recipe 'imported' declares no [signoff] kind; policy 'release' judges by kind (exact, "
+        "near, resample) and does not guess one)")
+    assert use["turbo"].describe("ghosting") == "not used by this candidate's judge (resample)"
+    assert use["turbo"].describe("vbench") == "used by the judge (advisory)"
+    assert use["gone"].describe("ghosting") == "unknown (verdict.json does not judge this candidate)"
+    assert {u.source for u in use.values()} == {"verdict.json (policy release)"}
