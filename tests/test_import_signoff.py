@@ -266,3 +266,66 @@ def test_imported_folders_reach_pass_and_fail_under_the_release_policy(tmp_path)
     ratios = [latency[("baseline", f"p{p}", s)] / latency[("noisy", f"p{p}", s)] for p in range(4) for s in range(4)]
     assert noisy.speed.n_pairs == 16 and noisy.speed.outcome == "PASS"
     assert min(ratios) <= noisy.speed.speedup <= max(ratios)
+
+
+@pytest.fixture()
+def resample_run(tmp_path, monkeypatch):
+    """An imported run of 2 prompts x 2 seeds: ``turbo`` (resample) a copy of the baseline, ``fp8`` (exact) too; no
+    VBench environment and no AlexNet file here, whatever this machine has."""
+    monkeypatch.setenv("H3EVAL_VBENCH_ENV", str(tmp_path / "no-vbench-env"))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
+    monkeypatch.delenv("H3EVAL_LPIPS_TRUNK", raising=False)
+    base, cand = tmp_path / "base", tmp_path / "cand"
+    cand.mkdir()
+    for pid in ("a", "b"):
+        for seed in (0, 1):
+            clip(base / f"{pid}-s{seed}.mp4", seed=10 * seed + ord(pid), size=48, frames=24, fps=24)
+            shutil.copyfile(base / f"{pid}-s{seed}.mp4", cand / f"{pid}-s{seed}.mp4")
+    out = tmp_path / "run"
+    run_import(baseline_dir=f"ref={base}", candidate_dirs=[f"turbo={cand}", f"fp8={cand}"], out=out,
+               kinds=["turbo=resample", "fp8=exact"])
+    return out
+
+
+def test_gate_policy_runs_each_judges_gates_and_names_what_cannot_run_here(resample_run, tmp_path):
+    from h3eval.cli import app as h3eval_app
+    from h3eval.store import RunStore
+
+    result = CliRunner().invoke(h3eval_app, ["gate", str(resample_run), "--policy", "release", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    alexnet = tmp_path / "torch-home" / "hub" / "checkpoints" / "alexnet-owt-7be5be79.pth"
+    fidelity = next(line for line in lines if line.startswith("fidelity: cannot run here: "))
+    assert f"to run it: put alexnet-owt-7be5be79.pth at {alexnet}" in fidelity
+    assert "or pass `-o fidelity.lpips_trunk=rand`" in fidelity
+    vbench = next(line for line in lines if line.startswith("vbench: cannot run here: "))
+    assert vbench.endswith("to run it: `h3eval vbench setup --dimensions temporal_flickering`")
+    assert "turbo: integrity, reference_free, prompt_faithfulness" in lines
+    assert "fp8: integrity, audio" in lines
+    store = RunStore(resample_run)
+    # Each gate's results go to the candidates whose judge needs it.
+    assert store.gate_candidates("reference_free") == ["turbo"] and store.gate_candidates("audio") == ["fp8"]
+    assert store.gate_candidates("integrity") == ["fp8", "turbo"] and "vbench" not in store.gates_present()
+    assert lines[-1] == (f"next: h3eval floor --from-run {resample_run} --recipe ref --policy release --out "
+                         f"{resample_run}-floor, then h3eval verdict {resample_run} --policy release --floor "
+                         f"{resample_run}-floor/floor.json --write")
+    # The verdict names the gates still missing and what would make them run.
+    verdict = CliRunner().invoke(h3eval_app, ["verdict", str(resample_run), "--policy", "release"])
+    tail = verdict.output.strip().splitlines()
+    assert tail[-3] == (f"next: h3eval gate {resample_run} --policy release (no results yet: vbench for turbo; "
+                        "fidelity for fp8)")
+    assert tail[-2].startswith("  vbench: cannot run here: ") and tail[-1].startswith("  fidelity: cannot run here: ")
+
+
+def test_floor_policy_gives_the_resample_judge_its_reference_free_floor(resample_run, tmp_path):
+    from h3eval.cli import app as h3eval_app
+
+    out = tmp_path / "floor"
+    result = CliRunner().invoke(h3eval_app, ["floor", "--from-run", str(resample_run), "--recipe", "ref", "--policy",
+                                             "release", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "floor gates from policy 'release' (resample, exact): reference_free, audio" in result.output
+    assert "fidelity: cannot run here: " in result.output and "vbench: cannot run here: " in result.output
+    metrics = json.loads((out / "floor.json").read_text())["metrics"]
+    assert "reference_free.sharpness" in metrics and "audio.stft_distance" in metrics
+    assert not any(key.startswith(("fidelity.", "vbench.")) for key in metrics)

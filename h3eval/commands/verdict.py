@@ -99,8 +99,10 @@ def not_gated(run_dir: Path, policy_file: Path) -> str | None:
     from h3eval.store import RunStore
 
     store = RunStore(run_dir)
-    if not store.exists():
-        return None  # the verdict names what is wrong with the directory
+    try:
+        store.read_manifest()
+    except StoreError:
+        return None  # not a readable run: the verdict names what is wrong with it
     needed = list(load_policy(policy_file).policy.all_gates())
     present = set(store.gates_present())
     return ", ".join(needed) if needed and not present & set(needed) else None
