@@ -108,7 +108,19 @@ class FloorFraction(_Strict):
     clipping on any clip: a floor of 0) would otherwise leave a margin of 0, which no candidate can be shown to meet."""
 
 
-Threshold = float | FloorFraction
+class BaselineFraction(_Strict):
+    """A ``sides`` metric's non-inferiority margin (or regression shift) stated as a fraction of the baseline's mean
+    score over the run's pairs: "the candidate may lose at most 5 % of the baseline's dynamic degree". A margin on
+    the scale of the mean, which the test is on (issue 50), read from the run itself (no floor file)."""
+
+    fraction_of_baseline: float = Field(gt=0, lt=1)
+    """Multiplier of |mean baseline score| over the pairs judged."""
+    at_least: float = Field(default=0.0, ge=0)
+    """The threshold is never below this (in the metric's units): a score whose baseline mean is near 0 (silence,
+    clipping) is given an absolute margin instead."""
+
+
+Threshold = float | FloorFraction | BaselineFraction
 
 
 class RegressionTest(_Strict):
@@ -150,12 +162,26 @@ class MetricPolicy(_Strict):
     """Overrides the gate's / policy's ``min_pairs`` for this metric."""
     regression: RegressionTest | None = None
     """``sides`` / ``delta``: also FAIL a consistent worsening inside the margin (:class:`RegressionTest`)."""
+    fail_beyond: Literal["mean", "ci"] = "mean"
+    """``sides`` / ``delta``: when non-inferiority FAILs. ``mean``: the mean delta is at or beyond the margin (its
+    point estimate). ``ci``: the whole CI is beyond it (inferiority shown at the CI's confidence), symmetric with the
+    PASS rule (the whole CI inside); a CI that spans the margin is INCONCLUSIVE. ``ci`` lets a margin sit on the
+    mean's own scale (a benign 16-pair mean moves by about a third of the per-pair floor) without a benign run's
+    noise failing it."""
     description: str = ""
 
     @model_validator(mode="after")
     def _consistent(self) -> "MetricPolicy":
         if self.regression is not None and self.compare == "pair":
             raise ValueError("`regression` is for compare = 'sides' or 'delta'")
+        fractions = [t for t in (self.max, self.min, self.pair_limit) if isinstance(t, BaselineFraction)]
+        shift = self.regression.min_shift if self.regression is not None else None
+        if fractions or (self.compare != "sides" and isinstance(self.margin, BaselineFraction)) or (
+                self.compare != "sides" and isinstance(shift, BaselineFraction)):
+            raise ValueError("`fraction_of_baseline` is for the `margin` or regression `min_shift` of a compare = "
+                             "'sides' metric (the baseline's scores are its other side)")
+        if self.fail_beyond != "mean" and self.compare == "pair":
+            raise ValueError("`fail_beyond` is for compare = 'sides' or 'delta'")
         if self.compare == "pair":
             if self.margin is not None or self.binary or self.baseline_metric is not None:
                 raise ValueError("`margin`, `binary` and `baseline_metric` are for compare = 'sides' or 'delta'")
@@ -553,7 +579,19 @@ class ThresholdResolution(BaseModel):
     """``policy`` or ``0.1 x floor 0.41 (fidelity.lpips_mean from floor.json)``, or why it is unknown."""
 
 
-def resolve_threshold(threshold: Threshold, key: str, floor: NoiseFloor | None) -> ThresholdResolution:
+def resolve_threshold(threshold: Threshold, key: str, floor: NoiseFloor | None,
+                      baseline_mean: float | None = None) -> ThresholdResolution:
+    """The threshold's value: as written, a fraction of ``key``'s floor, or a fraction of the baseline's mean score
+    (``baseline_mean``, over the pairs judged; None: unknown)."""
+    if isinstance(threshold, BaselineFraction):
+        if baseline_mean is None or not math.isfinite(baseline_mean):
+            return ThresholdResolution(value=None, source=f"fraction {threshold.fraction_of_baseline} of the "
+                                                          f"baseline's mean {key}, which no usable pair gives")
+        value = threshold.fraction_of_baseline * abs(baseline_mean)
+        source = f"{threshold.fraction_of_baseline} x the baseline's mean {abs(baseline_mean):.6g} ({key})"
+        if value < threshold.at_least:
+            value, source = threshold.at_least, f"at_least {threshold.at_least:g} (> {source})"
+        return ThresholdResolution(value=value, source=source)
     if isinstance(threshold, FloorFraction):
         if floor is None:
             return ThresholdResolution(value=None, source=f"fraction {threshold.fraction_of_floor} of the floor of "

@@ -180,8 +180,12 @@ def _candidate_section(c: CandidateVerdict, conf: int, heading: str, level: str 
     if c.lever_differences:
         out += ["| lever changed | implies | why |", "|---|---|---|"]
         out += [f"| {d['lever']} | {d['kind']} | {_md_escape(d['why'])} |" for d in c.lever_differences] + [""]
-    if c.power_note:
-        out += [f"- smallest detectable regression: {_md_escape(c.power_note)}", ""]
+    if c.detectable:
+        shown = [d for d in c.detectable if d["compare"] != "pair"] or c.detectable
+        n = max(d["n_pairs"] for d in shown)
+        out += [f"Smallest regression this run could detect at its size ({n} pairs; MDE at the policy's power, "
+                "one-sided): " + "; ".join(f"{d['metric']} {_fmt(d['mde'], 3)} against margin {_fmt(d['margin'], 3)}"
+                                          + ("" if d["resolves"] else " (not resolved)") for d in shown), ""]
     out += [f"- {_md_escape(r)}" for r in c.reasons] + ([""] if c.reasons else [])
     out += [f"- warning: {_md_escape(w)}" for w in c.warnings] + ([""] if c.warnings else [])
     for item in _iter_items(c):

@@ -303,3 +303,22 @@ def test_the_report_shows_each_rung_against_the_rung_below_with_its_judge_speed_
     assert "Judged as **near** against `turbo`" in text and "| sparse_attention | near |" in text
     assert "### sparse against the baseline `baseline` (the top of the ladder): PASS" in text
     assert "### speed (against `turbo`, the rung below): PASS" in text
+
+
+def test_each_candidate_states_the_smallest_regression_its_run_could_detect(tmp_path):
+    from h3eval import stats as S
+    from h3eval.report import render_markdown
+
+    store = _ladder_run(tmp_path)
+    _clean(store)
+    verdict = _judge(store, tmp_path)
+    turbo = {c.candidate: c for c in verdict.candidates}["turbo"]
+    (row,) = [d for d in turbo.detectable if d["metric"] == "vbench.overall_consistency"]
+    metric = next(m for g in turbo.gates for m in g.metrics if m.metric == "overall_consistency")
+    deltas = [p.delta for p in metric.pairs]
+    import numpy as np
+
+    expected = S.minimum_detectable_effect(float(np.std(deltas, ddof=1)), 16, alpha=0.025, power=0.8)
+    assert row["mde"] == pytest.approx(expected, rel=1e-9) and row["margin"] == 0.01 and row["n_pairs"] == 16
+    assert row["resolves"] is (expected <= 0.01)
+    assert "Smallest regression this run could detect at its size (16 pairs" in render_markdown(verdict)

@@ -173,7 +173,21 @@ def _judge_against(store: RunStore, manifest: RunManifest, candidate: str, judge
                             reasons=reasons, warnings=cand_warnings, gates=gate_verdicts, speed=speed,
                             judged_against=None if reference == manifest.baseline else reference,
                             judge_source=judgement.source if policy.judges else None,
-                            lever_differences=judgement.differences)
+                            lever_differences=judgement.differences, detectable=detectable(gate_verdicts))
+
+
+def detectable(gate_verdicts: list[GateVerdict]) -> list[dict]:
+    """The minimum detectable effect of each required metric with statistics, beside its margin (see
+    :attr:`CandidateVerdict.detectable`); a ``pair`` metric's MDE is of its mean value's distance to the threshold."""
+    out = []
+    for g in gate_verdicts:
+        for m in g.metrics:
+            mde = (m.stats or {}).get("mde")
+            if not m.required or mde is None or m.threshold is None:
+                continue
+            out.append({"metric": f"{m.gate}.{m.metric}", "n_pairs": m.n_pairs, "mde": mde, "margin": m.threshold,
+                        "compare": m.compare, "resolves": bool(mde <= m.threshold)})
+    return out
 
 
 def ladder_rungs(verdict_candidates: list[CandidateVerdict], manifest: RunManifest) -> list[LadderRung]:

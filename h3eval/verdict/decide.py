@@ -190,7 +190,13 @@ def decide_metric(work: _MetricWork, alpha: float) -> None:
             detail += (f"; McNemar exact p {_fmt(s.mcnemar.pvalue)} ({s.mcnemar.regressed} regressed, "
                        f"{s.mcnemar.improved} improved)")
         ci_text = f"{int(s.ci.confidence * 100)}% CI [{_fmt(s.ci.low)}, {_fmt(s.ci.high)}]"
-        if s.mean <= -margin:
+        if mp.fail_beyond == "ci" and s.ci.high < -margin:
+            outcomes.append("FAIL")
+            mv.reasons.append(
+                f"inferior: the whole {ci_text} is worse than the margin -{_fmt(margin)} (mean delta {_fmt(s.mean)}; "
+                f"{detail})"
+            )
+        elif mp.fail_beyond == "mean" and s.mean <= -margin:
             outcomes.append("FAIL")
             mv.reasons.append(
                 f"mean delta {_fmt(s.mean)} is worse than the margin -{_fmt(margin)} ({ci_text}; {detail})"
@@ -205,7 +211,12 @@ def decide_metric(work: _MetricWork, alpha: float) -> None:
                 mv.warnings.append(f"consistently worse ({detail}) though within the margin")
         else:
             outcomes.append("INCONCLUSIVE")
-            if s.noninferiority.holds:  # the CI clears the margin; the multiplicity-adjusted test does not
+            if s.mean <= -margin:  # fail_beyond = "ci": beyond the margin, but the CI reaches inside it
+                mv.reasons.append(
+                    f"mean delta {_fmt(s.mean)} is worse than the margin -{_fmt(margin)} but the CI's upper bound "
+                    f"{_fmt(s.ci.high)} is not ({ci_text}; {detail})"
+                )
+            elif s.noninferiority.holds:  # the CI clears the margin; the multiplicity-adjusted test does not
                 mv.reasons.append(
                     f"lower bound {_fmt(s.ci.low)} clears -{_fmt(margin)} but the {holm_note} exceeds {_fmt(alpha)} "
                     f"({ci_text}; {detail})"

@@ -13,7 +13,8 @@ from importlib import metadata
 from gates.base import GateResult, gate_class, known_gates
 from h3.atomic import sha256_file
 from h3.record import ClipRecord
-from h3eval.policy import GatePolicy, LoadedPolicy, MetricPolicy, NoiseFloor, SpeedPolicy, resolve_threshold
+from h3eval.policy import (BaselineFraction, GatePolicy, LoadedPolicy, MetricPolicy, NoiseFloor, SpeedPolicy,
+                           resolve_threshold)
 from h3eval.store import (GateResultError, RecordError, RunManifest, RunStore, clip_stem, read_clip_record,
                           read_gate_result)
 from h3eval.verdict.schema import ClipHashes, FileHash, InputHashes, MetricVerdict, PairValue, SpeedPair, SpeedVerdict
@@ -100,12 +101,14 @@ def gather_metric(
     )
     key = f"{gate}.{metric}"
     threshold_spec = (mp.max if mp.max is not None else mp.min) if mp.compare == "pair" else mp.margin
-    if threshold_spec is not None:
+    on_baseline = [isinstance(t, BaselineFraction) for t in (threshold_spec,
+                                                               mp.regression.min_shift if mp.regression else None)]
+    if threshold_spec is not None and not on_baseline[0]:
         res = resolve_threshold(threshold_spec, key, floor)
         mv.threshold, mv.threshold_source = res.value, res.source
         if res.value is None:
             mv.reasons.append(f"threshold unknown: {res.source}")
-    if mp.regression is not None:
+    if mp.regression is not None and not on_baseline[1]:
         res = resolve_threshold(mp.regression.min_shift, key, floor)
         mv.regression_shift = res.value
         if res.value is None:
@@ -172,6 +175,19 @@ def gather_metric(
 
     mv.pairs = pairs
     mv.n_pairs = len(pairs)
+    if any(on_baseline):  # a margin stated on the baseline's mean score: the mean over the pairs judged
+        scores = [p.baseline_value for p in pairs if p.baseline_value is not None]
+        mean = float(sum(scores) / len(scores)) if scores else None
+        if on_baseline[0]:
+            res = resolve_threshold(threshold_spec, key, floor, mean)  # type: ignore[arg-type]
+            mv.threshold, mv.threshold_source = res.value, res.source
+            if res.value is None:
+                mv.reasons.append(f"threshold unknown: {res.source}")
+        if on_baseline[1]:
+            res = resolve_threshold(mp.regression.min_shift, key, floor, mean)  # type: ignore[union-attr]
+            mv.regression_shift = res.value
+            if res.value is None:
+                mv.reasons.append(f"regression min_shift unknown: {res.source}")
     min_pairs = mp.min_pairs or gp.min_pairs or policy_min_pairs
     if not seen_metric:
         have = ", ".join(sorted(other_names)) or "none (no usable result)"

@@ -176,8 +176,10 @@ class CandidateVerdict(_Model):
     """The top of a ladder judged against the baseline as well; the candidate's outcome combines both."""
     own_outcome: Outcome | None = None
     """The outcome against its parent alone, when ``against_baseline`` is set."""
-    power_note: str | None = None
-    """The smallest regression this run could detect on the judge's decisive dimensions, at its size (the MDE)."""
+    detectable: list[dict[str, Any]] = Field(default_factory=list)
+    """Per required metric with statistics: the smallest regression this run could detect at its size (``mde``: the
+    true mean shift a one-sided paired t-test at the policy's alpha finds with the policy's ``power``, given the pairs'
+    spread), beside the margin or threshold it is held against (``resolves``: mde <= margin)."""
 
 
 class LadderRung(_Model):
