@@ -21,7 +21,11 @@ length:
 - ``offset_ms``: absolute lag of the cross-correlation peak of the two mono mixes, within ``max_offset_ms``
   (default 500 ms); the signed value (positive: candidate late) and the normalised peak are in ``info``.
 
-All four are lower-is-better; an identical pair gives exactly zero.
+- ``offset_excess_ms``: how far the signed offset lies outside the lip-sync tolerance of ITU-R BT.1359-1
+  (detectability: sound at most ``lead_ms`` = 45 ms early or ``lag_ms`` = 125 ms late; :mod:`gates.metrics.audio_offset`),
+  0 inside it; the pair is flagged when it is positive (a 200 ms offset: 75 ms beyond, flagged).
+
+All five are lower-is-better; an identical pair gives exactly zero.
 """
 
 from __future__ import annotations
@@ -31,8 +35,11 @@ import math
 
 import numpy as np
 
+from pydantic import Field
+
 from gates.base import Gate, GateInputError, GateOptions, GateResult, MetricSpec, PairContext, register_gate
 from gates.common import metric, new_result
+from gates.metrics import audio_offset
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +147,10 @@ def find_offset(base: np.ndarray, cand: np.ndarray, sample_rate: int, max_offset
 class AudioOptions(GateOptions):
     max_offset_ms: float = DEFAULT_MAX_OFFSET_MS
     """Largest offset between the two tracks the cross-correlation searches (ms)."""
+    lead_ms: float = Field(default=audio_offset.LEAD_MS, ge=0)
+    """Tolerated offset with the candidate's sound early (ms): ITU-R BT.1359-1's detectability threshold."""
+    lag_ms: float = Field(default=audio_offset.LAG_MS, ge=0)
+    """Tolerated offset with the candidate's sound late (ms): ITU-R BT.1359-1's detectability threshold."""
 
 
 @register_gate
@@ -151,12 +162,14 @@ class AudioGate(Gate):
     metrics = {"stft_distance": MetricSpec(higher_is_better=False),
                "logmel_distance": MetricSpec(higher_is_better=False, unit="dB"),
                "lufs_delta": MetricSpec(higher_is_better=False, unit="LU"),
-               "offset_ms": MetricSpec(higher_is_better=False, unit="ms")}
+               "offset_ms": MetricSpec(higher_is_better=False, unit="ms"),
+               "offset_excess_ms": MetricSpec(higher_is_better=False, unit="ms")}
 
     def evaluate(self, ctx: PairContext) -> GateResult:
         from gates.media_cache import load_audio
 
-        max_offset_ms = self.parse_options(ctx.options).max_offset_ms
+        options = self.parse_options(ctx.options)
+        max_offset_ms = options.max_offset_ms
         base, base_rate = load_audio(ctx.baseline.mp4)
         cand, cand_rate = load_audio(ctx.candidate.mp4)
         if base_rate != cand_rate:
@@ -204,15 +217,25 @@ class AudioGate(Gate):
             result.flags.append(f"loudness undefined: silent track ({', '.join(silent)})")
         else:
             lufs_delta = abs(lufs_c - lufs_b)
+        excess = None
         if offset is None:
             result.flags.append("offset undefined: a track is digital silence")
         else:
             result.info.update(offset_ms_signed=offset[0], offset_peak=offset[1])
+            sync = audio_offset.offset_flag(offset[0], options.lead_ms, options.lag_ms)
+            excess = max(0.0, abs(sync.statistic) - sync.threshold)
+            result.info["offset_tolerance_ms"] = {"lead": options.lead_ms, "lag": options.lag_ms,
+                                                  "standard": "ITU-R BT.1359-1 detectability"}
+            if sync.flagged:
+                side = "late" if offset[0] > 0 else "early"
+                result.flags.append(f"audio offset {offset[0]:+.1f} ms (sound {side}) outside the lip-sync tolerance "
+                                    f"(+{options.lag_ms:g} / -{options.lead_ms:g} ms, ITU-R BT.1359-1)")
         result.metrics = {
             "stft_distance": metric(stft, False),
             "logmel_distance": metric(logmel, False, "dB"),
             "lufs_delta": metric(lufs_delta, False, "LU"),
             "offset_ms": metric(None if offset is None else abs(offset[0]), False, "ms"),
+            "offset_excess_ms": metric(excess, False, "ms"),
         }
         result.flagged = bool(result.flags)
         return result
@@ -226,6 +249,7 @@ class AudioGate(Gate):
             "logmel_distance": metric(0.0, False, "dB"),
             "lufs_delta": metric(0.0, False, "LU"),
             "offset_ms": metric(0.0, False, "ms"),
+            "offset_excess_ms": metric(0.0, False, "ms"),
         }
         result.info["short_circuit"] = "frames_sha256 and pcm_sha256 equal"
         return result

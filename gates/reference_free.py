@@ -54,6 +54,20 @@ Audio dimensions (decoded track, float in [-1, 1]):
   acceleration of the mean flow of moving pixels: bounces, starts, appearances), matched one to one within
   ``sync_tolerance_frames``; the F1 score of the match. A clip with no event on either track scores 1 (nothing is
   out of sync); events on one track only score 0.
+
+Artifact detectors (gates/metrics/, one module each; every statistic lower-is-better, written like a dimension as
+``<name>`` and ``<name>.baseline``; the detector's threshold and flag are in ``info["artifacts"]``; on clips of at
+least ``MIN_ARTIFACT_FRAMES`` frames, with ``artifact_detectors`` on). Thresholds and their published detection and
+false-alarm rates: bench/artifact_detectors/results/artifact_detectors.md.
+
+- ``echo_score``: a faint lagged copy (1-4 frames) of the moving subject inside the clip (seed 001's ghost without a
+  reference), after compensating the camera's motion (:mod:`gates.metrics.echo`).
+- ``tail_flicker``: brightness flicker concentrated in the last 12 frames (:mod:`gates.metrics.tail_flicker`).
+- ``frozen_frames``: frames that repeat an earlier one while the clip moves (:mod:`gates.metrics.frozen_frames`).
+- ``sharpness_drop``: a sudden loss of sharpness, labelled blur (:mod:`gates.metrics.sharpness_drop`).
+- ``blocking``: an 8x8 block grid (:mod:`gates.metrics.blocking`).
+- ``dropout_ms``: the longest gap inside the soundtrack (:mod:`gates.metrics.audio_dropout`).
+- ``click_score``: impulsive clicks in the soundtrack (:mod:`gates.metrics.audio_clicks`).
 """
 
 from __future__ import annotations
@@ -100,6 +114,29 @@ DIMENSIONS: dict[str, Dimension] = {d.name: d for d in [
     Dimension("clipping_fraction", False, None, "audio"),
     Dimension("av_sync", True, None, "audio"),
 ]}
+
+def _artifact_detectors() -> dict[str, tuple[str, Any]]:
+    """name -> (kind, detector function of frames or of (audio, sample_rate))."""
+    from gates.metrics import audio_clicks, audio_dropout, blocking, echo, frozen_frames, sharpness_drop, tail_flicker
+
+    return {"echo_score": ("video", echo.echo), "tail_flicker": ("video", tail_flicker.tail_flicker),
+            "frozen_frames": ("video", frozen_frames.frozen_frames),
+            "sharpness_drop": ("video", sharpness_drop.sharpness_drop), "blocking": ("video", blocking.blocking),
+            "dropout_ms": ("audio", audio_dropout.audio_dropout), "click_score": ("audio", audio_clicks.audio_clicks)}
+
+
+ARTIFACTS: dict[str, Dimension] = {d.name: d for d in [
+    Dimension("echo_score", False, None, "video"),
+    Dimension("tail_flicker", False, None, "video"),
+    Dimension("frozen_frames", False, None, "video"),
+    Dimension("sharpness_drop", False, None, "video"),
+    Dimension("blocking", False, None, "video"),
+    Dimension("dropout_ms", False, "ms", "audio"),
+    Dimension("click_score", False, None, "audio"),
+]}
+"""The artifact detectors' statistics (module docstring); written only where they ran."""
+MIN_ARTIFACT_FRAMES = 32
+"""Shorter clips get no artifact statistics (the tail flicker compares the last 12 frames with the rest)."""
 
 BASELINE_SUFFIX = ".baseline"
 LUFS_FLOOR = -70.0
@@ -688,6 +725,8 @@ class ReferenceFreeOptions(GateOptions):
     """Score every n-th frame with NIQE (a third of the gate's time at 128x128 even so; 16 frames of a 5 s clip)."""
     flow_workers: int | None = None
     """Threads for the optical flow (None: :func:`default_flow_workers`); the scores do not depend on it."""
+    artifact_detectors: bool = True
+    """Run the artifact detectors (gates/metrics/) on clips of at least MIN_ARTIFACT_FRAMES frames."""
     sync_tolerance_frames: float = 2.0
     """An audio onset and a motion event match within this many frames (2 frames = 83 ms at 24 fps, inside the
     +45 / -125 ms detectability window of ITU-R BT.1359)."""
@@ -747,12 +786,33 @@ def score_clip(frames: np.ndarray, fps: float, audio: np.ndarray | None, sample_
             if dim.kind == "audio":
                 scores[name] = None
         info["audio"] = "no audio track"
+        _artifacts(frames, None, None, options, scores, info)
         return scores, info
     audio_scores, onsets = audio_part
     scores.update(audio_scores)
     scores["av_sync"] = sync_f1(video_events, onsets, options.sync_tolerance_frames / fps)
     info["audio_onsets_s"] = [round(o, 3) for o in onsets]
+    _artifacts(frames, audio, sample_rate, options, scores, info)
     return scores, info
+
+
+def _artifacts(frames: np.ndarray, audio: np.ndarray | None, sample_rate: int | None,
+               options: ReferenceFreeOptions, scores: dict[str, float | None], info: dict[str, Any]) -> None:
+    """The artifact detectors' statistics into ``scores``, their thresholds and flags into ``info["artifacts"]``."""
+    if not options.artifact_detectors:
+        return
+    if len(frames) < MIN_ARTIFACT_FRAMES:
+        info["artifacts"] = f"not run: {len(frames)} frames (at least {MIN_ARTIFACT_FRAMES})"
+        return
+    found: dict[str, Any] = {}
+    for name, (kind, detector) in _artifact_detectors().items():
+        if kind == "audio" and audio is None:
+            continue
+        d = detector(frames) if kind == "video" else detector(audio, int(sample_rate))
+        scores[name] = d.statistic
+        found[name] = {"threshold": d.threshold, "flagged": d.flagged,
+                       **{k: v for k, v in d.info.items() if k in ("lag", "frame", "start_s", "at_s")}}
+    info["artifacts"] = found
 
 
 _CACHE_ENTRIES = 64
@@ -813,7 +873,7 @@ class ReferenceFreeGate(Gate):
                    "contrast, colourfulness; loudness, silence, clipping, audio-visual sync), paired by side.")
     Options = ReferenceFreeOptions
     metrics = {n: MetricSpec(higher_is_better=d.higher_is_better, unit=d.unit)
-               for name, d in DIMENSIONS.items() for n in (name, name + BASELINE_SUFFIX)}
+               for name, d in {**DIMENSIONS, **ARTIFACTS}.items() for n in (name, name + BASELINE_SUFFIX)}
 
     def evaluate(self, ctx: PairContext) -> GateResult:
         return self._score(ctx, identical=False)
@@ -852,6 +912,10 @@ class ReferenceFreeGate(Gate):
             for side, scores in (("candidate", cand), ("baseline", base)):
                 if scores[name] is None:
                     missing.append(f"{name} ({side})")
+        for name, dim in ARTIFACTS.items():
+            if name in cand and name in base:
+                result.metrics[name] = metric(cand[name], dim.higher_is_better, dim.unit)
+                result.metrics[name + BASELINE_SUFFIX] = metric(base[name], dim.higher_is_better, dim.unit)
         result.info.update(baseline=base_info, candidate=cand_info, options=options.model_dump(),
                            directions={n: ("higher" if d.higher_is_better else "lower") + "_is_better"
                                        for n, d in DIMENSIONS.items()})

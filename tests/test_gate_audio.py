@@ -119,7 +119,8 @@ def test_gate_identical_decoded_tracks_give_exact_zero(tmp_path):
         NUM_FRAMES, SIZE, 0 if recipe == "baseline" else 1))
     copy_clip(store, "baseline", "candidate")
     result = get_gate("audio").evaluate(pair_context(store, gate="audio"))
-    assert _metrics(result) == {"stft_distance": 0.0, "logmel_distance": 0.0, "lufs_delta": 0.0, "offset_ms": 0.0}
+    assert _metrics(result) == {"stft_distance": 0.0, "logmel_distance": 0.0, "lufs_delta": 0.0, "offset_ms": 0.0,
+                                "offset_excess_ms": 0.0}
     assert result.flagged is False
 
 
