@@ -80,3 +80,52 @@ direction = "lower_is_better"
 max = 0.1
 fail_beyond = "ci"
 """))
+
+
+def _record_cis(record: dict, candidate: str) -> dict[str, tuple[float, float, float]]:
+    """metric -> (mean delta, CI low, CI high) of the candidate's non-PASS metrics, from a record's verdict lines."""
+    import re
+
+    out, inside = {}, False
+    for line in record["verdict_lines"]:
+        if line.startswith("  ") and not line.startswith("    "):
+            inside = line.strip().startswith(f"{candidate}:")
+            continue
+        m = re.match(r"\s+- (\w+): (?:FAIL|INCONCLUSIVE): .*?95% CI \[([-\d.e]+), ([-\d.e]+)\]", line)
+        mean = re.search(r"mean delta ([-\d.e]+)", line)
+        if inside and m:
+            low, high = float(m.group(2)), float(m.group(3))
+            out[m.group(1)] = (float(mean.group(1)) if mean else float("nan"), low, high)
+    return out
+
+
+@pytest.mark.parametrize("candidate", ["fewer-steps", "turbo4-tiny-lora03"])
+def test_the_shipped_margins_fail_fewer_steps_and_lora03_on_non_inferiority_itself(candidate):
+    """signoff_proof_run23d200_seeds4567 judged both recipes under the earlier margins (1.5 x the per-pair floor):
+    non-inferior on every dimension, failed only by the Wilcoxon regression rule. The CI of a mean delta does not
+    depend on the margin, so the record's CIs decide them again under the shipped margins: the whole CI beyond the
+    margin on dynamic degree, non-inferiority's own FAIL."""
+    import json
+    from pathlib import Path
+
+    from h3eval.policy import NoiseFloor, resolve_threshold
+
+    root = Path(__file__).resolve().parent.parent
+    record = json.loads((root / "bench/results/signoff_proof_run23d200_seeds4567.json").read_text())
+    floors = json.loads((root / "bench/results/signoff_false_fail_run23d200_seeds4567.json").read_text())["floor"]
+    floor = NoiseFloor(path=Path("floor.json"), sha256="0" * 64, metrics=floors["metrics"])
+    metrics = load_policy(root / "gates/policies/release.toml").policy.judges["resample"].gates["reference_free"].metrics
+    cis = _record_cis(record, candidate)
+    assert "dynamic_degree" in cis
+    failed = []
+    for name, (mean, low, high) in cis.items():
+        if name not in metrics:  # prompt faithfulness: an absolute margin, unchanged
+            continue
+        mp = metrics[name]
+        margin = resolve_threshold(mp.margin, f"reference_free.{name}", floor).value
+        old = 1.5 * floor.metrics[f"reference_free.{name}"]
+        assert mean > -old  # the earlier margin: non-inferiority alone passed it
+        assert mp.fail_beyond == "ci"
+        if high < -margin:
+            failed.append(name)
+    assert "dynamic_degree" in failed, (candidate, cis)
