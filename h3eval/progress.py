@@ -178,11 +178,12 @@ class Progress:
 class PairSteps:
     """The calls of ``rich.progress.Progress`` that the gate runner makes (``add_task``, ``advance``, ``update``),
     over a :class:`Progress` of ``pairs`` pairs: ``update(task, pair=NAME, steps=N)`` starts a pair of N gate results
-    (computed or resumed), each ``advance`` is one of them, and the pair's last one finishes it."""
+    (computed or resumed), each ``advance`` is one of them, and the pair's last one finishes it. A pair none of whose
+    gates ran (no ``update(task, description=...)``: every result was kept from an earlier run) reads "resumed"."""
 
     def __init__(self, label: str, pairs: int, enabled: bool = True, **kwargs: Any):
         self.progress = Progress(label, pairs, unit="pair", enabled=enabled, **kwargs)
-        self.pair, self.left, self.pair_started = "", 0, time.monotonic()
+        self.pair, self.left, self.pair_started, self.ran = "", 0, time.monotonic(), False
 
     def add_task(self, description: str = "", total: int = 0, **_: Any) -> int:
         return 0
@@ -192,11 +193,12 @@ class PairSteps:
         if pair is not None:
             if self.left > 0:  # the previous pair gave fewer results than it said: it is over all the same
                 self._finish()
-            self.pair, self.left, self.pair_started = pair, int(steps or 0), time.monotonic()
+            self.pair, self.left, self.pair_started, self.ran = pair, int(steps or 0), time.monotonic(), False
             self.progress.now(pair)
             if self.left <= 0:
                 self._finish()
         elif description is not None:
+            self.ran = True
             self.progress.now(description)
 
     def advance(self, task: int, advance: int = 1) -> None:
@@ -207,7 +209,7 @@ class PairSteps:
 
     def _finish(self) -> None:
         self.left = 0
-        self.progress.advance(self.pair, f"{time.monotonic() - self.pair_started:.1f} s")
+        self.progress.advance(self.pair, f"{time.monotonic() - self.pair_started:.1f} s" if self.ran else "resumed")
 
     def __enter__(self) -> "PairSteps":
         return self

@@ -96,8 +96,10 @@ def test_pair_steps_finish_a_pair_with_its_last_gate_result():
         bar.advance(task)
         bar.update(task, pair="d/p0-s0", steps=1)
         bar.advance(task)
-    done = [LINE.match(line).group("what", "done") for line in out.getvalue().splitlines()[1:-1]]
-    assert done == [("a/p0-s0", "1"), ("b/p0-s0", "2"), ("c/p0-s0", "3"), ("d/p0-s0", "4")]
+    done = [LINE.match(line).group("what", "done", "note") for line in out.getvalue().splitlines()[1:-1]]
+    assert re.fullmatch(r"\d+\.\d s", done[0][2])  # a's gates ran (its description): its seconds
+    assert done == [("a/p0-s0", "1", done[0][2]), ("b/p0-s0", "2", "resumed"), ("c/p0-s0", "3", "resumed"),
+                    ("d/p0-s0", "4", "resumed")]  # the others' results were all kept
 
 
 def test_a_repeated_library_warning_is_shown_once_then_counted(capsys, monkeypatch):
