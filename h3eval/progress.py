@@ -7,8 +7,10 @@
 - otherwise (a pipe, a log file, CI), one plain line per finished request or pair, flushed at once, e.g.
   ``ab: 5/39 requests, quality/fewer-steps/demo-00-s1 (1.2 s); elapsed 0:12, ETA 0:40``.
 
-The ETA is the mean time of the items this process finished times the items left (items already on disk when the
-stage started, a resumed run's, are counted done and left out of the mean).
+The ETA is the time an item takes times the items left: from the second finished item on, the mean time between the
+finishes after the first (the first item pays the model load and warm-up: 2 min at full size, and 2 min of the demo's
+first request on a loaded 2-core VM), before that the first item's time. Items already on disk when the stage started
+(a resumed run's) are counted done and left out.
 
 :func:`quiet_repeats` (installed by the CLI around every command) shows each library warning once: a log record of
 WARNING or above with the same logger, level and text as one already shown, or a Python warning with the same
@@ -67,6 +69,8 @@ class Progress:
         self.current = ""
         self._lock = threading.RLock()
         self._closed = False
+        self._first: float | None = None  # clock at the first item this process finished
+        self._last: float | None = None  # and at the last
         self._timer: threading.Thread | None = None
         self._stop = threading.Event()
         if not self.enabled:
@@ -86,11 +90,12 @@ class Progress:
 
     # -- counting -------------------------------------------------------------------------------------------------
     def eta_s(self) -> float | None:
-        """Seconds left: the mean of this process's finished items times the items left (None before the first)."""
+        """Seconds left: an item's time (see the module docstring) times the items left (None before the first)."""
         timed = self.done - self.resumed
-        if timed <= 0:
+        if timed <= 0 or self._first is None or self._last is None:
             return None
-        return (self.clock() - self.started) / timed * max(0, self.total - self.done)
+        each = (self._last - self._first) / (timed - 1) if timed >= 2 else self._first - self.started
+        return each * max(0, self.total - self.done)
 
     def now(self, what: str) -> None:
         """What is running now (shown on the terminal line)."""
@@ -103,6 +108,9 @@ class Progress:
         """``n`` items finished: the last of them ``what`` (``note``: how it went, e.g. its seconds)."""
         with self._lock:
             self.done += n
+            self._last = self.clock()
+            if self._first is None:
+                self._first = self._last
             if not self.enabled or self._closed:
                 return
             if self.tty:

@@ -43,15 +43,19 @@ def test_lines_off_a_terminal_one_per_item_with_an_eta_from_this_processes_items
     bar.advance("quality/baseline/p0-s0", "30.0 s")
     clock.t += 10
     bar.advance("quality/cand/p0-s0", "not made")
+    clock.t += 20
+    bar.advance("quality/baseline/p0-s1")
+    assert bar.eta_s() == 15.0 * 5  # (60 - 30) s over the 2 items after the first, 5 left
     bar.close()
     lines = out.getvalue().splitlines()
     assert lines[0] == "ab: 8 requests to go (2 already done)"
     first, second = (LINE.match(line).groupdict() for line in lines[1:3])
-    # 1 item in 30 s, 7 left: 210 s; then 2 items in 40 s, 6 left: 120 s.
+    # The first item took 30 s, 7 left: 210 s; the second 10 s (the first, which paid the load, left out), 6 left.
     assert (first["done"], first["total"], first["what"], first["note"], first["elapsed"], first["eta"]) == (
         "3", "10", "quality/baseline/p0-s0", "30.0 s", "0:30", "3:30")
-    assert (second["done"], second["note"], second["elapsed"], second["eta"]) == ("4", "not made", "0:40", "2:00")
-    assert lines[3] == "ab: 4/10 requests in 0:40" and len(lines) == 4
+    assert (second["done"], second["note"], second["elapsed"], second["eta"]) == ("4", "not made", "0:40", "1:00")
+    assert lines[3] == "ab: 5/10 requests, quality/baseline/p0-s1; elapsed 1:00, ETA 1:15"
+    assert lines[4] == "ab: 5/10 requests in 1:00" and len(lines) == 5
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
 
 
