@@ -7,11 +7,11 @@ shows, read by the world's ground-truth detector (h3.world.detect), and what the
 Each plant (bench/recipe_bugs/recipes/*.toml) names its correct recipe as ``parent``; the plant and its parent make
 the same (prompt, seed) clips, each decoded from its MP4 and read by the detector (colour, shape, direction, pitch,
 bounces, sync against the caption). Per plant and aspect: the share right for the plant and the parent (Wilson 95%)
-and the paired difference with a bootstrap 95% interval over the pairs; the pairs whose clip is byte-identical to the
-parent's; the pairs whose reading differs. A plant "changes what the clip shows" when an aspect's paired difference
-excludes 0; one whose clips are the parent's (or read the same) changes nothing, which the record says instead of
-expecting a FAIL. The configured-versus-executed check (h3eval.executed.check_executed) and its flags
-(executed_flags) are recorded per plant. A plant refused at load (the lever's own error) is recorded as refused.
+and the paired difference with Newcombe's 95% interval for paired proportions; the pairs whose clip is
+byte-identical to the parent's; the pairs whose reading differs. A plant "changes what the clip shows" when an
+aspect's paired difference excludes 0; one whose clips are the parent's (or read the same) changes nothing, which
+the record says instead of expecting a FAIL. The configured-versus-executed check (h3eval.executed.check_executed)
+and its flags (executed_flags) are recorded per plant. A plant refused at load (the lever's own error) is recorded as refused.
 
 Clip readings are kept in ``--work`` (default /tmp/recipe_bugs) as they finish, so a stopped run resumes; the record
 goes to bench/recipe_bugs/results/<name>.{json,md}, marked partial when a plant or parent lacks clips.
@@ -31,7 +31,6 @@ sys.path.insert(0, str(HERE.parent.parent))
 
 ASPECTS = ("colour", "shape", "direction", "pitch", "bounces", "sync")
 READING = ("colours_seen", "shapes_seen", "directions_seen", "bounces_seen", "appear_seen", "pitches_seen", "onsets")
-BOOTSTRAP = 10000
 
 
 def wilson(k: int, n: int) -> list[float] | None:
@@ -43,20 +42,31 @@ def wilson(k: int, n: int) -> list[float] | None:
     return [float(ci.low), float(ci.high)]
 
 
-def paired_difference(plant: list[bool], parent: list[bool], seed: int = 0) -> dict:
-    """Share right (plant - parent) over paired clips, with a percentile bootstrap 95% interval over the pairs."""
-    import numpy as np
+def paired_difference(plant: list[bool], parent: list[bool]) -> dict:
+    """Share right (plant - parent) over paired clips, with Newcombe's 95% interval for a difference of paired
+    proportions (method 10: Wilson score limits of each share, combined with the pairs' phi correlation; Newcombe,
+    Stat Med 1998) and the exact McNemar test on the discordant pairs (two-sided binomial)."""
+    import math
 
-    a, b = np.asarray(plant, float), np.asarray(parent, float)
-    n = len(a)
+    from scipy.stats import binomtest
+
+    n = len(plant)
     if n == 0:
         return {"n": 0, "difference": None, "ci95": None, "discordant": 0}
-    diff = a - b
-    rng = np.random.default_rng(seed)
-    means = diff[rng.integers(0, n, size=(BOOTSTRAP, n))].mean(axis=1)
-    return {"n": n, "difference": float(diff.mean()), "ci95": [float(np.quantile(means, 0.025)),
-                                                            float(np.quantile(means, 0.975))],
-            "worse": int((diff < 0).sum()), "better": int((diff > 0).sum()), "discordant": int((diff != 0).sum())}
+    both = sum(1 for x, y in zip(plant, parent) if x and y)
+    better = sum(1 for x, y in zip(plant, parent) if x and not y)
+    worse = sum(1 for x, y in zip(plant, parent) if y and not x)
+    neither = n - both - better - worse
+    p1, p2 = (both + better) / n, (both + worse) / n
+    (l1, u1), (l2, u2) = wilson(both + better, n), wilson(both + worse, n)
+    denominator = (both + better) * (worse + neither) * (both + worse) * (better + neither)
+    phi = (both * neither - better * worse) / math.sqrt(denominator) if denominator else 0.0
+    delta = p1 - p2
+    low = delta - math.sqrt(max((p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2, 0.0))
+    high = delta + math.sqrt(max((u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2, 0.0))
+    mcnemar = binomtest(better, better + worse).pvalue if better + worse else 1.0
+    return {"n": n, "difference": delta, "ci95": [max(low, -1.0), min(high, 1.0)], "worse": worse,
+            "better": better, "discordant": better + worse, "mcnemar_p": float(mcnemar)}
 
 
 def generate(recipe_path: str, model: str, prompts, seeds, work: Path, record_only: bool = False) -> dict:
@@ -261,7 +271,7 @@ def main() -> None:
     md = table(plants, parents, expected)
     md += (f"\nPrompts: the first {len(prompts)} of `{args.prompts}` (sha256 {suite.sha256[:12]}), seeds {seeds}: "
            f"{expected} pairs per plant. Δ: the plant's share right minus the parent's over the same pairs, with a "
-           f"bootstrap 95% interval ({BOOTSTRAP} resamples); a plant changes what the clip shows when an aspect's "
+           f"Newcombe 95% interval for paired proportions; a plant changes what the clip shows when an aspect's "
            f"interval excludes 0. Wall time {wall:.0f} s on the CPU ({lscpu_model()}).\n")
     if missing:
         md += f"\n**Partial**: fewer than {expected} pairs for {', '.join(missing)}.\n"
