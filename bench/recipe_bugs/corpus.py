@@ -11,7 +11,8 @@ and the paired difference with Newcombe's 95% interval for paired proportions; t
 byte-identical to the parent's; the pairs whose reading differs. A plant "changes what the clip shows" when an
 aspect's paired difference excludes 0; one whose clips are the parent's (or read the same) changes nothing, which
 the record says instead of expecting a FAIL. The configured-versus-executed check (h3eval.executed.check_executed)
-and its flags (executed_flags) are recorded per plant. A plant refused at load (the lever's own error) is recorded as refused.
+and its flags (executed_flags) are recorded per plant. A plant refused at load (the lever's own error) is recorded
+as refused.
 
 Clip readings are kept in ``--work`` (default /tmp/recipe_bugs) as they finish, so a stopped run resumes; the record
 goes to bench/recipe_bugs/results/<name>.{json,md}, marked partial when a plant or parent lacks clips.
