@@ -1011,7 +1011,7 @@ def server_cases(ws: Workspace, fuzz: int, notes: list[str]) -> list[Outcome]:
     # diffusers' modular pipeline logs the traceback of a block it re-raises from (logger.error): every job this
     # server stops at its 1 ms timeout leaves one. Those are a note; any other traceback in the log is a failure.
     blocks = (ws.root / "server.log").read_text().split("Traceback (most recent call last):")[1:]
-    timeouts = [b for b in blocks if "h3.server.JobTimeout: the job ran past the server's per-job timeout" in b]
+    timeouts = [b for b in blocks if "h3.server_jobs.JobTimeout: the job ran past the server's per-job timeout" in b]
     others = [b for b in blocks if b not in timeouts]
     if others:
         outcomes.append(Outcome("server log", "server", "http", "traceback",
