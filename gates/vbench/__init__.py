@@ -211,6 +211,9 @@ def evaluate_run(run: RunContext, dimensions: list[str] | None = None, env: str 
     Refuses to start (VBenchPinError / VBenchEnvError message, nothing written) when verification finds a problem.
     Resumable: a clip whose scores file already holds every requested dimension for the same MP4 sha256 and the same
     pins is not scored again.
+
+    The steps: :func:`_score_run` (reuse or score each clip), :func:`_write_clip_files`, :func:`_write_pair_results`
+    and :func:`_run_summary`.
     """
     started = time.monotonic()
     dims = resolve_dimensions(dimensions)
@@ -219,7 +222,40 @@ def evaluate_run(run: RunContext, dimensions: list[str] | None = None, env: str 
                                      source_pins_path=source_pins_path, checkpoint_pins_path=checkpoint_pins_path))
     gate_dir = run.gate_dir
     provenance = report.provenance()
+    scores, rescored, runner_info = _score_run(gate_dir, found, missing, dims, report, device, provenance)
+    _write_clip_files(gate_dir, eligible, found, scores, provenance)
+    info = {"vbench_version": VBENCH_VERSION, "mode": VBENCH_MODE, "long_video_handling": LONG_VIDEO_HANDLING,
+            "source_pins_sha256": provenance["source_pins_sha256"],
+            "checkpoint_pins_sha256": provenance["checkpoint_pins_sha256"], "device": runner_info.get("device")}
+    pair_counts = _write_pair_results(run, scores, dims, info, missing)
+    summary = _run_summary(dims, eligible, found, missing, recipes, scores, pair_counts)
+    summary.update({
+        "rescored_clips": rescored,
+        "reused_clips": len(found) - rescored,
+        "runner": runner_info,
+        "provenance": provenance,
+        "seconds": round(time.monotonic() - started, 2),
+    })
+    atomic_write_json(gate_dir / "summary.json", summary)
+    if summary["partial"]:
+        logger.warning("VBench scores are PARTIAL: %s", {d: c["clips"] for d, c in summary["denominators"].items()
+                                                         if c["clips"]["scored"] < c["clips"]["eligible"]})
+    return summary
 
+
+def _key(recipe: str, prompt_id: str, seed: int) -> str:
+    """A clip's key in the scores (:attr:`ClipInput.key`)."""
+    return f"{recipe}/{clip_stem(prompt_id, seed)}"
+
+
+def _score_run(gate_dir: Path, found: list[ClipInput], missing: list[tuple[str, str, int, str]], dims: list[str],
+               report: VerifyReport, device: str, provenance: dict[str, Any]
+               ) -> tuple[dict[str, dict[str, dict[str, Any]]], int, dict[str, Any]]:
+    """(scores per clip key and dimension, how many clips were scored now, what scored them).
+
+    A clip whose earlier scores still hold (:func:`_read_previous`) is reused; the rest are scored in ONE subprocess;
+    a missing clip gets its reason as the error of every dimension.
+    """
     scores: dict[str, dict[str, dict[str, Any]]] = {}
     to_score: list[ClipInput] = []
     for clip in found:
@@ -242,37 +278,45 @@ def evaluate_run(run: RunContext, dimensions: list[str] | None = None, env: str 
         for clip in to_score:
             scores[clip.key] = clip_scores(result, clip.key, dims)
     for recipe, pid, seed, why in missing:
-        scores[f"{recipe}/{clip_stem(pid, seed)}"] = {d: _score_entry(d, None, why) for d in dims}
+        scores[_key(recipe, pid, seed)] = {d: _score_entry(d, None, why) for d in dims}
+    return scores, len(to_score), runner_info
 
-    # Per-clip files (baseline clips too).
+
+def _is_long(clip: ClipInput | None) -> bool:
+    return clip is not None and clip.duration_s is not None and clip.duration_s >= LONG_VIDEO_SECONDS
+
+
+def _write_clip_files(gate_dir: Path, eligible: list[tuple[str, str, int]], found: list[ClipInput],
+                      scores: dict[str, dict[str, dict[str, Any]]], provenance: dict[str, Any]) -> None:
+    """``clips/<recipe>/<prompt_id>-s<seed>.json`` for every eligible clip, baseline too (a missing one: no hash)."""
     by_key = {c.key: c for c in found}
     for recipe, pid, seed in eligible:
-        key = f"{recipe}/{clip_stem(pid, seed)}"
+        key = _key(recipe, pid, seed)
         clip = by_key.get(key)
-        long_video = clip is not None and clip.duration_s is not None and clip.duration_s >= LONG_VIDEO_SECONDS
         atomic_write_json(gate_dir / "clips" / recipe / f"{clip_stem(pid, seed)}.json", {
             "version": CLIP_SCORES_VERSION,
             "recipe": recipe, "prompt_id": pid, "seed": seed,
             "prompt": clip.prompt if clip else None,
             "mp4_sha256": clip.mp4_sha256 if clip else None,
             "duration_s": clip.duration_s if clip else None,
-            "long_video": long_video,
+            "long_video": _is_long(clip),
             "source_pins_sha256": provenance["source_pins_sha256"],
             "checkpoint_pins_sha256": provenance["checkpoint_pins_sha256"],
             "scores": scores[key],
         })
 
-    # Per-pair GateResults.
-    info = {"vbench_version": VBENCH_VERSION, "mode": VBENCH_MODE, "long_video_handling": LONG_VIDEO_HANDLING,
-            "source_pins_sha256": provenance["source_pins_sha256"],
-            "checkpoint_pins_sha256": provenance["checkpoint_pins_sha256"], "device": runner_info.get("device")}
+
+def _write_pair_results(run: RunContext, scores: dict[str, dict[str, dict[str, Any]]], dims: list[str],
+                        info: dict[str, Any], missing: list[tuple[str, str, int, str]]) -> dict[str, dict[str, int]]:
+    """Each pair's :class:`GateResult` under ``<candidate>/``; per dimension the pairs eligible, scored, missing (a
+    clip of the pair was never made) and in error."""
     pair_counts = {d: {"eligible": 0, "scored": 0, "missing": 0, "error": 0} for d in dims}
-    missing_keys = {f"{r}/{clip_stem(p, s)}" for r, p, s, _ in missing}
+    missing_keys = {_key(r, p, s) for r, p, s, _ in missing}
     for pair in run.pairs:
-        bkey = f"{pair.baseline}/{clip_stem(pair.prompt_id, pair.seed)}"
-        ckey = f"{pair.candidate}/{clip_stem(pair.prompt_id, pair.seed)}"
+        bkey = _key(pair.baseline, pair.prompt_id, pair.seed)
+        ckey = _key(pair.candidate, pair.prompt_id, pair.seed)
         result = pair_result(pair, scores[bkey], scores[ckey], dims, info)
-        atomic_write_json(gate_dir / pair.candidate / f"{clip_stem(pair.prompt_id, pair.seed)}.json",
+        atomic_write_json(run.gate_dir / pair.candidate / f"{clip_stem(pair.prompt_id, pair.seed)}.json",
                           result.model_dump(mode="json"))
         for d in dims:
             counts = pair_counts[d]
@@ -283,7 +327,14 @@ def evaluate_run(run: RunContext, dimensions: list[str] | None = None, env: str 
                 counts["missing"] += 1
             else:
                 counts["error"] += 1
+    return pair_counts
 
+
+def _run_summary(dims: list[str], eligible: list[tuple[str, str, int]], found: list[ClipInput],
+                 missing: list[tuple[str, str, int, str]], recipes: list[str],
+                 scores: dict[str, dict[str, dict[str, Any]]], pair_counts: dict[str, dict[str, int]]
+                 ) -> dict[str, Any]:
+    """The summary's scores part: clip denominators, per-recipe means, ``partial``, the normalization used."""
     clip_counts = {}
     per_recipe: dict[str, Any] = {}
     for d in dims:
@@ -293,7 +344,7 @@ def evaluate_run(run: RunContext, dimensions: list[str] | None = None, env: str 
         clip_counts[d] = counts
         per_recipe[d] = {}
         for recipe in recipes:
-            values = [scores[f"{recipe}/{clip_stem(p, s)}"][d]["raw"] for r, p, s in eligible if r == recipe]
+            values = [scores[_key(recipe, p, s)][d]["raw"] for r, p, s in eligible if r == recipe]
             got = [v for v in values if v is not None]
             per_recipe[d][recipe] = {
                 "n_scored": len(got), "n_eligible": len(values),
@@ -301,7 +352,7 @@ def evaluate_run(run: RunContext, dimensions: list[str] | None = None, env: str 
                 "mean_normalized": DIMENSIONS[d].normalize(sum(got) / len(got)) if got else None,
             }
     partial = any(c["scored"] < c["eligible"] for c in clip_counts.values())
-    summary = {
+    return {
         "version": SUMMARY_VERSION,
         "gate": GATE_NAME,
         "created_at": utc_now(),
@@ -309,7 +360,7 @@ def evaluate_run(run: RunContext, dimensions: list[str] | None = None, env: str 
         "mode": VBENCH_MODE,
         "long_video_seconds": LONG_VIDEO_SECONDS,
         "long_video_handling": LONG_VIDEO_HANDLING,
-        "long_videos": sorted(c.key for c in found if c.duration_s is not None and c.duration_s >= LONG_VIDEO_SECONDS),
+        "long_videos": sorted(c.key for c in found if _is_long(c)),
         "partial": partial,
         "complete": not partial,
         "denominators": {d: {"clips": clip_counts[d], "pairs": pair_counts[d]} for d in dims},
@@ -317,16 +368,7 @@ def evaluate_run(run: RunContext, dimensions: list[str] | None = None, env: str 
         "normalization": {d: {"min": DIMENSIONS[d].leaderboard_min, "max": DIMENSIONS[d].leaderboard_max,
                               "source": "VBench scripts/constant.py NORMALIZE_DIC"} for d in dims},
         "higher_is_better": {d: DIMENSIONS[d].higher_is_better for d in dims},
-        "rescored_clips": len(to_score),
-        "reused_clips": len(found) - len(to_score),
-        "runner": runner_info,
-        "provenance": provenance,
-        "seconds": round(time.monotonic() - started, 2),
     }
-    atomic_write_json(gate_dir / "summary.json", summary)
-    if partial:
-        logger.warning("VBench scores are PARTIAL: %s", {d: c for d, c in clip_counts.items() if c["scored"] < c["eligible"]})
-    return summary
 
 
 def _mkdir(path: Path) -> Path:

@@ -198,8 +198,9 @@ def verify_checkpoints(cache_dir: Path, pins: dict[str, Any], dimensions: list[s
                 if not on_disk:
                     continue  # reported once by missing_checkpoints
                 if not expected:
-                    problems.append(f"checkpoint directory {rel} for {dim} is not pinned in {CHECKPOINT_PINS_PATH.name}; "
-                                    "run `h3eval vbench pin` on a trusted machine and commit the file")
+                    problems.append(f"checkpoint directory {rel} for {dim} is not pinned in "
+                                    f"{CHECKPOINT_PINS_PATH.name}; run `h3eval vbench pin` on a trusted machine and "
+                                    "commit the file")
                     continue
                 for extra in sorted(set(on_disk) - set(expected)):
                     problems.append(f"unpinned file in checkpoint directory {rel}: {cache_dir / extra}")
@@ -254,7 +255,8 @@ class VerifyReport:
 
 
 def verify(env: Path, dimensions: list[str], cache_dir: Path | None = None,
-           source_pins_path: Path = SOURCE_PINS_PATH, checkpoint_pins_path: Path = CHECKPOINT_PINS_PATH) -> VerifyReport:
+           source_pins_path: Path = SOURCE_PINS_PATH,
+           checkpoint_pins_path: Path = CHECKPOINT_PINS_PATH) -> VerifyReport:
     """Check the environment, every pinned scorer file and every checkpoint the dimensions need. Never raises for a
     problem found; the report lists them all (see :func:`require_verified`)."""
     cache_dir = Path(cache_dir) if cache_dir else vbench_cache_dir()
