@@ -1,5 +1,11 @@
-"""The import floors: ``h3`` <- ``gates`` <- ``h3eval`` <- ``dashboard`` / ``bench``; nothing imports upward, and
-library code never imports a CLI module (BRIEFING, STYLE.md).
+"""The import floors, the project's layering rule, stated here in full (the design notes that first set it are not
+part of this repository):
+
+- the packages stand on floors, ``h3`` (runtime, 0) <- ``gates`` (1) <- ``h3eval`` (suite, 2) <- ``dashboard`` and
+  ``bench`` (3); a module imports packages on its own floor or below, never above (a gate receives what it needs in
+  its context and never opens the suite's store);
+- library code (``h3``, ``gates``, ``h3eval``, ``dashboard``) never imports a command-line module (``h3.cli``,
+  ``h3eval.cli``, ``h3eval.commands``): the CLI is a thin layer over library functions, not the other way round.
 
 The checker walks the AST of every module (imports inside functions included, and ``importlib.import_module`` of a
 literal name), so a lazy import cannot hide an upward dependency. It is itself tested on a planted tree: a checker
