@@ -116,19 +116,31 @@ body { margin: 0; font: 13px sans-serif; color: #31333f; }
   const frameOf = (t) => Math.min(last, Math.max(0, Math.floor(t * fps + 1e-6)));
   const timeOf = (f) => (f + 0.5) / fps;  // the middle of frame f: lands in f whatever the rounding
   // The follower takes the leader's time, rate and play state. Stopped: the same time. Playing: its rate is
-  // steered toward the leader's time (up to 50% faster or slower), and a follower more than FAR frames off (a stall
-  // of one decoder on a busy machine) jumps to the leader.
+  // steered toward the leader's time (up to 20% faster or slower); a follower more than FAR frames off (a stall of
+  // one decoder on a busy machine) jumps to the leader. It starts once the leader's clock moves (an audio output
+  // opening holds the leader back), from the leader's time, and is steered once its own clock moves.
   const FAR = 3;
-  let startedAt = 0;  // the leader's time when it was last started: the follower starts once that clock moves
+  let startedAt = 0;  // the leader's time when it was last started or sought
+  let startFrom = null;  // where the follower was started, until its clock moves
   function follow() {
     if (A.paused || A.ended) {
       if (!B.paused) B.pause();
       if (B.currentTime !== A.currentTime) B.currentTime = A.currentTime;
       B.playbackRate = A.playbackRate;
+      startFrom = null;
       return;
     }
-    if (A.currentTime <= startedAt + 0.25 / fps) return;  // the leader's clock has not started yet
-    if (B.paused) B.play().catch(() => {});
+    if (A.currentTime <= startedAt + 0.25 / fps) return;  // the leader's clock has not started moving yet
+    if (B.paused) {
+      B.playbackRate = A.playbackRate;
+      B.currentTime = startFrom = A.currentTime;
+      B.play().catch(() => {});
+      return;
+    }
+    if (startFrom !== null) {
+      if (B.currentTime <= startFrom) return;  // not moving yet
+      startFrom = null;
+    }
     const d = A.currentTime - B.currentTime;  // > 0: the follower is behind
     if (Math.abs(d) > FAR / fps && !B.seeking) { B.currentTime = A.currentTime; return; }
     const rate = A.playbackRate * (1 + Math.max(-0.2, Math.min(0.2, 0.4 * d * fps)));
@@ -155,7 +167,7 @@ body { margin: 0; font: 13px sans-serif; color: #31333f; }
     if (A.paused) {
       if (A.ended || frameOf(A.currentTime) >= last) { A.currentTime = 0; B.currentTime = 0; }
       B.currentTime = startedAt = A.currentTime;
-      A.play().catch(() => {});
+      A.play().catch(() => {});  // the follower starts when the leader's clock moves (follow)
     } else { A.pause(); B.pause(); B.currentTime = A.currentTime; }
   }
   ["pause", "seeked", "seeking", "ended", "waiting"].forEach((e) => A.addEventListener(e, () => {
