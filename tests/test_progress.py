@@ -216,3 +216,27 @@ def test_ab_and_gate_print_a_line_per_request_and_pair_and_the_lora_warning_once
     assert gate.returncode == 0, gate.stderr[-2000:]
     pairs = [m.group("what") for m in map(LINE.match, gate.stderr.splitlines()) if m and m.group("label") == "gates"]
     assert pairs == ["fast-lora/a-s0", "fast-lora/a-s1"]
+
+
+@pytest.mark.slow
+def test_floor_prints_a_line_per_clip_and_per_pair(tmp_path, fast_recipe_file):
+    """`h3eval floor` (in-process, stderr not a terminal): a line per clip it generates, then a line per pair its
+    gates score, each with the count and an ETA."""
+    from typer.testing import CliRunner
+
+    from h3eval.cli import app
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "a cat"}\n')
+    result = CliRunner().invoke(app, ["floor", "--recipe", str(fast_recipe_file), "--prompts", str(prompts),
+                                      "--seeds", "0,1", "--gates", "audio", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    found = [m.groupdict() for m in map(LINE.match, lines) if m]
+    clips = [d for d in found if d["label"] == "clips"]
+    assert sorted(d["what"] for d in clips) == ["fast-repeat/a-s0", "fast-repeat/a-s1", "fast/a-s0", "fast/a-s1"]
+    assert [(d["done"], d["total"]) for d in clips] == [("1", "4"), ("2", "4"), ("3", "4"), ("4", "4")]
+    pairs = [d["what"] for d in found if d["label"] == "gates"]
+    assert sorted(pairs) == ["fast-newseed/a-s0", "fast-newseed/a-s1", "fast-repeat/a-s0", "fast-repeat/a-s1"]
+    assert "clips: 4 clips to go" in lines and "gates: 4 pairs to go" in lines
+    assert all(d["eta"] != "?" for d in found)
