@@ -14,7 +14,7 @@ from gates.metrics.detection import Detection
 
 higher_is_better = False
 NAME = "click_score"
-THRESHOLD = 30.0
+THRESHOLD = 660.0
 SCALE_MS = 64.0
 
 

@@ -15,7 +15,7 @@ from gates.metrics.detection import Detection
 
 higher_is_better = False
 NAME = "dropout_ms"
-THRESHOLD_MS = 100.0
+THRESHOLD_MS = 25.0
 WINDOW_MS = 10.0
 DROP_DB = 40.0
 

@@ -17,7 +17,7 @@ from gates.metrics.detection import Detection, to_luma
 
 higher_is_better = False
 NAME = "blocking"
-THRESHOLD = 0.3
+THRESHOLD = 2.0
 BLOCK = 8
 
 

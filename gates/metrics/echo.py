@@ -29,7 +29,7 @@ from gates.metrics.detection import Detection, to_luma
 
 higher_is_better = False
 NAME = "echo_score"
-THRESHOLD = 0.05
+THRESHOLD = 0.12
 """Calibrated on the fit set (bench/artifact_detectors/results/artifact_detectors.md)."""
 STRIDE = 5
 LAGS = (1, 2, 3, 4, 6)

@@ -17,7 +17,7 @@ from gates.metrics.detection import Detection, to_luma
 
 higher_is_better = False
 NAME = "sharpness_drop"
-THRESHOLD = 0.5
+THRESHOLD = 1.3
 SPAN = 6
 
 

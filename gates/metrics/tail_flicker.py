@@ -16,7 +16,7 @@ from gates.metrics.detection import Detection, to_luma
 
 higher_is_better = False
 NAME = "tail_flicker"
-THRESHOLD = 4.0
+THRESHOLD = 1.5
 TAIL_FRAMES = 12
 """Half a second at 24 fps."""
 FLOOR_LEVELS = 0.25
