@@ -306,6 +306,7 @@ def report(rows: list[dict], command: str) -> str:
         k_e = sum(r["scores"]["echo"]["statistic"] > THRESHOLDS["echo"] for r in grp)
         k_b = sum(r["scores"]["sharpness_drop"]["statistic"] > THRESHOLDS["sharpness_drop"] for r in grp)
         lines.append(f"| {defect} | {rate(k_e, len(grp))} | {rate(k_b, len(grp))} |")
+    lines += family_echo(video_rows)
     lines += run_level(video_rows)
     off = [o for r in rows if r.get("defect") == "offset" for o in r["offsets"]]
     lines += ["", "## Audio offset (paired, the audio gate's cross-correlation; ITU-R BT.1359 detectability window "
@@ -328,6 +329,28 @@ def report(rows: list[dict], command: str) -> str:
               "| detector | CPU s |", "|---|---:|"] + [f"| {d} | {np.median(v):.3f} |" for d, v in cpu.items()]
     lines += [f"| all | {total:.3f} |", ""]
     return "\n".join(lines)
+
+
+def family_echo(video_rows: list[dict]) -> list[str]:
+    """The echo with a threshold per family of footage (the tiny's clean scores sit far below the photographs' pans):
+    the family's largest clean fit score plus 2 sd of its clean fit scores."""
+    lines = ["", "## Echo with a threshold per family (largest clean fit score + 2 sd of the clean fit scores)", "",
+             "| family | threshold | clean flagged (per clip) | clean run FAIL | alpha | detected (per clip) | run FAIL |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for fam in ("tiny", "footage"):
+        mine = [r for r in video_rows if r["family"] == fam and "echo" in r["scores"]]
+        fit = np.array([r["scores"]["echo"]["statistic"] for r in mine if r["split"] == "fit" and r["defect"] is None])
+        thr = float(fit.max() + 2 * fit.std(ddof=1))
+        pub = [r for r in mine if r["split"] == "publish"]
+        clean = [r for r in pub if r["defect"] is None]
+        k0 = sum(r["scores"]["echo"]["statistic"] > thr for r in clean)
+        for i, alpha in enumerate(ALPHAS):
+            grp = [r for r in pub if r["defect"] == "echo" and r["params"]["alpha"] == alpha]
+            k = sum(r["scores"]["echo"]["statistic"] > thr for r in grp)
+            head = (f"| {fam} | {thr:.4g} | {rate(k0, len(clean))} | {run_rate(k0, len(clean))} |" if i == 0
+                    else "| | | | |")
+            lines.append(f"{head} {alpha:g} | {rate(k, len(grp))} | {run_rate(k, len(grp))} |")
+    return lines
 
 
 RUN_Z = 2.3263
