@@ -22,8 +22,8 @@ length:
   (default 500 ms); the signed value (positive: candidate late) and the normalised peak are in ``info``.
 
 - ``offset_excess_ms``: how far the signed offset lies outside the lip-sync tolerance of ITU-R BT.1359-1
-  (detectability: sound at most ``lead_ms`` = 45 ms early or ``lag_ms`` = 125 ms late; :mod:`gates.metrics.audio_offset`),
-  0 inside it; the pair is flagged when it is positive (a 200 ms offset: 75 ms beyond, flagged).
+  (detectability: sound at most ``lead_ms`` = 45 ms early or ``lag_ms`` = 125 ms late;
+  :mod:`gates.metrics.audio_offset`), 0 inside it; the pair is flagged when it is positive (a 200 ms offset: 75 ms beyond, flagged).
 
 All five are lower-is-better; an identical pair gives exactly zero.
 """

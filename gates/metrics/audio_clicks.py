@@ -1,7 +1,8 @@
 """Audio clicks: impulsive sample-level discontinuities (a dropped or corrupted sample, a splice).
 
 The mono mix's third difference ``x[n] - 3 x[n-1] + 3 x[n-2] - x[n-3]`` as the residual: a high-pass whose gain at
-1 kHz and 32 kHz is 0.0075 (tones and smooth sounds leave a small residual) while an impulse keeps its size. ``click_score`` is the largest |residual| over the residual's robust scale in a ``scale_ms``
+1 kHz and 32 kHz is 0.0075 (tones and smooth sounds leave a small residual) while an impulse keeps its size.
+``click_score`` is the largest |residual| over the residual's robust scale in a ``scale_ms``
 neighbourhood (1.4826 MAD), in units of that scale (higher is worse); flagged above ``THRESHOLD`` (calibrated:
 bench/artifact_detectors/results/artifact_detectors.md).
 """

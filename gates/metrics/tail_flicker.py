@@ -40,4 +40,5 @@ def tail_flicker(frames, tail_frames: int = TAIL_FRAMES, threshold: float = THRE
     tail, rest = series[-tail_frames:], series[:-tail_frames]
     stat = float(tail.mean() / (np.median(rest) + FLOOR_LEVELS))
     return Detection(stat, float(threshold), stat > threshold,
-                     {"tail_mean_levels": round(float(tail.mean()), 4), "rest_median_levels": round(float(np.median(rest)), 4)})
+                     {"tail_mean_levels": round(float(tail.mean()), 4),
+                      "rest_median_levels": round(float(np.median(rest)), 4)})
