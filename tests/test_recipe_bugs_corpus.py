@@ -25,6 +25,7 @@ EXPECTED = {
     "sparse95-nocomp": {("sparse_attention", "sparsity"): 0.95, ("compensation_lora", "enabled"): False,
                         ("compensation_lora", "path"): None, ("compensation_lora", "fuse"): False},
     "sparse-audio": {("sparse_attention", "streams"): ["video", "audio"]},
+    "sparse-all-streams": {("sparse_attention", "streams"): ["video", "audio", "text"]},
     "int8-excluded": {("quant", "exclude"): [r"(^|\.)proj_in$", r"(^|\.)audio_proj_in$", r"(^|\.)proj_out$",
                                              r"(^|\.)audio_proj_out$", "time_embedder", "norm", "transformer_blocks"]},
     "fp8-excluded": {("quant", "mode"): "fp8_w8a8",
