@@ -9,9 +9,16 @@ the settings that are not levers here (name, steps, dtype), every lever through 
 
 from __future__ import annotations
 
+import logging
+
 from h3.levers import lever_configs
 from h3.record import ClipRecord
 from h3.recipe import Recipe
+
+logger = logging.getLogger(__name__)
+_LOGGED: set[tuple[str, str]] = set()
+"""(recipe hash, flag) already logged by :func:`check_executed` in this process (one warning per distinct flag, not
+one per clip)."""
 
 UNVERIFIED = "the backend did not report what executed (foreign server): configured-versus-executed unverified"
 
@@ -27,6 +34,10 @@ def check_executed(recipe: Recipe, record: ClipRecord) -> list[str]:
     regions; cached and computed steps; offload groups; the VAE tile per resolution; the buckets), and lever
     telemetry the recipe does not configure. A record whose producer did not report what ran (a foreign server)
     gives one problem saying so (:data:`UNVERIFIED`): it is unverified, not verified.
+
+    What ran as configured but is a known recipe bug (:func:`executed_flags`: a cache's hit count, a LoRA's scale,
+    sparse audio queries, quantization on few linears) is logged as a warning, once per distinct flag and recipe in
+    a process; it is not a problem (the clip stays).
     """
     if "executed" in (record.extra or {}).get("unreported", []):
         return [UNVERIFIED]
@@ -50,6 +61,11 @@ def check_executed(recipe: Recipe, record: ClipRecord) -> list[str]:
         if name not in {config.name for config in configured}:
             problems.append(f"{name}: the runtime reported lever telemetry the recipe does not configure: "
                             f"{ex.levers[name]}")
+    for flag in executed_flags(recipe, record):
+        key = (recipe.sha256(), flag)
+        if key not in _LOGGED:
+            _LOGGED.add(key)
+            logger.warning("recipe %r: %s (configured-versus-executed flag; the clip is kept)", recipe.name, flag)
     return problems
 
 

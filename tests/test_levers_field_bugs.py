@@ -48,7 +48,8 @@ def _executed(forwards: int, **levers) -> Executed:
     (0.0, "the fbc cache (threshold 0.0) never hit: 0 hits in 2 forwards"),
     (1e9, "the fbc cache (threshold 1000000000.0) hit on every step after the first: 1 hits in 2 forwards"),
 ])
-def test_a_cache_that_never_hits_or_always_hits_is_flagged_with_its_hit_count(base, tmp_path, threshold, flag):
+def test_a_cache_that_never_hits_or_always_hits_is_flagged_with_its_hit_count(base, tmp_path, threshold, flag,
+                                                                             caplog):
     """A whole request: threshold 0 never reuses (the clip is the uncached one, byte for byte: fbc-cache on the
     trained tiny), 1e9 reuses every step after the first; both pass the configured-versus-executed check (the cache
     ran as configured) and both are flagged, with the hit count the record holds."""
@@ -59,9 +60,13 @@ def test_a_cache_that_never_hits_or_always_hits_is_flagged_with_its_hit_count(ba
     record = runtime.generate(GenerateRequest(prompt=PROMPT, seed=3), tmp_path / "clip.mp4")
     cache = record.executed.levers["cache"]
     assert (cache["forwards"], cache["cached_steps"]) == (2, 0 if threshold == 0.0 else 1)
-    assert check_executed(recipe, record) == []
+    with caplog.at_level("WARNING", logger="h3eval.executed"):
+        assert check_executed(recipe, record) == []
+        assert check_executed(recipe, record) == []  # logged once per flag, not once per clip
     flags = executed_flags(recipe, record)
     assert len(flags) == 1 and flags[0].startswith(f"cache: {flag}"), flags
+    assert [r.getMessage() for r in caplog.records] == [
+        f"recipe 'fast-fbc': {flags[0]} (configured-versus-executed flag; the clip is kept)"]
     # A cache that hit some steps and computed others is not flagged (3 forwards: 2 computed, 1 cached).
     middle = {**cache, "forwards": 3, "computed_steps": 2, "cached_steps": 1}
     assert recipe.cache.executed_flags(middle, _executed(3, cache=middle)) == []
