@@ -74,7 +74,8 @@ def test_the_demo_floor_measures_what_its_candidates_judges_read():
         assert set(policy.floor_gates([kind])) == _floor_gates_from_the_toml(path, kind), kind
     kinds = [load_recipe(name).signoff.kind for name in DEMO_RECIPES[1:]]
     assert kinds == ["exact", "resample"]
-    expected = (_floor_gates_from_the_toml(path, "exact") | _floor_gates_from_the_toml(path, "resample")) & set(CPU_GATES)
+    expected = ((_floor_gates_from_the_toml(path, "exact") | _floor_gates_from_the_toml(path, "resample"))
+                & set(CPU_GATES))
     assert set(floor_gates()) == expected == {"fidelity", "audio", "reference_free"}
 
 
