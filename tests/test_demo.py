@@ -80,16 +80,21 @@ def test_the_demo_floor_measures_what_its_candidates_judges_read():
 
 
 def test_the_demo_policy_is_the_release_policy_without_vbench():
-    """gates/policies/demo.toml is release.toml with the resample judge's VBench table removed (and its own name and
-    description), so the two cannot drift apart; the demo's gates are every gate its candidates' judges read under
+    """gates/policies/demo.toml is release.toml with the resample judge's VBench tables removed (and its own name and
+    description): generated from it, and its data equal to release's without VBench, so the two cannot drift apart; the
+    demo's gates are every gate its candidates' judges read under
     it, whereas under release the resample judge also reads VBench, which the demo cannot run on a fresh machine."""
     import tomllib
 
     from h3.recipe import load_recipe
-    from h3eval.demo import DEMO_POLICY
+    from h3eval.demo import DEMO_POLICY, demo_policy_text
 
-    release = tomllib.loads(policy_path("release").read_text(encoding="utf-8"))
-    demo = tomllib.loads(policy_path(DEMO_POLICY).read_text(encoding="utf-8"))
+    text = policy_path("release").read_text(encoding="utf-8")
+    assert policy_path(DEMO_POLICY).read_text(encoding="utf-8") == demo_policy_text(text), (
+        "gates/policies/demo.toml is not release.toml without VBench: regenerate it with "
+        "python -c 'from h3eval.demo import write_demo_policy; write_demo_policy()'")
+    release = tomllib.loads(text)
+    demo = tomllib.loads(demo_policy_text(text))
     assert demo["name"] == "demo" and "without VBench" in demo["description"]
     del release["judges"]["resample"]["gates"]["vbench"]
     for data in (release, demo):
