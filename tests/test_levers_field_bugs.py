@@ -232,6 +232,10 @@ def test_sparse_streams_on_a_transformer_are_checked_and_audio_is_flagged(base):
     problems = video_only.check_executed(audio_telemetry, _executed(len(base.calls)))
     assert any("recipe sparsifies the ['video'] queries" in p for p in problems), problems
     assert any("sparsified the ['audio'] queries" in p for p in problems), problems
+    # A record from before the setting names no streams: not a mismatch (it cannot say), but flagged.
+    old = {k: v for k, v in seen[("video",)][1].items() if k not in ("streams", "streams_touched", "sparse_query_rows")}
+    assert video_only.check_executed(old, _executed(len(base.calls))) == []
+    assert "predates sparse_attention.streams" in video_only.executed_flags(old, _executed(len(base.calls)))[0]
 
 
 def test_sparse_streams_setting_keeps_off_recipes_hashes_and_refuses_nonsense():

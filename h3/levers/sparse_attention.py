@@ -112,7 +112,9 @@ class SparseAttentionConfig(LeverConfig):
             telemetry, "dense_forwards", "sparse_forwards", "dense_calls", "sparse_calls")
         if missing:
             return problems + missing
-        if list(telemetry.get("streams", ["video", "audio", "text"])) != list(self.streams):
+        # A record written before ``streams`` existed names none (its sparse steps sparsified every stream's queries):
+        # not checked for it here, flagged by executed_flags.
+        if "streams" in telemetry and list(telemetry["streams"] or []) != list(self.streams):
             problems.append(f"recipe sparsifies the {list(self.streams)} queries, the lever was set for "
                             f"{telemetry.get('streams')!r}")
         touched = telemetry.get("streams_touched")
@@ -151,6 +153,9 @@ class SparseAttentionConfig(LeverConfig):
         """Sparsity applied to the audio queries: configured, so not a mismatch, but a known way to damage the audio
         (a published stack's bug, issue 50)."""
         touched = telemetry.get("streams_touched")
+        if "streams" not in telemetry and telemetry.get("sparse_calls"):
+            return ["the record predates sparse_attention.streams: its sparse steps sparsified every stream's queries, "
+                    "audio included (sparsifying audio queries damaged the audio of a published stack)"]
         if isinstance(touched, list) and ("audio" in touched or "unknown" in touched):
             rows = telemetry.get("sparse_query_rows") or {}
             return [f"sparse attention covered the audio queries ({rows.get('audio', '?')} audio rows per call at "
