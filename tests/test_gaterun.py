@@ -56,7 +56,7 @@ def test_results_for_every_gate_and_pair(run):
         "psnr_mean": PSNR_CAP_DB, "psnr_worst": PSNR_CAP_DB}
     same_audio = _read(run, "audio", "same", "p1")
     assert {k: v.value for k, v in same_audio.metrics.items()} == {
-        "stft_distance": 0.0, "logmel_distance": 0.0, "lufs_delta": 0.0, "offset_ms": 0.0}
+        "stft_distance": 0.0, "logmel_distance": 0.0, "lufs_delta": 0.0, "offset_ms": 0.0, "offset_excess_ms": 0.0}
     # The integrity gate still looks at both clips of an identical pair.
     assert _read(run, "integrity", "same", "p0").info["candidate"]["num_frames"] == NUM_FRAMES
     # A different pair scores a difference, with its artifact stored relative to the run.
@@ -217,7 +217,8 @@ def test_gate_rejects_unknown_options_itself(run):
     from _gate_clips import pair_context
 
     ctx = pair_context(run, candidate="drift", gate="audio", options={"max_ofset_ms": "3"})
-    with pytest.raises(GateInputError, match=r"unknown audio option\(s\) \['max_ofset_ms'\]; known: \['max_offset_ms'\]"):
+    known = r"known: \['lag_ms', 'lead_ms', 'max_offset_ms'\]"
+    with pytest.raises(GateInputError, match=r"unknown audio option\(s\) \['max_ofset_ms'\]; " + known):
         get_gate("audio").evaluate(ctx)
 
 
