@@ -44,7 +44,8 @@ args=()
 for r in ${RS_RECIPES:-bench/runtime_speed/recipes/stock4.toml turbo4-fp8}; do args+=(--recipe "$r"); done
 left=$((call_s - (SECONDS - t0) - 12))
 echo "generate starts at $((SECONDS - t0)) s with ${left} s left: ${args[*]}"
-timeout -k 5 $left $PY -m h3.cli generate --prompts-file ${RS_PROMPTS:-bench/runtime_speed/prompts.jsonl} --out $R/run \
+prompts=${RS_PROMPTS:-bench/runtime_speed/prompts.jsonl}
+timeout -k 5 $left $PY -m h3.cli generate --prompts-file "$prompts" --out $R/run \
   --model ${RS_MODEL:-h3-random} "${args[@]}" --text-encoder offload --seconds "$secs" --height "$height" --width "$width" \
   --device "${RS_DEVICE:-cuda}" 2>&1 | grep -v "FutureWarning\|WeightNorm.apply" >$R/generate.log
 echo "generate exit ${PIPESTATUS[0]} at $((SECONDS - t0)) s" | tee -a $R/generate.log

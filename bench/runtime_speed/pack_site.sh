@@ -6,7 +6,8 @@
 # object stripped of its symbols. From the repository root, on an x86-64 Linux with gcc, strip, xz and pip:
 #   bash bench/runtime_speed/pack_site.sh            (about 20 MB, alone in .whl_prod; xz -9 takes minutes)
 set -eu
-W=.whl_prod; S=$(mktemp -d); mkdir -p $W; grep -qx '/.whl_prod/' .git/info/exclude || echo /.whl_prod/ >> .git/info/exclude
+W=.whl_prod; S=$(mktemp -d); mkdir -p $W
+grep -qx '/.whl_prod/' .git/info/exclude || echo /.whl_prod/ >> .git/info/exclude
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d $S/dl \
   diffusers==0.42.1 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 av==18.1.0
