@@ -1,0 +1,117 @@
+"""Issue 53: the group-sequential design's pure parts (h3eval/sequential.py) against references."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from h3eval import sequential as Q
+
+FIVE = [0.2, 0.4, 0.6, 0.8, 1.0]
+
+
+def test_obrien_fleming_boundaries_match_the_literature():
+    # Lan-DeMets O'Brien-Fleming spending, 5 equally spaced looks, alpha 0.025 one-sided: the boundaries tabulated by
+    # Reboussin et al. (ld98 / R ldbounds) and gsDesign (sfLDOF): 4.8769, 3.3569, 2.6803, 2.2898, 2.0310.
+    got = Q.boundaries(FIVE, 0.025, "obrien-fleming")
+    assert got == pytest.approx([4.8769, 3.3569, 2.6803, 2.2898, 2.0310], abs=2e-4)
+
+
+def test_pocock_boundaries_match_the_literature():
+    # Lan-DeMets Pocock-type spending, 5 equally spaced looks, alpha 0.025 one-sided (ldbounds): 2.4380, 2.4268,
+    # 2.4101, 2.3966, 2.3859.
+    got = Q.boundaries(FIVE, 0.025, "pocock")
+    assert got == pytest.approx([2.4380, 2.4268, 2.4101, 2.3966, 2.3859], abs=2e-4)
+
+
+def test_one_look_is_the_fixed_test():
+    for design in Q.DESIGNS:
+        assert Q.boundaries([1.0], 0.025, design) == pytest.approx([norm.isf(0.025)], abs=1e-12)
+
+
+@pytest.mark.parametrize("design", Q.DESIGNS)
+def test_each_look_spends_what_the_function_says(design):
+    # An independent float64 computation: the first-crossing probabilities of the boundaries from scipy's
+    # multivariate normal CDF (Genz) equal the spending function's increments.
+    t = [0.125, 0.25, 0.5, 1.0]
+    bounds = Q.boundaries(t, 0.025, design)
+    want = np.diff([0.0] + [Q.spent(x, 0.025, design) for x in t])
+    got = Q.crossing_probabilities(t, bounds)
+    assert got == pytest.approx(want, abs=2e-6)
+    assert sum(got) == pytest.approx(0.025, abs=5e-6)
+
+
+def test_spending_functions_end_at_alpha_and_start_at_zero():
+    for design in Q.DESIGNS:
+        assert Q.spent(1.0, 0.01, design) == pytest.approx(0.01, rel=1e-12)
+        assert Q.spent(0.0, 0.01, design) == 0.0
+    # O'Brien-Fleming spends almost nothing early, Pocock about evenly.
+    assert Q.spent(0.25, 0.025, "obrien-fleming") < 1e-4 < 0.008 < Q.spent(0.25, 0.025, "pocock")
+
+
+@pytest.mark.parametrize("design", Q.DESIGNS)
+def test_type_one_error_by_simulation(design):
+    # Z statistics of 32 N(0, 1) pairs looked at after 4, 8, 16 and 32: the group-sequential test rejects at most
+    # alpha of the time; the naive test (1.96 at every look) well above it.
+    rng = np.random.default_rng(20261206)
+    looks = np.array([4, 8, 16, 32])
+    bounds = np.array(Q.boundaries(looks / 32, 0.025, design))
+    x = rng.standard_normal((200_000, 32))
+    z = np.cumsum(x, axis=1)[:, looks - 1] / np.sqrt(looks)
+    rate = (z >= bounds).any(axis=1).mean()
+    se = np.sqrt(0.025 * 0.975 / x.shape[0])
+    assert abs(rate - 0.025) < 4 * se
+    assert (z >= norm.isf(0.025)).any(axis=1).mean() > 0.05
+
+
+def test_look_pairs_round_to_whole_seeds():
+    assert Q.look_pairs(32, 4) == [4, 8, 16, 32]
+    assert Q.look_pairs(32, 16) == [16, 32]
+    assert Q.look_pairs(16, 4) == [4, 8, 16]
+    assert Q.look_pairs(20, 3) == [6, 9, 18, 21]
+    assert Q.look_seeds([0, 1, 2, 3], 4, 8) == [0, 1]
+    with pytest.raises(Q.SequentialError, match="need 3 seeds"):
+        Q.look_seeds([0, 1], 4, 9)
+
+
+@pytest.mark.parametrize("bad", [dict(max_pairs=1, n_prompts=4), dict(max_pairs=32, n_prompts=0),
+                                 dict(max_pairs=32, n_prompts=4, looks=[])])
+def test_bad_looks_are_one_clear_error(bad):
+    with pytest.raises(Q.SequentialError):
+        Q.look_pairs(**bad)
+
+
+def test_bad_design_input_is_one_clear_error():
+    with pytest.raises(Q.SequentialError, match="design must be one of"):
+        Q.make_design("haybittle", [4, 8], [0.025])
+    with pytest.raises(Q.SequentialError, match="alpha"):
+        Q.boundaries([0.5, 1.0], float("nan"), "pocock")
+    with pytest.raises(Q.SequentialError, match="increase"):
+        Q.boundaries([0.5, 0.5], 0.025, "pocock")
+
+
+def test_stop_decision():
+    assert Q.stop_decision("PASS", 0, 4)[0] and Q.stop_decision("FAIL", 2, 4)[0]
+    assert not Q.stop_decision("INCONCLUSIVE", 2, 4)[0]
+    stop, why = Q.stop_decision("INCONCLUSIVE", 3, 4)
+    assert stop and "last look" in why
+    with pytest.raises(Q.SequentialError):
+        Q.stop_decision("MAYBE", 0, 4)
+
+
+def test_look_policy_sets_nominal_levels_and_interim_ci_rule():
+    from h3eval.policy import load_policy
+
+    policy = load_policy("gates/policies/release.toml").policy
+    design = Q.make_design("pocock", [4, 8, 16, 32], Q.policy_alphas(policy))
+    assert Q.policy_alphas(policy) == [0.01, 0.025]
+    first = Q.look_policy(policy, design, 0)
+    assert (1 - first.confidence) / 2 == pytest.approx(design.nominal(0.025, 0), rel=1e-9)
+    assert first.min_pairs == 4
+    dd = first.judges["resample"].gates["reference_free"].metrics["dynamic_degree"]
+    assert dd.fail_beyond == "ci" and dd.regression.alpha == pytest.approx(design.nominal(0.01, 0))
+    last = Q.look_policy(policy, design, 3)
+    assert last.judges["resample"].gates["reference_free"].metrics["dynamic_degree"].fail_beyond == "mean"
+    assert last.min_pairs == 16
+    assert (1 - last.confidence) / 2 < 0.025
