@@ -17,6 +17,8 @@ from gates import ghosting as G
 from gates.base import ClipSide, PairContext, PairRef, get_gate
 from gates.ghosting import (GhostingConfig, clip_evidence, ghost_frames, ghost_scores, is_flagged, pair_p_value,
                             pool_windows, simes, window_p_value)
+from gates.metrics import ghost_fit
+from gates.metrics.ghost_backend import NumpyBackend
 from h3.media import decode_video, encode_mp4
 
 # The calibrated defaults (bench/results/ghosting_calibration.md), scoring every frame so that 12 frames make a window.
@@ -198,7 +200,7 @@ def reference_fit(base, cand, config: GhostingConfig, t: int, key: tuple[int, in
     sums of r_perp d_perp, of d_perp^2, of d^2, and the smallest per-block sum of squares of the copies moved by
     align_offset)."""
     h, w = base.shape[1:]
-    g = G._geometry(h, w, config)
+    g = ghost_fit.geometry(h, w, config)
     m, ih, iw, bs = g.m, g.ih, g.iw, g.block
     region = (slice(m, m + ih), slice(m, m + iw))
     b = base[t]
@@ -236,14 +238,14 @@ def test_search_and_block_sums_equal_the_float64_definition(height, width, work_
     base = src[4:]
     config = dataclasses.replace(CONFIG, work_long_side=work_long_side)
     factor = G.downsample_factor(height, width, work_long_side)
-    be = G._Numpy(1)
+    be = NumpyBackend(1)
     frames = list(range(len(base)))
     yb, yc = be.prepare(base, frames, factor, config.blur_sigma), be.prepare(cand, frames, factor, config.blur_sigma)
-    g = G._geometry(yb.shape[1], yb.shape[2], config)
+    g = ghost_fit.geometry(yb.shape[1], yb.shape[2], config)
     row_of = {t: t for t in frames}
-    nums, ens = G._search(be, yb, yc, row_of, frames, config, g, chunk=2)
+    nums, ens = ghost_fit.search(be, yb, yc, row_of, frames, config, g, chunk=2)
     keys = [(1, 1, 2), (0, -3, 2), (2, 0, -1), (3, 4, -4)]
-    blocks = G._window_blocks(be, yb, yc, row_of, frames, keys, config, g)
+    blocks = ghost_fit.window_blocks(be, yb, yc, row_of, frames, keys, config, g)
     ridge_b = g.block**2 * config.ridge_rms**2
     # Preparation (cv2 in float32) against its float64 definition: within 1e-3 levels.
     np.testing.assert_allclose(yb, reference_luma(base, config, factor), atol=1e-3)

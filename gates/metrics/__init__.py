@@ -17,4 +17,9 @@ adapters that declare which of these they write and with which options.
 | audio_offset | audio/video offset against ITU-R BT.1359's detectability window | outside +45 / -125 ms |
 | audio_dropout | a gap inside the soundtrack | ``dropout_ms`` >= threshold |
 | audio_clicks | impulsive clicks (sample-level discontinuities) | ``click_score`` > threshold |
+
+The paired ghost estimator (the ghosting gate's, gates/ghosting.py: candidate against baseline, same seed) is split the
+same way: ``ghost`` (pooled fit of a displaced copy, per window and per frame), ``ghost_fit`` (least squares, FFT
+search, block statistics), ``ghost_pvalue`` (window and pair p-values against the benign null), ``ghost_heatmap`` (the
+strip), ``ghost_backend`` (numpy / torch) and ``ghost_config`` (calibrated settings, result types).
 """

@@ -1,0 +1,161 @@
+"""Settings and results of the paired ghost estimator (:mod:`gates.metrics.ghost`): the calibrated
+:class:`GhostingConfig`, a pooled window's fit (:class:`PooledWindow`) and a pair's per-frame scores
+(:class:`FrameScores`). Not a metric itself (``higher_is_better`` None)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+higher_is_better = None
+
+
+@dataclass(frozen=True)
+class GhostingConfig:
+    """Detector settings. The defaults are the ones calibrated in bench/results/ghosting_calibration.md."""
+
+    max_lag: int = 4
+    """Largest temporal lag (frames) of the displaced copy searched."""
+    max_shift: int = 4
+    """Largest spatial displacement (working pixels, per axis) searched: +-16 px of a 768x1344 clip."""
+    min_lag0_shift: int = 2
+    """At lag 0 only displacements of at least this many working pixels (Chebyshev) count; closer ones are within
+    the one-pixel nuisance's reach (blur, not a second rendering)."""
+    work_long_side: int = 384
+    """Frames are box-downsampled by an integer factor until the long side is at most this (a 768x1344 clip by 4):
+    the box average removes most codec noise of the full-resolution encode, and the calibration clips were scored at
+    2x less downsampling (more codec noise at working resolution), so the production setting is the easier one."""
+    blur_sigma: float = 1.0
+    """Gaussian low-pass (working pixels) before the fit: removes block-grid quantization noise and grain."""
+    ridge_rms: float = 1.5
+    """Ridge per pixel, in 8-bit levels, in each block's fit."""
+    frame_stride: int = 2
+    """Score every ``frame_stride``-th frame (0, s, 2s, ...); the others get no score (None), never zero. The lag
+    copies come from all frames. The calibration scores at this stride."""
+    block: int = 8
+    """Block size (working pixels) of the visibility and alignment tests and of the strength's blocks."""
+    block_alpha_max: float = 0.5
+    """Blocks whose own strength exceeds this are replaced content (a stale block an encoder skipped), not a blend."""
+    visible_rms: float = 8.0
+    """A block carries evidence when the copy differs from the frame there by at least this RMS (levels, part
+    outside the nuisance span): a 5% ghost adds 0.4 levels there, the edge of visibility."""
+    align_offset: int = 2
+    """The alignment test compares the copy with the same copy moved this many working pixels (four ways)."""
+    align_ratio: float = 0.5
+    """A block where the copy's squared difference from the frame is at most this fraction of the moved copies'
+    smallest one is aligned with the motion (a codec's prediction), and is left out."""
+    lcb_k: float = 2.0
+    """Evidence = strength - lcb_k * standard error (a one-sided lower bound)."""
+    min_blocks: int = 32
+    """A window with fewer evidence blocks (frames x blocks) has evidence 0: too little visible moving structure to
+    judge, and a standard error from a handful of blocks is not one (the calibration's worst benign window before
+    this rule was a single block of an x264 re-encode with a lower bound equal to its estimate)."""
+    pool_frames: int = 16
+    """Scored frames pooled into one fit (a window); longer clips are covered by several windows."""
+    null_tail_u: float = 0.00335
+    """Benign-null tail of the window evidence (bench/results/ghosting_calibration.md, fit footage): the evidence
+    above which the exponential tail is fitted ..."""
+    null_tail_p: float = 0.1027
+    """... the share of benign windows above it ..."""
+    null_tail_scale: float = 0.0107
+    """... and the tail's scale (upper 95% confidence bound of the mean excess, conservative)."""
+    flag_p: float = 0.001
+    """A pair is flagged when its p-value is at most this (a benign pair is flagged at most 0.1% of the time). The
+    release decision is not this flag but the run-level test over all pairs' p-values."""
+    frame_threshold: float = 0.02
+    """In a window whose p-value is at most ``flag_p``, frames whose own strength at the window's copy reaches this
+    are listed as ghost frames (reporting only)."""
+    highpass: tuple[float, ...] = ()
+    """Extra nuisance regressors: per sigma (working pixels), the baseline less its Gaussian blur of that sigma. The
+    coarse fit has none; the fine lag-0 pass uses ``fine_lag0_highpass``."""
+    fine_lag0: bool = False
+    """Off by default: out of sample it flags benign re-encodes (bench/results/ghosting_calibration_fine_lag0.md:
+    AV1 CRF 40 and 50 on one publish scene at fine evidence 0.040-0.045, against a fit-footage maximum of 0.015;
+    benign runs FAIL 16.9% at 16 pairs), while it catches every visible alpha >= 0.10 production pair (118 / 118).
+    Where the working resolution is downsampled (factor >= 2), also search lag 0 at half the factor (twice the
+    resolution), each pass against its own null. A lag-0 copy 2 working pixels away is, to second
+    order, a 1-pixel shift plus a blur: the one-pixel nuisance absorbs most of it and the coarse fit finds about a
+    third of its strength (bench/results/ghosting_calibration.md, 'Lag-0 copies by displacement'); at twice the
+    resolution the same copy is 4 pixels away, outside the nuisance's reach. Lag 0 needs no earlier frames, so the
+    fine pass prepares only the scored frames."""
+    fine_lag0_min_shift: int = 3
+    """Smallest lag-0 displacement (Chebyshev, fine working pixels) the fine pass counts: 3 fine = 1.5 coarse
+    pixels, so it covers the coarse search's weak spot (2) and not the one-pixel reach of the coarse nuisance."""
+    fine_lag0_highpass: tuple[float, ...] = (1.0, 2.5)
+    """``highpass`` of the fine pass. At twice the resolution a codec's loss of fine detail is broader than the
+    one-pixel nuisance reaches, and a lag-0 blend with a copy a few pixels away also loses detail (the copy's fine
+    detail is uncorrelated with the frame's): without these regressors a coarse re-encode scores as a weak lag-0
+    copy (evidence up to 0.033 on the fit footage's benign windows, against 0.015 with them). The ghost keeps the
+    part these cannot absorb, its copy's own detail, and its strength is estimated closer to the planted one."""
+    fine_lag0_weight: float = 0.1
+    """The window's p-value is the weighted Bonferroni combination ``min(p_coarse / (1 - w), p_fine / w)`` of the
+    coarse fit's and the fine pass's, each against its own benign null (a valid p-value for any dependence between
+    them). The fine pass gets the small share w: it exists for lag-0 copies the coarse fit underestimates, whose fine
+    evidence is far above its null (0.05-0.10 at alpha 0.05-0.10 on the fit footage, against a benign maximum of
+    0.016), while the coarse fit carries every other ghost and loses only a factor 1 / (1 - w) = 1.11 in p."""
+    fine_null_tail_u: float = 0.00988
+    """Benign null of the fine pass's window evidence, fitted like the coarse one on the fit footage
+    (bench/results/ghosting_calibration_fine_lag0.md; too light a tail out of sample) ..."""
+    fine_null_tail_p: float = 0.1018
+    """... the share of benign windows above ``fine_null_tail_u`` ..."""
+    fine_null_tail_scale: float = 0.00389
+    """... and the tail's scale (upper 95% confidence bound of the mean excess)."""
+    fine_lag0_stride: int = 2
+    """The fine pass fits every ``fine_lag0_stride``-th scored frame of each window (8 of 16): at four times the pixels
+    per frame it would otherwise cost about 1.5 coarse passes (bench/gates_speed/results/cpu/gates_speed_cpu*.md), and a lag-0 copy
+    missed by the coarse fit is the same copy in every frame, so half of them carry it as well."""
+
+
+@dataclass
+class PooledWindow:
+    """One pooled fit: a window of scored frames and the displaced copy whose evidence is strongest."""
+
+    frames: list[int]
+    """Frame indices (scored frames) of the window."""
+    score: float = 0.0
+    """Pooled ghost strength alpha-hat of the window's copy over its evidence blocks (>= 0)."""
+    evidence: float = 0.0
+    """One-sided lower bound ``alpha-hat - lcb_k * SE`` (can be negative; 0 for identical frames)."""
+    stderr: float = 0.0
+    """Standard error of ``score``."""
+    p_value: float = 1.0
+    """Against the benign null (:func:`window_p_value`)."""
+    blocks: int = 0
+    """Evidence blocks (frames x blocks) the strength was pooled over."""
+    lag: int = -1
+    """Temporal lag of the window's copy (-1 where nothing was selected)."""
+    dy: int = 0
+    """Vertical displacement of the copy, in pixels at full resolution."""
+    dx: int = 0
+    """Horizontal displacement of the copy, in pixels at full resolution."""
+    frame_scores: dict[int, float] = field(default_factory=dict)
+    """Per-frame strength at the window's copy over that frame's evidence blocks."""
+    factor: int = 1
+    """Downsampling factor of the fit that found the copy (the clip's, or half of it for the fine lag-0 pass)."""
+    coarse_evidence: float = 0.0
+    """Evidence of the coarse fit (all lags, the clip's factor)."""
+    fine_evidence: float | None = None
+    """Evidence of the fine lag-0 pass (None where it did not run: factor 1, or switched off)."""
+
+
+@dataclass
+class FrameScores:
+    """Output of :func:`ghost_scores`: per-frame arrays of length T and the windows."""
+
+    score: np.ndarray
+    """Ghost strength per frame at its window's copy (>= 0)."""
+    lag: np.ndarray
+    """Temporal lag of the frame's window copy (-1 where nothing was selected)."""
+    dy: np.ndarray
+    """Vertical displacement of that copy, in pixels at full resolution."""
+    dx: np.ndarray
+    """Horizontal displacement of that copy, in pixels at full resolution."""
+    scored: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    """True where the frame was scored (see ``frame_stride``); ``score`` is 0 and meaningless elsewhere."""
+    factor: int = 1
+    """Downsampling factor used (working resolution = full / factor)."""
+    windows: list[PooledWindow] = field(default_factory=list)
+    """The pooled fits (:func:`pool_windows`); a frame reports the window (of those containing it) with the
+    strongest evidence."""
+
