@@ -1,0 +1,539 @@
+"""Signoff on the recipe-bug corpus (issue 50): per plant family, the release verdict's FAIL rate over 16-pair runs,
+and the false-FAIL rate of the correct recipes (turbo4-tiny, its ladder rungs, identity), each with a Clopper-Pearson
+CI.
+
+    python bench/recipe_signoff/recipe_signoff.py [--work /tmp/recipe_signoff] [--pools 0,1,2] [--recipes ...]
+                                                  [--runs 200] [--verdict-only] [--name recipe_signoff]
+
+Cost design (a trained-tiny clip costs 15-90 s on the 2-core VM): each recipe's clips are made once per pool
+(``--work``/pool<i>/gen/<recipe>: a one-recipe run of h3eval.runner.fill_run, resumable), the pool's judged run is
+assembled from them (``pool<i>/run``: hard links, a manifest naming the run's baseline, its candidates and their
+resolved recipes, so the verdict judges each one by lineage), the policy's gates score every pair of it once
+(h3eval.gaterun.run_gates with the policy's pairings: each candidate against the baseline and against its parent) and
+the new-seed floor comes from the run baseline's own clips (h3eval.floor.newseed_floor_from_run). Then ``--runs``
+16-pair runs are formed per pool by resampling its pairs (:func:`form_run`: per prompt, 4 of the pool's seeds; without
+replacement when the pool has more than 4 seeds per prompt, else a bootstrap with replacement), each written as a run
+directory of copied gate results and judged by ``compute_verdict`` under gates/policies/release.toml without
+``[speed]`` (CPU timings on a shared VM decide nothing) and without VBench (no pinned environment here), with 999
+bootstrap resamples (a FAIL never depends on them). ``--verdict-only`` redoes only that last step from the cached gate
+results (seconds), e.g. after release.toml changes.
+
+Pools (:data:`POOLS`): disjoint prompts (world-heldout, 4 each) and disjoint seeds (4 each by default).
+Run baseline (``--run-baseline``): ``baseline`` (the 29-step recipe; a plant is then judged against its parent by
+lineage and, as the top of its ladder, against the baseline) or ``turbo4-tiny`` (the parent as the run's baseline: the
+plant is judged against it by lineage only, the floor is turbo4-tiny's; no 29-step clips to make).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(ROOT))
+
+RELEASE = ROOT / "gates" / "policies" / "release.toml"
+PLANTS = ROOT / "bench" / "recipe_bugs" / "recipes"
+CORRECT = ("turbo4-tiny", "turbo4-tiny-int8", "turbo4-tiny-sparse85", "identity")
+"""The correct recipes whose false-FAIL rate is published: turbo4-tiny, its ladder rungs (shipped recipes whose parent
+is turbo4-tiny) and identity."""
+FAMILIES = {
+    "lora-16x": "LoRA strength 16x", "lora-weak16": "LoRA strength 1/16", "lora-half": "LoRA half match",
+    "lora-nomatch": "LoRA no match", "sparse95-nocomp": "sparse 95% without compensation",
+    "sparse-audio": "sparse on audio", "sparse-all-streams": "sparse on all streams",
+    "cache-turbo4": "step cache on 4 steps (0.05)", "cache-turbo4-reuse": "step cache on 4 steps (0.5, reusing)",
+    "steps-8": "wrong steps (8)", "steps-2": "wrong steps (2)", "fp8-excluded": "FP8 not running",
+    "int8-excluded": "INT8 not running",
+}
+"""Plant file stem (bench/recipe_bugs/recipes) -> its family in issue 50's list."""
+POOLS = {0: (0, [0, 1, 2, 3]), 1: (4, [10, 11, 12, 13]), 2: (8, [20, 21, 22, 23])}
+"""Pool -> (first world-heldout prompt, seeds): disjoint prompts and seeds."""
+PROMPTS = "world-heldout"
+DROPPED = ("vbench",)
+PAIRS_PER_RUN = 16
+
+
+# -- pure functions (tests/test_recipe_signoff.py) ---------------------------------------------------------------------
+
+def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The exact (Clopper-Pearson) interval of k successes in n trials, from the beta quantiles."""
+    from scipy.stats import beta
+
+    if n <= 0 or not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n and n > 0, got k={k}, n={n}")
+    a = (1 - confidence) / 2
+    low = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
+    high = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
+    return low, high
+
+
+def rate(k: int, n: int) -> dict:
+    low, high = clopper_pearson(k, n)
+    return {"fails": k, "runs": n, "rate": k / n, "ci95": [low, high]}
+
+
+def form_run(pool_seeds: dict[str, list[int]], rng: np.random.Generator, seeds_per_prompt: int = 4,
+             n_prompts: int = 4) -> list[tuple[str, int, int]]:
+    """One simulated run: ``n_prompts`` of the pool's prompts (all when it has exactly that many, else drawn without
+    replacement), and for each ``seeds_per_prompt`` of its seeds, drawn without replacement when the prompt has more
+    than that many, else with replacement (a bootstrap of a pool no larger than a run). Returns (prompt, slot, pool
+    seed) for the run's ``n_prompts x seeds_per_prompt`` slots, slots 0.. per prompt."""
+    prompts = sorted(pool_seeds)
+    if len(prompts) < n_prompts:
+        raise ValueError(f"a run needs {n_prompts} prompts, the pool has {len(prompts)}")
+    if len(prompts) > n_prompts:
+        prompts = sorted(prompts[i] for i in rng.choice(len(prompts), size=n_prompts, replace=False))
+    out = []
+    for pid in prompts:
+        seeds = sorted(pool_seeds[pid])
+        if not seeds:
+            raise ValueError(f"prompt {pid!r} has no seed in the pool")
+        picks = rng.choice(len(seeds), size=seeds_per_prompt, replace=len(seeds) <= seeds_per_prompt)
+        out += [(pid, slot, seeds[i]) for slot, i in enumerate(picks)]
+    return out
+
+
+def distinct_pairs(runs: list[list[tuple[str, int, int]]]) -> int:
+    """How many distinct (prompt, pool seed) pairs the runs drew on."""
+    return len({(pid, seed) for run in runs for pid, _, seed in run})
+
+
+# -- clips -------------------------------------------------------------------------------------------------------------
+
+def recipe_of(name: str):
+    """A plant (bench/recipe_bugs/recipes/<stem>.toml) by its stem, else a shipped recipe or bench/recipes one."""
+    from h3.recipe import load_recipe
+
+    plant = PLANTS / f"{name}.toml"
+    bench = ROOT / "bench" / "recipes" / f"{name}.toml"
+    return load_recipe(plant if plant.is_file() else bench if bench.is_file() else name)
+
+
+def pool_prompts(pool: int):
+    from h3eval.prompts import PromptSuite, load_prompts
+
+    suite = load_prompts(PROMPTS)
+    first, _ = POOLS[pool]
+    return PromptSuite(path=suite.path, sha256=suite.sha256, prompts=suite.prompts[first:first + 4])
+
+
+def generate(work: Path, pool: int, name: str, model: str) -> dict:
+    """Every clip of one recipe in one pool (resumable); ``{"refused": why}`` for a recipe its levers refuse at load."""
+    from h3.levers import LeverError
+    from h3.recipe import RecipeError
+    from h3eval.runner import RunPlan, fill_run
+
+    out = work / f"pool{pool}" / "gen" / name
+    refused = out / "refused.json"
+    if refused.is_file():
+        return json.loads(refused.read_text())
+    recipe = recipe_of(name)
+    _, seeds = POOLS[pool]
+    plan = RunPlan(out=out, model=model, recipes=[recipe], prompts=pool_prompts(pool), seeds=seeds, kind="generate",
+                   device="cpu", args={"command": "bench/recipe_signoff/recipe_signoff.py"})
+    if (out / "run.json").is_file() and '"complete"' in (out / "run.json").read_text():
+        return {"status": "complete", "recipe": recipe.name}
+    from h3.runtime import H3Runtime
+
+    try:
+        runtime = H3Runtime.load(model, recipe, "cpu")  # a recipe its levers refuse fails here, before any clip
+    except (LeverError, RecipeError) as exc:
+        out.mkdir(parents=True, exist_ok=True)
+        payload = {"refused": f"{type(exc).__name__}: {exc}"}
+        refused.write_text(json.dumps(payload))
+        return payload
+    started = time.perf_counter()
+    manifest = fill_run(plan, runtime_factory=lambda _model, _recipe, _device: runtime, progress=False)
+    print(f"pool {pool} {name}: {manifest.status} in {time.perf_counter() - started:.0f} s", flush=True)
+    return {"status": manifest.status, "recipe": recipe.name}
+
+
+
+# -- the judged run of a pool: assembled, gated, its floor --------------------------------------------------------------
+
+def sim_policy(n_resamples: int = 999):
+    """release.toml as it stands, without [speed] and the dropped gates (VBench), ``n_resamples`` bootstrap resamples
+    (a FAIL never depends on them: a mean beyond its margin, a flag, a run-test discovery)."""
+    from h3eval.policy import LoadedPolicy, parse_policy
+
+    data = tomllib.loads(RELEASE.read_text())
+    data.pop("speed", None)
+    data["n_resamples"] = n_resamples
+    for gate in DROPPED:
+        data.get("gates", {}).pop(gate, None)
+        for judge in data.get("judges", {}).values():
+            judge.get("gates", {}).pop(gate, None)
+    import hashlib
+
+    digest = hashlib.sha256(RELEASE.read_bytes()).hexdigest()
+    return LoadedPolicy(policy=parse_policy(data, RELEASE), path=RELEASE,
+                        sha256=f"simulated from release.toml {digest[:12]}: without [speed], {', '.join(DROPPED)}; "
+                               f"{n_resamples} resamples")
+
+
+def assemble(work: Path, pool: int, baseline: str, names: list[str]) -> Path | None:
+    """``pool<i>/run``: the run baseline and every candidate whose clips are complete, hard-linked from their
+    one-recipe runs, with a manifest naming them (recipes resolved, so the verdict judges by lineage)."""
+    from h3eval.store import RunManifest, RunStore
+
+    gen = work / f"pool{pool}" / "gen"
+    complete = []
+    for name in [baseline, *[n for n in names if n != baseline]]:
+        path = gen / name / "run.json"
+        if path.is_file() and RunStore(gen / name).read_manifest().status == "complete":
+            complete.append(name)
+    if baseline not in complete:
+        return None
+    manifests = {n: RunStore(gen / n).read_manifest() for n in complete}
+    recipes = {m.recipes and next(iter(m.recipes)): m for m in manifests.values()}  # recipe name -> its run
+    base = manifests[baseline]
+    base_name = next(iter(base.recipes))
+    run = work / f"pool{pool}" / "run"
+    store = RunStore(run)
+    for recipe_name, m in recipes.items():
+        src, dst = gen / next(n for n in complete if manifests[n] is m) / "clips" / recipe_name, store.clip_dir(recipe_name)
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            if not (dst / f.name).exists():
+                os.link(f, dst / f.name)
+    candidates = [r for r in recipes if r != base_name]
+    manifest = RunManifest(**{**base.model_dump(), "kind": "ab", "baseline": base_name, "candidates": candidates,
+                              "recipes": {r: m.recipes[r] for r, m in recipes.items()},
+                              "recipe_sha256": {r: m.recipe_sha256[r] for r, m in recipes.items()},
+                              "status": "complete", "errors": []})
+    old = store.read_manifest() if store.manifest_path.is_file() else None
+    if old is None or old.candidates != manifest.candidates:
+        store.write_manifest(manifest)
+    return run
+
+
+def gate_run(run: Path, loaded) -> dict:
+    """Every comparison's gates under the policy (each candidate against the baseline and its parent), resumable."""
+    from h3eval.demo import lpips_trunk
+    from h3eval.gaterun import run_gates
+    from h3eval.store import RunStore
+    from h3eval.verdict.lineage import pairing_gates
+
+    manifest = RunStore(run).read_manifest()
+    needed = {pair: {g for g in gates if g not in DROPPED and g != "trajectory"}
+              for pair, gates in pairing_gates(loaded.policy, manifest).items()}
+    names = sorted({g for gates in needed.values() for g in gates})
+    summary = run_gates(run, names, device="cpu", options={"fidelity.lpips_trunk": lpips_trunk()}, progress=False,
+                        pairing_gates=needed)
+    return {"gates": names, "errors": [str(e) for e in summary.errors]}
+
+
+def floor_of(run: Path, loaded) -> Path:
+    """The new-seed floor of the run's baseline from its own clips (each against the same prompt's next seed)."""
+    from h3eval.demo import lpips_trunk
+    from h3eval.floor import newseed_floor_from_run
+    from h3eval.store import RunStore
+
+    out = run.parent / "floor"
+    if not (out / "floor.json").is_file():
+        gates = [g for g in loaded.policy.floor_gates(list(loaded.policy.judges)) if g not in DROPPED
+                 and g != "trajectory"]
+        newseed_floor_from_run(run, RunStore(run).read_manifest().baseline, out, gates=gates,
+                               gate_options={"fidelity.lpips_trunk": lpips_trunk()}, progress=False)
+    return out / "floor.json"
+
+
+# -- simulated runs and their verdicts ----------------------------------------------------------------------------------
+
+@dataclass
+class PoolResults:
+    """A pool's gate results in memory: (gate, candidate, reference folder) -> (prompt, pool seed) -> the result."""
+
+    manifest: object
+    results: dict
+    seeds: dict
+
+
+def load_pool(run: Path) -> PoolResults:
+    from h3eval.store import RunStore
+
+    store = RunStore(run)
+    manifest = store.read_manifest()
+    results: dict = {}
+    gates_dir = run / "gates"
+    for path in gates_dir.glob("*/*/**/*.json"):
+        rel = path.relative_to(gates_dir).parts
+        gate, candidate, folder = rel[0], rel[1], "/".join(rel[2:-1])
+        if candidate not in manifest.candidates:
+            continue
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or "pair" not in data:
+            continue
+        results.setdefault((gate, candidate, folder), {})[(data["pair"]["prompt_id"], data["pair"]["seed"])] = data
+    seeds = {pid: list(manifest.seeds) for pid in manifest.prompts.ids}
+    return PoolResults(manifest, results, seeds)
+
+
+def write_run(root: Path, pool: PoolResults, picks: list[tuple[str, int, int]]) -> None:
+    """A run directory of the drawn pairs: the pool's manifest over the run's prompts and slot seeds, and each drawn
+    pair's gate results filed under its slot."""
+    from h3.atomic import atomic_write_json
+    from h3eval.store import PromptSuiteRef, RunManifest, RunStore
+
+    m = pool.manifest
+    prompts = sorted({p for p, _, _ in picks})
+    slots = sorted({s for _, s, _ in picks})
+    store = RunStore(root)
+    store.write_manifest(RunManifest(**{**m.model_dump(), "prompts": PromptSuiteRef(
+        path=m.prompts.path, sha256=m.prompts.sha256, ids=prompts), "seeds": slots}))
+    for (gate, candidate, folder), by_pair in pool.results.items():
+        directory = root / "gates" / gate / candidate / folder
+        directory.mkdir(parents=True, exist_ok=True)
+        for pid, slot, seed in picks:
+            data = by_pair.get((pid, seed))
+            if data is None:
+                continue
+            atomic_write_json(directory / f"{pid}-s{slot}.json",
+                              {**data, "pair": {**data["pair"], "seed": slot}, "artifacts": []})
+
+
+def judge_run(root: Path, loaded, floor: Path) -> dict:
+    """Each candidate's outcome, judge and what FAILed (against its parent, and the baseline for a ladder's top)."""
+    from h3eval.verdict import compute_verdict
+
+    verdict = compute_verdict(root, loaded, floor_path=floor)
+    out = {}
+    for c in verdict.candidates:
+        failed = [f"{g.gate}.{m.metric}" for g in c.gates for m in g.metrics if m.required and m.outcome == "FAIL"]
+        failed += [g.gate for g in c.gates if g.required and g.outcome == "FAIL" and not any(
+            m.required and m.outcome == "FAIL" for m in g.metrics)]
+        top = c.against_baseline
+        if top is not None:
+            failed += [f"vs baseline: {g.gate}.{m.metric}" for g in top.gates for m in g.metrics
+                       if m.required and m.outcome == "FAIL"]
+        out[c.candidate] = {"outcome": c.outcome, "judge": c.judge, "against": c.judged_against or verdict.baseline,
+                            "top_judge": top.judge if top is not None else None, "failed": failed}
+    return out
+
+
+def simulate(pool: PoolResults, loaded, floor: Path, runs: int, rng: np.random.Generator, scratch: Path) -> dict:
+    """``runs`` simulated 16-pair runs of the pool, judged; per candidate its outcomes and what failed."""
+    per: dict = {c: {"outcomes": {"PASS": 0, "FAIL": 0, "INCONCLUSIVE": 0}, "failed_on": {}} for c in
+                 pool.manifest.candidates}
+    drawn = []
+    for i in range(runs):
+        picks = form_run(pool.seeds, rng)
+        drawn.append(picks)
+        root = scratch / f"run{i}"
+        write_run(root, pool, picks)
+        for name, row in judge_run(root, loaded, floor).items():
+            per[name]["outcomes"][row["outcome"]] += 1
+            per[name]["judge"], per[name]["against"], per[name]["top_judge"] = (row["judge"], row["against"],
+                                                                                  row["top_judge"])
+            if row["outcome"] == "FAIL":
+                for f in row["failed"]:
+                    per[name]["failed_on"][f] = per[name]["failed_on"].get(f, 0) + 1
+        shutil.rmtree(root)
+    return {"runs": runs, "distinct_pairs": distinct_pairs(drawn), "candidates": per}
+
+
+
+# -- the record -------------------------------------------------------------------------------------------------------
+
+def corpus_status() -> dict:
+    """Per plant stem, what bench/recipe_bugs's record says it changes (the world's ground truth on the same prompts
+    x seeds as pool 0): changes what the clip shows / changes nothing visible / refused at load."""
+    path = ROOT / "bench" / "recipe_bugs" / "results" / "recipe_bugs.json"
+    out = {}
+    plants = json.loads(path.read_text())["plants"] if path.is_file() else {}
+    for stem, row in plants.items():
+        if "refused" in row:
+            out[stem] = {"status": "refused", "why": row["refused"][:160]}
+        else:
+            c = row["comparison"]
+            visible = c["changes_what_the_clip_shows"]
+            out[stem] = {"status": "changes the clip" if visible else "changes nothing visible",
+                         "why": c["verdict"], "identical_clips": c["identical_clips"], "pairs": c["pairs"]}
+    return out
+
+
+def summarize(pools: dict, refused: dict, corpus: dict) -> dict:
+    """Per candidate: its FAIL count over every pool's runs (rate, Clopper-Pearson CI), the pools and distinct pairs
+    behind it, and what the corpus says it changes."""
+    rows = {}
+    names = sorted({c for p in pools.values() for c in p["candidates"]})
+    for name in names:
+        fails = runs = pairs = 0
+        used = []
+        failed_on: dict = {}
+        judge = None
+        for index, pool in pools.items():
+            row = pool["candidates"].get(name)
+            if row is None:
+                continue
+            used.append(index)
+            fails += row["outcomes"]["FAIL"]
+            runs += sum(row["outcomes"].values())
+            pairs += pool["pool_pairs"]
+            judge = f"{row['judge']} vs {row['against']}" + (f"; {row['top_judge']} vs the baseline (ladder top)"
+                                                             if row.get("top_judge") else "")
+            for k, v in row["failed_on"].items():
+                failed_on[k] = failed_on.get(k, 0) + v
+        rows[name] = {**rate(fails, runs), "pools": used, "distinct_pairs": pairs, "judge": judge,
+                      "failed_on": failed_on}
+    for stem, why in refused.items():
+        rows[stem] = {"refused": why}
+    for name, row in rows.items():
+        stem = name.removeprefix("bug-")
+        row["correct"] = name in CORRECT
+        row["family"] = FAMILIES.get(stem)
+        row["corpus"] = corpus.get(stem)
+    return rows
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def markdown(summary: dict, meta: dict) -> str:
+    lines = ["| recipe | family | corpus: what it changes | judged | runs | FAIL | rate | 95% CI (Clopper-Pearson) "
+             "| pools x distinct pairs | failed on (runs) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, row in sorted(summary.items(), key=lambda kv: (kv[1]["correct"], kv[1].get("family") or "", kv[0])):
+        corpus = row.get("corpus") or {}
+        said = corpus.get("status", "-" if not row["correct"] else "correct recipe")
+        if "refused" in row:
+            lines.append(f"| `{name}` | {row['family']} | {said} | refused at load: {row['refused'][:120]} | - | - "
+                         f"| - | - | - | - |")
+            continue
+        on = ", ".join(f"{k} x{v}" for k, v in sorted(row["failed_on"].items(), key=lambda kv: -kv[1])[:4]) or "-"
+        lines.append(f"| `{name}` | {row['family'] or 'correct'} | {said} | {row['judge']} | {row['runs']} | "
+                     f"{row['fails']} | {pct(row['rate'])} | [{pct(row['ci95'][0])}, {pct(row['ci95'][1])}] | "
+                     f"{len(row['pools'])} x {row['distinct_pairs']} | {on} |")
+    correct = meta["correct_pooled"]
+    lines += ["", f"Correct recipes pooled ({', '.join(correct['recipes']) or 'none ran'}): {correct['fails']} FAIL "
+              f"of {correct['runs']} runs" + (f", {pct(correct['rate'])} [{pct(correct['ci95'][0])}, "
+                                               f"{pct(correct['ci95'][1])}]" if correct["runs"] else "")
+              + f"; pools {correct['pools']}."]
+    return "\n".join(lines) + "\n"
+
+
+def write_record(name: str, payload: dict, md: str) -> None:
+    try:
+        from bench.lib.results import context
+    except ImportError:  # before bench/lib
+        from bench._results import context
+    from h3.atomic import atomic_write_json, atomic_write_text
+
+    data = {**context(), **payload}
+    results = HERE / "results"
+    results.mkdir(exist_ok=True)
+    atomic_write_json(results / f"{name}.json", data)
+    header = (f"# {name}\n\n- date: {data['date']}\n- command: `{data['command']}`\n"
+              f"- machine: {data['machine']['platform']}, {data['machine']['cpu_count']} cpus, "
+              f"{(data['machine'].get('numerics') or {}).get('cpu_model', '')}\n- versions: "
+              + ", ".join(f"{k} {v}" for k, v in data["versions"].items()) + "\n- policy: " + payload["policy"]
+              + "\n\n")
+    atomic_write_text(results / f"{name}.md", header + payload.get("note", "") + "\n\n" + md)
+
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/recipe_signoff"))
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--pools", default="0,1,2")
+    parser.add_argument("--run-baseline", default="baseline", choices=["baseline", "turbo4-tiny"])
+    parser.add_argument("--recipes", default="", help="comma-separated: plant stems and correct recipes; default "
+                                                      "every plant and every correct recipe")
+    parser.add_argument("--runs", type=int, default=200, help="simulated 16-pair runs per pool")
+    parser.add_argument("--rng", type=int, default=20261206)
+    parser.add_argument("--n-resamples", type=int, default=999)
+    parser.add_argument("--generate-only", action="store_true", help="make the clips, judge nothing")
+    parser.add_argument("--verdict-only", action="store_true",
+                        help="generate and gate nothing: judge the simulated runs from the gate results --work holds")
+    parser.add_argument("--name", default="recipe_signoff")
+    parser.add_argument("--note", default="")
+    args = parser.parse_args()
+    if args.generate_only and args.verdict_only:
+        raise SystemExit("--generate-only and --verdict-only exclude each other")
+    started = time.perf_counter()
+    plants = sorted(p.stem for p in PLANTS.glob("*.toml"))
+    names = [r for r in args.recipes.split(",") if r] or [*CORRECT, *plants]
+    unknown = [n for n in names if n not in CORRECT and n not in plants and n != args.run_baseline]
+    if unknown:
+        raise SystemExit(f"unknown recipes {unknown}: plants are {plants}, correct recipes {list(CORRECT)}")
+    pools = [int(p) for p in args.pools.split(",") if p]
+    bad = [p for p in pools if p not in POOLS]
+    if bad:
+        raise SystemExit(f"unknown pools {bad}: known {sorted(POOLS)}")
+    # parents first (a plant is judged against its parent, which must be in the run)
+    parents = {n: recipe_of(n).parent for n in names}
+    order = [args.run_baseline] + sorted((n for n in names if n != args.run_baseline),
+                                         key=lambda n: (n not in CORRECT, n))
+    for n, parent in parents.items():
+        if parent is not None and parent not in order and parent != args.run_baseline:
+            raise SystemExit(f"{n}'s parent {parent} is not among --recipes")
+    if args.run_baseline != "baseline" and "identity" in order:
+        order.remove("identity")  # identity is judged against the 29-step baseline only
+    loaded = sim_policy(args.n_resamples)
+    refused: dict = {}
+    results: dict = {}
+    for pool in pools:
+        if not args.verdict_only:
+            for name in order:
+                got = generate(args.work, pool, name, args.model)
+                if "refused" in got:
+                    refused[name] = got["refused"]
+        else:
+            for name in order:
+                path = args.work / f"pool{pool}" / "gen" / name / "refused.json"
+                if path.is_file():
+                    refused[name] = json.loads(path.read_text())["refused"]
+        if args.generate_only:
+            continue
+        run = args.work / f"pool{pool}" / "run"
+        if not args.verdict_only:
+            run = assemble(args.work, pool, args.run_baseline, [n for n in order if n not in refused])
+            if run is None:
+                print(f"pool {pool}: the run baseline's clips are not complete; not judged", flush=True)
+                continue
+            print(f"pool {pool}: gates {gate_run(run, loaded)}", flush=True)
+        if not (run / "run.json").is_file():
+            continue
+        floor = floor_of(run, loaded) if not args.verdict_only else run.parent / "floor" / "floor.json"
+        data = load_pool(run)
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="recipe_signoff-") as tmp:
+            sim = simulate(data, loaded, floor, args.runs, np.random.default_rng(args.rng + pool), Path(tmp))
+        sim["pool_pairs"] = sum(len(v) for v in data.seeds.values())
+        sim["prompts"] = list(data.manifest.prompts.ids)
+        sim["seeds"] = list(data.manifest.seeds)
+        sim["baseline"] = data.manifest.baseline
+        results[pool] = sim
+        print(f"pool {pool}: {args.runs} runs judged", flush=True)
+    if args.generate_only:
+        return
+    summary = summarize(results, refused, corpus_status())
+    correct = [n for n in summary if n in CORRECT and "refused" not in summary[n]]
+    k = sum(summary[n]["fails"] for n in correct)
+    n = sum(summary[n]["runs"] for n in correct)
+    meta = {"correct_pooled": {"recipes": correct, "pools": sorted({p for c in correct for p in summary[c]["pools"]}),
+                               **(rate(k, n) if n else {"fails": 0, "runs": 0})}}
+    md = markdown(summary, meta)
+    payload = {"policy": loaded.sha256, "model": args.model, "prompts": PROMPTS, "run_baseline": args.run_baseline,
+               "pools": {p: {"prompts": r["prompts"], "seeds": r["seeds"], "pool_pairs": r["pool_pairs"],
+                             "runs": r["runs"], "distinct_pairs_drawn": r["distinct_pairs"]} for p, r in results.items()},
+               "pairs_per_run": PAIRS_PER_RUN, "summary": summary, **meta, "per_pool": results, "refused": refused,
+               "seconds": round(time.perf_counter() - started, 1), "note": args.note}
+    write_record(args.name, payload, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

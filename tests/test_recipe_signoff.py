@@ -1,0 +1,126 @@
+"""bench/recipe_signoff's pure functions: run formation, the FAIL rate and its Clopper-Pearson CI (issue 50)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import beta, binomtest
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("recipe_signoff", ROOT / "bench" / "recipe_signoff" / "recipe_signoff.py")
+rs = importlib.util.module_from_spec(spec)
+sys.modules["recipe_signoff"] = rs
+spec.loader.exec_module(rs)
+
+
+@pytest.mark.parametrize("k,n", [(0, 200), (1, 200), (4, 1000), (16, 16), (7, 16), (199, 200), (0, 1), (1, 1)])
+def test_clopper_pearson_matches_scipy_binomtest(k, n):
+    ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="exact")
+    low, high = rs.clopper_pearson(k, n)
+    assert low == pytest.approx(ci.low, abs=1e-12)
+    assert high == pytest.approx(ci.high, abs=1e-12)
+
+
+def test_clopper_pearson_float64_reference():
+    # k = 0: the upper bound solves (1 - p)^n = alpha / 2 in closed form; k = n: the lower bound p^n = alpha / 2.
+    n = 600
+    low, high = rs.clopper_pearson(0, n)
+    assert low == 0.0 and high == pytest.approx(1 - 0.025 ** (1 / n), rel=1e-12)
+    low, high = rs.clopper_pearson(n, n)
+    assert high == 1.0 and low == pytest.approx(0.025 ** (1 / n), rel=1e-12)
+    # 0 < k < n: the beta quantiles, and the bound's defining tail probabilities.
+    low, high = rs.clopper_pearson(3, 50)
+    assert low == pytest.approx(float(beta.ppf(0.025, 3, 48)), rel=1e-12)
+    from scipy.stats import binom
+
+    assert binom.sf(2, 50, low) == pytest.approx(0.025, rel=1e-9)  # P(X >= 3 | low) = alpha/2
+    assert binom.cdf(3, 50, high) == pytest.approx(0.025, rel=1e-9)  # P(X <= 3 | high) = alpha/2
+
+
+@pytest.mark.parametrize("k,n", [(-1, 10), (11, 10), (0, 0)])
+def test_clopper_pearson_refuses_impossible_counts(k, n):
+    with pytest.raises(ValueError, match="0 <= k <= n"):
+        rs.clopper_pearson(k, n)
+
+
+def test_rate():
+    r = rs.rate(4, 1000)
+    assert r["fails"] == 4 and r["runs"] == 1000 and r["rate"] == 0.004
+    # bench/resample_margins's published benign rate: 4 of 1000, [0.11%, 1.02%]
+    assert r["ci95"] == pytest.approx([0.0011, 0.0102], abs=5e-5)
+
+
+def test_form_run_without_replacement_when_the_pool_is_larger():
+    pool = {f"p{i}": [10, 11, 12, 13, 14, 15] for i in range(4)}
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        run = rs.form_run(pool, rng)
+        assert len(run) == 16
+        assert sorted({p for p, _, _ in run}) == ["p0", "p1", "p2", "p3"]
+        for pid in pool:
+            seeds = [s for p, _, s in run if p == pid]
+            slots = [slot for p, slot, _ in run if p == pid]
+            assert slots == [0, 1, 2, 3]
+            assert len(set(seeds)) == 4 and set(seeds) <= set(pool[pid])
+
+
+def test_form_run_bootstraps_a_pool_no_larger_than_a_run():
+    pool = {f"p{i}": [0, 1, 2, 3] for i in range(4)}
+    rng = np.random.default_rng(1)
+    runs = [rs.form_run(pool, rng) for _ in range(200)]
+    assert all(len(r) == 16 for r in runs)
+    # with replacement: some run repeats a seed of a prompt (P(no repeat in 4 prompts) = (4!/4^4)^4 ~ 3e-5 per run)
+    assert any(len({s for p, _, s in r if p == "p0"}) < 4 for r in runs)
+    assert rs.distinct_pairs(runs) == 16
+    # the draw is uniform: each seed's share near 1/4 over 200 runs x 16 slots
+    counts = np.bincount([s for r in runs for _, _, s in r], minlength=4) / (200 * 16)
+    assert np.allclose(counts, 0.25, atol=0.03)
+
+
+def test_form_run_draws_prompts_when_the_pool_has_more():
+    pool = {f"p{i}": [0, 1, 2, 3, 4] for i in range(6)}
+    rng = np.random.default_rng(2)
+    seen = set()
+    for _ in range(30):
+        run = rs.form_run(pool, rng)
+        prompts = {p for p, _, _ in run}
+        assert len(prompts) == 4
+        seen |= prompts
+    assert seen == set(pool)
+
+
+def test_form_run_refuses_a_pool_too_small():
+    with pytest.raises(ValueError, match="needs 4 prompts"):
+        rs.form_run({"p0": [0, 1, 2, 3]}, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="no seed"):
+        rs.form_run({"p0": [], "p1": [0], "p2": [0], "p3": [0]}, np.random.default_rng(0))
+
+
+def test_form_run_is_reproducible():
+    pool = {f"p{i}": list(range(8)) for i in range(4)}
+    assert rs.form_run(pool, np.random.default_rng(7)) == rs.form_run(pool, np.random.default_rng(7))
+
+
+def test_summarize_pools_rates_and_counts():
+    pools = {
+        0: {"pool_pairs": 16, "candidates": {
+            "bug-lora-16x": {"outcomes": {"PASS": 0, "FAIL": 190, "INCONCLUSIVE": 10}, "failed_on": {"a": 190},
+                             "judge": "resample", "against": "turbo4-tiny", "top_judge": None},
+            "turbo4-tiny-int8": {"outcomes": {"PASS": 150, "FAIL": 2, "INCONCLUSIVE": 48}, "failed_on": {"b": 2},
+                                 "judge": "near", "against": "turbo4-tiny", "top_judge": None}}},
+        1: {"pool_pairs": 16, "candidates": {
+            "turbo4-tiny-int8": {"outcomes": {"PASS": 199, "FAIL": 1, "INCONCLUSIVE": 0}, "failed_on": {"b": 1},
+                                 "judge": "near", "against": "turbo4-tiny", "top_judge": None}}},
+    }
+    out = rs.summarize(pools, {"lora-nomatch": "LeverError: no match"}, {"lora-16x": {"status": "changes the clip"}})
+    assert out["turbo4-tiny-int8"]["fails"] == 3 and out["turbo4-tiny-int8"]["runs"] == 400
+    assert out["turbo4-tiny-int8"]["pools"] == [0, 1] and out["turbo4-tiny-int8"]["distinct_pairs"] == 32
+    assert out["turbo4-tiny-int8"]["ci95"] == pytest.approx(rs.clopper_pearson(3, 400))
+    assert out["turbo4-tiny-int8"]["correct"] and out["turbo4-tiny-int8"]["failed_on"] == {"b": 3}
+    assert out["bug-lora-16x"]["rate"] == 0.95 and out["bug-lora-16x"]["family"] == "LoRA strength 16x"
+    assert out["bug-lora-16x"]["corpus"] == {"status": "changes the clip"}
+    assert out["lora-nomatch"]["refused"].startswith("LeverError")
