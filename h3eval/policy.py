@@ -45,6 +45,10 @@ Three ways a gate metric is compared (``compare``):
   tested for non-inferiority: the CI's lower bound must stay above ``-margin``. ``binary = true`` (0/1 per clip,
   VBench's ``dynamic_degree``) adds the exact McNemar test.
 * ``delta``: the gate wrote ``candidate - baseline`` itself; tested like ``sides``.
+* ``flag``: a per-clip artifact detector (``<metric>`` and ``<metric>.baseline``, lower is better). A pair is
+  candidate-flagged when the ``flag`` rule flags the candidate clip and not its baseline twin; more than
+  ``max_flagged_pairs`` such pairs FAIL the metric (a NaN or a missing value never hides them: it can only turn a
+  PASS into INCONCLUSIVE).
 
 Noise floors: any threshold (``max``, ``min``, ``margin``, ``pair_limit``) may be written as
 ``{fraction_of_floor = f}``: ``f`` times the metric's new-seed noise floor, read from a floor file (JSON) that the
@@ -66,9 +70,7 @@ INCONCLUSIVE, never a pass.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
-import math
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -76,51 +78,17 @@ from typing import Any, Literal, Mapping
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from h3.atomic import sha256_file
-from h3.schema import FINITE_NUMBERS, validation_issues
+from h3.schema import validation_issues
+from h3eval.thresholds import (FLOOR_VERSION, BaselineFraction, FloorFraction, NoiseFloor, PolicyError,  # noqa: F401
+                               Threshold, ThresholdResolution, _Strict, load_floor, resolve_threshold, write_floor)
 
 logger = logging.getLogger(__name__)
 
 POLICY_VERSION = 1
-FLOOR_VERSION = 1
 SPEED_GATE = "speed"
 """Name under which the speed check appears in verdicts and waivers."""
 
 Direction = Literal["higher_is_better", "lower_is_better"]
-
-
-class PolicyError(ValueError):
-    """A policy or floor file that cannot be used; the message names the file and the key."""
-
-
-class _Strict(BaseModel):
-    # Strict: a boolean or a string is not a number (``min_pairs = true`` is not 1); finite: a NaN threshold compares
-    # false against everything and would pass a failing candidate (issue 26), so nan and inf are refused at load.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, **FINITE_NUMBERS)
-
-
-class FloorFraction(_Strict):
-    """A threshold stated as a fraction of the metric's new-seed noise floor."""
-
-    fraction_of_floor: float = Field(gt=0)
-    """Multiplier of the floor value (e.g. 0.1 = a tenth of what a new seed changes)."""
-    at_least: float = Field(default=0.0, ge=0)
-    """The threshold is never below this (in the metric's units): a score that never moves between seeds (no
-    clipping on any clip: a floor of 0) would otherwise leave a margin of 0, which no candidate can be shown to meet."""
-
-
-class BaselineFraction(_Strict):
-    """A ``sides`` metric's non-inferiority margin (or regression shift) stated as a fraction of the baseline's mean
-    score over the run's pairs: "the candidate may lose at most 5 % of the baseline's dynamic degree". A margin on
-    the scale of the mean, which the test is on (issue 50), read from the run itself (no floor file)."""
-
-    fraction_of_baseline: float = Field(gt=0, lt=1)
-    """Multiplier of |mean baseline score| over the pairs judged."""
-    at_least: float = Field(default=0.0, ge=0)
-    """The threshold is never below this (in the metric's units): a score whose baseline mean is near 0 (silence,
-    clipping) is given an absolute margin instead."""
-
-
-Threshold = float | FloorFraction | BaselineFraction
 
 
 class RegressionTest(_Strict):
@@ -135,11 +103,47 @@ class RegressionTest(_Strict):
     """The smallest mean worsening (in the metric's units, or a fraction of its floor) that counts."""
 
 
+class FlagRule(_Strict):
+    """When a clip's detector statistic flags it (a ``compare = "flag"`` metric; the statistic is lower-is-better,
+    so a high value is the defect). Exactly one of the three: ``above`` (the clip's value > it), ``at_least``
+    (>= it), or ``above_baseline`` (the candidate clip's value > its baseline twin's: a count such as frozen frames,
+    which clean clips sometimes show too)."""
+
+    above: float | None = None
+    at_least: float | None = None
+    above_baseline: bool = False
+
+    @model_validator(mode="after")
+    def _one(self) -> "FlagRule":
+        if (self.above is not None) + (self.at_least is not None) + self.above_baseline != 1:
+            raise ValueError("a flag rule takes exactly one of `above`, `at_least` or `above_baseline = true`")
+        return self
+
+    def flags(self, value: float, baseline: float) -> tuple[bool, bool]:
+        """(the candidate clip is flagged, the baseline clip is flagged); ``above_baseline`` flags one side only."""
+        if self.above_baseline:
+            return value > baseline, baseline > value
+        if self.above is not None:
+            return value > self.above, baseline > self.above
+        return value >= self.at_least, baseline >= self.at_least  # type: ignore[operator]
+
+    def describe(self) -> str:
+        if self.above_baseline:
+            return "above its baseline twin's"
+        return f"> {self.above:g}" if self.above is not None else f">= {self.at_least:g}"
+
+
 class MetricPolicy(_Strict):
     """How one gate metric decides."""
 
-    compare: Literal["pair", "sides", "delta"] = "pair"
-    """``pair``: value measures the pair; ``sides``: each clip scored alone; ``delta``: gate wrote cand - base."""
+    compare: Literal["pair", "sides", "delta", "flag"] = "pair"
+    """``pair``: value measures the pair; ``sides``: each clip scored alone; ``delta``: gate wrote cand - base;
+    ``flag``: a per-clip artifact detector, each pair flagged by :class:`FlagRule` when the candidate clip is and its
+    baseline twin is not, the run FAILed when more than ``max_flagged_pairs`` pairs are."""
+    flag: FlagRule | None = None
+    """``flag``: when a clip is flagged."""
+    max_flagged_pairs: int = Field(default=0, ge=0)
+    """``flag``: the most candidate-flagged pairs a run may have (0: any flagged pair FAILs the candidate)."""
     direction: Direction
     """Declared direction; must agree with the ``higher_is_better`` the gate writes, else INCONCLUSIVE."""
     max: Threshold | None = None
@@ -172,6 +176,10 @@ class MetricPolicy(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "MetricPolicy":
+        if self.compare == "flag" or self.flag is not None:
+            return self._flag_consistent()
+        if self.max_flagged_pairs:
+            raise ValueError("`max_flagged_pairs` is for compare = 'flag'")
         if self.regression is not None and self.compare == "pair":
             raise ValueError("`regression` is for compare = 'sides' or 'delta'")
         fractions = [t for t in (self.max, self.min, self.pair_limit) if isinstance(t, BaselineFraction)]
@@ -202,6 +210,19 @@ class MetricPolicy(_Strict):
                 raise ValueError("`identical_value` is for compare = 'pair' (a bit-identical pair has delta 0)")
         if self.compare != "sides" and self.baseline_metric is not None:
             raise ValueError("`baseline_metric` is only for compare = 'sides'")
+        return self
+
+    def _flag_consistent(self) -> "MetricPolicy":
+        if self.compare != "flag" or self.flag is None:
+            raise ValueError("compare = 'flag' and a `flag` rule go together")
+        if self.direction != "lower_is_better":
+            raise ValueError("a flag metric is lower_is_better (a high detector statistic is the defect)")
+        others = {"max": self.max, "min": self.min, "pair_limit": self.pair_limit, "margin": self.margin,
+                  "regression": self.regression, "identical_value": self.identical_value}
+        given = [k for k, v in others.items() if v is not None] + (["binary"] if self.binary else []) + (
+            ["fail_beyond"] if self.fail_beyond != "mean" else [])
+        if given:
+            raise ValueError(f"compare = 'flag' takes `flag` and `max_flagged_pairs`, not {', '.join(given)}")
         return self
 
     @property
@@ -511,101 +532,13 @@ def registry_problems(policy: Policy, gates: Mapping[str, Any], unknown_gates: b
     return problems
 
 
-# -- noise floor ---------------------------------------------------------------------------------------------------
-class NoiseFloor(BaseModel):
-    """A floor file as read: ``metrics`` maps ``<gate>.<metric>`` to the metric's new-seed floor."""
-
-    model_config = ConfigDict(frozen=True)
-    path: Path
-    sha256: str
-    metrics: dict[str, float]
-
-
-def load_floor(path: str | Path) -> NoiseFloor:
-    path = Path(path)
-    if path.is_dir():
-        raise PolicyError(f"noise-floor file {path} is a directory")
-    if not path.is_file():
-        raise PolicyError(f"noise-floor file {path} does not exist")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PolicyError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
-        raise PolicyError(f"{path}: a noise-floor file needs a top-level object with a `metrics` object")
-    if data.get("version", FLOOR_VERSION) != FLOOR_VERSION:
-        raise PolicyError(f"{path}: unsupported floor version {data.get('version')!r} (reads {FLOOR_VERSION})")
-    metrics: dict[str, float] = {}
-    for key, value in data["metrics"].items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise PolicyError(f"{path}: metrics.{key} must be a finite number >= 0, got {value!r}")
-        metrics[key] = float(value)
-    return NoiseFloor(path=path, sha256=sha256_file(path), metrics=metrics)
-
-
-def write_floor(path: str | Path, metrics: Mapping[str, float], **provenance: Any) -> NoiseFloor:
-    """Write a noise-floor file in the shape :func:`load_floor` reads (for ``h3eval floor``), atomically.
-
-    ``metrics`` maps ``<gate>.<metric>`` to the floor value; ``provenance`` (run, n pairs, date...) is kept beside it.
-    """
-    from h3.atomic import atomic_write_json
-
-    if "metrics" in provenance or "version" in provenance:
-        raise PolicyError("`metrics` and `version` are set by write_floor itself")
-    path = Path(path)
-    for key, value in metrics.items():
-        if key.count(".") < 1:
-            raise PolicyError(f"floor key {key!r} must be '<gate>.<metric>'")
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            # Checked before writing, so that a bad floor never reaches the disk.
-            raise PolicyError(f"{path}: metrics.{key} must be a finite number >= 0, got {value!r}")
-    atomic_write_json(path, {"version": FLOOR_VERSION, "metrics": {k: float(v) for k, v in metrics.items()},
-                             **provenance})
-    return load_floor(path)
-
-
+# -- noise floor: h3eval.thresholds; the path a policy names -----------------------------------------------
 def resolve_floor_path(loaded: LoadedPolicy, override: str | Path | None) -> Path | None:
     if override is not None:
         return Path(override)
     if loaded.policy.floor_file is None:
         return None
     return (loaded.path.parent / loaded.policy.floor_file).resolve()
-
-
-class ThresholdResolution(BaseModel):
-    value: float | None
-    """None when a fraction of the floor was asked and the floor is unknown."""
-    source: str
-    """``policy`` or ``0.1 x floor 0.41 (fidelity.lpips_mean from floor.json)``, or why it is unknown."""
-
-
-def resolve_threshold(threshold: Threshold, key: str, floor: NoiseFloor | None,
-                      baseline_mean: float | None = None) -> ThresholdResolution:
-    """The threshold's value: as written, a fraction of ``key``'s floor, or a fraction of the baseline's mean score
-    (``baseline_mean``, over the pairs judged; None: unknown)."""
-    if isinstance(threshold, BaselineFraction):
-        if baseline_mean is None or not math.isfinite(baseline_mean):
-            return ThresholdResolution(value=None, source=f"fraction {threshold.fraction_of_baseline} of the "
-                                                          f"baseline's mean {key}, which no usable pair gives")
-        value = threshold.fraction_of_baseline * abs(baseline_mean)
-        source = f"{threshold.fraction_of_baseline} x the baseline's mean {abs(baseline_mean):.6g} ({key})"
-        if value < threshold.at_least:
-            value, source = threshold.at_least, f"at_least {threshold.at_least:g} (> {source})"
-        return ThresholdResolution(value=value, source=source)
-    if isinstance(threshold, FloorFraction):
-        if floor is None:
-            return ThresholdResolution(value=None, source=f"fraction {threshold.fraction_of_floor} of the floor of "
-                                                          f"{key}, but no noise-floor file was given")
-        if key not in floor.metrics:
-            return ThresholdResolution(value=None, source=f"fraction {threshold.fraction_of_floor} of the floor of "
-                                                          f"{key}, which {floor.path.name} does not have")
-        base = floor.metrics[key]
-        value = threshold.fraction_of_floor * base
-        source = f"{threshold.fraction_of_floor} x floor {base:.6g} ({key} from {floor.path.name})"
-        if value < threshold.at_least:
-            value, source = threshold.at_least, f"at_least {threshold.at_least:g} (> {source})"
-        return ThresholdResolution(value=value, source=source)
-    return ThresholdResolution(value=float(threshold), source="policy")
 
 
 def today_utc() -> dt.date:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from gates.reference_free import ARTIFACTS as RF_ARTIFACTS
 from gates.reference_free import DIMENSIONS as RF_DIMENSIONS
 from h3.recipe import RECIPES_DIR, known_recipes, load_recipe, recipe_from_dict
 from h3eval.policy import PolicyError, load_policy, parse_policy, write_floor
@@ -34,7 +35,7 @@ def test_every_shipped_recipe_declares_its_kind_and_the_kind_is_not_part_of_its_
 def test_the_device_drivers_fp8_fallback_recipe_declares_the_kind_of_the_recipe_it_stands_in_for():
     """bench/device/turbo4-fp8-compile.toml is turbo4-fp8-sage-compile with native attention (what the H200 chain runs
     without sageattention): judged as that recipe is, or the release policy's verdict on it is FAIL for a missing
-    kind (the 2026-12-01 calls, bench/results/h200_ab_20261201_session.md)."""
+    kind (the 2026-12-01 calls, bench/full_size_ab/results/h200_ab_20261201_session.md)."""
     fallback = load_recipe(Path(__file__).resolve().parent.parent / "bench" / "device" / "turbo4-fp8-compile.toml")
     shipped = load_recipe("turbo4-fp8-sage-compile")
     assert fallback.signoff is not None, "bench/device/turbo4-fp8-compile.toml declares no [signoff] kind"
@@ -51,6 +52,7 @@ def test_a_gate_is_either_shared_or_a_judges():
 
 KINDS = {"same": "exact", "resampled": "resample", "softer": "resample", "duller": "resample", "undeclared": None}
 FLOOR = {f"reference_free.{d}": 1.0 for d in RF_DIMENSIONS} | {"reference_free.clipping_fraction": 0.0} | {
+    "reference_free.echo_score": 0.01} | {
     "vbench.temporal_flickering_delta": 0.01, "fidelity.lpips_mean": 0.4, "audio.stft_distance": 2.0}
 
 
@@ -83,6 +85,11 @@ def judged(tmp_path_factory):
                     cand_value = base - 0.3 + float(rng.normal(0, 0.05))
                 metrics[dim] = (cand_value, spec.higher_is_better)
                 metrics[f"{dim}.baseline"] = (base, spec.higher_is_better)
+            for dim, spec in RF_ARTIFACTS.items():  # clean clips by the artifact detectors (none flagged)
+                base = 0.0 if dim in ("frozen_frames", "dropout_ms") else float(rng.uniform(0.2, 0.6))
+                cand_value = base if base == 0.0 else base + float(rng.normal(0, 0.002))
+                metrics[dim] = (cand_value, spec.higher_is_better)
+                metrics[f"{dim}.baseline"] = (base, spec.higher_is_better)
             write_result(store, "reference_free", cand, pid, seed, metrics)
             write_result(store, "vbench", cand, pid, seed,
                          {"temporal_flickering_delta": (float(rng.normal(0, 0.001)), True)})
@@ -112,7 +119,8 @@ def test_resample_is_judged_reference_free_and_a_planted_loss_fails_by_name(judg
     assert {g.gate for g in ok.gates} == {"integrity", "reference_free", "vbench", "prompt_faithfulness"}
     assert ok.outcome == "PASS", ok.reasons
     rf = next(g for g in ok.gates if g.gate == "reference_free")
-    assert len(rf.metrics) == len(RF_DIMENSIONS) and all(m.outcome == "PASS" for m in rf.metrics)
+    # Every dimension, and the artifact detectors the release policy judges (issue 50: all but click_score).
+    assert len(rf.metrics) == len(RF_DIMENSIONS) + len(RF_ARTIFACTS) - 1 and all(m.outcome == "PASS" for m in rf.metrics)
     clipping = next(m for m in rf.metrics if m.metric == "clipping_fraction")
     assert clipping.threshold == 0.0001 and clipping.threshold_source.startswith("at_least")
     # The suite has no ground truth: prompt faithfulness says so and decides nothing.

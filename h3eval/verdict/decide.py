@@ -67,7 +67,7 @@ class _MetricWork:
 def metric_statistics(mv: MetricVerdict, mp: MetricPolicy, settings: Settings) -> _MetricWork:
     """The paired statistics of a gathered metric (oriented deltas, CI, tests); a metric that cannot be judged
     (reasons already given, or numbers the statistics refuse) gets none."""
-    if mv.reasons:
+    if mv.reasons or mp.compare == "flag":  # a flag metric counts its flagged pairs (decide_flag), no statistics
         return _MetricWork(mv, mp, None, None, settings.power)
     key = f"{mv.gate}.{mv.metric}"
     pairs = mv.pairs
@@ -121,129 +121,206 @@ def _summary_dict(summary: S.DeltaSummary, mp: MetricPolicy, threshold: float | 
 
 
 def decide_metric(work: _MetricWork, alpha: float) -> None:
-    """Set the raw outcome of a metric whose statistics are computed (Holm p already set)."""
+    """Set the raw outcome of a metric whose statistics are computed (Holm p already set): a ``pair`` metric's mean
+    against its threshold (:func:`_decide_pair`), a ``sides`` / ``delta`` metric's non-inferiority and regression
+    (:func:`_decide_paired_delta`); then its worst pairs as evidence."""
     mv, mp, s = work.mv, work.mp, work.summary
     assert s is not None and work.values is not None
     decisive_p = mv.p_holm if mv.p_holm is not None else mv.p_value
     p_ok = decisive_p is None or decisive_p <= alpha
     holm_note = f"Holm-adjusted p {_fmt(mv.p_holm)}" if mv.p_holm is not None else f"p {_fmt(mv.p_value)}"
-    outcomes: list[str] = []
-    signs = s.signs.describe()
     if mp.compare == "pair":
-        bad = "above" if not mp.higher_is_better else "below"
-        mean_v = float(np.mean(work.values))
-        # CI of the mean value from the CI of the room: value = threshold -/+ room.
-        t = mv.threshold
-        if t is not None:
-            if mp.higher_is_better:
-                mv.ci_low, mv.ci_high = t + s.ci.low, t + s.ci.high
-            else:
-                mv.ci_low, mv.ci_high = t - s.ci.high, t - s.ci.low
-        else:
-            ci = S.mean_ci(work.values, confidence=s.ci.confidence, n_resamples=max(999, s.ci.n_resamples))
-            mv.ci_low, mv.ci_high = ci.low, ci.high
-        mv.mean_value = mean_v
-        if t is not None:
-            word = "max" if not mp.higher_is_better else "min"
-            bound = mv.ci_high if not mp.higher_is_better else mv.ci_low
-            over = s.signs.worse
-            if s.mean <= 0:
-                outcomes.append("FAIL")
-                mv.reasons.append(
-                    f"mean {_fmt(mean_v)} is {bad} {word} {_fmt(t)} ({over} of {s.n} pairs {bad} it); "
-                    f"{int(s.ci.confidence * 100)}% CI [{_fmt(mv.ci_low)}, {_fmt(mv.ci_high)}]"
-                )
-            elif s.ci.low > 0 and p_ok:
-                outcomes.append("PASS")
-                mv.reasons.append(
-                    f"mean {_fmt(mean_v)}, CI bound {_fmt(bound)} within {word} {_fmt(t)} ({holm_note})"
-                )
-            else:
-                outcomes.append("INCONCLUSIVE")
-                gap = s.mean
-                needed = S.pairs_needed(s.sd, gap, alpha=alpha, power=work.power) if gap > 0 else None
-                if s.ci.low > 0:  # the CI clears it; the multiplicity-adjusted test does not
-                    mv.reasons.append(f"mean {_fmt(mean_v)} and its CI bound {_fmt(bound)} are within {word} "
-                                      f"{_fmt(t)}, but the {holm_note} exceeds {_fmt(alpha)}")
-                else:
-                    mv.reasons.append(f"mean {_fmt(mean_v)} is within {word} {_fmt(t)} but the CI bound "
-                                      f"{_fmt(bound)} is not ({holm_note})")
-                mv.warnings.append(
-                    f"sample size: {s.n} pairs resolve a shift of {_fmt(s.mde)} at power {work.power}; the gap "
-                    f"to the threshold is {_fmt(gap)}" + (f"; about {needed} pairs would resolve it" if needed else "")
-                )
-        if mv.pair_limit is not None:
-            limit = mv.pair_limit
-            beyond = [p for p in mv.pairs if (p.value < limit if mp.higher_is_better else p.value > limit)]
-            if beyond:
-                outcomes.append("FAIL")
-                shown = ", ".join(f"{clip_stem(p.prompt_id, p.seed)}={_fmt(p.value)}" for p in beyond[:5])
-                mv.reasons.append(f"{len(beyond)} of {s.n} pair(s) {bad} pair_limit {_fmt(mv.pair_limit)}: {shown}")
-            else:
-                outcomes.append("PASS")
+        outcomes = _decide_pair(work, alpha, p_ok, holm_note)
         order = sorted(mv.pairs, key=lambda p: p.value if mp.higher_is_better else -p.value)  # type: ignore[operator]
     else:
-        margin = float(mv.threshold)  # type: ignore[arg-type]
-        mv.mean_value, mv.ci_low, mv.ci_high = s.mean, s.ci.low, s.ci.high
-        detail = f"{signs}; Wilcoxon p {_fmt(s.wilcoxon.pvalue)}"
-        if s.mcnemar is not None:
-            detail += (f"; McNemar exact p {_fmt(s.mcnemar.pvalue)} ({s.mcnemar.regressed} regressed, "
-                       f"{s.mcnemar.improved} improved)")
-        ci_text = f"{int(s.ci.confidence * 100)}% CI [{_fmt(s.ci.low)}, {_fmt(s.ci.high)}]"
-        if mp.fail_beyond == "ci" and s.ci.high < -margin:
-            outcomes.append("FAIL")
-            mv.reasons.append(
-                f"inferior: the whole {ci_text} is worse than the margin -{_fmt(margin)} (mean delta {_fmt(s.mean)}; "
-                f"{detail})"
-            )
-        elif mp.fail_beyond == "mean" and s.mean <= -margin:
-            outcomes.append("FAIL")
-            mv.reasons.append(
-                f"mean delta {_fmt(s.mean)} is worse than the margin -{_fmt(margin)} ({ci_text}; {detail})"
-            )
-        elif s.noninferiority.holds and p_ok:
-            outcomes.append("PASS")
-            mv.reasons.append(
-                f"non-inferior: lower bound {_fmt(s.ci.low)} > -{_fmt(margin)} ({ci_text}; {holm_note}; "
-                f"TOST p {_fmt(s.noninferiority.tost_p)}; {detail})"
-            )
-            if s.wilcoxon.pvalue <= 2 * alpha and s.signs.worse > s.signs.better:
-                mv.warnings.append(f"consistently worse ({detail}) though within the margin")
-        else:
-            outcomes.append("INCONCLUSIVE")
-            if s.mean <= -margin:  # fail_beyond = "ci": beyond the margin, but the CI reaches inside it
-                mv.reasons.append(
-                    f"mean delta {_fmt(s.mean)} is worse than the margin -{_fmt(margin)} but the CI's upper bound "
-                    f"{_fmt(s.ci.high)} is not ({ci_text}; {detail})"
-                )
-            elif s.noninferiority.holds:  # the CI clears the margin; the multiplicity-adjusted test does not
-                mv.reasons.append(
-                    f"lower bound {_fmt(s.ci.low)} clears -{_fmt(margin)} but the {holm_note} exceeds {_fmt(alpha)} "
-                    f"({ci_text}; {detail})"
-                )
-            else:
-                mv.reasons.append(
-                    f"mean delta {_fmt(s.mean)} is within the margin -{_fmt(margin)} but the lower bound "
-                    f"{_fmt(s.ci.low)} is not ({ci_text}; {holm_note}; {detail})"
-                )
-        rt = mp.regression
-        if rt is not None and mv.p_worse_holm is not None and mv.regression_shift is not None:
-            if mv.p_worse_holm <= rt.alpha and s.mean <= -mv.regression_shift:
-                outcomes.append("FAIL")
-                mv.reasons.append(
-                    f"consistently worse: {signs}; one-sided Wilcoxon p {_fmt(mv.p_worse)} "
-                    f"(Holm {_fmt(mv.p_worse_holm)}) <= {_fmt(rt.alpha)} and mean delta {_fmt(s.mean)} <= "
-                    f"-{_fmt(mv.regression_shift)} (regression)")
-        if s.underpowered:
-            mv.warnings.append(
-                f"sample size: {s.n} pairs resolve only shifts of {_fmt(s.mde)} or more at power {work.power} "
-                f"(sd {_fmt(s.sd)}), larger than the margin {_fmt(margin)}"
-                + (f"; about {s.pairs_needed} pairs would resolve it" if s.pairs_needed else "")
-            )
+        outcomes = _decide_paired_delta(work, alpha, p_ok, holm_note)
         order = sorted(mv.pairs, key=lambda p: p.delta if p.delta is not None else 0.0)
     mv.worst = order[:WORST_SHOWN]
     mv.evidence = list(dict.fromkeys([p.file for p in mv.worst] + [a for p in mv.worst for a in p.artifacts]))
     mv.raw_outcome = combine(outcomes)
+
+
+def _pair_mean_ci(work: _MetricWork) -> None:
+    """A pair metric's mean value and its CI, from the CI of the room left to the threshold (value = threshold -/+
+    room), or bootstrapped from the values when there is no threshold."""
+    mv, mp, s = work.mv, work.mp, work.summary
+    assert s is not None and work.values is not None
+    t = mv.threshold
+    if t is not None:
+        if mp.higher_is_better:
+            mv.ci_low, mv.ci_high = t + s.ci.low, t + s.ci.high
+        else:
+            mv.ci_low, mv.ci_high = t - s.ci.high, t - s.ci.low
+    else:
+        ci = S.mean_ci(work.values, confidence=s.ci.confidence, n_resamples=max(999, s.ci.n_resamples))
+        mv.ci_low, mv.ci_high = ci.low, ci.high
+    mv.mean_value = float(np.mean(work.values))
+
+
+def _decide_pair(work: _MetricWork, alpha: float, p_ok: bool, holm_note: str) -> list[str]:
+    """A ``pair`` metric: the mean against ``max`` / ``min`` (FAIL beyond it, PASS when the CI bound and the
+    multiplicity-adjusted test clear it, else INCONCLUSIVE with the pairs needed), and every pair against
+    ``pair_limit``."""
+    mv, mp, s = work.mv, work.mp, work.summary
+    assert s is not None
+    outcomes: list[str] = []
+    bad = "above" if not mp.higher_is_better else "below"
+    _pair_mean_ci(work)
+    mean_v, t = mv.mean_value, mv.threshold
+    if t is not None:
+        word = "max" if not mp.higher_is_better else "min"
+        bound = mv.ci_high if not mp.higher_is_better else mv.ci_low
+        if s.mean <= 0:
+            outcomes.append("FAIL")
+            mv.reasons.append(
+                f"mean {_fmt(mean_v)} is {bad} {word} {_fmt(t)} ({s.signs.worse} of {s.n} pairs {bad} it); "
+                f"{int(s.ci.confidence * 100)}% CI [{_fmt(mv.ci_low)}, {_fmt(mv.ci_high)}]"
+            )
+        elif s.ci.low > 0 and p_ok:
+            outcomes.append("PASS")
+            mv.reasons.append(f"mean {_fmt(mean_v)}, CI bound {_fmt(bound)} within {word} {_fmt(t)} ({holm_note})")
+        else:
+            outcomes.append("INCONCLUSIVE")
+            gap = s.mean
+            needed = S.pairs_needed(s.sd, gap, alpha=alpha, power=work.power) if gap > 0 else None
+            if s.ci.low > 0:  # the CI clears it; the multiplicity-adjusted test does not
+                mv.reasons.append(f"mean {_fmt(mean_v)} and its CI bound {_fmt(bound)} are within {word} "
+                                  f"{_fmt(t)}, but the {holm_note} exceeds {_fmt(alpha)}")
+            else:
+                mv.reasons.append(f"mean {_fmt(mean_v)} is within {word} {_fmt(t)} but the CI bound "
+                                  f"{_fmt(bound)} is not ({holm_note})")
+            mv.warnings.append(
+                f"sample size: {s.n} pairs resolve a shift of {_fmt(s.mde)} at power {work.power}; the gap "
+                f"to the threshold is {_fmt(gap)}" + (f"; about {needed} pairs would resolve it" if needed else "")
+            )
+    if mv.pair_limit is not None:
+        limit = mv.pair_limit
+        beyond = [p for p in mv.pairs if (p.value < limit if mp.higher_is_better else p.value > limit)]
+        if beyond:
+            outcomes.append("FAIL")
+            shown = ", ".join(f"{clip_stem(p.prompt_id, p.seed)}={_fmt(p.value)}" for p in beyond[:5])
+            mv.reasons.append(f"{len(beyond)} of {s.n} pair(s) {bad} pair_limit {_fmt(mv.pair_limit)}: {shown}")
+        else:
+            outcomes.append("PASS")
+    return outcomes
+
+
+def _decide_paired_delta(work: _MetricWork, alpha: float, p_ok: bool, holm_note: str) -> list[str]:
+    """A ``sides`` / ``delta`` metric: non-inferiority of the mean oriented delta against the margin (FAIL beyond
+    it by ``fail_beyond``, PASS when the CI's lower bound and the adjusted test clear it, else INCONCLUSIVE), then the
+    regression test (:func:`_regression_outcome`) and the sample-size warning."""
+    mv, mp, s = work.mv, work.mp, work.summary
+    assert s is not None
+    outcomes: list[str] = []
+    margin = float(mv.threshold)  # type: ignore[arg-type]
+    mv.mean_value, mv.ci_low, mv.ci_high = s.mean, s.ci.low, s.ci.high
+    detail = f"{s.signs.describe()}; Wilcoxon p {_fmt(s.wilcoxon.pvalue)}"
+    if s.mcnemar is not None:
+        detail += (f"; McNemar exact p {_fmt(s.mcnemar.pvalue)} ({s.mcnemar.regressed} regressed, "
+                   f"{s.mcnemar.improved} improved)")
+    ci_text = f"{int(s.ci.confidence * 100)}% CI [{_fmt(s.ci.low)}, {_fmt(s.ci.high)}]"
+    if mp.fail_beyond == "ci" and s.ci.high < -margin:
+        outcomes.append("FAIL")
+        mv.reasons.append(
+            f"inferior: the whole {ci_text} is worse than the margin -{_fmt(margin)} (mean delta {_fmt(s.mean)}; "
+            f"{detail})"
+        )
+    elif mp.fail_beyond == "mean" and s.mean <= -margin:
+        outcomes.append("FAIL")
+        mv.reasons.append(f"mean delta {_fmt(s.mean)} is worse than the margin -{_fmt(margin)} ({ci_text}; {detail})")
+    elif s.noninferiority.holds and p_ok:
+        outcomes.append("PASS")
+        mv.reasons.append(
+            f"non-inferior: lower bound {_fmt(s.ci.low)} > -{_fmt(margin)} ({ci_text}; {holm_note}; "
+            f"TOST p {_fmt(s.noninferiority.tost_p)}; {detail})"
+        )
+        if s.wilcoxon.pvalue <= 2 * alpha and s.signs.worse > s.signs.better:
+            mv.warnings.append(f"consistently worse ({detail}) though within the margin")
+    else:
+        outcomes.append("INCONCLUSIVE")
+        if s.mean <= -margin:  # fail_beyond = "ci": beyond the margin, but the CI reaches inside it
+            mv.reasons.append(
+                f"mean delta {_fmt(s.mean)} is worse than the margin -{_fmt(margin)} but the CI's upper bound "
+                f"{_fmt(s.ci.high)} is not ({ci_text}; {detail})"
+            )
+        elif s.noninferiority.holds:  # the CI clears the margin; the multiplicity-adjusted test does not
+            mv.reasons.append(
+                f"lower bound {_fmt(s.ci.low)} clears -{_fmt(margin)} but the {holm_note} exceeds {_fmt(alpha)} "
+                f"({ci_text}; {detail})"
+            )
+        else:
+            mv.reasons.append(
+                f"mean delta {_fmt(s.mean)} is within the margin -{_fmt(margin)} but the lower bound "
+                f"{_fmt(s.ci.low)} is not ({ci_text}; {holm_note}; {detail})"
+            )
+    outcomes.extend(_regression_outcome(work))
+    if s.underpowered:
+        mv.warnings.append(
+            f"sample size: {s.n} pairs resolve only shifts of {_fmt(s.mde)} or more at power {work.power} "
+            f"(sd {_fmt(s.sd)}), larger than the margin {_fmt(margin)}"
+            + (f"; about {s.pairs_needed} pairs would resolve it" if s.pairs_needed else "")
+        )
+    return outcomes
+
+
+def _regression_outcome(work: _MetricWork) -> list[str]:
+    """The policy's ``regression`` test: FAIL a candidate consistently worse (Holm-adjusted one-sided Wilcoxon p at
+    most ``alpha``) by at least ``min_shift``; nothing otherwise."""
+    mv, rt, s = work.mv, work.mp.regression, work.summary
+    assert s is not None
+    if rt is None or mv.p_worse_holm is None or mv.regression_shift is None:
+        return []
+    if mv.p_worse_holm <= rt.alpha and s.mean <= -mv.regression_shift:
+        mv.reasons.append(
+            f"consistently worse: {s.signs.describe()}; one-sided Wilcoxon p {_fmt(mv.p_worse)} "
+            f"(Holm {_fmt(mv.p_worse_holm)}) <= {_fmt(rt.alpha)} and mean delta {_fmt(s.mean)} <= "
+            f"-{_fmt(mv.regression_shift)} (regression)")
+        return ["FAIL"]
+    return []
+
+
+def decide_flag(mv: MetricVerdict, mp: MetricPolicy) -> None:
+    """A ``flag`` metric (a per-clip artifact detector): each usable pair is candidate-flagged when the policy's
+    :class:`~h3eval.policy.FlagRule` flags the candidate clip and not its baseline twin. More such pairs than
+    ``max_flagged_pairs`` FAIL, whatever else is wrong with the run (a NaN or a missing pair cannot hide a flagged
+    one); otherwise a metric that cannot be judged (its reasons: NaN, missing, too few pairs) is INCONCLUSIVE, never
+    a PASS. The exact one-sided McNemar p of the discordant pairs (candidate-only against baseline-only flags) is
+    reported beside the count."""
+    rule = mp.flag
+    assert rule is not None
+    cand_only, base_only, both = [], [], 0
+    for p in mv.pairs:
+        if p.value is None:  # a bit-identical pair: never flagged
+            p.delta = 0.0
+            continue
+        c, b = rule.flags(p.value, p.baseline_value)  # type: ignore[arg-type]
+        p.delta = float(b) - float(c)  # -1: candidate-flagged, +1: baseline-flagged (oriented: positive is better)
+        both += c and b
+        (cand_only if c and not b else base_only if b and not c else []).append(p)
+    mcnemar = 1.0
+    if cand_only:  # exact one-sided: P(at least this many of the discordant pairs candidate-only | 50:50)
+        from scipy.stats import binomtest
+
+        mcnemar = float(binomtest(len(cand_only), len(cand_only) + len(base_only), 0.5, alternative="greater").pvalue)
+    mv.stats = {"candidate_flagged": len(cand_only), "baseline_flagged": len(base_only), "both_flagged": int(both),
+                "max_flagged_pairs": mp.max_flagged_pairs, "mcnemar_p": mcnemar, "rule": rule.describe()}
+    mv.mean_value = float(len(cand_only))
+    mv.worst = sorted(cand_only, key=lambda p: -(p.value or 0.0))[:WORST_SHOWN]
+    mv.evidence = list(dict.fromkeys([p.file for p in mv.worst] + [a for p in mv.worst for a in p.artifacts]))
+    shown = ", ".join(f"{clip_stem(p.prompt_id, p.seed)}={_fmt(p.value)} (baseline {_fmt(p.baseline_value)})"
+                      for p in mv.worst)
+    count = (f"{len(cand_only)} of {len(mv.pairs)} pair(s) flagged on the candidate only ({mv.metric} "
+             f"{rule.describe()}; {len(base_only)} on the baseline only, {both} on both; exact McNemar p "
+             f"{_fmt(mcnemar)})")
+    if len(cand_only) > mp.max_flagged_pairs:
+        mv.reasons.insert(0, f"{count}, more than max_flagged_pairs {mp.max_flagged_pairs}: {shown}")
+        mv.raw_outcome = "FAIL"
+    elif mv.reasons:
+        mv.reasons.insert(0, f"{count}, within max_flagged_pairs {mp.max_flagged_pairs}, but")
+        mv.raw_outcome = "INCONCLUSIVE"
+    else:
+        mv.reasons.append(f"{count}: within max_flagged_pairs {mp.max_flagged_pairs}")
+        mv.raw_outcome = "PASS"
 
 
 def speed_outcome(ci_low: float, ci_high: float, bound: float) -> Outcome:
@@ -397,7 +474,9 @@ def decide_metrics(works: list[_MetricWork], policy: Policy, settings: Settings,
     for w, p, q in zip(reg, p_worse, S.holm(p_worse)):
         w.mv.p_worse, w.mv.p_worse_holm = p, q
     for w in works:
-        if w.summary is not None:
+        if w.mp.compare == "flag":
+            decide_flag(w.mv, w.mp)
+        elif w.summary is not None:
             decide_metric(w, settings.alpha_one_sided)
         else:
             w.mv.raw_outcome = "INCONCLUSIVE"

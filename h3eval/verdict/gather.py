@@ -8,6 +8,7 @@ reasons for :mod:`h3eval.verdict.decide`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from importlib import metadata
 
 from gates.base import GateResult, gate_class, known_gates
@@ -91,20 +92,40 @@ def gather_metric(
 ) -> MetricVerdict:
     """The metric's verdict with its per-pair values and the reasons it cannot be judged (empty: it can).
 
-    Resolves the threshold (absolute or floor-relative); collects each expected pair's value (a bit-identical pair
-    the gate short-circuited takes delta 0, or the policy's ``identical_value``); names missing pairs, NaN values,
-    a direction contradicting the policy, and too few pairs.
+    Resolves the threshold (absolute or floor-relative: :func:`resolve_thresholds`); collects each expected pair's
+    value (:func:`collect_pairs`: a bit-identical pair the gate short-circuited takes delta 0, or the policy's
+    ``identical_value``); a threshold on the baseline's mean is resolved from the pairs
+    (:func:`resolve_on_baseline`); :func:`unjudgeable_reasons` names missing pairs, NaN values, a direction
+    contradicting the policy, and too few pairs.
     """
     mv = MetricVerdict(
         gate=gate, metric=metric, candidate=candidate, compare=mp.compare, direction=mp.direction,
         required=mp.required, outcome="INCONCLUSIVE", raw_outcome="INCONCLUSIVE", n_expected=len(expected),
     )
-    key = f"{gate}.{metric}"
-    threshold_spec = (mp.max if mp.max is not None else mp.min) if mp.compare == "pair" else mp.margin
-    on_baseline = [isinstance(t, BaselineFraction) for t in (threshold_spec,
-                                                               mp.regression.min_shift if mp.regression else None)]
-    if threshold_spec is not None and not on_baseline[0]:
-        res = resolve_threshold(threshold_spec, key, floor)
+    on_baseline = resolve_thresholds(mv, mp, floor)
+    found = collect_pairs(mv, mp, metric, expected, results)
+    mv.pairs = found.pairs
+    mv.n_pairs = len(found.pairs)
+    if any(on_baseline):
+        resolve_on_baseline(mv, mp, floor, on_baseline)
+    unjudgeable_reasons(mv, mp, found, gp, policy_min_pairs, expected)
+    return mv
+
+
+def _threshold_spec(mp: MetricPolicy):
+    """The metric's main threshold as written: ``max`` / ``min`` of a pair metric, else the margin (None: a flag)."""
+    return (mp.max if mp.max is not None else mp.min) if mp.compare == "pair" else mp.margin
+
+
+def resolve_thresholds(mv: MetricVerdict, mp: MetricPolicy, floor: NoiseFloor | None) -> tuple[bool, bool]:
+    """Resolve the threshold, the regression shift and the pair limit into ``mv`` (a reason where one is unknown);
+    returns whether the threshold and the shift are stated on the baseline's mean (resolved once the pairs are in)."""
+    key = f"{mv.gate}.{mv.metric}"
+    spec = _threshold_spec(mp)
+    on_baseline = (isinstance(spec, BaselineFraction),
+                   isinstance(mp.regression.min_shift if mp.regression else None, BaselineFraction))
+    if spec is not None and not on_baseline[0]:
+        res = resolve_threshold(spec, key, floor)
         mv.threshold, mv.threshold_source = res.value, res.source
         if res.value is None:
             mv.reasons.append(f"threshold unknown: {res.source}")
@@ -118,100 +139,122 @@ def gather_metric(
         mv.pair_limit = res.value
         if res.value is None:
             mv.reasons.append(f"pair_limit unknown: {res.source}")
+    if mp.flag is not None:
+        mv.threshold_source = f"flag: the candidate clip's {mv.metric} {mp.flag.describe()}, its baseline twin's not"
+    return on_baseline
 
-    pairs: list[PairValue] = []
-    missing: list[str] = []
-    nan_files: list[str] = []
-    conflicts: list[str] = []
-    seen_metric = False
-    other_names: set[str] = set()
+
+def resolve_on_baseline(mv: MetricVerdict, mp: MetricPolicy, floor: NoiseFloor | None,
+                        on_baseline: tuple[bool, bool]) -> None:
+    """A margin (or regression shift) stated on the baseline's mean score: resolved from the pairs judged."""
+    key = f"{mv.gate}.{mv.metric}"
+    scores = [p.baseline_value for p in mv.pairs if p.baseline_value is not None]
+    mean = float(sum(scores) / len(scores)) if scores else None
+    if on_baseline[0]:
+        res = resolve_threshold(_threshold_spec(mp), key, floor, mean)  # type: ignore[arg-type]
+        mv.threshold, mv.threshold_source = res.value, res.source
+        if res.value is None:
+            mv.reasons.append(f"threshold unknown: {res.source}")
+    if on_baseline[1]:
+        res = resolve_threshold(mp.regression.min_shift, key, floor, mean)  # type: ignore[union-attr]
+        mv.regression_shift = res.value
+        if res.value is None:
+            mv.reasons.append(f"regression min_shift unknown: {res.source}")
+
+
+@dataclass
+class PairsFound:
+    """What :func:`collect_pairs` read: the usable pairs and what kept the others out."""
+
+    pairs: list[PairValue] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+    nan_files: list[str] = field(default_factory=list)
+    conflicts: list[str] = field(default_factory=list)
+    seen_metric: bool = False
+    other_names: set[str] = field(default_factory=set)
+
+
+def collect_pairs(mv: MetricVerdict, mp: MetricPolicy, metric: str, expected: list[tuple[str, int]],
+                  results: dict[tuple[str, int], LoadedResult]) -> PairsFound:
+    """Each expected pair's value (and its baseline side for ``sides`` and ``flag``), in the run's order."""
+    found = PairsFound()
+    two_sided = mp.compare in ("sides", "flag")
     for prompt_id, seed in expected:
         stem = clip_stem(prompt_id, seed)
         lr = results.get((prompt_id, seed))
-        if lr is None:
-            missing.append(f"{stem}: no result file")
-            continue
-        if lr.problem is not None or lr.result is None:
-            missing.append(f"{stem}: {lr.problem}")
+        if lr is None or lr.problem is not None or lr.result is None:
+            found.missing.append(f"{stem}: {'no result file' if lr is None else lr.problem}")
             continue
         result = lr.result
-        other_names.update(result.metrics)
+        found.other_names.update(result.metrics)
         m = result.metrics.get(metric)
         value: float | None = None
         base_value: float | None = None
         if m is not None:
-            seen_metric = True
+            found.seen_metric = True
             if m.higher_is_better != mp.higher_is_better:
-                conflicts.append(lr.rel)
+                found.conflicts.append(lr.rel)
             value = m.value
-        if mp.compare == "sides":
+        if two_sided:
             bm = result.metrics.get(mp.baseline_key(metric))
             if bm is not None:
                 if bm.higher_is_better != mp.higher_is_better:
-                    conflicts.append(lr.rel)
+                    found.conflicts.append(lr.rel)
                 base_value = bm.value
-        # A pair the gate short-circuited as bit-identical: its delta is 0 by definition; a pair metric takes the
-        # value the policy declares for identical clips (never guessed).
+        # A pair the gate short-circuited as bit-identical: its delta is 0 by definition (never flagged); a pair
+        # metric takes the value the policy declares for identical clips (never guessed).
         if result.identical and value is None:
             if mp.compare == "pair" and mp.identical_value is not None:
                 value = mp.identical_value
-                seen_metric = True
-            elif mp.compare in ("sides", "delta"):
-                seen_metric = True
-                pairs.append(PairValue(prompt_id=prompt_id, seed=seed, value=None, delta=0.0, file=lr.rel,
-                                       artifacts=result.artifacts))
+                found.seen_metric = True
+            elif mp.compare in ("sides", "delta", "flag"):
+                found.seen_metric = True
+                found.pairs.append(PairValue(prompt_id=prompt_id, seed=seed, value=None, delta=0.0, file=lr.rel,
+                                             artifacts=result.artifacts))
                 continue
-        if value is None or (mp.compare == "sides" and base_value is None):
+        if value is None or (two_sided and base_value is None):
             why = "value is null" if m is not None else "metric absent"
-            if mp.compare == "sides" and base_value is None and value is not None:
+            if two_sided and base_value is None and value is not None:
                 why = f"baseline score {mp.baseline_key(metric)!r} absent or null"
-            missing.append(f"{stem}: {why} ({lr.rel})")
+            found.missing.append(f"{stem}: {why} ({lr.rel})")
             continue
         if not math.isfinite(value) or (base_value is not None and not math.isfinite(base_value)):
-            nan_files.append(lr.rel)
+            found.nan_files.append(lr.rel)
             continue
-        pairs.append(PairValue(prompt_id=prompt_id, seed=seed, value=value, baseline_value=base_value, file=lr.rel,
-                               artifacts=result.artifacts))
+        found.pairs.append(PairValue(prompt_id=prompt_id, seed=seed, value=value, baseline_value=base_value,
+                                     file=lr.rel, artifacts=result.artifacts))
+    return found
 
-    mv.pairs = pairs
-    mv.n_pairs = len(pairs)
-    if any(on_baseline):  # a margin stated on the baseline's mean score: the mean over the pairs judged
-        scores = [p.baseline_value for p in pairs if p.baseline_value is not None]
-        mean = float(sum(scores) / len(scores)) if scores else None
-        if on_baseline[0]:
-            res = resolve_threshold(threshold_spec, key, floor, mean)  # type: ignore[arg-type]
-            mv.threshold, mv.threshold_source = res.value, res.source
-            if res.value is None:
-                mv.reasons.append(f"threshold unknown: {res.source}")
-        if on_baseline[1]:
-            res = resolve_threshold(mp.regression.min_shift, key, floor, mean)  # type: ignore[union-attr]
-            mv.regression_shift = res.value
-            if res.value is None:
-                mv.reasons.append(f"regression min_shift unknown: {res.source}")
+
+def unjudgeable_reasons(mv: MetricVerdict, mp: MetricPolicy, found: PairsFound, gp: GatePolicy,
+                        policy_min_pairs: int, expected: list[tuple[str, int]]) -> None:
+    """The reasons the metric cannot be judged, into ``mv``: absent everywhere, NaN, contradicting directions,
+    missing pairs beyond ``max_missing`` (fewer: a warning), fewer usable pairs than ``min_pairs``."""
     min_pairs = mp.min_pairs or gp.min_pairs or policy_min_pairs
-    if not seen_metric:
-        have = ", ".join(sorted(other_names)) or "none (no usable result)"
+    if not found.seen_metric:
+        have = ", ".join(sorted(found.other_names)) or "none (no usable result)"
         mv.reasons.append(
-            f"no result of gate {gate!r} for {candidate!r} has metric {metric!r} (metrics present: {have})"
+            f"no result of gate {mv.gate!r} for {mv.candidate!r} has metric {mv.metric!r} (metrics present: {have})"
         )
-    if nan_files:
-        mv.reasons.append(f"NaN or infinite value in {len(nan_files)} result(s): {', '.join(nan_files[:5])}")
-    if conflicts:
+    if found.nan_files:
+        mv.reasons.append(f"NaN or infinite value in {len(found.nan_files)} result(s): "
+                          f"{', '.join(found.nan_files[:5])}")
+    if found.conflicts:
         mv.reasons.append(
-            f"the gate declares the opposite direction to the policy ({mp.direction}) in {len(set(conflicts))} "
-            f"result(s), e.g. {conflicts[0]}: metadata contradiction, not judged"
+            f"the gate declares the opposite direction to the policy ({mp.direction}) in {len(set(found.conflicts))} "
+            f"result(s), e.g. {found.conflicts[0]}: metadata contradiction, not judged"
         )
+    missing = found.missing
     if len(missing) > gp.max_missing:
         shown = "; ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         mv.reasons.append(
-            f"{metric} missing on {len(missing)} of {len(expected)} expected pairs "
+            f"{mv.metric} missing on {len(missing)} of {len(expected)} expected pairs "
             f"(max_missing {gp.max_missing}): {shown}"
         )
     elif missing:
         mv.warnings.append(f"{len(missing)} pair(s) without a value (within max_missing): {'; '.join(missing[:5])}")
-    if len(pairs) < min_pairs:
-        mv.reasons.append(f"only {len(pairs)} usable pair(s); the policy needs at least {min_pairs}")
-    return mv
+    if len(found.pairs) < min_pairs:
+        mv.reasons.append(f"only {len(found.pairs)} usable pair(s); the policy needs at least {min_pairs}")
 
 
 def load_record(store: RunStore, recipe: str, prompt_id: str, seed: int) -> tuple[ClipRecord | None, str | None]:
