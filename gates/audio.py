@@ -12,7 +12,7 @@ length:
   code). Until 2026-12-01 the clamp was 1e-7 alone: the log term then compared the AAC codec's noise in bins 100 dB
   under the signal, so a kernel swap (math SDPA for the fused kernel) scored a mean 0.215 on the trained tiny, a
   quarter of two seeds' distance, and the near judge failed every near-exact recipe; with the clamp 0.027, 5.7% of
-  it (bench/results/audio_stft_clamp_math_attn.md, signoff_false_fail_run10.md).
+  it (bench/audio_stft_clamp/results/audio_stft_clamp_math_attn.md, signoff_false_fail_run10.md).
 - ``logmel_distance``: mean absolute difference, in dB, of 80-band log-mel power spectrograms (HTK mel scale,
   triangular filters of unit peak, 0-16 kHz, FFT 2048, hop 320 = 10 ms), power floored at 1e-10 (-100 dBFS).
   A pure gain change of g dB gives g.

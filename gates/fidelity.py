@@ -12,7 +12,7 @@ bit-identical pairs are short-circuited by the runner and give exactly zero diff
   768x1344) on every ``lpips_stride``-th frame (default 2); both are written to ``info`` and skipped frames are
   None in the series. LPIPS is most of the gate's cost (about 0.25 CPU s per frame pair at 384x672 on the 2-core
   CPU, 0.35 before :func:`lpips_distance` and OpenCV's area downsampling), and every second frame halves it towards issue 19's 30 s for all per-pair gates. What stride 2 changes,
-  measured against every frame on 24 pairs of real footage and camera pans (bench/results/fidelity_stride.md, 72
+  measured against every frame on 24 pairs of real footage and camera pans (bench/fidelity_stride/results/fidelity_stride.md, 72
   frames, the package's random trunk): the pair's LPIPS mean by at most 6.8 %, its 95th percentile by at most 7.3 %,
   its worst frame only downwards and by at most 12 % (a defect confined to one skipped frame is missed by LPIPS;
   SSIM and PSNR still score every frame). ``lpips_stride=1`` scores every frame.

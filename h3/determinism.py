@@ -19,7 +19,7 @@ MKL reads ``MKL_CBWR`` once, when it first runs, and refuses a change afterwards
 before any model code, in every entry point (the ``h3`` and ``h3eval`` CLIs, the server, the dashboard, subprocesses:
 they inherit the environment variable). A user's own ``MKL_CBWR`` is kept; ``H3_CPU_REPRODUCIBLE=0`` leaves MKL
 alone (faster on some CPUs, not reproducible; the record says so). The speed cost on the tiny preset is measured by
-``bench/cpu_reproducibility.py`` (``bench/results/cpu_reproducibility.md``).
+``bench/cpu_reproducibility/cpu_reproducibility.py`` (``bench/cpu_reproducibility/results/cpu_reproducibility.md``).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 # Determinism: single-threaded libx264 with its defaults gives byte-identical files for identical input at 128x128
 # and 256x256; at 64x64 it was seen to produce different bitstreams for the same frames (3 of 15 trials), so the tiny
 # preset generates 128x128 (h3.runtime.TINY_DEFAULT_SIZE), and at 960x544 too (macroblock-tree rate control:
-# LARGE_X264_PARAMS below; bench/results/x264_determinism.md), so large frames turn it off. The suite compares
+# LARGE_X264_PARAMS below; bench/x264_determinism/results/x264_determinism.md), so large frames turn it off. The suite compares
 # decoded frames, never codec bytes, across clips.
 VIDEO_CODEC = "libx264"
 VIDEO_CRF = 18  # visually lossless for H.264; codec noise stays well below acceleration drift (ghosting calibration)
@@ -30,7 +30,7 @@ ENCODE_THREADS_LARGE = 8
 """libx264 frame threads for frames of ``ENCODE_THREADS_MIN_PIXELS`` and more. A fixed count, not the machine's: with
 macroblock-tree rate control off, x264 is deterministic for a given thread count, so a clip's bytes depend only on
 its frames and PCM. One thread made
-the MP4 mux of a 5 s 544x960 clip take 21-24 s on the H200 host (bench/results/h200_ab_5s-544x960_session4.md),
+the MP4 mux of a 5 s 544x960 clip take 21-24 s on the H200 host (bench/full_size_ab/results/h200_ab_5s-544x960_s4.md),
 longer than the 4-step request before it."""
 ENCODE_THREADS_MIN_PIXELS = 320 * 320
 """Below this (the tiny preset's 128x128, the tests' clips) the encoder is single-threaded with x264's defaults: the
@@ -38,7 +38,7 @@ bytes of every small clip, and the codec noise the ghosting gate was calibrated 
 LARGE_X264_PARAMS = "mbtree=0"
 """Large frames also turn off x264's macroblock-tree rate control: with it on, this PyAV build's libx264 gave a
 different bitstream for the same frames from one encode to the next at 960x544 (2 of 6 encodes distinct with one
-thread, 4 of 6 with eight: bench/results/x264_determinism.md; at 1344x768 in one probe of two; not at 128x128 or
+thread, 4 of 6 with eight: bench/x264_determinism/results/x264_determinism.md; at 1344x768 in one probe of two; not at 128x128 or
 1024x544; with ``asm=0`` it was stable, so a SIMD path reads memory it did not write). Off, every size and thread
 count measured was byte-stable (tests/test_media_encode.py); CRF 18 keeps it visually lossless."""
 AUDIO_CODEC = "aac"

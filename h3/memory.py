@@ -75,8 +75,8 @@ HEADROOM_GIB = 2.0
 """Kept free for the CUDA context, cuBLAS workspaces and the caching allocator's fragmentation."""
 ACTIVATIONS_GIB = {"5s-544x960": 65.2 - 61.7, "5s-768x1344": 68.3 - 61.7, "15s-768x1344": 80.3 - 61.7}
 """Peak memory of one stock DiT forward above its 61.7 GiB of weights, measured on the H200
-(bench/results/h200_recipes_speed.md, ``stock`` rows: 65.2, 68.3 and 80.3 GiB). The video decode's own peak (6.5 to
-10.0 GiB with its 4.9 GiB of weights, bench/results/h200_speed_stock.json) comes after the denoising, when the DiT's
+(bench/full_size_speed/results/h200_recipes_speed.md, ``stock`` rows: 65.2, 68.3 and 80.3 GiB). The video decode's own peak (6.5 to
+10.0 GiB with its 4.9 GiB of weights, bench/full_size_speed/results/h200_speed_stock.json) comes after the denoising, when the DiT's
 activations are free."""
 
 

@@ -8,7 +8,7 @@ baseline on one card (``H3Runtime(shared=True)``) must also hold the candidate's
 activations. Streamed, the conditioner's 64 decoder layers stay in pinned host memory and pass through the device one
 layer at a time (diffusers' group offloading, the next layer prefetched on a side CUDA stream): about 59 GiB of
 host-to-device copy per request, ~1.1 s at the H200's measured 54 GB/s pinned rate
-(``bench/results/h200_speed_stock.json``), paid inside the ``text_encode`` stage and so measured, not assumed. Its
+(``bench/full_size_speed/results/h200_speed_stock.json``), paid inside the ``text_encode`` stage and so measured, not assumed. Its
 embeddings, final norm, vision tower and LM head (unused by MiniMax-H3) stay on the device.
 """
 

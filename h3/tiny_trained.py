@@ -38,7 +38,7 @@ from h3.tiny import SPECIAL_TOKENS
 TRAINED_DIR = Path(__file__).parent / "assets" / "tiny"
 TRAINED_LORA_DIR = TRAINED_DIR / "lora"
 TURBO4_LORA_FILE = TRAINED_LORA_DIR / "turbo4-tiny.safetensors"
-"""The distilled 4-step LoRA (since session 18 run 23d's DMD student at step 200, bench/results/tiny_train_h200.md)."""
+"""The distilled 4-step LoRA (since session 18 run 23d's DMD student at step 200, bench/tiny_training/results/tiny_train_h200.md)."""
 TURBO4_RUN13_LORA_FILE = TRAINED_LORA_DIR / "turbo4-tiny-run13.safetensors"
 """The distilled 4-step LoRA shipped before it (run 13, x0 regression): the LoRA the compensation LoRAs were trained
 over, so the sparse recipes keep it."""
@@ -63,7 +63,7 @@ TRANSFORMER_CONFIG = dict(
     # head (proj_out, 128 -> 96) can move every latent value. Training runs 1-4 used (1, 4, 4) for speed (148 video rows
     # for 5 s instead of 592): a row then carries 384 values through a rank-128 head, so 256 directions of every row's
     # velocity are constant and the sampler leaves the initial noise in them; decoded, that noise is the coloured
-    # speckle over every generated clip of run 4 (bench/results/tiny_train_h200.md).
+    # speckle over every generated clip of run 4 (bench/tiny_training/results/tiny_train_h200.md).
     patch_size=(1, 2, 2),
     text_dim=TEXT_HIDDEN,
     freq_dim=64,
@@ -88,7 +88,7 @@ VAE_DECODER_CONFIG = dict(
     # The decoder that ships: 3 blocks of width 256 (8 heads of 32, SwiGLU of 256). Its output projection maps each
     # token to a 16x16x4-pixel patch, a linear map of rank <= width, so the width bounds how sharp a shape's edge and a
     # panned texture can be; the VAE_CONFIG decoder (width 128) reached 19-23 dB on held-out clips and lost colour and
-    # shape in the detector's eyes (bench/results/tiny_train_h200.md). It is trained by h3.train's video-decoder stage
+    # shape in the detector's eyes (bench/tiny_training/results/tiny_train_h200.md). It is trained by h3.train's video-decoder stage
     # on the latents of the frozen encoder that the video-vae stage trained with the narrow decoder, so the latent
     # space that the DiT learns does not move. Its size is what a resumable state (weights and AdamW moments) lets
     # travel beside the DiT's within a device call's 64 MiB.

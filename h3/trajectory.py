@@ -75,7 +75,7 @@ class TrajectoryRecorder:
 
     def save(self, path: str | os.PathLike) -> None:
         # Uncompressed: latents are float noise that zlib shrinks by ~8 %, at 0.9 s a tiny clip's write on the 2-core
-        # CPU (np.savez: 0.02 s; loading 0.12 s -> 0.02 s; bench/results/gates_cpu_parts.md); np.load reads either.
+        # CPU (np.savez: 0.02 s; loading 0.12 s -> 0.02 s; bench/gates_cpu_parts/results/gates_cpu_parts.md); np.load reads either.
         buffer = io.BytesIO()
         np.savez(buffer, **self.arrays())
         atomic_write_bytes(path, buffer.getvalue())

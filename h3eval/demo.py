@@ -145,7 +145,7 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
     # identity (every lever named and off) must come out byte-identical — h3eval ab checks it as an off-identity
     # candidate; fewer-steps must not. One warm-up request per recipe. No separate speed round: the verdict's speed
     # check pairs the 16 quality requests (each pair's recipes run back to back), and the demo's prompts all have one
-    # length, so a mixed-prompt round would only repeat 12 of those requests (bench/results/demo_cpu_s13_amd.md).
+    # length, so a mixed-prompt round would only repeat 12 of those requests (bench/demo_cpu/results/demo_cpu_s13_amd.md).
     with stage("demo 1/3"):
         run_ab_from_args(baseline="baseline", candidates=["identity", "fewer-steps"], prompts=prompts, out=run_dir,
                          model=model, seeds=",".join(str(s) for s in seeds), off_identity=False, trajectory=True,

@@ -494,7 +494,7 @@ DECODE_AHEAD_ENV = "H3EVAL_DECODE_AHEAD"
 DECODE_AHEAD_PAIRS = 1
 """Pairs whose clips decode ahead by default. On the H200 host (16 cores), runs of 8 pairs of 5 s 768x1344 clips, one
 call, in the order 1-2-1-2: one pair ahead 0.737-0.897 s a pair (10 warm runs), two pairs ahead 0.836-0.973 s
-(bench/results/gates_speed_gpu_s20_p8_ahead{1,2}{,_b}.md): a second pair's decode competes with the current
+(bench/gates_speed/results/gpu_s16_s20/gates_speed_gpu_s20_p8_ahead{1,2}{,_b}.md): a second pair's decode competes with the current
 pair's gates for the cores and the GIL more than it hides."""
 
 
@@ -538,7 +538,7 @@ GATE_THREADS_MIN_CORES = 2
 """Cores from which the gates of a pair run side by side by default, one per core up to the number of gates (the
 next pair's clips decoding meanwhile: :func:`decode_ahead`); on one core, one after another. On the 2-core CPU the
 demo in a fresh process, twice each way, measured its gates 69 / 74 s one at a time against 53 / 50 s two at a time,
-its floor 45 / 47 against 38 / 37 s (bench/results/demo_cpu_s8_threads{1,2}{,_b}.md); on the H200 host (16 cores) a
+its floor 45 / 47 against 38 / 37 s (bench/demo_cpu/results/demo_cpu_s8_threads{1,2}{,_b}.md); on the H200 host (16 cores) a
 5 s 768x1344 pair's four gates 1.5 s side by side (gates_speed_gpu_s8_side4.md). A gate's first non-identical pair in
 a process still runs one after another (``_warm``: the lazy-import deadlock of session 7)."""
 
@@ -548,9 +548,9 @@ SIDE_BY_SIDE_BLAS_THREADS = 1
 are small); ``$H3EVAL_GATE_BLAS_THREADS`` overrides it, 0 leaving the BLAS as it is. With the BLAS's own threads, one
 per core, the audio gate's mel projection and the ghosting gate's numpy steps kept the H200 host's 16 cores spinning:
 with the limit a 5 s 768x1344 pair's four gates took 0.954 / 1.180 / 0.975 s a pair against 1.110 / 1.211 s without it
-in between, CPU 5 s against 10-11 (bench/results/gates_speed_gpu_s16C_default.md, one call). On the CPU device the
+in between, CPU 5 s against 10-11 (bench/gates_speed/results/gpu_s16_s20/gates_speed_gpu_s16C_default.md, one call). On the CPU device the
 BLAS is left as it is: on the 2-core VM the limit measured no gain (13.1 / 16.1 s a pair against 12.0 / 13.5 s
-without it, bench/results/gates_speed_cpu_s16_*.md: limit / nolimit). The limit is restored when the pair's gates
+without it, bench/gates_speed/results/cpu/gates_speed_cpu_s16_*.md: limit / nolimit). The limit is restored when the pair's gates
 end."""
 GATE_BLAS_THREADS_ENV = "H3EVAL_GATE_BLAS_THREADS"
 

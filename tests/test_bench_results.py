@@ -1,8 +1,8 @@
-"""bench/_results.py: every benchmark record names the CPU its numbers (and clips) came from."""
+"""bench/lib/results.py: every benchmark record names the CPU its numbers (and clips) came from."""
 
 import json
 
-from bench import _results
+from bench.lib import results as _results
 from h3.determinism import numerics_platform
 
 

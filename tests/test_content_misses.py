@@ -1,8 +1,8 @@
-"""bench/content_misses.py against a hand-made content check: counts and onset habits planted by hand."""
+"""bench/content_check/content_misses.py against a hand-made content check: counts and onset habits planted by hand."""
 
 import json
 
-from bench.content_misses import read_misses
+from bench.lib.tiny import read_misses
 
 
 def _truth(shapes: int, bounces: int) -> dict:

@@ -1,4 +1,4 @@
-"""`h3eval demo`'s set-up, without running it (bench/demo_time.py times the whole demo): the trained tiny preset on
+"""`h3eval demo`'s set-up, without running it (bench/demo_cpu/demo_time.py times the whole demo): the trained tiny preset on
 captions of its world, enough pairs for the release policy, the content check among its gates, and the content
 summary it prints counted from the gate's per-pair results."""
 

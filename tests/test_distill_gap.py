@@ -1,4 +1,4 @@
-"""bench/distill_gap.py's measure: the final x0 gap between a teacher's and a student's trajectory, per modality,
+"""bench/distill_gap/distill_gap.py's measure: the final x0 gap between a teacher's and a student's trajectory, per modality,
 against a float64 reference on planted trajectories; mismatched or non-finite trajectories are refused."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.distill_gap import final_x0_gap, summarize
+from bench.lib.tiny import final_x0_gap, summarize
 
 
 def _traj(rng, steps: int, stride: int = 1) -> dict[str, np.ndarray]:
@@ -53,8 +53,8 @@ def test_a_recorded_run_gives_each_students_gap_per_clip_and_refuses_missing_cli
     offsets of known size per clip), the summary over them; a student missing a clip is refused."""
     import json
 
-    import bench._results as results
-    from bench.distill_gap import from_run
+    import bench.lib.results as results
+    from bench.lib.tiny import from_run
 
     written = {}
     monkeypatch.setattr(results, "write", lambda name, payload, md: written.update(name=name, payload=payload) or [])

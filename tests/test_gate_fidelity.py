@@ -235,7 +235,7 @@ def test_ssim_torch_path_matches_scikit_image():
 
 
 def test_default_lpips_stride_is_two_and_ssim_psnr_score_every_frame(tmp_path):
-    """LPIPS on every second frame by default (its effect on real footage: bench/results/fidelity_stride.md); SSIM
+    """LPIPS on every second frame by default (its effect on real footage: bench/fidelity_stride/results/fidelity_stride.md); SSIM
     and PSNR still score every frame, so a defect confined to an unscored frame is still seen there."""
     store = make_run(tmp_path / "run")
     frames = moving_square_frames(NUM_FRAMES, SIZE, 0).copy()

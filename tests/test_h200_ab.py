@@ -1,5 +1,5 @@
-"""The production-scale chain (bench/h200_ab.py): its gate list covers what the release policy judges by, where it can
-run on the device; bench/h200_ab_render.py on planted work folders: the gate time per pair counts only pairs the
+"""The production-scale chain (bench/full_size_ab/h200_ab.py): its gate list covers what the release policy judges by, where it can
+run on the device; bench/full_size_ab/h200_ab_render.py on planted work folders: the gate time per pair counts only pairs the
 gates scored, gate errors are named, and ``--merge`` keeps the shapes of other calls."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import os
 from pathlib import Path
 
-from bench.h200_ab import GATES as CHAIN_GATES
-from bench.h200_ab import POLICY
-from bench.h200_ab_render import render_all
+from bench.lib.ab import GATES as CHAIN_GATES
+from bench.lib.ab import POLICY
+from bench.lib.ab import render_all
 
 GATES = ["integrity", "fidelity", "audio", "ghosting", "trajectory"]
 
@@ -112,14 +112,14 @@ def test_the_chain_runs_every_gate_of_the_release_policy_that_needs_no_other_env
 
 
 def test_the_gates_step_writes_the_new_seed_floor_from_the_baselines_own_seeds(tmp_path):
-    """``bench/h200_ab.py gates --floor-out``: after timing the pairs, the same process gates the baseline's seed-0
+    """``bench/full_size_ab/h200_ab.py gates --floor-out``: after timing the pairs, the same process gates the baseline's seed-0
     clip against its seed-1 clip and back (the new-seed view of h3eval.floor) and writes floor.json, whose audio floor
     is the mean of the audio gate's values on those pairs; with one seed it writes none and says why."""
     import argparse
 
     import numpy as np
 
-    from bench.h200_ab import gates as gates_step
+    from bench.lib.ab import gates as gates_step
     from h3eval.store import RunStore, read_gate_result
     from h3eval.synth import make_synthetic_run, moving_square_frames, tone_pcm
     from tests.conftest import FAST_RECIPE
@@ -170,8 +170,8 @@ def test_a_chain_with_another_baseline_runs_ab_and_takes_the_floor_from_that_rec
     ``baseline`` the run does not have."""
     import argparse
 
-    from bench.h200_ab import _ab_argv, chain_config
-    from bench.h200_ab import gates as gates_step
+    from bench.lib.ab import _ab_argv, chain_config
+    from bench.lib.ab import gates as gates_step
     from h3eval.synth import make_synthetic_run, moving_square_frames, tone_pcm
     from tests.conftest import FAST_RECIPE
 
@@ -285,13 +285,13 @@ def test_steps_run_at_home_an_ab_cut_while_exiting_and_first_and_last_steps_are_
 
 
 def test_finish_runs_the_verdict_and_report_the_box_cut_at_home_with_this_checkouts_policy(tmp_path):
-    """``bench/h200_ab.py finish``: on a restored work folder whose verdict step timed out on the device and whose
+    """``bench/full_size_ab/h200_ab.py finish``: on a restored work folder whose verdict step timed out on the device and whose
     report never ran, it runs both here (the device's policy path does not exist here: the same policy file of this
     checkout is used), marks them done with where they ran, and leaves a done gates step alone."""
     import argparse
 
-    from bench.h200_ab import finish
-    from bench.h200_ab import gates as gates_step
+    from bench.lib.ab import finish
+    from bench.lib.ab import gates as gates_step
     from h3eval.synth import make_synthetic_run
     from tests.conftest import FAST_RECIPE
 
@@ -332,7 +332,7 @@ def test_snapshot_with_a_hard_linked_record_restores_and_a_link_out_of_the_folde
 
     import pytest
 
-    from bench.h200_ab import restore, snapshot
+    from bench.lib.ab import restore, snapshot
 
     work = tmp_path / "w"
     (work / "runs" / "s" / "clips" / "baseline").mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Issue 23's goals table (bench/h200_goals_table.py): the issue's JSON form from the measured rows, each goal met,
+"""Issue 23's goals table (bench/full_size_speed/h200_goals_table.py): the issue's JSON form from the measured rows, each goal met,
 missed or not measured (never a number for a row not measured), achieved TFLOP/s from the counted FLOPs, and bad
 input refused with exit 3."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.h200_goals_table import EXTRA, GOALS, RESULTS, BadInput, goals
+from bench.lib.goals import EXTRA, GOALS, RESULTS, BadInput, goals
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,16 +55,16 @@ def planted(tmp_path: Path) -> Path:
 
 
 def test_goals_json_has_the_issues_form_one_entry_per_row(planted: Path):
-    proc = subprocess.run([sys.executable, "bench/h200_goals_table.py", "--results", str(planted)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "bench/full_size_speed/h200_goals_table.py", "--results", str(planted)], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     table = json.loads((planted / "h200_goals.json").read_text())
     assert list(table) == [goal for _, goal, _ in GOALS]
     assert table["5 s 544×960 `turbo4` request, faster than real time"] == {
-        "measured": 5.19, "target": 5.2, "unit": "s", "met": True, "source": "bench/results/h200_goals_raw.json"}
+        "measured": 5.19, "target": 5.2, "unit": "s", "met": True, "source": "bench/full_size_speed/results/h200_goals_raw.json"}
     assert table["dense DiT forward at 5 s 768×1344"]["met"] is False
     assert table["video decode at 15 s 768×1344"] == {
-        "measured": 12.0, "target": 6.0, "unit": "s", "met": False, "source": "bench/results/h200_goals_raw.json"}
+        "measured": 12.0, "target": 6.0, "unit": "s", "met": False, "source": "bench/full_size_speed/results/h200_goals_raw.json"}
     sparse, req15 = table["85% sparse forward"], table["15 s 768×1344 `turbo4-sparse` request"]
     assert sparse["measured"] is None and sparse["met"] is None and sparse["not_measured"] == "RuntimeError: planted"
     assert req15["measured"] is None and req15["not_measured"].startswith("out of the time box")
@@ -93,26 +93,26 @@ def test_goals_table_exits_3_on_bad_input(planted: Path):
     raw = _raw()
     raw["rows"]["dense768"]["measured_s"] = math.nan
     (planted / "h200_goals_raw.json").write_text(json.dumps(raw))  # json writes NaN, Python reads it back
-    proc = subprocess.run([sys.executable, "bench/h200_goals_table.py", "--results", str(planted)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "bench/full_size_speed/h200_goals_table.py", "--results", str(planted)], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 3 and proc.stdout == ""
     assert "rows.dense768.measured_s: nan is not a finite positive number of seconds" in proc.stderr
     assert not (planted / "h200_goals.json").exists()
     (planted / "h200_goals_raw.json").unlink()
-    proc = subprocess.run([sys.executable, "bench/h200_goals_table.py", "--results", str(planted)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "bench/full_size_speed/h200_goals_table.py", "--results", str(planted)], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 3
     assert proc.stderr.strip() == f"h200_goals_table: {planted / 'h200_goals_raw.json'} is missing"
     with pytest.raises(BadInput, match="no 'rows' object"):
         goals({"command": "x"})
-    raw = _raw()  # a smoke run of bench/h200_goals.py on the CPU: its rows are at the tiny shape
+    raw = _raw()  # a smoke run of bench/full_size_speed/h200_goals.py on the CPU: its rows are at the tiny shape
     raw["rows"]["decode15"]["shape"] = "smoke-64x64"
     with pytest.raises(BadInput, match="rows.decode15 was measured at 'smoke-64x64'; the goal is at 15s-768x1344"):
         goals(raw)
 
 
 def test_every_row_of_the_bench_is_a_goal_of_the_table():
-    from bench.h200_goals import ESTIMATE_S, ROWS
+    from bench.lib.goals import ESTIMATE_S, ROWS
 
     assert [key for key, _, _ in GOALS] == ["request15", "request544", "dense768", "sparse768", "decode15"]
     assert set(ROWS) == {key for key, _, _ in GOALS} | set(EXTRA) == set(ESTIMATE_S)
@@ -137,7 +137,7 @@ def test_goals_combine_calls_each_row_from_the_newest_file_that_measured_it(plan
                                 "compile": {"measured": False, "error": "RuntimeError: planted"}}},
     }
     (planted / "h200_goals_raw_later.json").write_text(json.dumps(later))
-    proc = subprocess.run([sys.executable, "bench/h200_goals_table.py", "--results", str(planted), "--raw",
+    proc = subprocess.run([sys.executable, "bench/full_size_speed/h200_goals_table.py", "--results", str(planted), "--raw",
                            "h200_goals_raw.json", "--raw", "h200_goals_raw_later.json"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -145,10 +145,10 @@ def test_goals_combine_calls_each_row_from_the_newest_file_that_measured_it(plan
     assert list(table) == [goal for _, goal, _ in GOALS]  # request15all is no goal of its own
     assert table["15 s 768×1344 `turbo4-sparse` request"] == {
         "measured": 106.2, "target": 30.0, "unit": "s", "met": False,
-        "source": "bench/results/h200_goals_raw_later.json"}
+        "source": "bench/full_size_speed/results/h200_goals_raw_later.json"}
     assert table["5 s 544×960 `turbo4` request, faster than real time"]["measured"] == 5.19
     assert table["5 s 544×960 `turbo4` request, faster than real time"]["source"] == \
-        "bench/results/h200_goals_raw.json"
+        "bench/full_size_speed/results/h200_goals_raw.json"
     assert table["video decode at 15 s 768×1344"]["measured"] == 14.3
     md = proc.stdout
     assert "| `request15all` | `every step sparse` |" in md
@@ -157,7 +157,7 @@ def test_goals_combine_calls_each_row_from_the_newest_file_that_measured_it(plan
     assert "--raw h200_goals_raw.json --raw h200_goals_raw_later.json" in md
     later["rows"]["decode15"]["levers"]["fp8"]["decode_s"] = math.nan
     (planted / "h200_goals_raw_later.json").write_text(json.dumps(later))
-    proc = subprocess.run([sys.executable, "bench/h200_goals_table.py", "--results", str(planted), "--raw",
+    proc = subprocess.run([sys.executable, "bench/full_size_speed/h200_goals_table.py", "--results", str(planted), "--raw",
                            "h200_goals_raw.json", "--raw", "h200_goals_raw_later.json"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 3 and "rows.decode15.levers.fp8.decode_s: nan is not a finite positive" in proc.stderr
@@ -170,7 +170,7 @@ def test_goals_models_take_the_runtimes_float32_rule():
     ``scale2`` parameters in bfloat16: the decode then failed in the float32 ``norm_out``."""
     import torch
 
-    from bench.h200_goals import build
+    from bench.lib.goals import build
     from h3.random_model import build_components, small
 
     goals = build(True, "cpu", torch.bfloat16)
@@ -189,7 +189,7 @@ def test_goals_refuse_an_unknown_decoder_variant_before_building_anything():
     """A --decode-levers variant that is not compile / fp8 / int8 joined by '+' (one quantization at most) is refused
     at once with exit 2, instead of timing the stock decode under the misspelt name."""
     for bad in ("compil", "compile+fp16", "fp8+int8"):
-        proc = subprocess.run([sys.executable, "bench/h200_goals.py", "--out", "/nonexistent/x.json", "--smoke",
+        proc = subprocess.run([sys.executable, "bench/full_size_speed/h200_goals.py", "--out", "/nonexistent/x.json", "--smoke",
                                "--rows", "decode15", "--decode-levers", f"compile,{bad}"], cwd=ROOT,
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, (bad, proc.stderr[-500:])

@@ -514,7 +514,7 @@ def test_ab_numbers_must_be_finite(tmp_path, fast_recipe_file, nothing_runs, ext
     assert not (tmp_path / "run").exists()
 
 
-# -- damaged files inside a run (found by bench/bad_input_campaign.py) ----------------------------------------------
+# -- damaged files inside a run (found by bench/bad_input_campaign/bad_input_campaign.py) ----------------------------------------------
 @pytest.mark.parametrize("value,shown", [('"0.2"', "'0.2'"), ("true", "True"), ('[0.2]', "[0.2]")])
 def test_a_gate_result_value_that_is_not_a_number_never_passes(tmp_path, value, shown):
     """A hand-edited result with ``"value": "0.2"`` was read as 0.2 and PASSed (``true`` as 1): it is unreadable."""

@@ -1,11 +1,11 @@
-"""bench/kernel_profile.py: kernel families read from real kernel names, and the breakdown's arithmetic."""
+"""bench/lib/speed.py: kernel families read from real kernel names, and the breakdown's arithmetic."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from bench.kernel_profile import FAMILIES, family, kernel_breakdown, summarize
+from bench.lib.speed import FAMILIES, family, kernel_breakdown, summarize
 
 # Kernel names as torch.profiler reports them on an H200 (cuBLAS / CUTLASS GEMMs, FlashAttention-3, Sage, cuDNN,
 # PyTorch's own kernels and inductor's Triton kernels).

@@ -356,7 +356,7 @@ def _reference(linear, x, mode):
 
 
 # Stated tolerances (relative max error vs float64 with unquantized weights); measured on this layer 6.6e-3 (INT8
-# weight-only), 6.6e-3 (INT8 W8A8), 3.6e-2 (FP8 W8A8): bench/results/levers_cpu_tolerances.md.
+# weight-only), 6.6e-3 (INT8 W8A8), 3.6e-2 (FP8 W8A8): bench/levers_cpu_tolerances/results/levers_cpu_tolerances.md.
 QUANT_TOLERANCE = {"int8_weight_only": 0.01, "int8_w8a8": 0.02, "fp8_w8a8": 0.06}
 
 
@@ -870,7 +870,7 @@ def test_offload_with_streams_on_gpu(base):
 
 def _dit_calls(model, rows: int) -> list[dict]:
     """Two DiT calls (two noise levels) on a packed sequence of ``rows`` rows: text, stereo audio, video."""
-    from bench.h200_speed import dit_inputs
+    from bench.lib.speed import dit_inputs
 
     geo = {"text_rows": 64, "audio_rows": 64, "video_rows": rows - 128}
     first = dit_inputs(geo, model.config, device="cpu", dtype=torch.float32)
@@ -1002,7 +1002,7 @@ def test_compile_dynamic_shares_one_graph_across_prompt_lengths(base):
     """Seed 001: a kernel compiled per exact token count cost 12-14 s at every new prompt length (the H200 protocol
     measured mixed-prompt p50 at 2x repeated with static shapes). With ``dynamic=True`` the blocks compile once for
     every length: graphs only at the first length, no recompile after, outputs equal to eager at each length."""
-    from bench.h200_speed import dit_inputs
+    from bench.lib.speed import dit_inputs
     from h3.levers.compile import CompileConfig, apply_compile
 
     transformer = fresh_transformer(base)
@@ -1035,7 +1035,7 @@ def test_bucketed_sparse_recipe_compiles_once_per_bucket(base, monkeypatch):
     separately compiled flex kernel (here compiled with dynamo's eager backend on the CPU, as inductor compiles it on
     CUDA). Before, the blocks read the real length and the kernel's mask closed over it: one new graph per length.
     Outputs equal the uncompiled levers' at every length."""
-    from bench.h200_speed import dit_inputs
+    from bench.lib.speed import dit_inputs
     from h3.levers import sparse_attention as sparse
     from h3.levers.bucketing import BucketingConfig, apply_bucketing
     from h3.levers.compile import CompileConfig, apply_compile
@@ -1160,7 +1160,7 @@ def test_offload_keeps_the_top_level_group_resident(base, monkeypatch):
 def test_call_counters_hold_under_compile(tmp_path):
     """The quantization and LoRA call counters count inside compiled blocks (h3.levers.base.new_counter) without
     recompiling, and the compiled clip passes the configured-versus-executed check. aot_eager functionalizes the
-    counters' in-place adds as inductor does (inductor itself: bench/results/levers_gpu_h200.md runs it)."""
+    counters' in-place adds as inductor does (inductor itself: bench/levers_gpu/results/levers_gpu_h200.md runs it)."""
     from h3eval.executed import check_executed
 
     torch._dynamo.reset()
@@ -1461,7 +1461,7 @@ def test_fp8_attention_emulated_request_passes_the_executed_check(tmp_path):
 
 
 def test_lever_quality_recipes_are_the_baseline_with_one_lever_on():
-    """bench/lever_quality.py's measurement recipes (bench/recipes, 'bench only: the baseline + ...') measure one
+    """bench/lever_quality/lever_quality.py's measurement recipes (bench/recipes, 'bench only: the baseline + ...') measure one
     lever's quality cost: each must be the baseline with exactly that one lever section changed, and that lever on."""
     from pathlib import Path
 

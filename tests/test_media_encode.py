@@ -7,8 +7,8 @@ import re
 import numpy as np
 import pytest
 
-from bench.mux_threads import encode_mp4_one_thread
-from bench.x264_determinism import textured_frames as _frames
+from bench.lib.media import encode_mp4_one_thread
+from bench.lib.media import textured_frames as _frames
 from h3.media import ENCODE_THREADS_LARGE, ENCODE_THREADS_MIN_PIXELS, decode_video, encode_mp4, encode_threads
 
 

@@ -485,10 +485,10 @@ def test_generate_nproc_refuses_bad_input_before_starting_ranks(fast_recipe_file
 
 
 def test_the_scaling_table_reads_goals_from_planted_figures(tmp_path):
-    """bench/h200_parallel.py's merge and the table on planted results: efficiency, speedups and goals computed from
+    """bench/parallel/h200_parallel.py's merge and the table on planted results: efficiency, speedups and goals computed from
     the figures, a shape measured on one GPU only says 'not measured', a run not as configured counts for nothing."""
-    from bench.h200_parallel import merge
-    from bench.h200_parallel_table import render
+    from bench.lib.parallel import merge
+    from bench.lib.parallel import render
 
     def request(degree, shapes):
         return {"degree": degree, "recipe": "turbo4-sparse", "date": "2026-12-01T00:00:00Z", "device": "H200",

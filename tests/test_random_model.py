@@ -62,7 +62,7 @@ def test_released_configs_are_the_full_size_model():
     DiT's text_dim reads; the sizes the issue and the bench state (33.1 B DiT, 33.3 B text encoder)."""
     components = random_model.build_components(random_model.released(), "meta", torch.bfloat16)
     params = {n: sum(p.numel() for p in components[n].parameters()) for n in COMPONENTS}
-    assert params["transformer"] == 33_122_992_896  # bench/results/h200_speed_stock.json: dit.params
+    assert params["transformer"] == 33_122_992_896  # bench/full_size_speed/results/h200_speed_stock.json: dit.params
     assert params["vae"] == 2_603_868_984  # ... vae.params
     assert round(params["text_encoder"] / 1e9, 1) == 33.4
     transformer, text = components["transformer"], components["text_encoder"]

@@ -1,11 +1,11 @@
-"""bench/signoff_proof.py --reuse-from: a LoRA probe keeps an earlier proof's clips and gate results of every recipe
+"""bench/signoff_proof/signoff_proof.py --reuse-from: a LoRA probe keeps an earlier proof's clips and gate results of every recipe
 that does not load the LoRA, and drops those of the two that do."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.signoff_proof import reuse_clips
+from bench.lib.tiny import reuse_clips
 
 RECIPES = ["baseline", "identity", "turbo4-tiny", "turbo4-tiny-lora03", "fewer-steps", "cond-fault"]
 

@@ -1,4 +1,4 @@
-"""The H200 speed table (bench/h200_recipes_table.py): every target met or missed from the measured figures.
+"""The H200 speed table (bench/full_size_speed/h200_recipes_table.py): every target met or missed from the measured figures.
 
 The figures are planted in a results folder, each one just inside or just outside its target, and the projected
 request is checked against the anatomy summed here from the stock run's own numbers.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.h200_recipes_speed import NOT_A_FORWARD, SAME_FORWARD, expand_variants, shipped_variants
-from bench.h200_recipes_table import RESULTS, not_as_configured, render
+from bench.lib.speed import NOT_A_FORWARD, SAME_FORWARD, expand_variants, shipped_variants
+from bench.lib.speed import RESULTS, not_as_configured, render
 from h3.recipe import known_recipes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,7 +39,7 @@ def _row(forward: float, dense: float | None = None, sparsity: float | None = No
 
 def _shipped_row(forward: float, recipe: str) -> dict:
     """A run of a shipped recipe as it is configured now, that ran as configured (FP8, Sage, compile, buckets)."""
-    from bench.h200_recipes_speed import configured_of, variant_recipe
+    from bench.lib.speed import configured_of, variant_recipe
 
     conf = configured_of(variant_recipe(recipe)[0])
     assert conf["quant"] == "fp8_w8a8" and conf["compile"] and conf["sparse_attention"] is None
@@ -140,12 +140,12 @@ def test_speed_table_reports_each_target_met_or_missed_from_planted_figures(plan
 
 def test_speed_table_refuses_a_folder_without_the_stock_run(tmp_path: Path):
     (tmp_path / "h200_recipes_768.json").write_text("{}")
-    proc = subprocess.run([sys.executable, "bench/h200_recipes_table.py", "--results", str(tmp_path)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "bench/full_size_speed/h200_recipes_table.py", "--results", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode != 0 and proc.stdout == ""
     assert proc.stderr.strip().splitlines() == [
         f"h200_recipes_table: {tmp_path / 'h200_speed_stock.json'} is missing: the ceilings, VAE decode and text "
-        "encoding come from `python bench/h200_speed.py --out` that file"]
+        "encoding come from `python bench/full_size_speed/h200_speed.py --out` that file"]
 
 
 def test_shipped_variants_are_every_recipe_with_a_forward_of_its_own():
@@ -232,8 +232,8 @@ def test_rows_recording_their_lever_sections_are_checked_against_them():
 def test_coverage_does_not_count_a_recipes_earlier_form_as_shipped():
     """Issue 23 switched compile on in turbo4-int8: its eager run (recorded with compile off) is no longer the recipe
     as shipped, and the coverage says what changed; a run recording what the recipe configures now still counts."""
-    from bench.h200_recipes_speed import configured_of, variant_recipe
-    from bench.h200_recipes_table import coverage
+    from bench.lib.speed import configured_of, variant_recipe
+    from bench.lib.speed import coverage
 
     now = configured_of(variant_recipe("turbo4-int8")[0])
     assert now["compile"] and now["quant"] == "int8_w8a8"
@@ -251,7 +251,7 @@ def test_graphs_and_autotune_modifiers_compile_with_inductors_mode_and_say_so():
     the mode (and omits it where none is set, so earlier rows still read as their recipe)."""
     import pytest
 
-    from bench.h200_recipes_speed import configured_of, variant_recipe
+    from bench.lib.speed import configured_of, variant_recipe
 
     graphs = variant_recipe("turbo4-fp8-sage-compile+graphs")[0]
     assert graphs.compile.enabled and graphs.compile.mode == "reduce-overhead"

@@ -1,11 +1,11 @@
-"""bench/step_motion.py: latent motion against a float64 loop, and shares read from planted trajectories."""
+"""bench/step_motion/step_motion.py: latent motion against a float64 loop, and shares read from planted trajectories."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench.step_motion import latent_motion, run_motion
+from bench.lib.tiny import latent_motion, run_motion
 
 
 def test_latent_motion_matches_a_loop_and_reads_planted_motion():

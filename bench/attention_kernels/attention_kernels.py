@@ -13,9 +13,9 @@ Error: every output against a float32 reference computed on --check-rows query r
 heads, all keys): relative L2 error and the largest absolute error. Inputs: Gaussian q, k, v (seed 0) with an
 outlier channel per head (a few times the bulk, as real q/k carry), in bf16.
 
-    python bench/attention_kernels.py --out DIR       # DIR/attention_kernels.json
-    python bench/attention_kernels.py --render DIR/attention_kernels.json --name attention_kernels_h200
-                                                      # bench/results/NAME.{json,md} (notes by hand after)
+    python bench/attention_kernels/attention_kernels.py --out DIR       # DIR/attention_kernels.json
+    python bench/attention_kernels/attention_kernels.py --render DIR/attention_kernels.json --name attention_kernels_h200
+                                                      # bench/<study>/results/NAME.{json,md} (notes by hand after)
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.h200_speed import cuda_time  # noqa: E402
+from bench.lib.speed import cuda_time  # noqa: E402
 from h3.levers.fp8_attention import compiled_quantize_qkv, per_head_e4m3  # noqa: E402  (the lever's own quantization)
 
 
@@ -73,7 +73,7 @@ def markdown(r: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--render", type=Path, help="a result JSON to write into bench/results as --name (.json, .md)")
+    parser.add_argument("--render", type=Path, help="a result JSON to write into results/ as --name (.json, .md)")
     parser.add_argument("--name", default="attention_kernels")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--seq", type=int, default=37966)

@@ -1,11 +1,11 @@
 """The audio gate's STFT distance with the log-magnitude clamp at 1e-7 alone (before c4b134d) and at 80 dB under the
 pair's loudest bin (gates.audio.STFT_TOP_DB), on a run's same-seed candidate pairs and its baseline's new-seed pairs.
 
-    python bench/audio_stft_clamp.py RUN --candidate NAME [--name audio_stft_clamp]
+    python bench/audio_stft_clamp/audio_stft_clamp.py RUN --candidate NAME [--name audio_stft_clamp]
 
 RUN is a run directory holding clips of ``baseline`` and NAME at the same prompts and seeds (bench/signoff_false_fail's
 near pool, for example). New-seed pairs: each baseline clip against the same prompt's next seed (cyclically).
-Writes bench/results/NAME.{json,md}.
+Writes bench/<study>/results/NAME.{json,md}.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from unittest import mock
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def distance(a_path: Path, b_path: Path, top_db: float) -> float:
@@ -31,7 +31,7 @@ def distance(a_path: Path, b_path: Path, top_db: float) -> float:
 
 
 def main() -> None:
-    from bench import _results
+    from bench.lib import results as _results
     from h3eval.store import RunStore
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

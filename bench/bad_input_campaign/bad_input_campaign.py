@@ -1,6 +1,6 @@
 """A bad-input campaign against the real command lines and the real server: how each hostile input ends.
 
-    python bench/bad_input_campaign.py [--areas policy,recipe,...] [--fuzz 200]
+    python bench/bad_input_campaign/bad_input_campaign.py [--areas policy,recipe,...] [--fuzz 200]
 
 Every CLI case runs `h3eval` or `h3` as a subprocess (``python -m h3eval.cli``, ``python -m h3.cli``) in a scratch
 workspace; every server case is an HTTP request to `h3 serve` (tiny preset, loopback, a subprocess) whose accepted
@@ -18,7 +18,7 @@ Each case ends as one of:
 - ``accepted_wrong``: accepted although it should not be, or accepted and then wrong (a NaN threshold, seed true
   stored as seed 1...).
 
-Writes bench/results/bad_input_campaign.{json,md}. Target: 0 tracebacks, 0 HTTP 500s, 0 wrongly accepted.
+Writes bench/bad_input_campaign/results/bad_input_campaign.{json,md}. Target: 0 tracebacks, 0 HTTP 500s, 0 wrongly accepted.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 OUTCOMES = ("clear_error", "accepted_valid", "unclear_error", "refused_wrong", "traceback", "http_500",
@@ -1114,7 +1114,7 @@ def main() -> None:
     FORK = not args.no_fork
     areas = {a.strip() for a in args.areas.split(",") if a.strip()}
 
-    from bench import _results
+    from bench.lib import results as _results
 
     started = time.perf_counter()
     outcomes: list[Outcome] = []

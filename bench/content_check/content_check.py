@@ -1,7 +1,7 @@
 """The content check: does a model draw and sound what a world caption names? Scored by the model-independent
 detector of h3.world.detect on held-out captions (colour-shape pairs no training caption has).
 
-    python bench/content_check.py [--model tiny-trained] [--prompts world-heldout] [--seeds 0,1]
+    python bench/content_check/content_check.py [--model tiny-trained] [--prompts world-heldout] [--seeds 0,1]
                                   [--rows baseline,random,fewer-steps,turbo4-tiny,turbo4-tiny-int8,fbc-cache,fbc-cache-tiny]
 
 Rows (model, recipe): the 29-step ``baseline``; the random-weight preset under ``baseline`` (``random``: the chance
@@ -16,7 +16,7 @@ direction >= 80%, pitch >= 90%, sync >= 80%; turbo4-tiny within 5 points of the 
 
 ``--model PATH`` scores a checkpoint directory; its ``lora/turbo4-tiny.safetensors`` stands in for '@turbo4-tiny'.
 A checkpoint directory's requests default to the full-size 768x1344 canvas: pass ``--size 128`` for the tiny's.
-Writes bench/results/content_check*.{json,md}.
+Writes bench/content_check/results/content_check*.{json,md}.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 METRICS = ("colour", "shape", "direction", "pitch", "bounces", "sync")
 TARGETS = {"colour": 0.9, "direction": 0.8, "pitch": 0.9, "sync": 0.8}
@@ -39,7 +39,7 @@ ROWS = {
     "turbo4-tiny-int8": ("MODEL", "turbo4-tiny-int8", "turbo4-tiny + INT8 W8A8"),
     "fbc-cache": ("MODEL", "fbc-cache", "29 steps + first-block cache"),
     # the shipped fbc-cache caches no step of the trained tiny at its threshold; this one does (bench/recipes)
-    "fbc-cache-tiny": ("MODEL", str(Path(__file__).resolve().parent / "recipes" / "fbc-cache-tiny.toml"),
+    "fbc-cache-tiny": ("MODEL", str(Path(__file__).resolve().parents[1] / "recipes" / "fbc-cache-tiny.toml"),
                        "29 steps + first-block cache at the trained tiny's threshold"),
 }
 
@@ -130,7 +130,7 @@ def main() -> None:
                                                                "defaults to the full-size shape); default: the model's")
     args = parser.parse_args()
 
-    from bench import _results
+    from bench.lib import results as _results
     from h3eval.prompts import load_prompts, parse_seeds
 
     suite = load_prompts(args.prompts)

@@ -1,6 +1,6 @@
 """What MKL's reproducibility mode costs on the tiny preset, and what it buys (issue 16).
 
-    python bench/cpu_reproducibility.py [--rounds 3] [--clips 3] [--modes off,COMPATIBLE,AUTO,AVX2] [--model tiny]
+    python bench/cpu_reproducibility/cpu_reproducibility.py [--rounds 3] [--clips 3] [--modes off,COMPATIBLE,AUTO,AVX2] [--model tiny]
         [--name cpu_reproducibility]
 
 Each mode runs in its own process (MKL reads ``MKL_CBWR`` once, when it first runs): ``off`` is
@@ -10,7 +10,7 @@ tiny preset with the shipped ``baseline`` recipe (bf16), one warm-up clip, then 
 float32 ones in MKL): the loaded transformer's outputs against a deep copy re-homed at 4- and 16-byte offsets (the
 failure of issue 16), counted as differing elements. Modes are interleaved round by round so machine load hits them alike;
 the ratio to ``off`` is of medians over all rounds. CPU time (``time.process_time``, both threads) is
-reported beside wall time: on a machine shared with other work it is the steadier measure of cost. Writes bench/results/cpu_reproducibility.{json,md}.
+reported beside wall time: on a machine shared with other work it is the steadier measure of cost. Writes bench/cpu_reproducibility/results/cpu_reproducibility.{json,md}.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -93,13 +93,13 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=3)
     parser.add_argument("--modes", default="off,COMPATIBLE,AUTO,AVX2")
     parser.add_argument("--model", default="tiny-random", help="the preset to time (tiny: the trained one)")
-    parser.add_argument("--name", default="cpu_reproducibility", help="results file name in bench/results")
+    parser.add_argument("--name", default="cpu_reproducibility", help="results file name in results/")
     args = parser.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if "off" not in modes:
         raise SystemExit("--modes must include 'off' (the reference the cost is measured against)")
 
-    from bench import _results
+    from bench.lib import results as _results
 
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for r in range(args.rounds):

@@ -8,8 +8,8 @@ Target (issue 8): each page opens in <= 2 s warm. Two measurements per page:
   loopback, until the page is fully drawn (no running indicator, no loading skeleton): switching pages in the sidebar
   of an open dashboard (warm = median of later rounds; the figure held to the target), and a fresh tab per page.
 
-Usage: PYTHONPATH=. python bench/dashboard_speed.py [--frames 121] [--size 256] [--no-browser]
-Writes bench/results/dashboard_speed.json and .md.
+Usage: PYTHONPATH=. python bench/dashboard_speed/dashboard_speed.py [--frames 121] [--size 256] [--no-browser]
+Writes bench/dashboard_speed/results/dashboard_speed.json and .md.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from dashboard.demo import make_review_run  # noqa: E402
@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=256, help="frame side in pixels")
     parser.add_argument("--warm-runs", type=int, default=3)
     parser.add_argument("--no-browser", action="store_true")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     args = parser.parse_args()
 
     import numpy
@@ -179,7 +179,7 @@ def main() -> None:
             browser = time_browser(root, args.warm_runs)
     result = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": "PYTHONPATH=. python bench/dashboard_speed.py " + " ".join(sys.argv[1:]),
+        "command": "PYTHONPATH=. python bench/dashboard_speed/dashboard_speed.py " + " ".join(sys.argv[1:]),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "load_average_1_5_15_at_end": list(os.getloadavg())},
         "versions": {"python": platform.python_version(), "streamlit": streamlit.__version__,

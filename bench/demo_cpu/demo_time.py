@@ -1,9 +1,9 @@
 """Wall time of the main job (`h3eval demo`) on this machine; the target is ≤ 3 min on a 2-core CPU.
 
-    python bench/demo_time.py [--out /tmp/demo-bench] [--name demo_cpu]
+    python bench/demo_cpu/demo_time.py [--out /tmp/demo-bench] [--name demo_cpu]
 
 Runs the demo from scratch into a fresh directory (the trained tiny preset ships built; nothing is cached) and writes
-bench/results/demo_cpu.{json,md}: the wall time, the process's CPU time (user + system: on a machine shared with other
+bench/demo_cpu/results/demo_cpu.{json,md}: the wall time, the process's CPU time (user + system: on a machine shared with other
 jobs the wall time grows with their load, the CPU time much less), the load average around it, the model, prompts and
 seeds, the verdict and what the prompt faithfulness gate read from each recipe's clips.
 """
@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 TARGET_S = 180.0
 
@@ -25,9 +25,9 @@ TARGET_S = 180.0
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default="/tmp/h3eval-demo-bench")
-    parser.add_argument("--name", default="demo_cpu", help="results file name in bench/results")
+    parser.add_argument("--name", default="demo_cpu", help="results file name in results/")
     args = parser.parse_args()
-    from bench import _results
+    from bench.lib import results as _results
     from h3eval.demo import DEMO_PROMPTS, DEMO_RECIPES, run_demo
 
     shutil.rmtree(args.out, ignore_errors=True)

@@ -11,5 +11,5 @@ export PYTHONUNBUFFERED=1 H3_CACHE_DIR=${H3_CACHE_DIR:-/tmp/h3cache}
 deadline=$((SECONDS + ${BUDGET_S:-540}))
 left() { local l=$((deadline - SECONDS)); [ $l -lt 5 ] && l=5; echo $l; }
 # The commands the drivers run: the recipe speed bench, and the gpu-marked tests (JUnit XML into $out).
-R="python3 bench/h200_recipes_speed.py"
+R="python3 bench/full_size_speed/h200_recipes_speed.py"
 T="python3 -m pytest -m gpu -p no:cacheprovider -q -rs --junitxml=${out:-.}/gpu_tests.xml tests/test_levers.py tests/test_opcheck.py tests/test_gate_fidelity.py"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 19 on one H200 (time box 100 s, it stops itself): the per-pair gates' speed on a 5 s 768x1344 pair
-# (bench/gates_speed.py --device cuda: frames decoded once, uploaded once per clip), the ghosting gate alone
+# (bench/gates_speed/gates_speed.py --device cuda: frames decoded once, uploaded once per clip), the ghosting gate alone
 # (bench/ghosting_speed.py --device cuda), then the gpu-marked ghosting tests if time is left (JUnit XML).
 #   bash bench/device/gates_gpu.sh OUTDIR        (from the snapshot's root; GPU through CUDA_VISIBLE_DEVICES)
 # Needs av (the coordinator's /tmp/site), opencv, scipy, torch on the image; lpips, pyloudnorm and threadpoolctl are
@@ -34,7 +34,7 @@ print(json.dumps(out, indent=1))
 PY
 echo "[deps] $(tr -d '\n' <"$out/deps.json")" >>"$log"
 # 1. all per-pair gates (repeat 2: the best warm run is the figure); result files gates_speed_gpu.{json,md}
-timeout $(( $(left) > ${GATES_S:-60} ? ${GATES_S:-60} : $(left) )) $PY bench/gates_speed.py --device ${DEVICE:-cuda} -o lpips_trunk=rand --out "$out" \
+timeout $(( $(left) > ${GATES_S:-60} ? ${GATES_S:-60} : $(left) )) $PY bench/gates_speed/gates_speed.py --device ${DEVICE:-cuda} -o lpips_trunk=rand --out "$out" \
   --repeat 2 ${GATES_ARGS:-} 2>&1 | tail -30 | sed 's/^/[gates] /' >>"$log"
 # 2. the ghosting gate alone; ghosting_speed_cuda.{json,md}
 timeout $(( $(left) > 25 ? 25 : $(left) )) $PY bench/ghosting_speed.py --device ${DEVICE:-cuda} --out "$out" ${GHOST_ARGS:-} \

@@ -4,17 +4,17 @@
 #   h3-random (released configs, seeded weights drawn on the device; the real-size Qwen3-VL conditioner streamed from
 #   host memory), 5 s 544x960, 1 prompt x seeds 0,1, no warm-up: `h3eval ab` baseline vs turbo4-fp8-sage-compile
 #   (or, without sageattention on the image, bench/device/turbo4-fp8-compile.toml) and turbo4-sparse, every gate
-#   bench/h200_ab.py GATES names (on the GPU where a gate has a GPU path), verdict, report, rendered results. ab stops
+#   bench/full_size_ab/h200_ab.py GATES names (on the GPU where a gate has a GPU path), verdict, report, rendered results. ab stops
 #   starting requests in time (--time-box); what ran is kept. fidelity, audio and reference_free need lpips,
 #   pyloudnorm and scikit-video, which the image lacks (2026-12-01): carry their wheels, or those gates error (named
 #   in the rendered results; chain.log lists the gate modules found).
 #   bash bench/device/h200_ab.sh OUTDIR
 # OUTDIR gets: chain.log (progress, and the tail of a failed step's log), h200_ab.json + h200_ab_<shape>.{json,md}
 # (rendered), state.tgz[.part-NN] (the work folder without clips, trajectories and LoRA: restore it at home with
-# `python bench/h200_ab.py restore --state OUTDIR --work W`, then `render` / `screenshot`), clips.tgz when < 15 MB.
+# `python bench/full_size_ab/h200_ab.py restore --state OUTDIR --work W`, then `render` / `screenshot`), clips.tgz when < 15 MB.
 # H200_AB_SHAPE=5s-768x1344 H200_AB_SEEDS=0 for the larger shape: its baseline alone is 29 x 6.63 s = 192 s of DiT
-# (bench/results/h200_speed_stock.md), so one seed is what fits a 10-minute call.
-# H200_AB_GATES_RESERVE_S: what ab leaves the later steps (bench/h200_ab.py --gates-reserve-s; default 50 s).
+# (bench/full_size_speed/results/h200_speed_stock.md), so one seed is what fits a 10-minute call.
+# H200_AB_GATES_RESERVE_S: what ab leaves the later steps (bench/full_size_ab/h200_ab.py --gates-reserve-s; default 50 s).
 # H200_AB_WARMUP=1 H200_AB_WARMUP_FAST=1: one warm-up request for the compiled candidates only, the FP8 one and
 # turbo4-sparse (compiled since session 20) where it runs (their torch.compile paid outside the timed request; the
 # baseline's warm-up would cost a request of minutes and warm nothing).
@@ -60,7 +60,7 @@ echo "baseline $baseline; candidates $candidates; warm-up ${H200_AB_WARMUP:-0} (
 chain_s=$((end - SECONDS - 20))
 # The chain runs in the background so that a SIGTERM from an outer `timeout` shorter than BUDGET_S is trapped: the
 # chain is stopped (it kills its running step) and what it made is still packed (fast: no render, no clips).
-timeout -k 7 $((chain_s + 5)) "$PY" bench/h200_ab.py chain --work "$work" --model "$model" --device "$device" \
+timeout -k 7 $((chain_s + 5)) "$PY" bench/full_size_ab/h200_ab.py chain --work "$work" --model "$model" --device "$device" \
   --shapes "$shape" --prompts '*=1' --seeds "$seeds" --warmup "${H200_AB_WARMUP:-0}" \
   ${H200_AB_WARMUP_FAST:+--warmup-recipes "$warm"} ${H200_AB_BASELINE_LAST:+--baseline-last} \
   --off-identity "$([ -n "${H200_AB_OFF_IDENTITY:-}" ] && echo "$shape")" \
@@ -75,7 +75,7 @@ wait $cpid; rc=$?
 echo "chain exit $rc at ${SECONDS}s" >>"$out/chain.log"
 if [ $cut = 1 ]; then
   cp "$work"/results/h200_ab*.json "$work"/results/h200_ab*.md "$out/" 2>/dev/null
-  timeout 4 "$PY" bench/h200_ab.py snapshot --work "$work" --out "$out" --max-mib 15 --max-parts 2 \
+  timeout 4 "$PY" bench/full_size_ab/h200_ab.py snapshot --work "$work" --out "$out" --max-mib 15 --max-parts 2 \
     >>"$out/chain.log" 2>&1
   echo "packed at ${SECONDS}s (cut short)" >>"$out/chain.log"; exit 124
 fi
@@ -84,9 +84,9 @@ for f in "$work"/steps/*.json; do
 done >>"$out/chain.log" 2>&1
 # The rendered results (again if the chain was cut before its render step), then the state and, if small, the clips.
 grep -qs '"done"' "$work/steps/render.json" || \
-  timeout 15 "$PY" bench/h200_ab.py render --work "$work" --out-dir "$work/results" >>"$out/chain.log" 2>&1
+  timeout 15 "$PY" bench/full_size_ab/h200_ab.py render --work "$work" --out-dir "$work/results" >>"$out/chain.log" 2>&1
 cp "$work"/results/h200_ab*.json "$work"/results/h200_ab*.md "$out/" 2>>"$out/chain.log"
-timeout 8 "$PY" bench/h200_ab.py snapshot --work "$work" --out "$out" --max-mib 15 --max-parts 2 >>"$out/chain.log" 2>&1
+timeout 8 "$PY" bench/full_size_ab/h200_ab.py snapshot --work "$work" --out "$out" --max-mib 15 --max-parts 2 >>"$out/chain.log" 2>&1
 if ( cd "$work" && timeout 5 tar -czf /tmp/h200_ab_clips.tgz runs/*/clips/*/*.mp4 ) 2>/dev/null \
    && [ "$(stat -c %s /tmp/h200_ab_clips.tgz)" -lt 15000000 ]; then mv /tmp/h200_ab_clips.tgz "$out/clips.tgz"
 else echo "clips not returned (over 15 MB or not packed in time)" >>"$out/chain.log"; rm -f /tmp/h200_ab_clips.tgz; fi

@@ -4,13 +4,13 @@
 #
 # What it measures, with full-size seeded random weights (speed does not depend on weight values), turbo4-sparse as
 # shipped (LoRA set aside), at 15 s (345 frames, h3.runtime.MAX_FRAMES) 768x1344, on 2 GPUs and on 1
-# (bench/h200_parallel.py says how): per request the DiT steps, the video decode, the text encoding, the whole
+# (bench/parallel/h200_parallel.py says how): per request the DiT steps, the video decode, the text encoding, the whole
 # request (generation side; request-to-file too when PyAV is there), communication's share of each SP2 step; and the
 # suite's parallel-versus-single check on the GPUs.
 #
 # Order, each step in its own time box; a step cut short leaves what it measured (a request's DiT forwards so far,
 # marked partial, written straight into OUTDIR, so that even a kill of the whole driver from outside keeps them; the
-# merge then is `python3 bench/h200_parallel.py merge --out OUTDIR OUTDIR/sp*.json OUTDIR/parallel_check*.json`),
+# merge then is `python3 bench/parallel/h200_parallel.py merge --out OUTDIR OUTDIR/sp*.json OUTDIR/parallel_check*.json`),
 # and a later step's failure keeps what the earlier ones wrote:
 #   1. both GPUs (torchrun, box SP2_S=135 s): the SP2 15 s request (~25 s start and build, ~15 s text encoding and
 #      flex compile, ~75 s request, estimated from the 2026-11-30 runs). Beside it, on the same 2 GPUs, the parallel
@@ -25,7 +25,7 @@
 # Back on the coordinator's machine, with the returned folder at RESULTS:
 #   cp RESULTS/h200_parallel*.json RESULTS/h200_parallel.md bench/results/   (and the sp*/check files beside them)
 # Issue 22 (4 or 8 GPUs): the same request with `--degree N` under `--nproc-per-node N`, and the check with
-# `python3 bench/h200_parallel.py check --out DIR --nproc N --ring --pairs 4` (the tiny preset's 2 heads cannot be
+# `python3 bench/parallel/h200_parallel.py check --out DIR --nproc N --ring --pairs 4` (the tiny preset's 2 heads cannot be
 # split over more than 2 Ulysses ranks; ring keeps heads whole).
 set -u
 out=${1:-${OUT:-}}
@@ -36,7 +36,7 @@ source bench/device/common.sh
 [ -d "${H3_SITE:-/tmp/site}" ] && export PYTHONPATH="${H3_SITE:-/tmp/site}:$PWD"
 mkdir -p "$out"
 work=$(mktemp -d /tmp/h3par.XXXXXX)
-P="python3 bench/h200_parallel.py"
+P="python3 bench/parallel/h200_parallel.py"
 if [ "${SMOKE:-0}" = 1 ]; then smoke=--smoke; s15=smoke-5s-128x128; else smoke=; s15=15s-768x1344; fi
 SP2_S=${SP2_S:-135}; CHECK_S=${CHECK_S:-130}
 cap() { local l; l=$(left); [ "$1" -lt "$l" ] && l=$1; echo "$l"; }  # a step's time box: its cap or what is left
@@ -58,7 +58,7 @@ chk=$!
   | quiet | sed -u 's/^/[planted] /' | tee -a "$out/run.log" | tail -3 ) &
 pla=$!
 timeout "$(cap "$SP2_S")" python3 -m torch.distributed.run --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d \
-  --rdzv-endpoint 127.0.0.1:$(port) --max-restarts 0 bench/h200_parallel.py request --degree 2 --shapes "$s15" \
+  --rdzv-endpoint 127.0.0.1:$(port) --max-restarts 0 bench/parallel/h200_parallel.py request --degree 2 --shapes "$s15" \
   --out "$out/sp2.json" $smoke 2>&1 | quiet | sed -u 's/^/[sp2] /' | tee -a "$out/run.log"
 touch "$work/sp2.done"
 say "2/3 GPU 0: SP1 $s15 (box: what is left)"

@@ -47,7 +47,7 @@
 # the next training needs a new lever (a wider DiT from run 13's VAEs, more caption variety per combination, or a
 # distribution-matching distillation), not more calls of these.
 #
-# Plan written after run 13 (session 9; bench/results/tiny_train_h200.md): run 13a continued the
+# Plan written after run 13 (session 9; bench/tiny_training/results/tiny_train_h200.md): run 13a continued the
 # DiT 15116 -> 20116 on a pool with more two-shape scenes (held-out colour 77 -> 85 %, direction 69 -> 73, sync 5 -> 18;
 # two-shape scenes still the failure) and run 13b distilled the LoRA against it (turbo4-tiny INCONCLUSIVE on prompt
 # faithfulness, not within 5 points of the teacher on colour and direction). CONTINUE=dit:STEPS names the stage's new
@@ -63,10 +63,10 @@
 #     EXTRA_ARGS="--set pool_two_shape_share=0.6 --set distill_teacher_samples=2048 --set distill_steps=2300 \
 #     --set distill_lr_final=0.1 --set distill_moment_weight=1.0 \
 #     --set distill_init=h3/assets/tiny/lora/turbo4-tiny.safetensors" bash bench/device/train_tiny.sh $OUT
-# Probe each on the CPU: `python bench/content_check.py --seeds 0,1 --rows baseline --name content_check_runN_probe`
-# and `python bench/signoff_proof.py --model tiny-trained --vbench-env /tmp/vbench-env --out FRESH --name ...`.
+# Probe each on the CPU: `python bench/content_check/content_check.py --seeds 0,1 --rows baseline --name content_check_runN_probe`
+# and `python bench/signoff_proof/signoff_proof.py --model tiny-trained --vbench-env /tmp/vbench-env --out FRESH --name ...`.
 #
-# Earlier plan (2026-12-01 after runs 5-7, bench/results/tiny_train_h200.md): the shipped checkpoint
+# Earlier plan (2026-12-01 after runs 5-7, bench/tiny_training/results/tiny_train_h200.md): the shipped checkpoint
 # (h3/assets/tiny, run 7: video VAE 629 + decoder 4016, audio VAE 2632, DiT 7413 at 14 steps/s of 192 alone on one
 # H200, distill 227) is the starting point; no state pack survives a session. It is part of the tree (~20 MB), so a
 # call no longer fits a 36 MB pack beside it and the wheels (64 MiB): every call seeds from a checkpoint instead, run
@@ -84,7 +84,7 @@
 # 355 steps. Call 9 (warm machine, nothing beside): pool 74 s, DiT 229 s (3243 steps), distill 85 s, export 4 s with
 #   WHEELS=.whl COMMIT=<sha> RESUME_FROM=h3/assets/tiny CONTINUE=dit PACK=0 STAGE_SECONDS=distill=85,export=25 \
 #     BUDGET_S=470 bash bench/device/train_tiny.sh $OUT The content check's ceilings are the VAEs' (python
-# bench/vae_roundtrip.py h3/assets/tiny): shape 2/8 and sync 2/8 (clicks) at run 7, so sync >= 80% also needs a better
+# bench/vae_roundtrip/vae_roundtrip.py h3/assets/tiny): shape 2/8 and sync 2/8 (clicks) at run 7, so sync >= 80% also needs a better
 # audio VAE (CONTINUE=audio-vae restarts the DiT: its latents change) and shape a better video VAE.
 #
 # Multi-call training as planned before run 4 (kept for the record of runs 3 and 4):
@@ -92,7 +92,7 @@
 # carry .carry/tiny = `git archive HEAD h3 bench/device pyproject.toml` of this branch, .whl, and for a resume the
 # previous call's state.pack.part-* copied into .carry/tiny/resume/: 0.5 + 22.7 + 25.6 MB = 49 MB < 64 MiB).
 #
-# Starting from run 3's state (bench/results/tiny_train_h200.md: video VAE 915 of 5000 steps, audio VAE done), repack
+# Starting from run 3's state (bench/tiny_training/results/tiny_train_h200.md: video VAE 915 of 5000 steps, audio VAE done), repack
 # it on the CPU first (its 47 MB state.tar cannot travel):
 #   mkdir -p /tmp/r3/state && cat /work/notes/device_runs/train3/state.tar.part-* | tar -C /tmp/r3/state -xf -
 #   PYTHONPATH=<worktree> python -m h3.train pack --out /tmp/r3 --to /tmp/r3/state.pack    # 25.6 MB
@@ -106,7 +106,7 @@
 # DiT on the new latents, distill, export:
 #   cd .carry/tiny && WHEELS=../../.whl COMMIT=<sha> RESUME_FROM=resume CONTINUE=video-vae \
 #     STAGE_SECONDS=video-vae=150,dit=260,distill=45,export=15 bash bench/device/train_tiny.sh $OUT
-#   returns train.log, tiny.tgz.part-aa (probe it with bench/content_check.py) and state.pack.part-* (~26 MB).
+#   returns train.log, tiny.tgz.part-aa (probe it with bench/content_check/content_check.py) and state.pack.part-* (~26 MB).
 # Call 3 (resume/ = call 2's parts): the DiT continued, the distillation redone from it, export:
 #   cd .carry/tiny && WHEELS=../../.whl COMMIT=<sha> RESUME_FROM=resume CONTINUE=dit \
 #     STAGE_SECONDS=dit=350,distill=100,export=15 bash bench/device/train_tiny.sh $OUT

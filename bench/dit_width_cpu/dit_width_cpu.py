@@ -1,7 +1,7 @@
 """What a wider tiny DiT would cost on the CPU, and whether it fits the shipped-weights budget (issue 17: "widen the
 tiny configs as far as quality needs, but a clip must stay at <= 10 s on the 2-core CPU"; the demo's 3 minutes).
 
-    python bench/dit_width_cpu.py [--shapes shipped,l8,h192l6,...] [--clips 3] [--rounds 2] [--name dit_width_cpu]
+    python bench/dit_width_cpu/dit_width_cpu.py [--shapes shipped,l8,h192l6,...] [--clips 3] [--rounds 2] [--name dit_width_cpu]
 
 For each DiT shape (``python -m h3.train --set dit_*``): a copy of the shipped checkpoint whose transformer is a
 seeded random one of that shape (speed does not depend on the weights' values), loaded through the runtime with the
@@ -10,7 +10,7 @@ the shapes interleaved round by round so the machine's load hits them alike. Rep
 medians against the shipped shape's, the DiT's parameters, its file at float32 and bfloat16, the rank-16 LoRA's file
 (h3.train.distill.DistillLora, as the distillation trains it) and the checkpoint's total with the DiT at float32 and
 as ``--set export_dit_dtype=bfloat16`` ships it, against the 30 MB budget (16 MB a file).
-Writes bench/results/<name>.{json,md}.
+Writes results/<name>.{json,md}.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 SHAPES = {
@@ -88,7 +88,7 @@ def main() -> None:
     if args.clips < 1 or args.rounds < 1:
         raise SystemExit("--clips and --rounds must be >= 1")
 
-    from bench import _results
+    from bench.lib import results as _results
     from h3.recipe import load_recipe
     from h3.runtime import TINY_DEFAULT_SIZE, GenerateRequest, H3Runtime
 

@@ -1,20 +1,20 @@
 """Offload on the GPU: the ``offload-int8-adaln`` recipe with the full-size DiT forced off the device.
 
-    python bench/h200_offload.py --out $OUT/offload.json [--shape 5s-544x960] [--repeats 2]
+    python bench/full_size_speed/h200_offload.py --out $OUT/offload.json [--shape 5s-544x960] [--repeats 2]
 
 The full-size ``MiniMaxH3Transformer3DModel`` (seeded random weights) gets the recipe's levers through the runtime's
 own code — AdaLN precompute for the recipe's 4-step schedule (the ``adaln_proj`` weights leave), INT8 weight-only
 quantization, then diffusers' block-level group offloading with a prefetch stream and pinned host memory — and is
 timed against the same quantized model kept resident, in one process:
 
-* the pinned host-to-device ceiling (a 2 GiB pinned copy, as bench/h200_speed.py measures it);
+* the pinned host-to-device ceiling (a 2 GiB pinned copy, as bench/full_size_speed/h200_speed.py measures it);
 * the bytes that stream per forward (every parameter and buffer of the offloaded transformer);
 * a transfer-bound forward (a short sequence: 256 text rows, 1 s of audio, one latent frame of video): its time
   bounds the transfer time from above, so ``bytes / time`` is the *achieved* streaming bandwidth (a lower bound);
 * a request at the production shape offloaded and resident: the exposed transfer is the difference, and the hidden
   fraction is ``1 - exposed / (bytes / achieved bandwidth)`` per forward.
 
-The LoRA of the recipe is set aside (no LoRA file here; fused, it changes no shape), as in bench/h200_recipes_speed.py.
+The LoRA of the recipe is set aside (no LoRA file here; fused, it changes no shape), as in bench/full_size_speed/h200_recipes_speed.py.
 Target (speed issue): streaming at >= 90% of the pinned ceiling.
 """
 
@@ -31,10 +31,10 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from h3.atomic import atomic_write_json  # noqa: E402
-from bench.h200_speed import (  # noqa: E402
+from bench.lib.speed import (  # noqa: E402
     SHAPES, build_transformer, cuda_time, dit_inputs, latent_geometry, run_record)
 
 

@@ -1,11 +1,11 @@
 """The A/B speed protocol on the GPU: mixed versus repeated prompts for the compiled and the block-sparse recipes.
 
-    python bench/h200_protocol.py --out $OUT/protocol.json [--shape 5s-544x960] [--requests 6]
+    python bench/full_size_speed/h200_protocol.py --out $OUT/protocol.json [--shape 5s-544x960] [--requests 6]
         [--variants turbo4+compile,turbo4-sparse+compile]
 
 A prompt's length changes the packed sequence (its text rows), so a server that compiles per exact shape pays a
 compile at every new prompt length (seed 001: 12-14 s per new length). Per variant, on the full-size DiT with seeded
-random weights (bench/h200_recipes_speed.py applies the recipe through the runtime's own lever code): one warm-up
+random weights (bench/full_size_speed/h200_recipes_speed.py applies the recipe through the runtime's own lever code): one warm-up
 request (excluded), then ``--requests`` requests of the same prompt (*repeated*) and ``--requests`` requests of
 different prompts (*mixed*: the first prompts of the shipped ``vbench-dev16`` suite, whose token counts under the
 tiny preset's byte-level BPE tokenizer give the text rows; the real Qwen tokenizer is not here). A request is the
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.h200_recipes_speed import begin_request, levers_applied, variant_recipe  # noqa: E402
+from bench.lib.speed import begin_request, levers_applied, variant_recipe  # noqa: E402
 from h3.atomic import atomic_write_json  # noqa: E402
-from bench.h200_speed import SHAPES, build_transformer, dit_inputs, latent_geometry, run_record  # noqa: E402
+from bench.lib.speed import SHAPES, build_transformer, dit_inputs, latent_geometry, run_record  # noqa: E402
 
 
 def prompt_text_rows(n: int) -> list[int]:
@@ -37,7 +37,7 @@ def prompt_text_rows(n: int) -> list[int]:
 
     from h3eval.prompts import load_prompts
 
-    tokenizer = Tokenizer.from_file(str(Path(__file__).resolve().parent.parent / "h3" / "assets" /
+    tokenizer = Tokenizer.from_file(str(Path(__file__).resolve().parents[2] / "h3" / "assets" /
                                         "tiny_tokenizer.json"))
     prompts = [p.prompt for p in load_prompts("vbench-dev16").prompts][:n]
     return [len(tokenizer.encode(p).ids) for p in prompts]

@@ -1,6 +1,6 @@
-"""Render a bench/h200_speed.py JSON result as the Markdown table the README quotes.
+"""Render a bench/full_size_speed/h200_speed.py JSON result as the Markdown table the README quotes.
 
-    python bench/h200_table.py bench/results/h200_speed_stock.json > bench/results/h200_speed_stock.md
+    python bench/full_size_speed/h200_table.py bench/full_size_speed/results/h200_speed_stock.json > bench/full_size_speed/results/h200_speed_stock.md
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """FLOPs of MiniMax-H3's tiled video decode, counted on the meta device (no weights, no memory, no GPU).
 
-    python bench/vae_decode_flops.py --out bench/results/vae_decode_flops.json [--shapes 5s-544x960,15s-768x1344]
+    python bench/full_size_speed/vae_decode_flops.py --out bench/full_size_speed/results/vae_decode_flops.json [--shapes 5s-544x960,15s-768x1344]
         [--tiles 304x320,384x448]
 
 ``torch.utils.flop_counter.FlopCounterMode`` counts every convolution, matmul and attention call of diffusers'
@@ -9,7 +9,7 @@
 (22, 39 and 56 video frames; fewer than 7 give no decode chunk) and extended to the clip's latent frames with the
 line through them; the record keeps the three counts and the deviation of the middle one from the line through the
 outer two (0 when the decode's work is affine in frames: the decoder runs its latent frames in fixed-size chunks). The decode's achieved
-TFLOP/s is then these FLOPs over the time bench/h200_goals.py measures on the GPU.
+TFLOP/s is then these FLOPs over the time bench/full_size_speed/h200_goals.py measures on the GPU.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from h3.atomic import atomic_write_json  # noqa: E402
-from bench.h200_speed import SHAPES, latent_geometry  # noqa: E402
+from bench.lib.speed import SHAPES, latent_geometry  # noqa: E402
 
 POINTS = (7, 12, 17)
 

@@ -1,7 +1,7 @@
 """The CPU figures behind session 7's demo changes, measured on a finished demo run (2-core CPU):
 
-    python bench/demo_time.py --out /tmp/demo        # makes /tmp/demo/run
-    python bench/gates_cpu_parts.py --run /tmp/demo/run [--repeat 1]
+    python bench/demo_cpu/demo_time.py --out /tmp/demo        # makes /tmp/demo/run
+    python bench/gates_cpu_parts/gates_cpu_parts.py --run /tmp/demo/run [--repeat 1]
 
 - a latent trajectory's write and load, compressed (np.savez_compressed, before) and not (np.savez, now);
 - reference_free and prompt_faithfulness on the run's bit-identical pairs with their identical_result shortcut and
@@ -10,7 +10,7 @@
   ($H3EVAL_GATE_THREADS=1 / 2: why side by side is not the default on few cores).
 
 Each gate pass starts from empty result folders and empty caches, in this one process (imports and LPIPS are loaded
-before the first timed pass). Writes bench/results/gates_cpu_parts.{json,md}.
+before the first timed pass). Writes bench/gates_cpu_parts/results/gates_cpu_parts.{json,md}.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from h3eval.demo import CPU_GATES as DEMO_GATES, floor_gates  # noqa: E402  (what the demo runs)
 
@@ -90,10 +90,10 @@ def floor_pass(run: Path, threads: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--run", required=True, help="a finished demo run (bench/demo_time.py --out D: D/run)")
+    parser.add_argument("--run", required=True, help="a finished demo run (bench/demo_cpu/demo_time.py --out D: D/run)")
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args()
-    from bench import _results
+    from bench.lib import results as _results
     from gates.prompt_faithfulness import PromptFaithfulnessGate
     from gates.reference_free import ReferenceFreeGate
 

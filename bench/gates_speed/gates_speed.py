@@ -12,8 +12,8 @@ It measures (a) ``run_gates`` over the pair with every chosen gate, as ``h3eval 
 through the clip cache), and (b) a breakdown: decoding both clips, then each gate alone on warm decoded clips.
 Whichever of the chosen gates (--gates; default the four) is registered is run; a missing one is listed in the result.
 
-    python bench/gates_speed.py --device cpu -o lpips_trunk=rand    # bench/results/gates_speed_cpu.{json,md}
-    python bench/gates_speed.py --device cuda -o lpips_trunk=rand   # bench/results/gates_speed_gpu.{json,md}
+    python bench/gates_speed/gates_speed.py --device cpu -o lpips_trunk=rand    # bench/gates_speed/results/cpu/gates_speed_cpu.{json,md}
+    python bench/gates_speed/gates_speed.py --device cuda -o lpips_trunk=rand   # bench/gates_speed/results/gpu/gates_speed_gpu.{json,md}
 
 LPIPS needs the AlexNet trunk weights; where they are missing, pass ``--option lpips_trunk=rand``: the random trunk
 has the same architecture and so the same cost (recorded in the result).
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 FOUR_GATES = ["integrity", "fidelity", "audio", "ghosting"]
@@ -125,7 +125,7 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=1344)
     parser.add_argument("--option", "-o", action="append", default=[], help="gate option KEY=VALUE (repeatable)")
     parser.add_argument("--workdir", type=Path, default=None, help="where the synthetic run goes (default: a temp dir)")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     parser.add_argument("--reuse-run", action="store_true", help="reuse the pair already in --workdir (same shape)")
     parser.add_argument("--repeat", type=int, default=2, help="timed warm repetitions of the full run (best is reported)")
     parser.add_argument("--pairs", type=int, default=1,

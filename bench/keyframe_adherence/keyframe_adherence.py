@@ -1,6 +1,6 @@
 """Keyframe and reference adherence of a baseline and its candidates on fl2va and ref2va suites (issue 25).
 
-    python bench/keyframe_adherence.py --model tiny-trained --baseline baseline \
+    python bench/keyframe_adherence/keyframe_adherence.py --model tiny-trained --baseline baseline \
         --candidate turbo4-tiny --candidate turbo4-tiny-int8 \
         --suite world-fl2va --suite world-ref2va --seeds 0,1 [--work DIR] [--name keyframe_adherence]
 
@@ -13,7 +13,7 @@ h3eval.stats, sign counts). A **shuffled control** shows the inputs are honoured
 against *another* prompt's keyframes or reference (the next line of the suite), with the same functions; a clip
 that honours its own inputs is much closer to them than to another prompt's.
 
-Writes bench/results/<name>.{json,md}.
+Writes results/<name>.{json,md}.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 METRICS = {
     "fl2va": (("keyframe_psnr", True), ("keyframe_ssim", True), ("keyframe_lpips", False)),
@@ -86,7 +86,7 @@ def run_suite(args, suite_name: str, work: Path, trunk: str) -> dict:
     seeds = parse_seeds(args.seeds)
     out = work / Path(suite_name).stem
     plan = RunPlan(out=out, model=args.model, recipes=recipes, prompts=suite, seeds=seeds, baseline=recipes[0].name,
-                   args={"command": "bench/keyframe_adherence.py"})
+                   args={"command": "bench/keyframe_adherence/keyframe_adherence.py"})
     manifest = fill_run(plan, progress=False)
     summary = run_gates(out, ["integrity", "keyframe"], options={"lpips_trunk": trunk}, progress=False)
     store = RunStore(out)
@@ -167,7 +167,7 @@ def main() -> None:
     parser.add_argument("--name", default="keyframe_adherence")
     args = parser.parse_args()
 
-    from bench import _results
+    from bench.lib import results as _results
     from gates.fidelity import alexnet_weights_path
 
     trunk = "alexnet" if alexnet_weights_path().is_file() else "rand"

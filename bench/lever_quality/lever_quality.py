@@ -1,7 +1,7 @@
 """A lever's quality cost on the trained tiny preset, judged by the suite's own gates under the shipped release policy
 (issue 23: "each new lever has its quality cost on the tiny preset recorded by the suite's gates").
 
-    python bench/lever_quality.py --candidate fp8-attention-emulated [--model tiny] [--prompts world-demo]
+    python bench/lever_quality/lever_quality.py --candidate fp8-attention-emulated [--model tiny] [--prompts world-demo]
                                   [--seeds 0,1,2,3] [--out /tmp/lever-quality] [--name lever_quality_<candidate>]
                                   [--vbench-env PATH]
 
@@ -9,9 +9,9 @@ One run of 16 pairs (the world-demo captions x 4 seeds) with the baseline and th
 kind its recipe declares), latent trajectories recorded; the per-pair gates of each candidate's judge: exact and near
 read integrity, fidelity, audio, ghosting and trajectory (LPIPS on the AlexNet trunk when its weights are in the torch
 cache, else the package's ``rand`` trunk, recorded), resample reads integrity, reference_free and prompt_faithfulness
-(and VBench's temporal_flickering with ``--vbench-env``, as bench/signoff_proof.py); the new-seed noise floor from the
+(and VBench's temporal_flickering with ``--vbench-env``, as bench/signoff_proof/signoff_proof.py); the new-seed noise floor from the
 run's own baseline clips (each clip against the same prompt's next seed), then ``compute_verdict`` under
-gates/policies/release.toml. Writes bench/results/NAME.{json,md}: the verdict per candidate, the failed metrics, and
+gates/policies/release.toml. Writes bench/<study>/results/NAME.{json,md}: the verdict per candidate, the failed metrics, and
 each metric's pooled value against the floor.
 """
 
@@ -23,14 +23,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.signoff_proof import PAIR_GATES, RELEASE, ROOT, floor, recipe  # noqa: E402
+from bench.lib.tiny import PAIR_GATES, RELEASE, ROOT, floor, recipe  # noqa: E402
 
 GATES = ["integrity", "fidelity", "audio", "ghosting", "trajectory"]
 FLOOR_GATES = ["fidelity", "audio", "ghosting", "trajectory"]
 RESAMPLE_GATES = PAIR_GATES
-"""What the resample judge reads (bench/signoff_proof.py's per-pair gates)."""
+"""What the resample judge reads (bench/signoff_proof/signoff_proof.py's per-pair gates)."""
 
 
 def main() -> None:
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--prompts", default="world-demo")
     parser.add_argument("--seeds", default="0,1,2,3")
     parser.add_argument("--out", default="/tmp/lever-quality")
-    parser.add_argument("--name", default=None, help="results file name in bench/results (default: from the candidates)")
+    parser.add_argument("--name", default=None, help="results file name in results/ (default: from the candidates)")
     parser.add_argument("--judge-only", action="store_true", help="the clips are made: gate, floor and judge only")
     parser.add_argument("--vbench-env", default=None, help="pinned VBench environment: temporal_flickering for the "
                         "resample candidates")
@@ -54,7 +54,7 @@ def main() -> None:
     from h3eval.runner import RequestShape, RunPlan, fill_run
     from h3eval.verdict import summary_lines
 
-    import bench.signoff_proof as proof
+    import bench.lib.tiny as proof
 
     started = time.perf_counter()
     out = Path(args.out)
@@ -68,7 +68,7 @@ def main() -> None:
         proof.WARMUP["size"] = None
         plan = RunPlan(out=run_dir, model=args.model, recipes=[recipe(n, args.model) for n in names], prompts=prompts,
                        seeds=seeds, baseline="baseline", kind="ab", device="cpu", shape=RequestShape(),
-                       args={"command": "bench/lever_quality.py"}, trajectory=True)
+                       args={"command": "bench/lever_quality/lever_quality.py"}, trajectory=True)
         manifest = fill_run(plan, runtime_factory=proof.runtime_factory, progress=True)
         if manifest.status != "complete":
             raise SystemExit(f"{run_dir}: run ended {manifest.status}: {[e.error for e in manifest.errors[:3]]}")
@@ -134,7 +134,7 @@ def main() -> None:
         "```", "",
         f"Generation {timings['generate_s']} s, gates and floor {timings['gates_and_floor_s']} s on this machine's CPU.",
     ])
-    from bench._results import write
+    from bench.lib.results import write
 
     write(args.name or "lever_quality_" + "_".join(args.candidate), payload, md)
     print(md)

@@ -1,6 +1,6 @@
 """Measured error of each lever on the tiny preset on the CPU (the figures the tests' tolerances are stated against).
 
-Run: ``PYTHONPATH=. python bench/levers_cpu_tolerances.py``; writes bench/results/levers_cpu_tolerances.{json,md}.
+Run: ``PYTHONPATH=. python bench/levers_cpu_tolerances/levers_cpu_tolerances.py``; writes bench/levers_cpu_tolerances/results/levers_cpu_tolerances.{json,md}.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
-from bench._results import write  # noqa: E402
+from bench.lib.results import write  # noqa: E402
 
 
 def rel(a, b) -> float:
@@ -104,7 +104,7 @@ def main() -> None:
         "conditional numerical reproducibility on, which the runtime switches on when `h3` is imported "
         "(h3/determinism.py; the tests re-home the weights at 4/8/16/32-byte offsets to hold it to that on any CPU). "
         "Without it (`H3_CPU_REPRODUCIBLE=0`), MKL picks kernels by alignment and vendor, and on an AMD EPYC the exact "
-        "levers differed from the baseline by one ulp (bench/results/cpu_reproducibility.md). Across platforms nothing "
+        "levers differed from the baseline by one ulp (bench/cpu_reproducibility/results/cpu_reproducibility.md). Across platforms nothing "
         "is promised bitwise; the byte checks (off-identity, the floor's determinism) record the platform and report "
         "such pairs as not comparable rather than failed.\n")
     write("levers_cpu_tolerances", {"rows": rows, "numerics": numerics}, table)

@@ -8,7 +8,7 @@
 - padding: a bucketed SDPA call with garbage in the padding rows gives the same real rows bit for bit;
 - group offloading with stream prefetch (pinned memory) on the tiny transformer, when diffusers is importable.
 
-Run: ``python bench/levers_gpu.py [OUT_DIR]``; writes levers_gpu_h200.json/.md into bench/results (or OUT_DIR).
+Run: ``python bench/levers_gpu/levers_gpu.py [OUT_DIR]``; writes levers_gpu_h200.json/.md into bench/levers_gpu/results (or OUT_DIR).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.h200_speed import cuda_time  # noqa: E402
+from bench.lib.speed import cuda_time  # noqa: E402
 
 from h3.levers.quantization import QuantizedLinear  # noqa: E402
 from h3.levers.sparse_attention import block_sparse_attention, kept_block_mask, route_blocks  # noqa: E402

@@ -1041,7 +1041,7 @@ NOTES = [
     "the larger attention's share). The projected 15 s request is 89.3 s: the dense step (FP8, no Sage) and the video "
     "decode (18.5 s) alone are 53 s of the 25 s target.",
     "**Offload re-measured after the resident top-level group (session 4).** Streaming now runs at 54.4 of 55.4 GB/s "
-    "(98 % of the pinned ceiling; session 3: 20 %, kept in `h200_offload_session3.json`), and 90 % of the transfer is "
+    "(98 % of the pinned ceiling; session 3: 20 %, kept in `h200_offload_s3.json`), and 90 % of the transfer is "
     "hidden behind compute at 544×960: the offloaded request takes 10.56 s against 10.42 s with the model resident "
     "(+1.4 %), with a 4.9 GiB peak. The profile of the transfer-bound request shows only the pinned block copies "
     "(1.42 s of 1.49 s); the pageable copies that took 5.9 s are gone (0.2 ms).",

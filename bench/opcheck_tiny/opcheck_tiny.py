@@ -1,11 +1,11 @@
 """opcheck on the tiny preset (CPU): what capture costs a request, and how long replay and the sweep take.
 
-    python bench/opcheck_tiny.py [--repeats 2] [--candidate _native_math]
+    python bench/opcheck_tiny/opcheck_tiny.py [--repeats 2] [--candidate _native_math]
 
 Times a plain request and the same request with op capture of every step and layer (attention + linear), checks
 the clips are byte-identical, then replays the capture through the baseline (native SDPA, F.linear) and the
 candidate attention backend against float64, and runs the random-shape sweep. Writes
-bench/results/opcheck_tiny_cpu.{json,md}.
+bench/opcheck_tiny/results/opcheck_tiny_cpu.{json,md}.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main() -> None:
@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--candidate", default="_native_math")
     args = parser.parse_args()
 
-    from bench import _results
+    from bench.lib import results as _results
     from gates.opcheck import Budget, replay_capture, sweep_op
     from h3.capture import CaptureConfig, OpCapture, load_index
     from h3.ops import ops_for_recipe

@@ -231,7 +231,7 @@ def main() -> None:
                         help="generate nothing: write the record from the clips --work holds (a stopped run's)")
     args = parser.parse_args()
 
-    from bench import _results
+    from bench.lib import results as _results
     from h3.recipe import load_recipe
     from h3eval.prompts import load_prompts, parse_seeds
 

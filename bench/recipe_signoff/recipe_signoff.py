@@ -239,11 +239,15 @@ def floor_of(run: Path, loaded) -> Path:
     from h3eval.floor import newseed_floor_from_run
     from h3eval.store import RunStore
 
+    from h3eval.verdict.lineage import judgements
+
     out = run.parent / "floor"
-    if not (out / "floor.json").is_file():
-        gates = [g for g in loaded.policy.floor_gates(list(loaded.policy.judges)) if g not in DROPPED
-                 and g != "trajectory"]
-        newseed_floor_from_run(run, RunStore(run).read_manifest().baseline, out, gates=gates,
+    manifest = RunStore(run).read_manifest()
+    kinds = sorted({j.kind for c in manifest.candidates for j in judgements(loaded.policy, manifest, c) if j.kind})
+    gates = [g for g in loaded.policy.floor_gates(kinds) if g not in DROPPED and g != "trajectory"]
+    done = json.loads((out / "floor.json").read_text()).get("gates", []) if (out / "floor.json").is_file() else []
+    if not set(gates) <= set(done):  # the judges in play need a gate this floor lacks (a candidate added since)
+        newseed_floor_from_run(run, manifest.baseline, out, gates=sorted(set(gates) | set(done)),
                                gate_options={"fidelity.lpips_trunk": lpips_trunk()}, progress=False)
     return out / "floor.json"
 
@@ -475,8 +479,10 @@ def main() -> None:
     parents = {n: recipe_of(n).parent for n in names}
     order = [args.run_baseline] + sorted((n for n in names if n != args.run_baseline),
                                          key=lambda n: (n not in CORRECT, n))
+    if args.generate_only:
+        order = list(dict.fromkeys(names))  # only the clips asked for, in that order
     for n, parent in parents.items():
-        if parent is not None and parent not in order and parent != args.run_baseline:
+        if not args.generate_only and parent is not None and parent not in order:
             raise SystemExit(f"{n}'s parent {parent} is not among --recipes")
     if args.run_baseline != "baseline" and "identity" in order:
         order.remove("identity")  # identity is judged against the 29-step baseline only

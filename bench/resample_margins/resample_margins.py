@@ -6,7 +6,7 @@ policy's non-inferiority itself, and what is the benign false-FAIL rate under th
 
 1. Clips: the baseline, ``turbo4-tiny``, ``turbo4-tiny-lora03`` (bench/recipes) and ``fewer-steps`` on the trained
    tiny, the world-demo captions x ``--seeds`` (signoff_proof's pool: seeds 4-7 are signoff_proof_run23d200_seeds4567's
-   and signoff_false_fail_run23d200_seeds4567's), made with bench/signoff_proof.py's ``generate``.
+   and signoff_false_fail_run23d200_seeds4567's), made with bench/signoff_proof/signoff_proof.py's ``generate``.
 2. Every clip scored once by the gates' own functions (reference_free's ``score_mp4``, prompt_faithfulness's
    ``clip_faithfulness``); the per-clip scores go into the record, so the figures below can be recomputed from it.
 3. Candidates: each one's 16 same-seed pairs judged by ``compute_verdict`` under gates/policies/release.toml with its
@@ -14,7 +14,7 @@ policy's non-inferiority itself, and what is the benign false-FAIL rate under th
    non-inferiority test's own, at the shipped margins and at each of :data:`MARGINS` x the floor with
    ``fail_beyond = "ci"``; then under the policy as shipped.
 4. Benign: ``--runs`` simulated runs of 16 pairs of the baseline against itself under other seeds
-   (bench/signoff_false_fail.py's ``resample_run``), judged under the shipped policy without [speed] and vbench; the
+   (bench/signoff_false_fail/signoff_false_fail.py's ``resample_run``), judged under the shipped policy without [speed] and vbench; the
    false-FAIL rate with its Clopper-Pearson CI (optimistic: one pool resampled).
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "signoff_false_fail"))
 
 RELEASE = ROOT / "gates" / "policies" / "release.toml"
 CANDIDATES = ["turbo4-tiny", "turbo4-tiny-lora03", "fewer-steps"]
@@ -42,7 +42,7 @@ DROPPED = ("vbench",)
 
 
 def make_clips(pool: Path, model: str, seeds: list[int], candidates: list[str]) -> None:
-    from signoff_proof import generate, recipe
+    from bench.lib.tiny import generate, recipe
 
     from h3eval.prompts import load_prompts
 
@@ -197,7 +197,7 @@ def benign(scores: dict, floor: Path, root: Path, runs: int, seed: int) -> dict:
 def record(name: str, payload: dict) -> Path:
     """The record (date, machine, versions, the exact command and the numbers) in this study's results/, with its
     Markdown table."""
-    from bench._results import context
+    from bench.lib.results import context
     from h3.atomic import atomic_write_json, atomic_write_text
 
     results = Path(__file__).resolve().parent / "results"

@@ -5,7 +5,7 @@
 FILES_AT holds what the call returned (requests.json, call_env.json, runtime_speed.tgz). Writes
 bench/runtime_speed/results/NAME.json (every request's anatomy, each recipe's warm figures, its ratio to stock),
 NAME.call.json (date, card, versions, the exact command, commit and dirty flag) and NAME.md (the table), and adds
-one entry per measured recipe to bench/results/h200_goals.json (card, ratio to stock, met or missed against the
+one entry per measured recipe to bench/full_size_speed/results/h200_goals.json (card, ratio to stock, met or missed against the
 5 s 544x960 goal of 5.2 s).
 """
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from h3.atomic import atomic_write_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
-GOALS = ROOT / "bench" / "results" / "h200_goals.json"
+GOALS = ROOT / "bench" / "full_size_speed" / "results" / "h200_goals.json"
 GOAL_S = 5.2
 """The issue's goal for a 5 s 544x960 request (faster than real time), set for one H200."""
 STOCK = "stock4"

@@ -1,11 +1,11 @@
 """Load on `h3 serve`: N concurrent submissions on loopback with the tiny preset; nothing crashes, nothing is lost.
 
-    python bench/server_load.py [--submissions 100] [--max-queue 6] [--recipe PATH]
+    python bench/server_load/server_load.py [--submissions 100] [--max-queue 6] [--recipe PATH]
 
 Starts the real server (`python -m h3.cli serve`, uvicorn) in a subprocess, fires all submissions at once
 (asyncio + httpx), expects 429 for those beyond the queue, polls every accepted job to a terminal status, downloads
 each completed clip and checks its sha256 against the record the server returned. Writes
-bench/results/server_load.{json,md}: completed / rejected (429) / errors, and whether anything was lost.
+bench/server_load/results/server_load.{json,md}: completed / rejected (429) / errors, and whether anything was lost.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from h3.atomic import sha256_bytes  # noqa: E402
@@ -88,7 +88,7 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args()
 
-    from bench import _results
+    from bench.lib import results as _results
 
     with tempfile.TemporaryDirectory() as tmp:
         recipe = args.recipe or str(Path(tmp) / "fast.toml")

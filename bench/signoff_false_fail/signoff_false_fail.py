@@ -1,6 +1,6 @@
 """How often does the shipped release policy FAIL a benign candidate? Simulated runs of 16 benign pairs (issue 18).
 
-    python bench/signoff_false_fail.py [--pool /tmp/signoff18/proof] [--floor /tmp/signoff18/floor/floor.json]
+    python bench/signoff_false_fail/signoff_false_fail.py [--pool /tmp/signoff18/proof] [--floor /tmp/signoff18/floor/floor.json]
                                        [--near-out /tmp/signoff18/near] [--near-seeds 0,1,2,3,4,5] [--model tiny]
                                        [--runs 500] [--vbench-env PATH]
 
@@ -12,7 +12,7 @@
   the same seed as the baseline; each run draws 16 of the pool's (prompt, seed) pairs without replacement.
 
 Clips are slow to make on the CPU, so they are made once and every gate scores each clip or pair once: the resample
-pool is the baseline's clips of bench/signoff_proof.py's run (the world-demo captions x 4 seeds), the near pool a run
+pool is the baseline's clips of bench/signoff_proof/signoff_proof.py's run (the world-demo captions x 4 seeds), the near pool a run
 of the baseline and ``baseline-int8wo`` at ``--near-seeds`` (this script makes it);
 a simulated run is 16 pairs resampled from the pool, written as gate results into a run directory of its own and
 judged by the real verdict code (``h3eval.verdict.compute_verdict``) under gates/policies/release.toml with the
@@ -38,13 +38,13 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RELEASE = ROOT / "gates" / "policies" / "release.toml"
 NEAR = "baseline-int8wo"
 """The default near-exact benign candidate (``--near-recipe``): on the trained tiny it is not near by the policy (its
-INT8 error moves the soundtrack by a fifth of a seed change), see bench/results/signoff_false_fail_run10.md."""
+INT8 error moves the soundtrack by a fifth of a seed change), see bench/signoff_false_fail/results/signoff_false_fail_run10.md."""
 NEAR_GATES = ["integrity", "fidelity", "audio", "ghosting"]
 
 
@@ -162,7 +162,7 @@ def make_near_pool(proof: Path, out: Path, model: str, seeds: list[int], env: Pa
                    size: int | None = None, near: str = NEAR):
     """The near pool: the baseline and baseline-int8wo at ``seeds`` (the baseline made again: a run directory is
     made by its runner, and a 29-step tiny clip costs about a second), gated."""
-    from bench.signoff_proof import generate, recipe
+    from bench.lib.tiny import generate, recipe
     from h3eval.gaterun import run_gates
     from h3eval.prompts import PromptSuite, Prompt
     from h3eval.store import RunStore
@@ -237,7 +237,7 @@ def main() -> None:
                                                       "of the floor (comma-separated), for the sensitivity table")
     parser.add_argument("--seed", type=int, default=18)
     parser.add_argument("--drop-gates", default="", help="judge without these gates (comma-separated; recorded)")
-    parser.add_argument("--name", default="signoff_false_fail", help="results file name in bench/results")
+    parser.add_argument("--name", default="signoff_false_fail", help="results file name in results/")
     parser.add_argument("--note", default="", help="a line on where the clips came from (recorded)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args()
@@ -323,7 +323,7 @@ def main() -> None:
         "Caveats: " + "; ".join(payload["caveats"]) + ".",
     ])
     if not args.no_record:
-        from bench._results import write
+        from bench.lib.results import write
 
         write(args.name, payload, md)
     print(md)

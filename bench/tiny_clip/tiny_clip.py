@@ -1,9 +1,9 @@
 """One tiny clip on the CPU: the foundation's speed target (≤ 10 s per clip on a 2-core CPU).
 
-    python bench/tiny_clip.py [--repeats 3] [--recipe baseline] [--model tiny]
+    python bench/tiny_clip/tiny_clip.py [--repeats 3] [--recipe baseline] [--model tiny]
 
 Times `H3Runtime.generate` for a tiny preset (``tiny``, the trained one, by default; ``tiny-random``) on a world
-caption (load excluded, first request reported separately as warm-up) and writes bench/results/tiny_clip_cpu.{json,md}
+caption (load excluded, first request reported separately as warm-up) and writes bench/tiny_clip/results/tiny_clip_cpu.{json,md}
 (``tiny_clip_cpu_random`` for the random preset). The record names the preset that ran.
 """
 
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 TARGET_S = 10.0
 PROMPT = "a red circle moves left to right while a low tone hums; it bounces twice; the background is plain"
@@ -32,7 +32,7 @@ def main() -> None:
 
     import torch
 
-    from bench import _results
+    from bench.lib import results as _results
     from h3.recipe import load_recipe
     from h3.runtime import GenerateRequest, H3Runtime
 

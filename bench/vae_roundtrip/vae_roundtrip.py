@@ -2,12 +2,12 @@
 model-independent detector (h3.world.detect). What the generated clips can score at best; a training run whose VAEs
 lose colour, shape or clicks here cannot pass the content check whatever its DiT learns.
 
-    python bench/vae_roundtrip.py CHECKPOINT_DIR [--prompts world-heldout] [--limit 8] [--name vae_roundtrip]
+    python bench/vae_roundtrip/vae_roundtrip.py CHECKPOINT_DIR [--prompts world-heldout] [--limit 8] [--name vae_roundtrip]
 
 Per clip: render the ground truth (h3.world.render), encode -> posterior mode -> decode with the checkpoint's
 ``vae`` (ImageNet-normalized frames, as training) and ``audio_vae`` (mono, as the pipeline), score the rendered clip
 and the round trip with the same detector, and the round trip's PSNR against the rendered frames. The rendered clip
-must score right on everything (the detector's control). Writes bench/results/<name>.{json,md}.
+must score right on everything (the detector's control). Writes results/<name>.{json,md}.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 METRICS = ("colour", "shape", "direction", "pitch", "bounces", "sync")
 
@@ -81,9 +81,9 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from bench import _results
+    from bench.lib import results as _results
 
-    suite = Path(__file__).resolve().parent.parent / "prompts" / f"{args.prompts}.jsonl"
+    suite = Path(__file__).resolve().parents[2] / "prompts" / f"{args.prompts}.jsonl"
     if not suite.is_file():
         raise SystemExit(f"{suite}: no such prompt suite")
     lines = [json.loads(text) for text in suite.read_text().splitlines() if text.strip()][:args.limit]

@@ -2,8 +2,8 @@
 256x256 tiles and with the tile a recipe ships for that resolution, compared frame by frame with the fidelity gate's
 own PSNR and SSIM (gates.fidelity; codec included, as the gate sees clips).
 
-Run: ``PYTHONPATH=. python bench/vae_tiles_quality.py [--size 544x960] [--tile 304x320]``; writes
-bench/results/vae_tiles_quality_cpu.{json,md}. The speed side is on the H200 (bench/results/h200_speed_stock.json:
+Run: ``PYTHONPATH=. python bench/vae_tiles_quality/vae_tiles_quality.py [--size 544x960] [--tile 304x320]``; writes
+bench/vae_tiles_quality/results/vae_tiles_quality_cpu.{json,md}. The speed side is on the H200 (bench/full_size_speed/results/h200_speed_stock.json:
 at 544x960 the decode takes 3.73 s with 256x256 tiles, 2.83 s with 304x320).
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench._results import write  # noqa: E402
+from bench.lib.results import write  # noqa: E402
 
 PROMPT, SEED, FRAMES = "A person is squat", 3, 124  # 5 s at 24 fps, the shortest clip H3 generates
 

@@ -1,6 +1,6 @@
 """How long building the pinned VBench scoring environment takes (it decides whether CI can afford it).
 
-    python bench/vbench_env_build.py [--dimensions temporal_flickering] [--out bench/results/vbench_env_build.json]
+    python bench/vbench_env_build/vbench_env_build.py [--dimensions temporal_flickering] [--out bench/vbench_env_build/results/vbench_env_build.json]
 
 Builds a fresh environment in a temporary folder with pip's cache off (as on a new machine), times
 ``gates.vbench.env.setup_env``, measures its size, and appends one entry (date, machine, versions, command) to the
@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from h3.atomic import atomic_write_json  # noqa: E402
 from h3eval.store import utc_now  # noqa: E402

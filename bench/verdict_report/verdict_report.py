@@ -1,10 +1,10 @@
 """Verdict and reports over a run of realistic size: the statistics must not be what a CI step waits on.
 
-    python bench/verdict_report.py [--candidates 3] [--pairs 64] [--repeats 3]
+    python bench/verdict_report/verdict_report.py [--candidates 3] [--pairs 64] [--repeats 3]
 
 Builds a run of records and gate results (no video; strips are then skipped), then times ``compute_verdict``
 (BCa bootstraps of 9999 resamples for every metric of every candidate) and ``write_reports`` separately, and
-writes bench/results/verdict_report_cpu.{json,md}. Target: at most TARGET_S seconds for the verdict of 3
+writes bench/verdict_report/results/verdict_report_cpu.{json,md}. Target: at most TARGET_S seconds for the verdict of 3
 candidates x 64 pairs x 4 gate metrics on the 2-core CPU (an engineering budget, not a number from the field).
 """
 
@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 TARGET_S = 10.0
 
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
-    from bench import _results
+    from bench.lib import results as _results
     from h3eval.policy import load_policy
     from h3eval.report import write_reports
     from h3eval.verdict import compute_verdict

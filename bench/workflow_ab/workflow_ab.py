@@ -1,6 +1,6 @@
 """`h3eval ab` on a keyframe (fl2va) or reference (ref2va) suite, end to end through the verdict (issue 25).
 
-    python bench/workflow_ab.py --out DIR [--model tiny-trained] [--baseline baseline] [--candidate turbo4-tiny]
+    python bench/workflow_ab/workflow_ab.py --out DIR [--model tiny-trained] [--baseline baseline] [--candidate turbo4-tiny]
         [--suite world-fl2va] [--seeds 0,1] [--policy gates/policies/fl2va.toml] [--name workflow_ab_fl2va]
 
 Runs the commands a user runs, as subprocesses of this interpreter (``python -m h3eval.cli``):
@@ -10,7 +10,7 @@ Runs the commands a user runs, as subprocesses of this interpreter (``python -m 
     h3eval report DIR/run --policy POLICY --exit-zero
 
 and records each command with its exit code, then the verdict per candidate and per keyframe metric (estimate, CI,
-pairs, outcome, reasons) in bench/results/<name>.{json,md}.
+pairs, outcome, reasons) in results/<name>.{json,md}.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
@@ -39,7 +39,7 @@ def main() -> None:
     parser.add_argument("--name", default="workflow_ab_fl2va")
     args = parser.parse_args()
 
-    from bench import _results
+    from bench.lib import results as _results
     from gates.fidelity import alexnet_weights_path
 
     # LPIPS is the real metric only with the AlexNet trunk's weights in the torch hub cache; without them (this

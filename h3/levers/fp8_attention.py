@@ -2,12 +2,12 @@
 
 Each head's absolute maximum over its rows and channels is mapped to 448 (e4m3's largest finite value) and the descale
 goes to the kernel with the tensor (issue 23: a plain cast, descale 1, measured 0.27 relative error at H3's shape;
-per-head scaling 0.18, bench/results/attention_kernels_h200.md). Two kernels:
+per-head scaling 0.18, bench/attention_kernels/results/attention_kernels_h200.md). Two kernels:
 
 - ``fa3``: FlashAttention-3's FP8 forward (``flash_attn_3``, Hopper; bench/device/build_fa3.sh builds it for head
   dimension 128, the released DiT's). At 5 s 768x1344 one call took 45.7 ms (903 TFLOP/s) against Sage 2.2's 53.0 and
   cuDNN's 72.3 ms; with the quantization of q, k and v in eager PyTorch ops, 53.0 ms. A profiled forward
-  (bench/results/h200_kernel_profile_s10.md) put that eager quantization at ~560 ms of the 4.2 s forward (abs, amax,
+  (bench/kernel_profile/results/h200_kernel_profile_s10.md) put that eager quantization at ~560 ms of the 4.2 s forward (abs, amax,
   a float32 copy, multiply, clamp and the e4m3 cast as separate passes over q, k and v), so by default it runs as one
   inductor-compiled graph (``quantize = "compiled"``: a reduction and a cast per tensor).
 - ``emulate``: the same per-head scales and e4m3 rounding of q, k and v, then attention in their own dtype through

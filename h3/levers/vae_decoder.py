@@ -1,7 +1,7 @@
 """The video VAE's ViT decoder at speed: its transformer blocks compiled one region each, and its linears quantized.
 
 At 15 s 768x1344 the stock decode is eager and takes 14.3 s (331 TFLOP/s, 43 % of the H200's bf16 ceiling;
-bench/results/h200_goals.md) against issue 23's 6 s goal. The decoder (``AutoencoderKLMiniMaxH3.decoder``, a
+bench/full_size_speed/results/h200_goals.md) against issue 23's 6 s goal. The decoder (``AutoencoderKLMiniMaxH3.decoder``, a
 ``MiniMaxH3VideoViTDecoder3d``) is a plain transformer over one token per latent voxel of a tile: 36 blocks of width
 2048 whose residual stream and norms run in float32 around bf16 projections. Two levers from the DiT apply to it as
 they are:

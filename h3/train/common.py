@@ -147,7 +147,7 @@ class TrainConfig:
     lora_adaln_rank: int = 4
     export_dit_dtype: str = "float32"
     """The shipped DiT file's dtype: ``bfloat16`` halves it (what a DiT wider than ~2x the shipped one needs to stay in
-    the 30 MB budget: bench/results/dit_width_cpu.md); the modules diffusers keeps in float32 and the norms stay
+    the 30 MB budget: bench/dit_width_cpu/results/dit_width_cpu.md); the modules diffusers keeps in float32 and the norms stay
     float32. The runtime runs the DiT in the recipe's dtype (bfloat16 for every shipped recipe) either way."""
     checkpoint_every: int = 500
     log_every: int = 50

@@ -2,7 +2,7 @@
 
 A lent device call carries at most 64 MiB (the code snapshot, about 22 MiB of wheels, and the state of the call
 before) and returns at most 8 files of 16 MiB. A run's ``state/`` after one call on two H200s is 47.1 MB (run 3,
-bench/results/tiny_train_h200.md: video VAE 19.7, audio VAE 1.7, DiT 23.9, distill 1.8), two thirds of it AdamW
+bench/tiny_training/results/tiny_train_h200.md: video VAE 19.7, audio VAE 1.7, DiT 23.9, distill 1.8), two thirds of it AdamW
 moments, so it cannot travel beside the wheels as it is. A pack holds each stage's ``state.pt`` (not the latent pool,
 which every call rebuilds from the seed, nor the distillation's teacher set, which is rebuilt from the DiT) with
 
@@ -14,7 +14,7 @@ which every call rebuilds from the seed, nor the distillation's teacher set, whi
 
 Every tensor's bytes are regrouped by significance (byte planes: the sign/exponent byte of trained float32 weights
 compresses, the low mantissa bytes do not) and each stage is zlib-compressed. Run 3's 47.1 MB of states pack into
-25.6 MB with ``"bf16"``, 39.0 MB with ``"fp32"`` and 16.6 MB with ``"drop"`` (bench/results/tiny_train_h200.md).
+25.6 MB with ``"bf16"``, 39.0 MB with ``"fp32"`` and 16.6 MB with ``"drop"`` (bench/tiny_training/results/tiny_train_h200.md).
 
 The cost of ``"bf16"``: at each resume every moment is rounded once to 8 significant bits (relative error at most
 2^-8), so AdamW's next updates, ``m / (sqrt(v) + eps)``, read an ``m`` off by at most 0.4% and a ``sqrt(v)`` off by at

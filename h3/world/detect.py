@@ -1,6 +1,6 @@
 """A detector for the procedural world that knows nothing of the model: what a clip shows and sounds like.
 
-The functional core the content check (bench/content_check.py) and a later gate share:
+The functional core the content check (bench/content_check/content_check.py) and a later gate share:
 
 - :func:`track_colours` segments every frame by nearest named colour (RGB distance below :data:`COLOUR_TOL`; the
   world's backgrounds are dark and unsaturated), keeps the largest connected blob per colour and frame, and returns

@@ -1,0 +1,519 @@
+"""Tiny-model quality studies' shared parts: the sign-off proof, the distillation gap, content misses, step motion (issue 52: code that studies and tests share; each study's CLI is bench/<study>/).
+
+Parts, in order: ``signoff_proof`` (bench/signoff_proof/), ``distill_gap`` (bench/distill_gap/), ``content_misses`` (bench/content_check/), ``step_motion`` (bench/step_motion/).
+"""
+
+from __future__ import annotations
+
+
+# ---- signoff_proof (the CLI: bench/signoff_proof/signoff_proof.py) ------------------------------------------------------
+
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH_RECIPES = ROOT / "bench" / "recipes"
+RELEASE = ROOT / "gates" / "policies" / "release.toml"
+FAULT = "cond-fault"
+PAIR_GATES = ["integrity", "reference_free", "prompt_faithfulness"]
+EXACT_GATES = ["fidelity", "audio"]
+FLOOR_GATES = ["fidelity", "audio", "reference_free", "prompt_faithfulness"]
+EXPECTED = {"identity": "PASS", "turbo4-tiny": "PASS", "turbo4-tiny-lora03": "FAIL", "fewer-steps": "FAIL",
+            FAULT: "FAIL"}
+
+
+def zero_text_hook(module, args, kwargs):
+    """The planted conditioning fault: the DiT sees all-zero text embeddings (the prompt is lost)."""
+    import torch
+
+    if "encoder_hidden_states" in kwargs:
+        kwargs = {**kwargs, "encoder_hidden_states": torch.zeros_like(kwargs["encoder_hidden_states"])}
+    else:
+        args = (*args[:2], torch.zeros_like(args[2]), *args[3:])
+    return args, kwargs
+
+
+WARMUP = {"size": None}
+
+
+def runtime_factory(model, recipe, device):
+    """The runtime of ``recipe``, warmed up by one throwaway request at the run's shape, so that no recorded request
+    pays the first-call costs (the product's A/B protocol excludes warm-up the same way); the planted fault's hook on
+    ``cond-fault``."""
+    import tempfile
+
+    from h3.runtime import GenerateRequest, H3Runtime
+
+    runtime = H3Runtime.load(model, recipe, device)
+    if recipe.name == FAULT:
+        runtime.pipe.transformer.register_forward_pre_hook(zero_text_hook, with_kwargs=True)
+    size = WARMUP["size"]
+    with tempfile.TemporaryDirectory(prefix="warmup-") as tmp:
+        runtime.generate(GenerateRequest(prompt="warm-up", seed=0, height=size, width=size), Path(tmp) / "w.mp4")
+    return runtime
+
+
+def recipe(name: str, model: str = "tiny"):
+    """A shipped recipe, or one of bench/recipes; with a checkpoint folder as the model, '@turbo4-tiny' is its LoRA."""
+    from h3.recipe import load_recipe, with_lora_file
+
+    path = BENCH_RECIPES / f"{name}.toml"
+    loaded = load_recipe(path if path.exists() else name)
+    if loaded.lora.enabled and loaded.lora.path == "@turbo4-tiny" and Path(model).is_dir():
+        loaded = with_lora_file(loaded, Path(model) / "lora" / "turbo4-tiny.safetensors")
+    return loaded
+
+
+def generate(out: Path, model: str, recipes: list, prompts, seeds: list[int], kind: str,
+             num_frames: int | None = None, size: int | None = None) -> None:
+    from h3eval.runner import RequestShape, RunPlan, fill_run
+
+    WARMUP["size"] = size
+    plan = RunPlan(out=out, model=model, recipes=recipes, prompts=prompts, seeds=seeds, baseline="baseline",
+                   kind=kind, device="cpu", shape=RequestShape(num_frames=num_frames, height=size, width=size),
+                   args={"command": "bench/signoff_proof/signoff_proof.py"})
+    manifest = fill_run(plan, runtime_factory=runtime_factory, progress=True)
+    if manifest.status != "complete":
+        raise SystemExit(f"{out}: run ended {manifest.status}: {[e.error for e in manifest.errors[:3]]}")
+
+
+def reuse_clips(source: Path, out: Path, lora_recipes: list[str]) -> list[str]:
+    """Seed ``out/proof`` with a finished proof run's clips and gate results, less those of ``lora_recipes`` (the
+    recipes that load the checkpoint's LoRA), so that a probe of another LoRA generates only those. The run's resume
+    check (h3eval.runner) still refuses other weights, recipes, prompts, seeds or shapes; the LoRA file is not part
+    of the model's identity, which is why its recipes' clips are dropped here. Returns the recipes kept."""
+    src, dst = source / "proof", out / "proof"
+    if not (src / "run.json").is_file():
+        raise SystemExit(f"--reuse-from {source}: no proof run there ({src / 'run.json'} is missing)")
+    if dst.exists():
+        raise SystemExit(f"--reuse-from: {dst} exists; choose a new --out")
+    shutil.copytree(src, dst)
+    for name in ("verdict.json", "report.md", "report.html", "junit.xml"):
+        (dst / name).unlink(missing_ok=True)
+    for recipe_name in lora_recipes:
+        for folder in (dst / "clips" / recipe_name, *(dst / "gates").glob(f"*/{recipe_name}"),
+                       dst / "gates" / "vbench" / "clips" / recipe_name):
+            shutil.rmtree(folder, ignore_errors=True)
+    return sorted(p.name for p in (dst / "clips").iterdir())
+
+
+def vbench_flicker(run_dir: Path, env: Path) -> dict:
+    from gates.vbench import evaluate_run
+    from h3eval.gaterun import run_context
+
+    return evaluate_run(run_context(run_dir, "vbench"), ["temporal_flickering"], env=env)
+
+
+def floor(pool: Path, out: Path, options: dict, env: Path | None, gates: list[str] = FLOOR_GATES) -> Path:
+    """The new-seed floor of ``gates`` from the run's own baseline clips (each against the same prompt's next seed),
+    and VBench's temporal_flickering from ``env`` when given; written where the policy reads it."""
+    from h3.recipe import Recipe
+    from h3eval.floor import floor_from_results, newseed_floor_from_run
+    from h3eval.policy import write_floor
+    from h3eval.store import RunStore
+
+    newseed_floor_from_run(pool, "baseline", out, gates=gates, gate_options=options, progress=False)
+    if env is not None:
+        vbench_flicker(out, env)
+        gates = [*gates, "vbench"]
+    store = RunStore(out)
+    manifest = store.read_manifest()
+    metrics, counts = floor_from_results(store, Recipe.model_validate(manifest.recipes["baseline"]), gates)
+    write_floor(store.floor_path, metrics, recipe="baseline", source_run=str(pool), seeds=list(manifest.seeds),
+                pairs_per_metric=counts, gates=gates)
+    return store.floor_path
+
+
+def signoff_proof_main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--out", default="/tmp/signoff18")
+    parser.add_argument("--prompts", default="world-demo")
+    parser.add_argument("--seeds", default="0,1,2,3")
+    parser.add_argument("--vbench-env", default=None, help="pinned VBench environment (default: the gate's default)")
+    parser.add_argument("--turbo", default="turbo4-tiny", help="the distilled recipe (turbo4-tiny on the trained tiny)")
+    parser.add_argument("--lora03", default="turbo4-tiny-lora03")
+    parser.add_argument("--num-frames", type=int, default=None, help="default: the model's")
+    parser.add_argument("--size", type=int, default=None, help="square frame side (a checkpoint folder as the model "
+                                                               "defaults to the full-size shape); default: the model's")
+    parser.add_argument("--judge-only", action="store_true", help="the clips are made: gate, floor and judge only")
+    parser.add_argument("--name", default="signoff_proof", help="results file name in results/")
+    parser.add_argument("--note", default="", help="a line on how the clips were made (recorded)")
+    parser.add_argument("--no-record", action="store_true", help="do not write results/ (dry runs)")
+    parser.add_argument("--reuse-from", default=None,
+                        help="a finished proof's --out made with the same checkpoint but another LoRA: its clips of "
+                             "every recipe that does not load the LoRA are reused (only the LoRA's 2 recipes are "
+                             "generated)")
+    args = parser.parse_args()
+
+    from gates.vbench.env import default_env_path
+    from h3eval.demo import lpips_trunk
+    from h3eval.gaterun import run_gates
+    from h3eval.prompts import load_prompts
+    from h3eval.report import run_report
+    from h3eval.store import RunStore
+    from h3eval.verdict import summary_lines
+
+    started = time.perf_counter()
+    out = Path(args.out)
+    env = Path(args.vbench_env) if args.vbench_env else default_env_path()
+    prompts = load_prompts(args.prompts)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    names = ["baseline", "identity", args.turbo, args.lora03, "fewer-steps", FAULT]
+    proof_dir, floor_dir = out / "proof", out / "floor"
+    timings = {}
+
+    if args.reuse_from:
+        kept = reuse_clips(Path(args.reuse_from), out, [args.turbo, args.lora03])
+        print(f"reusing {args.reuse_from}'s clips of {', '.join(n for n in kept if n in names)}")
+    t = time.perf_counter()
+    if not args.judge_only:
+        generate(proof_dir, args.model, [recipe(n, args.model) for n in names], prompts, seeds, "ab",
+                 args.num_frames, args.size)
+    timings["generate_s"] = round(time.perf_counter() - t, 1)
+
+    trunk = lpips_trunk()
+    options = {"fidelity.lpips_trunk": trunk}
+    t = time.perf_counter()
+    summary = run_gates(proof_dir, PAIR_GATES, device="cpu", options=options, progress=False)
+    exact = run_gates(proof_dir, EXACT_GATES, device="cpu", options=options, progress=False,
+                      candidates=["identity"])
+    flicker = vbench_flicker(proof_dir, env)
+    timings["pair_gates_s"] = round(time.perf_counter() - t, 1)
+    if floor_dir.exists():
+        shutil.rmtree(floor_dir)
+    floor_path = floor(proof_dir, floor_dir, options, env)
+    timings["gates_s"] = round(time.perf_counter() - t, 1)
+
+    verdict, reports = run_report(proof_dir, RELEASE, floor=floor_path)
+    lines = summary_lines(verdict)
+    print("\n".join(lines))
+    rows = []
+    for c in verdict.candidates:
+        failed = [f"{g.gate}.{m.metric}" for g in c.gates for m in g.metrics if m.required and m.outcome == "FAIL"]
+        failed += [f"{g.gate} (flags)" for g in c.gates if g.required and g.outcome == "FAIL"
+                   and not any(m.outcome == "FAIL" for m in g.metrics)]
+        if c.speed is not None and c.speed.required and c.speed.outcome == "FAIL":
+            failed.append("speed")
+        rows.append({"candidate": c.candidate, "judge": c.judge, "outcome": c.outcome,
+                     "expected": EXPECTED.get(c.candidate if c.candidate != args.turbo else "turbo4-tiny"),
+                     "failed": failed, "reasons": c.reasons, "judge_reason": c.judge_reason,
+                     "speedup": c.speed.speedup if c.speed else None,
+                     "warnings": c.warnings})
+    met = all(r["outcome"] == r["expected"] for r in rows)
+    payload = {
+        "model": args.model, "prompts": args.prompts, "seeds": seeds, "pairs": len(prompts.ids) * len(seeds),
+        "policy": str(RELEASE.relative_to(ROOT)), "lpips_trunk": trunk,
+        "vbench_env": str(env), "vbench_summary": {k: flicker.get(k) for k in ("partial", "denominators")},
+        "gate_errors": summary.errors + exact.errors, "rows": rows, "all_as_expected": met, "timings": timings,
+        "seconds": round(time.perf_counter() - started, 1), "run_dir": str(proof_dir), "verdict_lines": lines,
+        "note": args.note,
+    }
+    table = ["| candidate | judge | outcome | expected | failed on |", "|---|---|---|---|---|"]
+    for r in rows:
+        table.append(f"| {r['candidate']} | {r['judge']} | **{r['outcome']}** | {r['expected']} | "
+                     f"{', '.join(r['failed']) or '-'} |")
+    md = "\n".join([
+        f"Trained tiny preset (`--model {args.model}`), prompts `{args.prompts}` x seeds {seeds} = "
+        f"{payload['pairs']} pairs, policy `gates/policies/release.toml`, floor from the baseline's new-seed pairs "
+        f"of the same run; LPIPS trunk `{trunk}`; VBench temporal_flickering from {env}.", "",
+        *([args.note, ""] if args.note else []), *table, "", f"All as expected: **{met}**.", "", "## Verdict", "", "```", *lines, "```", "",
+        f"Generation {timings['generate_s']} s, gates and floor {timings['gates_s']} s on this machine's CPU.",
+    ])
+    if not args.no_record:
+        from bench.lib.results import write
+
+        write(args.name, payload, md)
+    print(md)
+
+
+# ---- distill_gap (the CLI: bench/distill_gap/distill_gap.py) ----------------------------------------------------------
+
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def final_x0_gap(teacher: dict[str, np.ndarray], student: dict[str, np.ndarray]) -> dict[str, float]:
+    """Mean squared difference of the last step's x0 per modality (``video``, ``audio``) between two trajectories of
+    one request shape (h3.trajectory's arrays); a modality missing from either, rows sampled differently, shapes that
+    differ or a non-finite value is refused (ValueError)."""
+    gaps = {}
+    for modality in ("video", "audio"):
+        key = f"{modality}_x0"
+        if key not in teacher or key not in student:
+            raise ValueError(f"{key} missing from a trajectory")
+        stride = f"{modality}_row_stride"
+        if int(teacher.get(stride, 1)) != int(student.get(stride, 1)):
+            raise ValueError(f"{stride} differs: the trajectories sampled different rows")
+        a, b = np.asarray(teacher[key][-1], np.float64), np.asarray(student[key][-1], np.float64)
+        if a.shape != b.shape:
+            raise ValueError(f"{key} shapes differ: {a.shape} against {b.shape}")
+        if not (np.isfinite(a).all() and np.isfinite(b).all()):
+            raise ValueError(f"{key} is not finite")
+        gaps[modality] = float(np.mean((a - b) ** 2))
+    return gaps
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    v = np.asarray(values, np.float64)
+    return {"n": int(v.size), "median": float(np.median(v)), "mean": float(v.mean()), "max": float(v.max())}
+
+
+def gap_table(label: str, summary: dict[str, dict]) -> str:
+    """The markdown table of per-row summaries (a suite's or a student's), video and audio."""
+    md = (f"| {label} | clips | video median | video mean | video max | audio median | audio mean | audio max |\n"
+          "|---|---|---|---|---|---|---|---|\n")
+    for name, s in summary.items():
+        v, a = s["video"], s["audio"]
+        md += (f"| `{name}` | {v['n']} | {v['median']:.4f} | {v['mean']:.4f} | {v['max']:.4f} | {a['median']:.5f} | "
+               f"{a['mean']:.5f} | {a['max']:.5f} |\n")
+    return md
+
+
+def distill_gap_main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny-trained")
+    parser.add_argument("--lora", default=None, help="a LoRA file for the student in place of the checkpoint's")
+    parser.add_argument("--prompts", default="world-train,world-heldout")
+    parser.add_argument("--limit", type=int, default=8, help="the first N prompts of each suite")
+    parser.add_argument("--seeds", default="100,101")
+    parser.add_argument("--teacher", default="baseline")
+    parser.add_argument("--student", action="append", default=None, help="default turbo4-tiny; repeatable with "
+                        "--from-run")
+    parser.add_argument("--from-run", default=None, help="an A/B run folder whose clips have trajectories")
+    parser.add_argument("--name", default="distill_gap")
+    parser.add_argument("--note", default="")
+    args = parser.parse_args()
+    args.student = args.student or ["turbo4-tiny"]
+    if args.from_run:
+        return from_run(Path(args.from_run), args.teacher, args.student, args.name, args.note)
+    if len(args.student) > 1:
+        raise SystemExit("several --student need --from-run (a generating run compares one student)")
+    args.student = args.student[0]
+
+    from bench.lib import results as _results
+    from h3.recipe import load_recipe, with_lora_file
+    from h3.runtime import GenerateRequest, H3Runtime
+    from h3.trajectory import load_trajectory, trajectory_path
+    from h3eval.prompts import load_prompts, parse_seeds
+
+    student = load_recipe(args.student)
+    if args.lora:
+        if not Path(args.lora).is_file():
+            raise SystemExit(f"--lora {args.lora}: no such file")
+        student = with_lora_file(student, Path(args.lora).resolve())
+    runtimes = {"teacher": H3Runtime.load(args.model, load_recipe(args.teacher), "cpu"),
+                "student": H3Runtime.load(args.model, student, "cpu")}
+    seeds = parse_seeds(args.seeds)
+    clips, suites = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.prompts.split(","):
+            suite = load_prompts(name)
+            suites[name] = suite.sha256
+            for prompt in suite.prompts[: args.limit]:
+                for seed in seeds:
+                    trajectories = {}
+                    for side, runtime in runtimes.items():
+                        out = Path(tmp) / f"{side}-{name}-{prompt.id}-s{seed}.mp4"
+                        runtime.generate(GenerateRequest(prompt=prompt.prompt, seed=seed, prompt_id=prompt.id), out,
+                                         trajectory=True)
+                        trajectories[side] = load_trajectory(trajectory_path(out))
+                    gap = final_x0_gap(trajectories["teacher"], trajectories["student"])
+                    clips.append({"suite": name, "prompt_id": prompt.id, "seed": seed, **gap})
+                    print(clips[-1], flush=True)
+    summary = {name: {m: summarize([c[m] for c in clips if c["suite"] == name]) for m in ("video", "audio")}
+               for name in suites}
+    md = (args.note.rstrip() + "\n\n" if args.note else "")
+    md += (f"Student `{args.student}`" + (f" with LoRA `{args.lora}`" if args.lora else "")
+           + f" against teacher `{args.teacher}` on `{args.model}`, seeds {seeds}, the first {args.limit} prompts of "
+           "each suite: mean squared difference of the final x0 latents (pipeline latent space).\n\n")
+    md += gap_table("suite", summary)
+    payload = {"model": args.model, "lora": args.lora, "teacher": args.teacher, "student": args.student,
+               "seeds": seeds, "limit": args.limit, "prompts_sha256": suites, "summary": summary, "clips": clips,
+               "note": args.note}
+    paths = _results.write(args.name, payload, md)
+    print(md)
+    print("wrote", *paths)
+
+
+def from_run(run: Path, teacher: str, students: list[str], name: str, note: str) -> None:
+    """The gap of each student's recorded clips to the teacher's of the same prompt and seed in one A/B run."""
+    from bench.lib import results as _results
+    from h3.trajectory import load_trajectory
+
+    clips_dir = run / "clips"
+    if not (clips_dir / teacher).is_dir():
+        raise SystemExit(f"{run}: no clips of {teacher!r} (an A/B run folder with trajectories?)")
+    teacher_files = {p.name: p for p in sorted((clips_dir / teacher).glob("*.traj.npz"))}
+    if not teacher_files:
+        raise SystemExit(f"{run}: {teacher!r} has no trajectories (the run was made without trajectory=True)")
+    rows, summary = [], {}
+    for student in students:
+        files = sorted((clips_dir / student).glob("*.traj.npz"))
+        missing = sorted({p.name for p in files} ^ set(teacher_files))
+        if not files or missing:
+            raise SystemExit(f"{run}: {student!r} and {teacher!r} do not have the same clips' trajectories "
+                             f"({len(files)} against {len(teacher_files)}; e.g. {missing[:2]})")
+        for path in files:
+            gap = final_x0_gap(load_trajectory(teacher_files[path.name]), load_trajectory(path))
+            rows.append({"student": student, "clip": path.name.removesuffix(".traj.npz"), **gap})
+        summary[student] = {m: summarize([r[m] for r in rows if r["student"] == student]) for m in ("video", "audio")}
+    md = (note.rstrip() + "\n\n" if note else "")
+    md += (f"Recorded trajectories of run `{run}`: each student's final x0 against teacher `{teacher}`'s, same prompt "
+           "and seed (mean squared difference, pipeline latent space).\n\n")
+    md += gap_table("student", summary)
+    paths = _results.write(name, {"run": str(run), "teacher": teacher, "students": students, "summary": summary,
+                                  "clips": rows, "note": note}, md)
+    print(md)
+    print("wrote", *paths)
+
+
+# ---- content_misses (the CLI: bench/content_check/content_misses.py) -----------------------------------------------------
+
+
+import argparse
+import hashlib
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def read_misses(check: dict, suite_lines: list[str], row: str) -> dict:
+    truths = {entry["id"]: entry["ground_truth"] for entry in map(json.loads, filter(str.strip, suite_lines))}
+    clips = check["rows"][row]["clips"]
+    once, onsets = [], {}
+    for clip in clips:
+        truth = truths[clip["prompt_id"]]
+        bounces = [e for e in truth["events"] if e["kind"] == "bounce"]
+        if len(truth["shapes"]) == 1 and len(bounces) == 1:
+            seen = sum(len(v) for v in clip["details"]["bounces_seen"].values())
+            once.append({"prompt_id": clip["prompt_id"], "seed": clip["seed"], "bounces_seen": seen})
+        onsets.setdefault(str(clip["seed"]), []).extend(clip["details"]["onsets"])
+    habits = {seed: Counter(round(t, 2) for t in times).most_common() for seed, times in onsets.items()}
+    return {"clips": len(clips), "one_bounce_clips": once,
+            "one_bounce_without_bounce": sum(o["bounces_seen"] == 0 for o in once), "onsets_by_seed": habits}
+
+
+def content_misses_main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--check", default=str(ROOT / "bench" / "content_check" / "results" / "content_check.json"))
+    parser.add_argument("--row", default="baseline")
+    parser.add_argument("--prompts", default="world-heldout")
+    parser.add_argument("--name", default="content_misses")
+    args = parser.parse_args()
+    check = json.loads(Path(args.check).read_text())
+    if args.row not in check.get("rows", {}):
+        raise SystemExit(f"{args.check}: no row {args.row!r} (rows: {', '.join(check.get('rows', {}))})")
+    suite = ROOT / "prompts" / f"{args.prompts}.jsonl"
+    data = suite.read_bytes()
+    recorded = str(check.get("prompts_sha256", ""))
+    if recorded and hashlib.sha256(data).hexdigest() != recorded:
+        raise SystemExit(f"{suite}: not the prompt suite {args.check} was made on (sha256 {recorded[:12]})")
+    result = read_misses(check, data.decode("utf-8").splitlines(), args.row)
+    table = (f"From `{Path(args.check).name}`, row `{args.row}` ({result['clips']} clips), ground truth from "
+             f"`prompts/{args.prompts}.jsonl`.\n\n"
+             f"- one-shape captions with one bounce: **{result['one_bounce_without_bounce']} of "
+             f"{len(result['one_bounce_clips'])} clips show no bounce** of their shape in the video\n\n"
+             "| seed | onset times the detector found (s), clips sounding each, most frequent first |\n|---|---|\n")
+    for seed, habits in result["onsets_by_seed"].items():
+        table += f"| {seed} | " + ", ".join(f"{t:.2f} ({n})" for t, n in habits[:8]) + " |\n"
+    from bench.lib import results as _results
+
+    _results.write(args.name, {"check": args.check, "row": args.row, "prompts": args.prompts, **result}, table)
+    print(table)
+
+
+# ---- step_motion (the CLI: bench/step_motion/step_motion.py) ----------------------------------------------------------
+
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+
+def latent_motion(x0: np.ndarray, frames: int) -> float:
+    """Mean squared change between consecutive latent frames of one x0 estimate (rows, values), rows frame-major."""
+    rows = np.asarray(x0, dtype=np.float64)
+    if rows.ndim != 2 or rows.shape[0] % frames or rows.shape[0] // frames < 1 or frames < 2:
+        raise ValueError(f"{rows.shape} rows do not split into {frames} latent frames")
+    per_frame = rows.reshape(frames, -1, rows.shape[1])
+    return float(np.mean(np.diff(per_frame, axis=0) ** 2))
+
+
+def run_motion(run: Path, teacher: str, student: str, frames: int) -> dict:
+    """Per clip: the teacher's final motion and the student's at each step; summary shares of the teacher's."""
+    from h3.trajectory import load_trajectory
+
+    clips = run / "clips"
+    teacher_files = {p.name: p for p in sorted((clips / teacher).glob("*.traj.npz"))}
+    student_files = {p.name: p for p in sorted((clips / student).glob("*.traj.npz"))}
+    if not teacher_files or set(teacher_files) != set(student_files):
+        raise SystemExit(f"{run}: {teacher!r} and {student!r} need the same clips' trajectories (found "
+                         f"{len(teacher_files)} and {len(student_files)}; make the run with --trajectory)")
+    rows = []
+    for name in sorted(teacher_files):
+        t, s = load_trajectory(teacher_files[name]), load_trajectory(student_files[name])
+        for traj, path in ((t, teacher_files[name]), (s, student_files[name])):
+            if int(traj.get("video_row_stride", 1)) != 1:
+                raise SystemExit(f"{path}: rows were subsampled (video_row_stride {int(traj['video_row_stride'])})")
+        teacher_motion = latent_motion(t["video_x0"][-1], frames)
+        steps = [latent_motion(x, frames) for x in s["video_x0"]]
+        if not np.isfinite([teacher_motion, *steps]).all() or teacher_motion <= 0:
+            raise SystemExit(f"{run}: {name}: motion not finite or the teacher's is 0")
+        rows.append({"clip": name.removesuffix(".traj.npz"), "teacher": teacher_motion, "student_steps": steps})
+    shares = np.array([[m / r["teacher"] for m in r["student_steps"]] for r in rows])
+    return {"clips": rows, "teacher_mean": float(np.mean([r["teacher"] for r in rows])),
+            "student_step_means": [float(v) for v in np.mean([r["student_steps"] for r in rows], axis=0)],
+            "step_shares": [float(v) for v in shares.mean(axis=0)], "mixture_share": float(shares.mean())}
+
+
+def step_motion_main(argv: list[str] | None = None) -> None:
+    from bench.lib import results as _results
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run", action="append", required=True, metavar="LABEL=DIR", help="an A/B run with trajectories")
+    parser.add_argument("--teacher", default="baseline")
+    parser.add_argument("--student", default="turbo4-tiny")
+    parser.add_argument("--frames", type=int, default=37, help="latent frames of the clips (the tiny's: 37)")
+    parser.add_argument("--name", default="step_motion")
+    parser.add_argument("--note", default="")
+    args = parser.parse_args(argv)
+    runs = {}
+    for item in args.run:
+        label, sep, path = item.partition("=")
+        if not sep or not label or not path:
+            raise SystemExit(f"--run {item!r}: LABEL=DIR")
+        runs[label] = run_motion(Path(path), args.teacher, args.student, args.frames)
+    steps = len(next(iter(runs.values()))["step_shares"])
+    md = (args.note.rstrip() + "\n\n" if args.note else "")
+    md += (f"Latent motion (mean squared change between consecutive latent frames of the video x0 estimate) of "
+           f"`{args.student}` after each of its steps, as a share of `{args.teacher}`'s final clip of the same prompt "
+           "and seed, averaged over the clips; 'mixture' is the mean over the steps.\n\n")
+    md += "| run | clips | teacher motion | " + " | ".join(f"step {i}" for i in range(steps)) + " | mixture |\n"
+    md += "|---|---:|---:|" + "---:|" * (steps + 1) + "\n"
+    for label, r in runs.items():
+        md += (f"| {label} | {len(r['clips'])} | {r['teacher_mean']:.4f} | "
+               + " | ".join(f"{v:.2f}" for v in r["step_shares"]) + f" | {r['mixture_share']:.2f} |\n")
+    paths = _results.write(args.name, {"teacher": args.teacher, "student": args.student, "frames": args.frames,
+                                       "runs": {k: {"dir": dict(i.partition("=")[::2] for i in args.run)[k], **v}
+                                                for k, v in runs.items()}, "note": args.note}, md)
+    print(md)
+    print("wrote", *paths)
