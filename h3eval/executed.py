@@ -119,3 +119,42 @@ def quantization_flags(mode: str, telemetry: dict) -> list[str]:
 def is_unverified(problems: list[str]) -> bool:
     """Whether the only problem is that nobody reported what ran (kept, and the speed summary says unverified)."""
     return bool(problems) and all(p == UNVERIFIED for p in problems)
+
+
+def run_executed_flags(store, manifest, recipe_name: str) -> list[str]:
+    """The configured-versus-executed flags (:func:`executed_flags`) of one recipe's quality clips in a run, each
+    distinct flag once with the clips it was raised on (``step_cache: ... (16 of 16 clips)``), in the order first
+    seen. Empty when none was raised, when the run's recipe is not one this suite computes (imported clips: what
+    ran is not reported), or when no record is readable."""
+    from h3.recipe import RecipeError, recipe_from_dict
+    from h3eval.store import RecordError, read_clip_record
+
+    data = manifest.recipes.get(recipe_name)
+    if not isinstance(data, dict):
+        return []
+    try:
+        recipe = recipe_from_dict(data)
+    except RecipeError:
+        return []
+    counts: dict[str, int] = {}
+    clips = 0
+    for path in store.clip_record_paths(recipe_name):
+        try:
+            record = read_clip_record(path)
+        except RecordError:
+            continue
+        clips += 1
+        for flag in dict.fromkeys(executed_flags(recipe, record)):
+            counts[flag] = counts.get(flag, 0) + 1
+    return [f"{flag} ({n} of {clips} clips)" for flag, n in counts.items()]
+
+
+def executed_summary_line(store, manifest) -> str:
+    """One line for ``h3eval ab``'s closing summary: each recipe's configured-versus-executed flags, or that none
+    was raised."""
+    names = [n for n in [manifest.baseline, *manifest.candidates] if n is not None]
+    found = {name: run_executed_flags(store, manifest, name) for name in names}
+    flagged = {name: flags for name, flags in found.items() if flags}
+    if not flagged:
+        return f"configured versus executed: no flag on {', '.join(names)}"
+    return "configured versus executed: " + " | ".join(f"{name}: {'; '.join(flags)}" for name, flags in flagged.items())

@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import html
-import io
 import json
 import logging
 import math
@@ -25,23 +24,16 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any, Iterable
 
-import numpy as np
-
 from h3.atomic import atomic_write_text
+from h3eval.report_media import (DIFF_GAIN, STRIP_FRAMES, STRIP_HEIGHT, decoded_strip,  # noqa: F401 (re-exported)
+                                 speed_quality_chart, stage_anatomy_chart)
 from h3eval.store import RecordError, RunStore, read_clip_record
 from h3eval.verdict import (CandidateVerdict, GateVerdict, MetricVerdict, SpeedVerdict, Verdict, VerdictInputError,
                             read_verdict, run_verdict, write_verdict)
 
 logger = logging.getLogger(__name__)
 
-STRIP_FRAMES = 3
-"""Frames per side in a decoded strip (first, middle, last)."""
-STRIP_HEIGHT = 96
-DIFF_GAIN = 8.0
-"""Amplification of |baseline - candidate| in the strips: a faint ghost (seed 001) becomes visible."""
 MAX_STRIPS = 6
-
-_STAGES = ("text_encode", "denoise", "video_decode", "audio_decode", "frame_prep_d2h", "mux_save", "other")
 
 
 def _fmt(x: float | None, digits: int = 4) -> str:
@@ -108,17 +100,33 @@ def _waiver_text(item: Any) -> str:
     return f" (waived {w.raw_outcome}: {w.owner}, until {w.expires.isoformat()}: {w.reason})"
 
 
+def _estimate(m: MetricVerdict) -> str:
+    """The metric's estimate: a flag metric's candidate-flagged pairs, else the mean with its CI."""
+    if m.compare == "flag":
+        s = m.stats or {}
+        return (f"{s.get('candidate_flagged', 'n/a')} flagged (baseline only {s.get('baseline_flagged', 'n/a')}, "
+                f"both {s.get('both_flagged', 'n/a')})")
+    kind = "mean value" if m.compare == "pair" else "mean delta"
+    return f"{kind} {_fmt(m.mean_value)} [{_fmt(m.ci_low)}, {_fmt(m.ci_high)}]"
+
+
+def _limit(m: MetricVerdict) -> str:
+    """What the estimate is held against: the threshold or margin, a pair limit, or a flag rule's pair count."""
+    if m.compare == "flag":
+        s = m.stats or {}
+        return f"{s.get('rule', '')}, at most {s.get('max_flagged_pairs', 'n/a')} pair(s)"
+    return _fmt(m.threshold if m.threshold is not None else m.pair_limit)
+
+
 def _metric_row(m: MetricVerdict) -> str:
     s = m.stats or {}
     signs = s.get("signs", {}).get("describe", "")
     wil = s.get("wilcoxon", {}).get("pvalue")
     tost = s.get("noninferiority", {}).get("tost_p") if m.compare != "pair" else None
     mcn = (s.get("mcnemar") or {}).get("pvalue")
-    kind = "mean value" if m.compare == "pair" else "mean delta"
-    limit = m.threshold if m.threshold is not None else m.pair_limit
     return (
         f"| {m.gate}.{m.metric}{'' if m.required else ' (advisory)'} | {m.outcome}{_waiver_text(m)} | {m.compare} | "
-        f"{kind} {_fmt(m.mean_value)} [{_fmt(m.ci_low)}, {_fmt(m.ci_high)}] | {_fmt(limit)} | {m.n_pairs}/"
+        f"{_estimate(m)} | {_limit(m)} | {m.n_pairs}/"
         f"{m.n_expected} | {signs} | {_fmt(wil, 3)} | {_fmt(m.p_holm if m.p_holm is not None else m.p_value, 3)} | "
         f"{_fmt(tost, 3)} | {_fmt(mcn, 3)} | {_fmt(s.get('mde'), 3)} |"
     )
@@ -188,6 +196,8 @@ def _candidate_section(c: CandidateVerdict, conf: int, heading: str, level: str 
                                           + ("" if d["resolves"] else " (not resolved)") for d in shown), ""]
     out += [f"- {_md_escape(r)}" for r in c.reasons] + ([""] if c.reasons else [])
     out += [f"- warning: {_md_escape(w)}" for w in c.warnings] + ([""] if c.warnings else [])
+    out += [f"- configured versus executed: {_md_escape(f)}" for f in c.executed_flags] + (
+        [""] if c.executed_flags else [])
     for item in _iter_items(c):
         if isinstance(item, SpeedVerdict):
             against = f" (against `{item.reference}`, the rung below)" if item.reference else ""
@@ -324,169 +334,6 @@ def render_junit(verdict: Verdict) -> str:
 
 
 # -- images --------------------------------------------------------------------------------------------------------
-def _png_b64(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _pyplot():
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        return plt
-    except ImportError:
-        logger.warning("matplotlib is not installed: report.html is written without charts")
-        return None
-
-
-def speed_quality_chart(verdict: Verdict) -> str | None:
-    """Base64 PNG: per gate metric, each candidate's speedup (x, CI bars) against its metric estimate (y, CI)."""
-    plt = _pyplot()
-    if plt is None:
-        return None
-    metrics = list(dict.fromkeys((m.gate, m.metric) for c in verdict.candidates for g in c.gates for m in g.metrics
-                                 if m.mean_value is not None))[:6]
-    if not metrics or not any(c.speed and c.speed.speedup for c in verdict.candidates):
-        return None
-    cols = min(3, len(metrics))
-    rows = (len(metrics) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
-    for ax, (gate, metric) in zip(axes.flat, metrics):
-        for c in verdict.candidates:
-            sp = c.speed
-            mv = next((m for g in c.gates for m in g.metrics if (m.gate, m.metric) == (gate, metric)), None)
-            if sp is None or sp.speedup is None or mv is None or mv.mean_value is None:
-                continue
-            xerr = [[sp.speedup - (sp.ci_low or sp.speedup)], [(sp.ci_high or sp.speedup) - sp.speedup]]
-            yerr = [[mv.mean_value - (mv.ci_low if mv.ci_low is not None else mv.mean_value)],
-                    [(mv.ci_high if mv.ci_high is not None else mv.mean_value) - mv.mean_value]]
-            color = {"PASS": "tab:green", "FAIL": "tab:red"}.get(mv.outcome, "tab:orange")
-            ax.errorbar([sp.speedup], [mv.mean_value], xerr=xerr, yerr=yerr, fmt="o", color=color, capsize=3)
-            ax.annotate(c.candidate, (sp.speedup, mv.mean_value), textcoords="offset points", xytext=(5, 5),
-                        fontsize=8)
-            if mv.threshold is not None:
-                line = mv.threshold if mv.compare == "pair" else -mv.threshold
-                ax.axhline(line, color="grey", linestyle="--", linewidth=0.8)
-        mv0 = next(m for c in verdict.candidates for g in c.gates for m in g.metrics
-                   if (m.gate, m.metric) == (gate, metric))
-        ax.set_title(f"{gate}.{metric}", fontsize=9)
-        ax.set_xlabel("speedup (x)")
-        ax.set_ylabel("mean value" if mv0.compare == "pair" else "mean delta (+ = better)")
-    for ax in list(axes.flat)[len(metrics):]:
-        ax.axis("off")
-    fig.tight_layout()
-    data = _png_b64(fig)
-    plt.close(fig)
-    return data
-
-
-def _mean_anatomy(run_dir: Path, recipe: str) -> tuple[dict[str, float], int]:
-    sums = {k: 0.0 for k in _STAGES}
-    n = 0
-    for path in RunStore(run_dir).clip_record_paths(recipe):
-        try:
-            rec = read_clip_record(path)
-        except RecordError:
-            continue
-        if rec.extra.get("warmup") is True:
-            continue
-        anatomy = rec.timings.stage_anatomy
-        for k in _STAGES:
-            sums[k] += float(getattr(anatomy, k))
-        n += 1
-    return ({k: v / n for k, v in sums.items()} if n else {}), n
-
-
-def stage_anatomy_chart(verdict: Verdict, run_dir: Path) -> str | None:
-    """Base64 PNG: mean stage anatomy per recipe (stacked horizontal bars, seconds), warm-up excluded."""
-    plt = _pyplot()
-    if plt is None:
-        return None
-    recipes = [verdict.baseline, *(c.candidate for c in verdict.candidates)]
-    rows = [(r, *_mean_anatomy(run_dir, r)) for r in recipes]
-    rows = [(r, a, n) for r, a, n in rows if n]
-    if not rows:
-        return None
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.4))
-    colors = plt.get_cmap("tab10").colors
-    for i, (recipe, anatomy, n) in enumerate(rows):
-        left = 0.0
-        for j, stage in enumerate(_STAGES):
-            width = anatomy[stage]
-            ax.barh(i, width, left=left, color=colors[j % len(colors)], label=stage if i == 0 else None)
-            left += width
-        ax.text(left, i, f" {left:.3g} s (n={n})", va="center", fontsize=8)
-    ax.set_yticks(range(len(rows)), [r for r, _, _ in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel("mean seconds per request")
-    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.35))
-    fig.tight_layout()
-    data = _png_b64(fig)
-    plt.close(fig)
-    return data
-
-
-def _sample_frames(path: Path, count: int, num_frames: int | None) -> list[np.ndarray]:
-    """``count`` frames spread over the clip (first, middle, last), decoding once and keeping only those.
-
-    ``num_frames`` comes from the clip record; without it every frame is decoded and kept (small clips only).
-    """
-    import av
-
-    with av.open(str(path)) as container:
-        stream = container.streams.video[0]
-        if not num_frames:
-            frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
-            idx = np.linspace(0, len(frames) - 1, count).round().astype(int)
-            return [frames[i] for i in idx]
-        wanted = set(np.linspace(0, num_frames - 1, count).round().astype(int).tolist())
-        return [f.to_ndarray(format="rgb24") for i, f in enumerate(container.decode(stream)) if i in wanted]
-
-
-def _resize(img: np.ndarray, height: int) -> np.ndarray:
-    from PIL import Image
-
-    h, w = img.shape[:2]
-    return np.asarray(Image.fromarray(img).resize((max(1, round(w * height / h)), height)))
-
-
-def decoded_strip(run_dir: Path, baseline: str, candidate: str, prompt_id: str, seed: int) -> str | None:
-    """Base64 PNG: rows baseline / candidate / amplified |difference| at the first, middle and last frame."""
-    from PIL import Image
-
-    store = RunStore(run_dir)
-    base_mp4 = store.clip_path(baseline, prompt_id, seed)
-    cand_mp4 = store.clip_path(candidate, prompt_id, seed)
-    if not (base_mp4.exists() and cand_mp4.exists()):
-        return None
-    num_frames = None
-    try:
-        num_frames = read_clip_record(base_mp4.with_suffix(".json")).shape.num_frames
-    except RecordError:
-        pass  # no record: decode every frame of the (then presumably small) clip
-    try:
-        base = _sample_frames(base_mp4, STRIP_FRAMES, num_frames)
-        cand = _sample_frames(cand_mp4, STRIP_FRAMES, num_frames)
-    except Exception as exc:  # noqa: BLE001 - a clip that does not decode is the integrity gate's finding
-        logger.warning("strip for %s/%s-s%s not made: %s", candidate, prompt_id, seed, exc)
-        return None
-    if len(base) != len(cand) or not base or base[0].shape != cand[0].shape:
-        return None
-    rows = []
-    for frames in (base, cand):
-        rows.append(np.concatenate([_resize(f, STRIP_HEIGHT) for f in frames], axis=1))
-    diffs = [np.clip(np.abs(b.astype(np.float32) - c.astype(np.float32)) * DIFF_GAIN, 0, 255).astype(np.uint8)
-             for b, c in zip(base, cand)]
-    rows.append(np.concatenate([_resize(d, STRIP_HEIGHT) for d in diffs], axis=1))
-    buf = io.BytesIO()
-    Image.fromarray(np.concatenate(rows, axis=0)).save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
 def _worst_pairs(verdict: Verdict) -> list[tuple[CandidateVerdict, MetricVerdict, Any]]:
     """Worst pair of each metric, non-passing metrics first."""
     items = []
@@ -518,6 +365,41 @@ code{font-size:12px}img{max-width:100%;border:1px solid #ddd}.warn{color:#8a5a00
 
 def _cell(outcome: str, text: str | None = None) -> str:
     return f'<td class="{outcome}">{html.escape(text or outcome)}</td>'
+
+
+def _html_candidate(c: CandidateVerdict) -> list[str]:
+    """One candidate's section of report.html: its configured-versus-executed flags, each gate's and the speed
+    check's outcome, reasons and evidence, and each gate's metric table."""
+    e = html.escape
+    parts: list[str] = []
+    parts.append(f"<h2>{e(c.candidate)}: <span class='{c.outcome}'>{c.outcome}</span></h2>")
+    parts += [f"<p class='warn'>configured versus executed: {e(f)}</p>" for f in c.executed_flags]
+    for item in _iter_items(c):
+        name = "speed" if isinstance(item, SpeedVerdict) else item.gate
+        parts.append(f"<h3>{e(name)}{'' if item.required else ' (advisory)'}: "
+                     f"<span class='{item.outcome}'>{item.outcome}</span>{e(_waiver_text(item))}</h3><ul>")
+        parts += [f"<li>{e(r)}</li>" for r in item.reasons]
+        parts += [f"<li class='warn'>warning: {e(w)}</li>" for w in item.warnings]
+        parts += [f"<li>evidence: <a href='{e(x)}'>{e(x)}</a></li>" for x in item.evidence[:5]]
+        parts.append("</ul>")
+        if isinstance(item, GateVerdict) and item.metrics:
+            parts.append("<table><tr><th>metric</th><th>outcome</th><th>estimate</th><th>CI</th><th>threshold</th>"
+                         "<th>pairs</th><th>signs</th><th>Wilcoxon p</th><th>decisive p (Holm)</th><th>MDE</th>"
+                         "<th>reasons</th></tr>")
+            for m in item.metrics:
+                s = m.stats or {}
+                parts.append(
+                    f"<tr><td>{e(m.metric)}{'' if m.required else ' (adv.)'}</td>{_cell(m.outcome)}"
+                    f"<td>{e(_estimate(m)) if m.compare == 'flag' else _fmt(m.mean_value)}</td>"
+                    f"<td>[{_fmt(m.ci_low)}, {_fmt(m.ci_high)}]</td>"
+                    f"<td>{e(_limit(m))}</td>"
+                    f"<td>{m.n_pairs}/{m.n_expected}</td><td>{e(s.get('signs', {}).get('describe', ''))}</td>"
+                    f"<td>{_fmt(s.get('wilcoxon', {}).get('pvalue'), 3)}</td>"
+                    f"<td>{_fmt(m.p_holm if m.p_holm is not None else m.p_value, 3)}</td>"
+                    f"<td>{_fmt(s.get('mde'), 3)}</td><td>{e('; '.join(m.reasons + m.warnings))}</td></tr>"
+                )
+            parts.append("</table>")
+    return parts
 
 
 def render_html(verdict: Verdict, run_dir: str | Path) -> str:
@@ -584,31 +466,7 @@ def render_html(verdict: Verdict, run_dir: str | Path) -> str:
             parts.append("<p class='warn'>no strip: neither artifacts nor decodable clips for this pair</p>")
 
     for c in verdict.candidates:
-        parts.append(f"<h2>{e(c.candidate)}: <span class='{c.outcome}'>{c.outcome}</span></h2>")
-        for item in _iter_items(c):
-            name = "speed" if isinstance(item, SpeedVerdict) else item.gate
-            parts.append(f"<h3>{e(name)}{'' if item.required else ' (advisory)'}: "
-                         f"<span class='{item.outcome}'>{item.outcome}</span>{e(_waiver_text(item))}</h3><ul>")
-            parts += [f"<li>{e(r)}</li>" for r in item.reasons]
-            parts += [f"<li class='warn'>warning: {e(w)}</li>" for w in item.warnings]
-            parts += [f"<li>evidence: <a href='{e(x)}'>{e(x)}</a></li>" for x in item.evidence[:5]]
-            parts.append("</ul>")
-            if isinstance(item, GateVerdict) and item.metrics:
-                parts.append("<table><tr><th>metric</th><th>outcome</th><th>estimate</th><th>CI</th><th>threshold</th>"
-                             "<th>pairs</th><th>signs</th><th>Wilcoxon p</th><th>decisive p (Holm)</th><th>MDE</th>"
-                             "<th>reasons</th></tr>")
-                for m in item.metrics:
-                    s = m.stats or {}
-                    parts.append(
-                        f"<tr><td>{e(m.metric)}{'' if m.required else ' (adv.)'}</td>{_cell(m.outcome)}"
-                        f"<td>{_fmt(m.mean_value)}</td><td>[{_fmt(m.ci_low)}, {_fmt(m.ci_high)}]</td>"
-                        f"<td>{_fmt(m.threshold if m.threshold is not None else m.pair_limit)}</td>"
-                        f"<td>{m.n_pairs}/{m.n_expected}</td><td>{e(s.get('signs', {}).get('describe', ''))}</td>"
-                        f"<td>{_fmt(s.get('wilcoxon', {}).get('pvalue'), 3)}</td>"
-                        f"<td>{_fmt(m.p_holm if m.p_holm is not None else m.p_value, 3)}</td>"
-                        f"<td>{_fmt(s.get('mde'), 3)}</td><td>{e('; '.join(m.reasons + m.warnings))}</td></tr>"
-                    )
-                parts.append("</table>")
+        parts += _html_candidate(c)
     parts.append("<h2>Inputs</h2><ul>")
     parts.append(f"<li>run.json sha256 <code>{e(verdict.inputs.run_manifest.sha256)}</code></li>")
     parts.append(f"<li>policy {e(verdict.inputs.policy.path)} "

@@ -87,6 +87,10 @@ def register(app: typer.Typer) -> None:
                            f"{check['not_comparable'][0]['why']}", err=True)
         for err in manifest.errors:
             typer.echo(f"  {err.error}", err=True)
+        from h3eval.executed import executed_summary_line
+        from h3eval.store import RunStore
+
+        typer.echo(f"  {executed_summary_line(RunStore(out), manifest)}")
         typer.echo(f"next: h3eval gate {out} --policy release" if manifest.status == "complete" else
                    f"next: rerun this command to resume {out}, then h3eval gate {out} --policy release")
         if manifest.status != "complete":

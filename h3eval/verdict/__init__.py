@@ -37,6 +37,7 @@ from pydantic import ValidationError
 
 from h3.atomic import atomic_write_json
 from h3.schema import non_finite_keys, validation_problems
+from h3eval.executed import run_executed_flags
 from h3eval.policy import (SPEED_GATE, LoadedPolicy, NoiseFloor, PolicyError, load_floor, load_policy,
                            registry_problems, resolve_floor_path, today_utc)
 from h3eval.store import RunManifest, RunStore, StoreError
@@ -90,6 +91,7 @@ def _judge_candidate(store: RunStore, manifest: RunManifest, candidate: str, loa
     verdicts = [_judge_against(store, manifest, candidate, j, loaded, classes, present, expected, floor, settings,
                                gate_hashes) for j in found]
     main = verdicts[0]
+    main.executed_flags = run_executed_flags(store, manifest, candidate)
     if len(verdicts) > 1:
         top = verdicts[1]
         main.against_baseline, main.own_outcome = top, main.outcome
@@ -323,6 +325,7 @@ def summary_lines(verdict: Verdict) -> list[str]:
                 lines.append(f"    - {reason}")
         for w in c.warnings:
             lines.append(f"    warning: {w}")
+        lines += [f"    configured versus executed: {flag}" for flag in c.executed_flags]
         for g in c.gates:
             tag = "" if g.required else " (advisory)"
             waived = f" [waived by {g.waiver.owner} until {g.waiver.expires}]" if g.waiver else ""

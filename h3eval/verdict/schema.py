@@ -180,6 +180,11 @@ class CandidateVerdict(_Model):
     """Per required metric with statistics: the smallest regression this run could detect at its size (``mde``: the
     true mean shift a one-sided paired t-test at the policy's alpha finds with the policy's ``power``, given the pairs'
     spread), beside the margin or threshold it is held against (``resolves``: mde <= margin)."""
+    executed_flags: list[str] = Field(default_factory=list)
+    """Configured versus executed (:func:`h3eval.executed.run_executed_flags`): what ran as the recipe asked yet is a
+    known recipe bug (a cache's hit count, a LoRA's effective scale more than 2x off, a partial ``lora.include``,
+    sparse attention on the audio stream, quantization on few linears), each with the clips it was raised on. They
+    do not decide the outcome; they say why it should be read with care."""
 
 
 class LadderRung(_Model):
