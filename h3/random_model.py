@@ -78,7 +78,7 @@ class PresetConfigs:
 
 
 def released() -> PresetConfigs:
-    from h3.runtime import FULL_DEFAULT_SIZE
+    from h3.request import FULL_DEFAULT_SIZE
 
     return PresetConfigs(
         name="h3-random",
@@ -94,7 +94,7 @@ def released() -> PresetConfigs:
 
 def small() -> PresetConfigs:
     from h3 import tiny
-    from h3.runtime import TINY_DEFAULT_SIZE
+    from h3.request import TINY_DEFAULT_SIZE
 
     return PresetConfigs(
         name="h3-random-small",

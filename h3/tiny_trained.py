@@ -236,7 +236,7 @@ def init_components(seed: int = INIT_SEED, tokenizer=None, transformer_config: d
 
 def save_checkpoint(components: dict, directory: str | Path) -> Path:
     """Save in the HF layout with the tiny canvas configs and ``transformer_ref`` pointing at ``transformer/``."""
-    from h3.runtime import save_components
+    from h3.checkpoint import save_components
 
     directory = Path(directory)
     save_components(components, directory)

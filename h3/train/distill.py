@@ -23,13 +23,11 @@ from h3.train.common import (
 )
 from h3.train.dit import Batches, sample
 from h3.train.lora import DistillLora
-from h3.train.packing import AUDIO_SHIFT, NUM_LATENT_FRAMES, VIDEO_ROW, VIDEO_SHIFT, packed_forward
+from h3.train.packing import NUM_LATENT_FRAMES, VIDEO_ROW, packed_forward
 from h3.train.pool import Pool
+from h3.train.student import DISTILL_WARMUP, snapshot, student_grid  # noqa: F401 (h3.train.distill's names)
 
 logger = logging.getLogger(__name__)
-
-DISTILL_WARMUP = 100
-
 
 @torch.no_grad()
 def teacher_set(transformer, pool: Pool, cfg: TrainConfig, chunk: int = 128, rank: int = 0,
@@ -84,15 +82,6 @@ def teacher_picks(available: int, samples: int, generator: torch.Generator) -> l
     while len(picks) < samples:
         picks += torch.randperm(available, generator=generator).tolist()
     return picks[:samples]
-
-
-def student_grid(steps: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    from diffusers import MiniMaxH3Scheduler
-
-    sv, sa = MiniMaxH3Scheduler(shift=VIDEO_SHIFT), MiniMaxH3Scheduler(shift=AUDIO_SHIFT)
-    sv.set_timesteps(steps + 1, device=device)
-    sa.set_timesteps(steps + 1, device=device)
-    return sv.timesteps, sv.sigmas, sa.timesteps, sa.sigmas
 
 
 def moment_gap(x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -176,17 +165,6 @@ def train_distill(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: 
         result = fit_lora(transformer, lora, groups, Batches(pool, cfg), cfg, out / "distill" / "state.pt", plan,
                           budget, stop_after, dist)
     return lora, result
-
-
-def snapshot(lora, state_path: Path, step: int, cfg: TrainConfig) -> Path | None:
-    """Every ``distill_snapshot_every`` steps, the student LoRA as exported (``lora/turbo4-tiny.safetensors``'s format)
-    in ``snapshots/`` beside the stage's state, named by its step; None between them."""
-    if not cfg.distill_snapshot_every or step % cfg.distill_snapshot_every:
-        return None
-    target = state_path.parent / "snapshots" / f"turbo4-tiny-step{step:05d}.safetensors"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    lora.save(target)
-    return target
 
 
 def load_teacher_set(transformer, pool: Pool, cfg: TrainConfig, out: Path, dist: Dist) -> list[dict]:

@@ -34,7 +34,7 @@ import torch
 from h3.train.common import (
     Dist, StageLog, TrainConfig, autocast, generators, load_state, lr_at, save_state, set_lr,
 )
-from h3.train.distill import DISTILL_WARMUP, snapshot, student_grid
+from h3.train.student import DISTILL_WARMUP, snapshot, student_grid
 from h3.train.packing import AUDIO_SHIFT, VIDEO_SHIFT, packed_forward, shifted_sigma
 
 logger = logging.getLogger(__name__)
