@@ -216,3 +216,39 @@ def test_flag_rules_are_validated(table, why):
     with pytest.raises(PolicyError, match=why):
         parse_policy(tomllib.loads(text))
     assert MetricPolicy  # the model the errors come from
+
+
+def test_the_reference_free_gates_detector_values_reach_the_verdict(tmp_path, monkeypatch):
+    """End to end on encoded clips: imported folders (2 prompts; the candidate's second clip flickers in its last
+    12 frames), the real reference_free gate, then the flag rules: the gate's per-clip statistics are what the verdict
+    counts, and the flickering pair FAILs tail_flicker."""
+    import json
+
+    from h3.media import encode_mp4
+    from h3eval.cli import app
+    from h3eval.commands.import_ import run_import
+    from h3eval.synth import tone_pcm
+    from typer.testing import CliRunner
+
+    monkeypatch.setenv("H3EVAL_VBENCH_ENV", str(tmp_path / "no-vbench-env"))
+    base, cand = tmp_path / "base", tmp_path / "cand"
+    base.mkdir(), cand.mkdir()
+    for i, pid in enumerate(("a", "b")):
+        encode_mp4(base / f"{pid}-s0.mp4", clip(i), tone_pcm(T / 24), fps=24)
+        frames = clip(100 + i)
+        encode_mp4(cand / f"{pid}-s0.mp4", flicker(frames) if pid == "b" else frames, tone_pcm(T / 24), fps=24)
+    run = tmp_path / "run"
+    run_import(baseline_dir=f"ref={base}", candidate_dirs=[f"turbo={cand}"], out=run, kinds=["turbo=resample"])
+    result = CliRunner().invoke(app, ["gate", str(run), "--gates", "reference_free", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    written = {pid: json.loads((run / "gates" / "reference_free" / "turbo" / f"{pid}-s0.json").read_text())["metrics"]
+               for pid in ("a", "b")}
+    assert written["b"]["tail_flicker"]["value"] > 1.5 > written["a"]["tail_flicker"]["value"]
+    assert written["b"]["tail_flicker.baseline"]["value"] < 1.5
+    loaded = flags_only(tmp_path)
+    policy = loaded.policy.model_copy(update={"min_pairs": 2})
+    v = compute_verdict(run, LoadedPolicy(policy=policy, path=loaded.path, sha256=loaded.sha256))
+    m = metric(v, "tail_flicker")
+    assert (m.outcome, m.stats["candidate_flagged"], m.n_pairs) == ("FAIL", 1, 2)
+    assert m.worst[0].value == written["b"]["tail_flicker"]["value"] and m.worst[0].prompt_id == "b"
+    assert metric(v, "frozen_frames").outcome == "PASS" and metric(v, "dropout_ms").outcome == "PASS"
