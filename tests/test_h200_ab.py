@@ -176,13 +176,13 @@ def test_a_chain_with_another_baseline_runs_ab_and_takes_the_floor_from_that_rec
     from tests.conftest import FAST_RECIPE
 
     args = argparse.Namespace(model="h3-random", device="cuda", layout="shared", shapes="5s-544x960", prompts="*=1",
-                              seeds="0,1", candidates="bench/device/turbo4-fp8-sage-compile-vaec.toml",
+                              seeds="0,1", candidates="bench/full_size_ab/recipes/turbo4-fp8-sage-compile-vaec.toml",
                               gates="integrity", off_identity="", warmup=1, warmup_recipes="", baseline_last=False,
                               baseline="turbo4-fp8-sage-compile", policy="release.toml", work=str(tmp_path))
     config = chain_config(args)
     argv = _ab_argv(config, "5s-544x960", tmp_path, None)
     assert argv[argv.index("--baseline") + 1] == "turbo4-fp8-sage-compile"
-    assert argv[argv.index("--candidate") + 1] == "bench/device/turbo4-fp8-sage-compile-vaec.toml"
+    assert argv[argv.index("--candidate") + 1] == "bench/full_size_ab/recipes/turbo4-fp8-sage-compile-vaec.toml"
     assert _ab_argv({**config, "baseline": "baseline"}, "5s-544x960", tmp_path, None)[5] == "baseline"
 
     run = tmp_path / "run"

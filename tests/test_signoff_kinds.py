@@ -33,12 +33,12 @@ def test_every_shipped_recipe_declares_its_kind_and_the_kind_is_not_part_of_its_
 
 
 def test_the_device_drivers_fp8_fallback_recipe_declares_the_kind_of_the_recipe_it_stands_in_for():
-    """bench/device/turbo4-fp8-compile.toml is turbo4-fp8-sage-compile with native attention (what the H200 chain runs
+    """bench/full_size_ab/recipes/turbo4-fp8-compile.toml is turbo4-fp8-sage-compile with native attention (what the H200 chain runs
     without sageattention): judged as that recipe is, or the release policy's verdict on it is FAIL for a missing
     kind (the 2026-12-01 calls, bench/full_size_ab/results/h200_ab_20261201_session.md)."""
-    fallback = load_recipe(Path(__file__).resolve().parent.parent / "bench" / "device" / "turbo4-fp8-compile.toml")
+    fallback = load_recipe(Path(__file__).resolve().parent.parent / "bench" / "full_size_ab" / "recipes" / "turbo4-fp8-compile.toml")
     shipped = load_recipe("turbo4-fp8-sage-compile")
-    assert fallback.signoff is not None, "bench/device/turbo4-fp8-compile.toml declares no [signoff] kind"
+    assert fallback.signoff is not None, "bench/full_size_ab/recipes/turbo4-fp8-compile.toml declares no [signoff] kind"
     assert fallback.signoff.kind == shipped.signoff.kind == "resample"
 
 

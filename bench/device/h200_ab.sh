@@ -3,7 +3,7 @@
 # it) inside a time box (BUDGET_S, default 280 s, model init included):
 #   h3-random (released configs, seeded weights drawn on the device; the real-size Qwen3-VL conditioner streamed from
 #   host memory), 5 s 544x960, 1 prompt x seeds 0,1, no warm-up: `h3eval ab` baseline vs turbo4-fp8-sage-compile
-#   (or, without sageattention on the image, bench/device/turbo4-fp8-compile.toml) and turbo4-sparse, every gate
+#   (or, without sageattention on the image, bench/full_size_ab/recipes/turbo4-fp8-compile.toml) and turbo4-sparse, every gate
 #   bench/full_size_ab/h200_ab.py GATES names (on the GPU where a gate has a GPU path), verdict, report, rendered results. ab stops
 #   starting requests in time (--time-box); what ran is kept. fidelity, audio and reference_free need lpips,
 #   pyloudnorm and scikit-video, which the image lacks (2026-12-01): carry their wheels, or those gates error (named
@@ -24,7 +24,7 @@
 # H200_AB_CANDIDATES=fast,turbo4-sparse (the default): the candidates, `fast` standing for the FP8 one above; e.g.
 # H200_AB_CANDIDATES=fast with H200_AB_OFF_IDENTITY=1 spends a call's time on the off-identity check instead.
 # H200_AB_BASELINE=fast (or a recipe name / .toml): the run's baseline in place of the stock `baseline`, e.g. to
-# measure one lever added to the fast recipe side by side (its candidate bench/device/turbo4-fp8-sage-compile-vaec.toml)
+# measure one lever added to the fast recipe side by side (its candidate bench/full_size_ab/recipes/turbo4-fp8-sage-compile-vaec.toml)
 # without the stock baseline's 81 s a 544x960 request; judged against that baseline as the candidate's kind says.
 # A CPU rehearsal: H200_AB_MODEL=h3-random-small H200_AB_DEVICE=cpu H200_AB_SHAPE=5s-128x128 bash ... OUTDIR
 set -u
@@ -47,7 +47,7 @@ end=$((SECONDS + BUDGET_S))
 } >>"$out/chain.log" 2>&1
 if [ -n "${H200_AB_QUICK:-}" ] && [ -d /tmp/site/sageattention ]; then fast=turbo4-fp8-sage-compile
 elif timeout 30 "$PY" -c "import sageattention" 2>/dev/null; then fast=turbo4-fp8-sage-compile
-else fast=bench/device/turbo4-fp8-compile.toml
+else fast=bench/full_size_ab/recipes/turbo4-fp8-compile.toml
   echo "sageattention is not importable here: the FP8 candidate is turbo4-fp8-compile (native attention)" \
     >>"$out/chain.log"
 fi
