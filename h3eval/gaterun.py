@@ -37,7 +37,7 @@ import logging
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 
 from gates.base import (GATE_RESULT_VERSION, ClipSide, Gate, GateInputError, GateResult, PairContext, PairRef,
@@ -46,12 +46,19 @@ from gates.common import blas_controller
 from h3.atomic import atomic_write_json, sha256_file
 from h3eval.store import (GateResultError, RecordError, RunManifest, RunStore, StoreError, clip_stem, read_clip_record,
                           read_gate_result)
+# Options, device and thread settings (checked before a run starts) live in h3eval.gatesetup; importable from here.
+from h3eval.gatesetup import (DECODE_AHEAD_ENV, DECODE_AHEAD_PAIRS, GATE_BLAS_THREADS_ENV, GATE_THREADS_ENV,
+                              GATE_THREADS_MIN_CORES, SIDE_BY_SIDE_BLAS_THREADS, GateRunError, check_device,
+                              check_options, decode_ahead_pairs, gate_workers, options_for, parse_options,
+                              side_by_side_blas_threads)
+
+__all__ = ["DECODE_AHEAD_ENV", "DECODE_AHEAD_PAIRS", "GATE_BLAS_THREADS_ENV", "GATE_THREADS_ENV",
+           "GATE_THREADS_MIN_CORES", "INPUTS_KEY", "SIDE_BY_SIDE_BLAS_THREADS", "ClipSides", "GateRunError",
+           "GateRunSummary", "check_device", "check_options", "decode_ahead", "decode_ahead_pairs", "evaluate_pair",
+           "gate_workers", "load_valid_result", "options_for", "parse_options", "result_path", "run_context",
+           "run_gates", "run_info", "side_by_side_blas_threads"]
 
 logger = logging.getLogger(__name__)
-
-
-class GateRunError(ValueError):
-    """The gate run cannot start (not a run directory, no baseline, bad device or option)."""
 
 
 @dataclass
@@ -125,63 +132,6 @@ def _inputs_stamp(base_sha: str, cand_sha: str, options: dict[str, Any]) -> dict
         "candidate_mp4_sha256": cand_sha,
         "options": {k: str(v) for k, v in sorted(options.items())},
     }
-
-
-def parse_options(items: Iterable[str]) -> dict[str, str]:
-    """``k=v`` strings -> dict; a key may be scoped to one gate as ``gate.k``."""
-    options: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise GateRunError(f"option {item!r} is not KEY=VALUE (or GATE.KEY=VALUE)")
-        options[key.strip()] = value.strip()
-    return options
-
-
-def options_for(gate: str, options: dict[str, Any], known: frozenset[str] | None = None) -> dict[str, Any]:
-    """The options one gate gets: unscoped ``key`` options it knows (``known``: its ``option_names``; all of them
-    when None), overridden by those scoped ``gate.key`` to it. Options scoped to other gates are dropped."""
-    resolved = {k: v for k, v in options.items() if "." not in k and (known is None or k in known)}
-    prefix = f"{gate}."
-    resolved.update({k[len(prefix) :]: v for k, v in options.items() if k.startswith(prefix)})
-    return resolved
-
-
-def check_options(gates: list[Gate], options: dict[str, Any]) -> None:
-    """Fail before anything runs on an option no chosen gate knows, or a value a gate's option schema refuses.
-
-    Every gate declares its options (``Gate.Options``). An unscoped ``key`` must be known to at least one chosen gate;
-    a scoped ``gate.key`` for a chosen gate must be known to that gate. Scoped options of gates not chosen are
-    ignored, so that one option set can serve several runs. Then each chosen gate's share is parsed by its schema.
-    """
-    declared = {g.name: g.option_names for g in gates}
-    for key in options:
-        name, dot, option = key.partition(".")
-        if dot:
-            if name in declared and option not in declared[name]:
-                raise GateRunError(f"option {key!r}: gate {name} has no option {option!r}; "
-                                   f"known: {sorted(declared[name])}")
-        elif not any(key in known for known in declared.values()):
-            everything = sorted(set().union(*declared.values())) if declared else []
-            raise GateRunError(f"option {key!r} is not an option of the chosen gates ({', '.join(declared)}); "
-                               f"known: {everything}")
-    for gate in gates:
-        try:
-            gate.parse_options(options_for(gate.name, options, gate.option_names))
-        except GateInputError as exc:
-            raise GateRunError(str(exc)) from None
-
-
-def check_device(device: str) -> str:
-    import torch
-
-    if device == "cpu":
-        return device
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise GateRunError(f"--device {device}: no CUDA device is available here (use --device cpu)")
-        return device
-    raise GateRunError(f"--device {device!r}: use cpu or cuda")
 
 
 def run_info(manifest: RunManifest) -> RunInfo:
@@ -328,16 +278,7 @@ def run_gates(
     decode_ahead_pairs()
     options = dict(options or {})
     check_options(gates, options)
-    from h3eval.verdict.lineage import pairings
-
-    ids = manifest.prompts.ids if manifest.prompts else []
-    pairs = [(ref, cand, pid, seed) for ref, cand in pairings(manifest) for pid in ids for seed in manifest.seeds
-             if pairing_gates is None or pairing_gates.get((ref, cand))]
-    if candidates is not None:
-        unknown = sorted(set(candidates) - set(manifest.candidates))
-        if unknown:
-            raise GateRunError(f"{unknown} are not candidates of this run ({', '.join(manifest.candidates)})")
-        pairs = [pair for pair in pairs if pair[1] in candidates]
+    pairs = _pairs(manifest, pairing_gates, candidates)
 
     def gates_of(reference: str, candidate: str) -> list[Gate]:
         if pairing_gates is None:
@@ -349,52 +290,75 @@ def run_gates(
         scored=dict.fromkeys(names, 0), resumed=dict.fromkeys(names, 0), identical=dict.fromkeys(names, 0),
         flagged=dict.fromkeys(names, 0), not_applicable=dict.fromkeys(names, 0),
     )
-    sides = ClipSides(store)
-    info = run_info(manifest)
-
-    from gates import media_cache
-    from h3eval.progress import PairSteps
-
-    ahead: dict[int, threading.Thread] = {}  # pair index -> the thread decoding its clips ahead
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(store.lock("h3eval gate"))  # one process writes gate results into a run at a time
         except StoreError as exc:
             raise GateRunError(str(exc)) from None
-        try:
-            with PairSteps("gates", len(pairs), enabled=progress) as bar:  # a line per pair (h3eval.progress)
-                task = bar.add_task("", total=sum(len(gates_of(p[0], p[1])) for p in pairs))
-                depth = decode_ahead_pairs()
-                for index, (reference, candidate, prompt_id, seed) in enumerate(pairs):
-                    pair = PairRef(baseline=reference, candidate=candidate, prompt_id=prompt_id, seed=seed)
-                    pair_gates = gates_of(reference, candidate)
-                    bar.update(task, pair=f"{candidate}/{clip_stem(prompt_id, seed)}"
-                               + (f" vs {reference}" if reference != manifest.baseline else ""), steps=len(pair_gates))
-
-                    def start_ahead(index: int = index) -> None:
-                        # Called once this pair's own clips are decoded (so they do not share the cores with the
-                        # next pairs' decodes): the next ``depth`` pairs' clips decode while its gates run.
-                        if not decode_ahead(gates):
-                            return
-                        for later in range(index + 1, min(len(pairs), index + 1 + depth)):
-                            if later not in ahead:
-                                ahead[later] = _decode_ahead(store, pairs[later][0], pairs[later][1:], gates)
-
-                    try:
-                        _run_pair(store, sides, pair_gates, pair, device, options, force, summary, bar, task, info,
-                                  start_ahead)
-                    finally:
-                        if (thread := ahead.pop(index + 1, None)) is not None:
-                            thread.join()  # the next pair's clips are in the cache (the later ones go on decoding)
-        finally:
-            for thread in ahead.values():
-                thread.join()
-            media_cache.clear()
+        _gate_pairs(store, manifest, pairs, gates, gates_of, device, options, force, progress, summary)
     logger.info(
         "gates %s over %d pairs: %d computed, %d resumed, %d errors",
         ",".join(names), len(pairs), sum(summary.scored.values()), sum(summary.resumed.values()), len(summary.errors),
     )
     return summary
+
+
+def _pairs(manifest: RunManifest, pairing_gates: dict[tuple[str, str], set[str]] | None,
+           candidates: list[str] | None) -> list[tuple[str, str, str, int]]:
+    """(reference, candidate, prompt_id, seed) of every comparison to gate, in order (:func:`run_gates`)."""
+    from h3eval.verdict.lineage import pairings
+
+    ids = manifest.prompts.ids if manifest.prompts else []
+    pairs = [(ref, cand, pid, seed) for ref, cand in pairings(manifest) for pid in ids for seed in manifest.seeds
+             if pairing_gates is None or pairing_gates.get((ref, cand))]
+    if candidates is not None:
+        unknown = sorted(set(candidates) - set(manifest.candidates))
+        if unknown:
+            raise GateRunError(f"{unknown} are not candidates of this run ({', '.join(manifest.candidates)})")
+        pairs = [pair for pair in pairs if pair[1] in candidates]
+    return pairs
+
+
+def _gate_pairs(store: RunStore, manifest: RunManifest, pairs: list[tuple[str, str, str, int]], gates: list[Gate],
+                gates_of, device: str, options: dict[str, Any], force: bool, progress: bool,
+                summary: GateRunSummary) -> None:
+    """The pairs one after another (a line each), the next pairs' clips decoding ahead while a pair's gates run
+    (:func:`decode_ahead`); the clip cache is emptied at the end."""
+    from gates import media_cache
+    from h3eval.progress import PairSteps
+
+    sides = ClipSides(store)
+    info = run_info(manifest)
+    ahead: dict[int, threading.Thread] = {}  # pair index -> the thread decoding its clips ahead
+    try:
+        with PairSteps("gates", len(pairs), enabled=progress) as bar:  # a line per pair (h3eval.progress)
+            task = bar.add_task("", total=sum(len(gates_of(p[0], p[1])) for p in pairs))
+            depth = decode_ahead_pairs()
+            for index, (reference, candidate, prompt_id, seed) in enumerate(pairs):
+                pair = PairRef(baseline=reference, candidate=candidate, prompt_id=prompt_id, seed=seed)
+                pair_gates = gates_of(reference, candidate)
+                bar.update(task, pair=f"{candidate}/{clip_stem(prompt_id, seed)}"
+                           + (f" vs {reference}" if reference != manifest.baseline else ""), steps=len(pair_gates))
+
+                def start_ahead(index: int = index) -> None:
+                    # Called once this pair's own clips are decoded (so they do not share the cores with the next
+                    # pairs' decodes): the next ``depth`` pairs' clips decode while its gates run.
+                    if not decode_ahead(gates):
+                        return
+                    for later in range(index + 1, min(len(pairs), index + 1 + depth)):
+                        if later not in ahead:
+                            ahead[later] = _decode_ahead(store, pairs[later][0], pairs[later][1:], gates)
+
+                try:
+                    _run_pair(store, sides, pair_gates, pair, device, options, force, summary, bar, task, info,
+                              start_ahead)
+                finally:
+                    if (thread := ahead.pop(index + 1, None)) is not None:
+                        thread.join()  # the next pair's clips are in the cache (the later ones go on decoding)
+    finally:
+        for thread in ahead.values():
+            thread.join()
+        media_cache.clear()
 
 
 def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, task, info, start_ahead) -> None:
@@ -489,28 +453,6 @@ def decode_ahead(gates: list[Gate]) -> bool:
         return all(gate.name in _warm for gate in gates)
 
 
-DECODE_AHEAD_ENV = "H3EVAL_DECODE_AHEAD"
-"""Overrides :func:`decode_ahead_pairs` (0 to :data:`gates.media_cache.MAX_DECODE_AHEAD` pairs)."""
-DECODE_AHEAD_PAIRS = 1
-"""Pairs whose clips decode ahead by default. On the H200 host (16 cores), runs of 8 pairs of 5 s 768x1344 clips, one
-call, in the order 1-2-1-2: one pair ahead 0.737-0.897 s a pair (10 warm runs), two pairs ahead 0.836-0.973 s
-(bench/gates_speed/results/gpu_s16_s20/gates_speed_gpu_s20_p8_ahead{1,2}{,_b}.md): a second pair's decode competes with the current
-pair's gates for the cores and the GIL more than it hides."""
-
-
-def decode_ahead_pairs() -> int:
-    """How many pairs' clips decode ahead while a pair's gates run (where :func:`decode_ahead` allows it):
-    ``$H3EVAL_DECODE_AHEAD`` when set, else :data:`DECODE_AHEAD_PAIRS`."""
-    from gates.media_cache import MAX_DECODE_AHEAD
-
-    wanted = _env_threads(DECODE_AHEAD_ENV, 0, f"0 to {MAX_DECODE_AHEAD} pairs")
-    if wanted is None:
-        return DECODE_AHEAD_PAIRS
-    if wanted > MAX_DECODE_AHEAD:
-        raise GateRunError(f"${DECODE_AHEAD_ENV}={wanted}: 0 to {MAX_DECODE_AHEAD} pairs (the clip cache's bound)")
-    return wanted
-
-
 def _decode_ahead(store: RunStore, baseline: str, pair: tuple[str, str, int], gates: list[Gate]) -> threading.Thread:
     """Start decoding ``pair``'s two clips into the clip cache in a background thread (errors are left for the gates,
     which decode again and report them)."""
@@ -530,67 +472,6 @@ def _decode_ahead(store: RunStore, baseline: str, pair: tuple[str, str, int], ga
 # back into Python) deadlocked the demo's floor (cv2's first import in fidelity against ghosting's BLAS limit).
 _warm: set[str] = set()
 _warm_lock = threading.Lock()
-
-
-GATE_THREADS_ENV = "H3EVAL_GATE_THREADS"
-"""Overrides :func:`gate_workers` (1: one gate after another; N: up to N gates of a pair side by side)."""
-GATE_THREADS_MIN_CORES = 2
-"""Cores from which the gates of a pair run side by side by default, one per core up to the number of gates (the
-next pair's clips decoding meanwhile: :func:`decode_ahead`); on one core, one after another. On the 2-core CPU the
-demo in a fresh process, twice each way, measured its gates 69 / 74 s one at a time against 53 / 50 s two at a time,
-its floor 45 / 47 against 38 / 37 s (bench/demo_cpu/results/demo_cpu_s8_threads{1,2}{,_b}.md); on the H200 host (16 cores) a
-5 s 768x1344 pair's four gates 1.5 s side by side (gates_speed_gpu_s8_side4.md). A gate's first non-identical pair in
-a process still runs one after another (``_warm``: the lazy-import deadlock of session 7)."""
-
-
-SIDE_BY_SIDE_BLAS_THREADS = 1
-"""BLAS threads while a pair's gates run side by side on a GPU (their heavy work is on the GPU; the BLAS's products
-are small); ``$H3EVAL_GATE_BLAS_THREADS`` overrides it, 0 leaving the BLAS as it is. With the BLAS's own threads, one
-per core, the audio gate's mel projection and the ghosting gate's numpy steps kept the H200 host's 16 cores spinning:
-with the limit a 5 s 768x1344 pair's four gates took 0.954 / 1.180 / 0.975 s a pair against 1.110 / 1.211 s without it
-in between, CPU 5 s against 10-11 (bench/gates_speed/results/gpu_s16_s20/gates_speed_gpu_s16C_default.md, one call). On the CPU device the
-BLAS is left as it is: on the 2-core VM the limit measured no gain (13.1 / 16.1 s a pair against 12.0 / 13.5 s
-without it, bench/gates_speed/results/cpu/gates_speed_cpu_s16_*.md: limit / nolimit). The limit is restored when the pair's gates
-end."""
-GATE_BLAS_THREADS_ENV = "H3EVAL_GATE_BLAS_THREADS"
-
-
-def side_by_side_blas_threads(device: str) -> int:
-    """BLAS threads for a pair's gates side by side on ``device`` (0: no limit): ``$H3EVAL_GATE_BLAS_THREADS`` when
-    set, else :data:`SIDE_BY_SIDE_BLAS_THREADS` on a CUDA device and no limit on the CPU."""
-    wanted = _env_threads(GATE_BLAS_THREADS_ENV, 0, "0 (no limit) or more")
-    if wanted is None:
-        return SIDE_BY_SIDE_BLAS_THREADS if str(device).startswith("cuda") else 0
-    return wanted
-
-
-def gate_workers(n_gates: int) -> int:
-    """How many gates of one pair run at once: ``$H3EVAL_GATE_THREADS`` when set, else one per core up to the number
-    of gates on a host of :data:`GATE_THREADS_MIN_CORES` cores or more, else 1."""
-    import os
-
-    wanted = _env_threads(GATE_THREADS_ENV, 1, "at least 1 thread")
-    if wanted is None:
-        cores = os.cpu_count() or 1
-        wanted = cores if cores >= GATE_THREADS_MIN_CORES else 1
-    return max(1, min(wanted, n_gates))
-
-
-def _env_threads(name: str, least: int, rule: str) -> int | None:
-    """The whole number of threads in ``$name`` (None when unset); a value that is not one, or under ``least``, is
-    refused naming the variable."""
-    import os
-
-    raw = os.environ.get(name)
-    if raw is None:
-        return None
-    try:
-        wanted = int(raw)
-    except ValueError:
-        raise GateRunError(f"${name}={raw!r} is not a whole number of threads") from None
-    if wanted < least:
-        raise GateRunError(f"${name}={raw!r}: {rule}")
-    return wanted
 
 
 def _count(summary: GateRunSummary, gate: str, result: GateResult, path: Path) -> None:
