@@ -6,7 +6,7 @@
 # Needs diffusers 0.42.1, transformers 5.24.0, pydantic 2 and av 18.1.0 in /tmp/site (pip install --target). Writes
 # OUTDIR/h200_goals_raw.json (rewritten after every row, so a cut keeps what was measured) and OUTDIR/h200_goals.log.
 # GOALS_ARGS=--smoke runs it on a CPU with the tiny configs (the driver's own test). Then, here: copy the raw JSON
-# to bench/results/ and run `python bench/full_size_speed/h200_goals_table.py`.
+# to bench/full_size_speed/results/ and run `python bench/full_size_speed/h200_goals_table.py`.
 set -u
 out=$1; mkdir -p "$out"
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True

@@ -23,7 +23,7 @@
 #   3. merge: h200_parallel.json, h200_parallel_details.json, h200_parallel.md, parallel_check*.json, sp*.json, run.log
 #
 # Back on the coordinator's machine, with the returned folder at RESULTS:
-#   cp RESULTS/h200_parallel*.json RESULTS/h200_parallel.md bench/results/   (and the sp*/check files beside them)
+#   cp RESULTS/h200_parallel*.json RESULTS/h200_parallel.md bench/parallel/results/   (and the sp*/check files beside them)
 # Issue 22 (4 or 8 GPUs): the same request with `--degree N` under `--nproc-per-node N`, and the check with
 # `python3 bench/parallel/h200_parallel.py check --out DIR --nproc N --ring --pairs 4` (the tiny preset's 2 heads cannot be
 # split over more than 2 Ulysses ranks; ring keeps heads whole).
