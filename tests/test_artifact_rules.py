@@ -127,9 +127,10 @@ def metric(verdict, name):
 
 
 def test_release_resample_judge_carries_the_detector_rules():
-    assert {n: (mp.flag.describe(), mp.max_flagged_pairs) for n, mp in FLAGS.items()} == {
-        "tail_flicker": ("> 1.5", 0), "sharpness_drop": ("> 1.3", 1), "blocking": ("> 2", 0),
-        "frozen_frames": ("above its baseline twin's", 4), "dropout_ms": (">= 250", 0)}
+    assert {n: (mp.flag.describe(), mp.max_flagged_pairs, mp.required) for n, mp in FLAGS.items()} == {
+        "tail_flicker": ("> 1.5", 0, True), "sharpness_drop": ("> 1.3", 1, True), "blocking": ("> 2", 0, True),
+        # advisory: both fire on clean clips whose subject appears late (release.toml says why)
+        "frozen_frames": ("above its baseline twin's", 4, False), "dropout_ms": (">= 250", 0, False)}
     echo = RELEASE.policy.judges["resample"].gates["reference_free"].metrics["echo_score"]
     assert echo.compare == "sides" and echo.margin.fraction_of_floor == 1.5
     for kind in ("exact", "near"):  # a near / exact candidate has a same-seed parent: the paired gates judge it
