@@ -14,6 +14,9 @@ Outcomes and how they combine:
   and the pairs needed. It is INCONCLUSIVE, never PASS, when the gate has no results, pairs are missing or fewer than
   ``min_pairs``, a value is NaN, the direction the gate wrote contradicts the policy, or a floor-relative
   threshold has no floor.
+* A ``flag`` metric (a per-clip artifact detector) counts the pairs whose candidate clip its rule flags and whose
+  baseline twin it does not: more than ``max_flagged_pairs`` is a FAIL whatever else is wrong with the run (a NaN or
+  a missing pair never hides one); otherwise it is PASS, or INCONCLUSIVE when pairs are missing, NaN or too few.
 * A gate is FAIL if a required metric (or its flag check) is FAIL, else INCONCLUSIVE if one is INCONCLUSIVE, else
   PASS. A candidate combines its required gates and the speed check the same way; the run combines candidates.
 * An active waiver turns the FAIL / INCONCLUSIVE it covers into PASS and says so; an expired one is ignored, with a
@@ -21,9 +24,11 @@ Outcomes and how they combine:
 
 Exit codes (:data:`EXIT_CODES`): 0 PASS, 1 FAIL, 2 INCONCLUSIVE, 3 a usage or input error.
 
-The package has three parts: :mod:`~h3eval.verdict.schema` (what ``verdict.json`` holds),
+The package has four parts: :mod:`~h3eval.verdict.schema` (what ``verdict.json`` holds),
+:mod:`~h3eval.verdict.lineage` (which recipe each candidate is judged against, by which judge),
 :mod:`~h3eval.verdict.gather` (reading the run) and :mod:`~h3eval.verdict.decide` (outcomes); :func:`compute_verdict`
-runs them.
+runs them. Each candidate's configured-versus-executed flags (:func:`h3eval.executed.run_executed_flags`) are
+reported beside its outcome, not in it.
 """
 
 from __future__ import annotations
