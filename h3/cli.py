@@ -324,7 +324,8 @@ def seeded_lora(
     import torch
 
     from h3 import random_model
-    from h3.levers.lora import TURBO_LORA_FILE, write_random_turbo_lora
+    from h3.levers.lora import TURBO_LORA_FILE
+    from h3.train.seeded_lora import write_random_turbo_lora
 
     if not random_model.is_random_preset(model):
         raise bad_input(f"--model must be one of {', '.join(random_model.PRESETS)} (a checkpoint's turbo LoRA is the "

@@ -553,7 +553,7 @@ def half_renamed_lora(path: Path, transformer) -> Path:
     loads, and matches 7 of its 14 modules."""
     from safetensors.torch import save_file
 
-    from h3.levers.lora import TINY_LORA_ALPHA, tiny_lora_state_dict
+    from h3.train.seeded_lora import TINY_LORA_ALPHA, tiny_lora_state_dict
 
     state = tiny_lora_state_dict(transformer)
     modules = sorted({k.removeprefix("transformer.").split(".lora_")[0] for k in state})
@@ -584,7 +584,7 @@ def test_ab_fails_a_lora_that_matched_too_few_modules_and_a_sparse_lever_that_ra
 
     monkeypatch.setattr(sparse, "route_blocks", route_dense)
 
-    from h3.levers.lora import write_tiny_lora
+    from h3.train.seeded_lora import write_tiny_lora
 
     transformer = tiny_random_runtime.pipe.transformer
     good = write_tiny_lora(tmp_path / "good.safetensors", transformer)

@@ -164,7 +164,7 @@ def lora_runtime(**lora):
 
 @pytest.fixture(scope="module")
 def tiny_lora_file(base, tmp_path_factory):
-    from h3.levers.lora import write_tiny_lora
+    from h3.train.seeded_lora import write_tiny_lora
 
     return write_tiny_lora(tmp_path_factory.mktemp("lora") / "tiny.safetensors", base.runtime.pipe.transformer)
 
@@ -206,7 +206,7 @@ def test_lora_fused_matches_unfused(base):
 
 
 def test_lora_matching_no_module_is_refused(base, tmp_path):
-    from h3.levers.lora import write_tiny_lora
+    from h3.train.seeded_lora import write_tiny_lora
 
     bad = write_tiny_lora(tmp_path / "misnamed.safetensors", base.runtime.pipe.transformer, misnamed=True)
     with pytest.raises(LeverError, match=r"matches 0 of its 14 modules"):
@@ -231,7 +231,8 @@ def test_compensation_lora_sits_on_the_fused_distillation_lora_and_refuses_other
     distillation LoRA (float64 reference), passes the matched-module check, and a recipe that runs another routing or
     another distillation LoRA than the file states is refused before any weight loads."""
     from h3.levers.compensation_lora import COMPENSATES_KEY, ROUTING_KEYS, lora_tensors_sha256
-    from h3.levers.lora import save_lora_file, tiny_lora_state_dict, write_tiny_lora
+    from h3.levers.lora import save_lora_file
+    from h3.train.seeded_lora import tiny_lora_state_dict, write_tiny_lora
     from safetensors.torch import load_file
 
     transformer = base.runtime.pipe.transformer

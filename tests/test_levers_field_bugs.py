@@ -82,7 +82,7 @@ def _lora_runtime(**lora):
 def test_lora_effective_scale_against_the_files_own_is_flagged_beyond_2x(scale, flagged):
     """The tiny demo LoRA records alpha 2 at rank 4 (its own scale 0.5); the recipe's scale multiplies it. The
     telemetry states both and their ratio; a ratio beyond 2x either way is flagged (seed 001: 16x too strong)."""
-    from h3.levers.lora import TINY_LORA_ALPHA, TINY_LORA_RANK
+    from h3.train.seeded_lora import TINY_LORA_ALPHA, TINY_LORA_RANK
 
     runtime = _lora_runtime(path="@tiny", scale=scale)
     telemetry = runtime.levers["lora"].telemetry()
@@ -102,7 +102,8 @@ def test_mixed_rank_lora_reports_its_scale_range_and_a_loader_that_drops_the_alp
     AdaLN ones, a ``__metadata__`` alpha of 16: the file's own scales are 16/64 and 16/16 (computed here from the
     layout), the effective ones equal them, ratio 1. A loader that ignored the alpha (every module at 1.0) would show
     effective [1, 1] against [0.25, 1]: a ratio of 4 on the rank-64 modules, flagged."""
-    from h3.levers.lora import TURBO_ADALN_RANK, TURBO_RANK, random_turbo_lora_state_dict, save_lora_file
+    from h3.levers.lora import save_lora_file
+    from h3.train.seeded_lora import TURBO_ADALN_RANK, TURBO_RANK, random_turbo_lora_state_dict
 
     state = random_turbo_lora_state_dict(base.runtime.pipe.transformer, dtype=torch.float32)
     path = save_lora_file(tmp_path / "turbo.safetensors", state, {"format": "pt", "alpha": "16"})
@@ -127,7 +128,8 @@ def test_lora_include_loads_only_the_selected_modules_at_the_files_alpha(base):
     load. A selection of none is refused like a LoRA that matches no layer."""
     from safetensors.torch import load_file
 
-    from h3.levers.lora import TINY_LORA_ALPHA, TINY_LORA_RANK, resolve_lora_path
+    from h3.levers.lora import resolve_lora_path
+    from h3.train.seeded_lora import TINY_LORA_ALPHA, TINY_LORA_RANK
 
     runtime = _lora_runtime(path="@tiny", include=[r"^transformer_blocks\.0\."])
     telemetry = runtime.levers["lora"].telemetry()
@@ -250,7 +252,8 @@ def test_sparse_streams_setting_keeps_off_recipes_hashes_and_refuses_nonsense():
 
 def test_compensation_lora_trained_for_other_streams_is_refused_and_an_unstated_one_is_flagged(base, tmp_path):
     from h3.levers.compensation_lora import STREAMS_KEY
-    from h3.levers.lora import save_lora_file, tiny_lora_state_dict
+    from h3.levers.lora import save_lora_file
+    from h3.train.seeded_lora import tiny_lora_state_dict
 
     state = tiny_lora_state_dict(base.runtime.pipe.transformer, seed=77)
     stated = save_lora_file(tmp_path / "stated.safetensors", state, {"alpha": "2.0", STREAMS_KEY: "video,audio"})

@@ -144,7 +144,7 @@ def test_random_turbo_lora_has_the_published_format_and_targets(tmp_path):
     is read by diffusers' MiniMax-H3 loader (its original-name conversion) and matches every module it names."""
     from diffusers.loaders.lora_pipeline import MiniMaxH3LoraLoaderMixin
 
-    from h3.levers.lora import TURBO_ADALN_RANK, TURBO_RANK, turbo_lora_targets, write_random_turbo_lora
+    from h3.train.seeded_lora import TURBO_ADALN_RANK, TURBO_RANK, turbo_lora_targets, write_random_turbo_lora
 
     meta = random_model.build_components(random_model.released(), "meta", torch.bfloat16)["transformer"]
     targets = turbo_lora_targets(meta)

@@ -242,7 +242,8 @@ def test_several_recipes_need_a_prompts_file(tmp_path):
 def test_seeded_lora_command_writes_the_turbo_recipes_file(tmp_path):
     from safetensors.torch import load_file
 
-    from h3.levers.lora import TURBO_LORA_FILE, random_turbo_lora_state_dict
+    from h3.levers.lora import TURBO_LORA_FILE
+    from h3.train.seeded_lora import random_turbo_lora_state_dict
 
     result = runner.invoke(app, ["seeded-lora", "--out", str(tmp_path / "lora"), "--model", "h3-random-small"])
     assert result.exit_code == 0, result.output

@@ -11,10 +11,11 @@ import os
 import pytest
 from typer.testing import CliRunner
 
-from h3.levers.lora import TURBO_LORA_FILE, write_random_turbo_lora
+from h3.levers.lora import TURBO_LORA_FILE
 from h3.random_model import SMALL_NOTICE
 from h3.server import create_app, load_served_runtime
 from h3.server_request import levers_sha256
+from h3.train.seeded_lora import write_random_turbo_lora
 from h3eval.commands.ab import run_ab_command
 from h3eval.store import RunStore
 from tests._serving import serving

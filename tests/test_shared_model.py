@@ -2,7 +2,7 @@
 loaded after a recipe is removed, one model held, and the recipes a shared model refuses.
 
 Every shipped recipe that runs on the CPU takes part, at 2 steps and float32 as the lever tests run them; the turbo
-recipes read a seeded random LoRA of the published turbo LoRA's format (``h3.levers.lora.write_random_turbo_lora``),
+recipes read a seeded random LoRA of the published turbo LoRA's format (``h3.train.seeded_lora.write_random_turbo_lora``),
 the file the H200 rehearsal writes too.
 """
 
@@ -15,9 +15,10 @@ import re
 import pytest
 import torch
 
-from h3.levers.lora import TURBO_LORA_FILE, write_random_turbo_lora
+from h3.levers.lora import TURBO_LORA_FILE
 from h3.recipe import RECIPES_DIR, load_recipe, recipe_from_dict
 from h3.runtime import GenerateRequest, H3Runtime, SharedModelError
+from h3.train.seeded_lora import write_random_turbo_lora
 from h3eval.commands.ab import run_ab_command
 from h3eval.runner import RunError
 from h3eval.store import RunStore

@@ -688,7 +688,7 @@ def prepare(args: argparse.Namespace) -> None:
 
     from h3 import random_model
     from h3.atomic import atomic_write_json
-    from h3.levers.lora import write_random_turbo_lora
+    from h3.train.seeded_lora import write_random_turbo_lora
     from h3.memory import full_size_plan
     from h3.recipe import load_recipe
 

@@ -18,7 +18,8 @@ from typing import Any, ClassVar
 import torch
 
 from h3.levers.base import ApplyContext, LeverError
-from h3.levers.lora import TRAINED_LORAS, LoraConfig, LoraHandle, apply_lora, resolve_lora_path, trained_lora_file
+from h3.levers.lora import LoraConfig, LoraHandle, apply_lora, resolve_lora_path
+from h3.levers.lora_presets import TRAINED_LORAS, trained_lora_file
 
 ROUTING_KEYS = {"block_size": "h3_sparse_block_size", "sparsity": "h3_sparse_sparsity",
                 "dense_steps": "h3_sparse_dense_steps"}

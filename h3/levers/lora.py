@@ -7,6 +7,9 @@ file names, refuses a LoRA that matches none, and reports the per-module ``alpha
 file's own ``alpha / rank`` read from the file itself: the effective scale, and its ratio to the file's, are in every
 clip record, and the executed check flags a ratio beyond :data:`SCALE_FLAG_RATIO` (issue 50).
 
+The file's own scales and byte-stable writing are h3.levers.lora_files'; the ``@`` names (``@tiny``, ``@turbo4-tiny``)
+h3.levers.lora_presets'; the seeded LoRAs the tests and rehearsals use, h3.train.seeded_lora.
+
 ``include`` loads only the file's modules whose (diffusers) name matches one of its patterns: a real setting (a LoRA
 applied to some blocks only), and the way a recipe expresses a LoRA that adapts half of the layers it was trained on.
 """
@@ -26,36 +29,14 @@ from pydantic import Field, field_validator, model_serializer
 from h3.levers.base import (ApplyContext, LeverConfig, LeverError, LeverHandle, count_forward, counts,
                            drop_added_attributes, instance_attributes, mark_applied, new_counter, uncount_forward,
                            unmark_applied)
+from h3.levers.lora_files import file_scales, save_lora_file
+from h3.levers.lora_presets import TINY_LORA, TRAINED_LORAS, preset_lora_path, trained_lora_file
 
 if TYPE_CHECKING:
     from h3.record import Executed
 
 logger = logging.getLogger(__name__)
 
-TINY_LORA = "@tiny"
-TURBO4_TINY_LORA = "@turbo4-tiny"
-"""The trained tiny preset's distilled 4-step LoRA (h3/assets/tiny/lora/turbo4-tiny.safetensors, made by
-``python -m h3.train``), in the MiniMax-H3 format the real turbo LoRAs use."""
-SPARSE85_TINY_LORA = "@sparse85-tiny"
-"""The trained tiny preset's sparse-attention compensation LoRA (lora/sparse85-tiny.safetensors, made by
-``python -m h3.train``'s compensate stage), loaded by the ``compensation_lora`` lever."""
-TURBO4_RUN13_TINY_LORA = "@turbo4-tiny-run13"
-"""Run 13's distilled LoRA (x0 regression), turbo4-tiny until session 18: the one the compensation LoRAs sit on."""
-TRAINED_LORAS = {TURBO4_TINY_LORA: "TURBO4_LORA_FILE", TURBO4_RUN13_TINY_LORA: "TURBO4_RUN13_LORA_FILE",
-                 SPARSE85_TINY_LORA: "SPARSE85_LORA_FILE"}
-"""The trained tiny preset's LoRAs by recipe name: the h3.tiny_trained constant holding each file's path."""
-
-
-def trained_lora_file(name: str) -> Path:
-    """The file a trained-tiny LoRA name (``@turbo4-tiny``) stands for."""
-    import h3.tiny_trained
-
-    return getattr(h3.tiny_trained, TRAINED_LORAS[name])
-TINY_LORA_SEED = 9001
-TINY_LORA_RANK = 4
-TINY_LORA_ALPHA = 2.0
-"""The tiny demo LoRA records alpha 2 at rank 4 in its ``__metadata__``: scale 0.5, so a loader that ignores the
-metadata (scale 1.0) is caught by the tests."""
 SCALE_FLAG_RATIO = 2.0
 """The executed check flags a LoRA whose effective scale (peft's ``alpha / rank`` x the recipe's ``scale``, per module)
 sits more than this factor above or below the file's own ``alpha / rank`` (seed 001: a scale 16x too strong produced
@@ -192,32 +173,6 @@ def _span(value: Any) -> str:
     return repr(value)
 
 
-def file_scales(path: str | os.PathLike) -> tuple[dict[str, float], bool]:
-    """The file's own scale of each module it adapts (by the file's module names): its ``alpha / rank``, the alpha
-    being the module's ``.alpha`` tensor, else the ``__metadata__`` ``alpha`` (only when no module has its own: the
-    rule diffusers' MiniMax-H3 loader follows), else the rank (alpha-less: 1.0). Read from the file itself, not from
-    what the loader made of it, so that a loader that drops the alpha is seen. Also whether per-module ``.alpha``
-    tensors are present (diffusers folds those into the factors, so peft's own scaling then carries only the
-    recipe's ``scale``)."""
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as handle:
-        keys = list(handle.keys())
-        alphas = {k[: -len(".alpha")]: float(handle.get_tensor(k).float()) for k in keys if k.endswith(".alpha")}
-        ranks = {k.split(".lora_")[0]: handle.get_slice(k).get_shape()[0] for k in keys
-                 if k.endswith((".lora_A.weight", ".lora_down.weight"))}
-        network = (handle.metadata() or {}).get("alpha")
-    try:
-        network_alpha = float(network) if network is not None and not alphas else None
-    except ValueError:
-        network_alpha = None
-    scales = {}
-    for module, rank in ranks.items():
-        alpha = alphas.get(module, network_alpha if network_alpha is not None else float(rank))
-        scales[module] = alpha / rank
-    return scales, bool(alphas)
-
-
 def _ratio_range(layers: dict[str, Any], adapter: str, path: Path) -> tuple[list[float], list[float], list[float]]:
     """(the file's own alpha / rank, the effective scale, their ratio), each as [min, max] over the loaded modules.
 
@@ -256,30 +211,9 @@ def resolve_lora_path(path: str | None, *, is_tiny: bool, transformer: torch.nn.
     """The LoRA file a recipe names (in its ``section``), or a LeverError naming the missing file."""
     if not path:
         raise LeverError(f"{section}.enabled is true but {section}.path is empty; name the LoRA file")
-    if path == TINY_LORA:
-        if not is_tiny:
-            raise LeverError("lora.path '@tiny' is the tiny preset's demo LoRA; it cannot load into a real checkpoint")
-        cache = Path(os.environ.get("H3_CACHE_DIR", Path.home() / ".cache" / "h3")) / "lora"
-        # Keyed by the transformer's shapes too: the random and the trained tiny presets differ.
-        target = cache / f"tiny-distill-r{TINY_LORA_RANK}-s{TINY_LORA_SEED}-{_shape_key(transformer)}.safetensors"
-        if not target.is_file():
-            write_tiny_lora(target, transformer)
-        return target
-    if path in TRAINED_LORAS:
-        from h3.tiny_trained import shipped_transformer_config
-
-        shipped = shipped_transformer_config()  # the shape its LoRAs were trained on (a run may widen the DiT)
-        config = dict(getattr(transformer, "config", None) or {})
-        same = all(list(config[k]) == list(v) if isinstance(v, tuple) else config[k] == v
-                   for k, v in shipped.items() if k in config) and set(shipped) <= set(config)
-        if not (is_tiny and same):
-            raise LeverError(f"{section}.path '{path}' is a LoRA of the trained tiny preset (--model tiny); it cannot "
-                             "load into another model")
-        target = trained_lora_file(path)
-        if not target.is_file():
-            raise LeverError(f"LoRA file {target} (recipe key {section}.path = '{path}') does not exist; it ships "
-                             "with the trained tiny preset (python -m h3.train exports it)")
-        return target
+    preset = preset_lora_path(path, is_tiny=is_tiny, transformer=transformer, section=section)
+    if preset is not None:  # ``@tiny``, ``@turbo4-tiny``, ...: h3.levers.lora_presets
+        return preset
     expanded = os.path.expandvars(os.path.expanduser(path))
     if "$" in expanded:
         raise LeverError(
@@ -295,145 +229,10 @@ def resolve_lora_path(path: str | None, *, is_tiny: bool, transformer: torch.nn.
     return resolved
 
 
-def _shape_key(transformer: torch.nn.Module | None) -> str:
-    import hashlib
-
-    if transformer is None:
-        return "none"
-    shapes = [(n, tuple(m.weight.shape)) for n, m in transformer.named_modules() if isinstance(m, torch.nn.Linear)]
-    return hashlib.sha256(repr(shapes).encode()).hexdigest()[:12]
-
-
-def tiny_lora_state_dict(transformer: torch.nn.Module, rank: int = TINY_LORA_RANK, seed: int = TINY_LORA_SEED,
-                         misnamed: bool = False) -> dict[str, torch.Tensor]:
-    """A seeded LoRA in diffusers' format for every Linear of the transformer blocks (``misnamed``: names that match
-    nothing, as seed 001's 5-step LoRA did)."""
-    gen = torch.Generator().manual_seed(seed)
-    state: dict[str, torch.Tensor] = {}
-    for name, module in transformer.named_modules():
-        if not name.startswith("transformer_blocks.") or not isinstance(module, torch.nn.Linear):
-            continue
-        key = name.replace("transformer_blocks.", "layers.").replace("attn.", "attention.") if misnamed else name
-        a = torch.randn(rank, module.in_features, generator=gen) / module.in_features**0.5
-        b = torch.randn(module.out_features, rank, generator=gen) * 0.05
-        state[f"transformer.{key}.lora_A.weight"] = a.contiguous()
-        state[f"transformer.{key}.lora_B.weight"] = b.contiguous()
-    return state
-
-
-def save_lora_file(path: str | os.PathLike, state: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
-    """Write a safetensors file atomically, the same bytes for the same tensors and metadata.
-
-    Why not ``save_file`` alone: safetensors 0.8 writes the metadata from a Rust HashMap whose order changes from one
-    call to the next (two keys come out in either order within one process), so the file's bytes, and the hash that
-    names a LoRA (:attr:`LoraHandle.weights_tag`), changed between writes of the same adapter. The metadata object
-    is written again with its keys sorted: the same keys and values, so the same length, and every data offset
-    holds."""
-    import json
-    import struct
-
-    from safetensors.torch import save
-
-    from h3.atomic import atomic_write_bytes
-
-    data = save(state, metadata=metadata)
-    (size,) = struct.unpack("<Q", data[:8])
-    header = data[8:8 + size].decode("utf-8")
-    key = '"__metadata__":'
-    at = header.find(key)
-    if at >= 0:
-        start = at + len(key)
-        found, end = json.JSONDecoder().raw_decode(header, start)
-        ordered = json.dumps(dict(sorted(found.items())), separators=(",", ":"), ensure_ascii=False)
-        if len(ordered) == end - start:  # else (an escape written differently) keep safetensors' own bytes
-            header = header[:start] + ordered + header[end:]
-            data = data[:8] + header.encode("utf-8") + data[8 + size:]
-    path = Path(path)
-    atomic_write_bytes(path, data)
-    return path
-
-
-def write_tiny_lora(path: Path, transformer: torch.nn.Module, misnamed: bool = False,
-                    alpha: float | None = TINY_LORA_ALPHA) -> Path:
-    metadata = {"format": "pt"}
-    if alpha is not None:
-        metadata["alpha"] = str(alpha)
-    return save_lora_file(path, tiny_lora_state_dict(transformer, misnamed=misnamed), metadata)
-
-
 _ABSENT = object()
 
 TURBO_LORA_FILE = "minimax-h3-turbo-4step.safetensors"
 """The file name the shipped turbo recipes read under ``$H3_LORA_DIR``."""
-TURBO_RANK, TURBO_ADALN_RANK = 64, 16
-"""Published H3 LoRAs are "alpha-less and mixed-rank (64 on attention and FFN, 16 on the AdaLN projections)"
-(diffusers' MiniMaxH3LoraLoaderMixin)."""
-RANDOM_LORA_SEED = 4004
-# The original checkpoint's module names (what every published H3 LoRA is trained against), and the diffusers
-# modules each stands for (diffusers' _convert_non_diffusers_minimax_h3_lora_to_diffusers, read backwards).
-_STANDALONE = {
-    "video_patch_proj": "proj_in", "audio_patch_proj": "audio_proj_in", "condition_proj": "context_embedder",
-    "time_embedder.proj_in": "time_embedder.linear_1", "time_embedder.proj_out": "time_embedder.linear_2",
-    "final_layer.adaln_proj.linear": "norm_out.linear", "final_layer.video_out": "proj_out",
-    "final_layer.audio_out": "audio_proj_out",
-}
-
-
-def turbo_lora_targets(transformer: torch.nn.Module) -> dict[str, tuple[int, int, int]]:
-    """The modules a turbo (step-distillation) LoRA adapts, by their original names, with (in, out, rank): every
-    block's fused ``attn.qkv_proj``, ``attn.out_proj``, ``mlp.fc1``, ``mlp.fc2`` and ``adaln_proj.linear``, the token
-    refiner blocks' first four, and the eight projections outside the stacks (266 modules for the released DiT: seed
-    001's "0 of 266 layers")."""
-    def dims(name: str) -> tuple[int, int]:
-        module = transformer.get_submodule(name)
-        return module.in_features, module.out_features
-
-    targets: dict[str, tuple[int, int, int]] = {}
-    stacks = [("blocks", "transformer_blocks", len(transformer.transformer_blocks), True),
-              ("token_refiner.blocks", "token_refiner.refiner_blocks",
-               len(transformer.token_refiner.refiner_blocks), False)]
-    for source, target, count, adaln in stacks:
-        for i in range(count):
-            q_in, q_out = dims(f"{target}.{i}.attn.to_q")
-            qkv_out = q_out + dims(f"{target}.{i}.attn.to_k")[1] + dims(f"{target}.{i}.attn.to_v")[1]
-            targets[f"{source}.{i}.attn.qkv_proj"] = (q_in, qkv_out, TURBO_RANK)
-            targets[f"{source}.{i}.attn.out_proj"] = (*dims(f"{target}.{i}.attn.to_out.0"), TURBO_RANK)
-            targets[f"{source}.{i}.mlp.fc1"] = (*dims(f"{target}.{i}.ff.net.0.proj"), TURBO_RANK)
-            targets[f"{source}.{i}.mlp.fc2"] = (*dims(f"{target}.{i}.ff.net.2"), TURBO_RANK)
-            if adaln:
-                targets[f"{source}.{i}.adaln_proj.linear"] = (*dims(f"{target}.{i}.adaln_proj.linear"),
-                                                               TURBO_ADALN_RANK)
-    for source, target in _STANDALONE.items():
-        rank = TURBO_ADALN_RANK if "adaln" in source else TURBO_RANK
-        targets[source] = (*dims(target), rank)
-    return targets
-
-
-def random_turbo_lora_state_dict(transformer: torch.nn.Module, seed: int = RANDOM_LORA_SEED,
-                                 dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """A seeded random LoRA in the published turbo LoRA's format: ai-toolkit's layout (``diffusion_model.`` prefix,
-    the original module names, ``lora_A``/``lora_B``, no alphas), the turbo targets and ranks
-    (:func:`turbo_lora_targets`). Drawn on the CPU, so the same seed gives the same file on any machine; the full-size
-    one is about 0.7 GB in bf16. Random factors change the output like a real LoRA changes it in cost (the fused
-    weights have the same shapes), not in quality."""
-    gen = torch.Generator().manual_seed(seed)
-    state: dict[str, torch.Tensor] = {}
-    for name, (fan_in, fan_out, rank) in turbo_lora_targets(transformer).items():
-        a = torch.randn(rank, fan_in, generator=gen) / fan_in**0.5
-        b = torch.randn(fan_out, rank, generator=gen) * 0.02
-        state[f"diffusion_model.{name}.lora_A.weight"] = a.to(dtype).contiguous()
-        state[f"diffusion_model.{name}.lora_B.weight"] = b.to(dtype).contiguous()
-    return state
-
-
-def write_random_turbo_lora(path: str | os.PathLike, transformer: torch.nn.Module, seed: int = RANDOM_LORA_SEED,
-                            dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write :func:`random_turbo_lora_state_dict` to ``path`` atomically (for rehearsals without the real LoRA:
-    ``h3-random``, where ``$H3_LORA_DIR/minimax-h3-turbo-4step.safetensors`` is this file)."""
-    return save_lora_file(path, random_turbo_lora_state_dict(transformer, seed, dtype),
-                          {"format": "pt", "h3_random_lora_seed": str(seed)})
-
-
 def _lora_layers(transformer: torch.nn.Module, adapter: str) -> dict[str, Any]:
     from peft.tuners.lora import LoraLayer
 
