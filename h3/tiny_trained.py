@@ -103,8 +103,8 @@ AUDIO_VAE_CONFIG = dict(
     # residual AMP block at 32 kHz with 4 channels shapes it. The world's tones have a whole number of periods per
     # 800-sample hop, so a steady tone is the same window in every latent frame; a click lands within its hop. Seen on
     # the CPU: this trains to the right pitch in 200 steps of waveform L1/L2, where a four-stage stack from 64
-    # channels had learned none (and in two device runs with an STFT loss settled on silence; bench/results/
-    # tiny_train_h200.md).
+    # channels had learned none (and in two device runs with an STFT loss settled on silence;
+    # bench/tiny_training/results/tiny_train_h200.md).
     encoder_dim=4,
     encoder_rates=(800,),
     latent_dim=64,
