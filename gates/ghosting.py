@@ -6,8 +6,10 @@ is built so that what a codec does to a clip does not read as a ghost (issue 19)
 calibrated null live in gates/metrics/: :mod:`gates.metrics.ghost` (the pooled fit, per window and per frame),
 :mod:`gates.metrics.ghost_fit` (least squares and block statistics), :mod:`gates.metrics.ghost_pvalue` (window and
 pair p-values), :mod:`gates.metrics.ghost_heatmap` (the strip) and :mod:`gates.metrics.ghost_backend` (numpy / torch).
-This module declares the metrics and options and writes the strip; the release decision is the run-level test over
-the pairs' p-values (h3eval.stats.ghost_run_test).
+This module declares the metrics and options and writes the strip. Two run-level decisions read them: the test over
+the pairs' p-values (h3eval.stats.ghost_run_test, Benjamini-Hochberg: a ghost strong in one pair), and the pooled
+test of :mod:`gates.metrics.ghost_run` on ``ghost_stale_evidence`` (a faint stale copy in every pair: seed 001's
+ghost at alpha 0.05, which no single pair shows at BH's per-pair level).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from pydantic import Field
 
 from gates.base import Gate, GateInputError, GateOptions, GateResult, Metric, MetricSpec, PairContext, register_gate
+from gates.metrics import ghost_run
 from gates.metrics.ghost import (clip_evidence, downsample_factor, ghost_frames, ghost_scores, is_flagged,
                                  pool_windows, to_luma)
 from gates.metrics.ghost_config import FrameScores, GhostingConfig, PooledWindow
@@ -67,7 +70,8 @@ class GhostingGate(Gate):
                "ghost_p_value": MetricSpec(higher_is_better=True, unit="p"),
                "ghost_score_max": MetricSpec(higher_is_better=False, unit="alpha"),
                "ghost_score_mean": MetricSpec(higher_is_better=False, unit="alpha"),
-               "ghost_frames": MetricSpec(higher_is_better=False, unit="frames")}
+               "ghost_frames": MetricSpec(higher_is_better=False, unit="frames"),
+               "ghost_stale_evidence": MetricSpec(higher_is_better=False, unit="alpha")}
 
     def evaluate(self, ctx: PairContext) -> GateResult:
         from gates.common import relative_to_run
@@ -120,6 +124,8 @@ class GhostingGate(Gate):
             "ghost_score_max": Metric(value=float(values.max()), higher_is_better=False, unit="alpha"),
             "ghost_score_mean": Metric(value=float(values.mean()), higher_is_better=False, unit="alpha"),
             "ghost_frames": Metric(value=float(len(listed)), higher_is_better=False, unit="frames"),
+            # Seed 001's stale copy, for the run-level test (gates.metrics.ghost_run: the mean over the run's pairs).
+            "ghost_stale_evidence": Metric(value=ghost_run.pair_statistic(fs), higher_is_better=False, unit="alpha"),
         }
         series = {
             "ghost_score": [float(v) if ok else None for v, ok in zip(fs.score, scored)],
@@ -159,7 +165,9 @@ class GhostingGate(Gate):
                      "strength": float(w.score), "stderr": float(w.stderr), "evidence": float(w.evidence),
                      "p_value": float(w.p_value), "blocks": int(w.blocks), "lag": int(w.lag), "dy": int(w.dy),
                      "dx": int(w.dx), "fit_factor": int(w.factor), "coarse_evidence": float(w.coarse_evidence),
-                     "fine_evidence": None if w.fine_evidence is None else float(w.fine_evidence)}
+                     "fine_evidence": None if w.fine_evidence is None else float(w.fine_evidence),
+                     "stale_evidence": float(w.stale_evidence), "stale_lag": int(w.stale_lag),
+                     "stale_strength": float(w.stale_strength)}
                     for w in fs.windows],
                 "downsample_factor": fs.factor,
                 "strip_frames": sorted(worst),

@@ -277,6 +277,8 @@ def test_torch_path_equals_the_numpy_path(clip):
             assert (wa.lag, wa.dy, wa.dx, wa.blocks) == (wb.lag, wb.dy, wb.dx, wb.blocks)
             assert wa.score == pytest.approx(wb.score, rel=1e-5, abs=1e-7)
             assert wa.evidence == pytest.approx(wb.evidence, rel=1e-5, abs=1e-7)
+            assert wa.stale_lag == wb.stale_lag
+            assert wa.stale_evidence == pytest.approx(wb.stale_evidence, rel=1e-5, abs=1e-7)
         np.testing.assert_allclose(a.score, b.score, rtol=1e-5, atol=1e-7)
         # Fed the clip cache's device copies (torch tensors) instead of numpy frames: the same numbers, exactly.
         torch = pytest.importorskip("torch")
@@ -322,6 +324,10 @@ def test_gate_flags_ghost_and_writes_strip(tmp_path):
     (window,) = result.info["windows"]
     assert (window["lag"], window["dy"], window["dx"], window["first_frame"], window["last_frame"]) == (1, 0, 0, 0, 18)
     assert "frames 0-18" in result.flags[0] and "t-1" in result.flags[0]
+    # The in-place stale copy (the run-level test's statistic): the planted copy is in place, lag 1.
+    assert window["stale_lag"] == 1 and window["stale_strength"] == pytest.approx(0.10, abs=0.015)
+    assert m["ghost_stale_evidence"].value == pytest.approx(window["stale_evidence"]) and m[
+        "ghost_stale_evidence"].value > 0.05
     assert len(result.series["ghost_score"]) == 20
     assert len(result.artifacts) == 1 and not Path(result.artifacts[0]).is_absolute()
     png = cv2.imread(str(ctx.run_dir / result.artifacts[0]))
@@ -333,7 +339,7 @@ def test_gate_identical_pair_is_zero_and_not_flagged(tmp_path):
     result = get_gate("ghosting").evaluate(make_ctx(tmp_path, src[4:], src[4:]))
     assert not result.flagged
     assert result.metrics["ghost_score_max"].value == 0.0 and result.metrics["ghost_strength"].value == 0.0
-    assert result.metrics["ghost_p_value"].value == 1.0
+    assert result.metrics["ghost_p_value"].value == 1.0 and result.metrics["ghost_stale_evidence"].value == 0.0
     assert result.metrics["ghost_frames"].value == 0.0 and result.info["ghost_frame_indices"] == []
     assert result.artifacts == []
 

@@ -21,5 +21,6 @@ adapters that declare which of these they write and with which options.
 The paired ghost estimator (the ghosting gate's, gates/ghosting.py: candidate against baseline, same seed) is split the
 same way: ``ghost`` (pooled fit of a displaced copy, per window and per frame), ``ghost_fit`` (least squares, FFT
 search, block statistics), ``ghost_pvalue`` (window and pair p-values against the benign null), ``ghost_heatmap`` (the
-strip), ``ghost_backend`` (numpy / torch) and ``ghost_config`` (calibrated settings, result types).
+strip), ``ghost_backend`` (numpy / torch) and ``ghost_config`` (calibrated settings, result types); ``ghost_run``
+pools the pairs' in-place stale-copy evidence over a run (seed 001's faint ghost, which no single pair shows).
 """

@@ -116,9 +116,11 @@ def _frames_equal(a, b) -> bool:
 
 
 def _window_fits(be, frames_base, frames_cand, windows: list[list[int]], factor: int, config: GhostingConfig,
-                 chunk: int) -> list[tuple | None]:
+                 chunk: int, with_stale: bool = False):
     """Per window (a list of scored frames): the candidate copy with the strongest evidence at downsampling
-    ``factor``, as (est, se, evidence, blocks, (lag, dy, dx) in working pixels, frames, num, den, use), or None."""
+    ``factor``, as (est, se, evidence, blocks, (lag, dy, dx) in working pixels, frames, num, den, use), or None.
+    With ``with_stale`` also, per window, (evidence, lag, strength) of the strongest in-place copy (lag 1..max_lag,
+    shift 0; lag -1 where no block carries evidence)."""
     scored = sorted({t for w in windows for t in w})
     h_full, w_full = frames_base.shape[1:3]
     g = fit.geometry(h_full // factor, w_full // factor, config)
@@ -127,16 +129,27 @@ def _window_fits(be, frames_base, frames_cand, windows: list[list[int]], factor:
     base = be.prepare(frames_base, needed, factor, config.blur_sigma)
     cand = be.prepare(frames_cand, needed, factor, config.blur_sigma)
     numerators, energies = fit.search(be, base, cand, row_of, scored, config, g, chunk)
-    out = []
+    out, stale_out = [], []
+    stale_keys = [(lag, 0, 0) for lag in range(1, config.max_lag + 1)]
     for frames in windows:
         keys = fit.candidates(frames, numerators, energies, config, g)
+        fits = fit.window_blocks(be, base, cand, row_of, frames, list(dict.fromkeys(keys + stale_keys)), config, g)
         best = None
-        for key, (fr, num, den, use) in fit.window_blocks(be, base, cand, row_of, frames, keys, config, g).items():
+        for key in keys:
+            fr, num, den, use = fits[key]
             est, se, evidence, count = fit.pooled(num, den, use, config)
             if best is None or evidence > best[2]:
                 best = (est, se, evidence, count, key, fr, num, den, use)
         out.append(best)
-    return out
+        # The in-place stale copy (seed 001's ghost: frame t - lag at the same pixels), whatever the search chose.
+        stale = (0.0, -1, 0.0)
+        for key in stale_keys:
+            if key in fits:
+                est, _, evidence, count = fit.pooled(*fits[key][1:], config)
+                if count > 0 and (stale[1] < 0 or evidence > stale[0]):
+                    stale = (evidence, key[0], est)
+        stale_out.append(stale)
+    return (out, stale_out) if with_stale else out
 
 
 def _ghost_scores(frames_base, frames_cand, config: GhostingConfig, be, chunk: int) -> FrameScores:
@@ -156,7 +169,7 @@ def _ghost_scores(frames_base, frames_cand, config: GhostingConfig, be, chunk: i
         result.windows = [PooledWindow(frames=w, factor=factor) for w in pool_windows(scored, config.pool_frames)]
         return result
     pooled = pool_windows(scored, config.pool_frames)
-    coarse_fits = _window_fits(be, frames_base, frames_cand, pooled, factor, config, chunk)
+    coarse_fits, stale_fits = _window_fits(be, frames_base, frames_cand, pooled, factor, config, chunk, True)
     fine_fits: list = [None] * len(pooled)
     fine_ran = config.fine_lag0 and factor >= 2
     if fine_ran:
@@ -167,8 +180,9 @@ def _ghost_scores(frames_base, frames_cand, config: GhostingConfig, be, chunk: i
         sub = [w[:: max(1, config.fine_lag0_stride)] for w in pooled]
         fine_fits = _window_fits(be, frames_base, frames_cand, sub, factor // 2, fine, chunk)
     windows = []
-    for frames, coarse_fit, fine_fit in zip(pooled, coarse_fits, fine_fits):
+    for frames, coarse_fit, fine_fit, stale in zip(pooled, coarse_fits, fine_fits, stale_fits):
         win = PooledWindow(frames=list(frames), factor=factor)
+        win.stale_evidence, win.stale_lag, win.stale_strength = stale
         coarse_ev = coarse_fit[2] if coarse_fit is not None and coarse_fit[3] > 0 else 0.0
         fine_ev = (fine_fit[2] if fine_fit is not None and fine_fit[3] > 0 else 0.0) if fine_ran else None
         win.coarse_evidence, win.fine_evidence = coarse_ev, fine_ev

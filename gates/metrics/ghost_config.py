@@ -137,6 +137,15 @@ class PooledWindow:
     """Evidence of the coarse fit (all lags, the clip's factor)."""
     fine_evidence: float | None = None
     """Evidence of the fine lag-0 pass (None where it did not run: factor 1, or switched off)."""
+    stale_evidence: float = 0.0
+    """Evidence (lower bound, as ``evidence``) of the strongest *in-place* copy: frame ``t - stale_lag`` at the same
+    pixels (lag 1..max_lag, shift 0), whichever copy the search chose. Seed 001's ghost is such a stale copy of the
+    moving subject; one fixed copy per lag is fitted, not the best of 81 shifts, so benign windows score lower here
+    (gates.metrics.ghost_run: the run-level statistic pools it over the run's pairs)."""
+    stale_lag: int = -1
+    """Lag of that copy (-1 where no block carried evidence, or the pair is identical)."""
+    stale_strength: float = 0.0
+    """Pooled strength (alpha-hat) of that copy."""
 
 
 @dataclass
