@@ -28,12 +28,9 @@ process dies, even by ``kill -9``; a lock file left by a dead process is taken o
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
-import socket
-import threading
 from pathlib import Path
 from typing import Annotated, Any, Callable, Iterator, Literal
 
@@ -136,6 +133,24 @@ class RecordError(StoreError):
     def __init__(self, message: str, problem: RecordProblem, path: Path):
         super().__init__(message)
         self.problem, self.path = problem, path
+
+
+def read_json_file(path: str | Path, what: str, error_cls: type[Exception] = StoreError,
+                   object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
+    """The JSON in the file at ``path``, or ``error_cls`` with one line naming ``what`` and the file: a directory, a
+    file that cannot be read (or is not UTF-8), or text that is not JSON (``object_pairs_hook`` may refuse more: its
+    ValueError reads as invalid JSON). ``json.loads`` keeps NaN; a caller that refuses it checks."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except IsADirectoryError:
+        raise error_cls(f"{what} {path} is a directory, not a JSON file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error_cls(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
+    except ValueError as exc:
+        raise error_cls(f"{what} {path} is not valid JSON ({exc})") from None
 
 
 def read_clip_record(record_path: str | Path, *, mp4: str | Path | None = None,
@@ -420,44 +435,10 @@ class RunStore:
         re-entrant (``h3eval floor`` generates, then gates, then writes its floor). Creates ``root`` when absent,
         and removes it again on release when the body wrote nothing into it.
         """
-        key = os.path.realpath(self.root)
-        with _HELD_GUARD:
-            held = _HELD.get(key)
-            if held is not None:
-                held["depth"] += 1
-        if held is not None:
-            try:
-                yield held["info"]
-            finally:
-                with _HELD_GUARD:
-                    held["depth"] -= 1
-            return
-        self.check_writable_root()
-        created = not self.root.exists()
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create run directory {self.root}: {exc.strerror or exc}") from None
-        try:
-            fd, info = _acquire(self.lock_path, command)
-        except StoreError:
-            if created:
-                with contextlib.suppress(OSError):
-                    self.root.rmdir()
-            raise
-        held = {"depth": 1, "info": info}
-        with _HELD_GUARD:
-            _HELD[key] = held
-        try:
+        from h3eval.runlock import hold_run
+
+        with hold_run(self, command) as info:
             yield info
-        finally:
-            with _HELD_GUARD:
-                _HELD.pop(key, None)
-            self.lock_path.unlink(missing_ok=True)  # before the flock is released: see _acquire
-            os.close(fd)
-            if created:
-                with contextlib.suppress(OSError):
-                    self.root.rmdir()  # only when empty: nothing was written
 
     def weights_notices(self) -> list[str]:
         """What every page and report of this run must say about its weights (``h3.random_model.weights_notice``):
@@ -491,16 +472,9 @@ class RunStore:
         path = self.manifest_path
         if not path.exists():
             raise StoreError(f"{self.root} is not a run directory: {path} is missing")
-        try:
-            text = path.read_text(encoding="utf-8")
-        except IsADirectoryError:
-            raise StoreError(f"{self.root} is not a run directory: {path} is a directory, not a file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise StoreError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise StoreError(f"{path} is not valid JSON: {exc}") from None
+        if path.is_dir():
+            raise StoreError(f"{self.root} is not a run directory: {path} is a directory, not a file")
+        data = read_json_file(path, "run manifest", StoreError)
         bad = non_finite_keys(data)
         if bad:
             raise StoreError(f"{path} is not a valid run manifest:\n  "
@@ -553,75 +527,3 @@ class RunStore:
         return [
             (cand, pid, seed) for cand in manifest.candidates for pid in manifest.prompts.ids for seed in manifest.seeds
         ]
-
-
-# -- the lock --------------------------------------------------------------------------------------------------------
-_HELD: dict[str, dict[str, Any]] = {}
-"""Runs this process holds (real path -> depth and holder line), for re-entrance."""
-_HELD_GUARD = threading.Lock()
-
-
-def _describe_holder(path: Path) -> tuple[dict[str, Any] | None, str]:
-    try:
-        holder = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(holder, dict):
-            raise ValueError
-        return holder, (f"pid {holder.get('pid')} on host {holder.get('host')} since {holder.get('since')} "
-                        f"({holder.get('command')})")
-    except (OSError, ValueError):
-        return None, "another process (it has not written who it is yet)"
-
-
-def _pid_alive(pid: Any) -> bool:
-    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _acquire(path: Path, command: str) -> tuple[int, dict[str, Any]]:
-    """Open and ``flock`` the lock file, write who holds it; RunLockedError when another process holds it.
-
-    The holder unlinks the file before closing it, so a process that opened the old file and got its flock after
-    the release checks that the path still names the file it locked, and otherwise starts again.
-    """
-    for _ in range(100):
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise StoreError(f"cannot create the lock file {path}: {exc.strerror or exc}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            _, who = _describe_holder(path)
-            raise RunLockedError(f"{path.parent} is in use by {who}: one process writes into a run at a time; "
-                                 "wait for it to finish or stop it (nothing was changed)") from None
-        except OSError as exc:
-            os.close(fd)
-            raise StoreError(f"cannot lock {path}: {exc.strerror or exc}") from None
-        try:
-            same = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            same = False
-        if not same:
-            os.close(fd)
-            continue
-        previous, who = _describe_holder(path)
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": utc_now(), "command": command,
-                "took_over": None}
-        if previous is not None:
-            here = previous.get("host") == info["host"]
-            state = ("its process is gone" if here and not _pid_alive(previous.get("pid"))
-                     else "it no longer holds the lock")
-            info["took_over"] = previous
-            logger.warning("%s: took over the stale lock of %s: %s", path.parent, who, state)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps({k: v for k, v in info.items() if k != "took_over"}) + "\n").encode(), 0)
-        return fd, info
-    raise StoreError(f"cannot lock {path}: it kept being replaced while this process tried")
