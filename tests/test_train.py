@@ -121,6 +121,51 @@ def test_sparse_packed_forward_is_the_sparse_lever_per_request():
     assert (sparse_out - dense_out).norm() > 0.05 * dense_out.norm()
 
 
+def test_sparse_packed_forward_routes_only_the_configured_streams_as_the_lever_does():
+    """With the token streams given (the compensation's ``compensate_streams``, default video only: issue 50), the
+    packed student sparsifies only those streams' queries, the others attending densely, as the ``sparse_attention``
+    lever does with the same ``streams``, request by request; and it differs from the every-stream routing."""
+    from h3.levers.sparse_attention import SparseAttentionConfig, apply_sparse_attention
+
+    model = small_dit().eval()
+    layout = t2va_layout(torch.ones(9, dtype=torch.long))
+    b = 2
+    video, audio, text, tv, ta = packed_inputs(layout, b, seed=3)
+    with torch.no_grad():
+        pv, pa = packed_forward(model, layout, video, audio, text, tv, ta, sparse=(16, 0.75, ("video",)))
+        every_v, every_a = packed_forward(model, layout, video, audio, text, tv, ta, sparse=(16, 0.75))
+        handle = apply_sparse_attention(model, SparseAttentionConfig(enabled=True, block_size=16, sparsity=0.75,
+                                                                     dense_steps=0, streams=["video"]))
+        try:
+            for i in range(b):
+                sv, sa = stock_forward(model, layout, video, audio, text, tv, ta, i)
+                torch.testing.assert_close(pv[i], sv[0], rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(pa[i], sa[0], rtol=1e-4, atol=1e-5)
+            assert handle.telemetry()["streams_touched"] == ["video"]
+        finally:
+            handle.remove()
+    # The every-stream routing fails the same comparison: the audio queries' dense attention is another output.
+    assert not torch.allclose(pa, every_a, rtol=1e-4, atol=1e-5)
+
+
+def test_compensation_file_states_the_streams_it_was_trained_for():
+    """The compensation LoRA's metadata names its token streams (``h3_sparse_streams``: what the ``compensation_lora``
+    lever and the executed check compare with the recipe's ``sparse_attention.streams``); the default is the lever's
+    (video only); a stream the lever does not know is refused before any training."""
+    from h3.levers.compensation_lora import STREAMS_KEY
+    from h3.train.compensate import compensation_metadata, compensation_routing
+
+    meta = compensation_metadata(TrainConfig(), "0" * 64)
+    assert meta[STREAMS_KEY] == "video" and STREAMS_KEY == "h3_sparse_streams"
+    assert (meta["h3_sparse_block_size"], meta["h3_sparse_sparsity"], meta["h3_sparse_dense_steps"]) == \
+        ("32", "0.85", "0")
+    both = replace(TrainConfig(), compensate_streams=("video", "audio"))
+    assert compensation_metadata(both, "0" * 64)[STREAMS_KEY] == "video,audio"
+    assert compensation_routing(both).streams == ["video", "audio"]
+    with pytest.raises(ValueError, match="pixels"):
+        compensation_routing(replace(TrainConfig(), compensate_streams=("pixels",)))
+
+
 def test_patchify_is_the_pipelines():
     from diffusers.modular_pipelines.minimax_h3.before_denoise import patchify_video_latents
 

@@ -139,6 +139,10 @@ class TrainConfig:
     compensate_block_size: int = 32
     compensate_sparsity: float = 0.85
     """The routing the compensation LoRA trains under (the tiny's sparse recipes: 32-token blocks, 85 %, every step)."""
+    compensate_streams: tuple[str, ...] = ("video",)
+    """The token streams whose queries go sparse in the compensation's student: the ``sparse_attention`` lever's
+    ``streams`` (default video only, as the lever's; issue 50). The file states them (``h3_sparse_streams``), and the
+    ``compensation_lora`` lever refuses the file under a recipe that sparsifies other streams."""
     compensate_lr: float = 1e-3
     compensate_lr_final: float = 0.1
     compensate_lr_steps: int | None = None

@@ -3,10 +3,10 @@ LoRA to compensate for sparsification").
 
 The student is the 4-step one of the distill stage (the DiT with the distilled LoRA, both frozen) attending
 block-sparsely on every step, as the ``sparse_attention`` lever routes at inference (``compensate_block_size``,
-``compensate_sparsity``, no dense step); a second :class:`~h3.train.lora.DistillLora`, starting from zero (B = 0: the
+``compensate_sparsity``, no dense step, the query rows of ``compensate_streams`` only: the lever's ``streams``); a second :class:`~h3.train.lora.DistillLora`, starting from zero (B = 0: the
 uncompensated sparse student), is trained on the distillation's teacher set and objective (:func:`h3.train.distill.
 fit_lora`). It ships beside the turbo LoRA as ``lora/sparse<percent>-tiny.safetensors``, in the same format, its
-file naming the block size and sparsity it was trained for and the LoRA it compensates (its tensors' sha256); the
+file naming the block size, sparsity and token streams it was trained for and the LoRA it compensates (its tensors' sha256); the
 ``compensation_lora`` lever loads it as a second adapter. ``compensate_steps`` 0 (the default) skips the stage.
 """
 
@@ -29,13 +29,24 @@ def compensation_file(cfg: TrainConfig) -> str:
     return f"lora/sparse{round(cfg.compensate_sparsity * 100)}-tiny.safetensors"
 
 
-def compensation_metadata(cfg: TrainConfig, compensates: str) -> dict[str, str]:
-    """What the file states besides the network alpha: the routing it was trained under, the LoRA it sits on."""
-    from h3.levers.compensation_lora import COMPENSATES_KEY, ROUTING_KEYS
+def compensation_routing(cfg: TrainConfig):
+    """The ``sparse_attention`` lever's config the compensation trains under (every step sparse), validated as a
+    recipe's is: an unknown token stream in ``compensate_streams`` is refused here, before any training."""
+    from h3.levers.sparse_attention import SparseAttentionConfig
 
-    return {ROUTING_KEYS["block_size"]: str(cfg.compensate_block_size),
-            ROUTING_KEYS["sparsity"]: repr(cfg.compensate_sparsity), ROUTING_KEYS["dense_steps"]: "0",
-            COMPENSATES_KEY: compensates}
+    return SparseAttentionConfig(enabled=True, block_size=cfg.compensate_block_size,
+                                 sparsity=cfg.compensate_sparsity, dense_steps=0, streams=list(cfg.compensate_streams))
+
+
+def compensation_metadata(cfg: TrainConfig, compensates: str) -> dict[str, str]:
+    """What the file states besides the network alpha: the routing it was trained under (its token streams
+    included), the LoRA it sits on."""
+    from h3.levers.compensation_lora import COMPENSATES_KEY, ROUTING_KEYS, STREAMS_KEY
+
+    routing = compensation_routing(cfg)
+    return {ROUTING_KEYS["block_size"]: str(routing.block_size),
+            ROUTING_KEYS["sparsity"]: repr(routing.sparsity), ROUTING_KEYS["dense_steps"]: "0",
+            STREAMS_KEY: ",".join(routing.streams), COMPENSATES_KEY: compensates}
 
 
 def train_compensation(transformer, pool: Pool, cfg: TrainConfig, out: Path, budget: Budget,
@@ -43,6 +54,7 @@ def train_compensation(transformer, pool: Pool, cfg: TrainConfig, out: Path, bud
     """``transformer`` holds the teacher weights; the distill stage's LoRA is attached frozen under the trained one.
     Returns the compensation LoRA (detached) and the log."""
     dist = dist or Dist()
+    routing = compensation_routing(cfg)
     distilled = load_state(out / "distill" / "state.pt", cfg.device)
     if distilled is None or distilled["step"] < distilled["total_steps"]:
         raise FileNotFoundError(f"{out / 'distill' / 'state.pt'}: the compensation LoRA needs the distill stage "
@@ -56,8 +68,9 @@ def train_compensation(transformer, pool: Pool, cfg: TrainConfig, out: Path, bud
     lora = DistillLora(transformer, cfg.lora_rank, cfg.lora_adaln_rank, seed=cfg.seed + 1).to(cfg.device)
     plan = LoraPlan(stage="compensate", steps=cfg.compensate_steps, lr=cfg.compensate_lr,
                     lr_final=cfg.compensate_lr_final, lr_steps=cfg.compensate_lr_steps,
-                    sparse=(cfg.compensate_block_size, cfg.compensate_sparsity),
-                    record={"block_size": cfg.compensate_block_size, "sparsity": cfg.compensate_sparsity})
+                    sparse=(routing.block_size, routing.sparsity, tuple(routing.streams)),
+                    record={"block_size": routing.block_size, "sparsity": routing.sparsity,
+                            "streams": list(routing.streams)})
     base.attach(transformer)
     try:
         result = fit_lora(transformer, lora, groups, Batches(pool, cfg), cfg, out / "compensate" / "state.pt", plan,

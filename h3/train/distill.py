@@ -102,7 +102,7 @@ def motion_gap(x: torch.Tensor, target: torch.Tensor, frames: int = NUM_LATENT_F
 
 
 def distill_loss(transformer, batches: Batches, group: dict, index: torch.Tensor, grid, cfg: TrainConfig,
-                 sparse: tuple[int, float] | None = None):
+                 sparse: tuple | None = None):
     """The student's 4 steps from the teacher sample's noise, each step's x0 estimate against the teacher's final
     latents (``sparse``: the student attends block-sparsely, :func:`h3.train.packing.packed_forward`)."""
     tv, sgv, ta, sga = grid
@@ -183,14 +183,15 @@ def load_teacher_set(transformer, pool: Pool, cfg: TrainConfig, out: Path, dist:
 class LoraPlan:
     """What :func:`fit_lora` trains: the stage's name (its log lines and random stream), steps, learning rate (cosine
     from ``lr`` to ``lr * lr_final`` over ``lr_steps`` or ``steps``), the student's attention (``sparse``: block
-    size and sparsity, else dense), and what its state records besides the log."""
+    size and sparsity, and the token streams whose queries go sparse if given: :func:`h3.train.packing.packed_forward`;
+    else dense), and what its state records besides the log."""
 
     stage: str
     steps: int
     lr: float
     lr_final: float
     lr_steps: int | None = None
-    sparse: tuple[int, float] | None = None
+    sparse: tuple | None = None
     record: dict = field(default_factory=dict)
 
 

@@ -44,13 +44,18 @@ class SegmentedAttnProcessor:
 
     ``sparse`` = (block_size, sparsity): each document attends block-sparsely as the ``sparse_attention`` lever routes
     it at inference (:func:`h3.levers.sparse_attention.route_blocks` on the document's own rows, the kept blocks exact),
-    computed as SDPA under the kept blocks' token mask, so that gradients flow (the compensation LoRA's training)."""
+    computed as SDPA under the kept blocks' token mask, so that gradients flow (the compensation LoRA's training).
+    ``dense_rows`` = (document rows, row indices): each document's query rows that attend densely to every key instead
+    (the token streams the lever's ``streams`` leaves dense), and any attention over another sequence than the
+    documents' joint one (the token refiner's, which the lever leaves alone) dense; None: every query row of every
+    attention goes sparse."""
 
     _attention_backend = None
     _parallel_config = None
 
-    def __init__(self, segments: int = 1, sparse: tuple[int, float] | None = None):
-        self.segments, self.sparse = segments, sparse
+    def __init__(self, segments: int = 1, sparse: tuple[int, float] | None = None,
+                 dense_rows: tuple[int, torch.Tensor] | None = None):
+        self.segments, self.sparse, self.dense_rows = segments, sparse, dense_rows
 
     def __call__(self, attn, hidden_states, rotary_emb=None, attention_mask=None):
         query = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))
@@ -64,8 +69,12 @@ class SegmentedAttnProcessor:
         if rows % self.segments:
             raise ValueError(f"{rows} rows do not split into {self.segments} equal documents")
         split = lambda x: x.reshape(batch * self.segments, rows // self.segments, *x.shape[2:])  # noqa: E731
-        if self.sparse is not None:
-            out = masked_block_sparse(split(query), split(key), split(value), *self.sparse)
+        sparse, dense_rows = self.sparse, None
+        if sparse is not None and self.dense_rows is not None:
+            document, dense_rows = self.dense_rows
+            sparse = sparse if rows // self.segments == document else None
+        if sparse is not None:
+            out = masked_block_sparse(split(query), split(key), split(value), *sparse, dense_rows=dense_rows)
             out = out.reshape(batch, rows, *out.shape[2:]).flatten(2, 3).type_as(query)
             return attn.to_out[1](attn.to_out[0](out))
         out = dispatch_attention_fn(split(query), split(key), split(value), attn_mask=attention_mask, dropout_p=0.0,
@@ -76,23 +85,28 @@ class SegmentedAttnProcessor:
 
 
 def masked_block_sparse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, block_size: int,
-                        sparsity: float) -> torch.Tensor:
-    """(B, S, H, D) block-sparse attention, differentiable: the lever's routing, its kept blocks as a token mask."""
+                        sparsity: float, dense_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, S, H, D) block-sparse attention, differentiable: the lever's routing, its kept blocks as a token mask; the
+    query rows ``dense_rows`` attend to every key (the lever's dense streams: routed over all rows, then replaced)."""
     from h3.levers.sparse_attention import kept_block_mask, route_blocks
 
     seq = query.shape[1]
     kept = kept_block_mask(*route_blocks(query.detach(), key.detach(), block_size, sparsity))
     mask = kept.repeat_interleave(block_size, dim=2).repeat_interleave(block_size, dim=3)[:, :, :seq, :seq]
+    if dense_rows is not None and dense_rows.numel():
+        mask = mask.clone()
+        mask[:, :, dense_rows.to(mask.device).long(), :] = True
     q, k, v = (x.transpose(1, 2) for x in (query, key, value))
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2)
 
 
 @contextmanager
-def segmented_attention(transformer, segments: int, sparse: tuple[int, float] | None = None):
+def segmented_attention(transformer, segments: int, sparse: tuple[int, float] | None = None,
+                        dense_rows: tuple[int, torch.Tensor] | None = None):
     """Swap every attention processor of ``transformer`` for a :class:`SegmentedAttnProcessor` while inside."""
     modules = [m for m in transformer.modules() if isinstance(m, MiniMaxH3Attention)]
     old = [m.processor for m in modules]
-    proc = SegmentedAttnProcessor(segments, sparse)
+    proc = SegmentedAttnProcessor(segments, sparse, dense_rows)
     for m in modules:
         m.processor = proc
     try:
@@ -189,9 +203,11 @@ def row_timesteps(layout: Layout, t_video: torch.Tensor, t_audio: torch.Tensor) 
 
 def packed_forward(transformer, layout: Layout, video_rows: torch.Tensor, audio_rows_: torch.Tensor,
                    text: torch.Tensor, t_video: torch.Tensor, t_audio: torch.Tensor,
-                   sparse: tuple[int, float] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   sparse: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run B requests of one layout through the real forward in one packed sequence (``sparse``: block-sparse
-    attention per request, :class:`SegmentedAttnProcessor`).
+    attention per request, :class:`SegmentedAttnProcessor`: ``(block_size, sparsity)`` sparsifies every token stream's
+    queries, ``(block_size, sparsity, streams)`` only those of ``streams``, as the ``sparse_attention`` lever's
+    ``streams`` routes them; the other streams' query rows attend densely).
 
     video_rows: (B, Nv, Dv) in the order of ``layout.video_indices`` (conditioning rows first); audio_rows_: (B, Na, 32);
     text: (B, T, text_dim); t_video, t_audio: (B,). Returns the velocity of every video and audio row, (B, Nv, Dv) and
@@ -215,6 +231,12 @@ def packed_forward(transformer, layout: Layout, video_rows: torch.Tensor, audio_
         text_indices=(layout.text_indices.to(device)[None] + offsets).reshape(-1),
         return_dict=False,
     )
-    with segmented_attention(transformer, batch, sparse):
+    dense_rows = None
+    if sparse is not None and len(sparse) == 3:
+        sparse, streams = tuple(sparse[:2]), sparse[2]
+        dense = [getattr(layout, f"{name}_indices").reshape(-1) for name in ("video", "audio", "text")
+                 if name not in streams]
+        dense_rows = (rows, torch.cat(dense).sort().values.to(device) if dense else torch.zeros(0, dtype=torch.long))
+    with segmented_attention(transformer, batch, sparse, dense_rows):
         video, audio = transformer(**kwargs)
     return video.reshape(batch, -1, video.shape[-1]), audio.reshape(batch, -1, audio.shape[-1])
