@@ -218,38 +218,171 @@ def assemble(work: Path, pool: int, baseline: str, names: list[str]) -> Path | N
 
 
 def gate_run(run: Path, loaded) -> dict:
-    """Every comparison's gates under the policy (each candidate against the baseline and its parent), resumable."""
+    """The pairwise gates (not :data:`CLIP_GATES`) of every comparison under the policy (each candidate against the
+    baseline and against its parent), resumable."""
     from h3eval.demo import lpips_trunk
     from h3eval.gaterun import run_gates
     from h3eval.store import RunStore
     from h3eval.verdict.lineage import pairing_gates
 
     manifest = RunStore(run).read_manifest()
-    needed = {pair: {g for g in gates if g not in DROPPED and g != "trajectory"}
+    needed = {pair: {g for g in gates if g not in (*DROPPED, *CLIP_GATES, "trajectory")}
               for pair, gates in pairing_gates(loaded.policy, manifest).items()}
     names = sorted({g for gates in needed.values() for g in gates})
+    if not names:
+        return {"gates": [], "errors": []}
     summary = run_gates(run, names, device="cpu", options={"fidelity.lpips_trunk": lpips_trunk()}, progress=False,
                         pairing_gates=needed)
     return {"gates": names, "errors": [str(e) for e in summary.errors]}
 
 
-def floor_of(run: Path, loaded) -> Path:
-    """The new-seed floor of the run's baseline from its own clips (each against the same prompt's next seed)."""
+def floor_of(run: Path, loaded, scores_dir: Path) -> Path:
+    """The new-seed floor of the run's baseline from its own clips (each against the same prompt's next seed): the
+    per-clip gates' from the clips' scores (:func:`clip_floor`), the pairwise gates' the judges in play need through
+    h3eval.floor.newseed_floor_from_run; written to ``pool<i>/floor.json``."""
     from h3eval.demo import lpips_trunk
     from h3eval.floor import newseed_floor_from_run
+    from h3eval.policy import write_floor
     from h3eval.store import RunStore
-
     from h3eval.verdict.lineage import judgements
 
-    out = run.parent / "floor"
     manifest = RunStore(run).read_manifest()
     kinds = sorted({j.kind for c in manifest.candidates for j in judgements(loaded.policy, manifest, c) if j.kind})
-    gates = [g for g in loaded.policy.floor_gates(kinds) if g not in DROPPED and g != "trajectory"]
-    done = json.loads((out / "floor.json").read_text()).get("gates", []) if (out / "floor.json").is_file() else []
-    if not set(gates) <= set(done):  # the judges in play need a gate this floor lacks (a candidate added since)
-        newseed_floor_from_run(run, manifest.baseline, out, gates=sorted(set(gates) | set(done)),
-                               gate_options={"fidelity.lpips_trunk": lpips_trunk()}, progress=False)
-    return out / "floor.json"
+    metrics = clip_floor(scores_dir, manifest.baseline)
+    pair_gates = [g for g in loaded.policy.floor_gates(kinds) if g not in (*DROPPED, *CLIP_GATES, "trajectory")]
+    if pair_gates:
+        got = newseed_floor_from_run(run, manifest.baseline, run.parent / "floor_pairs", gates=pair_gates,
+                                     gate_options={"fidelity.lpips_trunk": lpips_trunk()}, progress=False)
+        metrics.update(got["metrics"])
+    path = run.parent / "floor.json"
+    write_floor(path, metrics, recipe=manifest.baseline, source_run=str(run), seeds=list(manifest.seeds),
+                gates=[*CLIP_GATES[1:], *pair_gates], how="per-clip scores (reference_free, prompt_faithfulness) and "
+                "h3eval.floor.newseed_floor_from_run (pairwise gates): each clip against the same prompt's next seed")
+    return path
+
+
+# -- per-clip scores: the resample judge's gates, scored once per clip ------------------------------------------------
+
+CLIP_GATES = ("integrity", "reference_free", "prompt_faithfulness")
+"""Gates whose pair result is a function of each side's own clip: each clip is scored once by the gates' own
+functions (as bench/resample_margins does) and the pair results are written from those scores; the pairwise gates
+(fidelity, audio, ghosting) run through h3eval.gaterun."""
+
+
+def score_clip(mp4: Path, record_path: Path) -> dict:
+    from gates.integrity import check_clip
+    from gates.media_cache import load_audio, load_video
+    from gates.prompt_faithfulness import clip_faithfulness
+    from gates.reference_free import ReferenceFreeOptions, score_mp4
+
+    record = json.loads(record_path.read_text())
+    rf, _ = score_mp4(mp4, ReferenceFreeOptions())
+    frames, _ = load_video(mp4)
+    audio, rate_hz = load_audio(mp4)
+    faith, info = clip_faithfulness(frames, audio, int(rate_hz), record["request"]["prompt"])
+    integrity = check_clip(mp4, record)
+    return {"rf": {k: float(v) for k, v in rf.items()}, "faith": float(faith), "faith_info": info,
+            "problems": [str(p) for p in integrity.problems] + ([str(integrity.decode_error)]
+                                                                  if integrity.decode_error is not None else [])}
+
+
+def score_pool(work: Path, pool: int, names: list[str], wait: bool = False) -> int:
+    """Score every finished clip of ``names`` in the pool once (``pool<i>/scores/<recipe>/<clip>.json``); with
+    ``wait``, poll until each recipe's clips are all scored (or refused). Returns how many clips were scored."""
+    from h3.atomic import atomic_write_json
+
+    _, seeds = POOLS[pool]
+    expected = 4 * len(seeds)
+    done = 0
+    while True:
+        pending = False
+        for name in names:
+            gen = work / f"pool{pool}" / "gen" / name
+            if (gen / "refused.json").is_file():
+                continue
+            clips = sorted(gen.glob("clips/*/*.mp4"))
+            scored = work / f"pool{pool}" / "scores"
+            for mp4 in clips:
+                record = mp4.with_suffix(".json")
+                out = scored / mp4.parent.name / f"{mp4.stem}.json"
+                if out.is_file() or not record.is_file():
+                    continue
+                out.parent.mkdir(parents=True, exist_ok=True)
+                started = time.perf_counter()
+                atomic_write_json(out, score_clip(mp4, record))
+                done += 1
+                print(f"scored pool {pool} {mp4.parent.name}/{mp4.stem} in {time.perf_counter() - started:.0f} s",
+                      flush=True)
+            if len(list((work / f"pool{pool}" / "scores").glob(f"{recipe_of(name).name}/*.json"))) < expected:
+                pending = True
+        if not (wait and pending):
+            return done
+        time.sleep(20)
+
+
+def write_clip_gate_results(run: Path, loaded, scores_dir: Path) -> list[str]:
+    """The pair results of :data:`CLIP_GATES` for every comparison that needs them, from the clips' scores; returns
+    the comparisons left without (a clip not scored)."""
+    from gates.base import GateResult, Metric, PairRef
+    from gates.reference_free import DIMENSIONS
+    from h3.atomic import atomic_write_json
+    from h3eval.store import RunStore
+    from h3eval.verdict.lineage import pairing_gates, result_dir
+
+    store = RunStore(run)
+    manifest = store.read_manifest()
+    missing = []
+    for (reference, candidate), gates in pairing_gates(loaded.policy, manifest).items():
+        for pid in manifest.prompts.ids:
+            for seed in manifest.seeds:
+                paths = [scores_dir / r / f"{pid}-s{seed}.json" for r in (reference, candidate)]
+                if not all(p.is_file() for p in paths):
+                    missing.append(f"{reference} vs {candidate} {pid}-s{seed}")
+                    continue
+                base, cand = (json.loads(p.read_text()) for p in paths)
+                pair = PairRef(baseline=reference, candidate=candidate, prompt_id=pid, seed=seed)
+                results = {}
+                if "integrity" in gates:
+                    n_base, n_cand = len(base["problems"]), len(cand["problems"])
+                    results["integrity"] = GateResult(
+                        gate="integrity", pair=pair, flagged=n_base + n_cand > 0,
+                        flags=[*base["problems"], *cand["problems"]],
+                        metrics={"baseline_problems": Metric(value=n_base, higher_is_better=False),
+                                 "candidate_problems": Metric(value=n_cand, higher_is_better=False)})
+                if "reference_free" in gates:
+                    metrics = {}
+                    for name, dim in DIMENSIONS.items():
+                        metrics[name] = Metric(value=cand["rf"][name], higher_is_better=dim.higher_is_better,
+                                               unit=dim.unit)
+                        metrics[f"{name}.baseline"] = Metric(value=base["rf"][name],
+                                                             higher_is_better=dim.higher_is_better, unit=dim.unit)
+                    results["reference_free"] = GateResult(gate="reference_free", pair=pair, metrics=metrics)
+                if "prompt_faithfulness" in gates:
+                    results["prompt_faithfulness"] = GateResult(
+                        gate="prompt_faithfulness", pair=pair,
+                        metrics={"faithfulness": Metric(value=cand["faith"], higher_is_better=True),
+                                 "faithfulness.baseline": Metric(value=base["faith"], higher_is_better=True)})
+                for gate, result in results.items():
+                    directory = result_dir(store, gate, candidate, reference, manifest.baseline)
+                    atomic_write_json(directory / f"{pid}-s{seed}.json", result.model_dump(mode="json"))
+    return missing
+
+
+def clip_floor(scores_dir: Path, baseline: str) -> dict[str, float]:
+    """The new-seed floor of the per-clip scores (``h3eval floor``'s definition): the mean |difference| between each
+    of the baseline's clips and the same prompt's next seed."""
+    from gates.reference_free import DIMENSIONS
+
+    clips = {p.stem: json.loads(p.read_text()) for p in sorted((scores_dir / baseline).glob("*.json"))}
+    by_prompt: dict[str, list[str]] = {}
+    for key in sorted(clips, key=lambda k: (k.rsplit("-s", 1)[0], int(k.rsplit("-s", 1)[1]))):
+        by_prompt.setdefault(key.rsplit("-s", 1)[0], []).append(key)
+    pairs = [(ks[i], ks[(i + 1) % len(ks)]) for ks in by_prompt.values() for i in range(len(ks)) if len(ks) > 1]
+    out = {f"reference_free.{name}": float(np.mean([abs(clips[a]["rf"][name] - clips[b]["rf"][name])
+                                                    for a, b in pairs])) for name in DIMENSIONS}
+    out["prompt_faithfulness.faithfulness"] = float(np.mean([abs(clips[a]["faith"] - clips[b]["faith"])
+                                                             for a, b in pairs]))
+    return out
 
 
 # -- simulated runs and their verdicts ----------------------------------------------------------------------------------
@@ -458,6 +591,8 @@ def main() -> None:
     parser.add_argument("--rng", type=int, default=20261206)
     parser.add_argument("--n-resamples", type=int, default=999)
     parser.add_argument("--generate-only", action="store_true", help="make the clips, judge nothing")
+    parser.add_argument("--score-only", action="store_true",
+                        help="score the clips as they are made (the per-clip gates), polling until each is scored")
     parser.add_argument("--verdict-only", action="store_true",
                         help="generate and gate nothing: judge the simulated runs from the gate results --work holds")
     parser.add_argument("--name", default="recipe_signoff")
@@ -479,16 +614,20 @@ def main() -> None:
     parents = {n: recipe_of(n).parent for n in names}
     order = [args.run_baseline] + sorted((n for n in names if n != args.run_baseline),
                                          key=lambda n: (n not in CORRECT, n))
-    if args.generate_only:
+    if args.generate_only or args.score_only:
         order = list(dict.fromkeys(names))  # only the clips asked for, in that order
     for n, parent in parents.items():
-        if not args.generate_only and parent is not None and parent not in order:
+        if not (args.generate_only or args.score_only) and parent is not None and parent not in order:
             raise SystemExit(f"{n}'s parent {parent} is not among --recipes")
     if args.run_baseline != "baseline" and "identity" in order:
         order.remove("identity")  # identity is judged against the 29-step baseline only
     loaded = sim_policy(args.n_resamples)
     refused: dict = {}
     results: dict = {}
+    if args.score_only:
+        for pool in pools:
+            score_pool(args.work, pool, order, wait=True)
+        return
     for pool in pools:
         if not args.verdict_only:
             for name in order:
@@ -503,15 +642,20 @@ def main() -> None:
         if args.generate_only:
             continue
         run = args.work / f"pool{pool}" / "run"
+        scores = args.work / f"pool{pool}" / "scores"
         if not args.verdict_only:
             run = assemble(args.work, pool, args.run_baseline, [n for n in order if n not in refused])
             if run is None:
                 print(f"pool {pool}: the run baseline's clips are not complete; not judged", flush=True)
                 continue
+            score_pool(args.work, pool, order)
+            missing = write_clip_gate_results(run, loaded, scores)
+            if missing:
+                raise SystemExit(f"pool {pool}: clips not scored: {missing[:5]}")
             print(f"pool {pool}: gates {gate_run(run, loaded)}", flush=True)
         if not (run / "run.json").is_file():
             continue
-        floor = floor_of(run, loaded) if not args.verdict_only else run.parent / "floor" / "floor.json"
+        floor = floor_of(run, loaded, scores) if not args.verdict_only else run.parent / "floor.json"
         data = load_pool(run)
         import tempfile
 
