@@ -58,10 +58,29 @@ def register(app: typer.Typer) -> None:
             None, "--time-box",
             help="Seconds after which no request starts (nor one its recipe's last request says would end later); "
                  "the rest are recorded as not run, the run is partial, a rerun resumes it."),
+        sequential: bool = typer.Option(
+            False, "--sequential",
+            help="Generate in rounds (looks of 4, 8, 16, 32 pairs up to --max-pairs), gate and judge after each, and "
+                 "stop each candidate whose verdict is decided (h3eval/sequential.py); exits with the verdict's code."),
+        max_pairs: int = typer.Option(32, "--max-pairs", help="--sequential: pairs of the last look."),
+        design: str = typer.Option("obrien-fleming", "--design", help="--sequential: obrien-fleming or pocock."),
+        policy: str = typer.Option("release", "--policy", help="--sequential: the policy each look is judged by."),
+        floor: Optional[Path] = typer.Option(None, "--floor", help="--sequential: the noise-floor file."),
         verbose: bool = typer.Option(False, "--verbose", "-v"),
     ) -> None:
         """Generate every (recipe, prompt, seed) clip into one run and write speed.json; a rerun resumes."""
         setup_logging(verbose)
+        if sequential:  # issue 53
+            from h3eval.sequential import sequential_command
+
+            raise typer.Exit(sequential_command(
+                echo=typer.echo, max_pairs=max_pairs, design=design, policy=policy, floor=floor, seeds=seeds,
+                baseline=baseline, candidates=candidate, prompts=prompts, out=out, model=model, backend=backend,
+                urls=url, api_key=api_key, warmup=warmup, warmup_recipes=warmup_recipe or None,
+                baseline_last=baseline_last, speed_protocol=speed_protocol, speed_rounds=speed_rounds,
+                gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity, trajectory=trajectory, seconds=seconds,
+                num_frames=num_frames, height=height, width=width, timeout_s=timeout_s, device=device,
+                share_model=share_model, text_encoder=text_encoder, time_box_s=time_box))
         result = run_ab_command(
             baseline=baseline, candidates=candidate, prompts=prompts, out=out, model=model, seeds=seeds,
             backend=backend, urls=url, api_key=api_key, warmup=warmup, warmup_recipes=warmup_recipe or None,
