@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import socket
 import threading
 import time
 import uuid
@@ -45,117 +43,29 @@ from typing import Any, Literal
 
 from h3.atomic import atomic_write_json, atomic_write_text
 from h3.media import MediaError
-from h3.record import ClipRecord
-from h3.recipe import NOT_COMPUTATION, Recipe, recipe_from_dict
+from h3.recipe import Recipe
 from h3.runtime import GenerateRequest, RequestError
 from h3eval import speed as speedmod
+from h3eval.ab_sessions import begin_session
+from h3eval.ab_speed import build_speed
 from h3eval.backends import Backend, BackendError, remove_clip
 from h3eval.executed import check_executed, is_unverified
+from h3eval.ladder import ladder_recipes
+from h3eval.offidentity import identity_recipe, levers_of, off_identity
 from h3eval.runner import RunPlan, open_run, validate_plan
 from h3eval.store import ClipError, RunManifest, RunStore, StoreError, read_finished_record, utc_now
+
+# Parts of an ab run with modules of their own, importable from here as before: the off-identity check
+# (h3eval.offidentity), the ladder (h3eval.ladder), speed.json (h3eval.ab_speed), the sessions (h3eval.ab_sessions).
+__all__ = ["AbPlan", "AbResult", "Job", "begin_session", "build_speed", "check_executed", "identity_recipe",
+           "ladder_recipes", "levers_of", "off_identity", "quality_jobs", "run_ab", "run_ab_from_args", "speed_jobs",
+           "sweep_partial_files"]
 
 logger = logging.getLogger(__name__)
 _clock = time.monotonic  # the time box's clock (a test plants its own)
 
 Protocol = Literal["mixed", "repeated", "both"]
 
-
-# -- off-identity ---------------------------------------------------------------------------------------------------
-def levers_of(recipe: Recipe) -> dict[str, Any]:
-    """What the recipe computes: everything but its name, description and how it is signed off
-    (:data:`h3.recipe.NOT_COMPUTATION`), so that a candidate with the baseline's computation gets the off-identity
-    check whatever signoff kind it declares."""
-    return {k: v for k, v in recipe.resolved().items() if k not in ("name", "description", *NOT_COMPUTATION)}
-
-
-def identity_recipe(baseline: Recipe) -> Recipe:
-    """The baseline with every lever as it is (none added): must reproduce the baseline byte for byte."""
-    data = baseline.resolved()
-    data.update(name=f"{baseline.name}-identity", description=f"off-identity check of {baseline.name}")
-    return recipe_from_dict(data, source="off-identity")
-
-
-def off_identity(store: RunStore, baseline: str, candidate: str, prompt_ids: list[str],
-                 seeds: list[int]) -> dict[str, Any]:
-    """Compare frames and PCM hashes of every quality pair; pass only when every pair exists and matches.
-
-    Byte identity is promised on one platform (h3/determinism.py): a pair whose two clips were made on different
-    platforms (CPU model, vector capability, MKL reproducibility mode, threads, torch or GPU), or on a CPU whose MKL
-    ran without reproducibility, cannot fail the check by differing; it is listed under ``not_comparable`` with the
-    platform keys that differ, and counted in neither ``identical`` nor ``differing``.
-    """
-    from h3.determinism import byte_identity_promised, platform_difference
-
-    identical, differing, missing, not_comparable = 0, [], [], []
-    platforms: dict[str, Any] = {}
-    for pid in prompt_ids:
-        for seed in seeds:
-            a, b = store.read_record(baseline, pid, seed), store.read_record(candidate, pid, seed)
-            if a is None or b is None:
-                missing.append(f"{pid}-s{seed}")
-                continue
-            na, nb = (a.hardware or {}).get("numerics"), (b.hardware or {}).get("numerics")
-            platforms.setdefault(baseline, na)
-            platforms.setdefault(candidate, nb)
-            same_bytes = a.frames_sha256 == b.frames_sha256 and a.pcm_sha256 == b.pcm_sha256
-            if (a.extra or {}).get("hash_source", "raw") != (b.extra or {}).get("hash_source", "raw"):
-                differing.append({"pair": f"{pid}-s{seed}", "why": "hashes of different sources (raw vs decoded)"})
-            elif same_bytes:
-                identical += 1
-            elif platform_difference(na, nb) or not (byte_identity_promised(na) and byte_identity_promised(nb)):
-                keys = platform_difference(na, nb)
-                not_comparable.append({
-                    "pair": f"{pid}-s{seed}",
-                    "why": (f"made on different platforms (differ in {', '.join(keys)})" if keys
-                            else "made on a CPU whose MKL ran without reproducibility (MKL_CBWR)"),
-                })
-            else:
-                differing.append({"pair": f"{pid}-s{seed}", "frames_equal": a.frames_sha256 == b.frames_sha256,
-                                  "pcm_equal": a.pcm_sha256 == b.pcm_sha256})
-    return {"candidate": candidate, "pairs": len(prompt_ids) * len(seeds), "identical": identical,
-            "differing": differing, "missing": missing, "not_comparable": not_comparable,
-            "compared": "sha256 of the raw frames (uint8) and PCM (int16) of every quality pair",
-            "platforms": platforms, "passed": not differing and not missing}
-
-
-# -- the ladder -----------------------------------------------------------------------------------------------------
-def ladder_recipes(baseline: Recipe, candidates: list[Recipe], load=None) -> list[Recipe]:
-    """The candidates with the parents they name (``parent = "turbo4-tiny"``) that are not in the run added before
-    them, so that every rung is generated in the same run with the same prompts and seeds as the rung below it and
-    judged against it (:mod:`h3eval.verdict.lineage`). A parent named like the baseline is the baseline. ``load``: how
-    a parent's name is read (default :func:`h3.recipe.load_recipe`: a shipped name or a path)."""
-    from h3.recipe import RecipeError, load_recipe
-    from h3eval.runner import RunError
-
-    load = load or load_recipe
-    out: list[Recipe] = []
-    names = {baseline.name}
-
-    listed: set[int] = set()  # candidates already placed (as a parent of an earlier one)
-
-    def add(recipe: Recipe, chain: tuple[str, ...]) -> None:
-        if id(recipe) in listed or (chain and recipe.name in names):
-            return  # a name given twice on the command line goes through, for the plan's own check to refuse
-        parent = recipe.parent
-        if parent is not None and parent not in names and parent in (*chain, recipe.name):
-            raise RunError(f"recipe {recipe.name!r}: its parents form a loop "
-                           f"({' -> '.join((*chain, recipe.name, parent))})")
-        if parent is not None and parent not in names and parent not in {c.name for c in candidates}:
-            try:
-                above = load(parent)
-            except RecipeError as exc:
-                raise RunError(f"recipe {recipe.name!r} names parent {parent!r}, which cannot be read: {exc}") from None
-            logger.info("ladder: %s is judged against its parent %s, which joins the run", recipe.name, parent)
-            add(above, (*chain, recipe.name))
-        elif parent is not None and parent not in names:
-            add(next(c for c in candidates if c.name == parent), (*chain, recipe.name))
-        names.add(recipe.name)
-        listed.add(id(recipe))
-        out.append(recipe)
-
-    for candidate in candidates:
-        add(candidate, ())
-    return out
 
 
 # -- the plan -------------------------------------------------------------------------------------------------------
@@ -347,86 +257,6 @@ class _Session:
             self.errors.append(err)
 
 
-def build_speed(plan: AbPlan, store: RunStore, refused: dict[str, list[str]]) -> dict[str, Any]:
-    """speed.json's content, from the records on disk (so a resumed run counts every finished request)."""
-    baseline = plan.run.baseline
-    names = [r.name for r in plan.run.recipes]
-    per_recipe_all: dict[str, list[ClipRecord]] = {}
-    for name in names:
-        recs = store.finished_records(store.warmup_dir(name))
-        for protocol in plan.protocols:
-            recs += store.finished_records(store.speed_dir(protocol, name))
-        recs += store.finished_records(store.clip_dir(name))
-        per_recipe_all[name] = recs
-    recompiles = {name: speedmod.detect_recompiles(per_recipe_all[name], plan.recompile_ratio,
-                                                   plan.recompile_margin_s) for name in names}
-    sections: dict[str, dict[str, Any]] = {}
-    for section in [*plan.protocols, "quality_clips"]:
-        directory = (lambda n: store.clip_dir(n)) if section == "quality_clips" else (
-            lambda n, s=section: store.speed_dir(s, n))
-        records = {n: store.finished_records(directory(n)) for n in names}
-        base_by_name = {(r.extra or {}).get("request_name") or f"{r.request.prompt_id}-s{r.request.seed}": r
-                        for r in records[baseline]}
-        out: dict[str, Any] = {}
-        for name in names:
-            if name in refused:
-                out[name] = {"status": "refused", "reason": "configured-versus-executed mismatch: "
-                             + "; ".join(refused[name])}
-                continue
-            recs = records[name]
-            if not recs:
-                out[name] = {"status": "empty", "reason": "no finished request"}
-                continue
-            summary = {"status": "ok", **speedmod.summarize(recs, plan.gpu_hourly_rate)}
-            summary["executed_verified"] = not any("executed" in (r.extra or {}).get("unreported", []) for r in recs)
-            if name != baseline and baseline not in refused:
-                pairs = []
-                for r in recs:
-                    key = (r.extra or {}).get("request_name") or f"{r.request.prompt_id}-s{r.request.seed}"
-                    if key in base_by_name:
-                        pairs.append((base_by_name[key].timings.generation_side_latency_s,
-                                      r.timings.generation_side_latency_s))
-                summary["speedup"] = speedmod.speedup([p[0] for p in pairs], [p[1] for p in pairs])
-            rc = recompiles[name]
-            if rc.get("available"):
-                mine = {(r.extra or {}).get("request_name") for r in recs}
-                shapes = [s for s in rc["shapes"] if s["request"] in mine]
-                summary["recompiles"] = {**{k: v for k, v in rc.items() if k != "shapes"}, "shapes": shapes,
-                                         "flagged": bool(shapes)}
-            else:
-                summary["recompiles"] = dict(rc)  # not available: neither flagged nor cleared
-            out[name] = summary
-        sections[section] = out
-    speed: dict[str, Any] = {
-        "run": str(store.root), "baseline": baseline, "notices": store.weights_notices(), "protocols": sections,
-        "recompiles": recompiles,
-        "definitions": {
-            "quantile": "numpy quantile method='linear' (Hyndman & Fan type 7)",
-            "generation_side_latency": "seed 000: text encode + DiT + decodes + frame prep/D2H; no mux, no network",
-            "request_to_file_latency": "seed 002: request in to file on disk (http: client submit to file)",
-            "real_time_factor": "generation-side latency / clip duration (seed 000), p50",
-            "usd_per_clip": "p50 request-to-file s x gpu_hourly_rate / 3600",
-            "speedup": (f"mean(baseline)/mean(candidate) generation-side latency over paired requests; "
-                        f"{int(speedmod.CI_LEVEL * 100)}% paired BCa bootstrap (h3eval.stats), "
-                        f"B={speedmod.BOOTSTRAP_B}, "
-                        f"seed {speedmod.BOOTSTRAP_SEED}"),
-            "recompile": f"first request at a sequence shape > max({plan.recompile_ratio}x, "
-                         f"+{plan.recompile_margin_s} s) of the recipe's steady-state median",
-            "warmup": "warm-up requests are recorded under warmup/ and excluded from every number",
-        },
-        "gpu_hourly_rate": plan.gpu_hourly_rate,
-    }
-    if plan.protocols == ["repeated", "mixed"]:
-        ratios = {}
-        for name in names:
-            m, r = sections["mixed"].get(name, {}), sections["repeated"].get(name, {})
-            if m.get("status") == "ok" and r.get("status") == "ok" and m.get("generation_side_latency_s") and \
-                    r.get("generation_side_latency_s"):
-                mp, rp = m["generation_side_latency_s"]["p50"], r["generation_side_latency_s"]["p50"]
-                ratios[name] = {"mixed_p50_s": mp, "repeated_p50_s": rp, "ratio": mp / rp}
-        speed["repeated_vs_mixed"] = ratios
-    return speed
-
 
 @dataclass
 class AbResult:
@@ -436,55 +266,6 @@ class AbResult:
     off_identity: dict[str, dict[str, Any]]
 
 
-def _sessions(manifest: RunManifest) -> list[dict[str, Any]]:
-    """``extra.ab.sessions`` as a list of entries (runs written before entries existed listed bare ids)."""
-    ab = manifest.extra.get("ab")
-    raw = ab.get("sessions") if isinstance(ab, dict) else None
-    return [entry if isinstance(entry, dict) and "id" in entry else {"id": str(entry), "outcome": "unknown"}
-            for entry in (raw if isinstance(raw, list) else [])]
-
-
-def _session_requests(store: RunStore, recipes: list[str]) -> dict[str, int]:
-    """Finished timed requests (speed and quality clips) per session, from the records on disk."""
-    counts: dict[str, int] = {}
-    for name in recipes:
-        for directory in [store.clip_dir(name), *(store.speed_dir(p, name) for p in ("repeated", "mixed"))]:
-            for record in store.finished_records(directory):
-                session = str((record.extra or {}).get("session", ""))
-                counts[session] = counts.get(session, 0) + 1
-    return counts
-
-
-def begin_session(store: RunStore, manifest: RunManifest, session_id: str) -> dict[str, Any]:
-    """Record a session in ``run.json`` before it generates anything; mark the sessions a kill left ``running`` as
-    ``killed``, and remove the warm-up clips of ended sessions that finished no timed request. Returns the entry."""
-    sessions = _sessions(manifest)
-    recipes = list(manifest.recipes)
-    finished = _session_requests(store, recipes)
-    for entry in sessions:
-        if entry.get("outcome") == "running":  # the lock is ours: that process is gone without saying so
-            entry.update(outcome="killed", noticed_by=session_id, finished_requests=finished.get(entry["id"], 0))
-    swept: dict[str, int] = {}
-    for name in recipes:
-        for session, files in store.warmup_files(name).items():
-            if session != session_id and not finished.get(session):
-                for path in files:
-                    path.unlink(missing_ok=True)
-                swept[session] = swept.get(session, 0) + sum(1 for p in files if p.suffix == ".mp4")
-    for entry in sessions:
-        if swept.get(entry["id"]):
-            entry["warmups_removed"] = entry.get("warmups_removed", 0) + swept[entry["id"]]
-    if swept:
-        logger.warning("removed %d orphaned warm-up clip(s) of %d ended session(s) that finished no timed request",
-                       sum(swept.values()), len(swept))
-    entry = {"id": session_id, "pid": os.getpid(), "host": socket.gethostname(), "started_at": utc_now(),
-             "outcome": "running"}
-    sessions.append(entry)
-    if not isinstance(manifest.extra.get("ab"), dict):
-        manifest.extra["ab"] = {}
-    manifest.extra["ab"]["sessions"] = sessions
-    store.write_manifest(manifest)
-    return entry
 
 
 def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
