@@ -48,6 +48,12 @@ GRID_POINTS = 2001
 1e-4 (tests/test_sequential.py)."""
 
 
+MIN_NOMINAL = 1e-8
+"""The smallest nominal level a look's verdict is computed at: O'Brien-Fleming's first looks ask for less (2e-10 at 4 of
+32 pairs), where the statistics' minimum detectable effect is not computable (h3eval.stats: no root); raising them to
+1e-8 adds at most 1e-8 a look to the type-I error."""
+
+
 class SequentialError(ValueError):
     """A design that cannot be built (bad looks, alpha or design name): one clear message, exit 3."""
 
@@ -254,7 +260,7 @@ def look_policy(policy, design: SequentialDesign, look: int):
     last = look == len(design.looks) - 1
     n = design.looks[look]
     data = policy.model_dump(mode="python")
-    data["confidence"] = 1.0 - 2.0 * design.nominal((1 - policy.confidence) / 2, look)
+    data["confidence"] = 1.0 - 2.0 * max(MIN_NOMINAL, design.nominal((1 - policy.confidence) / 2, look))
     data["min_pairs"] = min(data["min_pairs"], n)
     if data.get("speed") and data["speed"].get("min_pairs") is not None:
         data["speed"]["min_pairs"] = min(data["speed"]["min_pairs"], n)
@@ -266,7 +272,7 @@ def look_policy(policy, design: SequentialDesign, look: int):
                 if mp.get("min_pairs") is not None:
                     mp["min_pairs"] = max(2, min(mp["min_pairs"], n))
                 if mp.get("regression") is not None:
-                    mp["regression"]["alpha"] = design.nominal(mp["regression"]["alpha"], look)
+                    mp["regression"]["alpha"] = max(MIN_NOMINAL, design.nominal(mp["regression"]["alpha"], look))
                 if not last and mp.get("compare") != "pair":
                     mp["fail_beyond"] = "ci"
     return Policy.model_validate(data)

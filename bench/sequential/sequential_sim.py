@@ -1,0 +1,226 @@
+"""Sequential signoff by simulation (issue 53): false-FAIL, false-PASS and pairs used of the group-sequential design
+(h3eval/sequential.py, looks 4, 8, 16, 32) against the fixed 16- and 32-pair designs, on the paired metric
+distributions the suite measured on the trained tiny.
+
+    python bench/sequential/sequential_sim.py [--runs 200] [--rng 20261206]
+
+Pools (each simulated run draws its pairs with replacement from a pool's 16 measured pairs):
+- bench/resample_margins/results/resample_margins.json ``clip_scores`` (world-demo x seeds 4-7): ``benign`` (the
+  baseline against itself under another seed of the same prompt), ``turbo4-tiny`` (a correct distilled recipe),
+  ``turbo4-tiny-lora03`` and ``fewer-steps`` (planted regressions); the 12 reference-free dimensions and prompt
+  faithfulness, with the release policy's resample judge (margins 1.5 x the pool's floor, regression rule);
+- bench/recipe_bugs/results/recipe_bugs.json (heldout x seeds 0-3, each plant against its parent): prompt faithfulness
+  alone, as the share of the six content aspects read right per clip, under the resample judge's faithfulness rule.
+Each look is decided by the verdict's own functions (h3eval.verdict.decide: metric_statistics, decide_metrics: the
+paired CI, non-inferiority t-test, Holm, the one-sided Wilcoxon regression test) under
+h3eval.sequential.look_policy; the fixed designs under the policy as shipped. Integrity and the gates' pair-level
+checks are not simulated (clean on these pools).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(ROOT))
+
+RELEASE = ROOT / "gates" / "policies" / "release.toml"
+MARGINS = ROOT / "bench" / "resample_margins" / "results" / "resample_margins.json"
+BUGS = ROOT / "bench" / "recipe_bugs" / "results" / "recipe_bugs.json"
+ASPECTS = ("colour", "shape", "direction", "pitch", "bounces", "sync")
+LOOKS = (4, 8, 16, 32)
+
+
+def policy():
+    """release.toml without [speed] and vbench (no pinned VBench environment here), 999 bootstrap resamples."""
+    from h3eval.policy import parse_policy
+
+    data = tomllib.loads(RELEASE.read_text())
+    data.pop("speed", None)
+    data["n_resamples"] = 999
+    data["judges"]["resample"]["gates"].pop("vbench", None)
+    return parse_policy(data, RELEASE)
+
+
+def pools() -> dict[str, dict]:
+    """name -> {expected, metrics: {key: (baseline values, candidate values)} over the pool's pairs, benign flag}."""
+    d = json.loads(MARGINS.read_text())
+    scores, floor = d["clip_scores"], d["floor"]
+    base = scores["baseline"]
+    keys = sorted(base)
+
+    def vec(recipe: str, ks) -> dict[str, np.ndarray]:
+        rows = [scores[recipe][k] for k in ks]
+        out = {f"reference_free.{n}": np.array([r["rf"][n] for r in rows]) for n in rows[0]["rf"]}
+        out["prompt_faithfulness.faithfulness"] = np.array([r["faith"] for r in rows])
+        return out
+
+    out: dict[str, dict] = {}
+    # benign: (prompt, seed) against the same prompt at every other seed: 4 x 4 x 3 = 48 pairs
+    by_prompt: dict[str, list[str]] = {}
+    for k in keys:
+        by_prompt.setdefault(k.rsplit("-s", 1)[0], []).append(k)
+    a_keys, b_keys = zip(*[(a, b) for ks in by_prompt.values() for a in ks for b in ks if a != b])
+    A, B = vec("baseline", a_keys), vec("baseline", b_keys)
+    out["benign"] = {"expected": "PASS", "pairs": {m: (A[m], B[m]) for m in A}, "floor": floor}
+    for cand, want in (("turbo4-tiny", "PASS"), ("turbo4-tiny-lora03", "FAIL"), ("fewer-steps", "FAIL")):
+        A, B = vec("baseline", keys), vec(cand, keys)
+        out[cand] = {"expected": want, "pairs": {m: (A[m], B[m]) for m in A}, "floor": floor}
+    bugs = json.loads(BUGS.read_text())
+    share = lambda c: float(np.mean([bool(c[a]) for a in ASPECTS]))  # noqa: E731
+    for name, plant in bugs["plants"].items():
+        clips = plant.get("clips") or {}
+        parent = bugs["parents"].get(plant["parent"], {}).get("clips") or {}
+        ks = sorted(set(clips) & set(parent))
+        if len(ks) < 8:
+            continue  # refused at load: nothing to judge
+        base_v = np.array([share(parent[k]) for k in ks])
+        cand_v = np.array([share(clips[k]) for k in ks])
+        identical = all(clips[k]["frames_sha256"] == parent[k]["frames_sha256"] for k in ks)
+        out[f"bug:{name}"] = {"expected": "PASS (byte-identical to its parent)" if identical else "a planted bug (clips differ)", "floor": floor,
+                              "pairs": {"prompt_faithfulness.faithfulness": (base_v, cand_v)}}
+    return out
+
+
+def metric_policies(pol) -> dict:
+    judge = pol.judges["resample"]
+    return {f"{g}.{m}": mp for g, gp in judge.gates.items() for m, mp in gp.metrics.items()}
+
+
+def threshold(mp, key: str, floor: dict) -> float:
+    t = mp.margin
+    return float(t) if isinstance(t, (int, float)) else max(t.fraction_of_floor * floor[key], t.at_least)
+
+
+def shift(mp, key: str, floor: dict) -> float:
+    s = mp.regression.min_shift
+    return float(s) if isinstance(s, (int, float)) else max(s.fraction_of_floor * floor[key], s.at_least)
+
+
+def decide(pol, pool: dict, idx: np.ndarray) -> str:
+    """The candidate's outcome over the pool's metrics at these pairs, by the verdict's own functions."""
+    import datetime as dt
+
+    from h3eval.verdict.decide import combine, decide_metrics, metric_statistics
+    from h3eval.verdict.schema import MetricVerdict, PairValue, Settings
+
+    settings = Settings(confidence=pol.confidence, alpha_one_sided=(1 - pol.confidence) / 2, power=pol.power,
+                        n_resamples=pol.n_resamples, seed=pol.seed, holm=pol.holm, today=dt.date(2026, 12, 6))
+    mps = metric_policies(pol)
+    works = []
+    for key, (base, cand) in pool["pairs"].items():
+        mp = mps.get(key)
+        if mp is None or (key not in pool["floor"] and not isinstance(mp.margin, (int, float))):
+            continue  # a score the pool has but the policy or the pool's floor does not
+        gate, metric = key.split(".", 1)
+        pairs = [PairValue(prompt_id=f"p{i}", seed=int(j), value=float(cand[i]), baseline_value=float(base[i]),
+                           file="") for j, i in enumerate(idx)]
+        mv = MetricVerdict(gate=gate, metric=metric, candidate="c", compare=mp.compare, direction=mp.direction,
+                           required=True, outcome="INCONCLUSIVE", raw_outcome="INCONCLUSIVE",
+                           threshold=threshold(mp, key, pool["floor"]), n_pairs=len(idx), n_expected=len(idx),
+                           regression_shift=shift(mp, key, pool["floor"]) if mp.regression else None, pairs=pairs)
+        works.append(metric_statistics(mv, mp, settings))
+    decide_metrics(works, pol, settings, "c")
+    return combine([w.mv.outcome for w in works])
+
+
+def simulate(pool: dict, runs: int, rng: np.random.Generator, fixed, seq_policies: dict) -> dict:
+    n_pool = len(next(iter(pool["pairs"].values()))[0])
+    res = {"fixed16": [], "fixed32": [], **{d: [] for d in seq_policies}, **{f"{d}_pairs": [] for d in seq_policies}}
+    for _ in range(runs):
+        idx = rng.integers(0, n_pool, size=LOOKS[-1])
+        res["fixed16"].append(decide(fixed, pool, idx[:16]))
+        res["fixed32"].append(decide(fixed, pool, idx))
+        for d, pols in seq_policies.items():
+            for k, n in enumerate(LOOKS):
+                outcome = decide(pols[k], pool, idx[:n])
+                if outcome != "INCONCLUSIVE" or k == len(LOOKS) - 1:
+                    break
+            res[d].append(outcome)
+            res[f"{d}_pairs"].append(n)
+    return res
+
+
+def rate(k: int, n: int) -> dict:
+    from scipy.stats import beta
+
+    lo = 0.0 if k == 0 else float(beta.ppf(0.025, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(0.975, k + 1, n - k))
+    return {"k": k, "n": n, "rate": k / n, "ci95": [lo, hi]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--rng", type=int, default=20261206)
+    parser.add_argument("--only", default="", help="comma-separated pool names (default all)")
+    args = parser.parse_args()
+    from h3eval.sequential import look_policy, make_design, policy_alphas
+
+    started = time.perf_counter()
+    fixed = policy()
+    seq = {}
+    designs = {}
+    for d in ("obrien-fleming", "pocock"):
+        design = make_design(d, LOOKS, policy_alphas(fixed))
+        designs[d] = design.to_dict()
+        seq[d] = [look_policy(fixed, design, k) for k in range(len(LOOKS))]
+    rng = np.random.default_rng(args.rng)
+    rows = {}
+    all_pools = pools()
+    for name, pool in all_pools.items():
+        if args.only and name not in args.only.split(","):
+            continue
+        res = simulate(pool, args.runs, rng, fixed, seq)
+        row = {"expected": pool["expected"], "metrics": len(pool["pairs"])}
+        for design in ("fixed16", "fixed32", *seq):
+            outs = res[design]
+            row[design] = {o: outs.count(o) for o in ("PASS", "FAIL", "INCONCLUSIVE")}
+            row[design]["FAIL_rate"] = rate(outs.count("FAIL"), len(outs))
+            row[design]["PASS_rate"] = rate(outs.count("PASS"), len(outs))
+            if design in seq:
+                pairs = np.array(res[f"{design}_pairs"])
+                row[design]["mean_pairs"] = float(pairs.mean())
+                row[design]["share_of_fixed16"] = float(pairs.mean() / 16)
+                row[design]["share_of_fixed32"] = float(pairs.mean() / 32)
+        rows[name] = row
+        print(name, {k: (v if not isinstance(v, dict) else {kk: vv for kk, vv in v.items() if kk in
+                                                             ("PASS", "FAIL", "INCONCLUSIVE", "mean_pairs")})
+                     for k, v in row.items()}, flush=True)
+    record({"runs": args.runs, "rng": args.rng, "looks": list(LOOKS), "designs": designs,
+            "policy": "gates/policies/release.toml without [speed] and vbench, 999 resamples", "pools": rows,
+            "seconds": round(time.perf_counter() - started, 1)})
+
+
+def record(payload: dict) -> None:
+    from bench.lib.results import context
+    from h3.atomic import atomic_write_json, atomic_write_text
+
+    results = Path(__file__).resolve().parent / "results"
+    data = {**context(), **payload}
+    atomic_write_json(results / "sequential_sim.json", data)
+    pct = lambda r: f"{r['rate']:.1%} [{r['ci95'][0]:.1%}, {r['ci95'][1]:.1%}]"  # noqa: E731
+    lines = ["# sequential_sim", "", f"- date: {data['date']}", f"- command: `{data['command']}`",
+             f"- machine: {data['machine']['platform']}, {data['machine']['cpu_count']} cpus",
+             "- versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()),
+             f"- {payload['runs']} simulated runs per pool, looks {payload['looks']}; {payload['policy']}", "",
+             "| pool | expected | design | PASS | FAIL | INCONCLUSIVE | FAIL rate (95% CI) | PASS rate (95% CI) | mean pairs |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for name, row in payload["pools"].items():
+        for design in ("fixed16", "fixed32", "obrien-fleming", "pocock"):
+            r = row[design]
+            mean = r.get("mean_pairs", 16 if design == "fixed16" else 32)
+            lines.append(f"| {name} | {row['expected']} | {design} | {r['PASS']} | {r['FAIL']} | {r['INCONCLUSIVE']} | "
+                         f"{pct(r['FAIL_rate'])} | {pct(r['PASS_rate'])} | {mean:.1f} |")
+    atomic_write_text(results / "sequential_sim.md", "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
