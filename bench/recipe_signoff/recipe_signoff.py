@@ -439,13 +439,31 @@ def write_run(root: Path, pool: PoolResults, picks: list[tuple[str, int, int]]) 
                               {**data, "pair": {**data["pair"], "seed": slot}, "artifacts": []})
 
 
+def chain(manifest, candidate: str) -> list[str]:
+    """The candidates a user's ladder run of ``candidate`` has: its ancestors present in the run (below the run's
+    baseline), then itself."""
+    from h3eval.verdict.lineage import ladder_of
+
+    return [r for r in ladder_of(manifest, candidate) if r != manifest.baseline]
+
+
 def judge_run(root: Path, loaded, floor: Path) -> dict:
-    """Each candidate's outcome, judge and what FAILed (against its parent, and the baseline for a ladder's top)."""
+    """Each candidate judged as in its own ladder run (baseline -> its ancestors -> it: a run directory per candidate
+    whose manifest names that chain, over the same gate results), so that whether it is the top of a ladder (also
+    judged against the baseline) does not depend on the other candidates: its outcome, judge and what FAILed."""
+    from h3eval.store import RunStore
     from h3eval.verdict import compute_verdict
 
-    verdict = compute_verdict(root, loaded, floor_path=floor)
+    manifest = RunStore(root).read_manifest()
     out = {}
-    for c in verdict.candidates:
+    for candidate in manifest.candidates:
+        sub = root / "by-candidate" / candidate
+        sub.mkdir(parents=True, exist_ok=True)
+        RunStore(sub).write_manifest(manifest.model_copy(update={"candidates": chain(manifest, candidate)}))
+        if not (sub / "gates").exists():
+            (sub / "gates").symlink_to(root / "gates", target_is_directory=True)
+        verdict = compute_verdict(sub, loaded, floor_path=floor)
+        c = next(v for v in verdict.candidates if v.candidate == candidate)
         failed = [f"{g.gate}.{m.metric}" for g in c.gates for m in g.metrics if m.required and m.outcome == "FAIL"]
         failed += [g.gate for g in c.gates if g.required and g.outcome == "FAIL" and not any(
             m.required and m.outcome == "FAIL" for m in g.metrics)]
@@ -453,8 +471,8 @@ def judge_run(root: Path, loaded, floor: Path) -> dict:
         if top is not None:
             failed += [f"vs baseline: {g.gate}.{m.metric}" for g in top.gates for m in g.metrics
                        if m.required and m.outcome == "FAIL"]
-        out[c.candidate] = {"outcome": c.outcome, "judge": c.judge, "against": c.judged_against or verdict.baseline,
-                            "top_judge": top.judge if top is not None else None, "failed": failed}
+        out[candidate] = {"outcome": c.outcome, "judge": c.judge, "against": c.judged_against or verdict.baseline,
+                          "top_judge": top.judge if top is not None else None, "failed": failed}
     return out
 
 
