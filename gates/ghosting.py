@@ -154,7 +154,7 @@ class GhostingGate(Gate):
             artifacts=artifacts,
             info={
                 "config": asdict(config),
-                "calibration": "bench/results/ghosting_calibration.md",
+                "calibration": "bench/ghosting/results/ghosting_calibration.md",
                 "device": device,
                 "scored_frames": int(scored.sum()),
                 "num_frames": int(base.shape[0]),

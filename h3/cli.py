@@ -99,15 +99,13 @@ def generate(
 
     With --first-frame and/or --last-frame the fl2va workflow runs, with --reference ref2va; the record keeps each
     image's sha256."""
-    from h3.conditioning import ConditioningError, image_from_file
+    from h3.conditioning import ConditioningError
     from h3.levers import LeverError
     from h3.media import MediaError
-    from h3.parallel import entry
     from h3.parallel.world import ParallelError
-    from h3.recipe import RecipeError, load_recipe
+    from h3.recipe import RecipeError
     from h3.residency import TEXT_ENCODER_RESIDENCY
-    from h3.runtime import CheckpointError, GenerateRequest, H3Runtime, RequestError, SharedModelError
-    from h3.runtime import check_device, model_default_size, resolve_request
+    from h3.runtime import CheckpointError, RequestError, SharedModelError
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if text_encoder not in TEXT_ENCODER_RESIDENCY:
@@ -131,36 +129,8 @@ def generate(
                 SharedModelError, OSError) as exc:
             raise bad_input(str(exc)) from None
         return
-    recipe = recipe[0]
-    try:
-        if out.suffix.lower() != ".mp4":
-            raise RequestError(f"--out must name an .mp4 file, got {out}")
-        images = {role: image_from_file(path, f"--{role.replace('_', '-')}") for role, path in
-                  (("first_frame", first_frame), ("last_frame", last_frame), ("reference", reference))
-                  if path is not None}
-        request = GenerateRequest(prompt=prompt, seed=seed, num_frames=num_frames, seconds=seconds, height=height,
-                                  width=width, **images)
-        resolve_request(request, model_default_size(model))
-        recipe_obj = entry.with_nproc(load_recipe(recipe), nproc)
-        launched = None
-        if entry.must_launch(recipe_obj):
-            entry.check_before_launch(recipe_obj, model, device)
-            launched = entry.launch_ranks(recipe_obj, entry.child_argv("generate", {
-                "--prompt": prompt, "--out": out.resolve(), "--seed": seed, "--model": model,
-                "--recipe": entry.recipe_arg(recipe), "--seconds": seconds, "--num-frames": num_frames,
-                "--height": height, "--width": width, "--device": device, "--text-encoder": text_encoder,
-                **{f"--{role.replace('_', '-')}": path.resolve() for role, path in
-                   (("first_frame", first_frame), ("last_frame", last_frame), ("reference", reference))
-                   if path is not None}}))
-        else:
-            if not recipe_obj.parallel.is_on():
-                device = check_device(device)
-            device = entry.join_ranks(recipe_obj, model, device)
-            runtime = H3Runtime.load(model, recipe_obj, device, text_encoder=text_encoder)
-            record = runtime.generate(request, out)
-    except (RecipeError, CheckpointError, RequestError, ConditioningError, LeverError, MediaError, ParallelError,
-            OSError) as exc:
-        raise bad_input(str(exc)) from None
+    launched, record = _generate_one(prompt, out, seed, model, recipe[0], shape, device, text_encoder, nproc,
+                                     {"first_frame": first_frame, "last_frame": last_frame, "reference": reference})
     if launched is not None:
         raise typer.Exit(launched)  # rank 0 printed the clip's line
     if record is None:
@@ -170,6 +140,50 @@ def generate(
         f"audio {record.shape.audio_sample_rate} Hz x{record.shape.audio_channels}; {record.request.workflow}; "
         f"generation-side {record.timings.generation_side_latency_s:.2f} s"
     )
+
+
+def _generate_one(prompt: str, out: Path, seed: int, model: str, recipe: str, shape: dict, device: Optional[str],
+                  text_encoder: str, nproc: Optional[int], image_paths: dict) -> tuple:
+    """``h3 generate --prompt``: (the exit code of the ranks it launched, None) for a parallel recipe started here with
+    torchrun, else (None, the clip's record; None on a follower rank). Bad input: one clear error (:func:`bad_input`)."""
+    from h3.conditioning import ConditioningError, image_from_file
+    from h3.levers import LeverError
+    from h3.media import MediaError
+    from h3.parallel import entry
+    from h3.parallel.world import ParallelError
+    from h3.recipe import RecipeError, load_recipe
+    from h3.runtime import CheckpointError, GenerateRequest, H3Runtime, RequestError
+    from h3.runtime import check_device, model_default_size, resolve_request
+
+    try:
+        if out.suffix.lower() != ".mp4":
+            raise RequestError(f"--out must name an .mp4 file, got {out}")
+        images = {role: image_from_file(path, f"--{role.replace('_', '-')}") for role, path in image_paths.items()
+                  if path is not None}
+        request = GenerateRequest(prompt=prompt, seed=seed, **shape, **images)
+        resolve_request(request, model_default_size(model))
+        recipe_obj = entry.with_nproc(load_recipe(recipe), nproc)
+        launched = None
+        if entry.must_launch(recipe_obj):
+            entry.check_before_launch(recipe_obj, model, device)
+            launched = entry.launch_ranks(recipe_obj, entry.child_argv("generate", {
+                "--prompt": prompt, "--out": out.resolve(), "--seed": seed, "--model": model,
+                "--recipe": entry.recipe_arg(recipe), "--seconds": shape["seconds"],
+                "--num-frames": shape["num_frames"], "--height": shape["height"], "--width": shape["width"],
+                "--device": device, "--text-encoder": text_encoder,
+                **{f"--{role.replace('_', '-')}": path.resolve() for role, path in image_paths.items()
+                   if path is not None}}))
+        else:
+            if not recipe_obj.parallel.is_on():
+                device = check_device(device)
+            device = entry.join_ranks(recipe_obj, model, device)
+            runtime = H3Runtime.load(model, recipe_obj, device, text_encoder=text_encoder)
+            record = runtime.generate(request, out)
+            return None, record
+    except (RecipeError, CheckpointError, RequestError, ConditioningError, LeverError, MediaError, ParallelError,
+            OSError) as exc:
+        raise bad_input(str(exc)) from None
+    return launched, None
 
 
 def _run_prompts_file(prompts_file: Path, out: Path, seed: int, model: str, recipes: List[str], shape: dict,

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from h3 import provenance
@@ -320,6 +321,92 @@ class H3Runtime(SharedModel):
                 "fl2va or t2va requests here")
         return shape
 
+    def _stage_anatomy(self, clock: Any, t0: float, t_pipe_end: float) -> StageAnatomy:
+        """The request's stages from the clock: the denoise span runs from the text encoder's end to the video
+        decode's start (or the pipeline's end), never shorter than its steps' sum; ``other`` is the pipeline's rest."""
+        steps = clock.each("denoise_step")
+        text_start, dec_start = clock.first_start("denoise_step"), clock.first_start("video_decode")
+        denoise_start = clock.last_end("text_encode") or t0
+        denoise_end = dec_start if dec_start is not None else t_pipe_end
+        anatomy = StageAnatomy(
+            text_encode=clock.total("text_encode"),
+            denoise_steps=steps,
+            denoise=max(denoise_end - denoise_start, sum(steps)) if text_start is not None else 0.0,
+            video_decode=clock.total("video_decode"),
+            audio_decode=clock.total("audio_decode"),
+            frame_prep_d2h=clock.total("frame_prep_d2h"),
+            mux_save=clock.total("mux_save"),
+        )
+        accounted = anatomy.text_encode + anatomy.denoise + anatomy.video_decode + anatomy.audio_decode
+        anatomy.other = max(0.0, (t_pipe_end - t0) - accounted)
+        return anatomy
+
+    def _executed(self, clock: Any) -> Executed:
+        """What ran: forward passes, attention backends of the denoise steps, dtype, VAE tiling, the levers'
+        telemetry."""
+        attention = sorted({backend for (stage, backend) in clock.attention_calls if stage == "denoise_step"})
+        executed = Executed(
+            forward_passes=len(clock.each("denoise_step")),
+            attention_backends=attention,
+            torch_dtype=str(self.pipe.transformer.dtype).replace("torch.", ""),
+            vae_tiling=bool(self.pipe.vae.use_tiling),
+            vae_tile=[self.pipe.vae.tile_sample_min_height, self.pipe.vae.tile_sample_min_width]
+            if self.pipe.vae.use_tiling else None,
+        )
+        executed.levers = lever_telemetry(self.levers, self.recipe, executed)
+        return executed
+
+    def _clip_record(self, request: GenerateRequest, out: Path, size: tuple[int, int], clock: Any, state: Any,
+                     frames: np.ndarray, pcm: np.ndarray, sample_rate: int, peak: int | None, times: dict[str, float],
+                     extra: dict | None) -> ClipRecord:
+        """The record of one written clip (``times``: the request's perf_counter marks)."""
+        height, width = size
+        anatomy = self._stage_anatomy(clock, times["t0"], times["t_pipe_end"])
+        executed = self._executed(clock)
+        num_text_tokens = int(state.get("prompt_embeds").shape[1])
+        num_audio_latents = int(state.get("num_audio_latents") or 0)
+        num_latent_frames = int(state.get("num_latent_frames") or 0)
+        seq_len = int(state.get("token_tags").shape[0]) if state.get("token_tags") is not None else 0
+        record = ClipRecord(
+            request=RequestSpec(
+                prompt=request.prompt, prompt_id=request.prompt_id, seed=request.seed,
+                num_frames=request.num_frames, seconds=request.seconds,
+                height=height if request.height is None else request.height,
+                width=width if request.width is None else request.width,
+                workflow=request.workflow, conditioning=request.conditioning_spec(),
+            ),
+            shape=ResolvedShape(
+                num_frames=int(frames.shape[0]), height=int(frames.shape[1]), width=int(frames.shape[2]), fps=FPS,
+                duration_s=frames.shape[0] / FPS, num_latent_frames=num_latent_frames,
+                num_audio_latents=num_audio_latents, audio_sample_rate=sample_rate,
+                audio_channels=int(pcm.shape[1]), num_audio_samples=int(pcm.shape[0]),
+                num_text_tokens=num_text_tokens, sequence_length=seq_len,
+            ),
+            recipe_name=self.recipe.name,
+            recipe=self.recipe.resolved(),
+            recipe_sha256=self.recipe.sha256(),
+            model=self.model,
+            model_sha256=self.model_sha256,
+            weights=self.weights,
+            frames_sha256=hashlib.sha256(frames.tobytes()).hexdigest(),
+            pcm_sha256=hashlib.sha256(pcm.tobytes()).hexdigest(),
+            mp4_sha256=sha256_file(out),
+            mp4_bytes=out.stat().st_size,
+            timings=Timings(
+                stage_anatomy=anatomy,
+                generation_side_latency_s=times["t_gen_end"] - times["t0"],
+                request_to_file_latency_s=times["t_file"] - times["t_request"],
+            ),
+            peak_memory_bytes=peak,
+            device=str(self.device),
+            executed=executed,
+            versions=provenance.versions(),
+            hardware=provenance.hardware(self.device),
+            created_at=provenance.utc_now(),
+            extra={**self._record_extra(), **dict(extra or {})},
+        )
+        return record
+
     @torch.no_grad()
     def generate(
         self, request: GenerateRequest, out: str | os.PathLike, extra: dict | None = None, trajectory: bool = False
@@ -374,75 +461,9 @@ class H3Runtime(SharedModel):
                 encode_mp4(out, frames, pcm, fps=FPS, sample_rate=sample_rate)
             t_file = time.perf_counter()
 
-        steps = clock.each("denoise_step")
-        text_start, dec_start = clock.first_start("denoise_step"), clock.first_start("video_decode")
-        denoise_start = clock.last_end("text_encode") or t0
-        denoise_end = dec_start if dec_start is not None else t_pipe_end
-        anatomy = StageAnatomy(
-            text_encode=clock.total("text_encode"),
-            denoise_steps=steps,
-            denoise=max(denoise_end - denoise_start, sum(steps)) if text_start is not None else 0.0,
-            video_decode=clock.total("video_decode"),
-            audio_decode=clock.total("audio_decode"),
-            frame_prep_d2h=clock.total("frame_prep_d2h"),
-            mux_save=clock.total("mux_save"),
-        )
-        accounted = anatomy.text_encode + anatomy.denoise + anatomy.video_decode + anatomy.audio_decode
-        anatomy.other = max(0.0, (t_pipe_end - t0) - accounted)
-        attention = sorted({backend for (stage, backend) in clock.attention_calls if stage == "denoise_step"})
-        executed = Executed(
-            forward_passes=len(steps),
-            attention_backends=attention,
-            torch_dtype=str(self.pipe.transformer.dtype).replace("torch.", ""),
-            vae_tiling=bool(self.pipe.vae.use_tiling),
-            vae_tile=[self.pipe.vae.tile_sample_min_height, self.pipe.vae.tile_sample_min_width]
-            if self.pipe.vae.use_tiling else None,
-        )
-        executed.levers = lever_telemetry(self.levers, self.recipe, executed)
-        latents = state.get("latents")
-        num_text_tokens = int(state.get("prompt_embeds").shape[1])
-        num_audio_latents = int(state.get("num_audio_latents") or 0)
-        num_latent_frames = int(state.get("num_latent_frames") or 0)
-        seq_len = int(state.get("token_tags").shape[0]) if state.get("token_tags") is not None else 0
-        record = ClipRecord(
-            request=RequestSpec(
-                prompt=request.prompt, prompt_id=request.prompt_id, seed=request.seed,
-                num_frames=request.num_frames, seconds=request.seconds,
-                height=height if request.height is None else request.height,
-                width=width if request.width is None else request.width,
-                workflow=request.workflow, conditioning=request.conditioning_spec(),
-            ),
-            shape=ResolvedShape(
-                num_frames=int(frames.shape[0]), height=int(frames.shape[1]), width=int(frames.shape[2]), fps=FPS,
-                duration_s=frames.shape[0] / FPS, num_latent_frames=num_latent_frames,
-                num_audio_latents=num_audio_latents, audio_sample_rate=sample_rate,
-                audio_channels=int(pcm.shape[1]), num_audio_samples=int(pcm.shape[0]),
-                num_text_tokens=num_text_tokens, sequence_length=seq_len,
-            ),
-            recipe_name=self.recipe.name,
-            recipe=self.recipe.resolved(),
-            recipe_sha256=self.recipe.sha256(),
-            model=self.model,
-            model_sha256=self.model_sha256,
-            weights=self.weights,
-            frames_sha256=hashlib.sha256(frames.tobytes()).hexdigest(),
-            pcm_sha256=hashlib.sha256(pcm.tobytes()).hexdigest(),
-            mp4_sha256=sha256_file(out),
-            mp4_bytes=out.stat().st_size,
-            timings=Timings(
-                stage_anatomy=anatomy,
-                generation_side_latency_s=t_gen_end - t0,
-                request_to_file_latency_s=t_file - t_request,
-            ),
-            peak_memory_bytes=peak,
-            device=str(self.device),
-            executed=executed,
-            versions=provenance.versions(),
-            hardware=provenance.hardware(self.device),
-            created_at=provenance.utc_now(),
-            extra={**self._record_extra(), **dict(extra or {})},
-        )
-        del latents
+        times = {"t0": t0, "t_pipe_end": t_pipe_end, "t_gen_end": t_gen_end, "t_file": t_file, "t_request": t_request}
+        record = self._clip_record(request, out, (height, width), clock, state, frames, pcm, sample_rate, peak, times,
+                                   extra)
         if recorder is not None:
             recorder.save(trajectory_path(out))
         atomic_write_json(out.with_suffix(".json"), record.model_dump(mode="json"))

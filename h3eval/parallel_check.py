@@ -208,7 +208,7 @@ def _metric(store: RunStore, gate: str, candidate: str, prompt_id: str, seed: in
 def judge(store: RunStore, roles: dict[str, Recipe], prompts: PromptSuite, seeds: list[int],
           factor: float = FACTOR) -> dict[str, Any]:
     """Per pair: each judged metric's parallel distance against the floor (the larger twin distance), and the
-    ghosting gate's flag (calibrated on real footage, bench/results/ghosting_calibration.md): the parallel pair may
+    ghosting gate's flag (calibrated on real footage, bench/ghosting/results/ghosting_calibration.md): the parallel pair may
     be flagged only where a twin is too."""
     parallel, twins = roles["parallel"].name, [roles["floor-hp"].name, roles["floor-math"].name]
     pairs, worst = [], {}

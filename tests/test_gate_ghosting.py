@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from bench.ghosting_corpus import plant_ghost, plant_masked_ghost
+from bench.lib.ghosting import plant_ghost, plant_masked_ghost
 from gates import ghosting as G
 from gates.base import ClipSide, PairContext, PairRef, get_gate
 from gates.ghosting import (GhostingConfig, clip_evidence, ghost_frames, ghost_scores, is_flagged, pair_p_value,
@@ -21,7 +21,7 @@ from gates.metrics import ghost_fit
 from gates.metrics.ghost_backend import NumpyBackend
 from h3.media import decode_video, encode_mp4
 
-# The calibrated defaults (bench/results/ghosting_calibration.md), scoring every frame so that 12 frames make a window.
+# The calibrated defaults (bench/ghosting/results/ghosting_calibration.md), scoring every frame so that 12 frames make a window.
 CONFIG = dataclasses.replace(GhostingConfig(), frame_stride=1)
 
 

@@ -1,9 +1,9 @@
-"""The calibration's run simulation over production pairs (bench/ghosting_calibration.py): the run-level rates in
+"""The calibration's run simulation over production pairs (bench/ghosting/ghosting_calibration.py): the run-level rates in
 ghosting_calibration.md come from it, so check it against probabilities worked out by hand for Benjamini-Hochberg."""
 import numpy as np
 from scipy import stats
 
-from bench.ghosting_calibration import simulate_pair_runs
+from bench.lib.ghosting import simulate_pair_runs
 
 
 def test_one_ghosted_pair_among_benign_fails_as_often_as_its_p_clears_the_first_bh_step():

@@ -1,8 +1,8 @@
 """Ghosting gate, fine lag-0 pass (GhostingConfig.fine_lag0, opt-in): a lag-0 copy displaced by 2 working pixels,
-the coarse fit's weak spot (bench/results/ghosting_calibration.md, 'Lag-0 copies by displacement'), is found at its
+the coarse fit's weak spot (bench/ghosting/results/ghosting_calibration.md, 'Lag-0 copies by displacement'), is found at its
 strength and flagged, where the default detector (no fine pass) misses it; a benign re-encode stays unflagged; the
 torch path equals the numpy one. The pass is off by default because its null does not hold out of sample
-(bench/results/ghosting_calibration_fine_lag0.md)."""
+(bench/ghosting/results/ghosting_calibration_fine_lag0.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from bench.ghosting_corpus import plant_ghost, procedural_scene
+from bench.lib.ghosting import plant_ghost, procedural_scene
 from gates.ghosting import GhostingConfig, downsample_factor, ghost_scores, is_flagged, pair_p_value
 from tests.test_gate_ghosting import roundtrip  # through the runtime's codec, decoded back
 

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from bench.ghosting_corpus import plant_ghost
+from bench.lib.ghosting import plant_ghost
 from gates.ghosting import GhostingConfig, ghost_scores
 from gates.metrics import ghost_run
 from tests.test_gate_ghosting import moving_texture

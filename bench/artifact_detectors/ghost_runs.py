@@ -1,7 +1,7 @@
 """Seed 001's ghost at alpha 0.05 through the paired ghosting gate, judged per run of 16 pairs (issue 50).
 
 Question: when a candidate renders a faint stale copy of the moving subject (frame t - lag at the same pixels, alpha
-0.05, lag 1-4: bench/ghosting_corpus.plant_masked_ghost) and is judged near against its parent with the same seeds,
+0.05, lag 1-4: bench.lib.ghosting.plant_masked_ghost) and is judged near against its parent with the same seeds,
 does the run FAIL, on static and moving cameras (pan, zoom, rotation), on real footage and on the trained tiny's
 clips; and how often does a clean run FAIL, or a blurred or blocky one read as a ghost?
 
@@ -40,7 +40,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench import ghosting_corpus as corpus  # noqa: E402
+from bench.lib import ghosting as corpus  # noqa: E402
 from bench.artifact_detectors import render_tiny  # noqa: E402
 from bench.artifact_detectors.calibrate import FIT, PUBLISH, clopper_pearson, footage  # noqa: E402
 from gates.ghosting import GhostingConfig, ghost_scores, pair_p_value  # noqa: E402

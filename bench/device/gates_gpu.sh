@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 19 on one H200 (time box 100 s, it stops itself): the per-pair gates' speed on a 5 s 768x1344 pair
 # (bench/gates_speed/gates_speed.py --device cuda: frames decoded once, uploaded once per clip), the ghosting gate alone
-# (bench/ghosting_speed.py --device cuda), then the gpu-marked ghosting tests if time is left (JUnit XML).
+# (bench/ghosting/ghosting_speed.py --device cuda), then the gpu-marked ghosting tests if time is left (JUnit XML).
 #   bash bench/device/gates_gpu.sh OUTDIR        (from the snapshot's root; GPU through CUDA_VISIBLE_DEVICES)
 # Needs av (the coordinator's /tmp/site), opencv, scipy, torch on the image; lpips, pyloudnorm and threadpoolctl are
 # installed from the snapshot's .whl19/ into /tmp/site19 only where the image lacks them.
@@ -37,7 +37,7 @@ echo "[deps] $(tr -d '\n' <"$out/deps.json")" >>"$log"
 timeout $(( $(left) > ${GATES_S:-60} ? ${GATES_S:-60} : $(left) )) $PY bench/gates_speed/gates_speed.py --device ${DEVICE:-cuda} -o lpips_trunk=rand --out "$out" \
   --repeat 2 ${GATES_ARGS:-} 2>&1 | tail -30 | sed 's/^/[gates] /' >>"$log"
 # 2. the ghosting gate alone; ghosting_speed_cuda.{json,md}
-timeout $(( $(left) > 25 ? 25 : $(left) )) $PY bench/ghosting_speed.py --device ${DEVICE:-cuda} --out "$out" ${GHOST_ARGS:-} \
+timeout $(( $(left) > 25 ? 25 : $(left) )) $PY bench/ghosting/ghosting_speed.py --device ${DEVICE:-cuda} --out "$out" ${GHOST_ARGS:-} \
   2>&1 | tail -20 | sed 's/^/[ghost] /' >>"$log"
 # 3. the gpu-marked ghosting tests, with what is left
 if [ -d tests ] && [ $(left) -gt 10 ]; then

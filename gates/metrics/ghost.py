@@ -41,7 +41,7 @@ copy also causes), on every other scored frame of each window (``fine_lag0``). I
 fitted on the fit footage, is too light out of sample (benign re-encodes flagged on one publish scene).
 
 Decision (issue 19). A window's p-value is its evidence against the benign null measured on held-out footage
-(bench/results/ghosting_calibration.md): ``null_tail_p * exp(-(evidence - null_tail_u) / null_tail_scale)``, capped
+(bench/ghosting/results/ghosting_calibration.md): ``null_tail_p * exp(-(evidence - null_tail_u) / null_tail_scale)``, capped
 at 1. Where the fine pass ran, its evidence has its own null, and the window's p-value is the weighted
 Bonferroni combination ``min(p_coarse / (1 - w), p_fine / w)`` (``fine_lag0_weight`` w). A pair's p-value combines its windows by Simes' test (valid for the positively dependent overlapping windows
 of one clip); the pair is flagged when it is at most ``flag_p``. The release decision is made per run, not per pair:

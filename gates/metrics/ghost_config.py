@@ -13,7 +13,7 @@ higher_is_better = None
 
 @dataclass(frozen=True)
 class GhostingConfig:
-    """Detector settings. The defaults are the ones calibrated in bench/results/ghosting_calibration.md."""
+    """Detector settings. The defaults are the ones calibrated in bench/ghosting/results/ghosting_calibration.md."""
 
     max_lag: int = 4
     """Largest temporal lag (frames) of the displaced copy searched."""
@@ -54,7 +54,7 @@ class GhostingConfig:
     pool_frames: int = 16
     """Scored frames pooled into one fit (a window); longer clips are covered by several windows."""
     null_tail_u: float = 0.00335
-    """Benign-null tail of the window evidence (bench/results/ghosting_calibration.md, fit footage): the evidence
+    """Benign-null tail of the window evidence (bench/ghosting/results/ghosting_calibration.md, fit footage): the evidence
     above which the exponential tail is fitted ..."""
     null_tail_p: float = 0.1027
     """... the share of benign windows above it ..."""
@@ -70,13 +70,13 @@ class GhostingConfig:
     """Extra nuisance regressors: per sigma (working pixels), the baseline less its Gaussian blur of that sigma. The
     coarse fit has none; the fine lag-0 pass uses ``fine_lag0_highpass``."""
     fine_lag0: bool = False
-    """Off by default: out of sample it flags benign re-encodes (bench/results/ghosting_calibration_fine_lag0.md:
+    """Off by default: out of sample it flags benign re-encodes (bench/ghosting/results/ghosting_calibration_fine_lag0.md:
     AV1 CRF 40 and 50 on one publish scene at fine evidence 0.040-0.045, against a fit-footage maximum of 0.015;
     benign runs FAIL 16.9% at 16 pairs), while it catches every visible alpha >= 0.10 production pair (118 / 118).
     Where the working resolution is downsampled (factor >= 2), also search lag 0 at half the factor (twice the
     resolution), each pass against its own null. A lag-0 copy 2 working pixels away is, to second
     order, a 1-pixel shift plus a blur: the one-pixel nuisance absorbs most of it and the coarse fit finds about a
-    third of its strength (bench/results/ghosting_calibration.md, 'Lag-0 copies by displacement'); at twice the
+    third of its strength (bench/ghosting/results/ghosting_calibration.md, 'Lag-0 copies by displacement'); at twice the
     resolution the same copy is 4 pixels away, outside the nuisance's reach. Lag 0 needs no earlier frames, so the
     fine pass prepares only the scored frames."""
     fine_lag0_min_shift: int = 3
@@ -96,7 +96,7 @@ class GhostingConfig:
     0.016), while the coarse fit carries every other ghost and loses only a factor 1 / (1 - w) = 1.11 in p."""
     fine_null_tail_u: float = 0.00988
     """Benign null of the fine pass's window evidence, fitted like the coarse one on the fit footage
-    (bench/results/ghosting_calibration_fine_lag0.md; too light a tail out of sample) ..."""
+    (bench/ghosting/results/ghosting_calibration_fine_lag0.md; too light a tail out of sample) ..."""
     fine_null_tail_p: float = 0.1018
     """... the share of benign windows above ``fine_null_tail_u`` ..."""
     fine_null_tail_scale: float = 0.00389

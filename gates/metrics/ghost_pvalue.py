@@ -1,5 +1,5 @@
 """p-values of the paired ghost estimator against the benign null: a window's evidence against its calibrated
-exponential tail (bench/results/ghosting_calibration.md), the weighted Bonferroni combination with the fine lag-0
+exponential tail (bench/ghosting/results/ghosting_calibration.md), the weighted Bonferroni combination with the fine lag-0
 pass, and a pair's p-value by Simes' test over its windows. The run-level test over the pairs' p-values
 (Benjamini-Hochberg) is h3eval.stats.ghost_run_test. A p-value: ``higher_is_better`` True."""
 
