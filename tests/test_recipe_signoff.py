@@ -124,3 +124,19 @@ def test_summarize_pools_rates_and_counts():
     assert out["bug-lora-16x"]["rate"] == 0.95 and out["bug-lora-16x"]["family"] == "LoRA strength 16x"
     assert out["bug-lora-16x"]["corpus"] == {"status": "changes the clip"}
     assert out["lora-nomatch"]["refused"].startswith("LeverError")
+
+
+def test_chain_is_the_candidates_ladder():
+    from h3eval.store import PromptSuiteRef, RunManifest, utc_now
+
+    now = utc_now()
+    recipes = {"baseline": {"name": "baseline"}, "turbo4-tiny": {"name": "turbo4-tiny"},
+               "turbo4-tiny-sparse85": {"name": "turbo4-tiny-sparse85", "parent": "turbo4-tiny"},
+               "bug-sparse-audio": {"name": "bug-sparse-audio", "parent": "turbo4-tiny-sparse85"},
+               "bug-lora-16x": {"name": "bug-lora-16x", "parent": "turbo4-tiny"}}
+    manifest = RunManifest(kind="ab", created_at=now, updated_at=now, model="m", backend="folder", baseline="baseline",
+                           candidates=[r for r in recipes if r != "baseline"], recipes=recipes,
+                           prompts=PromptSuiteRef(path="p", sha256="0" * 64, ids=["a"]), seeds=[0], status="complete")
+    assert rs.chain(manifest, "bug-sparse-audio") == ["turbo4-tiny", "turbo4-tiny-sparse85", "bug-sparse-audio"]
+    assert rs.chain(manifest, "bug-lora-16x") == ["turbo4-tiny", "bug-lora-16x"]
+    assert rs.chain(manifest, "turbo4-tiny") == ["turbo4-tiny"]
