@@ -200,6 +200,7 @@ def main() -> None:
     parser.add_argument("--report", action="store_true")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--limit", type=int, default=None, help="sources per split and family (development)")
+    parser.add_argument("--resume", action="store_true", help="keep the sources already in the rows files")
     parser.add_argument("--family", choices=("tiny", "footage"), nargs="+", default=["tiny", "footage"])
     args = parser.parse_args()
     if not args.report:
@@ -207,10 +208,15 @@ def main() -> None:
         if args.limit:
             todo = [j for s in ("fit", "publish") for f in ("tiny", "footage")
                     for j in [j for j in todo if j[0] == s and j[1] == f][: args.limit]]
-        # Publish before fit, tiny and footage interleaved; rows are written after every source (a partial record
-        # is usable, and says how many sources it holds).
-        todo = sorted((j for j in todo if j[1] in args.family), key=lambda j: (j[0] != "publish", todo.index(j) % 9))
+        # Fit and publish, tiny and footage interleaved; rows are written after every source (a partial record is
+        # usable and says how many sources it holds); --resume keeps the sources already scored.
         done: dict[str, list[dict]] = {family: [] for family in args.family}
+        if args.resume:
+            done = {f: json.loads(rows_path(f).read_text()) if rows_path(f).is_file() else [] for f in args.family}
+        have = {(r["split"], r["family"], r["source"]) for rows in done.values() for r in rows}
+        groups = [[j for j in todo if j[:2] == (s, f)] for s in ("fit", "publish") for f in ("tiny", "footage")]
+        order = [g[i] for i in range(max(map(len, groups))) for g in groups if i < len(g)]
+        todo = [j for j in order if j[1] in args.family and j not in have]
         with ProcessPoolExecutor(args.workers) as pool:
             for part in pool.map(score_source, todo):
                 done[part[0]["family"]] += part

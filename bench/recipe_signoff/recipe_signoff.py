@@ -578,10 +578,7 @@ def markdown(summary: dict, meta: dict) -> str:
 
 
 def write_record(name: str, payload: dict, md: str) -> None:
-    try:
-        from bench.lib.results import context
-    except ImportError:  # before bench/lib
-        from bench._results import context
+    from bench.lib.results import context
     from h3.atomic import atomic_write_json, atomic_write_text
 
     data = {**context(), **payload}

@@ -48,6 +48,12 @@ of one clip); the pair is flagged when it is at most ``flag_p``. The release dec
 h3eval.stats.ghost_run_test applies Benjamini-Hochberg at a stated false-discovery rate to the pairs' p-values (the
 run FAILs when any pair is a discovery, which under the all-benign null happens with probability at most that rate).
 
+In-place stale copy (issue 50). Whatever copy the search chose, each window also fits the in-place copies
+(frame ``t - lag`` at the same pixels, lag 1..``max_lag``: seed 001's ghost, a stale rendering of the moving
+subject, whatever the camera does) with the same block statistics, and keeps the strongest one's evidence
+(``PooledWindow.stale_evidence``). It is one fixed copy per lag rather than the best of the search's shifts, so a
+benign window scores about 0 on it; gates.metrics.ghost_run pools it over a run's pairs.
+
 Identical pairs score exactly 0 (the residual is zero). The GPU path (``device`` a CUDA device) runs the same
 computation in torch; tests/test_gate_ghosting.py checks it against the numpy path on the CPU.
 """
