@@ -104,6 +104,36 @@ def student_sample(transformer, layout, text, xv, xa, grid, k: int, device):
     return xv + (1 - tv[k]) * pv.float(), xa + (1 - ta[k]) * pa.float()
 
 
+def _student_update(transformer, student, fake, opt_s, layout, text, x0: tuple, target: tuple, dev_g,
+                    cfg: TrainConfig, dist) -> tuple[torch.Tensor, dict]:
+    """One DMD step of ``student`` on the clip it sampled, ``x0`` = (video, audio) latents: the distribution-matching
+    direction (the teacher's denoising of a noised copy against the fake score's), plus ``dmd_regression_weight`` x
+    the regression to the teacher's latents ``target``. Returns the loss and its parts (detached)."""
+    x0v, x0a = x0
+    with torch.no_grad():
+        xv, xa, sv, sa, _, _ = noised(x0v.detach(), x0a.detach(), dev_g)
+        real_v, real_a = denoised(transformer, layout, xv, xa, text, sv, sa, cfg.device)
+        fake.attach(transformer)
+        try:
+            fake_v, fake_a = denoised(transformer, layout, xv, xa, text, sv, sa, cfg.device)
+        finally:
+            fake.detach()
+        dir_v = dmd_direction(x0v.detach(), real_v, fake_v)
+        dir_a = dmd_direction(x0a.detach(), real_a, fake_a)
+    loss = distribution_loss(x0v, dir_v) + distribution_loss(x0a, dir_a)
+    parts = {"dmd": loss.detach()}
+    if cfg.dmd_regression_weight:
+        regression = (x0v - target[0]).pow(2).mean() + (x0a - target[1]).pow(2).mean()
+        loss = loss + cfg.dmd_regression_weight * regression
+        parts["regression"] = regression.detach()
+    opt_s.zero_grad(set_to_none=True)
+    loss.backward()
+    dist.average_grads(student.parameters())
+    torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+    opt_s.step()
+    return loss, parts
+
+
 def fit_dmd(transformer, student, fake, groups: list[dict], batches, cfg: TrainConfig, path: Path, plan, budget,
             stop_after: int | None = None, dist=None) -> dict:
     """Train ``student`` by DMD against the frozen ``transformer`` (the teacher), with ``fake`` as the fake score;
@@ -156,7 +186,6 @@ def fit_dmd(transformer, student, fake, groups: list[dict], batches, cfg: TrainC
                 k = cfg.dmd_student_step
             layout = batches.layout(group["key"], batches.pool.tags[group["presentations"][0]])
             text = torch.stack([batches.pool.texts[group["presentations"][int(i)]] for i in index]).float()
-            parts = {}
             student.attach(transformer)
             try:
                 x0v, x0a = student_sample(transformer, layout, text, group["noise_v"][index], group["noise_a"][index],
@@ -167,28 +196,10 @@ def fit_dmd(transformer, student, fake, groups: list[dict], batches, cfg: TrainC
             if train_student:
                 set_lr(opt_s, lr_at(step - cfg.dmd_fake_warmup, plan.lr, DISTILL_WARMUP,
                                     max(1, planned - cfg.dmd_fake_warmup), plan.lr_final))
-                with torch.no_grad():
-                    xv, xa, sv, sa, _, _ = noised(x0v.detach(), x0a.detach(), dev_g)
-                    real_v, real_a = denoised(transformer, layout, xv, xa, text, sv, sa, cfg.device)
-                    fake.attach(transformer)
-                    try:
-                        fake_v, fake_a = denoised(transformer, layout, xv, xa, text, sv, sa, cfg.device)
-                    finally:
-                        fake.detach()
-                    dir_v = dmd_direction(x0v.detach(), real_v, fake_v)
-                    dir_a = dmd_direction(x0a.detach(), real_a, fake_a)
-                loss = distribution_loss(x0v, dir_v) + distribution_loss(x0a, dir_a)
-                parts["dmd"] = loss.detach()
-                if cfg.dmd_regression_weight:
-                    regression = (x0v - group["x0_v"][index]).pow(2).mean() + \
-                        (x0a - group["x0_a"][index]).pow(2).mean()
-                    loss = loss + cfg.dmd_regression_weight * regression
-                    parts["regression"] = regression.detach()
-                opt_s.zero_grad(set_to_none=True)
-                loss.backward()
-                dist.average_grads(student.parameters())
-                torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-                opt_s.step()
+                loss, parts = _student_update(transformer, student, fake, opt_s, layout, text, (x0v, x0a),
+                                              (group["x0_v"][index], group["x0_a"][index]), dev_g, cfg, dist)
+            else:
+                parts = {}
             sample_v, sample_a = x0v.detach(), x0a.detach()
             del x0v, x0a
             fake.attach(transformer)

@@ -99,6 +99,39 @@ def _encode_chunk(vae, audio_vae, batch, device, n_keyed: int) -> dict:
 
 
 @torch.no_grad()
+def _presentations(scenes: list, captions: list[str], keyed: int, images: tuple[list, list, list], tokenizer,
+                   processor) -> tuple[list, list, list, list]:
+    """(items, tags, clips, tasks) of the pool's presentations: every clip's t2va, then the first ``keyed`` clips'
+    fl2va (first, last, both keyframes) and ref2va (two captions) ones. Token ids depend on the caption and the image
+    grid only, so the vision features are computed for all images (``images``: first and last keyframes, references)
+    at once and sliced per presentation."""
+    first, last, refs = images
+    items, tags, clips, tasks = [], [], [], []
+    for i, text in enumerate(captions):
+        ids, tg = conditioning.t2va_tokens(tokenizer, text)
+        items.append((ids, None)); tags.append(tuple(tg)); clips.append(i); tasks.append("t2va")
+    if keyed:
+        def sliced(images):
+            feats = conditioning.image_features(processor, images)
+            rows = [int(g.prod()) for g in feats["image_grid_thw"]]
+            pix = torch.split(feats["pixel_values"], rows)
+            return [{"pixel_values": p, "image_grid_thw": g[None]} for p, g in zip(pix, feats["image_grid_thw"])]
+
+        f_feats, l_feats, r_feats = sliced(first), sliced(last), sliced(refs)
+        count = lambda f: conditioning.image_token_counts(processor, f)[0]  # noqa: E731
+        for i in range(keyed):
+            for task, feats in (("fl2va-first", [f_feats[i]]), ("fl2va-last", [l_feats[i]]),
+                                ("fl2va-both", [f_feats[i], l_feats[i]])):
+                ids, tg = conditioning.fl2va_tokens(tokenizer, captions[i], [count(f) for f in feats])
+                vision = {"pixel_values": torch.cat([f["pixel_values"] for f in feats]),
+                          "image_grid_thw": torch.cat([f["image_grid_thw"] for f in feats])}
+                items.append((ids, vision)); tags.append(tuple(tg)); clips.append(i); tasks.append(task)
+            for task, text in (("ref2va", captions[i]), ("ref2va-refer", scenes[i].caption(refer_first=True))):
+                ids, tg = conditioning.ref2va_tokens(tokenizer, text, count(r_feats[i]))
+                items.append((ids, r_feats[i])); tags.append(tuple(tg)); clips.append(i); tasks.append(task)
+    return items, tags, clips, tasks
+
+
 def build_pool(components: dict, cfg: TrainConfig, chunk: int = 64, devices: list | None = None,
                stats: dict | None = None) -> Pool:
     """``devices``: the chunks of clips are rendered and encoded on these in turn (a thread and a copy of the VAEs
@@ -174,32 +207,8 @@ def build_pool(components: dict, cfg: TrainConfig, chunk: int = 64, devices: lis
     logger.info("pool: conditioning latents of %d keyframes and references in %.1f s", len(first) + len(last) + len(refs),
                 time.monotonic() - started)
 
-    # Presentations. Token ids depend on the caption and the image grid only, so the vision features are computed
-    # for all images at once and sliced per presentation.
-    items, tags, clips, tasks = [], [], [], []
     captions = [s.caption() for s in scenes]
-    for i, text in enumerate(captions):
-        ids, tg = conditioning.t2va_tokens(tokenizer, text)
-        items.append((ids, None)); tags.append(tuple(tg)); clips.append(i); tasks.append("t2va")
-    if keyed:
-        def sliced(images):
-            feats = conditioning.image_features(processor, images)
-            rows = [int(g.prod()) for g in feats["image_grid_thw"]]
-            pix = torch.split(feats["pixel_values"], rows)
-            return [{"pixel_values": p, "image_grid_thw": g[None]} for p, g in zip(pix, feats["image_grid_thw"])]
-
-        f_feats, l_feats, r_feats = sliced(first), sliced(last), sliced(refs)
-        count = lambda f: conditioning.image_token_counts(processor, f)[0]  # noqa: E731
-        for i in range(keyed):
-            for task, feats in (("fl2va-first", [f_feats[i]]), ("fl2va-last", [l_feats[i]]),
-                                ("fl2va-both", [f_feats[i], l_feats[i]])):
-                ids, tg = conditioning.fl2va_tokens(tokenizer, captions[i], [count(f) for f in feats])
-                vision = {"pixel_values": torch.cat([f["pixel_values"] for f in feats]),
-                          "image_grid_thw": torch.cat([f["image_grid_thw"] for f in feats])}
-                items.append((ids, vision)); tags.append(tuple(tg)); clips.append(i); tasks.append(task)
-            for task, text in (("ref2va", captions[i]), ("ref2va-refer", scenes[i].caption(refer_first=True))):
-                ids, tg = conditioning.ref2va_tokens(tokenizer, text, count(r_feats[i]))
-                items.append((ids, r_feats[i])); tags.append(tuple(tg)); clips.append(i); tasks.append(task)
+    items, tags, clips, tasks = _presentations(scenes, captions, keyed, (first, last, refs), tokenizer, processor)
     logger.info("pool: %d presentations tokenized (image features included) at %.1f s", len(items),
                 time.monotonic() - started)
     texts = [t.to(torch.bfloat16) for t in conditioning.encode(text_encoder, processor, items)]

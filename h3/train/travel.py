@@ -324,6 +324,23 @@ FRESH_STAGES = ("dit",)
 weights on the shipped VAEs (a DiT of another shape: ``--set dit_*``)."""
 
 
+def _checkpoint_record(ckpt: Path, state_dir: Path) -> dict:
+    """The training record of the checkpoint :func:`seed_from_checkpoint` seeds from, once the run folder is known
+    empty and the checkpoint has its weight files; else a PackError naming what is wrong."""
+    if state_dir.exists() and any(state_dir.iterdir()):
+        raise PackError(f"{state_dir}: not empty; seed into a fresh run folder")
+    for name in (RECORD_FILE, *CHECKPOINT_FILES.values()):
+        if not (ckpt / name).is_file():
+            raise PackError(f"{ckpt / name}: missing; seeding from a checkpoint needs the exported "
+                            f"{RECORD_FILE} and the video VAE, audio VAE and transformer weights")
+    try:
+        record = json.loads((ckpt / RECORD_FILE).read_text())
+        record["stages"], record.get("losses", {})  # what the seeding reads: a record without them is refused here
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PackError(f"{ckpt / RECORD_FILE}: not a training record ({exc})") from exc
+    return record
+
+
 def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=()) -> dict:
     """Training state rebuilt from an exported checkpoint (the one shipped in h3/assets/tiny), for a run that
     continues it when the state pack it was exported from is gone: a pack lives outside git (it is 35 MB, and the
@@ -353,17 +370,8 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=
     from h3.train.vaes import ENCODER_SIDE
 
     ckpt, state_dir = Path(ckpt), Path(state_dir)
-    if state_dir.exists() and any(state_dir.iterdir()):
-        raise PackError(f"{state_dir}: not empty; seed into a fresh run folder")
-    for name in (RECORD_FILE, *CHECKPOINT_FILES.values()):
-        if not (ckpt / name).is_file():
-            raise PackError(f"{ckpt / name}: missing; seeding from a checkpoint needs the exported "
-                            f"{RECORD_FILE} and the video VAE, audio VAE and transformer weights")
-    try:
-        record = json.loads((ckpt / RECORD_FILE).read_text())
-        stages_info, losses = record["stages"], record.get("losses", {})
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PackError(f"{ckpt / RECORD_FILE}: not a training record ({exc})") from exc
+    record = _checkpoint_record(ckpt, state_dir)
+    stages_info, losses = record["stages"], record.get("losses", {})
     wanted = [_parse_continue(item) for item in continue_stages]
     fresh = [stage.replace("-", "_") for stage in fresh]
     if unknown := [stage for stage in fresh if stage not in FRESH_STAGES]:
