@@ -145,7 +145,8 @@ def generate(
 def _generate_one(prompt: str, out: Path, seed: int, model: str, recipe: str, shape: dict, device: Optional[str],
                   text_encoder: str, nproc: Optional[int], image_paths: dict) -> tuple:
     """``h3 generate --prompt``: (the exit code of the ranks it launched, None) for a parallel recipe started here with
-    torchrun, else (None, the clip's record; None on a follower rank). Bad input: one clear error (:func:`bad_input`)."""
+    torchrun, else (None, the clip's record; None on a follower rank). Bad input: one clear error
+    (:func:`bad_input`)."""
     from h3.conditioning import ConditioningError, image_from_file
     from h3.levers import LeverError
     from h3.media import MediaError

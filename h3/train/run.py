@@ -153,6 +153,115 @@ def _apply_stats(comps: dict, pool) -> None:
                                           latents_std=list(pool.audio_stats[1]))
 
 
+def _prepare(cfg: TrainConfig, out: Path, beside: bool, command: str, code_commit: str) -> Dist:
+    """What :func:`run` does before any stage: refuse the settings a later stage would refuse (before anything is
+    written or trained), make the state folder, join the ranks (each on its GPU; only rank 0 logs below warnings),
+    write the run's config.json (a single process not started beside an ``all`` run), and set the matmul flags."""
+    from h3.train.export import EXPORT_DTYPES
+
+    if cfg.export_dit_dtype not in EXPORT_DTYPES:
+        raise ValueError(f"export_dit_dtype must be one of {', '.join(EXPORT_DTYPES)}, got {cfg.export_dit_dtype!r}")
+    cfg.transformer_config()
+    (out / "state").mkdir(parents=True, exist_ok=True)
+    dist = Dist.from_env()
+    if dist.world > 1:
+        if torch.device(cfg.device).type == "cuda":
+            cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', dist.rank))}"
+        if not dist.main:
+            logging.getLogger().setLevel(logging.WARNING)
+    elif not beside:
+        write_json(out / "config.json", {"config": cfg.to_dict(), "command": command, "code_commit": code_commit})
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True  # fixed shapes per stage: pick the fastest 3-D convolution once
+    return dist
+
+
+def _pool_stage(comps: dict, cfg: TrainConfig, state_dir: Path):
+    """The pool stage: the trained VAEs encode the pool (on every GPU there is), saved into the state folder."""
+    from h3.train.pool import build_pool, latent_stats_of
+
+    _load_trained(comps["vae"], state_dir, "video_vae", cfg.device)
+    _load_trained(comps["audio_vae"], state_dir, "audio_vae", cfg.device)
+    devices = [cfg.device] if gpu_count(cfg) < 2 else [f"cuda:{i}" for i in range(gpu_count(cfg))]
+    # a DiT that continues keeps the latent statistics it trained with (a pool drawn otherwise has others)
+    kept = latent_stats_of(load_state(state_dir / "dit" / "state.pt", "cpu"))
+    if kept is not None:
+        logger.info("pool: normalized with the latent statistics the DiT trained with")
+    pool = build_pool(comps, cfg, devices=devices, stats=kept)
+    pool.save(state_dir / "pool" / "pool.pt")
+    return pool
+
+
+def _decoder_stage(name: str, cfg: TrainConfig, state_dir: Path, budget: Budget, stop_after: int | None) -> dict:
+    """The audio-decoder or video-decoder stage in this process, from the audio-vae or video-vae stage's state."""
+    from h3.train.vaes import audio_decoder_vae, train_audio_decoder, train_video_decoder, wide_vae
+
+    if name == "audio-decoder":
+        audio_state = load_state(state_dir / "audio_vae" / "state.pt", "cpu")
+        if audio_state is None:
+            raise FileNotFoundError(f"{state_dir / 'audio_vae' / 'state.pt'}: run the audio-vae stage first")
+        return train_audio_decoder(audio_decoder_vae(audio_state["model"]).to(cfg.device), cfg, state_dir,
+                                   budget, stop_after)
+    narrow = load_state(state_dir / "video_vae" / "state.pt", "cpu")
+    if narrow is None:
+        raise FileNotFoundError(f"{state_dir / 'video_vae' / 'state.pt'}: run the video-vae stage first")
+    return train_video_decoder(wide_vae(narrow["model"], cfg.seed).to(cfg.device), cfg, state_dir, budget,
+                               stop_after)
+
+
+def _export_stage(comps: dict, cfg: TrainConfig, out: Path, pool, lora, compensation, command: str,
+                  code_commit: str) -> None:
+    """The export stage, once the decoder stages have ended: the shipped components (the wide video decoder if its
+    stage ran, the audio-decoder stage's audio VAE if it ran, the DiT's EMA), the LoRAs (this process's, else the
+    states'), and the training record, exported by :func:`h3.train.export.export_checkpoint`."""
+    from h3.train.dit import load_ema_into
+    from h3.train.distill import DistillLora
+    from h3.train.export import environment, export_checkpoint
+    from h3.train.vaes import wide_vae
+
+    state_dir = out / "state"
+    decoder = load_state(state_dir / "video_decoder" / "state.pt", cfg.device)
+    if decoder is not None:  # the shipped decoder (a run without the stage ships the narrow one)
+        comps["vae"] = wide_vae(decoder["model"], cfg.seed).to(cfg.device)
+        comps["vae"].load_state_dict(decoder["model"])
+    else:
+        _load_trained(comps["vae"], state_dir, "video_vae", cfg.device)
+    # the shipped audio VAE: the audio-decoder stage's (the audio-vae stage's encoder, frozen) if it ran
+    audio_stage = "audio_decoder" if (state_dir / "audio_decoder" / "state.pt").is_file() else "audio_vae"
+    _load_trained(comps["audio_vae"], state_dir, audio_stage, cfg.device)
+    _apply_stats(comps, pool)
+    load_ema_into(comps["transformer"], state_dir, cfg.device)
+    if lora is None:
+        lora = DistillLora(comps["transformer"], cfg.lora_rank, cfg.lora_adaln_rank).to(cfg.device)
+        lora.load_state_dict(load_state(state_dir / "distill" / "state.pt", cfg.device)["lora"])
+    compensated = load_state(state_dir / "compensate" / "state.pt", cfg.device)
+    if compensated is not None and compensation is None:
+        compensation = DistillLora(comps["transformer"], cfg.lora_rank, cfg.lora_adaln_rank).to(cfg.device)
+        compensation.load_state_dict(compensated["lora"])
+    record = training_record(cfg, state_dir, command, code_commit, environment(cfg.device))
+    target = export_checkpoint(comps, lora, out, record, compensation, cfg)
+    logger.info("exported %s", target)
+
+
+def _decoder_beside(name: str, cfg: TrainConfig, out: Path, seconds: float, finish_on_budget: bool):
+    """A decoder stage started in its own process beside the stages after it, on the last GPU."""
+    process = _stage_process(name, out, f"cuda:{gpu_count(cfg) - 1}" if gpu_count(cfg) else cfg.device, seconds,
+                             finish_on_budget)
+    logger.info("stage %s: beside the next stages, pid %d", name, process.pid)
+    return process
+
+
+def _ranks_stage(name: str, ranks: int, out: Path, budget: Budget, stop_after: int | None,
+                 finish_on_budget: bool) -> dict:
+    """A dit or distill stage run by ``ranks`` torchrun processes; done when its state says so."""
+    end = None if budget.deadline is None else time.time() + budget.left()
+    code = _torchrun(name, ranks, out, end, stop_after, finish_on_budget)
+    if code != 0:
+        raise RuntimeError(f"stage {name}: torchrun exited with {code}")
+    return {"done": stage_done(out / "state", name)}
+
+
 def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = None,
         stage_seconds: dict | None = None, stop_after: int | None = None, finish_on_budget: bool = False,
         command: str = "", code_commit: str = "", parallel_vaes: bool | None = None,
@@ -166,43 +275,22 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
     from h3.train.compensate import train_compensation
     from h3.train.dit import load_ema_into, train_dit
     from h3.train.distill import train_distill
-    from h3.train.export import EXPORT_DTYPES
-    from h3.train.pool import Pool, build_pool, latent_stats_of
-    from h3.train.vaes import (
-        audio_decoder_vae, train_audio_decoder, train_audio_vae, train_video_decoder, train_video_vae, wide_vae,
-    )
+    from h3.train.pool import Pool
+    from h3.train.vaes import train_audio_vae, train_video_vae
 
-    # Settings a later stage would refuse, refused before anything is written or trained.
-    if cfg.export_dit_dtype not in EXPORT_DTYPES:
-        raise ValueError(f"export_dit_dtype must be one of {', '.join(EXPORT_DTYPES)}, got {cfg.export_dit_dtype!r}")
-    cfg.transformer_config()
     out = Path(out)
     state_dir = out / "state"
-    state_dir.mkdir(parents=True, exist_ok=True)
-    dist = Dist.from_env()
-    if dist.world > 1:
-        if torch.device(cfg.device).type == "cuda":
-            cfg.device = f"cuda:{int(os.environ.get('LOCAL_RANK', dist.rank))}"
-        if not dist.main:
-            logging.getLogger().setLevel(logging.WARNING)
-    elif not beside:
-        write_json(out / "config.json", {"config": cfg.to_dict(), "command": command, "code_commit": code_commit})
-    if deadline is not None:
-        left = deadline - time.time()
-        max_seconds = left if max_seconds is None else min(max_seconds, left)
+    dist = _prepare(cfg, out, beside, command, code_commit)
+    if deadline is not None:  # the whole run ends then, whenever it started
+        max_seconds = min(x for x in (max_seconds, deadline - time.time()) if x is not None)
     overall = Budget(max_seconds)
     stage_seconds = stage_seconds or {}
     todo = list(STAGES) if stage == "all" else [stage]
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    torch.backends.cudnn.benchmark = True  # fixed shapes per stage: pick the fastest 3-D convolution once
     ranks = stage_ranks(cfg) if dist.world == 1 else dist.world
     comps = components(cfg)
     if not beside and any(n in todo for n in ("dit", "distill", "compensate", "export")):
         check_dit_shape(comps["transformer"], state_dir)
-    pool = None
-    lora = compensation = None
-    helper = None
+    pool = lora = compensation = helper = None
     decoder_helpers: dict = {}  # stage -> its process beside the next stages (video-decoder, audio-decoder)
     if stage == "all" and parallel_vaes is None:
         parallel_vaes = torch.device(cfg.device).type == "cuda"
@@ -218,12 +306,10 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
         started = time.monotonic()
         logger.info("stage %s (budget %s s)", name, None if seconds == float("inf") else round(seconds))
         if name == "video-vae":
-            if parallel_vaes and not stage_done(state_dir, "audio-vae"):
-                seconds = None
-                if "audio-vae" in stage_seconds or max_seconds is not None:
-                    seconds = min(overall.left(), stage_seconds.get("audio-vae", 1e9))
-                helper = _stage_process("audio-vae", out, "cuda:1" if gpu_count(cfg) > 1 else None,  # its own GPU
-                                        seconds, finish_on_budget)
+            if parallel_vaes and not stage_done(state_dir, "audio-vae"):  # beside it, on its own GPU
+                limited = "audio-vae" in stage_seconds or max_seconds is not None
+                helper = _stage_process("audio-vae", out, "cuda:1" if gpu_count(cfg) > 1 else None, min(
+                    overall.left(), stage_seconds.get("audio-vae", 1e9)) if limited else None, finish_on_budget)
             result = train_video_vae(comps["vae"], cfg, state_dir, budget, stop_after)
         elif name == "audio-vae":
             if helper is not None:
@@ -233,43 +319,19 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                     continue
             result = train_audio_vae(comps["audio_vae"], cfg, state_dir, budget, stop_after)
         elif name == "pool":
-            _load_trained(comps["vae"], state_dir, "video_vae", cfg.device)
-            _load_trained(comps["audio_vae"], state_dir, "audio_vae", cfg.device)
-            devices = [cfg.device] if gpu_count(cfg) < 2 else [f"cuda:{i}" for i in range(gpu_count(cfg))]
-            # a DiT that continues keeps the latent statistics it trained with (a pool drawn otherwise has others)
-            kept = latent_stats_of(load_state(state_dir / "dit" / "state.pt", "cpu"))
-            if kept is not None:
-                logger.info("pool: normalized with the latent statistics the DiT trained with")
-            pool = build_pool(comps, cfg, devices=devices, stats=kept)
-            pool.save(state_dir / "pool" / "pool.pt")
+            pool = _pool_stage(comps, cfg, state_dir)
             result = {"done": True, "seconds": time.monotonic() - started}
         elif name in ("video-decoder", "audio-decoder") and parallel_vaes:
             # Its own process beside the stages after it (on the last GPU); it must end before the export.
             export = stage_seconds.get("export", 0.0) if "export" in todo[index + 1:] else 0.0
-            decoder_helpers[name] = _stage_process(
-                name, out, f"cuda:{gpu_count(cfg) - 1}" if gpu_count(cfg) else cfg.device,
-                min(overall.left() - export, stage_seconds.get(name, 1e9)), finish_on_budget)
-            logger.info("stage %s: beside the next stages, pid %d", name, decoder_helpers[name].pid)
+            decoder_helpers[name] = _decoder_beside(name, cfg, out, min(overall.left() - export,
+                                                                        stage_seconds.get(name, 1e9)), finish_on_budget)
             continue
-        elif name == "audio-decoder":
-            audio_state = load_state(state_dir / "audio_vae" / "state.pt", "cpu")
-            if audio_state is None:
-                raise FileNotFoundError(f"{state_dir / 'audio_vae' / 'state.pt'}: run the audio-vae stage first")
-            result = train_audio_decoder(audio_decoder_vae(audio_state["model"]).to(cfg.device), cfg, state_dir,
-                                         budget, stop_after)
-        elif name == "video-decoder":
-            narrow = load_state(state_dir / "video_vae" / "state.pt", "cpu")
-            if narrow is None:
-                raise FileNotFoundError(f"{state_dir / 'video_vae' / 'state.pt'}: run the video-vae stage first")
-            result = train_video_decoder(wide_vae(narrow["model"], cfg.seed).to(cfg.device), cfg, state_dir, budget,
-                                         stop_after)
+        elif name in ("audio-decoder", "video-decoder"):
+            result = _decoder_stage(name, cfg, state_dir, budget, stop_after)
         elif name in ("dit", "distill") and ranks > 1 and dist.world == 1:
             pool = None  # the ranks load it themselves; free this process's copy
-            end = None if budget.deadline is None else time.time() + budget.left()
-            code = _torchrun(name, ranks, out, end, stop_after, finish_on_budget)
-            if code != 0:
-                raise RuntimeError(f"stage {name}: torchrun exited with {code}")
-            result = {"done": stage_done(state_dir, name)}
+            result = _ranks_stage(name, ranks, out, budget, stop_after, finish_on_budget)
         else:
             if pool is None:
                 pool = Pool.load(state_dir / "pool" / "pool.pt", cfg.device)
@@ -283,38 +345,14 @@ def run(stage: str, cfg: TrainConfig, out: Path, *, max_seconds: float | None = 
                 compensation, result = train_compensation(comps["transformer"], pool, cfg, state_dir, budget,
                                                           stop_after, dist)
             else:  # export
-                from h3.train.distill import DistillLora
-                from h3.train.export import environment, export_checkpoint
-
                 paused = [n for n, process in decoder_helpers.items() if _wait_stage(n, process) == EXIT_RESUME]
                 decoder_helpers.clear()
                 if paused:  # the same command continues them, then exports
                     logger.info("stage export: waits for %s, paused on its budget", ", ".join(paused))
                     return EXIT_RESUME
-                decoder = load_state(state_dir / "video_decoder" / "state.pt", cfg.device)
-                if decoder is not None:  # the shipped decoder (a run without the stage ships the narrow one)
-                    comps["vae"] = wide_vae(decoder["model"], cfg.seed).to(cfg.device)
-                    comps["vae"].load_state_dict(decoder["model"])
-                else:
-                    _load_trained(comps["vae"], state_dir, "video_vae", cfg.device)
-                # the shipped audio VAE: the audio-decoder stage's (the audio-vae stage's encoder, frozen) if it ran
-                audio_stage = "audio_decoder" if (state_dir / "audio_decoder" / "state.pt").is_file() else "audio_vae"
-                _load_trained(comps["audio_vae"], state_dir, audio_stage, cfg.device)
-                _apply_stats(comps, pool)
-                load_ema_into(comps["transformer"], state_dir, cfg.device)
-                if lora is None:
-                    lora = DistillLora(comps["transformer"], cfg.lora_rank, cfg.lora_adaln_rank).to(cfg.device)
-                    lora.load_state_dict(load_state(state_dir / "distill" / "state.pt", cfg.device)["lora"])
-                compensated = load_state(state_dir / "compensate" / "state.pt", cfg.device)
-                if compensated is not None and compensation is None:
-                    compensation = DistillLora(comps["transformer"], cfg.lora_rank, cfg.lora_adaln_rank).to(cfg.device)
-                    compensation.load_state_dict(compensated["lora"])
-                record = training_record(cfg, state_dir, command, code_commit, environment(cfg.device))
-                target = export_checkpoint(comps, lora, out, record, compensation, cfg)
-                logger.info("exported %s", target)
+                _export_stage(comps, cfg, out, pool, lora, compensation, command, code_commit)
                 result = {"done": True}
-        logger.info("stage %s: %s in %.1f s", name, "done" if result["done"] else "paused",
-                    time.monotonic() - started)
+        logger.info("stage %s: %s in %.1f s", name, "done" if result["done"] else "paused", time.monotonic() - started)
         if not result["done"]:
             if finish_on_budget and name not in ("pool", "export"):
                 if dist.main:
