@@ -570,15 +570,12 @@ def sequential_command(*, echo, max_pairs: int, design: str, policy: str, floor,
     requests saved, and returns the verdict's exit code (0 PASS, 1 FAIL, 2 INCONCLUSIVE; 3 bad input)."""
     import json
 
-    from h3eval.commands._common import fail
     from h3eval.prompts import parse_seeds
 
-    try:
-        state = run_sequential(max_pairs=max_pairs, design=design, policy=policy, floor=floor,
-                               seeds=parse_seeds(seeds), echo=echo,
-                               gate_device=gate_device or ab_args.get("device") or "cpu", **ab_args)
-    except SequentialError as exc:
-        raise fail(str(exc)) from None
+    # A SequentialError (bad input) propagates: the CLI turns it into one line and exit 3.
+    state = run_sequential(max_pairs=max_pairs, design=design, policy=policy, floor=floor,
+                           seeds=parse_seeds(seeds), echo=echo,
+                           gate_device=gate_device or ab_args.get("device") or "cpu", **ab_args)
     from pathlib import Path
 
     verdict = json.loads((Path(ab_args["out"]) / "verdict.json").read_text(encoding="utf-8"))

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from h3eval.ab import run_ab_from_args as run_ab_command
-from h3eval.commands._common import handle_errors, setup_logging
+from h3eval.commands._common import fail, handle_errors, setup_logging
 
 
 def register(app: typer.Typer) -> None:
@@ -71,16 +71,20 @@ def register(app: typer.Typer) -> None:
         """Generate every (recipe, prompt, seed) clip into one run and write speed.json; a rerun resumes."""
         setup_logging(verbose)
         if sequential:  # issue 53
-            from h3eval.sequential import sequential_command
+            from h3eval.sequential import SequentialError, sequential_command
 
-            raise typer.Exit(sequential_command(
-                echo=typer.echo, max_pairs=max_pairs, design=design, policy=policy, floor=floor, seeds=seeds,
-                baseline=baseline, candidates=candidate, prompts=prompts, out=out, model=model, backend=backend,
-                urls=url, api_key=api_key, warmup=warmup, warmup_recipes=warmup_recipe or None,
-                baseline_last=baseline_last, speed_protocol=speed_protocol, speed_rounds=speed_rounds,
-                gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity, trajectory=trajectory, seconds=seconds,
-                num_frames=num_frames, height=height, width=width, timeout_s=timeout_s, device=device,
-                share_model=share_model, text_encoder=text_encoder, time_box_s=time_box))
+            try:
+                code = sequential_command(
+                    echo=typer.echo, max_pairs=max_pairs, design=design, policy=policy, floor=floor, seeds=seeds,
+                    baseline=baseline, candidates=candidate, prompts=prompts, out=out, model=model, backend=backend,
+                    urls=url, api_key=api_key, warmup=warmup, warmup_recipes=warmup_recipe or None,
+                    baseline_last=baseline_last, speed_protocol=speed_protocol, speed_rounds=speed_rounds,
+                    gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity, trajectory=trajectory, seconds=seconds,
+                    num_frames=num_frames, height=height, width=width, timeout_s=timeout_s, device=device,
+                    share_model=share_model, text_encoder=text_encoder, time_box_s=time_box)
+            except SequentialError as exc:
+                raise fail(str(exc)) from None
+            raise typer.Exit(code)
         result = run_ab_command(
             baseline=baseline, candidates=candidate, prompts=prompts, out=out, model=model, seeds=seeds,
             backend=backend, urls=url, api_key=api_key, warmup=warmup, warmup_recipes=warmup_recipe or None,
