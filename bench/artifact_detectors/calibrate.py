@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.lib import ghosting as corpus  # noqa: E402
-from bench.artifact_detectors import render_tiny  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # this study's own modules, by folder
+import render_tiny  # noqa: E402
 from gates.metrics import (audio_clicks, audio_dropout, audio_offset, blocking, echo, frozen_frames,  # noqa: E402
                            sharpness_drop, tail_flicker)
 

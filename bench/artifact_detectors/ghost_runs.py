@@ -41,8 +41,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.lib import ghosting as corpus  # noqa: E402
-from bench.artifact_detectors import render_tiny  # noqa: E402
-from bench.artifact_detectors.calibrate import FIT, PUBLISH, clopper_pearson, footage  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # this study's own modules, by folder
+import render_tiny  # noqa: E402
+from calibrate import FIT, PUBLISH, clopper_pearson, footage  # noqa: E402
 from gates.ghosting import GhostingConfig, ghost_scores, pair_p_value  # noqa: E402
 from gates.metrics import blocking, ghost_run, sharpness_drop  # noqa: E402
 from h3.atomic import atomic_write_json, atomic_write_text  # noqa: E402
