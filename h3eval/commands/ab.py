@@ -70,51 +70,51 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Generate every (recipe, prompt, seed) clip into one run and write speed.json; a rerun resumes."""
         setup_logging(verbose)
-        if sequential:  # issue 53
-            from h3eval.sequential import SequentialError, sequential_command
-
-            try:
-                code = sequential_command(
-                    echo=typer.echo, max_pairs=max_pairs, design=design, policy=policy, floor=floor, seeds=seeds,
-                    baseline=baseline, candidates=candidate, prompts=prompts, out=out, model=model, backend=backend,
-                    urls=url, api_key=api_key, warmup=warmup, warmup_recipes=warmup_recipe or None,
-                    baseline_last=baseline_last, speed_protocol=speed_protocol, speed_rounds=speed_rounds,
-                    gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity, trajectory=trajectory, seconds=seconds,
-                    num_frames=num_frames, height=height, width=width, timeout_s=timeout_s, device=device,
-                    share_model=share_model, text_encoder=text_encoder, time_box_s=time_box)
-            except SequentialError as exc:
-                raise fail(str(exc)) from None
-            raise typer.Exit(code)
-        result = run_ab_command(
+        args = dict(
             baseline=baseline, candidates=candidate, prompts=prompts, out=out, model=model, seeds=seeds,
             backend=backend, urls=url, api_key=api_key, warmup=warmup, warmup_recipes=warmup_recipe or None,
-            baseline_last=baseline_last,
-            speed_protocol=speed_protocol,
-            speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
-            trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
-            timeout_s=timeout_s, device=device, share_model=share_model, text_encoder=text_encoder,
-            time_box_s=time_box)
-        manifest = result.manifest
-        typer.echo(f"{out}: {manifest.status}; speed summary in {out / 'speed.md'}")
-        for name, problems in result.executed_mismatches.items():
-            typer.echo(f"  {name}: configured-versus-executed mismatch: {'; '.join(problems)}", err=True)
-        for name, check in result.off_identity.items():
-            if not check["passed"]:
-                typer.echo(f"  {name}: off-identity FAILED ({len(check['differing'])} differing, "
-                           f"{len(check['missing'])} missing of {check['pairs']}; {check['compared']})", err=True)
-            else:
-                typer.echo(f"  {name}: off-identity: {check['identical']} of {check['pairs']} pairs byte-identical "
-                           f"({check['compared']})")
-            if check["not_comparable"]:
-                typer.echo(f"  {name}: {len(check['not_comparable'])} pair(s) not comparable byte for byte: "
-                           f"{check['not_comparable'][0]['why']}", err=True)
-        for err in manifest.errors:
-            typer.echo(f"  {err.error}", err=True)
-        from h3eval.executed import executed_summary_line
-        from h3eval.store import RunStore
+            baseline_last=baseline_last, speed_protocol=speed_protocol, speed_rounds=speed_rounds,
+            gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity, trajectory=trajectory, seconds=seconds,
+            num_frames=num_frames, height=height, width=width, timeout_s=timeout_s, device=device,
+            share_model=share_model, text_encoder=text_encoder, time_box_s=time_box)
+        if sequential:  # issue 53
+            raise typer.Exit(_sequential(args, max_pairs=max_pairs, design=design, policy=policy, floor=floor))
+        _summary(out, run_ab_command(**args))
 
-        typer.echo(f"  {executed_summary_line(RunStore(out), manifest)}")
-        typer.echo(f"next: h3eval gate {out} --policy release" if manifest.status == "complete" else
-                   f"next: rerun this command to resume {out}, then h3eval gate {out} --policy release")
-        if manifest.status != "complete":
-            raise typer.Exit(1)
+
+def _sequential(args: dict, **design) -> int:
+    """``--sequential``: rounds judged after each look (h3eval.sequential); bad input is one line and exit 3."""
+    from h3eval.sequential import SequentialError, sequential_command
+
+    try:
+        return sequential_command(echo=typer.echo, **design, **args)
+    except SequentialError as exc:
+        raise fail(str(exc)) from None
+
+
+def _summary(out: Path, result) -> None:
+    """The closing lines: status, configured-versus-executed, off-identity, errors, the next command."""
+    from h3eval.executed import executed_summary_line
+    from h3eval.store import RunStore
+
+    manifest = result.manifest
+    typer.echo(f"{out}: {manifest.status}; speed summary in {out / 'speed.md'}")
+    for name, problems in result.executed_mismatches.items():
+        typer.echo(f"  {name}: configured-versus-executed mismatch: {'; '.join(problems)}", err=True)
+    for name, check in result.off_identity.items():
+        if not check["passed"]:
+            typer.echo(f"  {name}: off-identity FAILED ({len(check['differing'])} differing, "
+                       f"{len(check['missing'])} missing of {check['pairs']}; {check['compared']})", err=True)
+        else:
+            typer.echo(f"  {name}: off-identity: {check['identical']} of {check['pairs']} pairs byte-identical "
+                       f"({check['compared']})")
+        if check["not_comparable"]:
+            typer.echo(f"  {name}: {len(check['not_comparable'])} pair(s) not comparable byte for byte: "
+                       f"{check['not_comparable'][0]['why']}", err=True)
+    for err in manifest.errors:
+        typer.echo(f"  {err.error}", err=True)
+    typer.echo(f"  {executed_summary_line(RunStore(out), manifest)}")
+    typer.echo(f"next: h3eval gate {out} --policy release" if manifest.status == "complete" else
+               f"next: rerun this command to resume {out}, then h3eval gate {out} --policy release")
+    if manifest.status != "complete":
+        raise typer.Exit(1)
