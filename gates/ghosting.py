@@ -131,16 +131,7 @@ class GhostingGate(Gate):
             "ghost_score": [float(v) if ok else None for v, ok in zip(fs.score, scored)],
             "ghost_lag": [float(v) if ok and v >= 0 else None for v, ok in zip(fs.lag, scored)],
         }
-        flags = []
-        if flagged:
-            for win in fs.windows:
-                if win.p_value <= config.flag_p:
-                    flags.append(
-                        f"ghosting: frames {win.frames[0]}-{win.frames[-1]} carry a copy of frame t-{win.lag} shifted "
-                        f"by ({win.dy}, {win.dx}) px of pooled strength {win.score:.3f} +- {win.stderr:.3f} over "
-                        f"{win.blocks} blocks (p {win.p_value:.2g} against benign footage, flag_p {config.flag_p:.3g}); "
-                        f"{sum(t in listed for t in win.frames)} of its {len(win.frames)} scored frames at >= "
-                        f"{config.frame_threshold}")
+        flags = _window_flags(fs, config, listed) if flagged else []
         worst = [int(i) for i in np.argsort(-np.where(scored, fs.score, -1.0), kind="stable")]
         worst = [i for i in worst if scored[i]][:strip_frames]
         artifacts = []
@@ -160,15 +151,7 @@ class GhostingGate(Gate):
                 "num_frames": int(base.shape[0]),
                 "pair_p_value": p_value,
                 "ghost_frame_indices": listed,
-                "windows": [
-                    {"first_frame": w.frames[0], "last_frame": w.frames[-1], "scored_frames": len(w.frames),
-                     "strength": float(w.score), "stderr": float(w.stderr), "evidence": float(w.evidence),
-                     "p_value": float(w.p_value), "blocks": int(w.blocks), "lag": int(w.lag), "dy": int(w.dy),
-                     "dx": int(w.dx), "fit_factor": int(w.factor), "coarse_evidence": float(w.coarse_evidence),
-                     "fine_evidence": None if w.fine_evidence is None else float(w.fine_evidence),
-                     "stale_evidence": float(w.stale_evidence), "stale_lag": int(w.stale_lag),
-                     "stale_strength": float(w.stale_strength)}
-                    for w in fs.windows],
+                "windows": [_window_info(w) for w in fs.windows],
                 "downsample_factor": fs.factor,
                 "strip_frames": sorted(worst),
                 "worst_frames": [
@@ -180,3 +163,25 @@ class GhostingGate(Gate):
     def _error(self, ctx: PairContext, message: str) -> GateResult:
         logger.error("ghosting %s/%s-s%d: %s", ctx.pair.candidate, ctx.pair.prompt_id, ctx.pair.seed, message)
         return GateResult(gate=self.name, pair=ctx.pair, status="error", error=message)
+
+
+def _window_flags(fs, config: GhostingConfig, listed: list[int]) -> list[str]:
+    """One flag line per window whose p-value is at or below ``flag_p``."""
+    return [
+        f"ghosting: frames {win.frames[0]}-{win.frames[-1]} carry a copy of frame t-{win.lag} shifted "
+        f"by ({win.dy}, {win.dx}) px of pooled strength {win.score:.3f} +- {win.stderr:.3f} over "
+        f"{win.blocks} blocks (p {win.p_value:.2g} against benign footage, flag_p {config.flag_p:.3g}); "
+        f"{sum(t in listed for t in win.frames)} of its {len(win.frames)} scored frames at >= "
+        f"{config.frame_threshold}"
+        for win in fs.windows if win.p_value <= config.flag_p]
+
+
+def _window_info(w) -> dict:
+    """A window's fit, as the gate result's ``info["windows"]`` records it."""
+    return {"first_frame": w.frames[0], "last_frame": w.frames[-1], "scored_frames": len(w.frames),
+            "strength": float(w.score), "stderr": float(w.stderr), "evidence": float(w.evidence),
+            "p_value": float(w.p_value), "blocks": int(w.blocks), "lag": int(w.lag), "dy": int(w.dy),
+            "dx": int(w.dx), "fit_factor": int(w.factor), "coarse_evidence": float(w.coarse_evidence),
+            "fine_evidence": None if w.fine_evidence is None else float(w.fine_evidence),
+            "stale_evidence": float(w.stale_evidence), "stale_lag": int(w.stale_lag),
+            "stale_strength": float(w.stale_strength)}
