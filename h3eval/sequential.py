@@ -279,12 +279,21 @@ def look_policy(policy, design: SequentialDesign, look: int):
 
 
 # -- the stop decision -----------------------------------------------------------------------------------------------
-def stop_decision(outcome: str, look: int, n_looks: int) -> tuple[bool, str]:
-    """Whether a candidate stops after ``look`` (0-based) of ``n_looks`` given its verdict there, and why."""
+def stop_decision(outcome: str, look: int, n_looks: int, identical: bool = False) -> tuple[bool, str]:
+    """Whether a candidate stops after ``look`` (0-based) of ``n_looks`` given its verdict there, and why.
+
+    A FAIL stops at any look. A PASS stops before the last look only when every clip so far is byte-identical to the
+    clip it is judged against; any other interim PASS continues to the last look. Without this guard a planted bug
+    could PASS at an early look before the regression rule, spent to its tiny interim level, could FAIL it
+    (bench/sequential: lora-half PASSed 5 of 30 runs sequentially against 0 of 30 at the fixed 32)."""
     if outcome not in ("PASS", "FAIL", "INCONCLUSIVE"):
         raise SequentialError(f"unknown outcome {outcome!r}")
-    if outcome in ("PASS", "FAIL"):
+    last = look == n_looks - 1
+    if outcome == "FAIL" or (outcome == "PASS" and (last or identical)):
         return True, f"decided: {outcome} at look {look + 1} of {n_looks} at the look's nominal levels"
+    if outcome == "PASS":
+        return False, (f"PASS at look {look + 1} of {n_looks} with clips that differ: continues (before the last "
+                       "look only a FAIL or a byte-identical PASS stops)")
     if look == n_looks - 1:
         return True, f"undecided at the last look ({look + 1} of {n_looks}): INCONCLUSIVE stands"
     return False, f"undecided at look {look + 1} of {n_looks}: continues"
@@ -375,30 +384,20 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
 
     from h3.atomic import atomic_write_json
     from h3.recipe import load_recipe
-    from h3eval.ab import identity_recipe, ladder_recipes, run_ab_from_args
-    from h3eval.gateplan import group_options, plan_gates
+    from h3eval.ab import identity_recipe, run_ab_from_args
+    from h3eval.gateplan import group_options, load_named_policy, plan_gates
     from h3eval.gaterun import run_gates
     from h3eval.policy import LoadedPolicy
     from h3eval.prompts import load_prompts
     from h3eval.store import RunStore, utc_now
-    from h3eval.verdict import compute_verdict, write_verdict
-    from h3eval.gateplan import load_named_policy
-    from h3eval.verdict.schema import CandidateVerdict
+    from h3eval.verdict import compute_verdict
 
     say = echo or (lambda line: None)
     out = Path(out)
     suite = load_prompts(prompts)
     n_prompts = len(suite.ids)
     pairs = look_pairs(max_pairs, n_prompts, looks)
-    seeds = list(seeds)
-    need = math.ceil(pairs[-1] / n_prompts)
-    if len(seeds) < need:
-        if seeds == [0]:
-            seeds = list(range(need))  # the default --seeds: as many consecutive seeds as the design needs
-        else:
-            raise SequentialError(f"--max-pairs {max_pairs} with {n_prompts} prompts needs {need} seeds; --seeds "
-                                  f"gives {len(seeds)} ({seeds})")
-    seeds = seeds[:need]
+    seeds = _design_seeds(list(seeds), pairs[-1], n_prompts, max_pairs)
     loaded = load_named_policy(policy)
     the_design = make_design(design, pairs, policy_alphas(loaded.policy))
     alpha_ni = (1 - loaded.policy.confidence) / 2
@@ -462,45 +461,12 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
                           progress=progress, candidates=cands)
             verdict = compute_verdict(out, look_policies[k], floor_path=floor_path)
             last_verdict = verdict
-            entry: dict[str, Any] = {"look": k + 1, "n_pairs": n, "seeds": look_seed_list, "active": active,
-                                     "confidence": look_policies[k].policy.confidence, "candidates": {}}
-            for c in verdict.candidates:
-                if c.candidate not in active:
-                    continue  # a stopped rung kept in the run as a parent: judged at its own stop
-                stop, why = stop_decision(c.outcome, k, len(pairs))
-                entry["candidates"][c.candidate] = {"outcome": c.outcome, "stopped": stop, "why": why,
-                                                    "metrics": metric_rows(c, the_design, k, alpha_ni, loaded.policy)}
-                if stop:
-                    state["stopped"][c.candidate] = {"look": k + 1, "n_pairs": n, "outcome": c.outcome, "why": why}
-                    state["verdicts"][c.candidate] = c.model_dump(mode="json")
-                say(f"  {c.candidate}: {c.outcome} -> {'stops' if stop else 'continues'} ({why})")
-            state["rounds"].append(entry)
-            state["last_verdict"] = verdict.model_dump(mode="json")
+            _record_look(state, verdict, k, len(pairs), n, look_seed_list, active, look_policies[k].policy.confidence,
+                         the_design, alpha_ni, loaded.policy, say,
+                         lambda cand, against: _byte_identical(store, cand, against or base.name, suite.ids,
+                                                               look_seed_list))
             atomic_write_json(state_path, state)
-        # The record's end: savings, and verdict.json of each candidate at its stop.
-        from h3eval.verdict import Verdict
-        from h3eval.verdict.decide import combine
-        from h3eval.verdict.schema import EXIT_CODES
-
-        shell = last_verdict or Verdict.model_validate(state["last_verdict"])
-        cands = [CandidateVerdict.model_validate(state["verdicts"][c]) for c in names if c in state["verdicts"]]
-        for c in cands:
-            s = state["stopped"][c.candidate]
-            c.warnings.insert(0, f"sequential ({design}): stopped at look {s['look']} of {len(pairs)} "
-                                 f"({s['n_pairs']} pairs): {s['why']}; its CIs are repeated confidence intervals at "
-                                 f"that look's level ({STATE_NAME})")
-        shell.candidates = cands
-        shell.outcome = combine([c.outcome for c in cands])
-        shell.exit_code = EXIT_CODES[shell.outcome]
-        shell.reasons = [f"{c.candidate}: {c.outcome}" for c in cands]
-        state["savings"] = savings(store, state)
-        shell.warnings.append(f"sequential signoff ({design}, looks {pairs}): {state['savings']['describe']}")
-        write_verdict(shell, out)
-        state["status"] = "complete"
-        state["ended_at"] = utc_now()
-        state.pop("last_verdict", None)
-        atomic_write_json(state_path, state)
-        say(f"{out}: {shell.outcome}; {state['savings']['describe']}")
+        _finish(state, state_path, store, last_verdict, names, design, pairs, say)
         return state
 
 
@@ -583,3 +549,75 @@ def sequential_command(*, echo, max_pairs: int, design: str, policy: str, floor,
         echo(f"  {name}: {s['outcome']} at look {s['look']} ({s['n_pairs']} pairs)")
     echo(f"requests saved: {state['savings']['describe']}")
     return int(verdict["exit_code"])
+
+
+def _design_seeds(seeds: list[int], last_pairs: int, n_prompts: int, max_pairs: int) -> list[int]:
+    """The seeds the design's last look needs: the default ``--seeds 0`` grows to as many consecutive seeds, any
+    other list must hold enough (SequentialError otherwise)."""
+    need = math.ceil(last_pairs / n_prompts)
+    if len(seeds) < need:
+        if seeds == [0]:
+            return list(range(need))
+        raise SequentialError(f"--max-pairs {max_pairs} with {n_prompts} prompts needs {need} seeds; --seeds "
+                              f"gives {len(seeds)} ({seeds})")
+    return seeds[:need]
+
+
+def _record_look(state: dict[str, Any], verdict, k: int, n_looks: int, n: int, look_seed_list: list[int],
+                 active: list[str], confidence: float, the_design, alpha_ni: float, policy, say, identical) -> None:
+    """Add look ``k``'s round to ``state``: each active candidate's outcome and stop decision, its metrics against
+    the boundaries; a stopped candidate's verdict is kept as it stood at this look."""
+    entry: dict[str, Any] = {"look": k + 1, "n_pairs": n, "seeds": look_seed_list, "active": active,
+                             "confidence": confidence, "candidates": {}}
+    for c in verdict.candidates:
+        if c.candidate not in active:
+            continue  # a stopped rung kept in the run as a parent: judged at its own stop
+        stop, why = stop_decision(c.outcome, k, n_looks, identical(c.candidate, c.judged_against))
+        entry["candidates"][c.candidate] = {"outcome": c.outcome, "stopped": stop, "why": why,
+                                            "metrics": metric_rows(c, the_design, k, alpha_ni, policy)}
+        if stop:
+            state["stopped"][c.candidate] = {"look": k + 1, "n_pairs": n, "outcome": c.outcome, "why": why}
+            state["verdicts"][c.candidate] = c.model_dump(mode="json")
+        say(f"  {c.candidate}: {c.outcome} -> {'stops' if stop else 'continues'} ({why})")
+    state["rounds"].append(entry)
+    state["last_verdict"] = verdict.model_dump(mode="json")
+
+
+def _finish(state: dict[str, Any], state_path, store, last_verdict, names: list[str], design: str,
+            pairs: list[int], say) -> None:
+    """The record's end: the savings, and verdict.json holding each candidate's verdict at its stop."""
+    from h3.atomic import atomic_write_json
+    from h3eval.store import utc_now
+    from h3eval.verdict import Verdict, write_verdict
+    from h3eval.verdict.decide import combine
+    from h3eval.verdict.schema import EXIT_CODES, CandidateVerdict
+
+    shell = last_verdict or Verdict.model_validate(state["last_verdict"])
+    cands = [CandidateVerdict.model_validate(state["verdicts"][c]) for c in names if c in state["verdicts"]]
+    for c in cands:
+        s = state["stopped"][c.candidate]
+        c.warnings.insert(0, f"sequential ({design}): stopped at look {s['look']} of {len(pairs)} "
+                             f"({s['n_pairs']} pairs): {s['why']}; its CIs are repeated confidence intervals at "
+                             f"that look's level ({STATE_NAME})")
+    shell.candidates = cands
+    shell.outcome = combine([c.outcome for c in cands])
+    shell.exit_code = EXIT_CODES[shell.outcome]
+    shell.reasons = [f"{c.candidate}: {c.outcome}" for c in cands]
+    state["savings"] = savings(store, state)
+    shell.warnings.append(f"sequential signoff ({design}, looks {pairs}): {state['savings']['describe']}")
+    write_verdict(shell, store.root)
+    state["status"] = "complete"
+    state["ended_at"] = utc_now()
+    state.pop("last_verdict", None)
+    atomic_write_json(state_path, state)
+    say(f"{store.root}: {shell.outcome}; {state['savings']['describe']}")
+
+
+def _byte_identical(store, candidate: str, against: str, prompt_ids, seeds) -> bool:
+    """Whether every clip of ``candidate`` at these prompts and seeds is byte-identical to ``against``'s."""
+    for pid in prompt_ids:
+        for seed in seeds:
+            a, b = store.clip_path(candidate, pid, seed), store.clip_path(against, pid, seed)
+            if not (a.is_file() and b.is_file()) or a.read_bytes() != b.read_bytes():
+                return False
+    return True

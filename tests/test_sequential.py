@@ -92,7 +92,12 @@ def test_bad_design_input_is_one_clear_error():
 
 
 def test_stop_decision():
-    assert Q.stop_decision("PASS", 0, 4)[0] and Q.stop_decision("FAIL", 2, 4)[0]
+    assert Q.stop_decision("PASS", 3, 4)[0] and Q.stop_decision("FAIL", 2, 4)[0] and Q.stop_decision("FAIL", 0, 4)[0]
+    # The guard on interim PASSes: only a byte-identical candidate's PASS stops before the last look.
+    assert Q.stop_decision("PASS", 0, 4, identical=True)[0]
+    stop, why = Q.stop_decision("PASS", 0, 4)
+    assert not stop and "continues" in why
+    assert not Q.stop_decision("INCONCLUSIVE", 0, 4, identical=True)[0]
     assert not Q.stop_decision("INCONCLUSIVE", 2, 4)[0]
     stop, why = Q.stop_decision("INCONCLUSIVE", 3, 4)
     assert stop and "last look" in why

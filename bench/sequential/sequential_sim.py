@@ -37,6 +37,8 @@ BUGS = ROOT / "bench" / "recipe_bugs" / "results" / "recipe_bugs.json"
 ASPECTS = ("colour", "shape", "direction", "pitch", "bounces", "sync")
 LOOKS = (4, 8, 16, 32)
 
+from h3eval.sequential import stop_decision  # noqa: E402
+
 
 def policy():
     """release.toml without [speed] and vbench (no pinned VBench environment here), 999 bootstrap resamples."""
@@ -84,7 +86,8 @@ def pools() -> dict[str, dict]:
         base_v = np.array([share(parent[k]) for k in ks])
         cand_v = np.array([share(clips[k]) for k in ks])
         identical = all(clips[k]["frames_sha256"] == parent[k]["frames_sha256"] for k in ks)
-        out[f"bug:{name}"] = {"expected": "PASS (byte-identical to its parent)" if identical else "a planted bug (clips differ)", "floor": floor,
+        out[f"bug:{name}"] = {"expected": "PASS (byte-identical to its parent)" if identical else "a planted bug (clips differ)",
+                              "identical": identical, "floor": floor,
                               "pairs": {"prompt_faithfulness.faithfulness": (base_v, cand_v)}}
     return out
 
@@ -141,7 +144,7 @@ def simulate(pool: dict, runs: int, rng: np.random.Generator, fixed, seq_policie
         for d, pols in seq_policies.items():
             for k, n in enumerate(LOOKS):
                 outcome = decide(pols[k], pool, idx[:n])
-                if outcome != "INCONCLUSIVE" or k == len(LOOKS) - 1:
+                if stop_decision(outcome, k, len(LOOKS), pool.get("identical", False))[0]:
                     break
             res[d].append(outcome)
             res[f"{d}_pairs"].append(n)
