@@ -26,6 +26,17 @@ logger = logging.getLogger(__name__)
 # decoded frames, never codec bytes, across clips.
 VIDEO_CODEC = "libx264"
 VIDEO_CRF = 18  # visually lossless for H.264; codec noise stays well below acceleration drift (ghosting calibration)
+VIDEO_PRESET = "medium"
+"""libx264's preset below ``ENCODE_THREADS_MIN_PIXELS`` (the tiny preset's and the tests' clips: their bytes and the
+codec noise the ghosting gate was calibrated on are what they always were)."""
+VIDEO_PRESET_LARGE = "veryfast"
+"""libx264's preset from ``ENCODE_THREADS_MIN_PIXELS`` up. On the H100 host (16 cores, bench/mux_speed) a 15 s
+768x1344 clip muxed in 2.34 s against medium's 7.28 s at 8 threads, 0.09 dB lower PSNR against the source and a 5 %
+smaller file; faster presets gained under 0.25 s (superfast's file 47 % larger)."""
+CONVERT_THREADS_LARGE = 8
+"""Threads converting RGB frames to yuv420p ahead of the encoder for large frames (swscale runs outside the GIL; each
+frame's conversion is the same call as the serial one, so the bytes are the same). Serial, the conversion was about
+5.6 ms a 768x1344 frame: 2 s of a 15 s clip, the mux's floor at any preset."""
 ENCODE_THREADS_LARGE = 8
 """libx264 frame threads for frames of ``ENCODE_THREADS_MIN_PIXELS`` and more. A fixed count, not the machine's: with
 macroblock-tree rate control off, x264 is deterministic for a given thread count, so a clip's bytes depend only on
@@ -72,8 +83,14 @@ def encode_mp4(
     fps: int = 24,
     sample_rate: int = 32000,
     crf: int = VIDEO_CRF,
+    preset: str | None = None,
+    threads: int | None = None,
+    convert_threads: int | None = None,
 ) -> None:
-    """Write ``frames`` (uint8 (T, H, W, 3)) and ``pcm`` (int16 (N, channels)) to an MP4, atomically.
+    """Write ``frames`` (uint8 (T, H, W, 3)) and ``pcm`` (int16 (N, channels)) to an MP4, atomically. ``preset``,
+    ``threads`` (libx264's frame threads) and ``convert_threads`` (RGB-to-YUV conversion ahead of the encoder): None
+    takes the frame size's setting (``VIDEO_PRESET`` / ``VIDEO_PRESET_LARGE``, ``encode_threads``,
+    ``CONVERT_THREADS_LARGE``); others are for bench/mux_speed's sweep.
 
     The audio is AAC-encoded in a second thread while the video encodes (PyAV releases the GIL inside the codecs; on
     the 2-core CPU the AAC encoder's two-loop search was about half of a tiny clip's mux) and its packets are muxed
@@ -95,9 +112,14 @@ def encode_mp4(
         with av.open(str(tmp), "w", format="mp4") as container:
             vstream = container.add_stream(VIDEO_CODEC, rate=fps)
             vstream.width, vstream.height, vstream.pix_fmt = width, height, "yuv420p"
-            threads = encode_threads(height, width)
+            large = encode_threads(height, width) > 1
+            threads = encode_threads(height, width) if threads is None else int(threads)
+            convert_threads = (CONVERT_THREADS_LARGE if large else 1) if convert_threads is None else int(convert_threads)
+            preset = (VIDEO_PRESET_LARGE if large else VIDEO_PRESET) if preset is None else preset
+            if threads < 1 or convert_threads < 1:
+                raise MediaError(f"threads must be >= 1, got {threads} (x264) and {convert_threads} (conversion)")
             vstream.codec_context.thread_count = threads
-            options = {"crf": str(crf), "preset": "medium", "threads": str(threads)}
+            options = {"crf": str(crf), "preset": preset, "threads": str(threads)}
             if threads > 1:
                 vstream.codec_context.thread_type = "FRAME"  # FFmpeg's default for libx264 is slice threads
                 options["x264-params"] = LARGE_X264_PARAMS
@@ -125,12 +147,7 @@ def encode_mp4(
                 audio_thread = threading.Thread(target=encode_audio, name="aac-encode", daemon=True)
                 audio_thread.start()
             try:
-                for index in range(num_frames):
-                    # Convert to yuv420p ourselves: PyAV's implicit conversion inside encode() was seen to give
-                    # different bytes for the same frames; an explicit reformat did not. (One VideoReformatter shared
-                    # by the clip's frames, as decode_video uses, gave the same planes but MP4s that differed from
-                    # one encode to the next at 128x160: not used here.)
-                    frame = av.VideoFrame.from_ndarray(frames[index], format="rgb24").reformat(format="yuv420p")
+                for index, frame in enumerate(_yuv_frames(frames, convert_threads)):
                     frame.pts = index
                     container.mux(vstream.encode(frame))
                 container.mux(vstream.encode())
@@ -144,6 +161,36 @@ def encode_mp4(
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _to_yuv420p(rgb: np.ndarray):
+    """One RGB frame as a yuv420p ``av.VideoFrame``. Converted here, not by PyAV inside encode(): its implicit
+    conversion was seen to give different bytes for the same frames; an explicit reformat did not. (One
+    VideoReformatter shared by the clip's frames, as decode_video uses, gave the same planes but MP4s that differed from
+    one encode to the next at 128x160: not used here.)"""
+    import av
+
+    return av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
+
+
+def _yuv_frames(frames: np.ndarray, threads: int):
+    """The clip's frames converted in order; with ``threads`` > 1 up to 2 x ``threads`` conversions run ahead of the
+    consumer in a pool (bounded: a 15 s 768x1344 clip's yuv frames would hold 560 MB)."""
+    if threads == 1:
+        for rgb in frames:
+            yield _to_yuv420p(rgb)
+        return
+    from collections import deque
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(threads, thread_name_prefix="yuv") as pool:
+        pending: deque = deque()
+        for rgb in frames:
+            pending.append(pool.submit(_to_yuv420p, rgb))
+            if len(pending) >= 2 * threads:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
 
 
 def _open(path: str | os.PathLike):

@@ -44,6 +44,10 @@ def test_encode_is_byte_identical_and_close_to_the_source(tmp_path, height, widt
     assert all(path.read_bytes() == data for path in paths[1:])
     assert _x264_threads(data) == threads
     assert (b" mbtree=0 " in data) == (threads > 1)
+    # The preset, read from x264's settings SEI: medium searches subpixels at subme=7 with 3 reference frames,
+    # veryfast at subme=2 with 1 (x264's preset table, common/base.c).
+    assert (b" subme=2 " in data and b" ref=1 " in data) == (threads > 1)
+    assert (b" subme=7 " in data and b" ref=3 " in data) == (threads == 1)
     decoded, fps = decode_video(paths[0])
     assert fps == 24 and decoded.shape == frames.shape
     # CRF 18 on a pattern with strong colour detail (4:2:0 chroma bounds it): measured 36.3-36.5 dB at both sizes
@@ -75,6 +79,18 @@ def test_an_audio_encode_error_is_raised_and_leaves_no_file(tmp_path, monkeypatc
         encode_mp4(target, _frames(8, 64, 64), np.zeros((32000, 2), np.int16))
     assert list(tmp_path.iterdir()) == []
 
+
+def test_conversion_threads_give_the_serial_conversions_bytes(tmp_path):
+    """Large frames are converted to yuv420p by 8 threads ahead of the encoder (bounded look-ahead of 16): the file is
+    the serial conversion's, byte for byte, with 40 frames (more than the look-ahead)."""
+    frames = _frames(40, 544, 960)
+    pcm = np.zeros((32000, 2), np.int16)
+    encode_mp4(tmp_path / "threaded.mp4", frames, pcm)
+    encode_mp4(tmp_path / "serial.mp4", frames, pcm, convert_threads=1)
+    assert (tmp_path / "threaded.mp4").read_bytes() == (tmp_path / "serial.mp4").read_bytes()
+    with pytest.raises(Exception, match="threads must be >= 1"):
+        encode_mp4(tmp_path / "bad.mp4", frames[:2], pcm, convert_threads=0)
+    assert not (tmp_path / "bad.mp4").exists()
 
 
 
