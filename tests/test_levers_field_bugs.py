@@ -49,12 +49,16 @@ def _executed(forwards: int, **levers) -> Executed:
     (1e9, "the fbc cache (threshold 1000000000.0) hit on every step after the first: 1 hits in 2 forwards"),
 ])
 def test_a_cache_that_never_hits_or_always_hits_is_flagged_with_its_hit_count(base, tmp_path, threshold, flag,
-                                                                             caplog):
+                                                                             caplog, monkeypatch):
     """A whole request: threshold 0 never reuses (the clip is the uncached one, byte for byte: fbc-cache on the
     trained tiny), 1e9 reuses every step after the first; both pass the configured-versus-executed check (the cache
     ran as configured) and both are flagged, with the hit count the record holds."""
+    from h3eval import executed
     from h3eval.executed import check_executed, executed_flags
 
+    # The once-per-process log memory starts empty here: tests/test_executed_in_verdict.py logs this recipe's flag
+    # first when the whole suite runs in one process.
+    monkeypatch.setattr(executed, "_LOGGED", set())
     recipe = recipe_from_dict({**FAST_RECIPE, "name": "fast-fbc", "cache": {"kind": "fbc", "threshold": threshold}})
     runtime = H3Runtime.load("tiny-random", recipe, "cpu")
     record = runtime.generate(GenerateRequest(prompt=PROMPT, seed=3), tmp_path / "clip.mp4")

@@ -56,16 +56,26 @@ def _decisions(out: Path) -> tuple[dict, list, list]:
     return state["stopped"], state["rounds"], verdict["candidates"]
 
 
+def _start(tmp_path: Path, out: Path, setup: dict) -> subprocess.Popen:
+    """`run_sequential` in a child process of one thread; it writes its return value beside its run folder."""
+    script = tmp_path / f"run_seq_{out.name}.py"
+    script.write_text("import json\nfrom h3eval.sequential import run_sequential\n"
+                      f"result = run_sequential(out={str(out)!r}, **{setup!r})\n"
+                      f"open({str(out) + '.result.json'!r}, 'w').write(json.dumps(result, default=str))\n")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    with open(str(out) + ".stderr.txt", "w") as err:  # a file, not a pipe: a full pipe would stall the child
+        return subprocess.Popen([sys.executable, str(script)], env=env, stderr=err, stdout=subprocess.DEVNULL)
+
+
+def _finish(proc: subprocess.Popen, out: Path) -> dict:
+    assert proc.wait(timeout=900) == 0, Path(str(out) + ".stderr.txt").read_text()[-3000:]
+    return json.loads(Path(str(out) + ".result.json").read_text())
+
+
 def test_killed_between_rounds_resumes_to_the_uninterrupted_verdict(tmp_path, setup):
-    from h3eval.sequential import run_sequential
 
     killed = tmp_path / "killed"
-    script = tmp_path / "run_seq.py"
-    script.write_text("from h3eval.sequential import run_sequential\n"
-                      f"run_sequential(out={str(killed)!r}, **{setup!r})\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, str(script)], env=env, stderr=subprocess.DEVNULL,
-                            stdout=subprocess.DEVNULL)
+    proc = _start(tmp_path, killed, setup)
     deadline = time.time() + 600
     while not (killed / "sequential.json").is_file() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.02)
@@ -78,8 +88,9 @@ def test_killed_between_rounds_resumes_to_the_uninterrupted_verdict(tmp_path, se
     assert first["stopped"] == {"fast-identity": {"look": 1, "n_pairs": 2, "outcome": "PASS",
                                                   "why": "decided: PASS at look 1 of 2 at the look's nominal levels"}}
 
-    resumed = run_sequential(out=killed, **setup)
-    whole = run_sequential(out=tmp_path / "whole", **setup)
+    # Every session runs in a process of one thread: the clips' floats depend on the thread count, so the resumed run
+    # and the uninterrupted one are computed alike.
+    resumed, whole = (_finish(_start(tmp_path, out, setup), out) for out in (killed, tmp_path / "whole"))
     assert resumed["status"] == whole["status"] == "complete"
     a, b = _decisions(killed), _decisions(tmp_path / "whole")
     assert a == b
