@@ -1,0 +1,58 @@
+"""bench/mux_speed: the PSNR against scikit-image's, and the mux goal's entry read from a record (met, missed,
+refused on a non-finite time)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench" / "mux_speed"))
+
+import mux_speed  # noqa: E402
+
+RECORD = ROOT / "bench" / "mux_speed" / "results" / "mux_speed_h100_s24.json"
+
+
+def test_psnr_is_scikit_images_mean_over_frames():
+    from skimage.metrics import peak_signal_noise_ratio
+
+    rng = np.random.default_rng(4)
+    a = rng.integers(0, 256, (3, 16, 24, 3), dtype=np.uint8)
+    b = np.clip(a.astype(int) + rng.integers(-9, 10, a.shape), 0, 255).astype(np.uint8)
+    expected = np.mean([peak_signal_noise_ratio(x, y, data_range=255) for x, y in zip(a, b)])
+    assert mux_speed.psnr_db(a, b) == pytest.approx(expected, rel=1e-12)
+
+
+def test_synthetic_clip_is_seeded_and_moving():
+    a, b = mux_speed.synthetic_clip(0.5, 64, 96), mux_speed.synthetic_clip(0.5, 64, 96)
+    assert a.shape == (13, 64, 96, 3) and a.dtype == np.uint8 and np.array_equal(a, b)
+    assert np.abs(a[1:].astype(int) - a[:-1]).mean() > 1.0  # frames differ: motion and grain
+
+
+def test_goal_entry_reads_the_record_and_its_reference_row():
+    record = json.loads(RECORD.read_text())
+    name, entry = mux_speed.goal_entry(record, "r.json")
+    rows = {(r["shape"], r["preset"], r["threads"]): r["mux_s"] for r in record["rows"]}
+    assert entry["measured"] == rows[("15x768x1344", "veryfast", 8)]
+    assert entry["ratio_to_stock"] == round(rows[("15x768x1344", "medium", 8)] / entry["measured"], 3)
+    assert entry["met"] is (entry["measured"] <= 2.0) and record["card"] in name and entry["card"] == record["card"]
+    assert "not measured on the card" in entry["measured_as"]
+
+
+def test_goal_entry_met_from_a_shipped_row_and_refuses_nan():
+    rows = [{"shape": "15x768x1344", "preset": "veryfast", "threads": 8, "convert_threads": 8, "shipped": True,
+             "mux_s": 1.5},
+            {"shape": "15x768x1344", "preset": "medium", "threads": 8, "convert_threads": 1, "shipped": False,
+             "mux_s": 6.0}]
+    _, entry = mux_speed.goal_entry({"rows": rows, "card": "X"}, "p.json")
+    assert entry["met"] is True and entry["measured_as"].startswith("the shipped setting")
+    assert entry["ratio_to_stock"] == 4.0
+    rows[0]["mux_s"] = math.nan
+    with pytest.raises(ValueError, match="not a time"):
+        mux_speed.goal_entry({"rows": rows, "card": "X"}, "p.json")
