@@ -140,3 +140,13 @@ def test_chain_is_the_candidates_ladder():
     assert rs.chain(manifest, "bug-sparse-audio") == ["turbo4-tiny", "turbo4-tiny-sparse85", "bug-sparse-audio"]
     assert rs.chain(manifest, "bug-lora-16x") == ["turbo4-tiny", "bug-lora-16x"]
     assert rs.chain(manifest, "turbo4-tiny") == ["turbo4-tiny"]
+
+
+def test_pool_recipes_plants_only_in_plant_pools():
+    order = ["baseline", "identity", "turbo4-tiny", "turbo4-tiny-int8", "turbo4-tiny-sparse85", "lora-16x", "steps-8"]
+    assert rs.pool_recipes(order, 0, {0}) == order
+    assert rs.pool_recipes(order, 1, {0}) == order[:5]
+    assert rs.pool_recipes(order, 2, None) == order
+    # the run baseline (order[0]) stays even when it is no correct recipe of its own
+    assert rs.pool_recipes(["turbo4-tiny", "lora-16x"], 1, {0}) == ["turbo4-tiny"]
+    assert rs.pool_recipes(["baseline", "lora-16x", "identity"], 1, set()) == ["baseline", "identity"]

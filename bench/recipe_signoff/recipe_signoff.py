@@ -103,6 +103,15 @@ def form_run(pool_seeds: dict[str, list[int]], rng: np.random.Generator, seeds_p
     return out
 
 
+def pool_recipes(order: list[str], pool: int, plant_pools: set[int] | None) -> list[str]:
+    """The recipes a pool makes and judges: every recipe of ``order`` in a plant pool (``plant_pools`` None: every
+    pool is one), else only the correct recipes and the run baseline (issue 50: 16 pairs per plant, 3 pools for the
+    correct recipes), in ``order``'s order."""
+    if plant_pools is None or pool in plant_pools:
+        return list(order)
+    return [n for n in order if n in CORRECT or n == order[0]]
+
+
 def distinct_pairs(runs: list[list[tuple[str, int, int]]]) -> int:
     """How many distinct (prompt, pool seed) pairs the runs drew on."""
     return len({(pid, seed) for run in runs for pid, _, seed in run})
@@ -481,7 +490,10 @@ def simulate(pool: PoolResults, loaded, floor: Path, runs: int, rng: np.random.G
     per: dict = {c: {"outcomes": {"PASS": 0, "FAIL": 0, "INCONCLUSIVE": 0}, "failed_on": {}} for c in
                  pool.manifest.candidates}
     drawn = []
+    started = time.perf_counter()
     for i in range(runs):
+        if i and i % 20 == 0:
+            print(f"  {i} of {runs} runs judged in {time.perf_counter() - started:.0f} s", flush=True)
         picks = form_run(pool.seeds, rng)
         drawn.append(picks)
         root = scratch / f"run{i}"
@@ -602,6 +614,10 @@ def main() -> None:
     parser.add_argument("--run-baseline", default="baseline", choices=["baseline", "turbo4-tiny"])
     parser.add_argument("--recipes", default="", help="comma-separated: plant stems and correct recipes; default "
                                                       "every plant and every correct recipe")
+    parser.add_argument("--plant-pools", default="0",
+                        help="comma-separated pools in which the plants are made and judged (issue 50: 16 pairs a "
+                             "plant); the other pools make only the run baseline and the correct recipes; 'all': "
+                             "every pool of --pools")
     parser.add_argument("--runs", type=int, default=200, help="simulated 16-pair runs per pool")
     parser.add_argument("--rng", type=int, default=20261206)
     parser.add_argument("--n-resamples", type=int, default=999)
@@ -636,14 +652,17 @@ def main() -> None:
             raise SystemExit(f"{n}'s parent {parent} is not among --recipes")
     if args.run_baseline != "baseline" and "identity" in order:
         order.remove("identity")  # identity is judged against the 29-step baseline only
+    plant_pools = None if args.plant_pools == "all" else {int(p) for p in args.plant_pools.split(",") if p}
     loaded = sim_policy(args.n_resamples)
     refused: dict = {}
     results: dict = {}
     if args.score_only:
         for pool in pools:
-            score_pool(args.work, pool, order, wait=True)
+            score_pool(args.work, pool, pool_recipes(order, pool, plant_pools), wait=True)
         return
+    everything = order
     for pool in pools:
+        order = pool_recipes(everything, pool, plant_pools) if not args.generate_only else everything
         if not args.verdict_only:
             for name in order:
                 got = generate(args.work, pool, name, args.model)
@@ -674,8 +693,19 @@ def main() -> None:
         data = load_pool(run)
         import tempfile
 
-        with tempfile.TemporaryDirectory(prefix="recipe_signoff-") as tmp:
-            sim = simulate(data, loaded, floor, args.runs, np.random.default_rng(args.rng + pool), Path(tmp))
+        key = {"policy": loaded.sha256, "runs": args.runs, "rng": args.rng + pool,
+               "candidates": list(data.manifest.candidates), "floor": floor.read_text() if floor.is_file() else None}
+        cache = run.parent / "simulated.json"
+        cached = json.loads(cache.read_text()) if cache.is_file() else None
+        if cached is not None and cached.get("key") == key:
+            sim = cached["sim"]
+            print(f"pool {pool}: simulated runs reused from {cache}", flush=True)
+        else:
+            with tempfile.TemporaryDirectory(prefix="recipe_signoff-") as tmp:
+                sim = simulate(data, loaded, floor, args.runs, np.random.default_rng(args.rng + pool), Path(tmp))
+            from h3.atomic import atomic_write_json
+
+            atomic_write_json(cache, {"key": key, "sim": sim})
         sim["pool_pairs"] = sum(len(v) for v in data.seeds.values())
         sim["prompts"] = list(data.manifest.prompts.ids)
         sim["seeds"] = list(data.manifest.seeds)
