@@ -53,8 +53,25 @@ class StageClock:
         finally:
             self.end(name)
 
+    @contextmanager
+    def nested(self, name: str) -> Iterator[None]:
+        """An interval of ``name`` inside the active stage, leaving that stage running: its time counts in both
+        (:meth:`exclusive` takes it out of the outer one). The streamed frame preparation inside the video decode."""
+        start = self.now()
+        try:
+            yield
+        finally:
+            self.intervals.append((name, start, self.now()))
+
     def total(self, stage: str) -> float:
         return sum(end - start for name, start, end in self.intervals if name == stage)
+
+    def exclusive(self, stage: str, inner: str) -> float:
+        """:meth:`total` of ``stage`` less the time of the ``inner`` intervals that lie within its intervals."""
+        spans = [(start, end) for name, start, end in self.intervals if name == stage]
+        inside = sum(end - start for name, start, end in self.intervals
+                     if name == inner and any(s <= start and end <= e for s, e in spans))
+        return self.total(stage) - inside
 
     def each(self, stage: str) -> list[float]:
         return [end - start for name, start, end in self.intervals if name == stage]

@@ -36,10 +36,12 @@ from h3.checkpoint import (CHECKPOINT_LAYOUT, CheckpointError, check_checkpoint_
                            ref_partition_is_transformer, save_components, torch_dtype)
 from h3.conditioning import pipeline_inputs
 from h3.levers import lever_telemetry
-from h3.media import encode_mp4
+from h3.media import ENCODE_THREADS_MIN_PIXELS, encode_mp4
 from h3.models import (MODEL_ALIASES, SMALL_MODELS, TINY_MODELS, canonical_model, check_model, model_default_size,
                        model_identity, tiny_checkpoint_dir, tiny_identity, trained_tiny_dir)
 from h3.record import ClipRecord, Executed, RequestSpec, ResolvedShape, StageAnatomy, Timings
+from h3.post_decode import (FrameStream, Mp4StreamWriter, frames_uint8, pcm_int16, stream_refusal,
+                             streaming_decode)
 from h3.recipe import Recipe
 from h3.request import (FPS, FULL_DEFAULT_SIZE, MAX_FRAMES, MAX_SECONDS, MIN_SECONDS, TINY_DEFAULT_SIZE, DeviceError,
                         GenerateRequest, RequestError, check_device, default_device, resolve_request, snap_num_frames)
@@ -64,6 +66,13 @@ def _quiet_progress_bars(blocks: Any) -> None:
         blocks.set_progress_bar_config(disable=True)
     for child in getattr(blocks, "sub_blocks", {}).values():
         _quiet_progress_bars(child)
+
+
+def _stream_mux_setting(value: str) -> bool | None:
+    value = value.strip().lower()
+    if value not in ("auto", "0", "1"):
+        raise ValueError(f"H3_STREAM_MUX must be auto, 0 or 1, got {value!r}")
+    return None if value == "auto" else value == "1"
 
 
 class H3Runtime(SharedModel):
@@ -112,6 +121,10 @@ class H3Runtime(SharedModel):
         ``extra["model_load_s"]``, so a run shows where its first request's extra minutes went."""
         _quiet_progress_bars(pipe._blocks)  # `pipe.blocks` is a deep copy
         self.hooks = StageHooks(pipe)
+        self.stream_mux: bool | None = _stream_mux_setting(os.environ.get("H3_STREAM_MUX", "auto"))
+        """Encode the MP4 while the video decodes (h3.post_decode): None (``H3_STREAM_MUX=auto``, the default) for
+        frames of ``ENCODE_THREADS_MIN_PIXELS`` and more, where the encode takes seconds; True or False always. The
+        clip's bytes are the same either way; each record says what ran (``extra["post_decode"]``)."""
 
     # -- loading -----------------------------------------------------------------------------------------------
     @classmethod
@@ -332,7 +345,7 @@ class H3Runtime(SharedModel):
             text_encode=clock.total("text_encode"),
             denoise_steps=steps,
             denoise=max(denoise_end - denoise_start, sum(steps)) if text_start is not None else 0.0,
-            video_decode=clock.total("video_decode"),
+            video_decode=clock.exclusive("video_decode", "frame_prep_d2h"),  # less the streamed frame prep in it
             audio_decode=clock.total("audio_decode"),
             frame_prep_d2h=clock.total("frame_prep_d2h"),
             mux_save=clock.total("mux_save"),
@@ -358,7 +371,7 @@ class H3Runtime(SharedModel):
 
     def _clip_record(self, request: GenerateRequest, out: Path, size: tuple[int, int], clock: Any, state: Any,
                      frames: np.ndarray, pcm: np.ndarray, sample_rate: int, peak: int | None, times: dict[str, float],
-                     extra: dict | None) -> ClipRecord:
+                     extra: dict | None, frames_sha256: str | None = None) -> ClipRecord:
         """The record of one written clip (``times``: the request's perf_counter marks)."""
         height, width = size
         anatomy = self._stage_anatomy(clock, times["t0"], times["t_pipe_end"])
@@ -388,8 +401,9 @@ class H3Runtime(SharedModel):
             model=self.model,
             model_sha256=self.model_sha256,
             weights=self.weights,
-            frames_sha256=hashlib.sha256(frames.tobytes()).hexdigest(),
-            pcm_sha256=hashlib.sha256(pcm.tobytes()).hexdigest(),
+            # hashed in place (the bytes of tobytes(), without its copy: 0.6 of 1.15 s at 5 s 544x960 on the 2-core VM)
+            frames_sha256=frames_sha256 or hashlib.sha256(np.ascontiguousarray(frames)).hexdigest(),
+            pcm_sha256=hashlib.sha256(np.ascontiguousarray(pcm)).hexdigest(),
             mp4_sha256=sha256_file(out),
             mp4_bytes=out.stat().st_size,
             timings=Timings(
@@ -406,6 +420,54 @@ class H3Runtime(SharedModel):
             extra={**self._record_extra(), **dict(extra or {})},
         )
         return record
+
+    def _writes_output(self) -> bool:
+        return all(lever.writes_output for lever in self.levers.values())
+
+    def _open_frame_stream(self, out: Path, num_frames: int, height: int, width: int,
+                           clock: Any) -> tuple[FrameStream | None, dict[str, Any]]:
+        """The request's :class:`~h3.post_decode.FrameStream` (its MP4 encoded while the video decodes), or None, and
+        the record's ``post_decode`` entry saying which and why."""
+        wanted = self.stream_mux if self.stream_mux is not None else height * width >= ENCODE_THREADS_MIN_PIXELS
+        why_not = None
+        if not wanted:
+            why_not = ("H3_STREAM_MUX=0" if self.stream_mux is False
+                       else f"{height}x{width} frames encode in one thread (auto streams from "
+                            f"{ENCODE_THREADS_MIN_PIXELS} pixels)")
+        elif not self._writes_output():
+            why_not = "this rank writes no output"
+        else:
+            why_not = stream_refusal(self.pipe.vae)
+        if why_not is not None:
+            return None, {"streamed": False, "why_not": why_not}
+        writer = Mp4StreamWriter(out, num_frames, height, width, fps=FPS,
+                                 sample_rate=int(self.pipe.audio_sampling_rate))
+        stream = FrameStream(writer, num_frames, height, width, tuple(self.pipe.pixel_mean),
+                             tuple(self.pipe.pixel_std), timed=lambda: clock.nested("frame_prep_d2h"))
+        return stream, {"streamed": True}
+
+    def _frames_after_decode(self, state: Any, stream: FrameStream | None, post_decode: dict[str, Any],
+                             out: Path) -> tuple[np.ndarray, np.ndarray, int, FrameStream | None]:
+        """The clip's uint8 frames, int16 PCM and sample rate from the pipeline's output: prepared on the device
+        (uint8, channel-last) and copied to the host once each; a streamed request has its frames on the host already
+        and checks them against the pipeline's output, and a stream that fails the check is dropped (its file
+        removed; the answer's stream is None and the whole video is prepared and encoded as without one)."""
+        video = state.get("videos")  # (1, T, 3, H, W) float in [0, 1]
+        pcm = pcm_int16(state.get("audio")[0]).cpu().numpy()  # audio: (1, 2, N) float
+        sample_rate = int(state.get("sampling_rate"))
+        if stream is not None:
+            problem = stream.check(video[0])
+            if problem is None and sample_rate != stream.writer.sample_rate:
+                problem = f"sample rate {sample_rate}, the stream opened at {stream.writer.sample_rate}"
+            post_decode.update(chunks=len(stream.bounds), checked_frames=len(stream.check_indices()))
+            if problem is not None:
+                logger.warning("streamed MP4 of %s dropped, the whole video is encoded again: %s", out, problem)
+                post_decode.update(streamed=False, fallback=problem)
+                stream.writer.abort()
+                stream.close()
+                stream = None
+        frames = stream.frames if stream is not None else frames_uint8(video[0]).cpu().numpy()
+        return frames, pcm, sample_rate, stream
 
     @torch.no_grad()
     def generate(
@@ -431,39 +493,45 @@ class H3Runtime(SharedModel):
             for lever in self.levers.values():
                 lever.begin_request()
             t0 = clock.now()
-            state = self.pipe(
-                prompt=request.prompt,
-                generator=torch.Generator("cpu").manual_seed(request.seed),
-                num_inference_steps=self.recipe.num_inference_steps,
-                height=height,
-                width=width,
-                num_frames=num_frames,
-                output_type="pt",
-                **pipeline_inputs(request.first_frame, request.last_frame, request.reference),
-            )
-            t_pipe_end = clock.now()
-            for lever in self.levers.values():
-                lever.finish_request(clock)  # the parallel lever: every rank's anatomy to rank 0 (a collective)
-            if not all(lever.writes_output for lever in self.levers.values()):
-                return None  # a follower rank of a parallel runtime: rank 0 prepares the frames and writes the files
-            # Frame preparation on the device (uint8, channel-last), then one device-to-host copy each.
-            with clock.stage("frame_prep_d2h"):
-                video = state.get("videos")  # (1, T, 3, H, W) float in [0, 1]
-                frames_dev = (video[0].float() * 255.0).round_().clamp_(0, 255).to(torch.uint8)
-                frames = frames_dev.permute(0, 2, 3, 1).contiguous().cpu().numpy()
-                audio = state.get("audio")  # (1, 2, N) float
-                pcm_dev = (audio[0].float().clamp(-1, 1) * 32767.0).round_().to(torch.int16)
-                pcm = pcm_dev.t().contiguous().cpu().numpy()
-            t_gen_end = clock.now()
-            peak = int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None
-            with clock.stage("mux_save"):
-                sample_rate = int(state.get("sampling_rate"))
-                encode_mp4(out, frames, pcm, fps=FPS, sample_rate=sample_rate)
-            t_file = time.perf_counter()
-
+            stream, post_decode = self._open_frame_stream(out, num_frames, height, width, clock)
+            try:
+                with streaming_decode(self.pipe.vae, stream.on_chunk) if stream else contextlib.nullcontext():
+                    state = self.pipe(
+                        prompt=request.prompt,
+                        generator=torch.Generator("cpu").manual_seed(request.seed),
+                        num_inference_steps=self.recipe.num_inference_steps,
+                        height=height,
+                        width=width,
+                        num_frames=num_frames,
+                        output_type="pt",
+                        **pipeline_inputs(request.first_frame, request.last_frame, request.reference),
+                    )
+                t_pipe_end = clock.now()
+                for lever in self.levers.values():
+                    lever.finish_request(clock)  # the parallel lever: every rank's anatomy to rank 0 (a collective)
+                if not self._writes_output():
+                    return None  # a follower rank of a parallel runtime: rank 0 prepares the frames and writes the files
+                with clock.stage("frame_prep_d2h"):
+                    frames, pcm, sample_rate, stream = self._frames_after_decode(state, stream, post_decode, out)
+                t_gen_end = clock.now()
+                peak = int(torch.cuda.max_memory_allocated(self.device)) if self.device.type == "cuda" else None
+                with clock.stage("mux_save"):
+                    if stream is not None:
+                        stream.writer.finish(pcm)
+                        post_decode["encode_busy_s"] = round(stream.writer.encode_s, 4)
+                    else:
+                        encode_mp4(out, frames, pcm, fps=FPS, sample_rate=sample_rate)
+                t_file = time.perf_counter()
+            except BaseException:
+                if stream is not None:
+                    stream.writer.abort()
+                    stream.close()
+                raise
         times = {"t0": t0, "t_pipe_end": t_pipe_end, "t_gen_end": t_gen_end, "t_file": t_file, "t_request": t_request}
+        frames_sha256 = stream.frames_sha256() if stream is not None else None
+        extra = {**dict(extra or {}), "post_decode": post_decode}
         record = self._clip_record(request, out, (height, width), clock, state, frames, pcm, sample_rate, peak, times,
-                                   extra)
+                                   extra, frames_sha256=frames_sha256)
         if recorder is not None:
             recorder.save(trajectory_path(out))
         atomic_write_json(out.with_suffix(".json"), record.model_dump(mode="json"))
