@@ -1,19 +1,15 @@
-"""Test helper: run an ASGI app with real uvicorn on a free loopback port, in a thread."""
+"""Test helper: run an ASGI app with real uvicorn on a free loopback port, in a thread; the dashboard as its own
+Streamlit process (the free port and the stop are bench/lib/ab.py's serving helpers, which the bench scripts use)."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from contextlib import contextmanager
 
 import uvicorn
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench.lib.ab import free_port, stop_processes
 
 
 @contextmanager
@@ -59,8 +55,4 @@ def streamlit_dashboard(runs, log_path, timeout: float = 60.0):
         try:
             yield base
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_processes([proc], timeout_s=10)

@@ -949,31 +949,13 @@ SERVER_CASES: list[tuple[str, Any, str, str | None]] = [
 def server_cases(ws: Workspace, fuzz: int, notes: list[str]) -> list[Outcome]:
     import httpx
 
-    from tests._serving import free_port
+    from bench.lib.ab import ServerNotUp, h3_serve
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log = open(ws.root / "server.log", "w+")  # a file, not a pipe: a full pipe would stall the server
-    server = subprocess.Popen(
-        [sys.executable, "-m", "h3.cli", "serve", "--model", "tiny-random", "--recipe", str(ws.fast),
-         "--port", str(port), "--max-queue", "100000", "--output-dir", str(ws.root / "srv"), "--device", "cpu",
-         "--job-timeout", "0.001"],
-        env=ws.env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    serve_args = ["--model", "tiny-random", "--recipe", ws.fast, "--max-queue", "100000", "--output-dir",
+                  ws.root / "srv", "--device", "cpu", "--job-timeout", "0.001"]
     outcomes: list[Outcome] = []
     try:
-        deadline = time.time() + 300
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"server exited: {(ws.root / 'server.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise SystemExit("server did not start within 300 s")
-            time.sleep(0.5)
-        with httpx.Client(timeout=60) as client:
+        with h3_serve(serve_args, ws.root / "server.log", env=ws.env) as (url, _), httpx.Client(timeout=60) as client:
             def send(body: Any, content_type: str = "application/json", form: dict | None = None):
                 if form is not None:
                     return client.post(f"{url}/v1/videos", files={k: (None, v) for k, v in form.items()})
@@ -1001,13 +983,8 @@ def server_cases(ws: Workspace, fuzz: int, notes: list[str]) -> list[Outcome]:
             outcomes.append(Outcome("server still healthy after the campaign", "server", "http",
                                     "accepted_valid" if health.status_code == 200 else "http_500",
                                     f"HTTP {health.status_code}: {health.text[:120]}", 0.0))
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-    log.close()
+    except ServerNotUp as exc:
+        raise SystemExit(str(exc)) from None
     # diffusers' modular pipeline logs the traceback of a block it re-raises from (logger.error): every job this
     # server stops at its 1 ms timeout leaves one. Those are a note; any other traceback in the log is a failure.
     blocks = (ws.root / "server.log").read_text().split("Traceback (most recent call last):")[1:]

@@ -1,6 +1,8 @@
 """The full-size A/B on a device (a chain of steps, resumable) and its rendering into records (issue 52: code that studies and tests share; each study's CLI is bench/<study>/).
 
-Parts, in order: ``h200_ab_render`` (bench/full_size_ab/), ``h200_ab`` (bench/full_size_ab/).
+Parts, in order: ``h200_ab_render`` (bench/full_size_ab/), ``h200_ab`` (bench/full_size_ab/), ``serving`` (server
+processes started, polled to health and stopped: the servers layout here, bench/server_load, bench/bad_input_campaign,
+tests/_serving).
 """
 
 from __future__ import annotations
@@ -431,12 +433,8 @@ def dashboard_screenshot(work: Path, out: Path, port: int | None = None) -> int:
     if not runs:
         print(f"{work}/runs holds no run", file=sys.stderr)
         return 1
-    import socket
-
     if port is None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
     proc = subprocess.Popen(streamlit_argv(runs, port=port), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     base = f"http://127.0.0.1:{port}"
@@ -459,11 +457,7 @@ def dashboard_screenshot(work: Path, out: Path, port: int | None = None) -> int:
                 page.close()
             browser.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_processes([proc], timeout_s=10)
     return 0
 
 
@@ -565,12 +559,6 @@ def mark(work: Path, step: str, **fields: Any) -> None:
 
 def run_dir(work: Path, shape: str) -> Path:
     return work / "runs" / shape
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- configuration ---------------------------------------------------------------------------------------------------
@@ -762,8 +750,6 @@ class Servers:
         self.urls: list[str] = []
 
     def start(self, timeout_s: float = 900.0) -> list[str]:
-        import httpx
-
         baseline = self.config.get("baseline", BASELINE)
         groups = [("0", [baseline], "resident"), ("1", list(self.config["candidates"]), "offload")]
         (self.work / "logs").mkdir(parents=True, exist_ok=True)
@@ -775,37 +761,25 @@ class Servers:
                     "--device", self.config["device"], "--max-queue", "64",
                     *[a for r in recipes for a in ("--recipe", r)]]
             env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if self.config["device"] != "cpu" else {})}
-            out = open(self.work / "logs" / f"server-gpu{gpu}.log", "a")
-            self.procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                               start_new_session=True))
-            pending.append((port, recipes))
+            log_path = self.work / "logs" / f"server-gpu{gpu}.log"
+            with open(log_path, "a") as out:
+                self.procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                                   start_new_session=True))
+            pending.append((port, recipes, log_path))
             log(self.work, f"server gpu{gpu}: {' '.join(recipes)} on port {port} ({residency} text encoder)")
         deadline = time.monotonic() + timeout_s
-        for (port, recipes), proc in zip(pending, self.procs):
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"server for {recipes} exited with {proc.returncode} (logs/server-*.log)")
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"server for {recipes} not up after {timeout_s:.0f} s")
-                time.sleep(2)
+        for (port, recipes, log_path), proc in zip(pending, self.procs):
+            try:
+                wait_until_up(f"http://127.0.0.1:{port}", proc, max(0.0, deadline - time.monotonic()), poll_s=2,
+                              log=log_path)
+            except ServerNotUp as exc:
+                raise ServerNotUp(f"server for {recipes}: {exc}") from None
             self.urls += [f"{r}=http://127.0.0.1:{port}" for r in recipes]
         log(self.work, "servers up: " + ", ".join(self.urls))
         return self.urls
 
     def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop_processes(self.procs, timeout_s=60, group=True)
         self.procs.clear()
 
 
@@ -1204,3 +1178,97 @@ def h200_ab_main() -> int:
 
     return {"chain": chain, "prepare": lambda a: prepare(a) or 0, "gates": gates, "finish": finish, "status": status,
             "snapshot": snapshot, "restore": restore, "render": _render, "screenshot": screenshot}[args.command](args)
+
+
+# ---- serving: `h3 serve` and other server processes, started, polled to health, stopped ----------------------------
+# The one copy of the start/poll/stop loops of the servers layout above, bench/server_load, bench/bad_input_campaign and
+# tests/_serving (issue 52: shared bench code lives in bench/lib, whose eight modules are its limit).
+
+from contextlib import contextmanager
+from typing import Iterator
+
+LOG_TAIL_CHARS = 2000
+"""How much of a server's log a start failure quotes (its last characters: the traceback that ended it)."""
+
+
+class ServerNotUp(RuntimeError):
+    """A started server exited, or did not answer its health check in time; the message ends with its log's tail."""
+
+
+def free_port() -> int:
+    """A free TCP port on loopback (the OS picks it; a server bound to it a moment later almost always gets it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _log_tail(log: Path | None) -> str:
+    if log is None:
+        return ""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError as exc:
+        return f"; its log {log} cannot be read: {exc}"
+    return f"; the end of its log {log}:\n{text[-LOG_TAIL_CHARS:]}"
+
+
+def wait_until_up(url: str, proc: subprocess.Popen, timeout_s: float, poll_s: float = 0.5, log: Path | None = None,
+                  health: str = "/health") -> None:
+    """Return once ``url + health`` answers HTTP 200; raise :class:`ServerNotUp` (quoting ``log``'s tail) as soon as
+    ``proc`` has exited or once ``timeout_s`` seconds have passed."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise ServerNotUp(f"server {url} exited with {proc.returncode}" + _log_tail(log))
+        try:
+            if httpx.get(url + health, timeout=max(1.0, poll_s)).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise ServerNotUp(f"server {url} did not answer {health} within {timeout_s:.0f} s" + _log_tail(log))
+        time.sleep(poll_s)
+
+
+def stop_processes(procs: list[subprocess.Popen], timeout_s: float = 30.0, group: bool = False) -> None:
+    """SIGTERM to every process still running (to its process group with ``group``: one started with
+    ``start_new_session=True``, children included), then wait for each up to ``timeout_s`` and SIGKILL what is left."""
+    def send(proc: subprocess.Popen, sig: int) -> None:
+        if group:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:  # the group is gone: the process and its children have all exited
+                pass
+        else:
+            proc.send_signal(sig)
+
+    for proc in procs:
+        if proc.poll() is None:
+            send(proc, signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            send(proc, signal.SIGKILL)
+            proc.wait()
+
+
+@contextmanager
+def h3_serve(args: list[str], log: Path, env: dict[str, str] | None = None,
+             timeout_s: float = 300.0) -> Iterator[tuple[str, subprocess.Popen]]:
+    """``python -m h3.cli serve --port PORT *args`` on a free loopback port, its output in ``log`` (a file, not a pipe:
+    a full pipe would stall the server); yields ``(url, process)`` once ``/health`` answers, stops it on the way out.
+    Raises :class:`ServerNotUp` when it exits first or does not answer within ``timeout_s`` (loading the model and
+    importing torch take most of that)."""
+    port = free_port()
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "h3.cli", "serve", "--port", str(port), *map(str, args)],
+                                env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(url, proc, timeout_s, log=log)
+        yield url, proc
+    finally:
+        stop_processes([proc])

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench.lib.ab import ServerNotUp, h3_serve  # noqa: E402
 from h3.atomic import sha256_bytes  # noqa: E402
-from tests._serving import free_port  # noqa: E402
 
 FAST = 'name = "fast"\ndescription = "bench: 2 steps, float32"\nsteps = 2\ndtype = "float32"\n'
 
@@ -94,37 +93,15 @@ def main() -> None:
         recipe = args.recipe or str(Path(tmp) / "fast.toml")
         if args.recipe is None:
             Path(recipe).write_text(FAST)
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        server = subprocess.Popen(
-            [sys.executable, "-m", "h3.cli", "serve", "--model", "tiny-random", "--recipe", recipe,
-             "--port", str(port), "--max-queue", str(args.max_queue), "--output-dir", str(Path(tmp) / "srv"),
-             "--device", "cpu"],
-            env=env, stderr=subprocess.PIPE, text=True)
+        serve_args = ["--model", "tiny-random", "--recipe", recipe, "--max-queue", args.max_queue,
+                      "--output-dir", Path(tmp) / "srv", "--device", "cpu"]
         try:
-            import httpx
-
-            deadline = time.time() + 300
-            while True:
-                if server.poll() is not None:
-                    raise SystemExit(f"server exited: {server.stderr.read()[-2000:]}")
-                try:
-                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.time() > deadline:
-                    raise SystemExit("server did not start within 300 s")
-                time.sleep(0.5)
-            result = asyncio.run(run_load(url, args.submissions, args.timeout))
-            result["server_alive"] = server.poll() is None
-        finally:
-            server.terminate()
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            with h3_serve(serve_args, Path(tmp) / "server.log", env=env) as (url, server):
+                result = asyncio.run(run_load(url, args.submissions, args.timeout))
+                result["server_alive"] = server.poll() is None
+        except ServerNotUp as exc:
+            raise SystemExit(str(exc)) from None
     result["max_queue"] = args.max_queue
     ok = result["server_alive"] and result["lost"] == 0 and not result["errors"] and result["accounted"]
     result["passed"] = ok
