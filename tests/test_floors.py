@@ -8,16 +8,17 @@ part of this repository):
   ``h3eval.cli``, ``h3eval.commands``): the CLI is a thin layer over library functions, not the other way round.
 
 The checker walks the AST of every module (imports inside functions included, and ``importlib.import_module`` of a
-literal name), so a lazy import cannot hide an upward dependency. It is itself tested on a planted tree: a checker
-that cannot fail proves nothing.
+literal name: tests/_imports.py, which tests/test_import_cycles.py shares), so a lazy import cannot hide an upward
+dependency. It is itself tested on a planted tree: a checker that cannot fail proves nothing.
 """
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
 import pytest
+
+from tests._imports import package_imports
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,38 +29,8 @@ CLI_MODULES = ("h3.cli", "h3eval.cli", "h3eval.commands")
 LIBRARY_PACKAGES = ("h3", "gates", "h3eval", "dashboard")
 
 
-def module_name(root: Path, path: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def _is_cli(name: str) -> bool:
     return any(name == cli or name.startswith(cli + ".") for cli in CLI_MODULES)
-
-
-def imported_names(tree: ast.AST, module: str, is_package: bool) -> list[tuple[int, list[str]]]:
-    """Every import in ``tree`` as (line, names it may load): the module, then for ``from X import y`` also ``X.y``
-    (``from h3eval import commands`` loads the module h3eval.commands). Relative imports are resolved."""
-    found: list[tuple[int, list[str]]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.extend((node.lineno, [alias.name]) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".") if is_package else module.split(".")[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            found.append((node.lineno, [target] + [f"{target}.{a.name}" for a in node.names if a.name != "*"]))
-        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and isinstance(node.args[0].value, str)
-              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
-                   or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__")))):
-            found.append((node.lineno, [node.args[0].value]))
-    return found
 
 
 def _violation(module: str, target: str) -> str | None:
@@ -78,10 +49,8 @@ def floor_violations(root: Path, packages=tuple(FLOORS)) -> list[str]:
     for package in packages:
         if not (root / package).is_dir():
             continue
-        for path in sorted((root / package).rglob("*.py")):
-            module = module_name(root, path)
-            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-            for line, names in imported_names(tree, module, path.name == "__init__.py"):
+        for module, path, imports in package_imports(root, package):
+            for line, names in imports:
                 for target in names:
                     why = _violation(module, target)
                     if why:

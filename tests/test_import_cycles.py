@@ -2,63 +2,31 @@
 
 A loop hidden by lazy imports (``runtime -> random_model -> runtime`` through a function-level import) works until
 someone moves an import to the top of a file, and then fails at import time depending on which module was imported
-first. The check reads every module's AST (imports inside functions included, as tests/test_floors.py does) and
-finds the strongly connected parts of the module graph; it is tested on a planted tree. A few modules are also
-imported alone, each in a fresh interpreter, as a user's first import would.
+first. The check reads every module's AST (imports inside functions included: tests/_imports.py, which
+tests/test_floors.py shares) and finds the strongly connected parts of the module graph; it is tested on a planted
+tree. A few modules are also imported alone, each in a fresh interpreter, as a user's first import would.
 """
 
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests._imports import package_imports
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _modules(root: Path, package: str) -> dict[str, Path]:
-    found = {}
-    for path in sorted((root / package).rglob("*.py")):
-        parts = list(path.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts.pop()
-        found[".".join(parts)] = path
-    return found
-
-
-def _imported(tree: ast.AST, module: str, is_package: bool) -> list[str]:
-    """Every name an import statement of ``tree`` may load (``from X import y``: X and X.y), relative ones resolved."""
-    names: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names += [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = module.split(".") if is_package else module.split(".")[:-1]
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            names += [target] + [f"{target}.{a.name}" for a in node.names if a.name != "*"]
-        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and isinstance(node.args[0].value, str) and (
-                  (isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
-                  or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__")))):
-            names.append(node.args[0].value)
-    return names
 
 
 def import_graph(root: Path, package: str = "h3") -> dict[str, set[str]]:
     """``package``'s modules, each with the modules of ``package`` it imports (at any depth of its code)."""
-    modules = _modules(root, package)
-    graph: dict[str, set[str]] = {name: set() for name in modules}
-    for name, path in modules.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for target in _imported(tree, name, path.name == "__init__.py"):
-            while target and target not in modules:  # ``from h3.levers.lora import X``: the module h3.levers.lora
+    imports = {name: names for name, _, names in package_imports(root, package)}
+    graph: dict[str, set[str]] = {name: set() for name in imports}
+    for name, found in imports.items():
+        for target in (target for _, names in found for target in names):
+            while target and target not in graph:  # ``from h3.levers.lora import X``: the module h3.levers.lora
                 target = target.rpartition(".")[0]
             if target and target != name:
                 graph[name].add(target)
