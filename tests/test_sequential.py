@@ -120,3 +120,59 @@ def test_look_policy_sets_nominal_levels_and_interim_ci_rule():
     assert last.judges["resample"].gates["reference_free"].metrics["dynamic_degree"].fail_beyond == "mean"
     assert last.min_pairs == 16
     assert (1 - last.confidence) / 2 < 0.025
+
+
+# -- the simulation's batched verdict (bench/sequential/batch_verdict.py) against the verdict's own functions ---------
+def _bench_sequential():
+    import importlib
+    import sys
+    from pathlib import Path
+
+    here = str(Path(__file__).resolve().parent.parent / "bench" / "sequential")
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module("batch_verdict"), importlib.import_module("sequential_sim")
+
+
+@pytest.mark.parametrize("n", [4, 8, 16, 32])
+def test_batched_statistics_equal_the_verdicts_bit_for_bit(n):
+    # Planted deltas with ties (one decimal), zeros, an all-equal row (degenerate CI), a row of one odd pair among
+    # equal ones (BCa undefined: the percentile interval): every number equals h3eval.stats' own, bit for bit.
+    from h3eval import stats as S
+
+    B, _ = _bench_sequential()
+    rng = np.random.default_rng(n)
+    d = np.round(rng.normal(-0.1, 1.0, (40, n)), 1)
+    d[0], d[1] = 0.3, 0.0
+    d[2, :], d[2, 0] = 0.0, -0.5
+    low, high = B.bca_rows(d, 0.95, 999, 20261129)
+    ref = [S.mean_ci(r, confidence=0.95, n_resamples=999, seed=20261129) for r in d]
+    assert {c.method for c in ref} >= {"BCa", "degenerate"}
+    assert np.array_equal(low, [c.low for c in ref]) and np.array_equal(high, [c.high for c in ref])
+    assert np.array_equal(B.wilcoxon_less_rows(d), [S.wilcoxon_signed_rank(r, "less").pvalue for r in d])
+    margin = np.full(d.shape[0], 0.2)
+    assert np.array_equal(B.t_p_lower(d, margin), [S._t_pvalues(r, 0.2)[0] for r in d])
+    p = rng.random((20, 13))
+    p[0, :3] = p[0, 3]  # ties keep their order
+    assert np.array_equal(B.holm_rows(p), [S.holm(r) for r in p])
+
+
+def test_batched_outcomes_equal_decide_on_the_simulated_pools():
+    # The simulation's two paths on the same draws: decide() (the verdict's own functions, one verdict at a time) and
+    # the batched outcomes, under the fixed policy and an interim look's (tiny nominal levels, FAIL by the whole CI).
+    B, sim = _bench_sequential()
+    from h3eval.sequential import look_policy, make_design, policy_alphas
+
+    fixed = sim.policy()
+    look = look_policy(fixed, make_design("pocock", sim.LOOKS, policy_alphas(fixed)), 1)
+    pools = sim.pools()
+    rng = np.random.default_rng(53)
+    seen = set()
+    for name, runs in (("turbo4-tiny", 2), ("bug:lora-half", 3), ("bug:sparse-audio", 3)):
+        idx = rng.integers(0, 16, (runs, 16))
+        for pol, n in ((fixed, 16), (look, 8)):
+            got = sim.judge_batch(pol, pools[name], idx[:, :n])
+            want = [sim.decide(pol, pools[name], row[:n]) for row in idx]
+            assert list(got) == want, (name, n)
+            seen |= set(want)
+    assert {"PASS", "FAIL"} <= seen  # the comparison covers both decided outcomes

@@ -2,7 +2,7 @@
 (h3eval/sequential.py, looks 4, 8, 16, 32) against the fixed 16- and 32-pair designs, on the paired metric
 distributions the suite measured on the trained tiny.
 
-    python bench/sequential/sequential_sim.py [--runs 200] [--rng 20261206]
+    python bench/sequential/sequential_sim.py [--runs 200] [--rng 20261206] [--check K] [--slow] [--same-as JSON]
 
 Pools (each simulated run draws its pairs with replacement from a pool's 16 measured pairs):
 - bench/resample_margins/results/resample_margins.json ``clip_scores`` (world-demo x seeds 4-7): ``benign`` (the
@@ -15,6 +15,12 @@ Each look is decided by the verdict's own functions (h3eval.verdict.decide: metr
 paired CI, non-inferiority t-test, Holm, the one-sided Wilcoxon regression test) under
 h3eval.sequential.look_policy; the fixed designs under the policy as shipped. Integrity and the gates' pair-level
 checks are not simulated (clean on these pools).
+
+Two paths compute the same outcomes: ``--slow`` calls :func:`decide` per verdict (0.3-1 s each: most of it the
+minimum detectable effect's noncentral-t root finding, which words only a warning); the default judges every run of
+a look at once (bench/sequential/batch_verdict.py: the same bootstrap CIs bit for bit, the same tests and rules, no
+power computation). ``--check K`` compares the two on each pool's first K runs, ``--same-as`` a whole record of the
+slow path (same ``--runs`` and ``--rng``: the draws are the same stream) with this one.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ ASPECTS = ("colour", "shape", "direction", "pitch", "bounces", "sync")
 LOOKS = (4, 8, 16, 32)
 
 from h3eval.sequential import stop_decision  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import batch_verdict as B  # noqa: E402
 
 
 def policy():
@@ -86,7 +95,8 @@ def pools() -> dict[str, dict]:
         base_v = np.array([share(parent[k]) for k in ks])
         cand_v = np.array([share(clips[k]) for k in ks])
         identical = all(clips[k]["frames_sha256"] == parent[k]["frames_sha256"] for k in ks)
-        out[f"bug:{name}"] = {"expected": "PASS (byte-identical to its parent)" if identical else "a planted bug (clips differ)",
+        expected = "PASS (byte-identical to its parent)" if identical else "a planted bug (clips differ)"
+        out[f"bug:{name}"] = {"expected": expected,
                               "identical": identical, "floor": floor,
                               "pairs": {"prompt_faithfulness.faithfulness": (base_v, cand_v)}}
     return out
@@ -135,6 +145,7 @@ def decide(pol, pool: dict, idx: np.ndarray) -> str:
 
 
 def simulate(pool: dict, runs: int, rng: np.random.Generator, fixed, seq_policies: dict) -> dict:
+    """The slow path: every verdict by :func:`decide` (the verdict's own functions), run after run."""
     n_pool = len(next(iter(pool["pairs"].values()))[0])
     res = {"fixed16": [], "fixed32": [], **{d: [] for d in seq_policies}, **{f"{d}_pairs": [] for d in seq_policies}}
     for _ in range(runs):
@@ -151,6 +162,82 @@ def simulate(pool: dict, runs: int, rng: np.random.Generator, fixed, seq_policie
     return res
 
 
+def draws(pool: dict, runs: int, rng: np.random.Generator) -> np.ndarray:
+    """Each run's pairs (runs x 32 indices into the pool), drawn in the slow path's order from the same stream."""
+    n_pool = len(next(iter(pool["pairs"].values()))[0])
+    return np.stack([rng.integers(0, n_pool, size=LOOKS[-1]) for _ in range(runs)])
+
+
+def judge_batch(pol, pool: dict, idx: np.ndarray, detail: bool = False):
+    """Every run's outcome at these pairs (runs x n) under ``pol`` by bench/sequential/batch_verdict.py: the numbers
+    :func:`decide` computes, per array."""
+    specs = B.specs_for(pol, pool, metric_policies(pol), threshold, shift)
+    return B.outcomes(specs, idx, confidence=pol.confidence, n_resamples=pol.n_resamples, seed=pol.seed,
+                      holm=pol.holm, detail=detail)
+
+
+VARIANTS = ("no-guard", "pass-clears-shift")
+"""Stopping rules analysed beside the shipped one (issue 53's 50 % target), on the same draws and looks' verdicts:
+``no-guard``: any PASS stops at any look (the rule before f375d06, kept as the bound on what early PASSes save);
+``pass-clears-shift``: an interim PASS also stops when every metric with a regression rule has its look-level CI
+lower bound above ``-min_shift`` (a non-inferiority test at the regression rule's own shift, at the look's spent
+level: the candidate is shown not worse by what the regression rule would FAIL), besides a byte-identical one."""
+
+
+def stops(rule: str, outcome: str, k: int, identical: bool, clears: bool) -> bool:
+    """Whether a run stops at look ``k`` under ``rule`` (``shipped``: h3eval.sequential.stop_decision)."""
+    if rule == "no-guard":
+        return outcome in ("PASS", "FAIL") or k == len(LOOKS) - 1
+    if rule == "pass-clears-shift":
+        return stop_decision(outcome, k, len(LOOKS), identical or (outcome == "PASS" and clears))[0]
+    return stop_decision(outcome, k, len(LOOKS), identical)[0]
+
+
+def simulate_batched(pool: dict, idx: np.ndarray, fixed, seq_policies: dict) -> dict:
+    """:func:`simulate`'s result from the same draws, every look of every run judged at once (a run's outcome at a
+    look depends only on its first pairs, so judging looks after its stop changes nothing); also each look's
+    outcomes (``looks``: design -> look -> runs' outcomes) and the :data:`VARIANTS` (``design:variant``)."""
+    res: dict = {"fixed16": list(judge_batch(fixed, pool, idx[:, :16])), "fixed32": list(judge_batch(fixed, pool, idx)),
+                 "looks": {}}
+    identical = pool.get("identical", False)
+    for d, pols in seq_policies.items():
+        per_look, clears = [], []
+        for k, n in enumerate(LOOKS):
+            outs, det = judge_batch(pols[k], pool, idx[:, :n], detail=True)
+            per_look.append(outs)
+            reg = np.isfinite(det["p_worse"][0])
+            clears.append(np.all(det["low"][:, reg] > -det["shift"][:, reg], axis=1))
+        res["looks"][d] = per_look
+        for rule in ("shipped", *VARIANTS):
+            name = d if rule == "shipped" else f"{d}:{rule}"
+            res[name], res[f"{name}_pairs"] = [], []
+            for r in range(idx.shape[0]):
+                for k, n in enumerate(LOOKS):
+                    outcome = per_look[k][r]
+                    if stops(rule, outcome, k, identical, bool(clears[k][r])):
+                        break
+                res[name].append(outcome)
+                res[f"{name}_pairs"].append(n)
+    return res
+
+
+def check(pool: dict, idx: np.ndarray, fixed, seq_policies: dict, batched: dict) -> dict:
+    """The batched outcomes of the first runs against :func:`decide` on the same pairs: every look of both designs
+    and both fixed designs."""
+    compared, mismatches = 0, []
+    for r in range(idx.shape[0]):
+        want = {("fixed16", -1): decide(fixed, pool, idx[r, :16]), ("fixed32", -1): decide(fixed, pool, idx[r])}
+        for d, pols in seq_policies.items():
+            for k, n in enumerate(LOOKS):
+                want[(d, k)] = decide(pols[k], pool, idx[r, :n])
+        for (d, k), w in want.items():
+            got = batched[d][r] if k < 0 else batched["looks"][d][k][r]
+            compared += 1
+            if got != w:
+                mismatches.append({"run": r, "design": d, "look": k + 1, "batched": got, "decide": w})
+    return {"runs": int(idx.shape[0]), "verdicts_compared": compared, "mismatches": mismatches}
+
+
 def rate(k: int, n: int) -> dict:
     from scipy.stats import beta
 
@@ -164,6 +251,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--rng", type=int, default=20261206)
     parser.add_argument("--only", default="", help="comma-separated pool names (default all)")
+    parser.add_argument("--slow", action="store_true", help="every verdict by decide(), run after run (the old path)")
+    parser.add_argument("--check", type=int, default=0, metavar="K",
+                        help="compare the batched outcomes of each pool's first K runs with decide()'s")
+    parser.add_argument("--name", default="sequential_sim", help="results/NAME.json and .md")
+    parser.add_argument("--same-as", default="", metavar="JSON",
+                        help="a record of the slow path (same --runs and --rng): compare every pool's counts with it")
     args = parser.parse_args()
     from h3eval.sequential import look_policy, make_design, policy_alphas
 
@@ -181,14 +274,25 @@ def main() -> None:
     for name, pool in all_pools.items():
         if args.only and name not in args.only.split(","):
             continue
-        res = simulate(pool, args.runs, rng, fixed, seq)
+        if args.slow:
+            res = simulate(pool, args.runs, rng, fixed, seq)
+        else:
+            idx = draws(pool, args.runs, rng)
+            res = simulate_batched(pool, idx, fixed, seq)
         row = {"expected": pool["expected"], "metrics": len(pool["pairs"])}
-        for design in ("fixed16", "fixed32", *seq):
+        if not args.slow:
+            row["by_look"] = by_look(res, pool)
+            if args.check:
+                row["check"] = check(pool, idx[:args.check], fixed, seq, res)
+        designs_here = [d for d in ("fixed16", "fixed32", *seq, *(f"{d}:{v}" for d in seq for v in VARIANTS))
+                        if d in res]
+        for design in designs_here:
             outs = res[design]
             row[design] = {o: outs.count(o) for o in ("PASS", "FAIL", "INCONCLUSIVE")}
             row[design]["FAIL_rate"] = rate(outs.count("FAIL"), len(outs))
             row[design]["PASS_rate"] = rate(outs.count("PASS"), len(outs))
-            if design in seq:
+            if design not in ("fixed16", "fixed32"):
+                row[design]["excess_over_fixed32"] = excess(outs, res["fixed32"])
                 pairs = np.array(res[f"{design}_pairs"])
                 row[design]["mean_pairs"] = float(pairs.mean())
                 row[design]["share_of_fixed16"] = float(pairs.mean() / 16)
@@ -199,30 +303,83 @@ def main() -> None:
                      for k, v in row.items()}, flush=True)
     record({"runs": args.runs, "rng": args.rng, "looks": list(LOOKS), "designs": designs,
             "policy": "gates/policies/release.toml without [speed] and vbench, 999 resamples", "pools": rows,
-            "seconds": round(time.perf_counter() - started, 1)})
+            "path": "slow (decide per verdict)" if args.slow else "batched (bench/sequential/batch_verdict.py)",
+            **({"same_as": same_as(Path(args.same_as), rows)} if args.same_as else {}),
+            "seconds": round(time.perf_counter() - started, 1)}, args.name)
 
 
-def record(payload: dict) -> None:
+def same_as(path: Path, rows: dict) -> dict:
+    """Every pool's and design's counts against another record's (the slow path's, same draws)."""
+    other = json.loads(path.read_text())
+    diffs = [{"pool": p, "design": d, "here": rows[p][d], "there": o[d]}
+             for p, o in other["pools"].items() if p in rows
+             for d in ("fixed16", "fixed32", "obrien-fleming", "pocock") if d in o and
+             {k: rows[p][d].get(k) for k in o[d]} != o[d]]
+    return {"record": str(path), "date": other.get("date"), "path": other.get("path", "slow (decide per verdict)"),
+            "seconds": other.get("seconds"), "rows_compared": sum(1 for p in other["pools"] if p in rows) * 4,
+            "differences": diffs}
+
+
+def excess(outs: list[str], fixed: list[str]) -> dict:
+    """On the same draws: the runs this design FAILs (PASSes) that the fixed 32 does not, as a rate with its
+    Clopper-Pearson 95 % CI: an upper bound on how much the design adds to the fixed design's FAIL (PASS) rate."""
+    return {o: rate(sum(a == o != b for a, b in zip(outs, fixed)), len(outs)) for o in ("FAIL", "PASS")}
+
+
+def by_look(res: dict, pool: dict) -> dict:
+    """Per design and look: the outcomes of the runs still going there, how many stop there, and how many PASS
+    there but go on (the guard: only a FAIL or a byte-identical PASS stops before the last look)."""
+    out = {}
+    for d, per_look in res["looks"].items():
+        going = np.ones(len(per_look[0]), dtype=bool)
+        rows = []
+        for k, outs in enumerate(per_look):
+            outs = np.asarray(outs)
+            stop = np.array([stop_decision(o, k, len(LOOKS), pool.get("identical", False))[0] for o in outs])
+            rows.append({"look": k + 1, "pairs": LOOKS[k], "going": int(going.sum()),
+                         **{o: int((going & (outs == o)).sum()) for o in ("PASS", "FAIL", "INCONCLUSIVE")},
+                         "stopped": int((going & stop).sum()),
+                         "passed_but_went_on": int((going & ~stop & (outs == "PASS")).sum())})
+            going &= ~stop
+        out[d] = rows
+    return out
+
+
+def record(payload: dict, name: str = "sequential_sim") -> None:
     from bench.lib.results import context
     from h3.atomic import atomic_write_json, atomic_write_text
 
     results = Path(__file__).resolve().parent / "results"
     data = {**context(), **payload}
-    atomic_write_json(results / "sequential_sim.json", data)
+    atomic_write_json(results / f"{name}.json", data)
     pct = lambda r: f"{r['rate']:.1%} [{r['ci95'][0]:.1%}, {r['ci95'][1]:.1%}]"  # noqa: E731
-    lines = ["# sequential_sim", "", f"- date: {data['date']}", f"- command: `{data['command']}`",
-             f"- machine: {data['machine']['platform']}, {data['machine']['cpu_count']} cpus",
+    numerics = data["machine"].get("numerics") or {}
+    cpu = f" ({numerics['cpu_model']})" if numerics.get("cpu_model") else ""
+    lines = [f"# {name}", "", f"- date: {data['date']}", f"- command: `{data['command']}`",
+             f"- machine: {data['machine']['platform']}, {data['machine']['cpu_count']} cpus{cpu}",
+             f"- path: {payload.get('path', 'slow')}; {payload['seconds']} s",
              "- versions: " + ", ".join(f"{k} {v}" for k, v in data["versions"].items()),
              f"- {payload['runs']} simulated runs per pool, looks {payload['looks']}; {payload['policy']}", "",
-             "| pool | expected | design | PASS | FAIL | INCONCLUSIVE | FAIL rate (95% CI) | PASS rate (95% CI) | mean pairs |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for name, row in payload["pools"].items():
-        for design in ("fixed16", "fixed32", "obrien-fleming", "pocock"):
+             "| pool | expected | design | PASS | FAIL | INCONCLUSIVE | FAIL rate (95% CI) | PASS rate (95% CI) "
+             "| mean pairs | FAILs not the fixed 32's (95% CI) | PASSes not the fixed 32's (95% CI) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for pool_name, row in payload["pools"].items():
+        for design in [d for d in row if isinstance(row[d], dict) and "FAIL_rate" in row[d]]:
             r = row[design]
             mean = r.get("mean_pairs", 16 if design == "fixed16" else 32)
-            lines.append(f"| {name} | {row['expected']} | {design} | {r['PASS']} | {r['FAIL']} | {r['INCONCLUSIVE']} | "
-                         f"{pct(r['FAIL_rate'])} | {pct(r['PASS_rate'])} | {mean:.1f} |")
-    atomic_write_text(results / "sequential_sim.md", "\n".join(lines) + "\n")
+            ex = r.get("excess_over_fixed32")
+            extra = f"{pct(ex['FAIL'])} | {pct(ex['PASS'])} |" if ex else " | |"
+            lines.append(f"| {pool_name} | {row['expected']} | {design} | {r['PASS']} | {r['FAIL']} | "
+                         f"{r['INCONCLUSIVE']} | {pct(r['FAIL_rate'])} | {pct(r['PASS_rate'])} | {mean:.1f} | {extra}")
+    means: dict[str, list[float]] = {}
+    for row in payload["pools"].values():
+        for design, r in row.items():
+            if isinstance(r, dict) and "mean_pairs" in r:
+                means.setdefault(design, []).append(r["mean_pairs"])
+    lines += ["", "| design | mean pairs over the pools | share of the fixed 32 | share of the fixed 16 |",
+              "|---|---|---|---|"]
+    lines += [f"| {d} | {np.mean(v):.1f} | {np.mean(v) / 32:.0%} | {np.mean(v) / 16:.0%} |" for d, v in means.items()]
+    atomic_write_text(results / f"{name}.md", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
