@@ -138,6 +138,38 @@ def streaming_decode(vae: Any, emit: Callable[[torch.Tensor], None]) -> Iterator
         del vae._decode
 
 
+@contextlib.contextmanager
+def audio_decoded_first(pipe: Any, on_audio: Callable[[torch.Tensor], None]) -> Iterator[bool]:
+    """While open, the pipeline's decode step runs its audio block before its video block (diffusers'
+    ``MiniMaxH3DecodeStep``: the two read separate latents and write separate outputs, so the values are the same in
+    either order), and ``on_audio`` receives the audio VAE's output ((2, 1, N), the stereo channels as a batch) as it
+    returns: the AAC encode then runs while the video decodes instead of after it. Yields whether the step had the
+    two blocks it expects (if not, nothing is changed and ``on_audio`` is never called)."""
+    from h3.anatomy import wrap_method
+
+    decode = getattr(getattr(pipe, "_blocks", None), "sub_blocks", {}).get("decode")
+    blocks = getattr(decode, "sub_blocks", None)
+    if blocks is None or list(blocks) != ["video", "audio"]:
+        yield False
+        return
+
+    def make(original: Callable) -> Callable:
+        def decode_audio(*args, **kwargs):
+            out = original(*args, **kwargs)
+            on_audio(out[0] if isinstance(out, tuple) else out.sample)
+            return out
+
+        return decode_audio
+
+    decode.sub_blocks = type(blocks)([("audio", blocks["audio"]), ("video", blocks["video"])])
+    handle = wrap_method(pipe.audio_vae, "decode", make)
+    try:
+        yield True
+    finally:
+        handle.remove()
+        decode.sub_blocks = blocks
+
+
 class Mp4StreamWriter:
     """:func:`h3.media.encode_mp4`'s file, written from frames that arrive in chunks: :meth:`put` queues a chunk of
     uint8 (t, H, W, 3) frames and returns at once; a thread converts and encodes them in order and muxes the packets;
@@ -174,6 +206,9 @@ class Mp4StreamWriter:
             astream = self.container.add_stream(media.AUDIO_CODEC, rate=sample_rate)
             astream.codec_context.layout = "stereo"
             astream.bit_rate = media.AUDIO_BITRATE
+            # The header now, from this thread: PyAV's start_encoding opens every stream's codec, which the first
+            # video mux would otherwise do on the video thread while the audio thread may be encoding.
+            self.container.start_encoding()
         except BaseException:
             self.abort()
             raise
@@ -184,6 +219,9 @@ class Mp4StreamWriter:
         self._chunks: queue.SimpleQueue = queue.SimpleQueue()
         self._error: list[BaseException] = []
         self._closed = False
+        self._audio: threading.Thread | None = None
+        self._audio_packets: list = []
+        self.pcm: np.ndarray | None = None
         self._thread = threading.Thread(target=self._encode_video, name="mp4-stream", daemon=True)
         self._thread.start()
 
@@ -229,41 +267,54 @@ class Mp4StreamWriter:
             self._chunks.put(None)
         self._thread.join()
 
-    def finish(self, pcm: np.ndarray) -> None:
-        """Encode ``pcm`` (int16 (N, 2)) beside the video's tail, mux it after the video and move the file into
-        place; on any error nothing is left at the path."""
+    def start_audio(self, pcm: np.ndarray) -> None:
+        """Start encoding ``pcm`` (int16 (N, 2)) in its own thread now, while the video goes on (the runtime decodes
+        the audio before the video when it streams)."""
         import av
 
+        from h3.media import MediaError
+
+        if self._audio is not None:
+            raise RuntimeError("the audio is already encoding")
+        pcm = np.ascontiguousarray(pcm, dtype=np.int16)
+        if pcm.ndim != 2 or pcm.shape[1] != 2:
+            raise MediaError(f"pcm must be int16 (N, 2) stereo, got {pcm.shape}")
+        self.pcm = pcm
+
+        def encode_audio() -> None:
+            try:
+                aframe = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="stereo")
+                aframe.sample_rate = self.sample_rate
+                aframe.pts = 0
+                aframe.time_base = Fraction(1, self.sample_rate)
+                self._audio_packets.extend(self.astream.encode(aframe))
+                self._audio_packets.extend(self.astream.encode())
+            except BaseException as exc:  # re-raised by finish()
+                self._error.append(exc)
+
+        self._audio = threading.Thread(target=encode_audio, name="aac-encode", daemon=True)
+        self._audio.start()
+
+    def finish(self, pcm: np.ndarray) -> None:
+        """Encode ``pcm`` (int16 (N, 2)) beside the video's tail unless :meth:`start_audio` has it already (then it
+        must be the same samples), mux it after the video and move the file into place; on any error nothing is left
+        at the path."""
         from h3.media import MediaError
 
         try:
             if self.queued != self.shape[0]:
                 raise MediaError(f"{self.queued} of {self.shape[0]} frames were streamed")
-            pcm = np.ascontiguousarray(pcm, dtype=np.int16)
-            if pcm.ndim != 2 or pcm.shape[1] != 2:
-                raise MediaError(f"pcm must be int16 (N, 2) stereo, got {pcm.shape}")
-            packets: list = []
-
-            def encode_audio() -> None:
-                try:
-                    aframe = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="stereo")
-                    aframe.sample_rate = self.sample_rate
-                    aframe.pts = 0
-                    aframe.time_base = Fraction(1, self.sample_rate)
-                    packets.extend(self.astream.encode(aframe))
-                    packets.extend(self.astream.encode())
-                except BaseException as exc:
-                    self._error.append(exc)
-
-            audio = threading.Thread(target=encode_audio, name="aac-encode", daemon=True)
-            audio.start()
+            if self._audio is None:
+                self.start_audio(pcm)
+            elif not np.array_equal(np.asarray(pcm), self.pcm):
+                raise MediaError("the PCM differs from the one encoding since start_audio")
             try:
                 self._end_video()
             finally:
-                audio.join()
+                self._audio.join()
             if self._error:
                 raise self._error[0]
-            self.container.mux(packets)
+            self.container.mux(self._audio_packets)
             self.container.close()
             os.replace(self.tmp, self.path)
         except BaseException:
@@ -271,10 +322,13 @@ class Mp4StreamWriter:
             raise
 
     def abort(self) -> None:
-        """Stop the thread, close the container and remove the temporary file (idempotent)."""
+        """Stop the threads, close the container and remove the temporary file (idempotent)."""
         thread = getattr(self, "_thread", None)
         if thread is not None:
             self._end_video()
+        audio = getattr(self, "_audio", None)
+        if audio is not None:
+            audio.join()
         with contextlib.suppress(Exception):
             self.container.close()
         self.tmp.unlink(missing_ok=True)
@@ -331,6 +385,17 @@ class FrameStream:
             self.writer.put(host)
             self._hashed.append(self._hasher.submit(self._digest.update, host))
             self.filled = end
+
+    def on_audio(self, audio: torch.Tensor) -> None:
+        """The audio VAE's output ((2, 1, N)) as :func:`audio_decoded_first` hands it over: its PCM (the decode step's
+        ``audio.float().permute(1, 0, 2)``, then :func:`pcm_int16`) starts encoding now; the runtime checks it against
+        the pipeline's own audio at the end."""
+        try:
+            with self._timed():
+                pcm = pcm_int16(audio.float().permute(1, 0, 2)[0]).cpu().numpy()
+            self.writer.start_audio(pcm)
+        except Exception as exc:  # the request goes on; the whole-video path writes the clip (the record says why)
+            self.problem = f"the early audio encode did not start: {type(exc).__name__}: {exc}"
 
     def frames_sha256(self) -> str:
         """sha256 of :attr:`frames`' bytes (as ``hashlib.sha256(frames.tobytes())``), once every chunk is hashed."""

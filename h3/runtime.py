@@ -40,8 +40,8 @@ from h3.media import ENCODE_THREADS_MIN_PIXELS, encode_mp4
 from h3.models import (MODEL_ALIASES, SMALL_MODELS, TINY_MODELS, canonical_model, check_model, model_default_size,
                        model_identity, tiny_checkpoint_dir, tiny_identity, trained_tiny_dir)
 from h3.record import ClipRecord, Executed, RequestSpec, ResolvedShape, StageAnatomy, Timings
-from h3.post_decode import (FrameStream, Mp4StreamWriter, frames_uint8, pcm_int16, stream_refusal,
-                             streaming_decode)
+from h3.post_decode import (FrameStream, Mp4StreamWriter, audio_decoded_first, frames_uint8, pcm_int16,
+                             stream_refusal, streaming_decode)
 from h3.recipe import Recipe
 from h3.request import (FPS, FULL_DEFAULT_SIZE, MAX_FRAMES, MAX_SECONDS, MIN_SECONDS, TINY_DEFAULT_SIZE, DeviceError,
                         GenerateRequest, RequestError, check_device, default_device, resolve_request, snap_num_frames)
@@ -335,12 +335,16 @@ class H3Runtime(SharedModel):
         return shape
 
     def _stage_anatomy(self, clock: Any, t0: float, t_pipe_end: float) -> StageAnatomy:
-        """The request's stages from the clock: the denoise span runs from the text encoder's end to the video
-        decode's start (or the pipeline's end), never shorter than its steps' sum; ``other`` is the pipeline's rest."""
+        """The request's stages from the clock: the denoise span runs from the text encoder's end to the first
+        decode's start (or the pipeline's end), never shorter than its steps' sum; the video decode excludes the frame
+        preparation streamed inside it, which counts in ``frame_prep_d2h``; ``other`` is the pipeline's rest."""
         steps = clock.each("denoise_step")
-        text_start, dec_start = clock.first_start("denoise_step"), clock.first_start("video_decode")
+        text_start = clock.first_start("denoise_step")
+        # The first decode's start (a streamed request decodes its audio first: h3.post_decode)
+        dec_starts = [t for t in (clock.first_start("video_decode"), clock.first_start("audio_decode"))
+                      if t is not None]
         denoise_start = clock.last_end("text_encode") or t0
-        denoise_end = dec_start if dec_start is not None else t_pipe_end
+        denoise_end = min(dec_starts) if dec_starts else t_pipe_end
         anatomy = StageAnatomy(
             text_encode=clock.total("text_encode"),
             denoise_steps=steps,
@@ -351,6 +355,8 @@ class H3Runtime(SharedModel):
             mux_save=clock.total("mux_save"),
         )
         accounted = anatomy.text_encode + anatomy.denoise + anatomy.video_decode + anatomy.audio_decode
+        accounted += sum(end - start for name, start, end in clock.intervals  # streamed frame prep, in the pipeline
+                         if name == "frame_prep_d2h" and end <= t_pipe_end)
         anatomy.other = max(0.0, (t_pipe_end - t0) - accounted)
         return anatomy
 
@@ -459,6 +465,8 @@ class H3Runtime(SharedModel):
             problem = stream.check(video[0])
             if problem is None and sample_rate != stream.writer.sample_rate:
                 problem = f"sample rate {sample_rate}, the stream opened at {stream.writer.sample_rate}"
+            if problem is None and stream.writer.pcm is not None and not np.array_equal(pcm, stream.writer.pcm):
+                problem = "the PCM encoding since the audio decode differs from the pipeline's audio"
             post_decode.update(chunks=len(stream.bounds), checked_frames=len(stream.check_indices()))
             if problem is not None:
                 logger.warning("streamed MP4 of %s dropped, the whole video is encoded again: %s", out, problem)
@@ -495,7 +503,11 @@ class H3Runtime(SharedModel):
             t0 = clock.now()
             stream, post_decode = self._open_frame_stream(out, num_frames, height, width, clock)
             try:
-                with streaming_decode(self.pipe.vae, stream.on_chunk) if stream else contextlib.nullcontext():
+                with contextlib.ExitStack() as streaming:
+                    if stream is not None:
+                        streaming.enter_context(streaming_decode(self.pipe.vae, stream.on_chunk))
+                        post_decode["audio_first"] = streaming.enter_context(
+                            audio_decoded_first(self.pipe, stream.on_audio))
                     state = self.pipe(
                         prompt=request.prompt,
                         generator=torch.Generator("cpu").manual_seed(request.seed),
@@ -510,7 +522,7 @@ class H3Runtime(SharedModel):
                 for lever in self.levers.values():
                     lever.finish_request(clock)  # the parallel lever: every rank's anatomy to rank 0 (a collective)
                 if not self._writes_output():
-                    return None  # a follower rank of a parallel runtime: rank 0 prepares the frames and writes the files
+                    return None  # a follower rank of a parallel runtime: rank 0 prepares the frames, writes the files
                 with clock.stage("frame_prep_d2h"):
                     frames, pcm, sample_rate, stream = self._frames_after_decode(state, stream, post_decode, out)
                 t_gen_end = clock.now()

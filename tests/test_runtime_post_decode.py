@@ -98,12 +98,17 @@ def _tone(seconds: float) -> np.ndarray:
     return np.ascontiguousarray(np.stack([tone, 0.5 * tone], axis=1) * 32767.0).astype(np.int16)
 
 
-@pytest.mark.parametrize("height,width,frames,chunks", [(128, 128, 30, (17, 1, 12)), (544, 960, 40, (17, 17, 6))])
-def test_streaming_writer_writes_encode_mp4s_bytes(tmp_path, height, width, frames, chunks):
-    """Frames put in uneven chunks, the PCM given at the end: the file is encode_mp4's, byte for byte, at the
-    one-thread size and at the large one (8 x264 frame threads, 8 conversion threads, 40 frames: past the look-ahead)."""
+@pytest.mark.parametrize("height,width,frames,chunks,early_audio", [(128, 128, 30, (17, 1, 12), False),
+                                                                    (128, 128, 30, (17, 13), True),
+                                                                    (544, 960, 24, (17, 7), True)])
+def test_streaming_writer_writes_encode_mp4s_bytes(tmp_path, height, width, frames, chunks, early_audio):
+    """Frames put in uneven chunks, the PCM given before the first frame or at the end: the file is encode_mp4's, byte
+    for byte, at the one-thread size and at the large one (8 x264 frame threads, 8 conversion threads, 24 frames: past
+    the conversion's look-ahead of 16)."""
     video, pcm = textured_frames(frames, height, width), _tone(frames / 24)
     writer = Mp4StreamWriter(tmp_path / "streamed.mp4", frames, height, width)
+    if early_audio:
+        writer.start_audio(pcm)
     start = 0
     for size in chunks:
         writer.put(video[start:start + size])
@@ -133,6 +138,12 @@ def test_streaming_writer_errors_leave_no_file(tmp_path, monkeypatch):
     monkeypatch.setattr(av.AudioFrame, "from_ndarray", broken)
     with pytest.raises(ValueError, match="planted audio failure"):
         writer.finish(_tone(0.5))
+    monkeypatch.undo()
+    writer = Mp4StreamWriter(tmp_path / "d.mp4", 8, 64, 64)
+    writer.start_audio(_tone(0.5))
+    writer.put(video)
+    with pytest.raises(Exception, match="PCM differs"):
+        writer.finish(_tone(0.5) // 2)
     writer = Mp4StreamWriter(tmp_path / "c.mp4", 8, 64, 64)
     writer.put(video[:3])
     writer.abort()
@@ -160,28 +171,41 @@ def _generate(runtime, path, stream_mux):
         runtime.stream_mux = None
 
 
-def test_streamed_request_writes_the_whole_video_requests_bytes(tiny_random_runtime, tmp_path):
+@pytest.fixture(scope="module")
+def whole(tiny_random_runtime, tmp_path_factory):
+    """The tiny preset's clip without the stream: its path and record."""
+    path = tmp_path_factory.mktemp("whole") / "whole.mp4"
+    return path, _generate(tiny_random_runtime, path, False)
+
+
+def test_streamed_request_writes_the_whole_video_requests_bytes(tiny_random_runtime, tmp_path, whole):
     """The tiny preset's 124-frame clip (8 decode chunks), streamed and not: the same MP4 bytes and record hashes; the
     streamed record says so and its frame preparation is taken out of the decode's time."""
-    whole = _generate(tiny_random_runtime, tmp_path / "whole.mp4", False)
+    audio_decode_before = vars(tiny_random_runtime.pipe.audio_vae).get("decode")
+    whole_path, whole = whole
     streamed = _generate(tiny_random_runtime, tmp_path / "streamed.mp4", True)
-    assert (tmp_path / "streamed.mp4").read_bytes() == (tmp_path / "whole.mp4").read_bytes()
+    assert (tmp_path / "streamed.mp4").read_bytes() == whole_path.read_bytes()
     assert (streamed.frames_sha256, streamed.pcm_sha256, streamed.mp4_sha256) == (
         whole.frames_sha256, whole.pcm_sha256, whole.mp4_sha256)
     frames, _ = decode_video(tmp_path / "streamed.mp4")
     assert frames.shape == (124, 128, 128, 3)
     assert whole.extra["post_decode"] == {"streamed": False, "why_not": "H3_STREAM_MUX=0"}
     info = streamed.extra["post_decode"]
-    assert info["streamed"] is True and info["chunks"] == 8 and "fallback" not in info
+    assert info["streamed"] is True and info["chunks"] == 8 and info["audio_first"] is True and "fallback" not in info
     assert info["checked_frames"] == 16 and info["encode_busy_s"] > 0
     anatomy = streamed.timings.stage_anatomy
     assert anatomy.video_decode > 0 and anatomy.frame_prep_d2h > 0 and anatomy.mux_save > 0
     assert (streamed.timings.generation_side_latency_s + anatomy.mux_save
             <= streamed.timings.request_to_file_latency_s + 1e-6)
+    stages = anatomy.text_encode + anatomy.denoise + anatomy.video_decode + anatomy.audio_decode
+    assert stages + anatomy.frame_prep_d2h <= streamed.timings.generation_side_latency_s + 1e-6
+    assert anatomy.denoise >= sum(anatomy.denoise_steps)
+    assert list(tiny_random_runtime.pipe._blocks.sub_blocks["decode"].sub_blocks) == ["video", "audio"]  # restored
+    assert vars(tiny_random_runtime.pipe.audio_vae).get("decode") is audio_decode_before  # the wrapper removed
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 
 
-def test_a_bad_streamed_frame_falls_back_to_the_whole_video_path(tiny_random_runtime, tmp_path, monkeypatch):
+def test_a_bad_streamed_frame_falls_back_to_the_whole_video_path(tiny_random_runtime, tmp_path, monkeypatch, whole):
     """A planted defect (one streamed frame at a chunk boundary changed after its copy) fails the check: the streamed
     file is dropped and the whole-video path writes the same bytes as without streaming."""
     original = FrameStream.on_chunk
@@ -194,8 +218,26 @@ def test_a_bad_streamed_frame_falls_back_to_the_whole_video_path(tiny_random_run
     monkeypatch.setattr(FrameStream, "on_chunk", corrupt)
     planted = _generate(tiny_random_runtime, tmp_path / "planted.mp4", True)
     monkeypatch.undo()
-    whole = _generate(tiny_random_runtime, tmp_path / "whole.mp4", False)
+    whole_path, whole = whole
     info = planted.extra["post_decode"]
     assert info["streamed"] is False and "differ from the pipeline's output" in info["fallback"]
-    assert (tmp_path / "planted.mp4").read_bytes() == (tmp_path / "whole.mp4").read_bytes()
+    assert (tmp_path / "planted.mp4").read_bytes() == whole_path.read_bytes()
     assert planted.frames_sha256 == whole.frames_sha256
+
+
+def test_a_different_early_pcm_falls_back_to_the_whole_video_path(tiny_random_runtime, tmp_path, monkeypatch, whole):
+    """A planted defect in the PCM encoding since the audio decode (one sample changed) fails the check at the end: the
+    clip is written by the whole-video path, the bytes of the unstreamed request."""
+    original = Mp4StreamWriter.start_audio
+
+    def perturbed(self, pcm):
+        pcm = pcm.copy()
+        pcm[100, 0] ^= 1
+        original(self, pcm)
+
+    monkeypatch.setattr(Mp4StreamWriter, "start_audio", perturbed)
+    planted = _generate(tiny_random_runtime, tmp_path / "planted.mp4", True)
+    monkeypatch.undo()
+    assert "PCM encoding since the audio decode differs" in planted.extra["post_decode"]["fallback"]
+    assert (tmp_path / "planted.mp4").read_bytes() == whole[0].read_bytes()
+    assert planted.pcm_sha256 == whole[1].pcm_sha256
