@@ -20,6 +20,18 @@ before any model code, in every entry point (the ``h3`` and ``h3eval`` CLIs, the
 they inherit the environment variable). A user's own ``MKL_CBWR`` is kept; ``H3_CPU_REPRODUCIBLE=0`` leaves MKL
 alone (faster on some CPUs, not reproducible; the record says so). The speed cost on the tiny preset is measured by
 ``bench/cpu_reproducibility/cpu_reproducibility.py`` (``bench/cpu_reproducibility/results/cpu_reproducibility.md``).
+
+Portable numerics (issue 50): ``H3_PORTABLE_NUMERICS=1`` makes the bytes the same on any x86-64 CPU with AVX2 and FMA
+(an AMD Zen 1 and an Intel Xeon with AVX-512 and AMX alike), not only on one platform. Each library that picks its
+kernels by the CPU is pinned to one code path both have (:func:`portable_numerics_env`): MKL's COMPATIBLE mode, ATen's
+AVX2 kernels, oneDNN off (``torch.backends.mkldnn``: torch sends bf16 matmuls and convolutions to oneDNN only on CPUs
+with AVX-512, and ``ONEDNN_MAX_CPU_ISA`` does not change that choice), numpy's and OpenCV's dispatch capped below
+AVX-512, OpenCV's IPP off, OpenBLAS's Haswell kernels, and two threads (the clips' floats depend on the thread count).
+Measured in bench/portable_numerics: a trained-tiny clip's bytes under the mode do not change when this Intel VM's
+oneDNN and MKL are capped at AVX2 (a Zen 1's ISA), where the default mode's do; it costs about 1.4x CPU time. The
+variables must be in the environment when the libraries load, so the switch is read at ``h3`` import (this module
+sets the variables and turns oneDNN off); a launcher that starts a child process passes
+``portable_numerics_env()`` to it.
 """
 
 from __future__ import annotations
@@ -46,9 +58,70 @@ _MKL_CBWR_BRANCH_OFF = 1
 _MKL_CBWR_BRANCH = 1
 
 
+PORTABLE_SWITCH = "H3_PORTABLE_NUMERICS"
+PORTABLE_THREADS = 2
+"""The thread count of portable numerics: ATen splits reductions by thread count, so two CPUs give the same bytes only
+with the same count; 2 is CI's core count and the count the chain test's outcomes were set at."""
+_OFF_WORDS = ("0", "false", "no", "off", "")
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+def portable_numerics_env(cpu_flags: set[str] | None = None) -> dict[str, str]:
+    """The environment of portable numerics, for a child process (:data:`PORTABLE_SWITCH` included): every library
+    that picks kernels by the CPU pinned to a code path any x86-64 CPU with AVX2 and FMA runs alike.
+
+    The AVX-512 caps of numpy and OpenCV are named only on a CPU that has AVX-512 (``cpu_flags``: /proc/cpuinfo's),
+    so a CPU without it loads them as it always does, without a warning about a feature it lacks."""
+    flags = _cpu_flags() if cpu_flags is None else cpu_flags
+    env = {
+        PORTABLE_SWITCH: "1",
+        "MKL_CBWR": "COMPATIBLE",  # MKL's one code path on every x86-64 CPU (AUTO picks one per CPU vendor and ISA)
+        "ATEN_CPU_CAPABILITY": "avx2",  # ATen's vectorized kernels (softmax, norms, reductions, the bf16 gemm)
+        "OPENBLAS_CORETYPE": "Haswell",  # numpy's OpenBLAS: a Zen runs Haswell kernels with other blocking
+        "OPENCV_IPP": "disabled",  # Intel IPP dispatches by CPU vendor as well as ISA
+        "OMP_NUM_THREADS": str(PORTABLE_THREADS),
+    }
+    if "avx512f" in flags:
+        env["NPY_DISABLE_CPU_FEATURES"] = "X86_V4 AVX512_ICL AVX512_SPR"  # numpy 2.x's AVX-512 dispatch targets
+        env["OPENCV_CPU_DISABLE"] = "AVX512F,AVX512-COMMON,AVX512-SKX"  # OpenCV's AVX-512 dispatch (the gates' flow)
+    return env
+
+
+def portable_numerics_requested() -> bool:
+    """Whether :data:`PORTABLE_SWITCH` asks for portable numerics in this process."""
+    return os.environ.get(PORTABLE_SWITCH, "0").strip().lower() not in _OFF_WORDS
+
+
+def enable_portable_numerics() -> dict[str, str]:
+    """Set :func:`portable_numerics_env` in this process (overriding a user's values of the same variables: the mode is
+    one platform, or it is nothing) and turn oneDNN off; returns what it set. Effective only before torch, MKL, numpy
+    and OpenCV first run, which is why ``h3``'s import calls it."""
+    env = portable_numerics_env()
+    os.environ.update(env)
+    import torch
+
+    # On a CPU with AVX-512, torch hands bf16 matmuls and convolutions to oneDNN (AMX or AVX-512 BF16 kernels); on a
+    # Zen 1 it runs them in ATen. Off, both run ATen's (AVX2) kernels, and float32 convolutions run ATen's im2col +
+    # MKL (COMPATIBLE) instead of oneDNN's per-ISA, per-cache-size kernels.
+    torch.backends.mkldnn.enabled = False
+    return env
+
+
 def enable_cpu_reproducibility() -> str | None:
     """Ask MKL for conditional numerical reproducibility before it first runs; returns the mode asked for (None when
-    ``H3_CPU_REPRODUCIBLE=0`` switched it off). Idempotent; never overrides a user's ``MKL_CBWR``."""
+    ``H3_CPU_REPRODUCIBLE=0`` switched it off). Idempotent; never overrides a user's ``MKL_CBWR``, except under
+    ``H3_PORTABLE_NUMERICS=1`` (:func:`enable_portable_numerics`), whose MKL mode is COMPATIBLE."""
+    if portable_numerics_requested():
+        return enable_portable_numerics()["MKL_CBWR"]
     if os.environ.get(_SWITCH, "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     return os.environ.setdefault("MKL_CBWR", DEFAULT_MKL_CBWR)
@@ -116,6 +189,8 @@ def numerics_platform(device: Any = "cpu") -> dict[str, Any]:
         mkl_cbwr=os.environ.get("MKL_CBWR"),
         mkl_cbwr_active=mkl_cbwr_active(),
     )
+    if portable_numerics_requested():  # named only when on: records of the default mode keep their keys
+        out.update(portable_numerics=True, onednn_enabled=bool(torch.backends.mkldnn.enabled))
     return out
 
 
