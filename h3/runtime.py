@@ -122,9 +122,10 @@ class H3Runtime(SharedModel):
         _quiet_progress_bars(pipe._blocks)  # `pipe.blocks` is a deep copy
         self.hooks = StageHooks(pipe)
         self.stream_mux: bool | None = _stream_mux_setting(os.environ.get("H3_STREAM_MUX", "auto"))
-        """Encode the MP4 while the video decodes (h3.post_decode): None (``H3_STREAM_MUX=auto``, the default) for
-        frames of ``ENCODE_THREADS_MIN_PIXELS`` and more, where the encode takes seconds; True or False always. The
-        clip's bytes are the same either way; each record says what ran (``extra["post_decode"]``)."""
+        """Encode the MP4 while the video decodes (h3.post_decode): None (``H3_STREAM_MUX=auto``, the default) on a
+        GPU for frames of ``ENCODE_THREADS_MIN_PIXELS`` and more, where the encode takes seconds and the CPU's cores
+        are idle during the decode; True or False always. The clip's bytes are the same either way; each record says
+        what ran (``extra["post_decode"]``)."""
 
     # -- loading -----------------------------------------------------------------------------------------------
     @classmethod
@@ -434,12 +435,16 @@ class H3Runtime(SharedModel):
                            clock: Any) -> tuple[FrameStream | None, dict[str, Any]]:
         """The request's :class:`~h3.post_decode.FrameStream` (its MP4 encoded while the video decodes), or None, and
         the record's ``post_decode`` entry saying which and why."""
-        wanted = self.stream_mux if self.stream_mux is not None else height * width >= ENCODE_THREADS_MIN_PIXELS
         why_not = None
-        if not wanted:
-            why_not = ("H3_STREAM_MUX=0" if self.stream_mux is False
-                       else f"{height}x{width} frames encode in one thread (auto streams from "
-                            f"{ENCODE_THREADS_MIN_PIXELS} pixels)")
+        if self.stream_mux is False:
+            why_not = "H3_STREAM_MUX=0"
+        elif self.stream_mux is None and self.device.type == "cpu":
+            # On the CPU the decode is CPU work too: the 2-core VM gained nothing in request-to-file and lost
+            # generation-side time to the encoder's threads (bench/post_decode/results/post_decode_cpu_5x544x960.md).
+            why_not = "the decode runs on the CPU (auto streams where a device decodes while the CPU encodes)"
+        elif self.stream_mux is None and height * width < ENCODE_THREADS_MIN_PIXELS:
+            why_not = (f"{height}x{width} frames encode in one thread (auto streams from {ENCODE_THREADS_MIN_PIXELS} "
+                       "pixels)")
         elif not self._writes_output():
             why_not = "this rank writes no output"
         else:

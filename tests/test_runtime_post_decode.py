@@ -241,3 +241,29 @@ def test_a_different_early_pcm_falls_back_to_the_whole_video_path(tiny_random_ru
     assert "PCM encoding since the audio decode differs" in planted.extra["post_decode"]["fallback"]
     assert (tmp_path / "planted.mp4").read_bytes() == whole[0].read_bytes()
     assert planted.pcm_sha256 == whole[1].pcm_sha256
+
+
+def test_auto_streams_only_where_a_device_decodes_large_frames(tiny_random_runtime, tmp_path, monkeypatch):
+    """H3_STREAM_MUX: auto (None) streams on a GPU from 320x320 (on the CPU the decode competes with the encoder for
+    the same cores); 1 and 0 force it; anything else is an error."""
+    from h3.anatomy import StageClock
+    from h3.runtime import _stream_mux_setting
+
+    assert [_stream_mux_setting(v) for v in ("auto", "1", "0", " AUTO ")] == [None, True, False, None]
+    with pytest.raises(ValueError, match="H3_STREAM_MUX must be auto, 0 or 1"):
+        _stream_mux_setting("yes")
+    clock = StageClock(device=torch.device("cpu"))
+    runtime = tiny_random_runtime
+    assert runtime.stream_mux is None
+    stream, info = runtime._open_frame_stream(tmp_path / "a.mp4", 124, 544, 960, clock)
+    assert stream is None and "decode runs on the CPU" in info["why_not"]
+    monkeypatch.setattr(runtime, "device", torch.device("meta"))  # stands for a GPU: only the device's type is read
+    stream, info = runtime._open_frame_stream(tmp_path / "a.mp4", 124, 128, 128, clock)
+    assert stream is None and "128x128 frames encode in one thread" in info["why_not"]
+    stream, info = runtime._open_frame_stream(tmp_path / "a.mp4", 124, 544, 960, clock)
+    try:
+        assert info == {"streamed": True} and stream.frames.shape == (124, 544, 960, 3)
+    finally:
+        stream.writer.abort()
+        stream.close()
+    assert list(tmp_path.iterdir()) == []
