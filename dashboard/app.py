@@ -21,7 +21,7 @@ if _REPO not in sys.path:
 import streamlit as st  # noqa: E402
 
 from dashboard import state  # noqa: E402
-from dashboard.views import anatomy, gates, overview, trajectory, verdict, viewer  # noqa: E402
+from dashboard.views import anatomy, gates, overview, sequential, trajectory, verdict, viewer  # noqa: E402
 
 PAGES = {
     "overview": ("Overview", overview.render),
@@ -30,6 +30,7 @@ PAGES = {
     "gates": ("Gates", gates.render),
     "trajectory": ("Trajectory", trajectory.render),
     "verdict": ("Verdict", verdict.render),
+    "sequential": ("Sequential", sequential.render),
 }
 
 

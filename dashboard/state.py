@@ -15,6 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import data
+from dashboard import sequential as seq
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,23 @@ def audio_difference(base: str, base_mtime: int, cand: str, cand_mtime: int) -> 
     out = data.audio_difference(a, b, sr_a)
     out["sample_rate"] = np.array(sr_a)
     return out
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _sequential(root: str, label: str, key: tuple) -> seq.SequentialRecord:
+    del key  # only part of the cache key
+    return seq.load_sequential(root, label)
+
+
+def cached_sequential(root: str, label: str) -> seq.SequentialRecord:
+    """The run's sequential.json, read and checked once per change of the file (its mtime and size: a running
+    sequential run rewrites it after every look)."""
+    try:
+        st_ = os.stat(seq.sequential_path(root))
+        key: tuple = (st_.st_mtime_ns, st_.st_size)
+    except OSError:
+        key = ()
+    return _sequential(root, label, key)
 
 
 def mtime_ns(path: str) -> int:
