@@ -63,20 +63,24 @@ def _floor_gates_from_the_toml(path, kind) -> set[str]:
 
 
 def test_the_demo_floor_measures_what_its_candidates_judges_read():
-    """The demo's floor runs only the gates whose thresholds for its candidates' kinds (identity exact, fewer-steps
-    resample) are fractions of the floor; each kind's set equals a walk over the raw policy file."""
-    from h3.recipe import load_recipe
-    from h3eval.demo import floor_gates
+    """The demo's floor runs only the gates whose thresholds for its candidates' judges (identity exact; turbo4-tiny
+    resample as declared; turbo4-tiny-sparse near against its parent turbo4-tiny and resample against
+    the baseline as the ladder's top) are fractions of the floor; each kind's set equals a walk over the raw policy
+    file."""
+    from h3.recipe import lever_differences, lineage_kind, load_recipe
+    from h3eval.demo import DEMO_CANDIDATES, DEMO_LADDER, floor_gates
 
     path = policy_path("release")
     policy = load_policy(path).policy
     for kind in ("exact", "near", "resample"):
         assert set(policy.floor_gates([kind])) == _floor_gates_from_the_toml(path, kind), kind
-    kinds = [load_recipe(name).signoff.kind for name in DEMO_RECIPES[1:]]
-    assert kinds == ["exact", "resample"]
-    expected = ((_floor_gates_from_the_toml(path, "exact") | _floor_gates_from_the_toml(path, "resample"))
+    assert [load_recipe(name).signoff.kind for name in DEMO_CANDIDATES] == ["exact", "resample", "resample"]
+    below, top = (load_recipe(name) for name in DEMO_LADDER[1:])
+    assert top.parent == below.name and below.parent is None
+    assert lineage_kind(lever_differences(below.resolved(), top.resolved())) == "near"
+    expected = ({g for kind in ("exact", "near", "resample") for g in _floor_gates_from_the_toml(path, kind)}
                 & set(CPU_GATES))
-    assert set(floor_gates()) == expected == {"fidelity", "audio", "reference_free"}
+    assert set(floor_gates()) == expected == {"fidelity", "audio", "reference_free", "ghosting", "trajectory"}
 
 
 def test_the_demo_policy_is_the_release_policy_without_vbench():
@@ -100,7 +104,7 @@ def test_the_demo_policy_is_the_release_policy_without_vbench():
     for data in (release, demo):
         del data["name"], data["description"]
     assert demo == release
-    kinds = [load_recipe(name).signoff.kind for name in DEMO_RECIPES[1:]]
+    kinds = [load_recipe(name).signoff.kind for name in DEMO_RECIPES[1:]] + ["near"]  # the sparse rung's judge
     needed = {g for kind in kinds for g in load_policy(policy_path(DEMO_POLICY)).policy.gates_for(kind)}
     assert needed <= set(CPU_GATES)
     needed_release = {g for kind in kinds for g in load_policy(policy_path("release")).policy.gates_for(kind)}
@@ -133,32 +137,92 @@ def _fake_demo(tmp_path, outcomes):
     return DemoResult(run_dir=run, floor_dir=tmp_path / "demo-run" / "floor", overall="FAIL",
                       lines=["FAIL  policy 'demo', baseline 'baseline'"], identical={"identity": True},
                       lpips_trunk="rand", reports={"verdict": run / "verdict.json", "html": run / "report.html"},
-                      seconds=100.0, prompts=4, outcomes=outcomes)
+                      seconds=100.0, prompts=4, outcomes=outcomes, ladder=["  baseline -> turbo4-tiny: PASS"],
+                      sequential=["  identity: PASS at look 1 of 3"], saved="40 of 80 requests", determinism=(16, 16))
 
 
 def test_the_demo_command_closes_with_the_outcome_the_report_and_the_next_command(tmp_path, monkeypatch):
-    """The closing lines (run_demo replaced by its result): the outcome per candidate against the intended one, the
-    report and the next command; the policy and the LPIPS fallback are said before the work starts; an outcome
-    other than the intended one exits 1."""
+    """The closing lines (run_demo replaced by its result): the ladder, where each candidate stopped and the requests
+    saved, the outcome per candidate against the intended one, the report and the next command; the policy and the
+    LPIPS fallback are said before the work starts; an outcome other than the intended one exits 1."""
     from typer.testing import CliRunner
 
     import h3eval.demo as demo
     from h3eval.cli import app
 
     monkeypatch.setattr(demo, "lpips_trunk", lambda: "rand")
-    for outcomes, code in (({"identity": "PASS", "fewer-steps": "FAIL"}, 0),
-                           ({"identity": "PASS", "fewer-steps": "INCONCLUSIVE"}, 1)):
-        monkeypatch.setattr(demo, "run_demo", lambda out, outcomes=outcomes: _fake_demo(tmp_path, outcomes))
+    intended = dict(demo.DEMO_INTENDED)
+    assert list(intended) == list(demo.DEMO_CANDIDATES) and intended["identity"] == "PASS"
+    missed = {**intended, "fewer-steps": "INCONCLUSIVE"}
+    said = ", ".join(f"{name} {outcome}" for name, outcome in intended.items())
+    for outcomes, code in ((intended, 0), (missed, 1)):
+        monkeypatch.setattr(demo, "run_demo", lambda out, outcomes=outcomes, **kw: _fake_demo(tmp_path, outcomes))
         result = CliRunner().invoke(app, ["demo", "--out", str(tmp_path / "demo-run")])
         assert result.exit_code == code, result.output
         lines = result.stdout.splitlines()
         run = tmp_path / "demo-run" / "run"
         assert lines[-2:] == [f"report: {run / 'report.html'}", f"next: h3eval dashboard {run}"]
-        intended = "as intended (the identical candidate passes, the lossy one fails)"
-        assert lines[-3] == (f"outcome: identity PASS, fewer-steps FAIL - {intended}; {run / 'verdict.json'}"
+        got = ", ".join(f"{name} {outcome}" for name, outcome in outcomes.items())
+        assert lines[-3] == (f"outcome: {said} - as intended ({demo.intended_note()}); {run / 'verdict.json'}"
                              if code == 0 else
-                             "outcome: identity PASS, fewer-steps INCONCLUSIVE - NOT the demo's intended outcome "
-                             f"(identity PASS, fewer-steps FAIL); {run / 'verdict.json'}")
+                             f"outcome: {got} - NOT the demo's intended outcome ({said}); {run / 'verdict.json'}")
+        ladder = lines.index("the ladder, each rung against the rung below (and the top against the baseline):")
+        assert lines[ladder + 1:ladder + 5] == [
+            "  baseline -> turbo4-tiny: PASS",
+            "sequential signoff (h3eval ab --sequential): where each candidate stopped",
+            "  identity: PASS at look 1 of 3", "requests saved: 40 of 80 requests"]
+        assert "  baseline: 16 of 16 clips byte-identical in the floor's run and the signoff run (the same request " \
+               "made twice)" in lines
         err = result.stderr.splitlines()
         assert err[0].startswith("h3eval demo: judged under the demo policy: release without VBench")
         assert err[1].startswith("note: LPIPS (the fidelity gate) uses the lpips package's random trunk")
+
+
+def _candidate(name, outcome, judge, against=None, source="declared", levers=(), gates=(), top=None, own=None):
+    from h3eval.verdict.schema import CandidateVerdict, GateVerdict
+
+    return CandidateVerdict(
+        candidate=name, outcome=outcome, judge=judge, judged_against=against, judge_source=source,
+        lever_differences=[{"lever": lever, "kind": kind, "why": "w"} for lever, kind in levers],
+        gates=[GateVerdict(gate=g, candidate=name, required=True, outcome=o, raw_outcome=o) for g, o in gates],
+        against_baseline=top, own_outcome=own)
+
+
+def test_the_ladder_lines_say_which_judge_decided_each_rung_and_why():
+    """A rung judged as its recipe declares, a rung judged by the lever that differs from its parent, and the top's
+    judgement against the baseline with the gates that FAILed it (built from verdict records of known content)."""
+    from types import SimpleNamespace
+
+    from h3eval.demo import ladder_lines
+
+    top = _candidate("turbo4-tiny-sparse", "FAIL", "resample", source="ladder top",
+                     levers=[("lora", "resample"), ("sparse_attention", "near"), ("steps", "resample")],
+                     gates=[("integrity", "PASS"), ("reference_free", "FAIL")])
+    verdict = SimpleNamespace(candidates=[
+        _candidate("identity", "PASS", "exact"),
+        _candidate("turbo4-tiny", "PASS", "resample", gates=[("reference_free", "PASS")]),
+        _candidate("turbo4-tiny-sparse", "FAIL", "near", against="turbo4-tiny", source="lineage",
+                   levers=[("sparse_attention", "near")], gates=[("fidelity", "FAIL"), ("ghosting", "PASS")],
+                   top=top, own="FAIL")])
+    assert ladder_lines(verdict) == [
+        "  baseline -> turbo4-tiny: PASS, decided by the resample judge against baseline (its recipe declares "
+        "[signoff] kind = 'resample')",
+        "  turbo4-tiny -> turbo4-tiny-sparse: FAIL, decided by the near judge against turbo4-tiny (the lever that "
+        "differs: sparse_attention (near)); FAILed by fidelity",
+        "    ladder top baseline -> turbo4-tiny-sparse: FAIL, by the resample judge (the levers that differ: "
+        "lora (resample), sparse_attention (near), steps (resample)); FAILed by reference_free; turbo4-tiny-sparse "
+        "is FAIL",
+    ]
+    verdict.candidates = verdict.candidates[:1]  # a rung the verdict does not hold is said to be unjudged
+    assert ladder_lines(verdict)[0] == "  baseline -> turbo4-tiny: not judged"
+
+
+def test_the_sequential_lines_say_where_each_candidate_stopped():
+    from h3eval.demo import sequential_lines
+
+    state = {"candidates": ["identity", "turbo4-tiny", "late"], "looks": [4, 8, 16], "max_pairs": 16,
+             "stopped": {"identity": {"look": 1, "n_pairs": 4, "outcome": "PASS", "why": "decided"},
+                         "turbo4-tiny": {"look": 3, "n_pairs": 16, "outcome": "PASS", "why": "last look"}}}
+    assert sequential_lines(state) == ["  identity: PASS at look 1 of 3 (4 of 16 pairs): decided",
+                                       "  turbo4-tiny: PASS at look 3 of 3 (16 of 16 pairs): last look",
+                                       "  late: not stopped"]
