@@ -103,6 +103,24 @@ def test_stop_decision():
     assert stop and "last look" in why
     with pytest.raises(Q.SequentialError):
         Q.stop_decision("MAYBE", 0, 4)
+    # A FAIL at a look whose level its pairs cannot reach continues; a byte-identical PASS still stops there.
+    stop, why = Q.stop_decision("FAIL", 0, 4, decidable=False)
+    assert not stop and "too few pairs" in why
+    assert Q.stop_decision("PASS", 0, 4, identical=True, decidable=False)[0]
+    assert Q.stop_decision("FAIL", 3, 4, decidable=False)[0]
+
+
+def test_resolvable_looks():
+    # Looks 4, 8, 16, 32 at alpha 0.025: O'Brien-Fleming's nominal levels 2.3e-10 and 7.4e-6 are below 2**-4 and
+    # 2**-8 (and 1/1000); 0.0015 at 16 pairs is above 2**-16 and 1/1000. Pocock's 0.0049 at 4 pairs is below
+    # 2**-4 = 0.0625; 0.0053 at 8 above 2**-8 = 0.0039. The last look always decides.
+    obf = Q.make_design("obrien-fleming", [4, 8, 16, 32], [0.025])
+    poc = Q.make_design("pocock", [4, 8, 16, 32], [0.025])
+    assert [Q.resolvable(obf, k, 0.025, 999) for k in range(4)] == [False, False, True, True]
+    assert [Q.resolvable(poc, k, 0.025, 999) for k in range(4)] == [False, True, True, True]
+    assert 2.0 ** -8 < poc.nominal(0.025, 1) < 2.0 ** -4 and obf.nominal(0.025, 2) > 1 / 1000
+    # Too few resamples for the level: 0.0015 is beyond a 499-resample bootstrap's 1/500.
+    assert not Q.resolvable(obf, 2, 0.025, 499) and Q.resolvable(obf, 3, 0.025, 499)
 
 
 def test_look_policy_sets_nominal_levels_and_interim_ci_rule():

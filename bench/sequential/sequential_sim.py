@@ -144,7 +144,7 @@ def decide(pol, pool: dict, idx: np.ndarray) -> str:
     return combine([w.mv.outcome for w in works])
 
 
-def simulate(pool: dict, runs: int, rng: np.random.Generator, fixed, seq_policies: dict) -> dict:
+def simulate(pool: dict, runs: int, rng: np.random.Generator, fixed, seq_policies: dict, decidable: dict) -> dict:
     """The slow path: every verdict by :func:`decide` (the verdict's own functions), run after run."""
     n_pool = len(next(iter(pool["pairs"].values()))[0])
     res = {"fixed16": [], "fixed32": [], **{d: [] for d in seq_policies}, **{f"{d}_pairs": [] for d in seq_policies}}
@@ -155,7 +155,7 @@ def simulate(pool: dict, runs: int, rng: np.random.Generator, fixed, seq_policie
         for d, pols in seq_policies.items():
             for k, n in enumerate(LOOKS):
                 outcome = decide(pols[k], pool, idx[:n])
-                if stop_decision(outcome, k, len(LOOKS), pool.get("identical", False))[0]:
+                if stop_decision(outcome, k, len(LOOKS), pool.get("identical", False), decidable[d][k])[0]:
                     break
             res[d].append(outcome)
             res[f"{d}_pairs"].append(n)
@@ -176,24 +176,28 @@ def judge_batch(pol, pool: dict, idx: np.ndarray, detail: bool = False):
                       holm=pol.holm, detail=detail)
 
 
-VARIANTS = ("no-guard", "pass-clears-shift")
-"""Stopping rules analysed beside the shipped one (issue 53's 50 % target), on the same draws and looks' verdicts:
-``no-guard``: any PASS stops at any look (the rule before f375d06, kept as the bound on what early PASSes save);
-``pass-clears-shift``: an interim PASS also stops when every metric with a regression rule has its look-level CI
-lower bound above ``-min_shift`` (a non-inferiority test at the regression rule's own shift, at the look's spent
-level: the candidate is shown not worse by what the regression rule would FAIL), besides a byte-identical one."""
+VARIANTS = ("any-look-fail", "no-guard", "pass-clears-shift")
+"""Stopping rules analysed beside the shipped one (h3eval.sequential.stop_decision), on the same draws and looks'
+verdicts: ``any-look-fail``: a FAIL stops at any look, resolvable or not (the rule of 781fe76); ``no-guard``: any
+PASS or FAIL stops at any look (the rule before f375d06: the bound on what early decisions save);
+``pass-clears-shift``: the shipped rule, and an interim PASS at a resolvable look also stops when every metric with a
+regression rule has its look-level CI lower bound above ``-min_shift`` (a non-inferiority test at the regression
+rule's own shift, at the look's spent level: the candidate is shown not worse by what the regression rule FAILs)."""
 
 
-def stops(rule: str, outcome: str, k: int, identical: bool, clears: bool) -> bool:
+def stops(rule: str, outcome: str, k: int, identical: bool, clears: bool, decidable: bool) -> bool:
     """Whether a run stops at look ``k`` under ``rule`` (``shipped``: h3eval.sequential.stop_decision)."""
     if rule == "no-guard":
         return outcome in ("PASS", "FAIL") or k == len(LOOKS) - 1
+    if rule == "any-look-fail":
+        return stop_decision(outcome, k, len(LOOKS), identical)[0]
     if rule == "pass-clears-shift":
-        return stop_decision(outcome, k, len(LOOKS), identical or (outcome == "PASS" and clears))[0]
-    return stop_decision(outcome, k, len(LOOKS), identical)[0]
+        return stop_decision(outcome, k, len(LOOKS), identical or (outcome == "PASS" and clears and decidable),
+                             decidable)[0]
+    return stop_decision(outcome, k, len(LOOKS), identical, decidable)[0]
 
 
-def simulate_batched(pool: dict, idx: np.ndarray, fixed, seq_policies: dict) -> dict:
+def simulate_batched(pool: dict, idx: np.ndarray, fixed, seq_policies: dict, decidable: dict) -> dict:
     """:func:`simulate`'s result from the same draws, every look of every run judged at once (a run's outcome at a
     look depends only on its first pairs, so judging looks after its stop changes nothing); also each look's
     outcomes (``looks``: design -> look -> runs' outcomes) and the :data:`VARIANTS` (``design:variant``)."""
@@ -214,7 +218,7 @@ def simulate_batched(pool: dict, idx: np.ndarray, fixed, seq_policies: dict) -> 
             for r in range(idx.shape[0]):
                 for k, n in enumerate(LOOKS):
                     outcome = per_look[k][r]
-                    if stops(rule, outcome, k, identical, bool(clears[k][r])):
+                    if stops(rule, outcome, k, identical, bool(clears[k][r]), decidable[d][k]):
                         break
                 res[name].append(outcome)
                 res[f"{name}_pairs"].append(n)
@@ -258,16 +262,17 @@ def main() -> None:
     parser.add_argument("--same-as", default="", metavar="JSON",
                         help="a record of the slow path (same --runs and --rng): compare every pool's counts with it")
     args = parser.parse_args()
-    from h3eval.sequential import look_policy, make_design, policy_alphas
+    from h3eval.sequential import look_policy, make_design, policy_alphas, resolvable
 
     started = time.perf_counter()
     fixed = policy()
-    seq = {}
+    seq, dec = {}, {}
     designs = {}
     for d in ("obrien-fleming", "pocock"):
         design = make_design(d, LOOKS, policy_alphas(fixed))
         designs[d] = design.to_dict()
         seq[d] = [look_policy(fixed, design, k) for k in range(len(LOOKS))]
+        dec[d] = [resolvable(design, k, (1 - fixed.confidence) / 2, fixed.n_resamples) for k in range(len(LOOKS))]
     rng = np.random.default_rng(args.rng)
     rows = {}
     all_pools = pools()
@@ -275,13 +280,13 @@ def main() -> None:
         if args.only and name not in args.only.split(","):
             continue
         if args.slow:
-            res = simulate(pool, args.runs, rng, fixed, seq)
+            res = simulate(pool, args.runs, rng, fixed, seq, dec)
         else:
             idx = draws(pool, args.runs, rng)
-            res = simulate_batched(pool, idx, fixed, seq)
+            res = simulate_batched(pool, idx, fixed, seq, dec)
         row = {"expected": pool["expected"], "metrics": len(pool["pairs"])}
         if not args.slow:
-            row["by_look"] = by_look(res, pool)
+            row["by_look"] = by_look(res, pool, dec)
             if args.check:
                 row["check"] = check(pool, idx[:args.check], fixed, seq, res)
         designs_here = [d for d in ("fixed16", "fixed32", *seq, *(f"{d}:{v}" for d in seq for v in VARIANTS))
@@ -309,13 +314,16 @@ def main() -> None:
 
 
 def same_as(path: Path, rows: dict) -> dict:
-    """Every pool's and design's counts against another record's (the slow path's, same draws)."""
+    """Every pool's and design's counts against another record's (the slow path's, same draws). A record without a
+    ``path`` (781fe76's) stopped a FAIL at any look: its sequential designs are compared with ``any-look-fail``."""
     other = json.loads(path.read_text())
-    diffs = [{"pool": p, "design": d, "here": rows[p][d], "there": o[d]}
+    rule = "shipped" if "path" in other else "any-look-fail"
+    here = {"fixed16": "fixed16", "fixed32": "fixed32", **{d: d if rule == "shipped" else f"{d}:{rule}"
+                                                           for d in ("obrien-fleming", "pocock")}}
+    diffs = [{"pool": p, "design": d, "here": rows[p][here[d]], "there": o[d]}
              for p, o in other["pools"].items() if p in rows
-             for d in ("fixed16", "fixed32", "obrien-fleming", "pocock") if d in o and
-             {k: rows[p][d].get(k) for k in o[d]} != o[d]]
-    return {"record": str(path), "date": other.get("date"), "path": other.get("path", "slow (decide per verdict)"),
+             for d in here if d in o and {k: rows[p][here[d]].get(k) for k in o[d]} != o[d]]
+    return {"record": str(path), "date": other.get("date"), "rule": rule, "path": other.get("path", "slow (decide per verdict)"),
             "seconds": other.get("seconds"), "rows_compared": sum(1 for p in other["pools"] if p in rows) * 4,
             "differences": diffs}
 
@@ -326,7 +334,7 @@ def excess(outs: list[str], fixed: list[str]) -> dict:
     return {o: rate(sum(a == o != b for a, b in zip(outs, fixed)), len(outs)) for o in ("FAIL", "PASS")}
 
 
-def by_look(res: dict, pool: dict) -> dict:
+def by_look(res: dict, pool: dict, decidable: dict) -> dict:
     """Per design and look: the outcomes of the runs still going there, how many stop there, and how many PASS
     there but go on (the guard: only a FAIL or a byte-identical PASS stops before the last look)."""
     out = {}
@@ -335,10 +343,11 @@ def by_look(res: dict, pool: dict) -> dict:
         rows = []
         for k, outs in enumerate(per_look):
             outs = np.asarray(outs)
-            stop = np.array([stop_decision(o, k, len(LOOKS), pool.get("identical", False))[0] for o in outs])
+            stop = np.array([stop_decision(o, k, len(LOOKS), pool.get("identical", False), decidable[d][k])[0]
+                             for o in outs])
             rows.append({"look": k + 1, "pairs": LOOKS[k], "going": int(going.sum()),
                          **{o: int((going & (outs == o)).sum()) for o in ("PASS", "FAIL", "INCONCLUSIVE")},
-                         "stopped": int((going & stop).sum()),
+                         "resolvable": decidable[d][k], "stopped": int((going & stop).sum()),
                          "passed_but_went_on": int((going & ~stop & (outs == "PASS")).sum())})
             going &= ~stop
         out[d] = rows
