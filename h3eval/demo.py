@@ -36,6 +36,7 @@ AMD VM's fewer-steps came out INCONCLUSIVE where the Intel VM's FAILs); the demo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -218,11 +219,13 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
         _floor_clips(source_dir, model=model, prompts=prompts, seeds=list(seeds), progress=progress)
     stages["floor clips"] = time.perf_counter() - started
     mark = time.perf_counter()
-    with stage("demo 2/4 floor"):
-        floor = newseed_floor(source_dir, floor_dir, policy, options, progress)
+    floor: dict[str, Any] = {"gate_errors": []}
+    if not RunStore(floor_dir).floor_path.is_file():  # a rerun keeps the floor its sequential run was judged with
+        with stage("demo 2/4 floor"):
+            floor = newseed_floor(source_dir, floor_dir, policy, options, progress)
     stages["floor"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    with stage("demo 3/4"):
+    with stage("demo 3/4"), _as_demo_error(out):
         state = run_sequential(baseline=DEMO_BASELINE, candidates=list(candidates), prompts=prompts, out=run_dir,
                                seeds=list(seeds), max_pairs=len(suite.ids) * len(seeds), design=design,
                                policy=str(policy_path(policy)), floor=RunStore(floor_dir).floor_path,
@@ -247,6 +250,17 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
                       saved=state["savings"]["describe"],
                       determinism=baseline_determinism(RunStore(source_dir), store, suite.ids, list(seeds)),
                       numerics=numerics_mode())
+
+
+@contextlib.contextmanager
+def _as_demo_error(out: Path):
+    """A sequential run that cannot go on (another design or candidates in ``out``, a failed round) as a DemoError."""
+    from h3eval.sequential import SequentialError
+
+    try:
+        yield
+    except SequentialError as exc:
+        raise DemoError(f"{exc} (remove {out} to start the demo afresh)") from None
 
 
 def _floor_clips(source_dir: Path, *, model: str, prompts: str, seeds: list[int], progress: bool) -> None:
