@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from h3.determinism import portable_numerics_env
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 SECTION = "### On your GPU, through the h3 runtime"
@@ -98,7 +100,9 @@ _CACHE: dict[str, Workflow] = {}
 
 
 def run_step(folder: Path, words: list[str]) -> Step:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # Portable numerics (h3/determinism.py): the clips' and the gates' floats are the same on any x86-64 CPU with AVX2
+    # (CI's, whichever it is), so the chain's exact outcomes hold there as they do here (bench/portable_numerics).
+    env = {**os.environ, **portable_numerics_env(), "PYTHONUNBUFFERED": "1"}
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "h3eval.cli", *words[1:]], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=3600)
