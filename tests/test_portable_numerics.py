@@ -55,7 +55,8 @@ def _child(portable: bool, caps: dict[str, str], code: str = _OPS) -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in (PORTABLE_SWITCH, "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
                         "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS")}
-    env.update(caps, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2")
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2")
+    env.update(caps)
     if portable:
         env[PORTABLE_SWITCH] = "1"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
@@ -79,7 +80,7 @@ def test_the_environment_pins_every_library_and_caps_avx512_only_where_the_cpu_h
 @pytest.mark.skipif(not HAS_AVX2, reason="portable numerics is AVX2's code path: this CPU has no AVX2 + FMA")
 def test_a_process_started_portable_overrides_the_users_values_and_records_the_mode():
     code = "import json, h3; from h3.determinism import numerics_platform; print(json.dumps(numerics_platform()))"
-    numerics = _child(True, {"MKL_CBWR": "AUTO", **_BEST}, code)
+    numerics = _child(True, {"MKL_CBWR": "AUTO", "OMP_NUM_THREADS": "1", **_BEST}, code)
     assert (numerics["mkl_cbwr"], numerics["aten_cpu_capability"], numerics["torch_threads"]) == ("COMPATIBLE", "AVX2", 2)
     assert numerics["portable_numerics"] is True and numerics["onednn_enabled"] is False
     if numerics["mkl_cbwr_active"] is not None:  # None: a torch without MKL
