@@ -226,3 +226,20 @@ def test_the_sequential_lines_say_where_each_candidate_stopped():
     assert sequential_lines(state) == ["  identity: PASS at look 1 of 3 (4 of 16 pairs): decided",
                                        "  turbo4-tiny: PASS at look 3 of 3 (16 of 16 pairs): last look",
                                        "  late: not stopped"]
+
+
+def test_baseline_determinism_compares_the_two_runs_clip_by_clip():
+    """Planted records: equal hashes count as identical, a differing one does not, a clip missing on either side is not
+    compared."""
+    from types import SimpleNamespace
+
+    from h3eval.demo import baseline_determinism
+
+    def store(hashes):
+        return SimpleNamespace(read_record=lambda recipe, pid, seed: (
+            SimpleNamespace(mp4_sha256=hashes[(pid, seed)]) if recipe == "baseline" and (pid, seed) in hashes
+            else None))
+
+    floor = store({("a", 0): "x", ("a", 1): "y", ("b", 0): "z", ("b", 1): "w"})
+    run = store({("a", 0): "x", ("a", 1): "y", ("b", 0): "other"})
+    assert baseline_determinism(floor, run, ["a", "b"], [0, 1]) == (2, 3)
