@@ -52,7 +52,7 @@ cat > "$RESULTS/$NAME.md" <<MDEOF
 - the command's closing lines:
 
 \`\`\`
-$(grep -E '^(outcome|report|next):' "$RESULTS/$NAME.log" || true)
+$(grep -E '^(outcome|report|next|requests saved):|^  [a-z0-9-]+ -> |^    ladder top ' "$RESULTS/$NAME.log" || true)
 \`\`\`
 MDEOF
 cat "$RESULTS/$NAME.md"
