@@ -76,6 +76,36 @@ def encode_threads(height: int, width: int) -> int:
     return ENCODE_THREADS_LARGE if height * width >= ENCODE_THREADS_MIN_PIXELS else 1
 
 
+def add_video_stream(container, height: int, width: int, fps: int = 24, crf: int = VIDEO_CRF,
+                     preset: str | None = None, threads: int | None = None, convert_threads: int | None = None):
+    """The H.264 stream of every MP4 h3 writes (``encode_mp4`` and h3.post_decode's streamed writer: one place for
+    the settings, so both write the same bytes), and the RGB-to-YUV conversion threads for its frame size. None takes
+    the frame size's setting (see ``encode_mp4``)."""
+    vstream = container.add_stream(VIDEO_CODEC, rate=fps)
+    vstream.width, vstream.height, vstream.pix_fmt = width, height, "yuv420p"
+    large = encode_threads(height, width) > 1
+    threads = encode_threads(height, width) if threads is None else int(threads)
+    convert_threads = (CONVERT_THREADS_LARGE if large else 1) if convert_threads is None else int(convert_threads)
+    preset = (VIDEO_PRESET_LARGE if large else VIDEO_PRESET) if preset is None else preset
+    if threads < 1 or convert_threads < 1:
+        raise MediaError(f"threads must be >= 1, got {threads} (x264) and {convert_threads} (conversion)")
+    vstream.codec_context.thread_count = threads
+    options = {"crf": str(crf), "preset": preset, "threads": str(threads)}
+    if threads > 1:
+        vstream.codec_context.thread_type = "FRAME"  # FFmpeg's default for libx264 is slice threads
+        options["x264-params"] = LARGE_X264_PARAMS
+    vstream.options = options
+    return vstream, convert_threads
+
+
+def add_audio_stream(container, sample_rate: int = 32000):
+    """The AAC stereo stream of every MP4 h3 writes."""
+    astream = container.add_stream(AUDIO_CODEC, rate=sample_rate)
+    astream.codec_context.layout = "stereo"
+    astream.bit_rate = AUDIO_BITRATE
+    return astream
+
+
 def encode_mp4(
     path: str | os.PathLike,
     frames: np.ndarray,
@@ -110,28 +140,14 @@ def encode_mp4(
     tmp = tmp_path_for(path)
     try:
         with av.open(str(tmp), "w", format="mp4") as container:
-            vstream = container.add_stream(VIDEO_CODEC, rate=fps)
-            vstream.width, vstream.height, vstream.pix_fmt = width, height, "yuv420p"
-            large = encode_threads(height, width) > 1
-            threads = encode_threads(height, width) if threads is None else int(threads)
-            convert_threads = (CONVERT_THREADS_LARGE if large else 1) if convert_threads is None else int(convert_threads)
-            preset = (VIDEO_PRESET_LARGE if large else VIDEO_PRESET) if preset is None else preset
-            if threads < 1 or convert_threads < 1:
-                raise MediaError(f"threads must be >= 1, got {threads} (x264) and {convert_threads} (conversion)")
-            vstream.codec_context.thread_count = threads
-            options = {"crf": str(crf), "preset": preset, "threads": str(threads)}
-            if threads > 1:
-                vstream.codec_context.thread_type = "FRAME"  # FFmpeg's default for libx264 is slice threads
-                options["x264-params"] = LARGE_X264_PARAMS
-            vstream.options = options
+            vstream, convert_threads = add_video_stream(container, height, width, fps, crf, preset, threads,
+                                                        convert_threads)
             audio_thread, audio_packets, audio_error = None, [], []
             if pcm is not None:
                 pcm = np.ascontiguousarray(pcm, dtype=np.int16)
                 if pcm.ndim != 2 or pcm.shape[1] != 2:
                     raise MediaError(f"pcm must be int16 (N, 2) stereo, got {pcm.shape}")
-                astream = container.add_stream(AUDIO_CODEC, rate=sample_rate)
-                astream.codec_context.layout = "stereo"
-                astream.bit_rate = AUDIO_BITRATE
+                astream = add_audio_stream(container, sample_rate)
 
                 def encode_audio() -> None:
                     try:

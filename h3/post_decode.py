@@ -196,21 +196,8 @@ class Mp4StreamWriter:
         self.tmp = tmp_path_for(self.path)
         self.container = av.open(str(self.tmp), "w", format="mp4")
         try:
-            vstream = self.container.add_stream(media.VIDEO_CODEC, rate=fps)
-            vstream.width, vstream.height, vstream.pix_fmt = width, height, "yuv420p"
-            threads = media.encode_threads(height, width)
-            large = threads > 1
-            self.convert_threads = media.CONVERT_THREADS_LARGE if large else 1
-            vstream.codec_context.thread_count = threads
-            options = {"crf": str(media.VIDEO_CRF), "preset": media.VIDEO_PRESET_LARGE if large else media.VIDEO_PRESET,
-                       "threads": str(threads)}
-            if threads > 1:
-                vstream.codec_context.thread_type = "FRAME"
-                options["x264-params"] = media.LARGE_X264_PARAMS
-            vstream.options = options
-            astream = self.container.add_stream(media.AUDIO_CODEC, rate=sample_rate)
-            astream.codec_context.layout = "stereo"
-            astream.bit_rate = media.AUDIO_BITRATE
+            vstream, self.convert_threads = media.add_video_stream(self.container, height, width, fps)
+            astream = media.add_audio_stream(self.container, sample_rate)
             # The header now, from this thread: PyAV's start_encoding opens every stream's codec, which the first
             # video mux would otherwise do on the video thread while the audio thread may be encoding.
             self.container.start_encoding()
