@@ -30,8 +30,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from h3.media import (CONVERT_THREADS_LARGE, VIDEO_PRESET, VIDEO_PRESET_LARGE, decode_video,  # noqa: E402
-                      encode_mp4, encode_threads, pcm_to_int16)
+from h3.media import (CONVERT_THREADS_LARGE, VIDEO_PRESET, VIDEO_PRESET_LARGE, add_audio_stream,  # noqa: E402
+                      decode_video, encode_mp4, encode_threads, pcm_to_int16)
 
 VARIANTS = [(None, None, None), ("medium", 8, 1), ("medium", 16, 8), ("fast", 16, 8), ("veryfast", 16, 8),
             ("superfast", 16, 8), ("ultrafast", 16, 8), ("veryfast", 8, 1)]
@@ -100,9 +100,7 @@ def encode_nvenc(path: Path, frames: np.ndarray, pcm: np.ndarray, preset: str, f
         vstream = container.add_stream("h264_nvenc", rate=fps)
         vstream.width, vstream.height, vstream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
         vstream.options = {"preset": preset, "rc": "vbr", "cq": "18", "b": "0"}
-        astream = container.add_stream("aac", rate=32000)
-        astream.codec_context.layout = "stereo"
-        astream.bit_rate = 192_000
+        astream = add_audio_stream(container, 32000)
         packets = []
 
         def audio() -> None:
