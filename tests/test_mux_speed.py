@@ -1,5 +1,5 @@
 """bench/mux_speed: the PSNR against scikit-image's, and the mux goal's entry read from a record (met, missed,
-refused on a non-finite time)."""
+refused on a non-finite time); bench/post_decode's entry of the same goal (the streamed request's mux stage)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench" / "mux_speed"))
 
 import mux_speed  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench" / "post_decode"))
+import post_decode  # noqa: E402
 
 RECORD = ROOT / "bench" / "mux_speed" / "results" / "mux_speed_h100_s24.json"
 
@@ -56,3 +59,26 @@ def test_goal_entry_met_from_a_shipped_row_and_refuses_nan():
     rows[0]["mux_s"] = math.nan
     with pytest.raises(ValueError, match="not a time"):
         mux_speed.goal_entry({"rows": rows, "card": "X"}, "p.json")
+
+
+def test_post_decode_goal_entry_is_the_streamed_mux_stage_against_the_serial_path():
+    record = json.loads((ROOT / "bench/post_decode/results/post_decode_cuda_15x768x1344_h100-s25.json").read_text())
+    name, entry = post_decode.goal_entry(record, "r.json")
+    on = sorted(r["mux_save_s"] for r in record["requests"] if r["warm"] and r["stream"])
+    off = sorted(r["mux_save_s"] for r in record["requests"] if r["warm"] and not r["stream"])
+    assert entry["measured"] == round(float(np.median(on)), 3)
+    assert entry["ratio_to_stock"] == round(float(np.median(off)) / float(np.median(on)), 3)
+    assert entry["met"] is (entry["measured"] <= 2.0) and record["card"] in name
+    assert f"over {len(on)} warm streamed requests" in entry["measured_as"]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0, 0.0])
+def test_post_decode_goal_entry_refuses_a_time_that_is_not_one(bad):
+    record = json.loads((ROOT / "bench/post_decode/results/post_decode_cuda_15x768x1344_h100-s25.json").read_text())
+    record["summary"]["on"]["mux_save_s_p50"] = bad
+    with pytest.raises(ValueError, match="not a time"):
+        post_decode.goal_entry(record, "r.json")
+    record["summary"]["on"]["mux_save_s_p50"] = 0.4
+    record["shape"] = "5x544x960"
+    with pytest.raises(ValueError, match="not a 15x768x1344 record"):
+        post_decode.goal_entry(record, "r.json")
