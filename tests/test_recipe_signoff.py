@@ -150,3 +150,50 @@ def test_pool_recipes_plants_only_in_plant_pools():
     # the run baseline (order[0]) stays even when it is no correct recipe of its own
     assert rs.pool_recipes(["turbo4-tiny", "lora-16x"], 1, {0}) == ["turbo4-tiny"]
     assert rs.pool_recipes(["baseline", "lora-16x", "identity"], 1, set()) == ["baseline", "identity"]
+
+
+def test_pools_have_8_seeds_a_prompt_and_the_tuning_pool_is_disjoint_from_the_held_out_ones():
+    """Issue 50's study design: 4 prompts x 8 seeds a pool (a 16-pair run draws 4 of 8 without replacement), pools
+    disjoint in prompts and seeds, and a tuning pool apart from the held-out pools 0-2."""
+    prompts = {p: set(range(first, first + 4)) for p, (first, _) in rs.POOLS.items()}
+    seeds = {p: set(s) for p, (_, s) in rs.POOLS.items()}
+    assert all(len(s) == 8 for s in seeds.values())
+    for a in rs.POOLS:
+        for b in rs.POOLS:
+            if a < b:
+                assert not prompts[a] & prompts[b] and not seeds[a] & seeds[b], (a, b)
+    assert rs.TUNING_POOL in rs.POOLS and rs.TUNING_POOL not in (0, 1, 2)
+    # the first chunk keeps the 4-seed pools' folders (their cached clips), the second its own
+    assert rs.chunks(0) == [("", [0, 1, 2, 3]), ("+s4", [4, 5, 6, 7])]
+    pool = {f"p{i}": sorted(rs.POOLS[0][1]) for i in range(4)}
+    run = rs.form_run(pool, np.random.default_rng(3))
+    for pid in pool:
+        drawn = [seed for p, _, seed in run if p == pid]
+        assert len(drawn) == 4 and len(set(drawn)) == 4
+
+
+def test_tune_margins_regression_rule_matches_a_float64_loop():
+    """The tuning simulation's regression rule against a direct computation: scipy's one-sided Wilcoxon (exact, no
+    ties), Holm by hand, and the mean worsening against min_shift x floor."""
+    import scipy.stats
+
+    spec_tm = importlib.util.spec_from_file_location("tune_margins", ROOT / "bench" / "recipe_signoff" / "tune_margins.py")
+    tm = importlib.util.module_from_spec(spec_tm)
+    spec_tm.loader.exec_module(tm)
+
+    dims = {"reference_free.a": {"higher_is_better": True, "margin": {"fraction_of_floor": 1.5},
+                                 "regression": {"alpha": 0.01, "min_shift": {"fraction_of_floor": 0.1}}},
+            "reference_free.b": {"higher_is_better": False, "margin": {"fraction_of_floor": 1.5},
+                                 "regression": {"alpha": 0.01, "min_shift": {"fraction_of_floor": 0.1}}}}
+    rng = np.random.default_rng(4)
+    w = np.column_stack([rng.normal(0.5, 0.3, 16), rng.normal(0.0, 0.3, 16)])  # worse on a, benign on b
+    floor = np.array([1.0, 1.0])
+    p = [scipy.stats.wilcoxon(w[:, i], alternative="greater", method="exact").pvalue for i in range(2)]
+    order = np.argsort(p)
+    holm = np.empty(2)
+    holm[order] = np.minimum(np.maximum.accumulate([(2 - k) * p[j] for k, j in enumerate(order)]), 1)
+    mean = w.mean(axis=0)
+    for m in (0.1, 0.4, 0.6, 1.0):
+        expect = bool(any(holm[i] <= 0.01 and mean[i] >= m * floor[i] for i in range(2)))
+        assert tm.run_fails(w, floor, dims, m) == (bool((mean >= 1.5).any()), expect), m
+    assert tm.run_fails(w, floor, dims, 0.1)[1] and not tm.run_fails(w, floor, dims, 1.0)[1]
