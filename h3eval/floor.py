@@ -212,3 +212,26 @@ def newseed_floor_from_run(
                     seeds=list(manifest.seeds), pairs_per_metric=counts, determinism=determinism or {},
                     gates=list(gates), gate_errors=len(summary.errors))
         return {"metrics": metrics, "counts": counts, "gate_errors": summary.errors}
+
+
+def parent_floors_from_run(
+    run: str | Path, policy, device: str = "cpu", gate_options: dict[str, Any] | None = None, progress: bool = True,
+    skip_gates: tuple[str, ...] = (),
+) -> dict[str, dict[str, Any]]:
+    """The new-seed floor of every recipe a rung of ``run`` is judged against as its parent under ``policy`` (other
+    than the baseline), from the run's own clips of it (each against the same prompt's next seed, no generation):
+    written to ``<run>/floors/<parent>/floor.json`` (:func:`h3eval.verdict.lineage.recipe_floor_path`), where the
+    verdict reads the floor-relative thresholds of every comparison against that parent. The gates measured are the
+    floor gates of the kinds its children are judged by, less ``skip_gates``. Returns parent -> its floor's content."""
+    from h3eval.verdict.lineage import parents_judged, recipe_floor_path
+
+    store = RunStore(run)
+    manifest = store.read_manifest()
+    out = {}
+    for parent, kinds in sorted(parents_judged(policy, manifest).items()):
+        gates = [g for g in policy.floor_gates(sorted(k for k in kinds if k)) if g not in skip_gates]
+        if not gates:
+            continue
+        out[parent] = newseed_floor_from_run(run, parent, recipe_floor_path(store, parent).parent, gates=gates,
+                                             device=device, gate_options=gate_options, progress=progress)
+    return out

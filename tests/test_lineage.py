@@ -322,3 +322,79 @@ def test_each_candidate_states_the_smallest_regression_its_run_could_detect(tmp_
     assert row["mde"] == pytest.approx(expected, rel=1e-9) and row["margin"] == 0.01 and row["n_pairs"] == 16
     assert row["resolves"] is (expected <= 0.01)
     assert "Smallest regression this run could detect at its size (16 pairs" in render_markdown(verdict)
+
+
+def test_a_rung_against_its_parent_reads_the_parents_own_new_seed_floor(tmp_path, monkeypatch):
+    """Issue 50: a near rung's floor-relative bounds are its parent's new-seed floor (the parent's clips against the
+    same prompt's next seed), measured from the run by h3eval.floor.parent_floors_from_run; without it, the run's
+    (baseline's) floor, with a warning. The gate computation is planted (stand-in clips); the floor's value is checked
+    against a float64 mean of the planted new-seed pairs."""
+    import numpy as np
+
+    from h3.atomic import atomic_write_json
+    from h3eval import gaterun
+    from h3eval.floor import parent_floors_from_run
+    from h3eval.policy import load_policy, write_floor
+    from h3eval.store import RunStore
+    from h3eval.verdict import compute_verdict
+    from h3eval.verdict.lineage import recipe_floor_path
+    from verdict_fixtures import make_run
+
+    store = make_run(tmp_path / "run", candidates=("turbo", "sparse"), n_prompts=4, seeds=(0, 1, 2, 3))
+    m = store.read_manifest()
+    turbo = {**_resolved("turbo4-tiny"), "name": "turbo"}
+    m.recipes = {"baseline": {**_resolved("baseline"), "name": "baseline"}, "turbo": turbo,
+                 "sparse": {**turbo, "name": "sparse", "parent": "turbo", "sparse_attention": {
+                     **turbo["sparse_attention"], "enabled": True, "block_size": 32, "sparsity": 0.5}}}
+    RunStore(store.root).write_manifest(m)
+    _clean(store)
+    policy_file = tmp_path / "lineage.toml"
+    policy_file.write_text(LINEAGE_POLICY.replace("max = 0.05", "max = {fraction_of_floor = 0.1}"))
+    loaded = load_policy(policy_file)
+    base_floor = write_floor(tmp_path / "floor.json", {"fidelity.lpips_mean": 0.05}, recipe="baseline").path
+
+    planted = {}
+
+    def fake_run_gates(run, gates, **kwargs):
+        """fidelity of turbo's clip of seed s+1 filed under seed s (the new-seed view), a value per pair."""
+        from gates.base import GateResult, Metric, PairRef
+
+        floor_store = RunStore(run)
+        fm = floor_store.read_manifest()
+        assert gates == ["fidelity"] and fm.baseline == "turbo" and fm.candidates == ["turbo-newseed"]
+        rng = np.random.default_rng(11)
+        for pid in fm.prompts.ids:
+            for seed in fm.seeds:
+                record = floor_store.read_record("turbo-newseed", pid, seed)
+                assert record.extra["floor_source_seed"] == (seed + 1) % 4
+                value = float(rng.uniform(0.2, 0.4))
+                planted[(pid, seed)] = value
+                result = GateResult(gate="fidelity", pair=PairRef(baseline="turbo", candidate="turbo-newseed",
+                                                                   prompt_id=pid, seed=seed),
+                                    metrics={"lpips_mean": Metric(value=value, higher_is_better=False)})
+                path = floor_store.gate_result_dir("fidelity", "turbo-newseed") / f"{pid}-s{seed}.json"
+                atomic_write_json(path, result.model_dump(mode="json"))
+        return type("Summary", (), {"errors": []})()
+
+    # without the parent's floor: the baseline's (0.1 x 0.05), said in a warning; the rung's LPIPS ~0.0115 FAILs it
+    sparse = {c.candidate: c for c in compute_verdict(store.root, loaded, floor_path=base_floor).candidates}["sparse"]
+    lpips = next(mv for g in sparse.gates if g.gate == "fidelity" for mv in g.metrics if mv.metric == "lpips_mean")
+    assert abs(lpips.threshold - 0.1 * 0.05) < 1e-15 and lpips.outcome == "FAIL"
+    assert any("no new-seed floor of the parent 'turbo'" in w for w in sparse.warnings), sparse.warnings
+
+    monkeypatch.setattr(gaterun, "run_gates", fake_run_gates)
+    got = parent_floors_from_run(store.root, loaded.policy, progress=False)
+    expected = float(np.mean(np.abs(np.array(list(planted.values()), dtype=np.float64))))
+    assert set(got) == {"turbo"} and len(planted) == 16
+    assert abs(got["turbo"]["metrics"]["fidelity.lpips_mean"] - expected) < 1e-12
+    assert recipe_floor_path(store, "turbo").is_file()
+
+    verdict = compute_verdict(store.root, loaded, floor_path=base_floor)
+    by = {c.candidate: c for c in verdict.candidates}
+    lpips = next(mv for g in by["sparse"].gates if g.gate == "fidelity" for mv in g.metrics
+                 if mv.metric == "lpips_mean")
+    assert abs(lpips.threshold - 0.1 * expected) < 1e-12 and lpips.outcome == "PASS", lpips
+    assert by["sparse"].floor.path == str(recipe_floor_path(store, "turbo"))
+    assert not any("no new-seed floor" in w for w in by["sparse"].warnings)
+    # the ladder top against the baseline and turbo itself keep the run's floor
+    assert by["sparse"].against_baseline.floor.path == str(base_floor) and by["turbo"].floor.path == str(base_floor)

@@ -51,7 +51,8 @@ from h3eval.verdict.decide import (apply_waiver, candidate_outcome, combine, dec
                                    waiver_for)
 from h3eval.verdict.gather import (gather_metric, gather_speed, input_hashes, load_results, registered_gate_classes,
                                    versions)
-from h3eval.verdict.lineage import Judgement, changed_levers, judgements, ladder_of, parent_in_run, result_dir
+from h3eval.verdict.lineage import (Judgement, changed_levers, judgements, ladder_of, parent_in_run, recipe_floor_path,
+                                    result_dir)
 from h3eval.verdict.schema import (EXIT_CODES, EXIT_USAGE, VERDICT_SCHEMA, VERDICT_VERSION, WORST_SHOWN,
                                    CandidateVerdict, ClipHashes, FileHash, GateVerdict, InputHashes, LadderRung,
                                    MetricVerdict, Outcome, PairValue, Settings, SpeedPair, SpeedVerdict, Verdict,
@@ -95,6 +96,10 @@ def _judge_candidate(store: RunStore, manifest: RunManifest, candidate: str, loa
     found = judgements(loaded.policy, manifest, candidate)
     verdicts = [_judge_against(store, manifest, candidate, j, loaded, classes, present, expected, floor, settings,
                                gate_hashes) for j in found]
+    for verdict in verdicts:
+        if verdict.floor is not None and verdict.floor.path != str(floor.path if floor else None):
+            # the parent's own floor: its hash joins the inputs the verdict was computed from
+            gate_hashes[f"floor of {verdict.judged_against}"] = verdict.floor.sha256
     main = verdicts[0]
     main.executed_flags = run_executed_flags(store, manifest, candidate)
     if len(verdicts) > 1:
@@ -117,6 +122,9 @@ def _judge_against(store: RunStore, manifest: RunManifest, candidate: str, judge
     reference = judgement.reference
     gates = policy.gates_for(kind)
     cand_warnings: list[str] = list(judgement.warnings)
+    floor, floor_warning = floor_against(store, manifest, reference, floor)
+    if floor_warning and any(_floor_relative(gp) for gp in gates.values()):
+        cand_warnings.append(floor_warning)
     if kind is not None and len(expected) < policy.judges[kind].warn_below_pairs:
         cand_warnings.append(
             f"only {len(expected)} pairs (prompts x seeds): under {policy.judges[kind].warn_below_pairs} a paired "
@@ -180,7 +188,42 @@ def _judge_against(store: RunStore, manifest: RunManifest, candidate: str, judge
                             reasons=reasons, warnings=cand_warnings, gates=gate_verdicts, speed=speed,
                             judged_against=None if reference == manifest.baseline else reference,
                             judge_source=judgement.source if policy.judges else None,
-                            lever_differences=judgement.differences, detectable=detectable(gate_verdicts))
+                            lever_differences=judgement.differences, detectable=detectable(gate_verdicts),
+                            floor=FileHash(path=str(floor.path), sha256=floor.sha256) if floor else None)
+
+
+def floor_against(store: RunStore, manifest: RunManifest, reference: str,
+                  floor: NoiseFloor | None) -> tuple[NoiseFloor | None, str | None]:
+    """The floor a comparison against ``reference`` reads its floor-relative thresholds against, and a warning when
+    it falls back: against the baseline the run's floor (``floor``); against a parent the parent's own new-seed floor
+    (:func:`h3eval.verdict.lineage.recipe_floor_path`: the parent's clips against the same prompt's next seed), else
+    the run's floor, said in a warning (a 4-step parent's seeds differ by another amount than the baseline's: the
+    INT8 rung over turbo4-tiny failed audio.stft_distance's bound of 0.1 x the 29-step baseline's floor in 600 of 600
+    runs of bench/recipe_signoff)."""
+    if reference == manifest.baseline:
+        return floor, None
+    path = recipe_floor_path(store, reference)
+    if path.is_file():
+        return load_floor(path), None
+    return floor, (f"no new-seed floor of the parent {reference!r} in this run ({store.relative(path)}): its "
+                   f"floor-relative thresholds are read against {'the run floor' if floor else 'no floor'} instead "
+                   f"(`h3eval floor --from-run RUN --recipe {reference} --out RUN/floors/{reference}` measures it)")
+
+
+def _floor_relative(gp) -> bool:
+    """Whether a gate's policy states any threshold against the floor."""
+    from h3eval.thresholds import FloorFraction
+
+    def rel(spec) -> bool:
+        return isinstance(spec, FloorFraction)
+
+    for mp in gp.metrics.values():
+        specs = [getattr(mp, name, None) for name in ("max", "min", "margin", "pair_limit")]
+        if mp.regression is not None:
+            specs.append(mp.regression.min_shift)
+        if any(rel(x) for x in specs):
+            return True
+    return False
 
 
 def detectable(gate_verdicts: list[GateVerdict]) -> list[dict]:

@@ -24,6 +24,29 @@ from h3eval.store import RunManifest, RunStore, check_safe_name
 
 REFERENCE_PREFIX = "vs-"
 """Folder (inside a candidate's gate results) of its results against a reference other than the baseline."""
+FLOORS_DIR = "floors"
+"""Folder of a run that holds the new-seed floors of its own recipes other than the baseline (a rung's parent):
+``<run>/floors/<recipe>/``, a floor run over that recipe's clips (``h3eval floor --from-run RUN --recipe R --out
+RUN/floors/R``, or :func:`h3eval.floor.parent_floors_from_run`)."""
+
+
+def recipe_floor_path(store: RunStore, recipe: str) -> Path:
+    """The floor file of ``recipe``'s own new-seed floor in the run (each of its clips against the same prompt's next
+    seed): a rung judged against ``recipe`` as its parent has its floor-relative bounds read against it, not against
+    the baseline's floor (a 4-step parent's clips differ between seeds by another amount than the 29-step
+    baseline's)."""
+    return store.root / FLOORS_DIR / check_safe_name("recipe name", recipe) / "floor.json"
+
+
+def parents_judged(policy, manifest: RunManifest) -> dict[str, set[str | None]]:
+    """Parent (other than the baseline) -> the kinds its children are judged by against it under ``policy``: the
+    recipes whose own floor the verdict reads."""
+    out: dict[str, set[str | None]] = {}
+    for candidate in manifest.candidates:
+        for judgement in judgements(policy, manifest, candidate):
+            if judgement.reference != manifest.baseline:
+                out.setdefault(judgement.reference, set()).add(judgement.kind)
+    return out
 
 
 def result_dir(store: RunStore, gate: str, candidate: str, reference: str, baseline: str | None) -> Path:

@@ -180,6 +180,9 @@ class CandidateVerdict(_Model):
     """Per required metric with statistics: the smallest regression this run could detect at its size (``mde``: the
     true mean shift a one-sided paired t-test at the policy's alpha finds with the policy's ``power``, given the pairs'
     spread), beside the margin or threshold it is held against (``resolves``: mde <= margin)."""
+    floor: FileHash | None = None
+    """The noise-floor file its floor-relative thresholds were read against: against its parent, the parent's own
+    new-seed floor (``<run>/floors/<parent>/floor.json``) when the run has it; else the run's (the baseline's)."""
     executed_flags: list[str] = Field(default_factory=list)
     """Configured versus executed (:func:`h3eval.executed.run_executed_flags`): what ran as the recipe asked yet is a
     known recipe bug (a cache's hit count, a LoRA's effective scale more than 2x off, a partial ``lora.include``,
