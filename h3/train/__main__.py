@@ -7,6 +7,8 @@
     python -m h3.train pack --out runs/tiny-train --to state.pack    # the state for the next device call
     python -m h3.train unpack --out /tmp/run --from state.pack --continue video-vae   # ... and its resume
     python -m h3.train unpack --out /tmp/run --from h3/assets/tiny --continue dit    # continue the shipped checkpoint
+    python -m h3.train unpack --out /tmp/run --from h3/assets/tiny --continue dit:30000 --grow-dit num_layers=8
+                                    # ... its DiT grown to 8 blocks that compute its function (then --set dit_num_layers=8)
 
 pack / unpack (h3.train.travel): the stage states in a file small enough to travel with a device call, optimizer
 moments in bfloat16 by default; ``--continue STAGE[:STEPS]`` re-opens a stage that a budget ended and removes what
@@ -52,10 +54,11 @@ def _travel(args) -> int:
             stages = list(filter(None, args.continue_stages.split(",")))
             if args.source.is_dir():  # an exported checkpoint (h3/assets/tiny): weights and step counts, no moments
                 manifest = seed_from_checkpoint(args.source, args.out / "state", stages,
-                                                list(filter(None, args.fresh.split(","))))
+                                                list(filter(None, args.fresh.split(","))), args.grow_dit)
             else:
-                if args.fresh:
-                    raise PackError("--fresh needs --from CHECKPOINT_DIR (a state pack holds what it holds)")
+                if args.fresh or args.grow_dit:
+                    raise PackError(f"{'--fresh' if args.fresh else '--grow-dit'} needs --from CHECKPOINT_DIR (a "
+                                    "state pack holds what it holds)")
                 manifest = unpack_state(args.source, args.out / "state", stages)
     except PackError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -64,6 +67,11 @@ def _travel(args) -> int:
         for stage, info in manifest["stages"].items():
             print(f"{stage}: step {info['step']}/{info['total_steps']} (planned {info['planned_steps']}), seeded from "
                   f"{manifest['checkpoint']} (no optimizer moments)")
+        if "grown" in manifest:
+            grown = manifest["grown"]
+            print(f"dit: grown {grown['from']['num_layers']} -> {grown['to']['num_layers']} blocks (new "
+                  f"{', '.join(map(str, grown['new_blocks']))}, init {grown['init']}, {' and '.join(grown['zeroed'])} "
+                  f"zero: the checkpoint's function); train it with --set dit_num_layers={grown['to']['num_layers']}")
         if manifest["dropped"]:
             print("dropped (they depend on a continued stage): " + ", ".join(manifest["dropped"]))
         return 0
@@ -107,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="unpack --from CHECKPOINT_DIR: leave the DiT unseeded, so that the next run trains one "
                              "from its initial weights on the checkpoint's VAEs (e.g. wider: "
                              "--set dit_hidden_size=...)")
+    parser.add_argument("--grow-dit", default="", metavar="num_layers=N[,init=copy|fresh]",
+                        help="unpack --from CHECKPOINT_DIR --continue dit[:STEPS]: seed the DiT as the checkpoint's "
+                             "grown to N blocks, the new ones zero in their output projections, so that it computes "
+                             "the checkpoint's function at the start (h3.train.grow); train it with "
+                             "--set dit_num_layers=N")
     parser.add_argument("--continue", dest="continue_stages", default="", metavar="STAGE[:STEPS],...",
                         help="unpack: re-open these budget-ended stages (video-vae, audio-vae, video-decoder, "
                              "audio-decoder, dit, distill)")

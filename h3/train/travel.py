@@ -341,7 +341,7 @@ def _checkpoint_record(ckpt: Path, state_dir: Path) -> dict:
     return record
 
 
-def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=()) -> dict:
+def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=(), grow: str = "") -> dict:
     """Training state rebuilt from an exported checkpoint (the one shipped in h3/assets/tiny), for a run that
     continues it when the state pack it was exported from is gone: a pack lives outside git (it is 35 MB, and the
     repository travels with every device call), so a new session has only what the repository ships.
@@ -362,7 +362,12 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=
     continuation bit for bit; each state says so in ``seeded_from``, and the next training record lists it.
 
     ``fresh`` (:data:`FRESH_STAGES`): stages not seeded at all; the next ``all`` trains them from their initial
-    weights (and, for the DiT, from a pool normalized with fresh latent statistics)."""
+    weights (and, for the DiT, from a pool normalized with fresh latent statistics).
+
+    ``grow`` (``"num_layers=8"``, :func:`h3.train.grow.parse_grow`): the DiT seeded as the shipped one grown to more
+    blocks that compute its function exactly (:mod:`h3.train.grow`), weights and EMA alike, with the checkpoint's
+    latent statistics (its pool must be normalized as the shipped DiT's was); it needs ``continue_stages`` to re-open
+    the DiT, and the run that trains it ``--set dit_num_layers=N``. Its ``seeded_from`` says what grew into what."""
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Transformer3DModel
     from safetensors.torch import load_file
 
@@ -379,6 +384,16 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=
                         "unseeded")
     if both := sorted({stage.replace("-", "_") for stage, _ in wanted} & set(fresh)):
         raise PackError(f"{', '.join(both)}: both continued and fresh; choose one")
+    shipped_config = shipped_transformer_config(ckpt)
+    if grow:
+        from h3.train.grow import parse_grow
+
+        growth = parse_grow(grow, shipped_config["num_layers"])  # bad input is refused before anything is read
+        if "dit" in fresh:
+            raise PackError("--grow-dit with --fresh dit: a fresh DiT has nothing to grow; choose one")
+        if "dit" not in {stage for stage, _ in wanted}:
+            raise PackError("--grow-dit needs --continue dit[:STEPS]: a grown DiT that does not train is the shipped "
+                            "one with blocks that add nothing")
 
     def weights(stage: str, model) -> dict:
         try:
@@ -408,10 +423,15 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=
         narrow = AutoencoderKLMiniMaxH3(**VAE_CONFIG)
         audio = weights("audio_vae", AutoencoderKLMiniMaxH3Audio(**AUDIO_VAE_CONFIG))
         # the checkpoint's own DiT shape (a run may have widened it); the continuing run must ask for the same one
-        dit = None if "dit" in fresh else weights("dit",
-                                                  MiniMaxH3Transformer3DModel(**shipped_transformer_config(ckpt)))
+        dit = None if "dit" in fresh else weights("dit", MiniMaxH3Transformer3DModel(**shipped_config))
     finally:
         torch.random.set_rng_state(rng)
+    grown = None
+    if grow:
+        from h3.train.grow import grow_dit
+
+        dit, grown_config, grown = grow_dit(dit, shipped_config, growth["num_layers"], growth["init"])
+        MiniMaxH3Transformer3DModel(**grown_config).load_state_dict(dit, strict=True)  # the grown shape, whole
     narrow_state = narrow.state_dict()
     narrow_state.update({k: v for k, v in wide.items() if k.startswith(ENCODER_SIDE)})
     states = {
@@ -420,9 +440,15 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=
         "audio_vae": {**base("audio_vae"), "model": audio},
     }
     if dit is not None:
+        stats = _checkpoint_latent_stats(ckpt)
+        if grown is not None and stats is None:
+            raise PackError(f"{ckpt}: its VAE configs keep no latents_mean / latents_std; a grown DiT continues the "
+                            "shipped function only on latents normalized as it was trained")
         states["dit"] = {**base("dit"), "model": dit,
                          "ema": {k: v.clone() for k, v in dit.items() if v.is_floating_point()},
-                         **({"latent_stats": stats} if (stats := _checkpoint_latent_stats(ckpt)) else {})}
+                         **({"latent_stats": stats} if stats else {})}
+        if grown is not None:
+            states["dit"]["seeded_from"]["grown"] = grown
     if "audio_decoder" in stages_info:
         states["audio_decoder"] = {**base("audio_decoder"), "model": {k: v.clone() for k, v in audio.items()}}
     for stage, _ in wanted:
@@ -434,4 +460,5 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=
     for stage, steps in wanted:
         dropped += reopen_stage(state_dir, stage, steps)
     return {"stages": {k: {"step": v["step"], "total_steps": v["total_steps"], "planned_steps": v["planned_steps"]}
-                       for k, v in states.items()}, "dropped": dropped, "checkpoint": str(ckpt)}
+                       for k, v in states.items()}, "dropped": dropped, "checkpoint": str(ckpt),
+            **({"grown": grown} if grown is not None else {})}
