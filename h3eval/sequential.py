@@ -89,10 +89,12 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
                    design: str = "obrien-fleming", policy: str = "release", floor=None,
                    gate_options: dict[str, Any] | None = None, gate_device: str = "cpu", off_identity: bool = False,
                    progress: bool = True, echo=None, **ab_kwargs) -> dict[str, Any]:
-    """``h3eval ab --sequential``: generate pairs in rounds (the design's looks), gate and judge after each round,
-    stop each candidate whose verdict is decided, write ``sequential.json`` (atomically, after every look) and, at
-    the end, ``verdict.json`` holding each candidate's verdict at the look it stopped. A killed run resumes at its
-    round. Returns the record."""
+    """``h3eval ab --sequential``: generate pairs in rounds (the design's looks), gate and judge after each round
+    (each comparison only with the gates its judgement needs: :func:`h3eval.verdict.lineage.pairing_gates`, so a
+    ladder's top runs its near gates against its parent and its resample gates against the baseline, not both sets
+    against both), stop each candidate whose verdict is decided, write ``sequential.json`` (atomically, after every
+    look) and, at the end, ``verdict.json`` holding each candidate's verdict at the look it stopped. A killed run
+    resumes at its round. Returns the record."""
     from pathlib import Path
 
     from h3.atomic import atomic_write_json
@@ -104,6 +106,7 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
     from h3eval.prompts import load_prompts
     from h3eval.store import RunStore, utc_now
     from h3eval.verdict import compute_verdict
+    from h3eval.verdict.lineage import pairing_gates
 
     say = echo or (lambda line: None)
     out = Path(out)
@@ -153,6 +156,7 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
                          for k in range(len(pairs))]
         options = dict(gate_options if gate_options is not None else _default_gate_options())
         last_verdict = None
+        warmed: set[str] = set()  # recipes that generated in this process: warm for the rounds after (round_warmups)
         for k, n in enumerate(pairs):
             if k < len(state["rounds"]):
                 continue  # this look was judged before the kill
@@ -162,16 +166,20 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
             look_seed_list = look_seeds(seeds, n_prompts, n)
             say(f"look {k + 1} of {len(pairs)}: {n} pairs (seeds {look_seed_list}), candidates {', '.join(active)}")
             _prepare_round(store, base, given, active, look_seed_list)
+            generating = _round_generating(store, base, given, active, look_seed_list, suite.ids)
             run_ab_from_args(baseline=baseline, candidates=[given[c] for c in active if given[c] is not None],
                              prompts=prompts, out=out, seeds=",".join(str(s) for s in look_seed_list),
-                             off_identity=any(given[c] is None for c in active), progress=progress, **ab_kwargs)
+                             off_identity=any(given[c] is None for c in active), progress=progress,
+                             **{**ab_kwargs, **round_warmups(ab_kwargs, warmed, generating)})
+            warmed.update(generating)
             manifest = store.read_manifest()
             if manifest.status != "complete":
                 raise SequentialError(f"round {k + 1} of {out} ended {manifest.status}: rerun to resume it")
             plan = plan_gates(out, policy, options)
+            needed = pairing_gates(loaded.policy, manifest)  # a ladder's top: near gates against its parent only
             for gate_names, cands in plan.groups:
                 run_gates(out, gate_names, device=gate_device, options=group_options(gate_names, plan.options),
-                          progress=progress, candidates=cands)
+                          progress=progress, candidates=cands, pairing_gates=needed)
             verdict = compute_verdict(out, look_policies[k], floor_path=floor_path)
             last_verdict = verdict
             _record_look(state, verdict, k, len(pairs), n, look_seed_list, active, look_policies[k].policy.confidence,
@@ -187,6 +195,40 @@ def _default_gate_options() -> dict[str, Any]:
     from h3eval.demo import lpips_trunk
 
     return {"fidelity.lpips_trunk": lpips_trunk()}
+
+
+def round_warmups(ab_kwargs: dict[str, Any], warmed: set[str], generating: list[str]) -> dict[str, Any]:
+    """The warm-up arguments of a round's ``h3eval ab`` session: each recipe is warmed up once per process, in the
+    first round that generates it here, not in every round. ``h3eval ab`` warms a recipe before its first timed request
+    of a session (its first request after a load pays one-off costs: the shared model's LoRA set-up, flex attention's
+    compile); after a round has generated it in this process a later round's first request is as warm as a session's
+    second. Measured on the demo (Intel 2-core VM, bench/demo_time/results/2026-12-06-GenuineIntel-ladder-quiet.log):
+    look 1's warm-ups took 2.3 s (baseline) and 2.3 s (the sparse rung) against 1.4-1.8 s for their timed requests,
+    looks 2's and 3's what their timed requests took (baseline 1.8 and 1.7 s against 1.4-2.0 s, turbo4-tiny 1.2 and
+    1.0 s against 0.8-1.2 s): five of the demo's nine warm-up requests bought nothing. A resumed run's first round is
+    its process's first, so it warms every recipe it generates again.
+
+    ``generating``: the recipes that have clips to make this round; ``warmed``: those that generated earlier in this
+    process. Returns the arguments that replace ``warmup``/``warmup_recipes`` (nothing when ``warmup`` is 0)."""
+    if int(ab_kwargs.get("warmup", 1)) == 0:
+        return {}
+    allowed = ab_kwargs.get("warmup_recipes")
+    todo = [r for r in generating if r not in warmed and (not allowed or r in allowed)]
+    return {"warmup_recipes": todo} if todo else {"warmup": 0, "warmup_recipes": None}
+
+
+def _round_generating(store, base, given: dict[str, Any], active: list[str], seeds: list[int],
+                      prompt_ids) -> list[str]:
+    """The recipes of a round (the baseline, the active candidates and the parents their ladder needs) that have a
+    quality clip of the round's seeds still to make."""
+    from h3.recipe import load_recipe
+    from h3eval.ab import identity_recipe, ladder_recipes
+
+    recipes = [base] + ladder_recipes(base, [load_recipe(given[c]) for c in active if given[c] is not None])
+    if any(given[c] is None for c in active):
+        recipes.append(identity_recipe(base))
+    return [r.name for r in recipes
+            if any(store.read_record(r.name, pid, seed) is None for pid in prompt_ids for seed in seeds)]
 
 
 def _prepare_round(store, base, given: dict[str, Any], active: list[str], seeds: list[int]) -> None:

@@ -110,6 +110,21 @@ def test_stop_decision():
     assert Q.stop_decision("FAIL", 3, 4, decidable=False)[0]
 
 
+def test_round_warmups_warm_each_recipe_once_per_process():
+    """A recipe generated in an earlier round of this process is not warmed again; one new in this round is; the
+    caller's ``warmup_recipes`` still restricts which recipes are ever warmed; ``warmup = 0`` stays off."""
+    ab = {"warmup": 1}
+    assert Q.round_warmups(ab, set(), ["base", "a", "b"]) == {"warmup_recipes": ["base", "a", "b"]}
+    assert Q.round_warmups(ab, {"base", "a", "b"}, ["base", "a"]) == {"warmup": 0, "warmup_recipes": None}
+    assert Q.round_warmups(ab, {"base", "a"}, ["base", "a", "c"]) == {"warmup_recipes": ["c"]}
+    assert Q.round_warmups({"warmup": 2, "warmup_recipes": ["a", "c"]}, {"a"}, ["base", "a", "c"]) == {
+        "warmup_recipes": ["c"]}
+    assert Q.round_warmups({"warmup": 1, "warmup_recipes": ["a"]}, set(), ["base"]) == {"warmup": 0,
+                                                                                     "warmup_recipes": None}
+    assert Q.round_warmups({"warmup": 0}, set(), ["base", "a"]) == {}
+    assert Q.round_warmups({}, set(), ["base"]) == {"warmup_recipes": ["base"]}  # h3eval ab's default: one warm-up
+
+
 def test_resolvable_looks():
     # Looks 4, 8, 16, 32 at alpha 0.025: O'Brien-Fleming's nominal levels 2.3e-10 and 7.4e-6 are below 2**-4 and
     # 2**-8 (and 1/1000); 0.0015 at 16 pairs is above 2**-16 and 1/1000. Pocock's 0.0049 at 4 pairs is below

@@ -122,3 +122,86 @@ def test_a_rerun_with_other_parameters_is_refused(tmp_path, setup):
         run_sequential(out=out, **setup)
     with pytest.raises(SequentialError, match="needs 2 seeds"):
         run_sequential(out=tmp_path / "other", **{**setup, "seeds": [5]})
+
+
+LADDER_POLICY = """\
+version = 1
+name = "laddertest"
+description = "sequential ladder test: integrity; resample: sharpness non-inferior within 0.5; near: STFT distance"
+confidence = 0.95
+min_pairs = 2
+n_resamples = 999
+
+[gates.integrity]
+max_flagged = 0
+
+[judges.resample]
+why = "another sample"
+
+[judges.resample.gates.reference_free.metrics.sharpness]
+compare = "sides"
+direction = "higher_is_better"
+margin = 0.5
+
+[judges.near]
+why = "the same sample, nearly"
+
+[judges.near.gates.audio.metrics.stft_distance]
+direction = "lower_is_better"
+max = 10.0
+identical_value = 0.0
+"""
+
+
+def test_a_ladder_gates_each_comparison_with_its_judges_gates_and_warms_each_recipe_once(tmp_path, setup):
+    """A two-rung ladder signed off in two looks (2 and 3 pairs of one prompt): ``fast1`` (one step, declared resample) over the baseline and
+    ``fast1-vae`` (another VAE tile overlap: a near lever) over ``fast1``. Each comparison gets the gates of its
+    judgement under the policy (h3eval.verdict.lineage.pairing_gates, read from the policy file here): the near rung's
+    audio gate only against its parent, its reference_free gate only against the baseline (as the ladder's top).
+    Each recipe is warmed up once, in look 1, not again in look 2 (h3eval.sequential.round_warmups)."""
+    import tomllib
+
+    from h3eval.sequential import run_sequential
+    from h3eval.store import RunStore
+
+    fewer = {**FAST_RECIPE, "name": "fast1", "description": "one step", "steps": 1,
+             "signoff": {"kind": "resample", "reason": "fewer steps"}}
+    (tmp_path / "fast1.toml").write_text(toml_dumps(fewer))
+    child = {**fewer, "name": "fast1-vae", "description": "one step, another VAE tile overlap", "parent": "fast1",
+             "vae": {**FAST_RECIPE["vae"], "tile_overlap": 32}}
+    (tmp_path / "fast1-vae.toml").write_text(toml_dumps(child))
+    policy = tmp_path / "ladder.toml"
+    policy.write_text(LADDER_POLICY)
+    out = tmp_path / "ladder"
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "a cat"}\n')  # one prompt: looks of 2 and 3 pairs (seeds)
+    args = {**setup, "candidates": [str(tmp_path / "fast1.toml"), str(tmp_path / "fast1-vae.toml")],
+            "prompts": str(prompts), "max_pairs": 3, "looks": (2, 3), "off_identity": False, "policy": str(policy),
+            "warmup": 1}
+    state = run_sequential(out=out, **args)
+    assert [r["look"] for r in state["rounds"]] == [1, 2] and state["status"] == "complete", state["stopped"]
+
+    # The reference: each judgement's gates read from the policy file itself (shared table and the judge's).
+    data = tomllib.loads(LADDER_POLICY)
+    gates_of = {kind: set(data["gates"]) | set(data["judges"][kind]["gates"]) for kind in ("near", "resample")}
+    expected = {("fast", "fast1"): gates_of["resample"], ("fast1", "fast1-vae"): gates_of["near"],
+                ("fast", "fast1-vae"): gates_of["resample"]}
+    gates = out / "gates"
+    found: dict[tuple[str, str], set[str]] = {}
+    for path in gates.rglob("*.json"):
+        rel = path.relative_to(gates).parts  # gate/candidate/[vs-parent/]pair.json
+        reference = rel[2].removeprefix("vs-") if len(rel) == 4 else "fast"
+        found.setdefault((reference, rel[1]), set()).add(rel[0])
+    assert found == expected
+    # Every comparison has all its pairs: 1 prompt x 3 seeds (the second look) for each gate.
+    for (reference, candidate), names in expected.items():
+        for gate in names:
+            folder = gates / gate / candidate / (f"vs-{reference}" if reference != "fast" else "")
+            assert len(list(folder.glob("*.json"))) == 3, (gate, candidate, reference)
+
+    # Warm-ups: one per recipe, all in look 1's session (the process's first), none in look 2's.
+    warm = sorted(p.parent.name for p in (out / "warmup").rglob("*.mp4"))
+    assert warm == ["fast", "fast1", "fast1-vae"]
+    sessions = RunStore(out).read_manifest().extra["ab"]["sessions"]
+    assert len(sessions) == 2
+    assert {p.name.split("-w")[0] for p in (out / "warmup").rglob("*.mp4")} == {sessions[0]["id"]}
