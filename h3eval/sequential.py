@@ -200,9 +200,10 @@ def _default_gate_options() -> dict[str, Any]:
 def round_warmups(ab_kwargs: dict[str, Any], warmed: set[str], generating: list[str]) -> dict[str, Any]:
     """The warm-up arguments of a round's ``h3eval ab`` session: each recipe is warmed up once per process, in the
     first round that generates it here, not in every round. ``h3eval ab`` warms a recipe before its first timed request
-    of a session (its first request after a load pays one-off costs: the shared model's LoRA set-up, flex attention's
-    compile); after a round has generated it in this process a later round's first request is as warm as a session's
-    second. Measured on the demo (Intel 2-core VM, bench/demo_time/results/2026-12-06-GenuineIntel-ladder-quiet.log):
+    of a session, whose one-off costs are the process's (the sparse rung's flex attention is compiled twice a process:
+    3.8 s of the demo's one-thread profile, bench/demo_time/results/2026-12-06-GenuineIntel-s25-pairing-warmups.md);
+    after a round has generated it in this process a later round's first request is as warm as a session's second.
+    Measured on the demo (Intel 2-core VM, bench/demo_time/results/2026-12-06-GenuineIntel-ladder-quiet.log):
     look 1's warm-ups took 2.3 s (baseline) and 2.3 s (the sparse rung) against 1.4-1.8 s for their timed requests,
     looks 2's and 3's what their timed requests took (baseline 1.8 and 1.7 s against 1.4-2.0 s, turbo4-tiny 1.2 and
     1.0 s against 0.8-1.2 s): five of the demo's nine warm-up requests bought nothing. A resumed run's first round is
