@@ -152,6 +152,9 @@ class GatePlan:
     notes: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
     """The gate options to run with: the given ones, plus ``vbench.dimensions`` from the policy when not given."""
+    pairing: dict[tuple[str, str], set[str]] | None = None
+    """(reference, candidate) -> the gates that comparison's judgement needs (a ladder's top: near gates against its
+    parent, resample gates against the baseline); ``None`` (a policy without judges): every comparison, every gate."""
 
     @property
     def gates(self) -> list[str]:
@@ -192,6 +195,10 @@ def plan_gates(run_dir: str | Path, policy: str | Path, options: dict[str, Any] 
         if runnable:
             groups.setdefault(tuple(runnable), []).append(candidate)
     plan.groups = [(list(gates), candidates) for gates, candidates in groups.items()]
+    if loaded.policy.judges:
+        from h3eval.verdict.lineage import pairing_gates
+
+        plan.pairing = pairing_gates(loaded.policy, manifest)
     return plan
 
 

@@ -158,7 +158,8 @@ def test_a_ladder_gates_each_comparison_with_its_judges_gates_and_warms_each_rec
     ``fast1-vae`` (another VAE tile overlap: a near lever) over ``fast1``. Each comparison gets the gates of its
     judgement under the policy (h3eval.verdict.lineage.pairing_gates, read from the policy file here): the near rung's
     audio gate only against its parent, its reference_free gate only against the baseline (as the ladder's top).
-    Each recipe is warmed up once, in look 1, not again in look 2 (h3eval.sequential.round_warmups)."""
+    Each recipe is warmed up once, in look 1, not again in look 2 (h3eval.sequential.round_warmups). Then
+    ``h3eval gate --policy`` on the same run, its gates folder removed, gates the same comparisons the same way."""
     import tomllib
 
     from h3eval.sequential import run_sequential
@@ -205,3 +206,16 @@ def test_a_ladder_gates_each_comparison_with_its_judges_gates_and_warms_each_rec
     sessions = RunStore(out).read_manifest().extra["ab"]["sessions"]
     assert len(sessions) == 2
     assert {p.name.split("-w")[0] for p in (out / "warmup").rglob("*.mp4")} == {sessions[0]["id"]}
+
+    # `h3eval gate RUN --policy P` on the same run gates the same comparisons with the same gates (gateplan's pairing).
+    import shutil
+
+    from h3eval.commands.gate import gate_command
+
+    shutil.rmtree(gates)
+    assert gate_command(out, None, policy=str(policy), progress=False) == 0
+    again: dict[tuple[str, str], set[str]] = {}
+    for path in gates.rglob("*.json"):
+        rel = path.relative_to(gates).parts
+        again.setdefault((rel[2].removeprefix("vs-") if len(rel) == 4 else "fast", rel[1]), set()).add(rel[0])
+    assert again == expected

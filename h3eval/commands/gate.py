@@ -54,8 +54,10 @@ def gate_command(
                 typer.echo(blocked.line())
             runs = [(gate_names, candidates, group_options(gate_names, plan.options))
                     for gate_names, candidates in plan.groups]
+            pairing = plan.pairing  # each comparison with its judgement's gates only
             closing = next_after_gate(run_dir, policy, plan.loaded)
         else:
+            pairing = None
             runs = [([name.strip() for name in gates.split(",") if name.strip()], None, parsed)]
             closing = f"next: h3eval verdict {run_dir} --policy release --write (or h3eval gate {run_dir} --policy " \
                       "release: the gates that policy needs)"
@@ -64,7 +66,8 @@ def gate_command(
             if candidates is not None:
                 typer.echo(f"{', '.join(candidates)}: {', '.join(gate_names)}")
             summaries.append((run_gates(run_dir, gate_names, device=device, options=group, force=force,
-                                        progress=progress, candidates=candidates), candidates))
+                                        progress=progress, candidates=candidates, pairing_gates=pairing),
+                              candidates))
     except UnknownGateError as exc:
         typer.echo(f"error: {exc.args[0] if exc.args else exc}", err=True)
         return EXIT_INPUT_ERROR
