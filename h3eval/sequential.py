@@ -89,12 +89,10 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
                    design: str = "obrien-fleming", policy: str = "release", floor=None,
                    gate_options: dict[str, Any] | None = None, gate_device: str = "cpu", off_identity: bool = False,
                    progress: bool = True, echo=None, **ab_kwargs) -> dict[str, Any]:
-    """``h3eval ab --sequential``: generate pairs in rounds (the design's looks), gate and judge after each round
-    (each comparison only with the gates its judgement needs: :func:`h3eval.verdict.lineage.pairing_gates`, so a
-    ladder's top runs its near gates against its parent and its resample gates against the baseline, not both sets
-    against both), stop each candidate whose verdict is decided, write ``sequential.json`` (atomically, after every
-    look) and, at the end, ``verdict.json`` holding each candidate's verdict at the look it stopped. A killed run
-    resumes at its round. Returns the record."""
+    """``h3eval ab --sequential``: generate pairs in rounds (the design's looks), gate each comparison with its
+    judgement's gates (:func:`h3eval.verdict.lineage.pairing_gates`) and judge after each round, stop each decided
+    candidate, write ``sequential.json`` (atomically, after every look) and, at the end, ``verdict.json`` with each
+    candidate's verdict at the look it stopped. A killed run resumes at its round. Returns the record."""
     from pathlib import Path
 
     from h3.atomic import atomic_write_json
@@ -106,7 +104,6 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
     from h3eval.prompts import load_prompts
     from h3eval.store import RunStore, utc_now
     from h3eval.verdict import compute_verdict
-    from h3eval.verdict.lineage import pairing_gates
 
     say = echo or (lambda line: None)
     out = Path(out)
@@ -175,13 +172,11 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
             manifest = store.read_manifest()
             if manifest.status != "complete":
                 raise SequentialError(f"round {k + 1} of {out} ended {manifest.status}: rerun to resume it")
-            plan = plan_gates(out, policy, options)
-            needed = pairing_gates(loaded.policy, manifest)  # a ladder's top: near gates against its parent only
+            plan = plan_gates(out, policy, options)  # plan.pairing: a ladder's top runs near gates vs its parent only
             for gate_names, cands in plan.groups:
                 run_gates(out, gate_names, device=gate_device, options=group_options(gate_names, plan.options),
-                          progress=progress, candidates=cands, pairing_gates=needed)
-            verdict = compute_verdict(out, look_policies[k], floor_path=floor_path)
-            last_verdict = verdict
+                          progress=progress, candidates=cands, pairing_gates=plan.pairing)
+            last_verdict = verdict = compute_verdict(out, look_policies[k], floor_path=floor_path)
             _record_look(state, verdict, k, len(pairs), n, look_seed_list, active, look_policies[k].policy.confidence,
                          the_design, alpha_ni, loaded.policy, say,
                          lambda cand, against: _byte_identical(store, cand, against or base.name, suite.ids,

@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import torch
 
-from h3.train.travel import PackError
+
+class GrowError(ValueError):
+    """A growth that cannot be done as asked (bad input; h3.train.travel reports it as a PackError: the CLI exits 3)."""
+
 
 BLOCKS = "transformer_blocks."
 ZEROED = ("attn.to_out.0.", "ff.net.2.")
@@ -34,7 +37,7 @@ INITS = ("copy", "fresh")
 
 
 def parse_grow(spec: str, have_layers: int) -> dict:
-    """``"num_layers=8"`` or ``"num_layers=8,init=fresh"`` -> ``{"num_layers": 8, "init": "copy"}``; a PackError
+    """``"num_layers=8"`` or ``"num_layers=8,init=fresh"`` -> ``{"num_layers": 8, "init": "copy"}``; a GrowError
     naming the problem for an unknown key, a count that is not a whole number larger than ``have_layers``, or an
     unknown init."""
     out, seen = {"init": "copy"}, set()
@@ -42,25 +45,25 @@ def parse_grow(spec: str, have_layers: int) -> dict:
         key, eq, value = item.partition("=")
         key, value = key.strip(), value.strip()
         if not eq or key in seen:
-            raise PackError(f"--grow-dit {spec!r}: give KEY=VALUE items, each once (num_layers=N[,init=copy|fresh])")
+            raise GrowError(f"--grow-dit {spec!r}: give KEY=VALUE items, each once (num_layers=N[,init=copy|fresh])")
         seen.add(key)
         if key == "num_layers":
             if not value.isdigit():
-                raise PackError(f"--grow-dit {spec!r}: num_layers must be a whole number, got {value!r}")
+                raise GrowError(f"--grow-dit {spec!r}: num_layers must be a whole number, got {value!r}")
             out["num_layers"] = int(value)
         elif key == "init":
             if value not in INITS:
-                raise PackError(f"--grow-dit {spec!r}: init must be one of {', '.join(INITS)}, got {value!r}")
+                raise GrowError(f"--grow-dit {spec!r}: init must be one of {', '.join(INITS)}, got {value!r}")
             out["init"] = value
         elif key in ("hidden_size", "ffn_dim", "num_attention_heads", "attention_head_dim"):
-            raise PackError(f"--grow-dit {key}: only depth grows function-preservingly (RMSNorm's eps does not "
+            raise GrowError(f"--grow-dit {key}: only depth grows function-preservingly (RMSNorm's eps does not "
                             "scale with a zero-padded width); grow num_layers")
         else:
-            raise PackError(f"--grow-dit {spec!r}: unknown key {key!r}; known: num_layers, init")
+            raise GrowError(f"--grow-dit {spec!r}: unknown key {key!r}; known: num_layers, init")
     if "num_layers" not in out:
-        raise PackError(f"--grow-dit {spec!r}: name the new depth, num_layers=N")
+        raise GrowError(f"--grow-dit {spec!r}: name the new depth, num_layers=N")
     if out["num_layers"] <= have_layers:
-        raise PackError(f"--grow-dit num_layers={out['num_layers']}: the checkpoint's DiT has {have_layers} blocks; "
+        raise GrowError(f"--grow-dit num_layers={out['num_layers']}: the checkpoint's DiT has {have_layers} blocks; "
                         f"growing needs more than that")
     return out
 
@@ -85,13 +88,13 @@ def grow_dit(weights: dict[str, torch.Tensor], config: dict, num_layers: int, in
 
     old = int(config["num_layers"])
     if num_layers <= old:
-        raise PackError(f"grow to {num_layers} blocks: the DiT has {old}; growing needs more")
+        raise GrowError(f"grow to {num_layers} blocks: the DiT has {old}; growing needs more")
     if init not in INITS:
-        raise PackError(f"grow init {init!r}: one of {', '.join(INITS)}")
+        raise GrowError(f"grow init {init!r}: one of {', '.join(INITS)}")
     suffixes = sorted(k[len(f"{BLOCKS}0."):] for k in weights if k.startswith(f"{BLOCKS}0."))
     zeroed = [s for s in suffixes if s.startswith(ZEROED)]
     if {s.split(".")[0] for s in zeroed} != {"attn", "ff"}:  # a diffusers whose block writes through other modules
-        raise PackError(f"the DiT's blocks have no {' / '.join(ZEROED)} output projections (keys {suffixes}): "
+        raise GrowError(f"the DiT's blocks have no {' / '.join(ZEROED)} output projections (keys {suffixes}): "
                         "this diffusers' block cannot be grown as the identity here")
     grown_config = {**config, "num_layers": num_layers}
     drawn = None

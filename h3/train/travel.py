@@ -341,6 +341,53 @@ def _checkpoint_record(ckpt: Path, state_dir: Path) -> dict:
     return record
 
 
+def _growth(grow: str, shipped_config: dict, fresh: list[str], wanted: list) -> dict:
+    """``--grow-dit``'s request checked against the checkpoint's DiT and the other options (PackError on bad input);
+    the run that trains the grown DiT asks for its depth with ``--set dit_num_layers=N``."""
+    from h3.train.grow import GrowError, parse_grow
+
+    try:
+        growth = parse_grow(grow, shipped_config["num_layers"])
+    except GrowError as exc:
+        raise PackError(str(exc)) from None
+    if "dit" in fresh:
+        raise PackError("--grow-dit with --fresh dit: a fresh DiT has nothing to grow; choose one")
+    if "dit" not in {stage for stage, _ in wanted}:
+        raise PackError("--grow-dit needs --continue dit[:STEPS]: a grown DiT that does not train is the shipped "
+                        "one with blocks that add nothing")
+    return growth
+
+
+def _grown(dit: dict, shipped_config: dict, growth: dict) -> tuple[dict, dict]:
+    """The shipped DiT's weights grown as ``growth`` asks (:func:`h3.train.grow.grow_dit`), checked whole against the
+    grown shape, and what grew into what."""
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    from h3.train.grow import GrowError, grow_dit
+
+    try:
+        dit, grown_config, grown = grow_dit(dit, shipped_config, growth["num_layers"], growth["init"])
+    except GrowError as exc:
+        raise PackError(str(exc)) from None
+    MiniMaxH3Transformer3DModel(**grown_config).load_state_dict(dit, strict=True)  # the grown shape, whole
+    return dit, grown
+
+
+def _dit_state(ckpt: Path, base: dict, dit: dict, grown: dict | None) -> dict:
+    """The DiT stage's state from the checkpoint's weights (grown or not): weights and EMA alike, the checkpoint's
+    latent statistics (required for a grown DiT: it continues the shipped function only on latents normalized as
+    the shipped DiT was trained), and ``seeded_from.grown`` when it grew."""
+    stats = _checkpoint_latent_stats(ckpt)
+    if grown is not None and stats is None:
+        raise PackError(f"{ckpt}: its VAE configs keep no latents_mean / latents_std; a grown DiT continues the "
+                        "shipped function only on latents normalized as it was trained")
+    state = {**base, "model": dit, "ema": {k: v.clone() for k, v in dit.items() if v.is_floating_point()},
+             **({"latent_stats": stats} if stats else {})}
+    if grown is not None:
+        state["seeded_from"]["grown"] = grown
+    return state
+
+
 def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=(), grow: str = "") -> dict:
     """Training state rebuilt from an exported checkpoint (the one shipped in h3/assets/tiny), for a run that
     continues it when the state pack it was exported from is gone: a pack lives outside git (it is 35 MB, and the
@@ -364,10 +411,8 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=
     ``fresh`` (:data:`FRESH_STAGES`): stages not seeded at all; the next ``all`` trains them from their initial
     weights (and, for the DiT, from a pool normalized with fresh latent statistics).
 
-    ``grow`` (``"num_layers=8"``, :func:`h3.train.grow.parse_grow`): the DiT seeded as the shipped one grown to more
-    blocks that compute its function exactly (:mod:`h3.train.grow`), weights and EMA alike, with the checkpoint's
-    latent statistics (its pool must be normalized as the shipped DiT's was); it needs ``continue_stages`` to re-open
-    the DiT, and the run that trains it ``--set dit_num_layers=N``. Its ``seeded_from`` says what grew into what."""
+    ``grow`` (``"num_layers=8"``): the DiT grown to more blocks that compute the shipped function exactly
+    (:mod:`h3.train.grow`, :func:`_dit_state`); it needs ``continue_stages`` to re-open the DiT."""
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Transformer3DModel
     from safetensors.torch import load_file
 
@@ -385,15 +430,7 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=
     if both := sorted({stage.replace("-", "_") for stage, _ in wanted} & set(fresh)):
         raise PackError(f"{', '.join(both)}: both continued and fresh; choose one")
     shipped_config = shipped_transformer_config(ckpt)
-    if grow:
-        from h3.train.grow import parse_grow
-
-        growth = parse_grow(grow, shipped_config["num_layers"])  # bad input is refused before anything is read
-        if "dit" in fresh:
-            raise PackError("--grow-dit with --fresh dit: a fresh DiT has nothing to grow; choose one")
-        if "dit" not in {stage for stage, _ in wanted}:
-            raise PackError("--grow-dit needs --continue dit[:STEPS]: a grown DiT that does not train is the shipped "
-                            "one with blocks that add nothing")
+    growth = _growth(grow, shipped_config, fresh, wanted) if grow else None  # refused before anything is read
 
     def weights(stage: str, model) -> dict:
         try:
@@ -427,11 +464,8 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=
     finally:
         torch.random.set_rng_state(rng)
     grown = None
-    if grow:
-        from h3.train.grow import grow_dit
-
-        dit, grown_config, grown = grow_dit(dit, shipped_config, growth["num_layers"], growth["init"])
-        MiniMaxH3Transformer3DModel(**grown_config).load_state_dict(dit, strict=True)  # the grown shape, whole
+    if growth is not None:
+        dit, grown = _grown(dit, shipped_config, growth)
     narrow_state = narrow.state_dict()
     narrow_state.update({k: v for k, v in wide.items() if k.startswith(ENCODER_SIDE)})
     states = {
@@ -440,15 +474,7 @@ def seed_from_checkpoint(ckpt: Path, state_dir: Path, continue_stages=(), fresh=
         "audio_vae": {**base("audio_vae"), "model": audio},
     }
     if dit is not None:
-        stats = _checkpoint_latent_stats(ckpt)
-        if grown is not None and stats is None:
-            raise PackError(f"{ckpt}: its VAE configs keep no latents_mean / latents_std; a grown DiT continues the "
-                            "shipped function only on latents normalized as it was trained")
-        states["dit"] = {**base("dit"), "model": dit,
-                         "ema": {k: v.clone() for k, v in dit.items() if v.is_floating_point()},
-                         **({"latent_stats": stats} if stats else {})}
-        if grown is not None:
-            states["dit"]["seeded_from"]["grown"] = grown
+        states["dit"] = _dit_state(ckpt, base("dit"), dit, grown)
     if "audio_decoder" in stages_info:
         states["audio_decoder"] = {**base("audio_decoder"), "model": {k: v.clone() for k, v in audio.items()}}
     for stage, _ in wanted:
