@@ -16,6 +16,7 @@
 # pool leaves), TMPROOT (/tmp), EXTRA (more --set for both; the CPU rehearsal's smoke sizes), DEVICE, PYTHON, WHEELS,
 # COMMIT (passed on to train_tiny.sh).
 set -u
+source "$(dirname "$0")/slim.sh"
 out=$1
 BUDGET_S=${BUDGET_S:-470}
 tmp=${TMPROOT:-/tmp}
@@ -47,16 +48,7 @@ export PYTHONPATH=$tmp/site-s:$PWD
 for n in s l8; do
   r=$tmp/run-$n
   mkdir -p "$out/$n"
-  if [ -d "$r/tiny" ]; then
-    (cd "$r" && find tiny -type f | sort | xargs sha256sum) >"$r/export.sha256"
-    ex=()
-    for f in vae/diffusion_pytorch_model.safetensors text_encoder/model.safetensors \
-      audio_vae/diffusion_pytorch_model.safetensors; do
-      cmp -s "$r/tiny/$f" "h3/assets/tiny/$f" && ex+=("--exclude=tiny/$f")
-    done
-    tar -C "$r" "${ex[@]}" -czf "$out/$n/tiny-slim.tgz" tiny export.sha256
-    echo "$n: export left out as shipped: ${ex[*]:-nothing}"
-  fi
+  slim_export "$r" "$out/$n" "$n"
   if [ -f "$r/state/dit/state.pt" ]; then
     mkdir -p "$tmp/dp-$n/state/dit"
     cp "$r/state/dit/state.pt" "$tmp/dp-$n/state/dit/"

@@ -47,6 +47,7 @@
 #     --set checkpoint_every=2 --set log_every=1" nice -n 10 bash bench/tiny_wider_dit/call_grow.sh /tmp/gr/OUT
 # (it writes its content records into bench/content_check/results/ too: delete them after).
 set -u
+source "$(dirname "$0")/slim.sh"
 out=$1
 start=$(date +%s)
 TOTAL_S=${TOTAL_S:-540}
@@ -159,16 +160,7 @@ tar -C "$tmp" -czf "$out/content.tgz" cc
 for n in "${arms[@]}"; do
   r=$tmp/run-$n
   mkdir -p "$out/$n"
-  if [ -d "$r/tiny" ]; then  # as call.sh: the weight files equal to the shipped ones stay behind
-    (cd "$r" && find tiny -type f | sort | xargs sha256sum) >"$r/export.sha256"
-    ex=()
-    for f in vae/diffusion_pytorch_model.safetensors text_encoder/model.safetensors \
-      audio_vae/diffusion_pytorch_model.safetensors; do
-      cmp -s "$r/tiny/$f" "h3/assets/tiny/$f" && ex+=("--exclude=tiny/$f")
-    done
-    tar -C "$r" "${ex[@]}" -czf "$out/$n/tiny-slim.tgz" tiny export.sha256
-    echo "$n: export left out as shipped: ${ex[*]:-nothing}"
-  fi
+  slim_export "$r" "$out/$n" "$n"
   if [ "${PACK:-1}" = 1 ] && [ -f "$r/state/dit/state.pt" ]; then
     mkdir -p "$tmp/dp-$n/state/dit"
     cp "$r/state/dit/state.pt" "$tmp/dp-$n/state/dit/"
