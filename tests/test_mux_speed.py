@@ -82,3 +82,16 @@ def test_post_decode_goal_entry_refuses_a_time_that_is_not_one(bad):
     record["shape"] = "5x544x960"
     with pytest.raises(ValueError, match="not a 15x768x1344 record"):
         post_decode.goal_entry(record, "r.json")
+
+
+def test_write_goal_entry_puts_the_entry_in_and_keeps_the_others(tmp_path):
+    from bench.lib.goals import write_goal_entry
+
+    goals = tmp_path / "goals.json"
+    goals.write_text(json.dumps({"other goal": {"measured": 1.0}}))
+    path = ROOT / "bench/post_decode/results/post_decode_cuda_15x768x1344_h100-s25.json"
+    line = write_goal_entry(str(ROOT / "bench/post_decode/post_decode.py"), path, post_decode.goal_entry, goals)
+    name, entry = post_decode.goal_entry(json.loads(path.read_text()),
+                                         "bench/post_decode/results/post_decode_cuda_15x768x1344_h100-s25.json")
+    assert json.loads(goals.read_text()) == {"other goal": {"measured": 1.0}, name: entry}
+    assert line.startswith(name)

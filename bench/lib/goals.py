@@ -20,6 +20,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from h3.atomic import atomic_write_json, atomic_write_text  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parents[1] / "full_size_speed" / "results"
+GOALS_JSON = RESULTS / "h200_goals.json"
+
+
+def write_goal_entry(study_file: str, record: Path, goal_entry, goals: Path = GOALS_JSON) -> str:
+    """Put the entry ``goal_entry(record_data, source)`` builds from the record at ``record`` (a study's result file;
+    ``source`` its path from the repository root) into h200_goals.json under its name, atomically; the line to print.
+    ``study_file``: the calling script (for the repository root)."""
+    import os
+
+    root = Path(study_file).resolve().parents[2]
+    name, entry = goal_entry(json.loads(record.read_text()), os.path.relpath(record.resolve(), root))
+    table = json.loads(goals.read_text())
+    table[name] = entry
+    atomic_write_json(goals, table)
+    return f"{name}: {json.dumps(entry)}"
 RAW = "h200_goals_raw.json"
 NOTES = "h200_goals_notes.md"
 # (raw row, the issue's goal as its table words it, target seconds), in the issue's order.

@@ -143,7 +143,6 @@ def gpu_encoders() -> dict:
 
 GOAL_S = 2.0
 GOAL_SHAPE = "15x768x1344"
-GOALS = ROOT / "bench" / "full_size_speed" / "results" / "h200_goals.json"
 
 
 def goal_entry(record: dict, source: str) -> tuple[str, dict]:
@@ -182,13 +181,9 @@ def main() -> int:
                         help="write the mux goal's entry from this record into h200_goals.json, and run nothing")
     args = parser.parse_args()
     if args.goal:
-        from h3.atomic import atomic_write_json
+        from bench.lib.goals import write_goal_entry
 
-        name, entry = goal_entry(json.loads(args.goal.read_text()), os.path.relpath(args.goal.resolve(), ROOT))
-        table = json.loads(GOALS.read_text())
-        table[name] = entry
-        atomic_write_json(GOALS, table)
-        print(f"{name}: {json.dumps(entry)}")
+        print(write_goal_entry(__file__, args.goal, goal_entry))
         return 0
     t0 = time.perf_counter()
     rows, not_run = [], []

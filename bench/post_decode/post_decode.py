@@ -117,7 +117,6 @@ def stream_changed_bytes(data: dict) -> bool:
 
 GOAL_S = 2.0
 GOAL_SHAPE = "15x768x1344"
-GOALS = ROOT / "bench" / "full_size_speed" / "results" / "h200_goals.json"
 
 
 def goal_entry(record: dict, source: str) -> tuple[str, dict]:
@@ -148,20 +147,6 @@ def goal_entry(record: dict, source: str) -> tuple[str, dict]:
         "source": source}
 
 
-def write_goal(path: Path) -> str:
-    """Write the mux goal's entry from the record at ``path`` into h200_goals.json (atomically)."""
-    import json
-    import os
-
-    from h3.atomic import atomic_write_json
-
-    name, entry = goal_entry(json.loads(path.read_text()), os.path.relpath(path.resolve(), ROOT))
-    table_ = json.loads(GOALS.read_text())
-    table_[name] = entry
-    atomic_write_json(GOALS, table_)
-    return f"{name}: {json.dumps(entry)}"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-random")
@@ -176,7 +161,9 @@ def main() -> int:
                         help="write the mux goal's entry from this record into h200_goals.json, and run nothing")
     args = parser.parse_args()
     if args.goal:
-        print(write_goal(args.goal))
+        from bench.lib.goals import write_goal_entry
+
+        print(write_goal_entry(__file__, args.goal, goal_entry))
         return 0
     data = run(args)
     name = args.name or f"post_decode_{args.device.split(':')[0]}_{args.shape}"
