@@ -162,7 +162,14 @@ def test_pools_have_8_seeds_a_prompt_and_the_tuning_pool_is_disjoint_from_the_he
         for b in rs.POOLS:
             if a < b:
                 assert not prompts[a] & prompts[b] and not seeds[a] & seeds[b], (a, b)
-    assert rs.TUNING_POOL in rs.POOLS and rs.TUNING_POOL not in (0, 1, 2)
+    assert rs.TUNING_POOL in rs.POOLS and rs.TUNING_POOL not in (0, 1, 2, *rs.FRESH_POOLS)
+    # every pool's prompts exist in world-heldout; the fresh pools take its last 8, unused by pools 0-3
+    with open(ROOT / "prompts" / "world-heldout.jsonl") as f:
+        n_prompts = sum(1 for line in f if line.strip())
+    assert all(max(p) < n_prompts for p in prompts.values())
+    fresh = set().union(*(prompts[p] for p in rs.FRESH_POOLS))
+    seen = set().union(*(prompts[p] for p in rs.POOLS if p not in rs.FRESH_POOLS))
+    assert fresh == set(range(16, 24)) == set(range(n_prompts)) - seen
     # the first chunk keeps the 4-seed pools' folders (their cached clips), the second its own
     assert rs.chunks(0) == [("", [0, 1, 2, 3]), ("+s4", [4, 5, 6, 7])]
     pool = {f"p{i}": sorted(rs.POOLS[0][1]) for i in range(4)}
@@ -170,6 +177,16 @@ def test_pools_have_8_seeds_a_prompt_and_the_tuning_pool_is_disjoint_from_the_he
     for pid in pool:
         drawn = [seed for p, _, seed in run if p == pid]
         assert len(drawn) == 4 and len(set(drawn)) == 4
+
+
+def test_a_judged_record_never_pools_the_tuning_pool_with_held_out_ones():
+    t = rs.TUNING_POOL
+    assert rs.mixes_tuning([0, 1, 2], judged=True) is None and rs.mixes_tuning([4, 5], judged=True) is None
+    assert rs.mixes_tuning([t], judged=True) is None
+    assert rs.mixes_tuning([t, t], judged=True) is None
+    for held_out in (0, *rs.FRESH_POOLS):
+        assert "tuning pool" in rs.mixes_tuning([held_out, t], judged=True)
+        assert rs.mixes_tuning([held_out, t], judged=False) is None  # making and scoring clips mixes nothing
 
 
 def test_tune_margins_regression_rule_matches_a_float64_loop():

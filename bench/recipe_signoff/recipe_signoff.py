@@ -18,7 +18,8 @@ directory of copied gate results and judged by ``compute_verdict`` under gates/p
 bootstrap resamples (a FAIL never depends on them). ``--verdict-only`` redoes only that last step from the cached gate
 results (seconds), e.g. after release.toml changes.
 
-Pools (:data:`POOLS`): disjoint prompts (world-heldout, 4 each) and disjoint seeds (4 each by default).
+Pools (:data:`POOLS`): disjoint prompts (world-heldout, 4 each) and disjoint seeds (8 each); pool 3 tunes, the others
+are held out, pools 4-5 unseen by any margin (:data:`FRESH_POOLS`).
 Run baseline (``--run-baseline``): ``baseline`` (the 29-step recipe; a plant is then judged against its parent by
 lineage and, as the top of its ladder, against the baseline) or ``turbo4-tiny`` (the parent as the run's baseline: the
 plant is judged against it by lineage only, the floor is turbo4-tiny's; no 29-step clips to make).
@@ -65,12 +66,17 @@ FAMILIES = {
 }
 """Plant file stem (bench/recipe_bugs/recipes) -> its family in issue 50's list."""
 POOLS = {0: (0, list(range(0, 8))), 1: (4, list(range(10, 18))), 2: (8, list(range(20, 28))),
-         3: (12, list(range(30, 38)))}
+         3: (12, list(range(30, 38))), 4: (16, list(range(40, 48))), 5: (20, list(range(50, 58)))}
 """Pool -> (first world-heldout prompt, seeds): disjoint prompts and seeds, 8 seeds a prompt (32 distinct pairs), so
-a 16-pair run draws 4 of each prompt's 8 seeds without replacement. Pool 3 is the tuning pool (:data:`TUNING_POOL`)."""
+a 16-pair run draws 4 of each prompt's 8 seeds without replacement. Pool 3 is the tuning pool (:data:`TUNING_POOL`).
+Pools 4 and 5 (prompts 16-23, the last of world-heldout's 24) were added in session 26, after the judges' margins
+were revised having seen pools 0-2: they are held out like 0-2 and unseen by any margin (:data:`FRESH_POOLS`)."""
 TUNING_POOL = 3
-"""The only pool any threshold of the policy is chosen on (bench/recipe_signoff/tune_margins.py); pools 0-2 are held
-out for the published rates, and ``main`` refuses to publish a record that mixes the two."""
+"""The only pool any threshold of the policy is chosen on (bench/recipe_signoff/tune_margins.py); every other pool is
+held out for the published rates, and ``main`` refuses to judge a record that mixes the two."""
+FRESH_POOLS = (4, 5)
+"""Held-out pools no threshold was chosen or revised on, pools 0-2 having been seen when the margins were revised
+(session 26): the clean rates of a revised policy come from these alone."""
 CHUNK = 4
 """A pool's clips are made in chunks of 4 seeds, each its own one-recipe run (``gen/<recipe>`` for the first chunk,
 ``gen/<recipe>+s<first seed>`` for the next), so clips made when pools had 4 seeds are reused as they are."""
@@ -126,6 +132,14 @@ def pool_recipes(order: list[str], pool: int, plant_pools: set[int] | None) -> l
     if plant_pools is None or pool in plant_pools:
         return list(order)
     return [n for n in order if n in CORRECT or n in CHANGED_SHIPPED or n in MUST_REJECT or n == order[0]]
+
+
+def mixes_tuning(pools: list[int], judged: bool) -> str | None:
+    """Why a command over ``pools`` must not run, else None: a judged record (rates published) that pools the tuning
+    pool with held-out ones. Making, scoring and gating clips mix nothing."""
+    if judged and TUNING_POOL in pools and len(set(pools)) > 1:
+        return f"pool {TUNING_POOL} is the tuning pool: judge it apart from the held-out pools {sorted(set(pools))}"
+    return None
 
 
 def distinct_pairs(runs: list[list[tuple[str, int, int]]]) -> int:
@@ -743,6 +757,9 @@ def main() -> None:
     bad = [p for p in pools if p not in POOLS]
     if bad:
         raise SystemExit(f"unknown pools {bad}: known {sorted(POOLS)}")
+    mixed = mixes_tuning(pools, judged=not (args.generate_only or args.score_only or args.gate_only))
+    if mixed:
+        raise SystemExit(mixed)
     # parents first (a plant is judged against its parent, which must be in the run)
     parents = {n: recipe_of(n).parent for n in names}
     order = [args.run_baseline] + sorted((n for n in names if n != args.run_baseline),
