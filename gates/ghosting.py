@@ -10,6 +10,11 @@ This module declares the metrics and options and writes the strip. Two run-level
 the pairs' p-values (h3eval.stats.ghost_run_test, Benjamini-Hochberg: a ghost strong in one pair), and the pooled
 test of :mod:`gates.metrics.ghost_run` on ``ghost_stale_evidence`` (a faint stale copy in every pair: seed 001's
 ghost at alpha 0.05, which no single pair shows at BH's per-pair level).
+
+Before the fit, the baseline is moved onto the candidate where the candidate's content is displaced
+(:mod:`gates.metrics.ghost_motion`, option ``compensate_displacement``, on by default): a subject rendered a few
+pixels aside, as INT8 over turbo4-tiny does, is not a second image (issue 50), while a faint copy on top of the
+displaced content stays in the residual.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from gates.metrics.ghost import (clip_evidence, downsample_factor, ghost_frames,
                                  pool_windows, to_luma)
 from gates.metrics.ghost_config import FrameScores, GhostingConfig, PooledWindow
 from gates.metrics.ghost_heatmap import local_ghost_map, png_bytes, render_strip
+from gates.metrics.ghost_motion import compensate
 from gates.metrics.ghost_pvalue import pair_p_value, simes, window_p_value
 
 __all__ = ["FrameScores", "GhostingConfig", "GhostingGate", "GhostingOptions", "PooledWindow", "clip_evidence",
@@ -50,6 +56,9 @@ class GhostingOptions(GateOptions):
     """Worst frames shown in the strip artifact."""
     workers: int = 1
     """Threads of the displacement search."""
+    compensate_displacement: bool = True
+    """Move the baseline onto the candidate's displaced content before the fit (gates.metrics.ghost_motion); off, the
+    fit reads the raw pair, as the calibration of bench/ghosting did."""
 
 
 @register_gate
@@ -61,7 +70,8 @@ class GhostingGate(Gate):
     description = (
         "Strength of a displaced copy (temporal lag 0-4, spatial shift) of the baseline in the candidate, fitted "
         "jointly over windows of frames where the copy is visible and not aligned with the motion (what a codec "
-        "leaks); a p-value per pair against the benign null of held-out footage, for the run-level test."
+        "leaks), after moving the baseline onto displaced content of the candidate; a p-value per pair against the "
+        "benign null of held-out footage, for the run-level test."
     )
 
     Options = GhostingOptions
@@ -98,13 +108,7 @@ class GhostingGate(Gate):
                 ctx, f"frame shape mismatch: baseline {ctx.baseline.mp4.name} {base.shape} vs candidate "
                 f"{ctx.candidate.mp4.name} {cand.shape}")
         device = ctx.device if str(ctx.device).startswith("cuda") else "cpu"
-        scored_base, scored_cand = base, cand
-        if device != "cpu":
-            from gates.media_cache import load_video_on
-
-            # The clip cache's device copies: each clip uploaded once for all the gates of the pair.
-            scored_base, _ = load_video_on(ctx.baseline.mp4, device)
-            scored_cand, _ = load_video_on(ctx.candidate.mp4, device)
+        base, scored_base, scored_cand, displacement = _frames_to_score(ctx, base, cand, config, options, device)
         try:
             fs = ghost_scores(scored_base, scored_cand, config, workers=workers, device=device)
         except ValueError as exc:  # frames too small for the displacement search
@@ -153,6 +157,12 @@ class GhostingGate(Gate):
                 "ghost_frame_indices": listed,
                 "windows": [_window_info(w) for w in fs.windows],
                 "downsample_factor": fs.factor,
+                "displacement": None if displacement is None else {
+                    "moved_fraction": displacement.fraction,
+                    "max_frame_fraction": float(displacement.frame_fraction.max(initial=0.0)),
+                    "mean_shift_px": displacement.mean_shift,
+                    "how": "gates.metrics.ghost_motion.compensate: the baseline warped onto the candidate where it "
+                           "explains it at most half the in-place squared error"},
                 "strip_frames": sorted(worst),
                 "worst_frames": [
                     {"frame": t, "ghost_score": float(fs.score[t]), "lag": int(fs.lag[t]), "dy": int(fs.dy[t]),
@@ -163,6 +173,26 @@ class GhostingGate(Gate):
     def _error(self, ctx: PairContext, message: str) -> GateResult:
         logger.error("ghosting %s/%s-s%d: %s", ctx.pair.candidate, ctx.pair.prompt_id, ctx.pair.seed, message)
         return GateResult(gate=self.name, pair=ctx.pair, status="error", error=message)
+
+
+def _frames_to_score(ctx: PairContext, base, cand, config: GhostingConfig, options: GhostingOptions, device: str):
+    """(baseline as compared, baseline and candidate on ``device``, the displacement or None): the baseline moved
+    onto the candidate's displaced content when ``compensate_displacement`` is on; on a GPU the clip cache's device
+    copies (each clip uploaded once for all the gates of the pair), the compensated baseline this pair's own."""
+    displacement = None
+    if options.compensate_displacement:
+        factor = downsample_factor(base.shape[1], base.shape[2], config.work_long_side)
+        displacement = compensate(base, cand, factor)
+        base = displacement.frames
+    if device == "cpu":
+        return base, base, cand, displacement
+    import torch
+
+    from gates.media_cache import load_video_on
+
+    scored_base = (torch.from_numpy(base).to(device) if displacement is not None
+                   else load_video_on(ctx.baseline.mp4, device)[0])
+    return base, scored_base, load_video_on(ctx.candidate.mp4, device)[0], displacement
 
 
 def _window_flags(fs, config: GhostingConfig, listed: list[int]) -> list[str]:
