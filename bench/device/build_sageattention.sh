@@ -4,7 +4,11 @@
 #   bash bench/device/build_sageattention.sh SRC_DIR WHEEL_DIR
 #
 # SRC_DIR: a checkout of https://github.com/thu-ml/SageAttention (built here from commit d1a57a5, version 2.2.0:
-# csrc/, sageattention/, setup.py). PyPI has only the Triton-only 1.0.6, and diffusers' "sage" backend needs >= 2.1.1.
+# csrc/, sageattention/, setup.py, pyproject.toml and README.md, which setup.py reads: without it the build stops at
+# metadata). Session 26 built it on an H100 (torch 2.11.0+cu130, Python 3.12) in 76 s from
+# `git archive d1a57a5 csrc sageattention setup.py pyproject.toml LICENSE MANIFEST.in README.md` carried as .sage_src:
+# sageattention-2.2.0-cp312-cp312-linux_x86_64.whl, sha256 7addb4f6...; runtime_speed.sh installs it from .whl_prod.
+# PyPI has only the Triton-only 1.0.6, and diffusers' "sage" backend needs >= 2.1.1.
 # The patch below skips the sm_80 / sm_89 extensions (their kernels are not used on Hopper: sageattn() dispatches an
 # sm_90 GPU to the sm_90 kernel, and sageattention/core.py imports each extension optionally), which cuts the build to
 # the sm_90 kernel and the fused quantization kernels.
