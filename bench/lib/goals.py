@@ -1,6 +1,7 @@
 """The full-size goals table (issue 11's goals, each row from its last measurement) and its device driver (issue 52: code that studies and tests share; each study's CLI is bench/<study>/).
 
-Parts, in order: ``h200_goals_table`` (bench/full_size_speed/), ``h200_goals`` (bench/full_size_speed/).
+Parts, in order: ``h200_goals_table`` (bench/full_size_speed/), ``h200_goals`` (bench/full_size_speed/), ``gate_fraction``
+(bench/gates_speed/).
 """
 
 from __future__ import annotations
@@ -747,3 +748,115 @@ def h200_goals_main() -> None:
     result["wall_s"] = time.perf_counter() - start
     atomic_write_json(out, result)
     print("wrote", out, "in", round(result["wall_s"], 1), "s", flush=True)
+
+
+# ---- gate_fraction (the CLI: bench/gates_speed/gate_fraction.py) ------------------------------------------------------
+# Issue 54: every per-pair release gate over real decoded clips of the fast recipe at 5 s 768x1344, at most 2 % of its
+# generation; one call of bench/device/gate_fraction.sh into results/gpu_fraction/NAME.{json,md} and the goals' entry.
+# A pair's gating time is what `h3eval gate` prints for it ("gates: i/n pairs, <candidate>/<pair> (X s)": every chosen
+# gate on that pair, clips decoded once, inside the process: the interpreter's start and imports are not counted); the
+# warm figure is the median over the pairs of the runs after the first (the first loads LPIPS and warms the kernels);
+# the generation time is the candidate's warm generation-side p50 from the run's speed.json (mixed protocol).
+
+import tarfile
+from datetime import datetime, timezone
+
+ROOT_DIR = Path(__file__).resolve().parents[2]
+GATE_FRACTION_RESULTS = ROOT_DIR / "bench" / "gates_speed" / "results" / "gpu_fraction"
+GATE_FRACTION_TARGET = 0.02
+"""The issue's bound: all release gates at most 2 % of generation for the fast recipe at 5 s 768x1344."""
+GATE_PAIR_LINE = re.compile(r"gates: \d+/\d+ pairs, (?P<cand>[^/\s]+)/(?P<pair>\S+) \((?P<s>[0-9.]+) s\)")
+
+
+def _gf_positive(value, what: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise BadInput(f"{what}: not a positive finite number ({value!r})")
+    return float(value)
+
+
+def gate_pair_seconds(log: str) -> dict[str, float]:
+    """Each pair's gating seconds as one ``h3eval gate`` log prints them."""
+    return {f"{m['cand']}/{m['pair']}": _gf_positive(float(m["s"]), f"pair {m['pair']}") for m in GATE_PAIR_LINE.finditer(log)}
+
+
+def read_gate_call(tgz: Path) -> dict:
+    """The call's gate logs, gate_times.json, speed.json and card, from the tarball."""
+    if not tgz.is_file():
+        raise BadInput(f"{tgz}: missing (the call returns gate_fraction.tgz)")
+    out: dict = {"logs": {}}
+    with tarfile.open(tgz) as tar:
+        for member in tar.getmembers():
+            if not member.isfile():
+                continue
+            text = tar.extractfile(member).read().decode("utf-8", "replace")
+            name = member.name
+            if re.fullmatch(r"gate_\d+\.log", name):
+                out["logs"][int(name[5:-4])] = text
+            elif name in ("gate_times.json", "run/speed.json", "card.txt"):
+                out[name] = json.loads(text) if name.endswith(".json") else text.strip()
+    for need in ("gate_times.json", "run/speed.json"):
+        if need not in out:
+            raise BadInput(f"{tgz}: holds no {need}")
+    return out
+
+
+def summarize_gate_call(call: dict) -> dict:
+    """The warm per-pair gating time, the candidate's generation time and their ratio."""
+    times = call["gate_times.json"]
+    cand = times.get("candidate")
+    runs = {i: gate_pair_seconds(log) for i, log in sorted(call["logs"].items())}
+    warm = [s for i, pairs in runs.items() if i > 1 for s in pairs.values()]
+    if not warm:
+        raise BadInput("no warm gate run (a run after the first) printed its pairs' times")
+    mixed = call["run/speed.json"].get("protocols", {}).get("mixed", {})
+    row = mixed.get(cand)
+    if not isinstance(row, dict) or row.get("status") != "ok":
+        raise BadInput(f"speed.json: the candidate {cand!r} has no ok row in the mixed protocol")
+    gen = _gf_positive(row["generation_side_latency_s"]["p50"], f"{cand} generation-side p50")
+    gate = statistics.median(warm)
+    card = call.get("card.txt") or ""
+    secs, height, width = (str(times.get("shape", "? ? ?")).split() + ["?", "?", "?"])[:3]
+    return {"candidate": cand, "gates": times.get("gates"), "device": times.get("device"), "shape": f"{secs} s {height}x{width}",
+            "card": card.split(",")[0] if "nvidia-smi" not in card and card else "no GPU (a CPU rehearsal)", "pairs_per_run": {str(i): p for i, p in runs.items()},
+            "gate_runs": times.get("walls_s"), "gate_s_per_pair_warm_median": gate, "warm_pairs": len(warm),
+            "generation_side_p50_s": gen, "generation_requests": row.get("n"), "fraction": gate / gen,
+            "target": GATE_FRACTION_TARGET, "met": gate / gen <= GATE_FRACTION_TARGET}
+
+
+def _gate_goal_entry(data: dict, source: str):
+    card = data["card"]
+    name = f"gate fraction: every per-pair release gate over a {data['shape']} `{data['candidate']}` pair ({card})"
+    return name, {"target": f"<= {GATE_FRACTION_TARGET:.0%} of generation", "measured": round(data["fraction"], 4),
+                  "gate_s_per_pair": round(data["gate_s_per_pair_warm_median"], 3),
+                  "generation_side_p50_s": round(data["generation_side_p50_s"], 3), "card": card,
+                  "met": data["met"], "record": source, "date": data["date"]}
+
+
+def gate_fraction_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Record one call of bench/device/gate_fraction.sh")
+    ap.add_argument("--from", dest="src", type=Path, required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--command", required=True)
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--goals", type=Path, default=None, help="h200_goals.json to update (default: the shipped one)")
+    args = ap.parse_args(argv)
+    try:
+        data = summarize_gate_call(read_gate_call(args.src / "gate_fraction.tgz"))
+    except (BadInput, KeyError, json.JSONDecodeError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    data.update(date=datetime.now(timezone.utc).isoformat(timespec="seconds"), command=args.command,
+                commit=args.commit)
+    GATE_FRACTION_RESULTS.mkdir(parents=True, exist_ok=True)
+    record = GATE_FRACTION_RESULTS / f"{args.name}.json"
+    atomic_write_json(record, data)
+    atomic_write_text(GATE_FRACTION_RESULTS / f"{args.name}.md", (
+        f"# {args.name}: gates as a fraction of generation\n\n- date: {data['date']}\n- card: {data['card']}\n"
+        f"- commit: {args.commit}\n- command: `{args.command}`\n- gates: {data['gates']} on {data['device']}\n\n"
+        f"Warm gating per pair (median of {data['warm_pairs']} pairs of runs 2+): "
+        f"**{data['gate_s_per_pair_warm_median']:.2f} s**; `{data['candidate']}` generation-side p50 "
+        f"{data['generation_side_p50_s']:.2f} s ({data['generation_requests']} requests): **{data['fraction']:.1%}** "
+        f"(target <= {GATE_FRACTION_TARGET:.0%}: {'met' if data['met'] else 'missed'}).\n"))
+    kwargs = {"goals": args.goals} if args.goals else {}
+    print(write_goal_entry(__file__, record, _gate_goal_entry, **kwargs))
+    return 0

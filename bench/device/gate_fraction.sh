@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Issue 54, "the gates on the GPU": every per-pair release gate (integrity, fidelity, audio, ghosting, reference_free,
+# prompt_faithfulness; VBench runs in its own environment and is not timed here) over real decoded clips of a fast
+# recipe at 5 s 768x1344, as a fraction of that recipe's generation, on ONE GPU, through the product:
+#   1. `h3eval ab --model h3-random` (full size, seeded random weights, the text encoder streamed from host memory):
+#      stock diffusers at 4 steps (bench/runtime_speed/recipes/stock4.toml) as the baseline and GF_CAND (turbo4-fp8)
+#      on GF_PAIRS prompts of bench/runtime_speed/prompts.jsonl, seed 0, one speed round (speed.json: the
+#      generation-side time of each recipe's requests, warm);
+#   2. `h3eval gate RUN --gates ... --device cuda --force` GF_REPEAT times (the first loads LPIPS and warms the
+#      kernels; the later ones are the warm figures), each timed whole.
+#   run(command="bash bench/device/gate_fraction.sh", carry=[".whl_prod"], timeout_s=590)
+# then, here: python bench/gates_speed/gate_fraction.py --from FILES_AT --name NAME --command "..." [--commit SHA].
+# CPU rehearsal: GF_UNPACK=0 GF_PY=.venv/bin/python GF_MODEL=h3-random-small GF_SHAPE="5 64 64" GF_DEVICE=cpu
+#   GF_CAND=turbo4 GF_PAIRS=2 OUT=/tmp/gf_out bash bench/device/gate_fraction.sh
+# LPIPS runs with its random AlexNet trunk (lpips_trunk=rand: the trunk's weights are not on the machine; the same
+# architecture, so the same cost). Writes $OUT/gate_fraction.tgz (speed.json, run.json, the gates' per-pair JSON,
+# the logs) and $OUT/gate_times.json on its own.
+set -u
+t0=$SECONDS
+call_s=${GF_CALL_S:-560}
+PY=${GF_PY:-python3}
+R=${GF_DIR:-/tmp/gf}; rm -rf $R; mkdir -p $R /tmp/site "$OUT"
+if [ "${GF_UNPACK:-1}" = 1 ]; then
+  tar -xJf .whl_prod/site.tar.xz -C /tmp/site || { echo "no site.tar.xz"; exit 1; }
+fi
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+export H3_CACHE_DIR=/tmp/h3cache TOKENIZERS_PARALLELISM=false
+model=${GF_MODEL:-h3-random}; dev=${GF_DEVICE:-cuda}; cand=${GF_CAND:-turbo4-fp8}
+gates=${GF_GATES:-integrity,fidelity,audio,ghosting,reference_free,prompt_faithfulness}
+read -r secs height width <<<"${GF_SHAPE:-5 768 1344}"
+head -n "${GF_PAIRS:-4}" bench/runtime_speed/prompts.jsonl >$R/prompts.jsonl
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >$R/card.txt 2>&1
+$PY -m h3.cli seeded-lora --model "$model" --out $R/lora 2>&1 | tail -1
+export H3_LORA_DIR=$R/lora
+left=$((call_s - (SECONDS - t0) - 150))
+echo "ab starts at $((SECONDS - t0)) s with ${left} s for it"
+timeout -k 5 $left $PY -m h3eval.cli ab --baseline bench/runtime_speed/recipes/stock4.toml --candidate "$cand" \
+  --model "$model" --prompts $R/prompts.jsonl --seeds 0 --seconds "$secs" --height "$height" --width "$width" \
+  --device "$dev" --text-encoder offload --speed-rounds 1 --out $R/run 2>&1 \
+  | grep -v "FutureWarning\|WeightNorm.apply" >$R/ab.log
+echo "ab exit ${PIPESTATUS[0]} at $((SECONDS - t0)) s" | tee -a $R/ab.log
+tail -5 $R/ab.log
+echo '{"gates": "'"$gates"'", "device": "'"$dev"'", "candidate": "'"$cand"'", "shape": "'"$secs $height $width"'", "walls_s": [' >$R/gate_times.json
+sep=""
+for i in $(seq 1 "${GF_REPEAT:-3}"); do
+  [ $((call_s - (SECONDS - t0))) -lt 40 ] && { echo "no time for gate run $i"; break; }
+  s=$EPOCHREALTIME
+  timeout -k 5 $((call_s - (SECONDS - t0) - 20)) $PY -m h3eval.cli gate $R/run --gates "$gates" --device "$dev" \
+    -o lpips_trunk=rand --force >$R/gate_$i.log 2>&1
+  rc=$?; e=$EPOCHREALTIME; w=$(awk "BEGIN{printf \"%.3f\", $e - $s}")
+  echo "gate run $i exit $rc in $w s" | tee -a $R/gate_$i.log
+  [ $rc -ne 0 ] && tail -5 $R/gate_$i.log
+  printf '%s{"run": %d, "exit": %d, "wall_s": %s}' "$sep" "$i" "$rc" "$w" >>$R/gate_times.json
+  sep=", "
+done
+echo ']}' >>$R/gate_times.json
+cp $R/gate_times.json "$OUT/"
+(cd $R && tar -czf "$OUT/gate_fraction.tgz" card.txt ab.log gate_*.log gate_times.json run/run.json run/speed.json \
+  $(cd $R && find run/gates -name '*.json' 2>/dev/null))
+echo "gate_fraction.sh done at $((SECONDS - t0)) s"; ls -la "$OUT"
