@@ -26,6 +26,12 @@
 #   logs.tgz           the unpack, pool and training logs and a GPU-memory trace;
 #   <n>/tiny-slim.tgz  the export less the weight files byte-identical to h3/assets/tiny's, with export.sha256;
 #   <n>/dit.pack.part-* the DiT's state alone (weights and EMA exact, AdamW moments bf16), as call.sh packs it.
+# Going on (session 26): FROM_SLIM=<an earlier call's g<LAYERS>/tiny-slim.tgz, carried> starts the grown arm from that
+# export (rebuilt with rebuild.sh; no growing: it has LAYERS blocks already) instead of h3/assets/tiny; ARMS ("s
+# g<LAYERS>"; e.g. "g8" alone, which then gets the whole GPU) picks the arms. Session 26's g8 export is ~5.5 MB.
+# CPU rehearsal of going on (session 26, 2-core Intel VM, smoke sizes as below plus ARMS=g8
+# FROM_SLIM=.packs_s26/g8/tiny-slim.tgz CONT=20971 CC_NAME=rehearsal_grow26): 201 s; rebuilt (20 files match), seeded
+# at dit step 20965 with 8 blocks, pool in g8's folder, 6 steps, export, content check, slim export and pack.
 # Environment: TOTAL_S (540), CC_S (100), PACK_S (25), DISTILL_S (20), LAYERS (8), GROW_INIT (copy), CONT (30000: the
 # DiT's re-opened total; the budget ends it first), LR (0.001), LR_WARMUP (100), LR_STEPS_S (1200), LR_STEPS_G (700),
 # CC_LIMIT (8), CC_SEEDS (0,1), CC_NAME (tiny_grow_dit), PACK (1; 0: no DiT packs), EXTRA (more --set for both
@@ -84,13 +90,19 @@ X="--set pool_two_shape_share=0.6 --set export_dit_dtype=bfloat16 --set ranks=1 
 declare -A UNPACK=([s]="" [g$LAYERS]="--grow-dit num_layers=$LAYERS,init=${GROW_INIT:-copy}")
 declare -A TRAIN=([s]="--set dit_lr_steps=${LR_STEPS_S:-1200}"
                   [g$LAYERS]="--set dit_num_layers=$LAYERS --set dit_lr_steps=${LR_STEPS_G:-700}")
-arms=(s "g$LAYERS")
+arms=(${ARMS:-s g$LAYERS})
+declare -A FROM=([s]=h3/assets/tiny [g$LAYERS]=h3/assets/tiny)
+if [ -n "${FROM_SLIM:-}" ]; then  # the grown arm goes on from an earlier call's export (already LAYERS blocks)
+  rm -rf "$tmp/g-from" && bash "$(dirname "$0")/rebuild.sh" "$FROM_SLIM" "$tmp/g-from" || exit 1
+  FROM[g$LAYERS]=$tmp/g-from/tiny
+  UNPACK[g$LAYERS]=""
+fi
 
 # every wait names its jobs: a bare `wait` would wait for the GPU trace too, which never ends
 pids=()
 for n in "${arms[@]}"; do
   rm -rf "$tmp/run-$n"
-  $PY -m h3.train unpack --out "$tmp/run-$n" --from h3/assets/tiny --continue "dit:${CONT:-30000}" ${UNPACK[$n]} \
+  $PY -m h3.train unpack --out "$tmp/run-$n" --from "${FROM[$n]}" --continue "dit:${CONT:-30000}" ${UNPACK[$n]} \
     >"$tmp/unpack-$n.log" 2>&1 &
   pids+=($!)
 done
@@ -101,12 +113,13 @@ for n in "${arms[@]}"; do
 done
 echo "seeded at $(($(date +%s) - start)) s"
 
-# the pool once, in s's folder (the s arm's settings: the pool reads no DiT setting), then a copy for the other arm
-timeout $(($(left "$train_end") - 60)) $PY -m h3.train pool --out "$tmp/run-s" --device "$DEVICE" $X \
-  ${TRAIN[s]} >"$tmp/pool.log" 2>&1
+# the pool once, in the first arm's folder (the pool reads no DiT setting), then a copy for the other arm
+first=${arms[0]}
+timeout $(($(left "$train_end") - 60)) $PY -m h3.train pool --out "$tmp/run-$first" --device "$DEVICE" $X \
+  ${TRAIN[$first]} >"$tmp/pool.log" 2>&1
 echo "pool exit $? at $(($(date +%s) - start)) s"
 for n in "${arms[@]:1}"; do
-  mkdir -p "$tmp/run-$n/state/pool" && cp "$tmp/run-s/state/pool/pool.pt" "$tmp/run-$n/state/pool/" || exit 1
+  mkdir -p "$tmp/run-$n/state/pool" && cp "$tmp/run-$first/state/pool/pool.pt" "$tmp/run-$n/state/pool/" || exit 1
 done
 
 train() {  # NAME: h3.train all in its run folder until train_end (the pool is there: the run skips it)
