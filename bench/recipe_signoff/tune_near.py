@@ -271,6 +271,62 @@ def coverage(out: dict, values: dict, picks: dict, recipes: dict) -> dict:
     return res
 
 
+def heldout(work: Path, pools: list[int], proposed: dict[str, float], runs: int, rng: np.random.Generator,
+            before: Path | None) -> dict:
+    """The held-out pools' check, after the choice and not used for it: the correct rung and turbo4-tiny-sparse
+    against turbo4-tiny under the proposed bounds, and the ghosting run tests with (and, from ``before``'s
+    ``pool<i>-<recipe>/vs-turbo4-tiny`` copies, without) displacement compensation."""
+    out = {}
+    for name in (*CORRECT, "turbo4-tiny-sparse"):
+        for pool in pools:
+            per = {q: pair_values(work, pool, name, "turbo4-tiny", *q.split(".")) for q in QUANTITIES}
+            stems = sorted(set.intersection(*(set(v) for v in per.values())))
+            vals = {q: np.array([per[q][s] for s in stems]) / floor(work, pool, q) for q in QUANTITIES}
+            picks = run_picks(stems, rng, runs)
+            row = {"pairs": len(stems), "fail": {q: fail_rates(vals[q], picks, QUANTITIES[q][0], proposed[q])["fail"]
+                                                 for q in QUANTITIES},
+                   "max": {q: float(vals[q].max()) for q in QUANTITIES},
+                   "ghosting": ghost_rates(work, pool, name, "turbo4-tiny", picks, stems)}
+            old = None if before is None else before / f"pool{pool}-{name}" / "vs-turbo4-tiny"
+            if old is not None and old.is_dir():
+                row["ghosting_before"] = ghost_rates(work, pool, name, "turbo4-tiny", picks, stems, old)
+            pv, sv = (np.array([v[s] for s in stems]) for v in (
+                pair_values(work, pool, name, "turbo4-tiny", "ghosting", m)
+                for m in ("ghost_p_value", "ghost_stale_evidence")))
+            row["any_fail"] = float(np.mean([row_fails(vals, k, proposed) or ghost_fails(pv[k], sv[k])
+                                             for k in picks]))
+            out[f"{name} pool {pool}"] = row
+    return out
+
+
+def row_fails(vals: dict, k: list[int], bounds: dict[str, float]) -> bool:
+    return any(bool((vals[q][k] > bounds[q]).any()) if QUANTITIES[q][0] == "pair_limit" else bool(vals[q][k].mean()
+               > bounds[q]) for q in QUANTITIES)
+
+
+def ghost_fails(p_values: np.ndarray, stale: np.ndarray) -> bool:
+    """One run's ghosting verdict: a Benjamini-Hochberg discovery or the stale mean beyond its bound."""
+    from h3eval.stats import ghost_run_test
+
+    return ghost_run_test(p_values, fdr=GHOST_FDR).fail or float(stale.mean()) > STALE_MAX
+
+
+def heldout_markdown(rows: dict) -> str:
+    lines = ["", "## Held out (pools 0-2), checked after the choice, not used for it", "",
+             "FAIL share of simulated 16-pair runs under the proposed bounds; largest pair in floor units; ghosting "
+             "run tests (BH or stale) with compensation, and without it where the stored results were kept.", "",
+             "| recipe, pool | pairs | " + " | ".join(f"{q} FAIL (max pair)" for q in QUANTITIES)
+             + " | ghosting, compensated | ghosting, uncompensated | near judge (these) FAIL |",
+             "|---|---|" + "---|" * (len(QUANTITIES) + 3)]
+    for key, r in rows.items():
+        b = r.get("ghosting_before")
+        lines.append(f"| `{key}` | {r['pairs']} | " + " | ".join(
+            f"{r['fail'][q]:.1%} ({r['max'][q]:.3f})" for q in QUANTITIES)
+            + f" | {r['ghosting']['either_fail']:.1%} (p min {r['ghosting']['p_min']:.2g}) | "
+            + (f"{b['either_fail']:.1%} (p min {b['p_min']:.2g})" if b else "-") + f" | {r['any_fail']:.1%} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(payload: dict) -> str:
     s = payload["study"]
     lines = ["## Distances against the parent, in units of the parent's new-seed floor", "",
@@ -326,6 +382,11 @@ def main() -> None:
     parser.add_argument("--before-ghosting", type=Path, default=None,
                         help="the INT8 rung's ghosting results of the tuning pool made before displacement "
                              "compensation (a copy of <work>/pool3/run/gates/ghosting/turbo4-tiny-int8/vs-turbo4-tiny)")
+    parser.add_argument("--heldout", default="", help="after the choice, check it on these held-out pools (e.g. "
+                                                          "0,1,2): reported apart, never used to choose")
+    parser.add_argument("--before-heldout", type=Path, default=None,
+                        help="copies of the held-out pools' ghosting results before compensation: "
+                             "DIR/pool<i>-<recipe>/vs-turbo4-tiny")
     parser.add_argument("--name", default="tune_near")
     parser.add_argument("--note", default="")
     parser.add_argument("--rescore-ghosting", action="store_true",
@@ -341,7 +402,13 @@ def main() -> None:
     digest = hashlib.sha256(rs.RELEASE.read_bytes()).hexdigest()[:12]
     payload = {"note": args.note, "policy": f"release.toml {digest} (its [judges.near] bounds: the 'current' column)", "runs": args.runs, "rng": args.rng, "tuning_pool": rs.TUNING_POOL,
                "rule": __doc__.split("Rule (:func:`choose`). ")[1].strip(), "study": result}
-    rs.write_record(args.name, payload, markdown(payload))
+    md = markdown(payload)
+    if args.heldout:
+        proposed = {q: v["proposed"] for q, v in result["quantities"].items()}
+        payload["heldout"] = heldout(args.work, [int(p) for p in args.heldout.split(",")], proposed, args.runs,
+                                     np.random.default_rng(args.rng + 1), args.before_heldout)
+        md += heldout_markdown(payload["heldout"])
+    rs.write_record(args.name, payload, md)
 
 
 if __name__ == "__main__":
