@@ -9,12 +9,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 import typer
 from typer.testing import CliRunner
 
 from h3.media import encode_mp4
 from h3eval.backends.folder import read_sglang_perf_dump
 from h3eval.commands.import_ import register, run_import
+from h3eval.gateplan import policy_path
+from h3eval.policy import load_policy
 from h3eval.runner import RunError
 from h3eval.store import RunStore
 from h3eval.synth import moving_square_frames, tone_pcm
@@ -261,7 +264,9 @@ def test_imported_folders_reach_pass_and_fail_under_the_release_policy(tmp_path)
     values = [json.loads(f.read_text())["metrics"]["lpips_mean"]["value"]
               for f in sorted((run / "gates" / "fidelity" / "noisy").glob("*.json"))]
     assert len(values) == 16 and lpips.mean_value == pytest.approx(float(np.mean(values)), rel=1e-9)
-    assert lpips.threshold == pytest.approx(0.1 * floor_value) and lpips.mean_value > lpips.threshold
+    fraction = load_policy(policy_path("release")).policy.judges["near"].gates["fidelity"].metrics["lpips_mean"].max
+    assert lpips.threshold == pytest.approx(fraction.fraction_of_floor * floor_value)
+    assert lpips.mean_value > lpips.threshold
     # Speed from the declared latencies: every pair's ratio lies in the CI's neighbourhood, and it is judged.
     ratios = [latency[("baseline", f"p{p}", s)] / latency[("noisy", f"p{p}", s)] for p in range(4) for s in range(4)]
     assert noisy.speed.n_pairs == 16 and noisy.speed.outcome == "PASS"

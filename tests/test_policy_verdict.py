@@ -62,7 +62,7 @@ def test_shipped_policies_load(name):
 def test_shipped_policies_contents():
     release = load_policy(POLICIES / "release.toml").policy
     assert release.gates["integrity"].max_flagged == 0 and release.speed.min_speedup == 1.0
-    assert release.judges["near"].gates["fidelity"].metrics["lpips_mean"].max.fraction_of_floor == 0.1
+    assert release.judges["near"].gates["fidelity"].metrics["lpips_mean"].max.fraction_of_floor == 0.053
     assert release.judges["exact"].gates["fidelity"].metrics["lpips_mean"].max.fraction_of_floor == 0.01
     assert "fidelity" not in release.judges["resample"].gates  # a resampling recipe is not judged by same-seed LPIPS
     quality = load_policy(POLICIES / "quality.toml").policy
