@@ -114,6 +114,42 @@ def test_gate_judges_both_sides(tmp_path):
     assert json.loads(result.model_dump_json())["info"]["candidate"]["black_frames"] == [3]
 
 
+def test_gate_flags_a_stall_but_not_a_still_opening_or_a_still_both_clips_hold(tmp_path):
+    """A planted 14-frame stall mid-clip in the candidate alone is flagged with its frames; the same still in both
+    clips, a still opening (frames 0-11), and the baseline's own still are reported in info, not flagged (a byte-
+    identical candidate of a baseline that opens still must not FAIL integrity)."""
+    store = make_run(tmp_path / "run")
+    baseline = store.read_manifest().baseline
+    moving = moving_square_frames(NUM_FRAMES, SIZE, 0)
+    stall = moving.copy()
+    stall[8:22] = stall[8]                          # frames 8..21: one picture, 14 frames
+    opening = moving.copy()
+    opening[0:12] = opening[0]                      # frames 0..11: a still opening, 12 frames
+
+    def evaluate(base_frames, cand_frames):
+        rewrite_clip(store, baseline, "p0", 0, base_frames, noise_pcm())
+        rewrite_clip(store, "candidate", "p0", 0, cand_frames, noise_pcm())
+        return get_gate("integrity").evaluate(pair_context(store, gate="integrity"))
+
+    alone = evaluate(moving, stall)
+    assert alone.flagged and alone.flags == ["candidate: frozen run of 14 frames from frame 8 (mean |change| <= 0.25 levels)"]
+    assert alone.metrics["candidate_frozen_frames"].value == 14
+    both = evaluate(stall, stall)
+    assert not both.flagged and both.flags == []
+    assert both.info["frozen_not_flagged"] == [
+        "baseline: frozen run of 14 frames from frame 8 (the baseline's own)",
+        "candidate: frozen run of 14 frames from frame 8 (mean |change| <= 0.25 levels): the baseline holds the same still"]
+    still_open = evaluate(moving, opening)
+    assert not still_open.flagged and still_open.info["frozen_not_flagged"][0].endswith(": a still opening")
+    assert still_open.metrics["candidate_frozen_frames"].value == 12   # measured and reported all the same
+    base_only = evaluate(stall, moving)
+    assert not base_only.flagged and base_only.metrics["baseline_frozen_frames"].value == 14
+    # A stall that starts after the baseline's still opening ends is a stall: the two runs share no frame.
+    late = moving.copy()
+    late[12:24] = late[12]
+    assert evaluate(opening, late).flags == ["candidate: frozen run of 12 frames from frame 12 (mean |change| <= 0.25 levels)"]
+
+
 def test_gate_flags_a_pair_mismatch_and_errors_on_undecodable_side(tmp_path):
     store = make_run(tmp_path / "run")
     rewrite_clip(store, "candidate", "p0", 0, moving_square_frames(NUM_FRAMES + 3, SIZE, 0), noise_pcm())
