@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -289,16 +290,33 @@ def _check_against_record(result: ClipIntegrity, record: dict[str, Any], th: Int
 
 FROZEN = "frozen run of "
 """How :func:`check_video` words a frozen run among a clip's problems."""
+FROZEN_LINE = re.compile(r"^frozen run of (\d+) frames from frame (\d+) ")
 
 
-def _frozen_flags(base: ClipIntegrity, cand: ClipIntegrity, th: IntegrityThresholds, info: dict) -> list[str]:
+def frozen_runs_in(problems: list[str]) -> list[list[int]]:
+    """[first frame, length] of each frozen run a clip's problem lines name (as :func:`check_video` words them): for
+    callers that kept a clip's problems and not its :class:`ClipIntegrity`."""
+    return [[int(m[2]), int(m[1])] for m in map(FROZEN_LINE.match, problems) if m]
+
+
+def pair_flags(base_problems: list[str], base_frozen: list[list[int]], cand_problems: list[str],
+               cand_frozen: list[list[int]], th: IntegrityThresholds, info: dict) -> list[str]:
+    """The pair's flags from each side's problems: every problem but a frozen run, each prefixed with its side, then
+    the candidate's frozen stalls (:func:`frozen_flags`)."""
+    flags = [f"{side}: {p}" for side, problems in (("baseline", base_problems), ("candidate", cand_problems))
+             for p in problems if not p.startswith(FROZEN)]
+    return flags + frozen_flags(base_frozen, cand_frozen, th, info)
+
+
+def frozen_flags(base_frozen: list[list[int]], cand_frozen: list[list[int]], th: IntegrityThresholds,
+                 info: dict) -> list[str]:
     """The candidate's frozen runs that are stalls (see the module docstring): neither a still opening nor a still the
     baseline also holds; the others, and the baseline's own, go to ``info["frozen_not_flagged"]``."""
     flags, reported = [], []
-    for start, length in base.frozen_runs:
+    for start, length in base_frozen:
         reported.append(f"baseline: frozen run of {length} frames from frame {start} (the baseline's own)")
-    for start, length in cand.frozen_runs:
-        shared = any(start < b_start + b_length and b_start < start + length for b_start, b_length in base.frozen_runs)
+    for start, length in cand_frozen:
+        shared = any(start < b_start + b_length and b_start < start + length for b_start, b_length in base_frozen)
         why = ("a still opening" if start <= th.frozen_opening_frames
                else "the baseline holds the same still" if shared else None)
         line = f"candidate: frozen run of {length} frames from frame {start} (mean |change| <= {th.frozen_max_diff} levels)"
@@ -335,7 +353,6 @@ class IntegrityGate(Gate):
             if check.decode_error:
                 errors.append(f"{side}: {check.decode_error}")
                 result.flags.append(f"{side}: does not decode: {check.decode_error}")
-            result.flags.extend(f"{side}: {problem}" for problem in check.problems if not problem.startswith(FROZEN))
             decoded = check.decode_error is None
             result.metrics[f"{side}_problems"] = metric(len(check.problems) + (0 if decoded else 1), False)
             result.metrics[f"{side}_black_frames"] = metric(len(check.black_frames) if decoded else None, False)
@@ -345,7 +362,7 @@ class IntegrityGate(Gate):
                 result.series[f"{side}_frame_diff"] = check.frame_diff
 
         base, cand = checks["baseline"], checks["candidate"]
-        result.flags.extend(_frozen_flags(base, cand, th, result.info))
+        result.flags.extend(pair_flags(base.problems, base.frozen_runs, cand.problems, cand.frozen_runs, th, result.info))
         if base.decode_error is None and cand.decode_error is None:
             for name in ("width", "height", "num_frames"):
                 if getattr(base, name) != getattr(cand, name):

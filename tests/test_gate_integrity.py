@@ -150,6 +150,27 @@ def test_gate_flags_a_stall_but_not_a_still_opening_or_a_still_both_clips_hold(t
     assert evaluate(opening, late).flags == ["candidate: frozen run of 12 frames from frame 12 (mean |change| <= 0.25 levels)"]
 
 
+def test_frozen_runs_read_back_from_a_clips_problem_lines(tmp_path):
+    """Callers that kept only a clip's problem lines (bench/recipe_signoff's per-clip scores) recover its frozen runs
+    exactly, and pair_flags on them gives the gate's own flags."""
+    from gates.integrity import frozen_runs_in, pair_flags
+
+    frames = moving_square_frames(NUM_FRAMES, SIZE, 0).copy()
+    frames[0:12] = frames[0]
+    frames[13:24] = frames[13]                       # 11 frames: shorter than a frozen run
+    result = check_clip(_clip(tmp_path, frames))
+    assert result.frozen_runs == [[0, 12]] and frozen_runs_in(result.problems) == result.frozen_runs
+    stall = moving_square_frames(NUM_FRAMES, SIZE, 0).copy()
+    stall[6:20] = stall[6]
+    stalled = check_clip(_clip(tmp_path, stall, name="stall.mp4"))
+    info: dict = {}
+    flags = pair_flags(result.problems, frozen_runs_in(result.problems), stalled.problems,
+                       frozen_runs_in(stalled.problems), IntegrityThresholds(), info)
+    assert flags == []  # the stall (frames 6-19) overlaps the baseline's still opening (0-11): the same still
+    assert pair_flags([], [], stalled.problems, frozen_runs_in(stalled.problems), IntegrityThresholds(), {}) == [
+        "candidate: frozen run of 14 frames from frame 6 (mean |change| <= 0.25 levels)"]
+
+
 def test_gate_flags_a_pair_mismatch_and_errors_on_undecodable_side(tmp_path):
     store = make_run(tmp_path / "run")
     rewrite_clip(store, "candidate", "p0", 0, moving_square_frames(NUM_FRAMES + 3, SIZE, 0), noise_pcm())

@@ -405,6 +405,7 @@ def write_clip_gate_results(run: Path, loaded, scores_dir: Path) -> list[str]:
     """The pair results of :data:`CLIP_GATES` for every comparison that needs them, from the clips' scores; returns
     the comparisons left without (a clip not scored)."""
     from gates.base import GateResult, Metric, PairRef
+    from gates.integrity import IntegrityThresholds, frozen_runs_in, pair_flags
     from gates.reference_free import DIMENSIONS
     from h3.atomic import atomic_write_json
     from h3eval.store import RunStore
@@ -423,11 +424,13 @@ def write_clip_gate_results(run: Path, loaded, scores_dir: Path) -> list[str]:
                 base, cand = (json.loads(p.read_text()) for p in paths)
                 pair = PairRef(baseline=reference, candidate=candidate, prompt_id=pid, seed=seed)
                 results = {}
-                if "integrity" in gates:
+                if "integrity" in gates:  # the gate's own pair rule (frozen stalls: gates.integrity.pair_flags)
                     n_base, n_cand = len(base["problems"]), len(cand["problems"])
+                    info: dict = {}
+                    flags = pair_flags(base["problems"], frozen_runs_in(base["problems"]), cand["problems"],
+                                       frozen_runs_in(cand["problems"]), IntegrityThresholds(), info)
                     results["integrity"] = GateResult(
-                        gate="integrity", pair=pair, flagged=n_base + n_cand > 0,
-                        flags=[*base["problems"], *cand["problems"]],
+                        gate="integrity", pair=pair, flagged=bool(flags), flags=flags, info=info,
                         metrics={"baseline_problems": Metric(value=n_base, higher_is_better=False),
                                  "candidate_problems": Metric(value=n_cand, higher_is_better=False)})
                 if "reference_free" in gates:
