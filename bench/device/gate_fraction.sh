@@ -20,9 +20,8 @@ t0=$SECONDS
 call_s=${GF_CALL_S:-560}
 PY=${GF_PY:-python3}
 R=${GF_DIR:-/tmp/gf}; rm -rf $R; mkdir -p $R /tmp/site "$OUT"
-if [ "${GF_UNPACK:-1}" = 1 ]; then
-  tar -xJf .whl_prod/site.tar.xz -C /tmp/site || { echo "no site.tar.xz"; exit 1; }
-fi
+source "$(dirname "$0")/site.sh"
+if [ "${GF_UNPACK:-1}" = 1 ]; then unpack_site "$PY" || exit 1; fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export H3_CACHE_DIR=/tmp/h3cache TOKENIZERS_PARALLELISM=false
 model=${GF_MODEL:-h3-random}; dev=${GF_DEVICE:-cuda}; cand=${GF_CAND:-turbo4-fp8}

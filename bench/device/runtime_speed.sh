@@ -22,12 +22,8 @@ t0=$SECONDS
 call_s=${RS_CALL_S:-545}
 PY=${RS_PY:-python3}
 R=/tmp/rs; rm -rf $R; mkdir -p $R/run /tmp/site
-if [ "${RS_UNPACK:-1}" = 1 ]; then tar -xJf .whl_prod/site.tar.xz -C /tmp/site || { echo "no site.tar.xz"; exit 1; }; fi
-# Wheels built on the device and brought back (e.g. sageattention 2.2.0 for sm_90 from build_sageattention.sh, which the
-# sage recipes need) go into the same site when they are carried in .whl_prod.
-for w in .whl_prod/*.whl; do
-  [ "${RS_UNPACK:-1}" = 1 ] && [ -f "$w" ] && $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$w" && echo "installed $w"
-done
+source "$(dirname "$0")/site.sh"
+if [ "${RS_UNPACK:-1}" = 1 ]; then unpack_site "$PY" || exit 1; fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 export H3_CACHE_DIR=/tmp/h3cache TOKENIZERS_PARALLELISM=false
 echo "site unpacked at $((SECONDS - t0)) s"
