@@ -127,7 +127,10 @@ def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: boo
             config.prepare(pipe, ctx)
             if config.is_on() and config.name not in kept:
                 ctx.handles[config.name] = config.apply(pipe, ctx)
-    except LeverError as exc:
+    except BaseException as exc:
+        # Any failure, not only a lever's own: an out-of-memory in the third lever once left the first one (the LoRA)
+        # fused on a shared model with no handle to remove it, and every later request of that run was refused with
+        # "lever 'lora' is already applied" (2026-12-06 H100 call of bench/device/gate_fraction.sh).
         for name, handle in reversed(list(ctx.handles.items())):
             if name in kept:
                 continue
@@ -135,7 +138,9 @@ def apply_recipe_levers(pipe, recipe, *, device, model_sha256: str, is_tiny: boo
                 handle.remove()
             except LeverError:
                 pass  # irreversible levers (fused LoRA, dropped weights): the runtime is discarded anyway
-        raise LeverError(f"recipe {recipe.name!r}: {exc}") from exc
+        if isinstance(exc, LeverError):
+            raise LeverError(f"recipe {recipe.name!r}: {exc}") from exc
+        raise
     return ctx.handles
 
 

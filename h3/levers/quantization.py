@@ -315,6 +315,30 @@ def apply_quantization(module: nn.Module, config: QuantizationConfig, *, keep_or
     del chosen  # no list of the float layers outlives its turn below: each is freed as soon as its copy is made
     mark_applied(module, "quant")
     replaced, originals = {}, {}
+    try:
+        _quantize_layers(module, names, config, device, compute, keep_originals, keep_on, replaced, originals)
+    except BaseException:
+        # Half-way (a card out of memory): the layers done so far go back, so that no model is left half quantized
+        # with no handle to undo it. Only possible when their float layers were kept; without them the model is lost.
+        for name in replaced:
+            if name in originals:
+                _set_submodule(module, name, originals[name].to(device))
+        unmark_applied(module, "quant")
+        if len(originals) != len(replaced):
+            logger.error("quantization failed after %d layers whose float weights were dropped: reload the model",
+                         len(replaced))
+        raise
+    if not replaced:
+        unmark_applied(module, "quant")
+        raise LeverError(f"quantization {config.mode}: no Linear left to quantize after exclude={config.exclude}")
+    logger.info("quantization %s: %d linears quantized, %d excluded, %d skipped for kernel shape",
+                config.mode, len(replaced), len(excluded), len(skipped))
+    return QuantizationHandle(module, config.mode, replaced, excluded, skipped, originals, config.exclude)
+
+
+def _quantize_layers(module, names, config, device, compute, keep_originals, keep_on, replaced, originals) -> None:
+    """Swap each named float Linear for its QuantizedLinear, filling ``replaced`` and ``originals`` as it goes (the
+    caller undoes what is done when it fails half-way)."""
     for name in names:
         # Layer by layer: the float layer is looked up, quantized, swapped out and (kept or) freed before the next,
         # so the load peaks at the float model plus one layer's quantized copy, never at both whole copies (a 33 B
@@ -331,9 +355,3 @@ def apply_quantization(module: nn.Module, config: QuantizationConfig, *, keep_or
             child.to("meta")
         del child
         replaced[name] = quantized
-    if not replaced:
-        unmark_applied(module, "quant")
-        raise LeverError(f"quantization {config.mode}: no Linear left to quantize after exclude={config.exclude}")
-    logger.info("quantization %s: %d linears quantized, %d excluded, %d skipped for kernel shape",
-                config.mode, len(replaced), len(excluded), len(skipped))
-    return QuantizationHandle(module, config.mode, replaced, excluded, skipped, originals, config.exclude)
