@@ -82,6 +82,11 @@ class AbPlan:
     """Within each (prompt, seed) the candidates' requests first, the baseline's last: under a time box, a cheap
     candidate then never waits behind a baseline request of minutes (a full-size 29-step baseline at 768x1344 is
     ~3.5 min), and the pairs still complete in the order of the suite."""
+    by_recipe: bool = False
+    """Every request of one recipe before the next recipe's (baseline first), the last recipe applied for good on the
+    shared model, instead of interleaving: what lets an FP8 candidate follow the bf16 baseline of the 33 B model on
+    an 80 GB card, where a reversible FP8 would hold both copies of every layer (it ran out of memory at the first
+    switch on the 2026-12-06 H100 call). Machine drift then falls between the recipes instead of on both alike."""
     speed_protocol: Protocol = "mixed"
     speed_rounds: int = 2
     gpu_hourly_rate: float | None = None
@@ -124,6 +129,9 @@ class AbPlan:
             raise RunError("latent trajectories (--trajectory) are recorded by the inprocess backend only")
         if len(self.run.recipes) < 2:
             raise RunError("an ab run needs a baseline and at least one --candidate")
+        if self.by_recipe and self.baseline_last:
+            raise RunError("--by-recipe runs each recipe's requests together; --baseline-last orders them within "
+                           "each pair: choose one")
 
 
 @dataclass
@@ -268,12 +276,26 @@ class AbResult:
 
 
 
+def _run_by_recipe(plan: AbPlan, store: RunStore, backend: Backend, session: _Session, warmups_for) -> None:
+    """``--by-recipe``: each recipe's warm-up, speed and quality requests together, recipe after recipe; the
+    in-process backend applies the last recipe with work left for good (its ``final_recipe``)."""
+    every = [j for protocol in plan.protocols for j in speed_jobs(plan, store, protocol)] + quality_jobs(plan, store)
+    blocks = [[j for j in every if j.recipe.name == recipe.name] for recipe in plan.run.recipes]
+    left = [block for block in blocks if any(read_finished_record(j.out) is None for j in block)]
+    if left and hasattr(backend, "final_recipe"):
+        backend.final_recipe = left[-1][0].recipe.name
+    for block in left:
+        session.run(warmups_for(block) + block)
+
+
 def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     """Run (or resume) an A/B run; writes clips, records, ``speed.json``/``speed.md`` and the manifest. Holds the
     run's lock throughout: a second process on the same run is refused before it writes anything."""
     plan.validate()
     plan.run.kind = "ab"
     plan.run.facts = {"speed_protocol": plan.speed_protocol, "speed_rounds": plan.speed_rounds}
+    if plan.by_recipe:  # (only then: runs recorded before the option resume as they were)
+        plan.run.facts["order"] = "by_recipe"
     validate_plan(plan.run)  # before the lock creates the directory: bad input leaves nothing behind
     with RunStore(plan.run.out).lock("h3eval ab"):
         return _run_ab(plan, backend)
@@ -304,11 +326,14 @@ def _run_ab(plan: AbPlan, backend: Backend) -> AbResult:
 
     interrupted: KeyboardInterrupt | None = None
     try:
-        for protocol in plan.protocols:
-            jobs = speed_jobs(plan, store, protocol)
+        if plan.by_recipe:
+            _run_by_recipe(plan, store, backend, session, warmups_for)
+        else:
+            for protocol in plan.protocols:
+                jobs = speed_jobs(plan, store, protocol)
+                session.run(warmups_for(jobs) + jobs)
+            jobs = quality_jobs(plan, store)
             session.run(warmups_for(jobs) + jobs)
-        jobs = quality_jobs(plan, store)
-        session.run(warmups_for(jobs) + jobs)
     except KeyboardInterrupt as exc:
         # Ctrl-C, or a driver's SIGINT at its time limit: what finished still gets its speed.json and a manifest
         # marked partial (the interrupted request left only .tmp files, swept on resume), the session is marked
@@ -369,7 +394,8 @@ def _progress(plan: AbPlan, store: RunStore):
 
 
 def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds="0", backend="inprocess", urls=(),
-                     api_key=None, warmup=1, warmup_recipes=None, baseline_last=False, speed_protocol="mixed",
+                     api_key=None, warmup=1, warmup_recipes=None, baseline_last=False, by_recipe=False,
+                     speed_protocol="mixed",
                      speed_rounds=2, gpu_hourly_rate=None,
                      off_identity=False, trajectory=False, seconds=None, num_frames=None, height=None, width=None,
                      timeout_s=1800.0, device=None, runtime_factory=None, share_model=True,
@@ -411,13 +437,13 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
             args=dict(command="ab", baseline=baseline, candidates=list(candidates), prompts=str(prompts), model=model,
                       seeds=seeds, backend=backend, urls=list(urls), warmup=warmup,
                       warmup_recipes=list(warmup_recipes) if warmup_recipes else None, baseline_last=baseline_last,
-                      speed_protocol=speed_protocol,
+                      by_recipe=by_recipe, speed_protocol=speed_protocol,
                       speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
                       trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
                       device=device, share_model=share_model, text_encoder=text_encoder, time_box_s=time_box_s),
         ),
         warmup=warmup, warmup_recipes=list(warmup_recipes) if warmup_recipes else None, baseline_last=baseline_last,
-        speed_protocol=speed_protocol, speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate,
+        by_recipe=by_recipe, speed_protocol=speed_protocol, speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate,
         time_box_s=time_box_s, progress=progress,
     )
     plan.validate()

@@ -16,9 +16,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import torch
+
 from h3.record import ClipRecord
 from h3.recipe import Recipe
 from h3.runtime import GenerateRequest, H3Runtime, SharedModelError
+from h3eval.backends import BackendError
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +50,9 @@ class InProcessBackend:
         self.text_encoder = text_encoder
         self._runtimes: dict[str, Any] = {}
         self._shared: H3Runtime | None = None
+        self.final_recipe: str | None = None
+        """The recipe whose levers apply for good once the shared model runs it (``h3eval ab --by-recipe``: no other
+        recipe follows it), so that quantization drops the float weights instead of holding both copies."""
         self.last_load_s = 0.0
         """Seconds the last :meth:`generate` spent loading a model (the first request of a shared model, or of each
         recipe's own runtime): a one-time cost that the time box must not expect of the recipe's next request."""
@@ -76,12 +82,19 @@ class InProcessBackend:
         if self._shared is None:
             logger.info("loading %s once, shared by every recipe (first: %s)", self.model, recipe.name)
             t0 = time.monotonic()
-            self._shared = H3Runtime.load(self.model, recipe, self.device, shared=True,
+            # A run's only recipe left (a resumed --by-recipe run) loads as a runtime of one recipe: for good.
+            self._shared = H3Runtime.load(self.model, recipe, self.device, shared=recipe.name != self.final_recipe,
                                           text_encoder=self.text_encoder)
             self.last_load_s = time.monotonic() - t0
             logger.info("loaded %s in %.1f s", self.model, self.last_load_s)
         elif self._shared.recipe is not recipe or not self._shared.levers_applied:
-            info = self._shared.switch_recipe(recipe)
+            try:
+                info = self._shared.switch_recipe(recipe, final=recipe.name == self.final_recipe)
+            except torch.OutOfMemoryError as exc:
+                raise BackendError(
+                    f"the shared model ran out of device memory applying {recipe.name!r} next to the weights it keeps "
+                    f"to switch back ({exc}). `h3eval ab --by-recipe` runs each recipe's requests together and applies "
+                    "the last for good (one FP8 or INT8 candidate after a bf16 baseline fits an 80 GB card).") from exc
             logger.info("switched the shared model %s -> %s in %.2f s (kept %s, removed %s, applied %s)",
                         info["from"], info["to"], info["seconds"], info["kept"], info["removed"], info["applied"])
         return self._shared

@@ -36,6 +36,10 @@ def register(app: typer.Typer) -> None:
             False, "--baseline-last",
             help="Within each (prompt, seed) run the candidates first and the baseline last (a time-boxed call "
                  "whose baseline request takes minutes)."),
+        by_recipe: bool = typer.Option(
+            False, "--by-recipe",
+            help="Every request of a recipe before the next recipe's, the last applied for good (inprocess): lets "
+                 "an FP8 candidate follow a bf16 baseline of the 33 B model on an 80 GB card."),
         speed_protocol: str = typer.Option("mixed", "--speed-protocol", help="mixed, repeated or both."),
         speed_rounds: int = typer.Option(2, "--speed-rounds", help="Cycles of the prompt suite per protocol."),
         gpu_hourly_rate: Optional[float] = typer.Option(None, "--gpu-hourly-rate", help="USD per GPU-hour."),
@@ -73,7 +77,7 @@ def register(app: typer.Typer) -> None:
         args = dict(
             baseline=baseline, candidates=candidate, prompts=prompts, out=out, model=model, seeds=seeds,
             backend=backend, urls=url, api_key=api_key, warmup=warmup, warmup_recipes=warmup_recipe or None,
-            baseline_last=baseline_last, speed_protocol=speed_protocol, speed_rounds=speed_rounds,
+            baseline_last=baseline_last, by_recipe=by_recipe, speed_protocol=speed_protocol, speed_rounds=speed_rounds,
             gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity, trajectory=trajectory, seconds=seconds,
             num_frames=num_frames, height=height, width=width, timeout_s=timeout_s, device=device,
             share_model=share_model, text_encoder=text_encoder, time_box_s=time_box)
