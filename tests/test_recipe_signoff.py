@@ -111,6 +111,7 @@ def test_summarize_pools_rates_and_counts():
             "bug-lora-16x": {"outcomes": {"PASS": 0, "FAIL": 190, "INCONCLUSIVE": 10}, "failed_on": {"a": 190},
                              "judge": "resample", "against": "turbo4-tiny", "top_judge": None},
             "turbo4-tiny-int8": {"outcomes": {"PASS": 150, "FAIL": 2, "INCONCLUSIVE": 48}, "failed_on": {"b": 2},
+                                 "inconclusive_on": {"c": 48, "d": 5},
                                  "judge": "near", "against": "turbo4-tiny", "top_judge": None}}},
         1: {"pool_pairs": 16, "candidates": {
             "turbo4-tiny-int8": {"outcomes": {"PASS": 199, "FAIL": 1, "INCONCLUSIVE": 0}, "failed_on": {"b": 1},
@@ -121,6 +122,8 @@ def test_summarize_pools_rates_and_counts():
     assert out["turbo4-tiny-int8"]["pools"] == [0, 1] and out["turbo4-tiny-int8"]["distinct_pairs"] == 32
     assert out["turbo4-tiny-int8"]["ci95"] == pytest.approx(rs.clopper_pearson(3, 400))
     assert out["turbo4-tiny-int8"]["correct"] and out["turbo4-tiny-int8"]["failed_on"] == {"b": 3}
+    assert (out["turbo4-tiny-int8"]["passes"], out["turbo4-tiny-int8"]["inconclusive"]) == (349, 48)
+    assert out["turbo4-tiny-int8"]["inconclusive_on"] == {"c": 48, "d": 5}  # pool 1's record predates the count
     assert out["bug-lora-16x"]["rate"] == 0.95 and out["bug-lora-16x"]["family"] == "LoRA strength 16x"
     assert out["bug-lora-16x"]["corpus"] == {"status": "changes the clip"}
     assert out["lora-nomatch"]["refused"].startswith("LeverError")
@@ -214,3 +217,68 @@ def test_tune_margins_regression_rule_matches_a_float64_loop():
         expect = bool(any(holm[i] <= 0.01 and mean[i] >= m * floor[i] for i in range(2)))
         assert tm.run_fails(w, floor, dims, m) == (bool((mean >= 1.5).any()), expect), m
     assert tm.run_fails(w, floor, dims, 0.1)[1] and not tm.run_fails(w, floor, dims, 1.0)[1]
+
+
+def _rf_scores(rng: np.random.Generator, detectors: bool = True, **planted: float) -> dict[str, float]:
+    """A clip's per-clip scores as score_clip caches them (``rf``): every dimension and, where the clip is long enough
+    for them, every artifact statistic, at a clean tiny clip's typical size; ``planted`` overrides values."""
+    from gates.reference_free import ARTIFACTS, DIMENSIONS
+
+    out = {name: float(rng.uniform(0.1, 1.0)) for name in DIMENSIONS}
+    if detectors:
+        out.update({name: float(rng.uniform(0.2, 1.0)) for name in ARTIFACTS})
+        out["frozen_frames"], out["dropout_ms"] = 0.0, 0.0
+    return {**out, **planted}
+
+
+@pytest.mark.parametrize("detectors", [True, False])
+def test_reference_free_metrics_equal_the_gates_own_pair_result(tmp_path, monkeypatch, detectors):
+    """The pair result recipe_signoff writes from two cached clip scores is the reference_free gate's own, metric by
+    metric (the gate run on the same scores through gates.reference_free.score_mp4): with the artifact statistics
+    (clips of >= 32 frames) and without them (shorter clips: the gate writes none). Before session 27 the bench wrote
+    the dimensions only, so the resample judge's detectors had no value in any pair."""
+    import gates.reference_free as rf
+    from gates.base import ClipSide, PairContext, PairRef
+
+    rng = np.random.default_rng(27)
+    sides = {"base.mp4": _rf_scores(rng, detectors), "cand.mp4": _rf_scores(rng, detectors, blocking=2.5)}
+    if not detectors:
+        sides["cand.mp4"].pop("blocking")
+    monkeypatch.setattr(rf, "score_mp4", lambda path, options, device="cpu": (dict(sides[Path(path).name]), {}))
+    ctx = PairContext(run_dir=tmp_path, pair=PairRef(baseline="b", candidate="c", prompt_id="p", seed=0),
+                      baseline=ClipSide("b", tmp_path / "base.mp4", {}), candidate=ClipSide("c", tmp_path / "cand.mp4", {}),
+                      artifact_dir=tmp_path)
+    gate = rf.ReferenceFreeGate().evaluate(ctx)
+    ours = rs.reference_free_metrics(sides["base.mp4"], sides["cand.mp4"])
+    assert {k: m.model_dump() for k, m in ours.items()} == {k: m.model_dump() for k, m in gate.metrics.items()}
+    assert ("blocking" in ours) == detectors and ("tail_flicker.baseline" in ours) == detectors
+    if detectors:
+        assert ours["blocking"].value == 2.5 and ours["blocking.baseline"].value == sides["base.mp4"]["blocking"]
+
+
+def test_the_resample_judges_detectors_decide_on_the_bench_pair_results(tmp_path):
+    """16 resampled pairs written by recipe_signoff's rule and judged by the release policy's flag rules: clean clips
+    PASS every required detector (before session 27 each was INCONCLUSIVE, 'metric absent', in every run); blocking
+    planted at 2.5 (the rule: > 2.0) on 2 candidate clips FAILs it (max_flagged_pairs 1), on 1 clip does not."""
+    from test_artifact_rules import FLAGS, flags_only, metric
+    from verdict_fixtures import make_run, pairs_of, write_result
+
+    from h3eval.verdict import compute_verdict
+
+    loaded = flags_only(tmp_path)
+    for planted, expect in ((0, "PASS"), (1, "PASS"), (2, "FAIL")):
+        store = make_run(tmp_path / f"run{planted}", candidates=("turbo",), n_prompts=16)
+        m = store.read_manifest()
+        store.write_manifest(m.model_copy(update={"recipes": {
+            **m.recipes, "turbo": {"name": "turbo", "signoff": {"kind": "resample"}}}}))
+        rng = np.random.default_rng(planted)
+        for i, (pid, seed) in enumerate(pairs_of(store)):
+            cand = _rf_scores(rng, **({"blocking": 2.5} if i < planted else {}))
+            got = rs.reference_free_metrics(_rf_scores(rng), cand)
+            write_result(store, "reference_free", "turbo", pid, seed,
+                         {k: (v.value, v.higher_is_better) for k, v in got.items()})
+        verdict = compute_verdict(store.root, loaded)
+        required = {n: metric(verdict, n).outcome for n, mp in FLAGS.items() if mp.required}  # release's
+        assert set(required) == {"tail_flicker", "sharpness_drop", "blocking"}
+        assert required == {"tail_flicker": "PASS", "sharpness_drop": "PASS", "blocking": expect}, planted
+        assert metric(verdict, "blocking").stats["candidate_flagged"] == planted

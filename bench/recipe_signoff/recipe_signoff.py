@@ -401,12 +401,32 @@ def score_pool(work: Path, pool: int, names: list[str], wait: bool = False) -> i
         time.sleep(20)
 
 
+def reference_free_metrics(base: dict, cand: dict) -> dict:
+    """The reference_free gate's pair metrics from two clips' per-clip scores, by the gate's own rule
+    (gates.reference_free.ReferenceFreeGate._score): every dimension as ``<name>`` (the candidate) and
+    ``<name>.baseline``, and every artifact detector (echo, tail flicker, frozen frames, sharpness drop, blocking,
+    dropout, clicks) where both clips carry it. Until session 27 this wrote the dimensions only, so the resample
+    judge's four required detectors (tail_flicker, sharpness_drop, blocking, echo_score) had no value in any pair and
+    every resample-judged candidate ended INCONCLUSIVE (never PASS) whatever its quality."""
+    from gates.common import metric
+    from gates.reference_free import ARTIFACTS, DIMENSIONS
+
+    out = {}
+    for name, dim in DIMENSIONS.items():
+        out[name] = metric(cand[name], dim.higher_is_better, dim.unit)
+        out[f"{name}.baseline"] = metric(base[name], dim.higher_is_better, dim.unit)
+    for name, dim in ARTIFACTS.items():
+        if name in cand and name in base:
+            out[name] = metric(cand[name], dim.higher_is_better, dim.unit)
+            out[f"{name}.baseline"] = metric(base[name], dim.higher_is_better, dim.unit)
+    return out
+
+
 def write_clip_gate_results(run: Path, loaded, scores_dir: Path) -> list[str]:
     """The pair results of :data:`CLIP_GATES` for every comparison that needs them, from the clips' scores; returns
     the comparisons left without (a clip not scored)."""
     from gates.base import GateResult, Metric, PairRef
     from gates.integrity import IntegrityThresholds, frozen_runs_in, pair_flags
-    from gates.reference_free import DIMENSIONS
     from h3.atomic import atomic_write_json
     from h3eval.store import RunStore
     from h3eval.verdict.lineage import pairing_gates, result_dir
@@ -434,13 +454,8 @@ def write_clip_gate_results(run: Path, loaded, scores_dir: Path) -> list[str]:
                         metrics={"baseline_problems": Metric(value=n_base, higher_is_better=False),
                                  "candidate_problems": Metric(value=n_cand, higher_is_better=False)})
                 if "reference_free" in gates:
-                    metrics = {}
-                    for name, dim in DIMENSIONS.items():
-                        metrics[name] = Metric(value=cand["rf"][name], higher_is_better=dim.higher_is_better,
-                                               unit=dim.unit)
-                        metrics[f"{name}.baseline"] = Metric(value=base["rf"][name],
-                                                             higher_is_better=dim.higher_is_better, unit=dim.unit)
-                    results["reference_free"] = GateResult(gate="reference_free", pair=pair, metrics=metrics)
+                    results["reference_free"] = GateResult(gate="reference_free", pair=pair,
+                                                           metrics=reference_free_metrics(base["rf"], cand["rf"]))
                 if "prompt_faithfulness" in gates:
                     results["prompt_faithfulness"] = GateResult(
                         gate="prompt_faithfulness", pair=pair,
@@ -479,6 +494,17 @@ class PoolResults:
     manifest: object
     results: dict
     seeds: dict
+
+
+def gate_results_digest(run: Path) -> str:
+    """sha256 over every gate result file of the run (path and bytes): the simulated verdicts' cache key, so a
+    rewritten pair result (a gate or the per-clip writer changed) is judged again, never read from the cache."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted((run / "gates").rglob("*.json")):
+        digest.update(path.relative_to(run).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
 
 
 def load_pool(run: Path) -> PoolResults:
@@ -532,6 +558,19 @@ def chain(manifest, candidate: str) -> list[str]:
     return [r for r in ladder_of(manifest, candidate) if r != manifest.baseline]
 
 
+def undecided_on(c) -> list[str]:
+    """What leaves a candidate verdict INCONCLUSIVE: each required gate's required metric that is, or the gate itself
+    (``<gate> (gate level)``: missing results, too few pairs, a run test without p-values) when none of its metrics
+    is."""
+    out = []
+    for g in c.gates:
+        if not g.required or g.outcome != "INCONCLUSIVE":
+            continue
+        ms = [f"{g.gate}.{m.metric}" for m in g.metrics if m.required and m.outcome == "INCONCLUSIVE"]
+        out += ms or [f"{g.gate} (gate level)"]
+    return out
+
+
 def judge_run(root: Path, loaded, floor: Path) -> dict:
     """Each candidate judged as in its own ladder run (baseline -> its ancestors -> it: a run directory per candidate
     whose manifest names that chain, over the same gate results), so that whether it is the top of a ladder (also
@@ -559,15 +598,17 @@ def judge_run(root: Path, loaded, floor: Path) -> dict:
         if top is not None:
             failed += [f"vs baseline: {g.gate}.{m.metric}" for g in top.gates for m in g.metrics
                        if m.required and m.outcome == "FAIL"]
+        undecided = undecided_on(c) + ([f"vs baseline: {u}" for u in undecided_on(top)] if top is not None else [])
         out[candidate] = {"outcome": c.outcome, "judge": c.judge, "against": c.judged_against or verdict.baseline,
-                          "top_judge": top.judge if top is not None else None, "failed": failed}
+                          "top_judge": top.judge if top is not None else None, "failed": failed,
+                          "undecided": undecided}
     return out
 
 
 def simulate(pool: PoolResults, loaded, floor: Path, runs: int, rng: np.random.Generator, scratch: Path) -> dict:
     """``runs`` simulated 16-pair runs of the pool, judged; per candidate its outcomes and what failed."""
-    per: dict = {c: {"outcomes": {"PASS": 0, "FAIL": 0, "INCONCLUSIVE": 0}, "failed_on": {}} for c in
-                 pool.manifest.candidates}
+    per: dict = {c: {"outcomes": {"PASS": 0, "FAIL": 0, "INCONCLUSIVE": 0}, "failed_on": {}, "inconclusive_on": {}}
+                 for c in pool.manifest.candidates}
     drawn = []
     started = time.perf_counter()
     for i in range(runs):
@@ -584,6 +625,9 @@ def simulate(pool: PoolResults, loaded, floor: Path, runs: int, rng: np.random.G
             if row["outcome"] == "FAIL":
                 for f in row["failed"]:
                     per[name]["failed_on"][f] = per[name]["failed_on"].get(f, 0) + 1
+            elif row["outcome"] == "INCONCLUSIVE":
+                for u in row["undecided"]:
+                    per[name]["inconclusive_on"][u] = per[name]["inconclusive_on"].get(u, 0) + 1
         shutil.rmtree(root)
     return {"runs": runs, "distinct_pairs": distinct_pairs(drawn), "candidates": per}
 
@@ -641,9 +685,10 @@ def summarize(pools: dict, refused: dict, corpus: dict) -> dict:
     rows = {}
     names = sorted({c for p in pools.values() for c in p["candidates"]})
     for name in names:
-        fails = runs = pairs = 0
+        fails = runs = pairs = passes = undecided = 0
         used = []
         failed_on: dict = {}
+        inconclusive_on: dict = {}
         judge = None
         for index, pool in pools.items():
             row = pool["candidates"].get(name)
@@ -651,14 +696,19 @@ def summarize(pools: dict, refused: dict, corpus: dict) -> dict:
                 continue
             used.append(index)
             fails += row["outcomes"]["FAIL"]
+            passes += row["outcomes"]["PASS"]
+            undecided += row["outcomes"]["INCONCLUSIVE"]
             runs += sum(row["outcomes"].values())
             pairs += pool["pool_pairs"]
             judge = f"{row['judge']} vs {row['against']}" + (f"; {row['top_judge']} vs the baseline (ladder top)"
                                                              if row.get("top_judge") else "")
             for k, v in row["failed_on"].items():
                 failed_on[k] = failed_on.get(k, 0) + v
-        rows[name] = {**rate(fails, runs), "pools": used, "distinct_pairs": pairs, "judge": judge,
-                      "failed_on": failed_on}
+            for k, v in row.get("inconclusive_on", {}).items():  # records before session 27 did not count them
+                inconclusive_on[k] = inconclusive_on.get(k, 0) + v
+        rows[name] = {**rate(fails, runs), "passes": passes, "inconclusive": undecided, "pools": used,
+                      "distinct_pairs": pairs, "judge": judge, "failed_on": failed_on,
+                      "inconclusive_on": inconclusive_on}
     for stem, why in refused.items():
         rows[stem] = {"refused": why}
     for name, row in rows.items():
@@ -677,18 +727,21 @@ def pct(x: float) -> str:
 
 def markdown(summary: dict, meta: dict) -> str:
     lines = ["| recipe | family | corpus: what it changes | judged | runs | FAIL | rate | 95% CI (Clopper-Pearson) "
-             "| pools x distinct pairs | failed on (runs) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| PASS | INCONCLUSIVE | pools x distinct pairs | failed on (runs) | left undecided by (INCONCLUSIVE runs) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in sorted(summary.items(), key=lambda kv: (kv[1]["correct"], kv[1].get("family") or "", kv[0])):
         corpus = row.get("corpus") or {}
         said = corpus.get("status", "-" if not row["correct"] else "correct recipe")
         if "refused" in row:
             lines.append(f"| `{name}` | {row['family']} | {said} | refused at load: {row['refused'][:120]} | - | - "
-                         f"| - | - | - | - |")
+                         f"| - | - | - | - | - | - | - |")
             continue
         on = ", ".join(f"{k} x{v}" for k, v in sorted(row["failed_on"].items(), key=lambda kv: -kv[1])[:4]) or "-"
+        left = ", ".join(f"{k} x{v}" for k, v in sorted(row["inconclusive_on"].items(), key=lambda kv: -kv[1])[:4])
         lines.append(f"| `{name}` | {row['family'] or 'correct'} | {said} | {row['judge']} | {row['runs']} | "
                      f"{row['fails']} | {pct(row['rate'])} | [{pct(row['ci95'][0])}, {pct(row['ci95'][1])}] | "
-                     f"{len(row['pools'])} x {row['distinct_pairs']} | {on} |")
+                     f"{row['passes']} | {row['inconclusive']} | {len(row['pools'])} x {row['distinct_pairs']} | {on} "
+                     f"| {left or '-'} |")
     correct = meta["correct_pooled"]
     lines += ["", f"Correct recipes pooled ({', '.join(correct['recipes']) or 'none ran'}): {correct['fails']} FAIL "
               f"of {correct['runs']} runs" + (f", {pct(correct['rate'])} [{pct(correct['ci95'][0])}, "
@@ -739,7 +792,8 @@ def main() -> None:
     parser.add_argument("--score-only", action="store_true",
                         help="score the clips as they are made (the per-clip gates), polling until each is scored")
     parser.add_argument("--verdict-only", action="store_true",
-                        help="generate and gate nothing: judge the simulated runs from the gate results --work holds")
+                        help="generate and gate nothing: judge the simulated runs from the gate results --work holds "
+                             "(the per-clip gates' pair results rewritten from the cached scores first)")
     parser.add_argument("--gate-only", action="store_true",
                         help="make, score and gate the clips and measure the floors; judge nothing (a policy edit "
                              "then needs only --verdict-only)")
@@ -811,6 +865,10 @@ def main() -> None:
             print(f"pool {pool}: gates {gate_run(run, loaded)}", flush=True)
         if not (run / "run.json").is_file():
             continue
+        if args.verdict_only:  # the per-clip gates' pair results are the scores' (cheap): written by today's rule
+            missing = write_clip_gate_results(run, loaded, scores)
+            if missing:
+                raise SystemExit(f"pool {pool}: clips not scored: {missing[:5]}")
         floor = floor_of(run, loaded, scores) if not args.verdict_only else run.parent / "floor.json"
         if args.gate_only:
             print(f"pool {pool}: gated, floors in {run.parent}", flush=True)
@@ -820,7 +878,8 @@ def main() -> None:
 
         key = {"policy": loaded.sha256, "runs": args.runs, "rng": args.rng + pool,
                "candidates": list(data.manifest.candidates), "floor": floor.read_text() if floor.is_file() else None,
-               "parent_floors": {p.parent.name: p.read_text() for p in sorted((run / "floors").glob("*/floor.json"))}}
+               "parent_floors": {p.parent.name: p.read_text() for p in sorted((run / "floors").glob("*/floor.json"))},
+               "gate_results": gate_results_digest(run)}
         cache = run.parent / "simulated.json"
         cached = json.loads(cache.read_text()) if cache.is_file() else None
         if cached is not None and cached.get("key") == key:
