@@ -26,6 +26,8 @@ SUITES = {
     "world-demo": ("train", 1731, 4, "the demo's world prompts"),
     "world-fl2va": ("heldout", 1732, 8, "first/last keyframe workflow (FL2VA) on held-out pairs: keyframes + caption"),
     "world-ref2va": ("heldout", 1733, 8, "reference-image workflow (Ref2VA) on held-out pairs: picture 1 + caption"),
+    "world-heldout-b": ("heldout", 1734, 8, "held-out colour-shape pairs, a second draw made after every signoff "
+                        "threshold was chosen: fresh held-out signoff pools (issue 50)"),
 }
 
 
