@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -158,7 +159,8 @@ def test_pool_recipes_plants_only_in_plant_pools():
 def test_pools_have_8_seeds_a_prompt_and_the_tuning_pool_is_disjoint_from_the_held_out_ones():
     """Issue 50's study design: 4 prompts x 8 seeds a pool (a 16-pair run draws 4 of 8 without replacement), pools
     disjoint in prompts and seeds, and a tuning pool apart from the held-out pools 0-2."""
-    prompts = {p: set(range(first, first + 4)) for p, (first, _) in rs.POOLS.items()}
+    prompts = {p: {(rs.POOL_SUITES.get(p, rs.PROMPTS), i) for i in range(first, first + 4)}
+               for p, (first, _) in rs.POOLS.items()}
     seeds = {p: set(s) for p, (_, s) in rs.POOLS.items()}
     assert all(len(s) == 8 for s in seeds.values())
     for a in rs.POOLS:
@@ -166,13 +168,19 @@ def test_pools_have_8_seeds_a_prompt_and_the_tuning_pool_is_disjoint_from_the_he
             if a < b:
                 assert not prompts[a] & prompts[b] and not seeds[a] & seeds[b], (a, b)
     assert rs.TUNING_POOL in rs.POOLS and rs.TUNING_POOL not in (0, 1, 2, *rs.FRESH_POOLS)
-    # every pool's prompts exist in world-heldout; the fresh pools take its last 8, unused by pools 0-3
-    with open(ROOT / "prompts" / "world-heldout.jsonl") as f:
-        n_prompts = sum(1 for line in f if line.strip())
-    assert all(max(p) < n_prompts for p in prompts.values())
+    # every pool's prompts exist in its suite; the fresh pools take world-heldout's last 8, unused by pools 0-3, and
+    # all 8 of world-heldout-b (drawn after every threshold was chosen), each caption in one pool only
+    lines = {}
+    for suite in {rs.PROMPTS, *rs.POOL_SUITES.values()}:
+        with open(ROOT / "prompts" / f"{suite}.jsonl") as f:
+            lines[suite] = [json.loads(line)["prompt"] for line in f if line.strip()]
+    assert all(i < len(lines[suite]) for p in prompts.values() for suite, i in p)
+    captions = [lines[suite][i] for p in prompts.values() for suite, i in p]
+    assert len(captions) == len(set(captions)) == 4 * len(rs.POOLS)
     fresh = set().union(*(prompts[p] for p in rs.FRESH_POOLS))
     seen = set().union(*(prompts[p] for p in rs.POOLS if p not in rs.FRESH_POOLS))
-    assert fresh == set(range(16, 24)) == set(range(n_prompts)) - seen
+    assert fresh == {(rs.PROMPTS, i) for i in range(16, 24)} | {("world-heldout-b", i) for i in range(8)}
+    assert not fresh & seen and len(seen | fresh) == len(lines[rs.PROMPTS]) + len(lines["world-heldout-b"])
     # the first chunk keeps the 4-seed pools' folders (their cached clips), the second its own
     assert rs.chunks(0) == [("", [0, 1, 2, 3]), ("+s4", [4, 5, 6, 7])]
     pool = {f"p{i}": sorted(rs.POOLS[0][1]) for i in range(4)}
