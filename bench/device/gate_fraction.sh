@@ -4,11 +4,12 @@
 # recipe at 5 s 768x1344, as a fraction of that recipe's generation, on ONE GPU, through the product:
 #   1. `h3eval ab --model h3-random` (full size, seeded random weights, the text encoder streamed from host memory):
 #      stock diffusers at 4 steps (bench/runtime_speed/recipes/stock4.toml) as the baseline and GF_CAND (turbo4-fp8)
-#      on GF_PAIRS (3) prompts of bench/runtime_speed/prompts.jsonl, seed 0, one speed round (speed.json: the
+#      on GF_PAIRS (2) prompts of bench/runtime_speed/prompts.jsonl, seed 0, one speed round (speed.json: the
 #      generation-side time of each recipe's requests, warm), --by-recipe (the baseline's requests first, then the
 #      candidate's, applied for good: interleaved, the FP8 candidate ran out of memory at its first switch on the
 #      2026-12-06 H100 call, a reversible FP8 holding both copies of the DiT), warm-up for the candidate only (the
-#      stock baseline at 768x1344 takes ~36 s a request on an H100; GF_GATE_S, 130 s, is left for the gates);
+#      stock baseline at 768x1344 takes ~36 s a request on an H100; GF_GATE_S, 130 s, is left for the gates;
+#      estimated for 2 pairs on an H100: baseline load ~50 s + 4 x 36 s, FP8 apply + warm-up ~40 s + 4 x ~20 s);
 #   2. `h3eval gate RUN --gates ... --device cuda --force` GF_REPEAT times (the first loads LPIPS and warms the
 #      kernels; the later ones are the warm figures), each timed whole.
 #   run(command="bash bench/device/gate_fraction.sh", carry=[".whl_prod"], timeout_s=590)
@@ -30,7 +31,7 @@ export H3_CACHE_DIR=/tmp/h3cache TOKENIZERS_PARALLELISM=false
 model=${GF_MODEL:-h3-random}; dev=${GF_DEVICE:-cuda}; cand=${GF_CAND:-turbo4-fp8}
 gates=${GF_GATES:-integrity,fidelity,audio,ghosting,reference_free,prompt_faithfulness}
 read -r secs height width <<<"${GF_SHAPE:-5 768 1344}"
-head -n "${GF_PAIRS:-3}" bench/runtime_speed/prompts.jsonl >$R/prompts.jsonl
+head -n "${GF_PAIRS:-2}" bench/runtime_speed/prompts.jsonl >$R/prompts.jsonl
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader >$R/card.txt 2>&1
 $PY -m h3.cli seeded-lora --model "$model" --out $R/lora 2>&1 | tail -1
 export H3_LORA_DIR=$R/lora
