@@ -93,7 +93,8 @@ def _released_on_meta() -> dict[str, Any]:
 
 
 def full_size_plan(recipes: list, *, text_encoder: str = "offload", shared: bool = True,
-                   shape: str = "5s-768x1344", capacity_gib: float = H200_CAPACITY_GIB) -> dict[str, Any]:
+                   shape: str = "5s-768x1344", capacity_gib: float = H200_CAPACITY_GIB,
+                   last_for_good: bool = False) -> dict[str, Any]:
     """The device memory a process needs at full size (the ``h3-random`` configs, bf16) for ``recipes``: one shared
     model (``shared``), or each recipe on its own runtime; the text encoder ``resident`` or ``offload`` (streamed).
 
@@ -103,8 +104,10 @@ def full_size_plan(recipes: list, *, text_encoder: str = "offload", shared: bool
     restored from the weight source). Activations: the measured peak of a stock forward at ``shape``
     (:data:`ACTIVATIONS_GIB`). The load's own peak counts too (``load_peak_gib``): the model as built, plus what
     quantization holds while it runs (one layer's working copies, or every quantized copy on a shared model);
-    ``peak_gib`` is the larger of the load and the request, and the fits are read from it. A plan, not a
-    measurement: the H200 run (bench/device/h200_ab.sh) measures the peak."""
+    ``peak_gib`` is the larger of the load and the request, and the fits are read from it. ``last_for_good``: the
+    shared model's last recipe is applied for good (``h3 generate`` with several recipes, ``h3eval ab --by-recipe``),
+    so it drops the float weights it replaces as a runtime of its own does. A plan, not a measurement: the H200 run
+    (bench/device/h200_ab.sh) measures the peak."""
     from h3.levers.quantization import quantized_bytes, select_linears
 
     meta = _released_on_meta()
@@ -114,11 +117,12 @@ def full_size_plan(recipes: list, *, text_encoder: str = "offload", shared: bool
     te_device = sizes["text_encoder"] - (streamed if text_encoder == "offload" else 0.0)
     base = sizes["transformer"] + sizes["vae"] + sizes["audio_vae"] + te_device
     extras, load_extras = {}, {}
-    for recipe in recipes:
+    for index, recipe in enumerate(recipes):
         extra = load_extra = 0.0
+        own = not shared or (last_for_good and index == len(recipes) - 1)
         if recipe.quant.mode != "none":
             q = quantized_bytes(meta["transformer"], recipe.quant)
-            extra += q["quantized_bytes"] / GIB - (0.0 if shared else q["replaced_float_bytes"] / GIB)
+            extra += q["quantized_bytes"] / GIB - (q["replaced_float_bytes"] / GIB if own else 0.0)
             # The load (h3.levers.quantization.apply_quantization, layer by layer): the float model stays whole until
             # each layer's turn, so the peak is the float model plus the largest layer's working copies; a shared
             # model keeps every float layer, so its quantized copies all add.
@@ -145,3 +149,23 @@ def full_size_plan(recipes: list, *, text_encoder: str = "offload", shared: bool
         "fits_one_gpu_each": worst + HEADROOM_GIB <= capacity_gib,
         "fits_one_gpu_together": sum(peaks.values()) + HEADROOM_GIB <= capacity_gib,
     }
+
+
+def shared_load_problem(model: str, recipes: list, *, text_encoder: str, capacity_gib: float) -> str | None:
+    """Why ``recipes`` taking turns on one shared full-size model (``h3-random``; the last applied for good, as
+    ``h3 generate`` does) would not fit a card of ``capacity_gib``, by :func:`full_size_plan`'s load peak; None when
+    it fits or the plan does not apply (another model, one recipe). On an 80 GB H100 an FP8 recipe that is not the
+    last keeps its bf16 layers to switch back: stock4, turbo4-fp8-sage, turbo4-fp8-sage-compile ran out of memory
+    there at the second recipe (2026-12-06 call), 4 minutes into the call."""
+    if model != "h3-random" or len(recipes) < 2:
+        return None
+    plan = full_size_plan(recipes, text_encoder=text_encoder, shared=True, capacity_gib=capacity_gib,
+                          last_for_good=True)
+    peak = plan["load_peak_gib"]["shared"]
+    if peak + HEADROOM_GIB <= capacity_gib:
+        return None
+    heavy = [r.name for r in recipes[:-1] if plan["lever_extra_gib"][r.name] > 0]
+    return (f"these recipes cannot take turns on one {capacity_gib:.1f} GiB card: the shared model would hold "
+            f"{peak:.1f} GiB (+{HEADROOM_GIB:g} GiB headroom) while {', '.join(heavy)} keeps its float layers to switch "
+            "back (h3.memory.full_size_plan). Put one quantized recipe last (it is applied for good) and run the "
+            "others in another call.")

@@ -255,3 +255,29 @@ def test_seeded_lora_command_writes_the_turbo_recipes_file(tmp_path):
     assert all(torch.equal(written[k], expected[k]) for k in expected)
     line = _one_error_line(runner.invoke(app, ["seeded-lora", "--out", str(tmp_path / "x"), "--model", "tiny"]))
     assert "h3-random" in line
+
+
+def test_generate_refuses_before_loading_what_ran_out_of_memory_on_the_h100():
+    """The plan against the two H100 calls that ran these recipe lists on one shared model (2026-12-06, the card's
+    79.18 GiB total): stock4 then turbo4-fp8 ran (session 26, peak 75.0 GiB), stock4, turbo4-fp8-sage then
+    turbo4-fp8-sage-compile ran out of memory applying the middle FP8 recipe (session 27). The plan fits the first
+    and refuses the second, naming the recipe that holds both copies; the last recipe is counted as applied for good
+    (so stock4 then turbo4-fp8-sage-compile, which ran in session 27, fits too); one recipe or another model: no plan."""
+    from h3.memory import shared_load_problem
+
+    from pathlib import Path
+
+    stock4 = load_recipe(Path(__file__).resolve().parents[1] / "bench" / "runtime_speed" / "recipes" / "stock4.toml")
+    card = 79.1787109375
+    ran = [[stock4, load_recipe("turbo4"), load_recipe("turbo4-fp8")], [stock4, load_recipe("turbo4-fp8-sage-compile")]]
+    for recipes in ran:
+        assert shared_load_problem("h3-random", recipes, text_encoder="offload", capacity_gib=card) is None
+    oom = [stock4, load_recipe("turbo4-fp8-sage"), load_recipe("turbo4-fp8-sage-compile")]
+    problem = shared_load_problem("h3-random", oom, text_encoder="offload", capacity_gib=card)
+    assert problem is not None and "turbo4-fp8-sage keeps its float layers" in problem
+    plan = full_size_plan(oom, text_encoder="offload", shared=True, capacity_gib=card, last_for_good=True)
+    assert plan["load_peak_gib"]["shared"] + HEADROOM_GIB > card
+    assert plan["lever_extra_gib"]["turbo4-fp8-sage-compile"] < 0 < plan["lever_extra_gib"]["turbo4-fp8-sage"]
+    assert shared_load_problem("h3-random", oom[:1] + oom[2:], text_encoder="offload", capacity_gib=card) is None
+    assert shared_load_problem("h3-random", oom[1:2], text_encoder="offload", capacity_gib=card) is None
+    assert shared_load_problem("tiny", oom, text_encoder="offload", capacity_gib=card) is None
