@@ -151,21 +151,22 @@ def full_size_plan(recipes: list, *, text_encoder: str = "offload", shared: bool
     }
 
 
-def shared_load_problem(model: str, recipes: list, *, text_encoder: str, capacity_gib: float) -> str | None:
+def shared_load_problem(model: str, recipes: list, *, text_encoder: str, capacity_gib: float,
+                        last_for_good: bool = True) -> str | None:
     """Why ``recipes`` taking turns on one shared full-size model (``h3-random``; the last applied for good, as
-    ``h3 generate`` does) would not fit a card of ``capacity_gib``, by :func:`full_size_plan`'s load peak; None when
+    ``h3 generate`` and ``h3eval ab --by-recipe`` do, unless ``last_for_good`` is False) would not fit a card of ``capacity_gib``, by :func:`full_size_plan`'s load peak; None when
     it fits or the plan does not apply (another model, one recipe). On an 80 GB H100 an FP8 recipe that is not the
     last keeps its bf16 layers to switch back: stock4, turbo4-fp8-sage, turbo4-fp8-sage-compile ran out of memory
     there at the second recipe (2026-12-06 call), 4 minutes into the call."""
     if model != "h3-random" or len(recipes) < 2:
         return None
     plan = full_size_plan(recipes, text_encoder=text_encoder, shared=True, capacity_gib=capacity_gib,
-                          last_for_good=True)
+                          last_for_good=last_for_good)
     peak = plan["load_peak_gib"]["shared"]
     if peak + HEADROOM_GIB <= capacity_gib:
         return None
-    heavy = [r.name for r in recipes[:-1] if plan["lever_extra_gib"][r.name] > 0]
+    heavy = [r.name for r in (recipes[:-1] if last_for_good else recipes) if plan["lever_extra_gib"][r.name] > 0]
     return (f"these recipes cannot take turns on one {capacity_gib:.1f} GiB card: the shared model would hold "
             f"{peak:.1f} GiB (+{HEADROOM_GIB:g} GiB headroom) while {', '.join(heavy)} keeps its float layers to switch "
-            "back (h3.memory.full_size_plan). Put one quantized recipe last (it is applied for good) and run the "
-            "others in another call.")
+            "back (h3.memory.full_size_plan). Put one quantized recipe last (it is applied for good"
+            + ("" if last_for_good else "; `h3eval ab --by-recipe` does") + ") and run the others in another call.")

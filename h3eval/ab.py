@@ -457,7 +457,7 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
         impl = InProcessBackend(model, device, runtime_factory, shared=share_model and runtime_factory is None,
                                 text_encoder=text_encoder)
         try:
-            impl.check_recipes(recipes)
+            impl.check_recipes(recipes, last_for_good=by_recipe)
         except SharedModelError as exc:
             raise RunError(str(exc)) from None
     return run_ab(plan, impl)

@@ -281,3 +281,19 @@ def test_generate_refuses_before_loading_what_ran_out_of_memory_on_the_h100():
     assert shared_load_problem("h3-random", oom[:1] + oom[2:], text_encoder="offload", capacity_gib=card) is None
     assert shared_load_problem("h3-random", oom[1:2], text_encoder="offload", capacity_gib=card) is None
     assert shared_load_problem("tiny", oom, text_encoder="offload", capacity_gib=card) is None
+
+
+def test_ab_interleaved_counts_every_quantized_recipe_as_holding_both_copies():
+    """``h3eval ab`` interleaved switches back after every request, so even its last FP8 candidate keeps its float
+    layers: stock4 then turbo4-fp8 is refused for an 80 GB H100 (the session-27 gate-fraction call ran out of memory
+    at that switch) and accepted with --by-recipe (the last applied for good, as session 26's generate call ran)."""
+    from pathlib import Path
+
+    from h3.memory import shared_load_problem
+
+    stock4 = load_recipe(Path(__file__).resolve().parents[1] / "bench" / "runtime_speed" / "recipes" / "stock4.toml")
+    pair = [stock4, load_recipe("turbo4-fp8")]
+    problem = shared_load_problem("h3-random", pair, text_encoder="offload", capacity_gib=79.1787109375,
+                                  last_for_good=False)
+    assert problem is not None and "turbo4-fp8 keeps its float layers" in problem and "--by-recipe" in problem
+    assert shared_load_problem("h3-random", pair, text_encoder="offload", capacity_gib=79.1787109375) is None

@@ -57,11 +57,21 @@ class InProcessBackend:
         """Seconds the last :meth:`generate` spent loading a model (the first request of a shared model, or of each
         recipe's own runtime): a one-time cost that the time box must not expect of the recipe's next request."""
 
-    def check_recipes(self, recipes: Sequence[Recipe]) -> None:
+    def check_recipes(self, recipes: Sequence[Recipe], last_for_good: bool = False) -> None:
         """Refuse, before any weight loads, recipes that cannot share one model (different dtypes, levers that cannot
-        be removed): raises SharedModelError naming each and what to do instead."""
+        be removed) or whose shared full-size model would not fit the card (``last_for_good``: the last recipe is
+        applied for good, ``--by-recipe``): raises SharedModelError naming each and what to do instead."""
         if not self.shared or not recipes:
             return
+        if str(self.device or "").startswith("cuda") and torch.cuda.is_available():
+            from h3.memory import GIB, shared_load_problem
+
+            capacity = torch.cuda.get_device_properties(torch.device(self.device)).total_memory / GIB
+            text_encoder = "offload" if self.text_encoder == "offload" else "resident"
+            problem = shared_load_problem(self.model, list(recipes), text_encoder=text_encoder,
+                                          capacity_gib=capacity, last_for_good=last_for_good)
+            if problem:
+                raise SharedModelError(problem)
         from h3.runtime import shared_recipes_problems
 
         problems = shared_recipes_problems(list(recipes))
