@@ -2,7 +2,7 @@
 
 The trained tiny preset (``tiny``: h3.tiny_trained, issue 17) generates the world-demo prompts (captions of its
 procedural world, with bounces and their clicks, each with its ground truth) at up to four seeds (16 pairs, the sample
-size seed 002 found decisive) for the baseline and three candidates, with latent trajectories recorded:
+size seed 002 found decisive) for the baseline and three candidates (no latent trajectories: :data:`DEMO_TRAJECTORY`):
 
 - a three-rung ladder (issue 50): ``turbo4-tiny`` (the distilled 4-step LoRA) over the baseline, judged ``resample``
   as its recipe declares, and ``turbo4-tiny-sparse`` (block-sparse attention added, nothing else) over turbo4-tiny,
@@ -74,6 +74,20 @@ DEMO_POLICY = "demo"
 """gates/policies/demo.toml: the release policy without VBench (tests/test_demo.py holds the two together)."""
 DEMO_SEEDS = (0, 1, 2, 3)
 CPU_GATES = ("integrity", "fidelity", "ghosting", "audio", "trajectory", "reference_free", "prompt_faithfulness")
+DEMO_TRAJECTORY = False
+"""Whether the demo records each request's latent trajectory (``h3eval ab --trajectory``): no. Only the trajectory gate
+reads them, and the demo policy judges none (its near judge's trajectory gate, advisory under release, is left out:
+DEMO_POLICY_HEADER), so the demo's gate plans never run it and the dashboard's Trajectory page, which shows that gate's
+results, has none to show either way. Recorded, they were 16 MB a 29-step request (about 0.5 GB a demo) written for
+nothing (bench/demo_time/results/2026-12-06-GenuineIntel-s27-cuts.md); the clips are the same bytes either way."""
+DEMO_NOT_WARMED = ("identity",)
+"""The recipes the sequential run does not warm up (every other recipe it generates is warmed once a process:
+``h3eval ab``'s ``warmup_recipes``, h3eval.sequential.round_warmups): ``identity``. Every lever named and off, it is
+the baseline's computation and runs right after the baseline's own warm-up: its warm-up took what its timed requests
+took (Intel VM, bench/demo_time/results/2026-12-06-GenuineIntel-ladder-quiet.log: 1.4 s against 1.3-1.4 s; session 26's
+log: 2.2 s against 1.8-2.5 s), and its speed is reported, not judged (the exact judge's ``speed_required = false``).
+The baseline keeps its warm-up: its latencies are every speedup's reference, and its first request after the run
+loads the model took 2.3 s against 1.4-1.5 s for the rest (the same log)."""
 ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
 
 
@@ -229,8 +243,11 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
         state = run_sequential(baseline=DEMO_BASELINE, candidates=list(candidates), prompts=prompts, out=run_dir,
                                seeds=list(seeds), max_pairs=len(suite.ids) * len(seeds), design=design,
                                policy=str(policy_path(policy)), floor=RunStore(floor_dir).floor_path,
-                               gate_options=options, progress=progress, echo=echo, model=model, trajectory=True,
-                               warmup=1, speed_protocol="mixed", speed_rounds=0, device="cpu")
+                               gate_options=options, progress=progress, echo=echo, model=model,
+                               trajectory=DEMO_TRAJECTORY, warmup=1,
+                               warmup_recipes=[r for r in dict.fromkeys((DEMO_BASELINE, *DEMO_LADDER, *candidates))
+                                               if r not in DEMO_NOT_WARMED],
+                               speed_protocol="mixed", speed_rounds=0, device="cpu")
     stages["sequential"] = time.perf_counter() - mark
     mark = time.perf_counter()
     verdict = Verdict.model_validate_json((run_dir / "verdict.json").read_text(encoding="utf-8"))
@@ -264,7 +281,7 @@ def _as_demo_error(out: Path):
 
 
 def _floor_clips(source_dir: Path, *, model: str, prompts: str, seeds: list[int], progress: bool) -> None:
-    """The baseline's clips at the demo's seeds, with trajectories, in a run of their own: the new-seed floor is
+    """The baseline's clips at the demo's seeds, in a run of their own: the new-seed floor is
     measured from them before the sequential run's first look, which is judged against it (the sequential run
     regenerates the baseline's clips as it needs them: :func:`baseline_determinism` compares the two)."""
     from h3.recipe import load_recipe
@@ -273,7 +290,8 @@ def _floor_clips(source_dir: Path, *, model: str, prompts: str, seeds: list[int]
 
     manifest = fill_run(RunPlan(out=source_dir, model=model, recipes=[load_recipe(DEMO_BASELINE)],
                                 prompts=load_prompts(prompts), seeds=seeds, baseline=DEMO_BASELINE, kind="floor",
-                                device="cpu", trajectory=True, args={"command": "demo", "part": "floor clips"}),
+                                device="cpu", trajectory=DEMO_TRAJECTORY,
+                                args={"command": "demo", "part": "floor clips"}),
                         progress=progress)
     if manifest.status != "complete":
         problems = [f"{e.recipe}/{e.prompt_id}-s{e.seed}: {e.error}" for e in manifest.errors[:5]]
