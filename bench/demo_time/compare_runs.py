@@ -64,8 +64,9 @@ def main(before: Path, after: Path) -> None:
         for k in common:
             if a[k] != b[k]:
                 print(f"  - differs: {k}")
-        for k in sorted(set(a) ^ set(b)):
-            print(f"  - in one only: {k}")
+        if a and b:  # one side without any (a demo that records no trajectories): the counts say it
+            for k in sorted(set(a) ^ set(b)):
+                print(f"  - in one only: {k}")
     wa, wb = warmups(before), warmups(after)
     print(f"- warm-ups before: {wa}")
     print(f"- warm-ups after: {wb}")
