@@ -290,3 +290,23 @@ def test_the_resample_judges_detectors_decide_on_the_bench_pair_results(tmp_path
         assert set(required) == {"tail_flicker", "sharpness_drop", "blocking"}
         assert required == {"tail_flicker": "PASS", "sharpness_drop": "PASS", "blocking": expect}, planted
         assert metric(verdict, "blocking").stats["candidate_flagged"] == planted
+
+
+def test_chain_pairings_judge_a_rung_below_a_plant_against_the_baseline_too():
+    """judge_run judges each candidate as the top of its own chain, so INT8 (below the plant int8-excluded in pool 0)
+    is also judged resample against the baseline: the per-clip gates' pair results must cover that comparison, which
+    the pool's whole ladder (lineage.pairing_gates over every candidate at once) leaves out."""
+    from h3eval.store import PromptSuiteRef, RunManifest, utc_now
+    from h3eval.verdict.lineage import pairing_gates
+
+    now = utc_now()
+    names = ["baseline", "turbo4-tiny", "turbo4-tiny-int8", "int8-excluded"]
+    recipes = {(r := rs.recipe_of(n)).name: r.model_dump(mode="json") for n in names}
+    manifest = RunManifest(kind="ab", created_at=now, updated_at=now, model="m", backend="folder", baseline="baseline",
+                           candidates=[r for r in recipes if r != "baseline"], recipes=recipes,
+                           prompts=PromptSuiteRef(path="p", sha256="0" * 64, ids=["a"]), seeds=[0], status="complete")
+    policy = rs.sim_policy(999).policy
+    whole, ours = pairing_gates(policy, manifest), rs.chain_pairings(policy, manifest)
+    top = ("baseline", "turbo4-tiny-int8")
+    assert top not in whole and {"reference_free", "prompt_faithfulness"} <= ours[top]
+    assert all(gates <= ours[pair] for pair, gates in whole.items())  # nothing the whole ladder needs is lost

@@ -426,6 +426,21 @@ def reference_free_metrics(base: dict, cand: dict) -> dict:
     return out
 
 
+def chain_pairings(policy, manifest) -> dict:
+    """The comparisons (reference, candidate) -> gates of every candidate's own ladder run (:func:`judge_run` judges
+    each candidate as the top of its chain, so a rung below a plant, INT8 under bug-int8-excluded, is also judged
+    against the baseline); the pool's whole ladder alone leaves those out (session 27: pool 0's INT8-vs-baseline
+    results were stale files of an earlier assembly)."""
+    from h3eval.verdict.lineage import pairing_gates
+
+    out: dict = {}
+    for candidate in manifest.candidates:
+        sub = manifest.model_copy(update={"candidates": chain(manifest, candidate)})
+        for pair, gates in pairing_gates(policy, sub).items():
+            out.setdefault(pair, set()).update(gates)
+    return out
+
+
 def write_clip_gate_results(run: Path, loaded, scores_dir: Path) -> list[str]:
     """The pair results of :data:`CLIP_GATES` for every comparison that needs them, from the clips' scores; returns
     the comparisons left without (a clip not scored)."""
@@ -433,12 +448,12 @@ def write_clip_gate_results(run: Path, loaded, scores_dir: Path) -> list[str]:
     from gates.integrity import IntegrityThresholds, frozen_runs_in, pair_flags
     from h3.atomic import atomic_write_json
     from h3eval.store import RunStore
-    from h3eval.verdict.lineage import pairing_gates, result_dir
+    from h3eval.verdict.lineage import result_dir
 
     store = RunStore(run)
     manifest = store.read_manifest()
     missing = []
-    for (reference, candidate), gates in pairing_gates(loaded.policy, manifest).items():
+    for (reference, candidate), gates in chain_pairings(loaded.policy, manifest).items():
         for pid in manifest.prompts.ids:
             for seed in manifest.seeds:
                 paths = [scores_dir / r / f"{pid}-s{seed}.json" for r in (reference, candidate)]
