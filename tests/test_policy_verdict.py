@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -661,3 +662,29 @@ def test_the_demo_policy_does_not_fail_its_identity_candidate_on_speed_noise(tmp
     assert sp.outcome == "INCONCLUSIVE", sp.reasons
     slow, _ = _planted_speed(tmp_path / "slow", "identity", [1.25 + 0.01 * (i % 3) for i in range(16)], policy=release)
     assert slow.outcome == "FAIL", slow.reasons
+
+
+def test_a_delta_metric_inconclusive_near_its_margin_names_the_pairs_it_needs(tmp_path):
+    """Issue 51 (every path names its next step): 16 pairs powered for the 0.1 margin (MDE under it) whose mean
+    -0.08 lies inside the margin while the CI's lower bound does not. The warning names the pairs that would show the
+    0.02 gap, checked against a direct noncentral-t power computation (scipy): enough at that n, not at one fewer."""
+    store = make_run(tmp_path / "run", n_prompts=16)
+    z = np.random.default_rng(5).normal(size=16)
+    deltas = -0.08 + 0.1 * (z - z.mean()) / z.std(ddof=1)  # mean -0.08, sd 0.1 exactly
+    for (pid, s), d in zip(pairs_of(store), deltas):
+        write_result(store, "vbench", "fast", pid, s, {"motion_smoothness_delta": (float(d), True)})
+    text = ('version = 1\nname = "near-margin"\nmin_pairs = 8\nn_resamples = 2000\n'
+            '[gates.vbench.metrics.motion_smoothness_delta]\ncompare = "delta"\ndirection = "higher_is_better"\n'
+            'margin = 0.1\n')
+    v = compute_verdict(store.root, load_policy(write_text(tmp_path / "p.toml", text)), today=TODAY)
+    _, m = _metric(v, "fast", "vbench", "motion_smoothness_delta")
+    assert m.outcome == "INCONCLUSIVE" and m.ci_low < -0.1 < m.mean_value
+    warning = [w for w in m.warnings if "inside the margin" in w]
+    assert len(warning) == 1 and "the mean is 0.02 inside the margin" in warning[0]
+    needed = int(re.search(r"about (\d+) pairs", warning[0]).group(1))
+
+    def power(n):  # one-sided paired t-test at 0.025, true mean gap 0.02, sd 0.1
+        return sps.nct.sf(sps.t.isf(0.025, n - 1), n - 1, 0.02 / 0.1 * np.sqrt(n))
+
+    assert power(needed) >= 0.8 > power(needed - 1)
+    assert not any("resolve only shifts" in w for w in m.warnings)  # powered for the margin: no underpowered line

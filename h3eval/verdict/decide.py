@@ -254,6 +254,15 @@ def _decide_paired_delta(work: _MetricWork, alpha: float, p_ok: bool, holm_note:
                 f"{_fmt(s.ci.low)} is not ({ci_text}; {holm_note}; {detail})"
             )
     outcomes.extend(_regression_outcome(work))
+    if outcomes[0] == "INCONCLUSIVE" and not s.underpowered and -margin < s.mean:
+        # Powered for the margin itself, yet the mean sits close to it: what the next step is (the pairs that would
+        # show this mean inside the margin, should it hold), as a ``pair`` metric's INCONCLUSIVE says.
+        gap = s.mean + margin
+        needed = S.pairs_needed(s.sd, gap, alpha=alpha, power=work.power)
+        mv.warnings.append(
+            f"sample size: the mean is {_fmt(gap)} inside the margin; "
+            + (f"about {needed} pairs would show that at power {work.power}, if the mean holds" if needed else
+               f"no affordable number of pairs would show that at power {work.power}"))
     if s.underpowered:
         mv.warnings.append(
             f"sample size: {s.n} pairs resolve only shifts of {_fmt(s.mde)} or more at power {work.power} "
