@@ -63,10 +63,13 @@ class InProcessBackend:
         applied for good, ``--by-recipe``): raises SharedModelError naming each and what to do instead."""
         if not self.shared or not recipes:
             return
-        if str(self.device or "").startswith("cuda") and torch.cuda.is_available():
+        from h3.request import default_device
+
+        device = self.device or default_device()  # the runtime's own default: the GPU when there is one
+        if str(device).startswith("cuda") and torch.cuda.is_available():
             from h3.memory import GIB, shared_load_problem
 
-            capacity = torch.cuda.get_device_properties(torch.device(self.device)).total_memory / GIB
+            capacity = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
             text_encoder = "offload" if self.text_encoder == "offload" else "resident"
             problem = shared_load_problem(self.model, list(recipes), text_encoder=text_encoder,
                                           capacity_gib=capacity, last_for_good=last_for_good)
