@@ -208,15 +208,11 @@ def _run_prompts_file(prompts_file: Path, out: Path, seed: int, model: str, reci
     if problems:
         raise RecipeError("these recipes cannot take turns on one model: " + "; ".join(problems))
     device = check_device(device)
-    if str(device).startswith("cuda"):  # before minutes of loading: the shared model must fit the card
-        import torch
+    from h3.memory import card_load_problem
 
-        from h3.memory import GIB, shared_load_problem
-
-        capacity = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
-        problem = shared_load_problem(model, loaded, text_encoder=text_encoder, capacity_gib=capacity)
-        if problem:
-            raise RecipeError(problem)
+    problem = card_load_problem(model, loaded, device, text_encoder=text_encoder)  # before minutes of loading
+    if problem:
+        raise RecipeError(problem)
     runtime = H3Runtime.load(model, loaded[0], device, shared=len(loaded) > 1, text_encoder=text_encoder)
 
     def report(clip: Path, record, row: dict) -> None:

@@ -154,8 +154,9 @@ def full_size_plan(recipes: list, *, text_encoder: str = "offload", shared: bool
 def shared_load_problem(model: str, recipes: list, *, text_encoder: str, capacity_gib: float,
                         last_for_good: bool = True) -> str | None:
     """Why ``recipes`` taking turns on one shared full-size model (``h3-random``; the last applied for good, as
-    ``h3 generate`` and ``h3eval ab --by-recipe`` do, unless ``last_for_good`` is False) would not fit a card of ``capacity_gib``, by :func:`full_size_plan`'s load peak; None when
-    it fits or the plan does not apply (another model, one recipe). On an 80 GB H100 an FP8 recipe that is not the
+    ``h3 generate`` and ``h3eval ab --by-recipe`` do, unless ``last_for_good`` is False) would not fit a card of
+    ``capacity_gib``, by :func:`full_size_plan`'s load peak; None when it fits or the plan does not apply (another
+    model, one recipe). On an 80 GB H100 an FP8 recipe that is not the
     last keeps its bf16 layers to switch back: stock4, turbo4-fp8-sage, turbo4-fp8-sage-compile ran out of memory
     there at the second recipe (2026-12-06 call), 4 minutes into the call."""
     if model != "h3-random" or len(recipes) < 2:
@@ -170,3 +171,13 @@ def shared_load_problem(model: str, recipes: list, *, text_encoder: str, capacit
             f"{peak:.1f} GiB (+{HEADROOM_GIB:g} GiB headroom) while {', '.join(heavy)} keeps its float layers to switch "
             "back (h3.memory.full_size_plan). Put one quantized recipe last (it is applied for good"
             + ("" if last_for_good else "; `h3eval ab --by-recipe` does") + ") and run the others in another call.")
+
+
+def card_load_problem(model: str, recipes: list, device: str, *, text_encoder: str,
+                      last_for_good: bool = True) -> str | None:
+    """:func:`shared_load_problem` against the card ``device`` names (its total memory); None off CUDA."""
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return None
+    capacity = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
+    return shared_load_problem(model, recipes, text_encoder=text_encoder, capacity_gib=capacity,
+                               last_for_good=last_for_good)

@@ -63,18 +63,14 @@ class InProcessBackend:
         applied for good, ``--by-recipe``): raises SharedModelError naming each and what to do instead."""
         if not self.shared or not recipes:
             return
+        from h3.memory import card_load_problem
         from h3.request import default_device
 
-        device = self.device or default_device()  # the runtime's own default: the GPU when there is one
-        if str(device).startswith("cuda") and torch.cuda.is_available():
-            from h3.memory import GIB, shared_load_problem
-
-            capacity = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
-            text_encoder = "offload" if self.text_encoder == "offload" else "resident"
-            problem = shared_load_problem(self.model, list(recipes), text_encoder=text_encoder,
-                                          capacity_gib=capacity, last_for_good=last_for_good)
-            if problem:
-                raise SharedModelError(problem)
+        # the runtime's own default device: the GPU when there is one
+        problem = card_load_problem(self.model, list(recipes), self.device or default_device(),
+                                    text_encoder=self.text_encoder, last_for_good=last_for_good)
+        if problem:
+            raise SharedModelError(problem)
         from h3.runtime import shared_recipes_problems
 
         problems = shared_recipes_problems(list(recipes))
