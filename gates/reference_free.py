@@ -82,7 +82,7 @@ __all__ = ["ARTIFACTS", "CLIP_LEVEL", "DIMENSIONS", "EXPOSURE_HIGH", "EXPOSURE_L
            "MOVING_PX", "NIQE_MIN_SIDE", "NIQE_PATCH", "SILENCE_DBFS", "ReferenceFreeGate", "ReferenceFreeOptions",
            "audio_onsets", "blur", "clear_cache", "clipping_fraction", "colourfulness", "consecutive_flows",
            "contrast", "downscale", "dynamic_degree", "exposure_clipping", "flow", "loudness_lufs", "luma",
-           "motion_events", "motion_smoothness", "niqe_frame", "niqe_params", "niqe_params_path",
+           "motion_events", "motion_smoothness", "niqe_frame", "niqe_params", "niqe_params_path", "pair_metrics",
            "niqe_upscale_factor", "score_clip", "score_mp4", "sharpness", "silence_fraction", "sync_f1", "upscale",
            "warp"]
 
@@ -352,6 +352,21 @@ def score_mp4(path: str | Path, options: ReferenceFreeOptions, device: str = "cp
     return value
 
 
+def pair_metrics(base: dict, cand: dict) -> dict:
+    """A pair's metrics from its two clips' scores (:func:`score_clip`'s dicts): every dimension as ``<name>`` (the
+    candidate) and ``<name>.baseline``, then every artifact detector both clips carry. The gate's own rule, also used
+    by code that scored the clips earlier (bench/recipe_signoff)."""
+    out = {}
+    for name, dim in DIMENSIONS.items():
+        out[name] = metric(cand[name], dim.higher_is_better, dim.unit)
+        out[name + BASELINE_SUFFIX] = metric(base[name], dim.higher_is_better, dim.unit)
+    for name, dim in ARTIFACTS.items():
+        if name in cand and name in base:
+            out[name] = metric(cand[name], dim.higher_is_better, dim.unit)
+            out[name + BASELINE_SUFFIX] = metric(base[name], dim.higher_is_better, dim.unit)
+    return out
+
+
 @register_gate
 class ReferenceFreeGate(Gate):
     name = GATE_NAME
@@ -392,17 +407,10 @@ class ReferenceFreeGate(Gate):
                         for side in ("baseline", "candidate")}
                 sides = {side: job.result() for side, job in jobs.items()}
         (base, base_info), (cand, cand_info) = sides["baseline"], sides["candidate"]
-        missing = []
-        for name, dim in DIMENSIONS.items():
-            result.metrics[name] = metric(cand[name], dim.higher_is_better, dim.unit)
-            result.metrics[name + BASELINE_SUFFIX] = metric(base[name], dim.higher_is_better, dim.unit)
-            for side, scores in (("candidate", cand), ("baseline", base)):
-                if scores[name] is None:
-                    missing.append(f"{name} ({side})")
-        for name, dim in ARTIFACTS.items():
-            if name in cand and name in base:
-                result.metrics[name] = metric(cand[name], dim.higher_is_better, dim.unit)
-                result.metrics[name + BASELINE_SUFFIX] = metric(base[name], dim.higher_is_better, dim.unit)
+        result.metrics.update(pair_metrics(base, cand))
+        missing = [f"{name} ({side})" for name in DIMENSIONS for side, scores in (("candidate", cand),
+                                                                                 ("baseline", base))
+                   if scores[name] is None]
         result.info.update(baseline=base_info, candidate=cand_info, options=options.model_dump(),
                            directions={n: ("higher" if d.higher_is_better else "lower") + "_is_better"
                                        for n, d in DIMENSIONS.items()})

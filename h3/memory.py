@@ -168,8 +168,8 @@ def shared_load_problem(model: str, recipes: list, *, text_encoder: str, capacit
         return None
     heavy = [r.name for r in (recipes[:-1] if last_for_good else recipes) if plan["lever_extra_gib"][r.name] > 0]
     return (f"these recipes cannot take turns on one {capacity_gib:.1f} GiB card: the shared model would hold "
-            f"{peak:.1f} GiB (+{HEADROOM_GIB:g} GiB headroom) while {', '.join(heavy)} keeps its float layers to switch "
-            "back (h3.memory.full_size_plan). Put one quantized recipe last (it is applied for good"
+            f"{peak:.1f} GiB (+{HEADROOM_GIB:g} GiB headroom) while {', '.join(heavy)} keeps its float layers to "
+            "switch back (h3.memory.full_size_plan). Put one quantized recipe last (it is applied for good"
             + ("" if last_for_good else "; `h3eval ab --by-recipe` does") + ") and run the others in another call.")
 
 

@@ -407,23 +407,13 @@ def score_pool(work: Path, pool: int, names: list[str], wait: bool = False) -> i
 
 def reference_free_metrics(base: dict, cand: dict) -> dict:
     """The reference_free gate's pair metrics from two clips' per-clip scores, by the gate's own rule
-    (gates.reference_free.ReferenceFreeGate._score): every dimension as ``<name>`` (the candidate) and
-    ``<name>.baseline``, and every artifact detector (echo, tail flicker, frozen frames, sharpness drop, blocking,
-    dropout, clicks) where both clips carry it. Until session 27 this wrote the dimensions only, so the resample
-    judge's four required detectors (tail_flicker, sharpness_drop, blocking, echo_score) had no value in any pair and
-    every resample-judged candidate ended INCONCLUSIVE (never PASS) whatever its quality."""
-    from gates.common import metric
-    from gates.reference_free import ARTIFACTS, DIMENSIONS
+    (gates.reference_free.pair_metrics: the dimensions and every artifact detector both clips carry). Until session
+    27 this wrote the dimensions only, so the resample judge's four required detectors (tail_flicker, sharpness_drop,
+    blocking, echo_score) had no value in any pair and every resample-judged candidate ended INCONCLUSIVE (never PASS)
+    whatever its quality."""
+    from gates.reference_free import pair_metrics
 
-    out = {}
-    for name, dim in DIMENSIONS.items():
-        out[name] = metric(cand[name], dim.higher_is_better, dim.unit)
-        out[f"{name}.baseline"] = metric(base[name], dim.higher_is_better, dim.unit)
-    for name, dim in ARTIFACTS.items():
-        if name in cand and name in base:
-            out[name] = metric(cand[name], dim.higher_is_better, dim.unit)
-            out[f"{name}.baseline"] = metric(base[name], dim.higher_is_better, dim.unit)
-    return out
+    return pair_metrics(base, cand)
 
 
 def chain_pairings(policy, manifest) -> dict:
