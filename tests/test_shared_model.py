@@ -287,3 +287,17 @@ def test_ab_by_recipe_runs_each_recipe_together_and_applies_the_last_for_good(tm
     assert last["last_switch"]["final"] is True and last["switches"] == 1
     assert last["memory"]["levers_held"] == {}
     assert json.loads((tmp_path / "run" / "run.json").read_text())["plan"]["order"] == "by_recipe"
+
+
+def test_by_recipe_and_baseline_last_together_are_one_clear_error(tmp_path):
+    """Two orders at once: refused before anything is written, naming both options."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt": "a cat"}) + "\n")
+    base = tmp_path / "fast.toml"
+    base.write_text(toml_dumps(FAST_RECIPE))
+    other = tmp_path / "other.toml"
+    other.write_text(toml_dumps({**FAST_RECIPE, "name": "other"}))
+    with pytest.raises(RunError, match=r"--by-recipe .*--baseline-last .*choose one"):
+        run_ab_command(baseline=str(base), candidates=[str(other)], prompts=prompts, out=tmp_path / "run",
+                       warmup=0, speed_rounds=0, by_recipe=True, baseline_last=True)
+    assert not (tmp_path / "run").exists()
