@@ -35,6 +35,7 @@ THREADED_DECODE_MIN_CORES = 8
 _lock = threading.Lock()
 _cache: "OrderedDict[tuple[Any, ...], Any]" = OrderedDict()
 _loading: dict[tuple[Any, ...], threading.Event] = {}
+_unread: set[tuple[Any, ...]] = set()  # decoded ahead (:func:`prefetch`), not yet read by a gate: evicted last
 
 
 def _key(kind: str, path: str | os.PathLike) -> tuple[Any, ...]:
@@ -43,7 +44,7 @@ def _key(kind: str, path: str | os.PathLike) -> tuple[Any, ...]:
     return (kind, str(path), stat.st_size, stat.st_mtime_ns)
 
 
-def _cached(kind: str, path: str | os.PathLike, load: Callable[[], Any]) -> Any:
+def _cached(kind: str, path: str | os.PathLike, load: Callable[[], Any], ahead: bool = False) -> Any:
     if not Path(path).exists():
         # Let the loader raise its own error that names the file.
         return load()
@@ -51,7 +52,9 @@ def _cached(kind: str, path: str | os.PathLike, load: Callable[[], Any]) -> Any:
     while True:
         with _lock:
             if key in _cache:
-                _cache.move_to_end(key)
+                if not ahead:
+                    _unread.discard(key)
+                    _cache.move_to_end(key)
                 return _cache[key]
             pending = _loading.get(key)
             if pending is None:  # this thread decodes it; gates asking for it meanwhile wait for this decode
@@ -62,14 +65,25 @@ def _cached(kind: str, path: str | os.PathLike, load: Callable[[], Any]) -> Any:
         value = load()
         with _lock:
             _cache[key] = value
-            same_kind = [k for k in _cache if k[0] == kind]
-            for old in same_kind[: max(0, len(same_kind) - _MAX_PER_KIND)]:
-                del _cache[old]
+            if ahead:
+                _unread.add(key)
+            _evict(kind)
     finally:
         with _lock:
             del _loading[key]
         pending.set()
     return value
+
+
+def _evict(kind: str) -> None:
+    """Drop the least recently read clips of ``kind`` beyond the bound; clips decoded ahead and not yet read go last
+    (reads of the current pair's clips while the next pairs decode made a decoded-ahead clip the oldest, so it was
+    evicted and decoded again). Called under ``_lock``."""
+    same_kind = [k for k in _cache if k[0] == kind]
+    excess = len(same_kind) - _MAX_PER_KIND
+    for old in ([k for k in same_kind if k not in _unread] + [k for k in same_kind if k in _unread])[: max(0, excess)]:
+        del _cache[old]
+        _unread.discard(old)
 
 
 def prefetch(paths: list[str | os.PathLike], needs: set[str]) -> None:
@@ -83,7 +97,7 @@ def prefetch(paths: list[str | os.PathLike], needs: set[str]) -> None:
     if not jobs:
         return
     with ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="decode") as pool:
-        for future in [pool.submit(load, path) for load, path in jobs]:
+        for future in [pool.submit(load, path, ahead=True) for load, path in jobs]:
             try:
                 future.result()
             except Exception:  # noqa: BLE001 - the gate that needs the clip decodes it again and reports the error
@@ -102,8 +116,9 @@ def convert_threads() -> int:
     return min(8, cores // 4) if cores >= THREADED_DECODE_MIN_CORES else 1
 
 
-def load_video(path: str | os.PathLike) -> tuple[np.ndarray, float]:
-    """``h3.media.decode_video`` through the cache: uint8 (T, H, W, 3) frames (read-only) and fps."""
+def load_video(path: str | os.PathLike, ahead: bool = False) -> tuple[np.ndarray, float]:
+    """``h3.media.decode_video`` through the cache: uint8 (T, H, W, 3) frames (read-only) and fps. ``ahead``: decoded
+    for a later pair (:func:`prefetch`), kept until a gate reads it."""
     from h3.media import decode_video
 
     def load() -> tuple[np.ndarray, float]:
@@ -111,7 +126,7 @@ def load_video(path: str | os.PathLike) -> tuple[np.ndarray, float]:
         frames.setflags(write=False)  # shared between gates: nobody may modify it in place
         return frames, fps
 
-    return _cached("video", path, load)
+    return _cached("video", path, load, ahead)
 
 
 def load_video_on(path: str | os.PathLike, device: str):
@@ -133,8 +148,9 @@ def load_video_on(path: str | os.PathLike, device: str):
     return _cached(f"video@{torch.device(device)}", path, load)
 
 
-def load_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:
-    """``h3.media.decode_audio`` through the cache: float32 (channels, N) in [-1, 1] (read-only) and sample rate."""
+def load_audio(path: str | os.PathLike, ahead: bool = False) -> tuple[np.ndarray, int]:
+    """``h3.media.decode_audio`` through the cache: float32 (channels, N) in [-1, 1] (read-only) and sample rate;
+    ``ahead`` as :func:`load_video`'s."""
     from h3.media import decode_audio
 
     def load() -> tuple[np.ndarray, int]:
@@ -142,9 +158,10 @@ def load_audio(path: str | os.PathLike) -> tuple[np.ndarray, int]:
         audio.setflags(write=False)
         return audio, rate
 
-    return _cached("audio", path, load)
+    return _cached("audio", path, load, ahead)
 
 
 def clear() -> None:
     with _lock:
         _cache.clear()
+        _unread.clear()

@@ -407,6 +407,34 @@ def test_a_clip_asked_for_by_two_threads_at_once_is_decoded_once(run, monkeypatc
     media_cache.clear()
 
 
+def test_clip_decoded_ahead_is_evicted_after_the_clips_already_read(tmp_path, monkeypatch):
+    """The cache bound drops read clips first: a clip decoded ahead for a later pair survives reads of the current
+    pair's clips and new decodes (plain LRU evicted it, so it was decoded twice: the decode-ahead test's flake), and
+    is a clip like any other once a gate has read it."""
+    from gates import media_cache
+
+    media_cache.clear()
+    monkeypatch.setattr(media_cache, "_MAX_PER_KIND", 3)
+    paths = {}
+    for name in "abcde":
+        paths[name] = tmp_path / f"{name}.mp4"
+        paths[name].write_bytes(name.encode())
+    loads = []
+
+    def get(name, ahead=False):
+        return media_cache._cached("video", paths[name], lambda: loads.append(name) or name, ahead)
+
+    get("a")
+    get("b", ahead=True)  # the next pair's clip, decoded while "a"'s gates run
+    get("a")  # read again: under plain LRU "b" is now the oldest
+    get("c")
+    get("d")  # over the bound of 3: drops "a" (read longest ago), keeps "b"
+    assert get("b") == "b" and loads == ["a", "b", "c", "d"]
+    get("e")  # "b" has been read: plain LRU from now on, so "c" (read before "d" and "b") goes
+    assert get("b") == "b" and get("c") == "c" and loads == ["a", "b", "c", "d", "e", "c"]
+    media_cache.clear()
+
+
 def test_gate_threads_default_to_one_per_core_from_two_cores_and_one_below(monkeypatch):
     import os
 
@@ -435,13 +463,13 @@ def _record_decodes(monkeypatch) -> tuple[list, list]:
         calls.append((threading.current_thread().name, [Path(p).stem for p in paths]))
         return original_prefetch(paths, needs)
 
-    def load_video(path):
+    def load_video(path, ahead=False):
         key = media_cache._key("video", path)
         with media_cache._lock:
             fresh = key not in media_cache._cache and key not in media_cache._loading
         if fresh:
             decoded.append((threading.current_thread().name, Path(path).parent.name, Path(path).stem))
-        return original_video(path)
+        return original_video(path, ahead)
 
     monkeypatch.setattr(media_cache, "prefetch", prefetch)
     monkeypatch.setattr(media_cache, "load_video", load_video)
