@@ -67,18 +67,20 @@ FAMILIES = {
 """Plant file stem (bench/recipe_bugs/recipes) -> its family in issue 50's list."""
 POOLS = {0: (0, list(range(0, 8))), 1: (4, list(range(10, 18))), 2: (8, list(range(20, 28))),
          3: (12, list(range(30, 38))), 4: (16, list(range(40, 48))), 5: (20, list(range(50, 58))),
-         6: (0, list(range(60, 68))), 7: (4, list(range(70, 78)))}
+         6: (0, list(range(60, 68))), 7: (4, list(range(70, 78))), 8: (0, list(range(80, 88))),
+         9: (4, list(range(90, 98)))}
 """Pool -> (first world-heldout prompt, seeds): disjoint prompts and seeds, 8 seeds a prompt (32 distinct pairs), so
 a 16-pair run draws 4 of each prompt's 8 seeds without replacement. Pool 3 is the tuning pool (:data:`TUNING_POOL`).
 Pools 4 and 5 (prompts 16-23, the last of world-heldout's 24) were added in session 26, after the judges' margins
 were revised having seen pools 0-2: they are held out like 0-2 and unseen by any margin (:data:`FRESH_POOLS`)."""
-POOL_SUITES = {6: "world-heldout-b", 7: "world-heldout-b"}
+POOL_SUITES = {6: "world-heldout-b", 7: "world-heldout-b", 8: "world-heldout-c", 9: "world-heldout-c"}
 """Pools whose prompts come from another suite than :data:`PROMPTS`: pools 6 and 7 (session 27) draw world-heldout-b's
-8 captions (h3.world.suites seed 1734, made after every threshold was chosen), all 24 of world-heldout being used."""
+8 captions (h3.world.suites seed 1734, made after every threshold was chosen), all 24 of world-heldout being used;
+pools 8 and 9 (session 28) world-heldout-c's (seed 1735, made after the session-28 revision was chosen)."""
 TUNING_POOL = 3
 """The only pool any threshold of the policy is chosen on (bench/recipe_signoff/tune_margins.py); every other pool is
 held out for the published rates, and ``main`` refuses to judge a record that mixes the two."""
-FRESH_POOLS = (4, 5, 6, 7)
+FRESH_POOLS = (4, 5, 6, 7, 8, 9)
 """Held-out pools no threshold was chosen or revised on, pools 0-2 having been seen when the margins were revised
 (session 26): the clean rates of a revised policy come from these alone."""
 CHUNK = 4

@@ -28,6 +28,8 @@ SUITES = {
     "world-ref2va": ("heldout", 1733, 8, "reference-image workflow (Ref2VA) on held-out pairs: picture 1 + caption"),
     "world-heldout-b": ("heldout", 1734, 8, "held-out colour-shape pairs, a second draw made after every signoff "
                         "threshold was chosen: fresh held-out signoff pools (issue 50)"),
+    "world-heldout-c": ("heldout", 1735, 8, "held-out colour-shape pairs, a third draw made after the session-28 "
+                        "revision of the resample judge was chosen on pools 4-6: its fresh held-out pools (issue 50)"),
 }
 
 
