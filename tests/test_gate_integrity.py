@@ -150,6 +150,43 @@ def test_gate_flags_a_stall_but_not_a_still_opening_or_a_still_both_clips_hold(t
     assert evaluate(opening, late).flags == ["candidate: frozen run of 12 frames from frame 12 (mean |change| <= 0.25 levels)"]
 
 
+def test_a_still_opening_split_by_a_faint_blip_is_an_opening_and_a_stall_after_motion_is_not(tmp_path):
+    """Session 28's false FAIL, planted: the clip is still for its first 17 frames but a faint blip at frame 4 (about
+    0.4 levels of mean change, as the tiny's VAE adds every 4 frames) splits that still, so the frozen run starts at
+    frame 5, past ``frozen_opening_frames``. No frame changed by more than ``opening_max_diff`` before it: a still
+    opening, reported, not flagged. The same run after the subject has moved is a stall, flagged; with
+    ``opening_max_diff`` below the blip, the opening is a stall too (the rule, not the run's start, decides)."""
+    from _gate_clips import moving_square_frames as frames_of
+    from gates.integrity import OPENING, frozen_runs_in, pair_flags
+
+    moving = frames_of(NUM_FRAMES, SIZE, 0)
+    still = moving.copy()
+    still[0:17] = moving[0]
+    blip = still[4].astype(np.int16)
+    blip[: SIZE // 2] += 1                              # half the frame one level up: ~0.5 levels of mean change
+    still[4] = np.clip(blip, 0, 255).astype(np.uint8)
+    clip = check_clip(_clip(tmp_path, still, name="opening.mp4"))
+    diffs = [d for d in clip.frame_diff[1:]]
+    assert 0.25 < max(diffs[3:5]) < 1.0 and max(diffs[5:16]) <= 0.25  # the blip splits the still; it is not motion
+    assert [5, 12] in clip.frozen_runs and clip.first_motion is not None and clip.first_motion >= 17
+    line = next(p for p in clip.problems if p.startswith("frozen run of 12 frames from frame 5 "))
+    assert OPENING in line
+    info: dict = {}
+    assert pair_flags([], [], clip.problems, frozen_runs_in(clip.problems), IntegrityThresholds(), info) == []
+    assert info["frozen_not_flagged"][-1].endswith(": a still opening")
+    stall = moving.copy()
+    stall[10:22] = moving[10]                           # the subject moved before frame 10: a stall
+    stalled = check_clip(_clip(tmp_path, stall, name="stall.mp4"))
+    assert stalled.first_motion is not None and stalled.first_motion < 10
+    assert pair_flags([], [], stalled.problems, frozen_runs_in(stalled.problems), IntegrityThresholds(), {}) == [
+        "candidate: frozen run of 12 frames from frame 10 (mean |change| <= 0.25 levels)"]
+    strict = IntegrityThresholds(opening_max_diff=0.2)
+    clip = check_clip(_clip(tmp_path, still, name="opening2.mp4"), thresholds=strict)
+    assert [5, 12] in clip.frozen_runs and clip.first_motion is not None and clip.first_motion < 5
+    assert pair_flags([], [], clip.problems, frozen_runs_in(clip.problems), strict, {}) == [
+        "candidate: frozen run of 12 frames from frame 5 (mean |change| <= 0.25 levels)"]
+
+
 def test_frozen_runs_read_back_from_a_clips_problem_lines(tmp_path):
     """Callers that kept only a clip's problem lines (bench/recipe_signoff's per-clip scores) recover its frozen runs
     exactly, and pair_flags on them gives the gate's own flags."""
