@@ -357,8 +357,35 @@ functions (as bench/resample_margins does) and the pair results are written from
 (fidelity, audio, ghosting) run through h3eval.gaterun."""
 
 
-def score_clip(mp4: Path, record_path: Path) -> dict:
+INTEGRITY_RULE = 2
+"""The integrity gate's rule the kept ``problems`` of a clip's score were written by: 2 (session 28) marks a frozen run
+before the clip first moves (gates.integrity.OPENING); a score of an older rule gets its problems re-checked
+(:func:`refresh_integrity`) before it is judged."""
+
+
+def clip_problems(mp4: Path, record: dict) -> list[str]:
     from gates.integrity import check_clip
+
+    integrity = check_clip(mp4, record)
+    return [str(p) for p in integrity.problems] + ([str(integrity.decode_error)]
+                                                   if integrity.decode_error is not None else [])
+
+
+def refresh_integrity(out: Path, mp4: Path, record_path: Path) -> bool:
+    """Re-check a scored clip's integrity problems when its score was written by an older :data:`INTEGRITY_RULE`
+    (the other scores are kept); True when it was rewritten."""
+    from h3.atomic import atomic_write_json
+
+    data = json.loads(out.read_text())
+    if data.get("integrity_rule") == INTEGRITY_RULE:
+        return False
+    data["problems"] = clip_problems(mp4, json.loads(record_path.read_text()))
+    data["integrity_rule"] = INTEGRITY_RULE
+    atomic_write_json(out, data)
+    return True
+
+
+def score_clip(mp4: Path, record_path: Path) -> dict:
     from gates.media_cache import load_audio, load_video
     from gates.prompt_faithfulness import clip_faithfulness
     from gates.reference_free import ReferenceFreeOptions, score_mp4
@@ -368,15 +395,14 @@ def score_clip(mp4: Path, record_path: Path) -> dict:
     frames, _ = load_video(mp4)
     audio, rate_hz = load_audio(mp4)
     faith, info = clip_faithfulness(frames, audio, int(rate_hz), record["request"]["prompt"])
-    integrity = check_clip(mp4, record)
     return {"rf": {k: float(v) for k, v in rf.items()}, "faith": float(faith), "faith_info": info,
-            "problems": [str(p) for p in integrity.problems] + ([str(integrity.decode_error)]
-                                                                  if integrity.decode_error is not None else [])}
+            "problems": clip_problems(mp4, record), "integrity_rule": INTEGRITY_RULE}
 
 
-def score_pool(work: Path, pool: int, names: list[str], wait: bool = False) -> int:
-    """Score every finished clip of ``names`` in the pool once (``pool<i>/scores/<recipe>/<clip>.json``); with
-    ``wait``, poll until each recipe's clips are all scored (or refused). Returns how many clips were scored."""
+def score_pool(work: Path, pool: int, names: list[str], wait: bool = False, make: bool = True) -> int:
+    """Score every finished clip of ``names`` in the pool once (``pool<i>/scores/<recipe>/<clip>.json``; a score of
+    an older integrity rule gets its problems re-checked: :func:`refresh_integrity`); with ``wait``, poll until each
+    recipe's clips are all scored (or refused); ``make=False`` only re-checks. Returns how many clips were scored."""
     from h3.atomic import atomic_write_json
 
     _, seeds = POOLS[pool]
@@ -392,7 +418,9 @@ def score_pool(work: Path, pool: int, names: list[str], wait: bool = False) -> i
             for mp4 in clips:
                 record = mp4.with_suffix(".json")
                 out = scored / mp4.parent.name / f"{mp4.stem}.json"
-                if out.is_file() or not record.is_file():
+                if out.is_file() and record.is_file():
+                    refresh_integrity(out, mp4, record)
+                if out.is_file() or not record.is_file() or not make:
                     continue
                 out.parent.mkdir(parents=True, exist_ok=True)
                 started = time.perf_counter()
@@ -877,6 +905,7 @@ def main() -> None:
         if not (run / "run.json").is_file():
             continue
         if args.verdict_only:  # the per-clip gates' pair results are the scores' (cheap): written by today's rule
+            score_pool(args.work, pool, order, make=False)  # scores of an older integrity rule re-checked
             missing = write_clip_gate_results(run, loaded, scores)
             if missing:
                 raise SystemExit(f"pool {pool}: clips not scored: {missing[:5]}")
