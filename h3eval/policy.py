@@ -144,6 +144,11 @@ class MetricPolicy(_Strict):
     """``flag``: when a clip is flagged."""
     max_flagged_pairs: int = Field(default=0, ge=0)
     """``flag``: the most candidate-flagged pairs a run may have (0: any flagged pair FAILs the candidate)."""
+    flag_alpha: float | None = Field(default=None, gt=0, lt=0.5)
+    """``flag``: a FAIL also needs the candidate flagged more often than its baseline twins beyond chance: the exact
+    one-sided McNemar p of the discordant pairs (candidate-only against baseline-only) at most this. For a detector
+    the model's own clean clips trip now and then, read against the baseline's rate in the same run, not pair by
+    pair. None: the count alone decides."""
     direction: Direction
     """Declared direction; must agree with the ``higher_is_better`` the gate writes, else INCONCLUSIVE."""
     max: Threshold | None = None
@@ -178,8 +183,8 @@ class MetricPolicy(_Strict):
     def _consistent(self) -> "MetricPolicy":
         if self.compare == "flag" or self.flag is not None:
             return self._flag_consistent()
-        if self.max_flagged_pairs:
-            raise ValueError("`max_flagged_pairs` is for compare = 'flag'")
+        if self.max_flagged_pairs or self.flag_alpha is not None:
+            raise ValueError("`max_flagged_pairs` and `flag_alpha` are for compare = 'flag'")
         if self.regression is not None and self.compare == "pair":
             raise ValueError("`regression` is for compare = 'sides' or 'delta'")
         fractions = [t for t in (self.max, self.min, self.pair_limit) if isinstance(t, BaselineFraction)]
@@ -223,7 +228,8 @@ class MetricPolicy(_Strict):
         # flag metric's count of flagged pairs only grows with more pairs, so it has no CI to wait for.
         given = [k for k, v in others.items() if v is not None] + (["binary"] if self.binary else [])
         if given:
-            raise ValueError(f"compare = 'flag' takes `flag` and `max_flagged_pairs`, not {', '.join(given)}")
+            raise ValueError(f"compare = 'flag' takes `flag`, `max_flagged_pairs` and `flag_alpha`, not "
+                             f"{', '.join(given)}")
         return self
 
     @property

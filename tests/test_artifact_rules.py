@@ -115,7 +115,8 @@ def flags_only(tmp_path) -> LoadedPolicy:
         spec = (f"above = {rule.above}" if rule.above is not None else f"at_least = {rule.at_least}"
                 if rule.at_least is not None else "above_baseline = true")
         text += (f"\n[gates.reference_free.metrics.{name}]\ncompare = \"flag\"\ndirection = \"lower_is_better\"\n"
-                 f"flag = {{ {spec} }}\nmax_flagged_pairs = {mp.max_flagged_pairs}\n")
+                 f"flag = {{ {spec} }}\nmax_flagged_pairs = {mp.max_flagged_pairs}\n"
+                 + (f"flag_alpha = {mp.flag_alpha}\n" if mp.flag_alpha is not None else ""))
     path = tmp_path / "flags.toml"
     path.write_text(text)
     return load_policy(path)
@@ -127,10 +128,11 @@ def metric(verdict, name):
 
 
 def test_release_resample_judge_carries_the_detector_rules():
-    assert {n: (mp.flag.describe(), mp.max_flagged_pairs, mp.required) for n, mp in FLAGS.items()} == {
-        "tail_flicker": ("> 1.5", 1, True), "sharpness_drop": ("> 1.3", 1, True), "blocking": ("> 2", 1, True),
+    assert {n: (mp.flag.describe(), mp.max_flagged_pairs, mp.flag_alpha, mp.required) for n, mp in FLAGS.items()} == {
+        "tail_flicker": ("> 1.5", 1, 0.05, True), "sharpness_drop": ("> 1.3", 1, 0.05, True),
+        "blocking": ("> 2", 1, 0.05, True),
         # advisory: both fire on clean clips whose subject appears late (release.toml says why)
-        "frozen_frames": ("above its baseline twin's", 4, False), "dropout_ms": (">= 250", 0, False)}
+        "frozen_frames": ("above its baseline twin's", 4, None, False), "dropout_ms": (">= 250", 0, None, False)}
     echo = RELEASE.policy.judges["resample"].gates["reference_free"].metrics["echo_score"]
     assert echo.compare == "sides" and echo.margin.fraction_of_floor == 1.5
     for kind in ("exact", "near"):  # a near / exact candidate has a same-seed parent: the paired gates judge it
@@ -144,17 +146,23 @@ def test_clean_run_passes_and_planted_defects_fail(tmp_path):
     assert {n: metric(v, n).outcome for n in FLAGS if n != "blocking"} == dict.fromkeys(
         ["tail_flicker", "sharpness_drop", "frozen_frames", "dropout_ms"], "PASS")
 
-    two = detector_run(tmp_path / "flicker", {3: "flicker", 11: "flicker"})[0]
-    v = compute_verdict(two.root, flags_only(tmp_path))
+    # flag_alpha 0.05: with no baseline-only pair, 5 candidate-only pairs (McNemar p 1/32) FAIL, 4 (1/16) do not
+    five = detector_run(tmp_path / "flicker", {i: "flicker" for i in (3, 5, 7, 9, 11)})[0]
+    v = compute_verdict(five.root, flags_only(tmp_path))
     m = metric(v, "tail_flicker")
-    assert (m.outcome, m.stats["candidate_flagged"], m.stats["baseline_flagged"]) == ("FAIL", 2, 0)
+    assert (m.outcome, m.stats["candidate_flagged"], m.stats["baseline_flagged"]) == ("FAIL", 5, 0)
+    assert m.stats["mcnemar_p"] == pytest.approx(0.5 ** 5)
     assert "p03-s0" in m.reasons[0] and v.candidates[0].outcome == "FAIL"
+    four = detector_run(tmp_path / "flicker4", {i: "flicker" for i in (3, 5, 7, 9)})[0]
+    m = metric(compute_verdict(four.root, flags_only(tmp_path)), "tail_flicker")
+    assert (m.outcome, m.stats["candidate_flagged"]) == ("PASS", 4) and m.stats["mcnemar_p"] == pytest.approx(1 / 16)
+    assert "no more often than the baseline's own clips beyond chance" in m.reasons[0]
     once = detector_run(tmp_path / "flicker1", {3: "flicker"})[0]  # one flickering clip: within max_flagged_pairs 1
     assert metric(compute_verdict(once.root, flags_only(tmp_path)), "tail_flicker").outcome == "PASS"
 
-    blurred = detector_run(tmp_path / "blur", {i: "blur" for i in (1, 5)})[0]
+    blurred = detector_run(tmp_path / "blur", {i: "blur" for i in range(1, 16, 2)})[0]
     m = metric(compute_verdict(blurred.root, flags_only(tmp_path)), "sharpness_drop")
-    assert (m.outcome, m.stats["candidate_flagged"]) == ("FAIL", 2)
+    assert (m.outcome, m.stats["candidate_flagged"]) == ("FAIL", 8)
     once = detector_run(tmp_path / "blur1", {1: "blur"})[0]  # one blurred clip: within max_flagged_pairs 1
     assert metric(compute_verdict(once.root, flags_only(tmp_path)), "sharpness_drop").outcome == "PASS"
 
@@ -180,9 +188,12 @@ def test_a_flagged_baseline_twin_is_not_the_candidates_defect(tmp_path):
 
 
 def test_nan_never_turns_a_fail_into_a_pass(tmp_path):
-    flagged, _ = detector_run(tmp_path / "a", {3: "flicker", 11: "flicker"}, nan_at=5)
+    flagged, _ = detector_run(tmp_path / "a", {i: "flicker" for i in (3, 7, 9, 11, 13)}, nan_at=5)
     m = metric(compute_verdict(flagged.root, flags_only(tmp_path)), "tail_flicker")
     assert m.outcome == "FAIL" and any("NaN" in r for r in m.reasons)
+    few, _ = detector_run(tmp_path / "a2", {3: "flicker", 11: "flicker"}, nan_at=5)  # over the count, p > flag_alpha
+    m = metric(compute_verdict(few.root, flags_only(tmp_path)), "tail_flicker")
+    assert m.outcome == "INCONCLUSIVE" and any("NaN" in r for r in m.reasons)
     clean_nan, _ = detector_run(tmp_path / "b", {}, nan_at=5)
     m = metric(compute_verdict(clean_nan.root, flags_only(tmp_path)), "tail_flicker")
     assert m.outcome == "INCONCLUSIVE" and any("NaN" in r for r in m.reasons)
@@ -196,7 +207,7 @@ def test_nan_never_turns_a_fail_into_a_pass(tmp_path):
 def test_release_policy_fails_a_resampled_candidate_on_a_detector(tmp_path):
     """Under the shipped release policy (no floor: its floor-relative dimensions are INCONCLUSIVE), a defect the
     detectors flag makes the resample candidate FAIL, and a clean one does not."""
-    flagged, _ = detector_run(tmp_path / "a", {0: "flicker", 9: "flicker"})
+    flagged, _ = detector_run(tmp_path / "a", {i: "flicker" for i in (0, 3, 6, 9, 12)})
     v = compute_verdict(flagged.root, RELEASE)
     c = v.candidates[0]
     assert (c.judge, c.outcome) == ("resample", "FAIL")
@@ -224,7 +235,8 @@ def test_flag_rules_are_validated(table, why):
 def test_the_reference_free_gates_detector_values_reach_the_verdict(tmp_path, monkeypatch):
     """End to end on encoded clips: imported folders (2 prompts; both candidate clips flicker in their last 12 frames,
     the baseline's do not), the real reference_free gate, then the flag rules: the gate's per-clip statistics are
-    what the verdict counts, and the two flickering pairs (more than the one tolerated) FAIL tail_flicker."""
+    what the verdict counts: two flickering pairs, more than the one tolerated, FAIL tail_flicker by the count alone,
+    and PASS under the release rule's flag_alpha (2 of 2 discordant pairs is McNemar p 0.25)."""
     import json
 
     from h3.media import encode_mp4
@@ -252,6 +264,16 @@ def test_the_reference_free_gates_detector_values_reach_the_verdict(tmp_path, mo
     policy = loaded.policy.model_copy(update={"min_pairs": 2})
     v = compute_verdict(run, LoadedPolicy(policy=policy, path=loaded.path, sha256=loaded.sha256))
     m = metric(v, "tail_flicker")
+    # 2 of 2 flagged: over max_flagged_pairs, but McNemar p 0.25 > flag_alpha: a PASS, stated so; the count alone
+    # (no flag_alpha) FAILs
+    assert (m.outcome, m.stats["candidate_flagged"], m.n_pairs) == ("PASS", 2, 2)
+    assert m.stats["mcnemar_p"] == pytest.approx(0.25) and "beyond chance" in m.reasons[0]
+    rules = dict(policy.gates["reference_free"].metrics)
+    rules["tail_flicker"] = rules["tail_flicker"].model_copy(update={"flag_alpha": None})
+    gates = {**policy.gates, "reference_free": policy.gates["reference_free"].model_copy(update={"metrics": rules})}
+    count_only = policy.model_copy(update={"gates": gates})
+    m = metric(compute_verdict(run, LoadedPolicy(policy=count_only, path=loaded.path, sha256=loaded.sha256)),
+               "tail_flicker")
     assert (m.outcome, m.stats["candidate_flagged"], m.n_pairs) == ("FAIL", 2, 2)
     top = max(("a", "b"), key=lambda pid: written[pid]["tail_flicker"]["value"])
     assert m.worst[0].value == written[top]["tail_flicker"]["value"] and m.worst[0].prompt_id == top

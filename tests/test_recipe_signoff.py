@@ -270,14 +270,15 @@ def test_reference_free_metrics_equal_the_gates_own_pair_result(tmp_path, monkey
 def test_the_resample_judges_detectors_decide_on_the_bench_pair_results(tmp_path):
     """16 resampled pairs written by recipe_signoff's rule and judged by the release policy's flag rules: clean clips
     PASS every required detector (before session 27 each was INCONCLUSIVE, 'metric absent', in every run); blocking
-    planted at 2.5 (the rule: > 2.0) on 2 candidate clips FAILs it (max_flagged_pairs 1), on 1 clip does not."""
+    planted at 2.5 (the rule: > 2.0) on 5 candidate clips FAILs it (more than max_flagged_pairs 1, McNemar p 1/32 <=
+    flag_alpha 0.05), on 1 or 4 clips (p 1/16) does not."""
     from test_artifact_rules import FLAGS, flags_only, metric
     from verdict_fixtures import make_run, pairs_of, write_result
 
     from h3eval.verdict import compute_verdict
 
     loaded = flags_only(tmp_path)
-    for planted, expect in ((0, "PASS"), (1, "PASS"), (2, "FAIL")):
+    for planted, expect in ((0, "PASS"), (1, "PASS"), (4, "PASS"), (5, "FAIL")):
         store = make_run(tmp_path / f"run{planted}", candidates=("turbo",), n_prompts=16)
         m = store.read_manifest()
         store.write_manifest(m.model_copy(update={"recipes": {

@@ -294,7 +294,8 @@ def decide_flag(mv: MetricVerdict, mp: MetricPolicy) -> None:
     ``max_flagged_pairs`` FAIL, whatever else is wrong with the run (a NaN or a missing pair cannot hide a flagged
     one); otherwise a metric that cannot be judged (its reasons: NaN, missing, too few pairs) is INCONCLUSIVE, never
     a PASS. The exact one-sided McNemar p of the discordant pairs (candidate-only against baseline-only flags) is
-    reported beside the count."""
+    reported beside the count; with ``flag_alpha`` a FAIL also needs it at most ``flag_alpha`` (flagged more often
+    than the baseline's own clips beyond chance), else the count over the bound PASSes, stated so."""
     rule = mp.flag
     assert rule is not None
     cand_only, base_only, both = [], [], 0
@@ -321,9 +322,16 @@ def decide_flag(mv: MetricVerdict, mp: MetricPolicy) -> None:
     count = (f"{len(cand_only)} of {len(mv.pairs)} pair(s) flagged on the candidate only ({mv.metric} "
              f"{rule.describe()}; {len(base_only)} on the baseline only, {both} on both; exact McNemar p "
              f"{_fmt(mcnemar)})")
-    if len(cand_only) > mp.max_flagged_pairs:
-        mv.reasons.insert(0, f"{count}, more than max_flagged_pairs {mp.max_flagged_pairs}: {shown}")
+    over = len(cand_only) > mp.max_flagged_pairs
+    if over and (mp.flag_alpha is None or mcnemar <= mp.flag_alpha):
+        beyond = "" if mp.flag_alpha is None else f" and McNemar p <= flag_alpha {_fmt(mp.flag_alpha)}"
+        mv.reasons.insert(0, f"{count}, more than max_flagged_pairs {mp.max_flagged_pairs}{beyond}: {shown}")
         mv.raw_outcome = "FAIL"
+    elif over:
+        within = (f"{count}: more than max_flagged_pairs {mp.max_flagged_pairs}, but no more often than the "
+                  f"baseline's own clips beyond chance (McNemar p > flag_alpha {_fmt(mp.flag_alpha)})")
+        mv.reasons.insert(0, f"{within}, but" if mv.reasons else within)
+        mv.raw_outcome = "INCONCLUSIVE" if len(mv.reasons) > 1 else "PASS"
     elif mv.reasons:
         mv.reasons.insert(0, f"{count}, within max_flagged_pairs {mp.max_flagged_pairs}, but")
         mv.raw_outcome = "INCONCLUSIVE"
