@@ -167,7 +167,8 @@ def test_pools_have_8_seeds_a_prompt_and_the_tuning_pool_is_disjoint_from_the_he
         for b in rs.POOLS:
             if a < b:
                 assert not prompts[a] & prompts[b] and not seeds[a] & seeds[b], (a, b)
-    assert rs.TUNING_POOL in rs.POOLS and rs.TUNING_POOL not in (0, 1, 2, *rs.FRESH_POOLS)
+    assert rs.TUNING_POOL in rs.TUNING_POOLS and not set(rs.TUNING_POOLS) & {0, 1, 2, *rs.FRESH_POOLS}
+    assert set(rs.TUNING_POOLS) <= set(rs.POOLS) and set(rs.FRESH_POOLS) <= set(rs.POOLS)
     # every pool's prompts exist in its suite; the fresh pools take world-heldout's last 8, unused by pools 0-3, and
     # all 8 of world-heldout-b and of world-heldout-c (each drawn after the thresholds of its time were chosen), each
     # caption in one pool only
@@ -180,8 +181,7 @@ def test_pools_have_8_seeds_a_prompt_and_the_tuning_pool_is_disjoint_from_the_he
     assert len(captions) == len(set(captions)) == 4 * len(rs.POOLS)
     fresh = set().union(*(prompts[p] for p in rs.FRESH_POOLS))
     seen = set().union(*(prompts[p] for p in rs.POOLS if p not in rs.FRESH_POOLS))
-    assert fresh == ({(rs.PROMPTS, i) for i in range(16, 24)} | {("world-heldout-b", i) for i in range(8)}
-                     | {("world-heldout-c", i) for i in range(8)})
+    assert fresh == {("world-heldout-b", i) for i in range(4, 8)} | {("world-heldout-c", i) for i in range(8)}
     assert not fresh & seen and len(seen | fresh) == sum(len(lines[s]) for s in (rs.PROMPTS, "world-heldout-b",
                                                                                    "world-heldout-c"))
     # the first chunk keeps the 4-seed pools' folders (their cached clips), the second its own
@@ -194,13 +194,14 @@ def test_pools_have_8_seeds_a_prompt_and_the_tuning_pool_is_disjoint_from_the_he
 
 
 def test_a_judged_record_never_pools_the_tuning_pool_with_held_out_ones():
-    t = rs.TUNING_POOL
-    assert rs.mixes_tuning([0, 1, 2], judged=True) is None and rs.mixes_tuning([4, 5], judged=True) is None
-    assert rs.mixes_tuning([t], judged=True) is None
-    assert rs.mixes_tuning([t, t], judged=True) is None
-    for held_out in (0, *rs.FRESH_POOLS):
-        assert "tuning pool" in rs.mixes_tuning([held_out, t], judged=True)
-        assert rs.mixes_tuning([held_out, t], judged=False) is None  # making and scoring clips mixes nothing
+    assert rs.mixes_tuning([0, 1, 2], judged=True) is None and rs.mixes_tuning([7, 8, 9], judged=True) is None
+    assert rs.mixes_tuning([4, 5, 6], judged=True) is None  # the tuning pools' own record
+    for t in rs.TUNING_POOLS:
+        assert rs.mixes_tuning([t], judged=True) is None
+        assert rs.mixes_tuning([t, t], judged=True) is None
+        for held_out in (0, *rs.FRESH_POOLS):
+            assert "tuning pools" in rs.mixes_tuning([held_out, t], judged=True)
+            assert rs.mixes_tuning([held_out, t], judged=False) is None  # making and scoring clips mixes nothing
 
 
 def test_tune_margins_regression_rule_matches_a_float64_loop():

@@ -18,8 +18,9 @@ directory of copied gate results and judged by ``compute_verdict`` under gates/p
 bootstrap resamples (a FAIL never depends on them). ``--verdict-only`` redoes only that last step from the cached gate
 results (seconds), e.g. after release.toml changes.
 
-Pools (:data:`POOLS`): disjoint prompts (world-heldout, 4 each) and disjoint seeds (8 each); pool 3 tunes, the others
-are held out, pools 4-5 unseen by any margin (:data:`FRESH_POOLS`).
+Pools (:data:`POOLS`): disjoint prompts (world-heldout, 4 each) and disjoint seeds (8 each); the judges of the
+policy as it stands were chosen on pools 3-6 (:data:`TUNING_POOLS`), pools 7-9 are unseen by any choice
+(:data:`FRESH_POOLS`).
 Run baseline (``--run-baseline``): ``baseline`` (the 29-step recipe; a plant is then judged against its parent by
 lineage and, as the top of its ladder, against the baseline) or ``turbo4-tiny`` (the parent as the run's baseline: the
 plant is judged against it by lineage only, the floor is turbo4-tiny's; no 29-step clips to make).
@@ -80,9 +81,14 @@ pools 8 and 9 (session 28) world-heldout-c's (seed 1735, made after the session-
 TUNING_POOL = 3
 """The only pool any threshold of the policy is chosen on (bench/recipe_signoff/tune_margins.py); every other pool is
 held out for the published rates, and ``main`` refuses to judge a record that mixes the two."""
-FRESH_POOLS = (4, 5, 6, 7, 8, 9)
-"""Held-out pools no threshold was chosen or revised on, pools 0-2 having been seen when the margins were revised
-(session 26): the clean rates of a revised policy come from these alone."""
+TUNING_POOLS = (3, 4, 5, 6)
+"""Pools some judge of the policy as it stands was chosen on: 3 (session 26's margins), 4-6 (session 28: their
+session-27 FAILs of correct recipes showed the still opening split by a VAE blip, the detectors' count read apart from
+the baseline's own rate and the regression rule below any real change, and the revision was checked on them). A judged
+record never pools one of them with an unseen pool (:func:`mixes_tuning`)."""
+FRESH_POOLS = (7, 8, 9)
+"""Held-out pools no threshold was chosen or revised on (pools 0-2 were seen by session 26's revision, 4-6 by session
+28's): the clean rates of the policy as it stands come from these alone."""
 CHUNK = 4
 """A pool's clips are made in chunks of 4 seeds, each its own one-recipe run (``gen/<recipe>`` for the first chunk,
 ``gen/<recipe>+s<first seed>`` for the next), so clips made when pools had 4 seeds are reused as they are."""
@@ -141,10 +147,12 @@ def pool_recipes(order: list[str], pool: int, plant_pools: set[int] | None) -> l
 
 
 def mixes_tuning(pools: list[int], judged: bool) -> str | None:
-    """Why a command over ``pools`` must not run, else None: a judged record (rates published) that pools the tuning
-    pool with held-out ones. Making, scoring and gating clips mix nothing."""
-    if judged and TUNING_POOL in pools and len(set(pools)) > 1:
-        return f"pool {TUNING_POOL} is the tuning pool: judge it apart from the held-out pools {sorted(set(pools))}"
+    """Why a command over ``pools`` must not run, else None: a judged record (rates published) that pools a tuning
+    pool (:data:`TUNING_POOLS`) with held-out ones. Making, scoring and gating clips mix nothing."""
+    tuning = sorted(set(pools) & set(TUNING_POOLS))
+    if judged and tuning and set(pools) - set(TUNING_POOLS):
+        return (f"pools {tuning} are tuning pools: judge them apart from the held-out pools "
+                f"{sorted(set(pools) - set(TUNING_POOLS))}")
     return None
 
 
