@@ -77,3 +77,15 @@ def copy_clip(store: RunStore, src: str, dst: str, prompt_id: str = "p0", seed: 
     record["mp4_sha256"] = sha256_file(mp4)
     record["mp4_bytes"] = mp4.stat().st_size
     atomic_write_json(record_path, record)
+
+
+def blip_split_opening_frames() -> np.ndarray:
+    """Session 28's still opening, planted: still for frames 0-16, then the square moves; half of frame 4 one level up
+    (about 0.5 levels of mean change, like the tiny VAE's blip every 4 frames), which splits the still so that its
+    frozen run starts at frame 5."""
+    frames = moving_square_frames(NUM_FRAMES, SIZE, 0).copy()
+    frames[0:17] = frames[0]
+    blip = frames[4].astype(np.int16)
+    blip[: SIZE // 2] += 1
+    frames[4] = np.clip(blip, 0, 255).astype(np.uint8)
+    return frames

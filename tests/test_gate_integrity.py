@@ -156,15 +156,11 @@ def test_a_still_opening_split_by_a_faint_blip_is_an_opening_and_a_stall_after_m
     frame 5, past ``frozen_opening_frames``. No frame changed by more than ``opening_max_diff`` before it: a still
     opening, reported, not flagged. The same run after the subject has moved is a stall, flagged; with
     ``opening_max_diff`` below the blip, the opening is a stall too (the rule, not the run's start, decides)."""
-    from _gate_clips import moving_square_frames as frames_of
+    from _gate_clips import blip_split_opening_frames
     from gates.integrity import OPENING, frozen_runs_in, pair_flags
 
-    moving = frames_of(NUM_FRAMES, SIZE, 0)
-    still = moving.copy()
-    still[0:17] = moving[0]
-    blip = still[4].astype(np.int16)
-    blip[: SIZE // 2] += 1                              # half the frame one level up: ~0.5 levels of mean change
-    still[4] = np.clip(blip, 0, 255).astype(np.uint8)
+    moving = moving_square_frames(NUM_FRAMES, SIZE, 0)
+    still = blip_split_opening_frames()                 # still 0-16, half of frame 4 one level up
     clip = check_clip(_clip(tmp_path, still, name="opening.mp4"))
     diffs = [d for d in clip.frame_diff[1:]]
     assert 0.25 < max(diffs[3:5]) < 1.0 and max(diffs[5:16]) <= 0.25  # the blip splits the still; it is not motion

@@ -321,18 +321,13 @@ def test_scores_of_an_older_integrity_rule_get_their_problems_rechecked(tmp_path
     """A clip scored before session 28 kept its frozen run's problem line without the still-opening mark, so the pair
     rule read a still opening split by a VAE blip as a stall; refresh_integrity re-checks the problems of such a
     score (and only of such a score), keeping its other scores, and the pair rule then reports the opening."""
-    from _gate_clips import NUM_FRAMES, SIZE, moving_square_frames, noise_pcm
+    from _gate_clips import blip_split_opening_frames, noise_pcm
 
     from gates.integrity import OPENING, IntegrityThresholds, frozen_runs_in, pair_flags
     from h3.media import encode_mp4
 
-    frames = moving_square_frames(NUM_FRAMES, SIZE, 0).copy()
-    frames[0:17] = frames[0]
-    blip = frames[4].astype(np.int16)
-    blip[: SIZE // 2] += 1
-    frames[4] = blip.astype(np.uint8)
     mp4, record = tmp_path / "clip.mp4", tmp_path / "clip.json"
-    encode_mp4(mp4, frames, noise_pcm())
+    encode_mp4(mp4, blip_split_opening_frames(), noise_pcm())
     record.write_text("{}")
     old = ["frozen run of 12 frames from frame 5 (mean |change| <= 0.25 levels)"]  # as the rule before wrote it
     out = tmp_path / "score.json"

@@ -71,7 +71,7 @@ POOLS = {0: (0, list(range(0, 8))), 1: (4, list(range(10, 18))), 2: (8, list(ran
          6: (0, list(range(60, 68))), 7: (4, list(range(70, 78))), 8: (0, list(range(80, 88))),
          9: (4, list(range(90, 98)))}
 """Pool -> (first world-heldout prompt, seeds): disjoint prompts and seeds, 8 seeds a prompt (32 distinct pairs), so
-a 16-pair run draws 4 of each prompt's 8 seeds without replacement. Pool 3 is the tuning pool (:data:`TUNING_POOL`).
+a 16-pair run draws 4 of each prompt's 8 seeds without replacement. Pool 3 is tune_margins' pool (:data:`TUNING_POOL`).
 Pools 4 and 5 (prompts 16-23, the last of world-heldout's 24) were added in session 26, after the judges' margins
 were revised having seen pools 0-2: they are held out like 0-2 and unseen by any margin (:data:`FRESH_POOLS`)."""
 POOL_SUITES = {6: "world-heldout-b", 7: "world-heldout-b", 8: "world-heldout-c", 9: "world-heldout-c"}
@@ -79,8 +79,8 @@ POOL_SUITES = {6: "world-heldout-b", 7: "world-heldout-b", 8: "world-heldout-c",
 8 captions (h3.world.suites seed 1734, made after every threshold was chosen), all 24 of world-heldout being used;
 pools 8 and 9 (session 28) world-heldout-c's (seed 1735, made after the session-28 revision was chosen)."""
 TUNING_POOL = 3
-"""The only pool any threshold of the policy is chosen on (bench/recipe_signoff/tune_margins.py); every other pool is
-held out for the published rates, and ``main`` refuses to judge a record that mixes the two."""
+"""The pool tune_margins.py and tune_near.py choose their thresholds on (session 26); since session 28 one of
+:data:`TUNING_POOLS`."""
 TUNING_POOLS = (3, 4, 5, 6)
 """Pools some judge of the policy as it stands was chosen on: 3 (session 26's margins), 4-6 (session 28: their
 session-27 FAILs of correct recipes showed the still opening split by a VAE blip, the detectors' count read apart from

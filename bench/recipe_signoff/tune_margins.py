@@ -112,10 +112,7 @@ def dim_fails(w: np.ndarray, floor: np.ndarray, dims: dict, min_shift: float) ->
     reg = np.zeros(len(names), bool)
     for i, qi in zip(reg_dims, holm(p)):
         spec = dims[names[i]]["regression"]
-        shift = spec["min_shift"]
-        need = (max(min_shift * floor[i], shift.get("at_least", 0.0)) if isinstance(shift, dict)
-                else float(shift))
-        reg[i] = qi <= spec["alpha"] and mean[i] >= need
+        reg[i] = qi <= spec["alpha"] and mean[i] >= shift_needed(spec, min_shift, floor[i])
     return ni, reg
 
 
@@ -181,11 +178,15 @@ def simulate(w: np.ndarray, picks: list[list[int]], dims: dict) -> tuple[np.ndar
 
 
 def reg_fails(run_abs: np.ndarray, run_q: np.ndarray, i: int, spec: dict, floor: float, m: float) -> np.ndarray:
-    """Per run, the regression rule's FAIL on dimension ``i`` at min_shift ``m`` x floor, never below the policy's
-    ``at_least`` for it (an absolute min_shift, e.g. faithfulness's 0.05, kept)."""
+    """Per run, the regression rule's FAIL on dimension ``i`` at min_shift ``m`` x floor (:func:`shift_needed`)."""
+    return (run_q[:, i] <= spec["alpha"]) & (run_abs[:, i] >= shift_needed(spec, m, floor))
+
+
+def shift_needed(spec: dict, m: float, floor: float) -> float:
+    """The regression rule's smallest mean worsening at min_shift ``m`` x floor, never below the policy's ``at_least``
+    for it (an absolute min_shift, e.g. faithfulness's 0.05, kept)."""
     shift = spec["min_shift"]
-    need = max(m * floor, shift.get("at_least", 0.0)) if isinstance(shift, dict) else float(shift)
-    return (run_q[:, i] <= spec["alpha"]) & (run_abs[:, i] >= need)
+    return max(m * floor, shift.get("at_least", 0.0)) if isinstance(shift, dict) else float(shift)
 
 
 def _chosen_margin(spec: dict, i: int, floor: np.ndarray, tuning: list) -> float | None:

@@ -327,16 +327,15 @@ def decide_flag(mv: MetricVerdict, mp: MetricPolicy) -> None:
         beyond = "" if mp.flag_alpha is None else f" and McNemar p <= flag_alpha {_fmt(mp.flag_alpha)}"
         mv.reasons.insert(0, f"{count}, more than max_flagged_pairs {mp.max_flagged_pairs}{beyond}: {shown}")
         mv.raw_outcome = "FAIL"
-    elif over:
-        within = (f"{count}: more than max_flagged_pairs {mp.max_flagged_pairs}, but no more often than the "
-                  f"baseline's own clips beyond chance (McNemar p > flag_alpha {_fmt(mp.flag_alpha)})")
-        mv.reasons.insert(0, f"{within}, but" if mv.reasons else within)
-        mv.raw_outcome = "INCONCLUSIVE" if len(mv.reasons) > 1 else "PASS"
-    elif mv.reasons:
-        mv.reasons.insert(0, f"{count}, within max_flagged_pairs {mp.max_flagged_pairs}, but")
+        return
+    why = (f"more than max_flagged_pairs {mp.max_flagged_pairs}, but no more often than the baseline's own clips "
+           f"beyond chance (McNemar p > flag_alpha {_fmt(mp.flag_alpha)})" if over
+           else f"within max_flagged_pairs {mp.max_flagged_pairs}")
+    if mv.reasons:  # NaN, missing or too few pairs: never a PASS
+        mv.reasons.insert(0, f"{count}, {why}, but")
         mv.raw_outcome = "INCONCLUSIVE"
     else:
-        mv.reasons.append(f"{count}: within max_flagged_pairs {mp.max_flagged_pairs}")
+        mv.reasons.append(f"{count}: {why}")
         mv.raw_outcome = "PASS"
 
 
