@@ -102,7 +102,10 @@ def test_planted_ghost_is_found_with_its_strength_copy_and_frames(clip, name, al
 def test_benign_differences_are_not_flagged(clip, name):
     fs = ghost_scores(clip["base"], clip[name], CONFIG)
     assert not is_flagged(fs, CONFIG), (name, fs.windows)
-    assert pair_p_value(fs) > 0.01 and fs.windows[0].evidence < 0.02
+    # Evidence below the largest benign window of the calibration's fit footage (0.0429). The CRF 28 re-encode reads
+    # 0.024 under the motion mask (0.016 before it: the codec's leak sits where the clip moves, the static blocks that
+    # diluted it no longer count), p 0.016.
+    assert pair_p_value(fs) > 0.01 and fs.windows[0].evidence < 0.0429
     assert ghost_frames(fs, CONFIG) == []
 
 
@@ -246,6 +249,7 @@ def test_search_and_block_sums_equal_the_float64_definition(height, width, work_
     nums, ens = ghost_fit.search(be, yb, yc, row_of, frames, config, g, chunk=2)
     keys = [(1, 1, 2), (0, -3, 2), (2, 0, -1), (3, 4, -4)]
     blocks = ghost_fit.window_blocks(be, yb, yc, row_of, frames, keys, config, g)
+    moving = ghost_fit.moving_blocks(be, yb, row_of, frames, config, g)  # tested in test_ghosting_static_edges
     ridge_b = g.block**2 * config.ridge_rms**2
     # Preparation (cv2 in float32) against its float64 definition: within 1e-3 levels.
     np.testing.assert_allclose(yb, reference_luma(base, config, factor), atol=1e-3)
@@ -262,6 +266,8 @@ def test_search_and_block_sums_equal_the_float64_definition(height, width, work_
             alpha = bnum / (bden + ridge_b)
             expected = ((alpha <= config.block_alpha_max) & (bden >= config.visible_rms**2 * g.block**2)
                         & (bssd > config.align_ratio * bmoved))
+            if (dy, dx) != (0, 0):
+                expected &= moving[frames.index(t)]
             assert (use[i] == expected).all()
     assert abs(nums[1][1][1 + 4, 2 + 4]) > 1.0  # the planted copy: the comparison is not 0 == 0
 

@@ -14,7 +14,9 @@ from bench.lib.ghosting import plant_ghost, procedural_scene
 from gates.ghosting import GhostingConfig, downsample_factor, ghost_scores, is_flagged, pair_p_value
 from tests.test_gate_ghosting import roundtrip  # through the runtime's codec, decoded back
 
-CONFIG = dataclasses.replace(GhostingConfig(), fine_lag0=True)  # the fine pass on, at the gate's frame_stride 2
+# The fine pass on, at the gate's frame_stride 2, as its record measured it: without the motion mask (motion_rms 0;
+# the plant is a copy of the whole frame, static parts included, which the mask leaves out on purpose).
+CONFIG = dataclasses.replace(GhostingConfig(), fine_lag0=True, motion_rms=0.0)
 COARSE_ONLY = GhostingConfig()  # the shipped default: no fine pass
 ALPHA = 0.10
 SHIFT = (0, 4)  # full-resolution pixels: 2 working pixels at the clip's downsampling factor 2

@@ -19,6 +19,11 @@ detector uses:
   differs from the frame by a few levels only; a ghost of 5% there is invisible anyway. Only blocks where the copy
   differs from the frame visibly (RMS of the part of ``d`` outside the nuisance span at least ``visible_rms`` levels)
   carry evidence.
+* A ghost is a copy of *moving* content. A displaced copy of a static background differs from the frame at every
+  edge, and a recipe that moves a few static edges by a fraction of a pixel (INT8 over the trained tiny's striped
+  background, issue 50) correlates with it. A displaced copy's blocks carry evidence only where the baseline moves
+  (``motion_rms``: its difference from a frame up to ``max_lag`` away, in that block or a neighbouring one); an
+  in-place copy (frame ``t - lag`` at the same pixels) differs from the frame only where it moves anyway.
 
 Fit. On luma at a reduced working resolution (``work_long_side``), per scored frame the residual is projected off the
 nuisance span; for every lag and every shift within ``max_shift`` the exact least-squares numerator

@@ -22,6 +22,11 @@ class GhostingConfig:
     min_lag0_shift: int = 2
     """At lag 0 only displacements of at least this many working pixels (Chebyshev) count; closer ones are within
     the one-pixel nuisance's reach (blur, not a second rendering)."""
+    motion_rms: float = 8.0
+    """A displaced copy's block carries evidence only where the baseline moves: the RMS of its difference from a
+    frame up to ``max_lag`` away reaches this many levels there or in a neighbouring block (issue 50: INT8 over
+    turbo4-tiny moves a static stripe's edge by a fraction of a pixel, which a copy 4 pixels aside correlates with;
+    the trained tiny's static background flickers up to ~6.6 levels per block). 0 turns the mask off."""
     work_long_side: int = 384
     """Frames are box-downsampled by an integer factor until the long side is at most this (a 768x1344 clip by 4):
     the box average removes most codec noise of the full-resolution encode, and the calibration clips were scored at
@@ -53,12 +58,12 @@ class GhostingConfig:
     this rule was a single block of an x264 re-encode with a lower bound equal to its estimate)."""
     pool_frames: int = 16
     """Scored frames pooled into one fit (a window); longer clips are covered by several windows."""
-    null_tail_u: float = 0.00335
+    null_tail_u: float = 0.00309
     """Benign-null tail of the window evidence (bench/ghosting/results/ghosting_calibration.md, fit footage): the evidence
     above which the exponential tail is fitted ..."""
     null_tail_p: float = 0.1027
     """... the share of benign windows above it ..."""
-    null_tail_scale: float = 0.0107
+    null_tail_scale: float = 0.01075
     """... and the tail's scale (upper 95% confidence bound of the mean excess, conservative)."""
     flag_p: float = 0.001
     """A pair is flagged when its p-value is at most this (a benign pair is flagged at most 0.1% of the time). The

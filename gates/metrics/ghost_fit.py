@@ -168,10 +168,38 @@ def block_sums(v, g: Geometry):
     return v.reshape(v.shape[:-1] + (nby, g.block, nbx, g.block)).sum(-1).sum(-2)
 
 
+def moving_blocks(be, base, row_of, frames: list[int], config: GhostingConfig, g: Geometry) -> np.ndarray:
+    """Per frame t of ``frames`` and per block: whether the baseline moves there (bool (frames, blocks down, blocks
+    across)). A block moves when the RMS of ``base_t - base_u`` over it reaches ``motion_rms`` levels for some other
+    frame u within ``max_lag`` of t (earlier or later; the frames the search prepared), or a neighbouring block
+    (3 x 3) does: a displaced copy lands up to ``max_shift`` working pixels, at most one block, from the content
+    it copies. All True when ``motion_rms`` is 0."""
+    nby, nbx = g.blocks
+    if config.motion_rms <= 0:
+        return np.ones((len(frames), nby, nbx), dtype=bool)
+    bi = interior(base[be.index([row_of[t] for t in frames])], g)
+    energy = np.zeros((len(frames), nby, nbx))
+    for j, t in enumerate(frames):
+        others = [u for u in range(t - config.max_lag, t + config.max_lag + 1) if u != t and u in row_of]
+        if not others:
+            continue
+        diff = (interior(base[be.index([row_of[u] for u in others])], g) - bi[j : j + 1]).reshape(len(others), -1)
+        energy[j] = be.numpy(block_sums(diff * diff, g)).max(axis=0)
+    moving = energy >= config.motion_rms**2 * g.block * g.block
+    padded = np.pad(moving, ((0, 0), (1, 1), (1, 1)))
+    return np.max([padded[:, 1 + oy : 1 + oy + nby, 1 + ox : 1 + ox + nbx]
+                   for oy in (-1, 0, 1) for ox in (-1, 0, 1)], axis=0)
+
+
 def window_blocks(be, base, cand, row_of, frames: list[int], keys, config: GhostingConfig, g: Geometry):
     """For each candidate (lag, dy, dx): per frame t >= lag of the window and per block, the ridge fit's numerator
-    and denominator and whether the block carries evidence (numpy arrays (frames, blocks down, blocks across))."""
+    and denominator and whether the block carries evidence (numpy arrays (frames, blocks down, blocks across)).
+    A displaced copy ((dy, dx) not (0, 0)) carries evidence only in blocks where the baseline moves
+    (:func:`moving_blocks`): a ghost is a copy of moving content, and a shifted copy of a static background is
+    what a sub-pixel change of its edges correlates with (issue 50). An in-place copy (frame t - lag at the same
+    pixels) differs from the frame only where the frame moves, so it needs no mask."""
     a = config.align_offset
+    moving = moving_blocks(be, base, row_of, frames, config, g)
     offsets = [(a, 0), (-a, 0), (0, a), (0, -a)]
     ridge_b = g.block * g.block * config.ridge_rms**2
     b = base[be.index([row_of[t] for t in frames])]
@@ -199,6 +227,8 @@ def window_blocks(be, base, cand, row_of, frames: list[int], keys, config: Ghost
         alpha = num / (den + ridge_b)
         use = ((alpha <= config.block_alpha_max) & (den >= config.visible_rms**2 * g.block * g.block)
                & (ssd > config.align_ratio * moved))
+        if (dy, dx) != (0, 0):
+            use = use & moving[sel]
         out[(lag, dy, dx)] = ([frames[j] for j in sel], num, den + ridge_b, use)
     return out
 
