@@ -30,6 +30,8 @@ SUITES = {
                         "threshold was chosen: fresh held-out signoff pools (issue 50)"),
     "world-heldout-c": ("heldout", 1735, 8, "held-out colour-shape pairs, a third draw made after the session-28 "
                         "revision of the resample judge was chosen on pools 4-6: its fresh held-out pools (issue 50)"),
+    "world-heldout-d": ("heldout", 1736, 8, "held-out colour-shape pairs, a fourth draw made after session 29's motion "
+                        "mask of the ghosting fit was chosen on pool 7: its fresh held-out pools (issue 50)"),
 }
 
 
