@@ -806,6 +806,13 @@ def markdown(summary: dict, meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _commit_line(git: dict | None) -> str:
+    """The record's commit, as its JSON keeps it (bench.lib.results.context), for the Markdown header."""
+    if not git or not git.get("commit"):
+        return "\n- commit: unknown (not a git checkout)"
+    return f"\n- commit: {git['commit']}" + (" (with uncommitted changes)" if git.get("dirty") else "")
+
+
 def write_record(name: str, payload: dict, md: str) -> None:
     from bench.lib.results import context
     from h3.atomic import atomic_write_json, atomic_write_text
@@ -818,7 +825,7 @@ def write_record(name: str, payload: dict, md: str) -> None:
               f"- machine: {data['machine']['platform']}, {data['machine']['cpu_count']} cpus, "
               f"{(data['machine'].get('numerics') or {}).get('cpu_model', '')}\n- versions: "
               + ", ".join(f"{k} {v}" for k, v in data["versions"].items()) + "\n- policy: " + payload["policy"]
-              + "\n\n")
+              + _commit_line(data.get("git")) + "\n\n")
     atomic_write_text(results / f"{name}.md", header + payload.get("note", "") + "\n\n" + md)
 
 
