@@ -12,7 +12,11 @@
 #      estimated for 2 pairs on an H100: baseline load ~50 s + 4 x 36 s, FP8 apply + warm-up ~40 s + 4 x ~20 s);
 #   2. `h3eval gate RUN --gates ... --device cuda --force` GF_REPEAT times (the first loads LPIPS and warms the
 #      kernels; the later ones are the warm figures), each timed whole.
-#   run(command="bash bench/device/gate_fraction.sh", carry=[".whl_prod"], timeout_s=590)
+#   run(command="bash bench/device/gate_fraction.sh", carry=[".whl_prod"], kind="nvidia-h200", needs_h200=true,
+#       timeout_s=590)
+# An H200: on an 80 GB H100 stock4 at 768x1344 peaks at 77.9 GiB and its second request runs out of memory
+# (bench/gates_speed/results/gpu_fraction/2026-12-06-h100-s29-oom.md); there, GF_SHAPE="5 544 960" measures the
+# fraction at the smaller shape only.
 # then, here: python bench/gates_speed/gate_fraction.py --from FILES_AT --name NAME --command "..." [--commit SHA].
 # CPU rehearsal: GF_UNPACK=0 GF_PY=.venv/bin/python GF_MODEL=h3-random-small GF_SHAPE="5 64 64" GF_DEVICE=cpu
 #   GF_CAND=turbo4 GF_PAIRS=2 OUT=/tmp/gf_out bash bench/device/gate_fraction.sh
