@@ -18,9 +18,10 @@ after each look at the Pocock design's nominal levels (:data:`DEMO_DESIGN`); a c
 stops generating (a FAIL at a look its pairs can resolve, a PASS early only when byte-identical), and the demo prints
 where each stopped and the requests saved against the fixed 16 pairs. The floor the verdicts read comes first: the
 baseline's clips at the four seeds in a run of their own (``floor-clips``), their new-seed pairs gated into
-``floor/floor.json`` (h3eval.sequential reads a floor from its first look on, so it cannot come from the run itself);
-the sequential run makes the baseline's clips again, and the demo says whether the two are byte-identical (the floor's
-determinism check).
+``floor/floor.json`` (h3eval.sequential reads a floor from its first look on, so it cannot come from the run itself).
+The sequential run reuses those 16 clips rather than making the same requests again (h3eval.reuse: the same recipe,
+prompt, seed, shape, model, versions and hardware; :data:`DEMO_REUSE`), and identity, the baseline's computation with
+every lever named and off, is what the signoff run makes again and compares with them byte for byte.
 
 The demo is judged under the ``demo`` policy (gates/policies/demo.toml): the release policy without VBench, whose
 pinned scoring environment a fresh machine does not have (``h3eval vbench setup``); under release itself the resample
@@ -80,14 +81,24 @@ reads them, and the demo policy judges none (its near judge's trajectory gate, a
 DEMO_POLICY_HEADER), so the demo's gate plans never run it and the dashboard's Trajectory page, which shows that gate's
 results, has none to show either way. Recorded, they were 16 MB a 29-step request (about 0.5 GB a demo) written for
 nothing (bench/demo_time/results/2026-12-06-GenuineIntel-s27-cuts.md); the clips are the same bytes either way."""
+DEMO_REUSE = True
+"""Whether the sequential run reuses the floor's baseline clips (h3eval.reuse) instead of making the same 16 requests
+again: yes, since session 30 (issue 51). Measured side by side at one thread on the Intel VM
+(bench/demo_time/results/2026-12-07-GenuineIntel-s30-reuse.md). What it gives up: the baseline's latencies are timed
+in the floor's run, just before the signoff run and warmed up like it (RunPlan.warmup), not interleaved with the
+candidates' requests, so machine drift between the two runs falls on the speedups; and the byte identity of the
+baseline made twice in two runs (the floor's determinism check, 16 of 16 in every demo so far), for which identity's
+clips stand: the same computation made again in the signoff run, byte-identical to the floor's at look 1's 4 pairs."""
 DEMO_NOT_WARMED = ("identity",)
 """The recipes the sequential run does not warm up (every other recipe it generates is warmed once a process:
 ``h3eval ab``'s ``warmup_recipes``, h3eval.sequential.round_warmups): ``identity``. Every lever named and off, it is
-the baseline's computation and runs right after the baseline's own warm-up: its warm-up took what its timed requests
-took (Intel VM, bench/demo_time/results/2026-12-06-GenuineIntel-ladder-quiet.log: 1.4 s against 1.3-1.4 s; session 26's
-log: 2.2 s against 1.8-2.5 s), and its speed is reported, not judged (the exact judge's ``speed_required = false``).
-The baseline keeps its warm-up: its latencies are every speedup's reference, and its first request after the run
-loads the model took 2.3 s against 1.4-1.5 s for the rest (the same log)."""
+the baseline's computation: its warm-up took what its timed requests took (Intel VM,
+bench/demo_time/results/2026-12-06-GenuineIntel-ladder-quiet.log: 1.4 s against 1.3-1.4 s; session 26's log: 2.2 s
+against 1.8-2.5 s), and its speed is reported, not judged (the exact judge's ``speed_required = false``). Since the
+run reuses the baseline's clips (:data:`DEMO_REUSE`) it warms up no baseline either: identity's first request follows
+the warm-ups of turbo4-tiny and the sparse rung on the same model. The baseline's warm-up is the floor clips' own:
+its latencies are every speedup's reference, and the first request after a model load took 2.3 s against 1.4-1.5 s
+for the rest (the same log)."""
 ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
 
 
@@ -123,8 +134,8 @@ class DemoResult:
     """Where each candidate stopped and why (:func:`sequential_lines`)."""
     saved: str = ""
     """The requests the sequential run saved against the fixed design (h3eval.sequential.savings)."""
-    determinism: tuple[int, int] = (0, 0)
-    """(byte-identical, compared): the baseline's clips, run against floor (:func:`baseline_determinism`)."""
+    reused: tuple[int, int] = (0, 0)
+    """(reused, present): the signoff run's baseline clips reused from the floor's run (:func:`baseline_reuse`)."""
     numerics: str = "native"
     """:func:`numerics_mode`: ``portable`` (h3.determinism's CPU-independent mode) or ``native``."""
 
@@ -245,6 +256,7 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
                                policy=str(policy_path(policy)), floor=RunStore(floor_dir).floor_path,
                                gate_options=options, progress=progress, echo=echo, model=model,
                                trajectory=DEMO_TRAJECTORY, warmup=1,
+                               reuse={DEMO_BASELINE: str(source_dir)} if DEMO_REUSE else None,
                                warmup_recipes=[r for r in dict.fromkeys((DEMO_BASELINE, *DEMO_LADDER, *candidates))
                                                if r not in DEMO_NOT_WARMED],
                                speed_protocol="mixed", speed_rounds=0, device="cpu")
@@ -265,7 +277,7 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
                       outcomes={c.candidate: str(c.outcome) for c in verdict.candidates},
                       ladder=ladder_lines(verdict), sequential=sequential_lines(state),
                       saved=state["savings"]["describe"],
-                      determinism=baseline_determinism(RunStore(source_dir), store, suite.ids, list(seeds)),
+                      reused=baseline_reuse(store, suite.ids, list(seeds)),
                       numerics=numerics_mode())
 
 
@@ -281,16 +293,16 @@ def _as_demo_error(out: Path):
 
 
 def _floor_clips(source_dir: Path, *, model: str, prompts: str, seeds: list[int], progress: bool) -> None:
-    """The baseline's clips at the demo's seeds, in a run of their own: the new-seed floor is
-    measured from them before the sequential run's first look, which is judged against it (the sequential run
-    regenerates the baseline's clips as it needs them: :func:`baseline_determinism` compares the two)."""
+    """The baseline's clips at the demo's seeds, in a run of their own, after one warm-up request: the new-seed floor
+    is measured from them before the sequential run's first look, which is judged against it, and the sequential run
+    reuses them, latencies included (:data:`DEMO_REUSE`)."""
     from h3.recipe import load_recipe
     from h3eval.prompts import load_prompts
     from h3eval.runner import RunPlan, fill_run
 
     manifest = fill_run(RunPlan(out=source_dir, model=model, recipes=[load_recipe(DEMO_BASELINE)],
                                 prompts=load_prompts(prompts), seeds=seeds, baseline=DEMO_BASELINE, kind="floor",
-                                device="cpu", trajectory=DEMO_TRAJECTORY,
+                                device="cpu", trajectory=DEMO_TRAJECTORY, warmup=1,
                                 args={"command": "demo", "part": "floor clips"}),
                         progress=progress)
     if manifest.status != "complete":
@@ -305,21 +317,19 @@ def newseed_floor(source_dir: Path, floor_dir: Path, policy: str, options: dict[
 
     return newseed_floor_from_run(source_dir, DEMO_BASELINE, floor_dir, gates=floor_gates(policy), device="cpu",
                                   gate_options=options, progress=progress,
-                                  determinism={"checked_by": "the sequential run regenerates the baseline's clips; "
-                                               "`h3eval demo` compares them with these byte for byte"})
+                                  determinism={"checked_by": "identity (the baseline's computation, every lever off) "
+                                               "made again in the signoff run, which reuses these clips; "
+                                               "`h3eval demo` compares the two byte for byte at look 1's pairs"})
 
 
-def baseline_determinism(source, store, prompt_ids, seeds) -> tuple[int, int]:
-    """(byte-identical, compared): the baseline's clips of the sequential run against the floor's, pair by pair
-    (the same recipe, request and seed made twice in two runs must give the same MP4)."""
-    same = compared = 0
-    for pid in prompt_ids:
-        for seed in seeds:
-            a, b = source.read_record(DEMO_BASELINE, pid, seed), store.read_record(DEMO_BASELINE, pid, seed)
-            if a is not None and b is not None:
-                compared += 1
-                same += a.mp4_sha256 == b.mp4_sha256
-    return same, compared
+def baseline_reuse(store, prompt_ids, seeds) -> tuple[int, int]:
+    """(reused, present): of the sequential run's baseline clips, how many were reused from the floor's run
+    (h3eval.reuse) rather than made in it."""
+    from h3eval.reuse import reused_from
+
+    records = [store.read_record(DEMO_BASELINE, pid, seed) for pid in prompt_ids for seed in seeds]
+    present = [r for r in records if r is not None]
+    return sum(reused_from(r) is not None for r in present), len(present)
 
 
 def _identical(store, state: dict[str, Any], prompt_ids) -> dict[str, bool]:
