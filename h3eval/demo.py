@@ -136,6 +136,8 @@ class DemoResult:
     """The requests the sequential run saved against the fixed design (h3eval.sequential.savings)."""
     reused: tuple[int, int] = (0, 0)
     """(reused, present): the signoff run's baseline clips reused from the floor's run (:func:`baseline_reuse`)."""
+    timing_drift: str = ""
+    """identity's speed against the reused baseline (:func:`timing_drift`), or nothing when there is none."""
     numerics: str = "native"
     """:func:`numerics_mode`: ``portable`` (h3.determinism's CPU-independent mode) or ``native``."""
 
@@ -277,7 +279,7 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
                       outcomes={c.candidate: str(c.outcome) for c in verdict.candidates},
                       ladder=ladder_lines(verdict), sequential=sequential_lines(state),
                       saved=state["savings"]["describe"],
-                      reused=baseline_reuse(store, suite.ids, list(seeds)),
+                      reused=baseline_reuse(store, suite.ids, list(seeds)), timing_drift=timing_drift(verdict),
                       numerics=numerics_mode())
 
 
@@ -330,6 +332,21 @@ def baseline_reuse(store, prompt_ids, seeds) -> tuple[int, int]:
     records = [store.read_record(DEMO_BASELINE, pid, seed) for pid in prompt_ids for seed in seeds]
     present = [r for r in records if r is not None]
     return sum(reused_from(r) is not None for r in present), len(present)
+
+
+def timing_drift(verdict) -> str:
+    """What the reused baseline's latencies cost the speed figures (:data:`DEMO_REUSE`): identity's speedup against
+    them, the baseline's computation timed in the signoff run against the same requests timed in the floor's run, where
+    1.00x means no drift between the two runs; every speedup against the baseline carries the same factor. Empty when
+    identity has no speed or no baseline clip was reused."""
+    found = {c.candidate: c for c in verdict.candidates}
+    speed = found["identity"].speed if "identity" in found else None
+    if speed is None or speed.speedup is None:
+        return ""
+    ci = f" [{speed.ci_low:.2f}, {speed.ci_high:.2f}]" if speed.ci_low is not None and speed.ci_high is not None else ""
+    return (f"identity (the baseline's computation, timed in the signoff run) ran at {speed.speedup:.2f}x{ci} the reused "
+            f"baseline's speed over {speed.n_pairs} pairs: the timing drift between the floor's run and the signoff "
+            "run (1.00x: none), which every speedup against the baseline carries")
 
 
 def _identical(store, state: dict[str, Any], prompt_ids) -> dict[str, bool]:

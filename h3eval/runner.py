@@ -243,11 +243,12 @@ def _fill_run(
     jobs = list(plan.jobs())
     todo = [(r, pid, seed) for r, pid, seed in jobs if store.read_record(r.name, pid, seed) is None]
     logger.info("%d of %d clips to generate in %s", len(todo), len(jobs), plan.out)
-    bar = _progress(progress, len(jobs), len(jobs) - len(todo))
+    warm = list({r.name: r for r, _, _ in todo}.values()) if plan.warmup else []
+    bar = _progress(progress, len(jobs) + plan.warmup * len(warm), len(jobs) - len(todo))
     errors = []
     stopped: set[str] = set()
     try:
-        _warm_up(plan, store, backend, todo)
+        _warm_up(plan, store, backend, warm, bar)
         for recipe, pid, seed in todo:
             if recipe.name in stopped:
                 bar.advance(f"{recipe.name}/{pid}-s{seed}")
@@ -283,11 +284,12 @@ def _fill_run(
     return manifest
 
 
-def _warm_up(plan: RunPlan, store: RunStore, backend: Backend, todo: list[tuple[Recipe, str, int]]) -> None:
-    """``plan.warmup`` requests of each recipe with clips to make, before the first (see RunPlan.warmup)."""
+def _warm_up(plan: RunPlan, store: RunStore, backend: Backend, recipes: list[Recipe], bar: "_progress") -> None:
+    """``plan.warmup`` requests of each of ``recipes`` (those with clips to make), before the first clip (see
+    RunPlan.warmup); each is a line of progress, ``warmup/<recipe>/w<i>``, as ``h3eval ab`` shows its warm-ups."""
     first = plan.prompts.prompts[0]
     session = utc_now().replace(":", "").replace("+0000", "Z")
-    for recipe in {r.name: r for r, _, _ in todo}.values() if plan.warmup else ():
+    for recipe in recipes:
         for i in range(plan.warmup):
             request = plan.shape.request(first.id, first.prompt, plan.seeds[0], first.images)
             try:
@@ -295,7 +297,7 @@ def _warm_up(plan: RunPlan, store: RunStore, backend: Backend, todo: list[tuple[
                                  {"session": session, "request_name": f"w{i}", "kind": "warmup", "warmup": True})
             except (BackendError, RequestError, StoreError, RuntimeError, ValueError, OSError) as exc:
                 logger.error("warm-up of %s failed (its clips follow unwarmed): %s", recipe.name, exc)
-                break
+            bar.advance(f"warmup/{recipe.name}/w{i}")
 
 
 class ExecutedMismatch(RuntimeError):

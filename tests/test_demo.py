@@ -249,3 +249,22 @@ def test_baseline_reuse_counts_the_reused_clips_of_those_present():
     run = SimpleNamespace(read_record=lambda recipe, pid, seed: (
         SimpleNamespace(extra=extras[(pid, seed)]) if recipe == "baseline" and (pid, seed) in extras else None))
     assert baseline_reuse(run, ["a", "b"], [0, 1]) == (2, 3)
+
+
+def test_timing_drift_reads_identitys_speed_against_the_reused_baseline():
+    """identity's speedup and CI as the verdict holds them (identity vs the reused baseline: 1.20x is a 20 % drift);
+    nothing without identity or without its speed."""
+    from types import SimpleNamespace
+
+    from h3eval.demo import timing_drift
+    from h3eval.verdict.schema import SpeedVerdict
+
+    speed = SpeedVerdict(candidate="identity", required=False, outcome="PASS", raw_outcome="PASS",
+                         latency="generation_side_latency_s", min_speedup=1.0, n_pairs=4, speedup=1.2017,
+                         ci_low=0.942, ci_high=1.7675)
+    ident = _candidate("identity", "PASS", "exact").model_copy(update={"speed": speed})
+    said = timing_drift(SimpleNamespace(candidates=[ident, _candidate("turbo4-tiny", "PASS", "resample")]))
+    assert said.startswith("identity (the baseline's computation, timed in the signoff run) ran at 1.20x [0.94, 1.77] "
+                           "the reused baseline's speed over 4 pairs")
+    assert timing_drift(SimpleNamespace(candidates=[_candidate("identity", "PASS", "exact")])) == ""
+    assert timing_drift(SimpleNamespace(candidates=[])) == ""

@@ -40,6 +40,8 @@ def register(app: typer.Typer) -> None:
         typer.echo(f"  baseline: {reused} of {present} clips made once, in the floor's run, and reused by the signoff "
                    "run (the same requests; their latencies, warmed up, time the speedups); identity makes the "
                    "baseline's computation again there")
+        if result.timing_drift and reused:
+            typer.echo(f"  timing: {result.timing_drift}")
         typer.echo(f"  numerics: {result.numerics}" + ("" if result.numerics == "portable" else
                    " (this CPU's own kernels; H3_PORTABLE_NUMERICS=1 makes the floats the same on any x86-64 CPU with "
                    "AVX2, at about 1.4x the CPU time)"))
