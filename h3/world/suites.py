@@ -32,6 +32,11 @@ SUITES = {
                         "revision of the resample judge was chosen on pools 4-6: its fresh held-out pools (issue 50)"),
     "world-heldout-d": ("heldout", 1736, 8, "held-out colour-shape pairs, a fourth draw made after session 29's motion "
                         "mask of the ghosting fit was chosen on pool 7: its fresh held-out pools (issue 50)"),
+    "world-heldout-e": ("heldout", 1737, 8, "held-out colour-shape pairs, a fifth draw made after session 30's opening "
+                        "window and displacement reach of the ghosting gate were chosen on pools 6 and 11: fresh "
+                        "held-out pools (issue 50)"),
+    "world-heldout-f": ("heldout", 1738, 8, "held-out colour-shape pairs, a sixth draw made with the fifth: the third "
+                        "fresh pool of session 30 takes its last 4 (its 4th repeats a world-heldout caption; issue 50)"),
 }
 
 
