@@ -116,7 +116,7 @@ class GhostingGate(Gate):
         scored = fs.scored
         values = fs.score[scored]
         strength = clip_evidence(fs)
-        p_value = pair_p_value(fs)
+        p_value = pair_p_value(fs, config)
         flagged = p_value <= config.flag_p
         listed = ghost_frames(fs, config)
         top = min(fs.windows, key=lambda w: (w.p_value, -w.evidence)) if fs.windows else None

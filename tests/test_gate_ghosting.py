@@ -161,8 +161,31 @@ def test_ghost_in_part_of_a_long_clip_flags_only_its_windows_and_frames(tmp_path
     assert fs.windows[-1].p_value <= config.flag_p and fs.windows[-1].score == pytest.approx(0.10, abs=0.015)
     assert all(w.lag == 1 and (w.dy, w.dx) == (0, 0) for w in fs.windows[2:])
     assert set(range(28, 40)) <= set(ghost_frames(fs, config)) <= set(range(24, 40))
-    assert pair_p_value(fs) == pytest.approx(min(1.0, min(4 * p / (i + 1) for i, p in enumerate(
-        sorted(w.p_value for w in fs.windows)))))
+    # The pair's p-value: Simes over the windows after the opening one (GhostingConfig.opening_windows = 1).
+    assert pair_p_value(fs) == pytest.approx(min(1.0, min(3 * p / (i + 1) for i, p in enumerate(
+        sorted(w.p_value for w in fs.windows[1:])))))
+
+
+def test_a_ghost_in_the_opening_window_only_is_reported_not_tested(tmp_path):
+    """A 40-frame clip whose first 9 frames carry a lag-1 copy (alpha 0.10): the opening window (frames 0-11) shows
+    it at a small p-value, the pair's p-value (windows 9, 19, 28) does not; with ``opening_windows`` 0 it does, and
+    a one-window clip is tested whole."""
+    src = moving_texture(num_frames=40, height=128, width=224, seed=2)
+    base = src[4:]
+    cand = base.copy()
+    cand[:9] = plant(src, 0.10, lag=1)[:9]
+    base, cand = (roundtrip(tmp_path, f, 18, n) for f, n in ((base, "b"), (cand, "c")))
+    config = dataclasses.replace(CONFIG, pool_frames=12)
+    fs = ghost_scores(base, cand, config)
+    assert [w.frames[0] for w in fs.windows] == [0, 9, 19, 28]
+    assert fs.windows[0].p_value <= config.flag_p and all(w.p_value > 0.01 for w in fs.windows[2:])
+    assert pair_p_value(fs, config) == pytest.approx(simes([w.p_value for w in fs.windows[1:]]))
+    assert pair_p_value(fs, config) > 0.01 and not is_flagged(fs, config)
+    every = dataclasses.replace(config, opening_windows=0)
+    assert pair_p_value(fs, every) == pytest.approx(simes([w.p_value for w in fs.windows]))
+    assert pair_p_value(fs, every) <= 4 * config.flag_p
+    one = ghost_scores(base[:12], cand[:12], config)
+    assert len(one.windows) == 1 and pair_p_value(one, config) == one.windows[0].p_value <= config.flag_p
 
 
 def test_shape_mismatch_is_an_error(clip):

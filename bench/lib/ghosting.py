@@ -522,6 +522,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from gates.ghosting import GhostingConfig, ghost_scores, simes, to_luma, window_p_value  # noqa: E402
+from gates.metrics.ghost_pvalue import tested_windows  # noqa: E402
 from h3.atomic import atomic_write_json, atomic_write_text  # noqa: E402
 
 logger = logging.getLogger("ghosting_calibration")
@@ -867,9 +868,11 @@ def p_values(rows: list[dict], config: GhostingConfig) -> np.ndarray:
 
 
 def pair_p(row: dict, config: GhostingConfig) -> float:
-    """A production pair's p-value: Simes over its windows' p-values (the gate's pair_p_value)."""
+    """A production pair's p-value: Simes over its tested windows' p-values (the gate's pair_p_value: the clip's
+    opening window left out where it has more, GhostingConfig.opening_windows)."""
     fine = row.get("window_fine_evidence") or [None] * len(row["window_evidence"])
-    return simes([window_p_value(e, config, f) for e, f in zip(row["window_evidence"], fine, strict=True)])
+    return simes(tested_windows([window_p_value(e, config, f) for e, f in zip(row["window_evidence"], fine,
+                                                                                strict=True)], config.opening_windows))
 
 
 def bh_reject(p: np.ndarray, q: float) -> bool:
@@ -879,13 +882,14 @@ def bh_reject(p: np.ndarray, q: float) -> bool:
 
 
 def simulate_runs(pool_p: np.ndarray, n_pairs: int, windows_per_pair: int, runs: int, seed: int, q: float) -> dict:
-    """Runs of ``n_pairs`` pairs, each pair the Simes combination of ``windows_per_pair`` windows drawn (with
-    replacement) from ``pool_p``; a run FAILs when Benjamini-Hochberg at ``q`` rejects any pair."""
+    """Runs of ``n_pairs`` pairs, each pair the Simes combination of the tested ones (all but the opening one, as the
+    gate's pair_p_value) of ``windows_per_pair`` windows drawn (with replacement) from ``pool_p``; a run FAILs when
+    Benjamini-Hochberg at ``q`` rejects any pair."""
     rng = np.random.default_rng(seed)
     fails = 0
     for _ in range(runs):
         draws = pool_p[rng.integers(0, pool_p.size, size=(n_pairs, windows_per_pair))]
-        pairs = np.array([simes(row) for row in draws])
+        pairs = np.array([simes(tested_windows(list(row))) for row in draws])
         fails += bh_reject(pairs, q)
     return rate(fails, runs)
 
@@ -1541,11 +1545,14 @@ READING: list[str] = [
     "all carry an alpha >= 0.10 ghost are flagged 4000 of 4000 (100%, [99.9%, 100%]); the independent evidence is "
     "34 benign and 136 ghosted publish pairs. We read the issue's 'alpha >= 0.10 per pair is flagged >= 99%' as this "
     "run target: it is listed with the other two under 'measured targets, by simulation over benign and ghosted "
-    "runs'. Each pair on its own (stricter, reported and not claimed): alpha >= 0.10 is flagged in 110 of 118 visible "
-    "ghosts (93.2%, Clopper-Pearson [87.1%, 97.0%]) and 112 of 136 ghosts in all (82.4% [74.9%, 88.4%]), so a run "
-    "with one alpha >= 0.10 pair among 15 benign ones FAILs 80.6% [79.4%, 81.8%] of the time. Benign production "
-    "pairs: 0 of 34 flagged.",
-    "Why the visible ones are missed: 7 of the 8 are lag-0 copies displaced by exactly 2 working pixels along an "
+    "runs'. Each pair on its own (stricter, reported and not claimed): alpha >= 0.10 is flagged in 109 of 118 visible "
+    "ghosts (92.4%, Clopper-Pearson [86.0%, 96.5%]) and 111 of 136 ghosts in all (81.6% [74.1%, 87.7%]), so a run "
+    "with one alpha >= 0.10 pair among 15 benign ones FAILs 79.6% [78.3%, 80.8%] of the time. Benign production "
+    "pairs: 0 of 34 flagged. A pair's p-value leaves out the clip's opening window (GhostingConfig.opening_windows, "
+    "session 30, issue 50: a correct near recipe departs from its parent most in the first second); with it in, "
+    "110 of 118 and 112 of 136 (the one pair it costs: pan-cat's lag-0 copy at alpha 0.1, p 0.00103 without its "
+    "opening window, against flag_p 0.001); the run targets are unchanged.",
+    "Why the visible ones are missed: besides pan-cat's (above), 7 of the 8 are lag-0 copies displaced by exactly 2 working pixels along an "
     "axis (the smallest lag-0 displacement the detector searches, min_lag0_shift, and the smallest the corpus "
     "plants on generated footage; on bikes, a fit source planted at its own scale and analysed at factor 2, also 1-1.5). To second "
     "order a 2-pixel shift is a 1-pixel shift plus a blur, which is what the nuisance span (the baseline shifted "

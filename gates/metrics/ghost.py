@@ -49,7 +49,9 @@ Decision (issue 19). A window's p-value is its evidence against the benign null 
 (bench/ghosting/results/ghosting_calibration.md): ``null_tail_p * exp(-(evidence - null_tail_u) / null_tail_scale)``, capped
 at 1. Where the fine pass ran, its evidence has its own null, and the window's p-value is the weighted
 Bonferroni combination ``min(p_coarse / (1 - w), p_fine / w)`` (``fine_lag0_weight`` w). A pair's p-value combines its windows by Simes' test (valid for the positively dependent overlapping windows
-of one clip); the pair is flagged when it is at most ``flag_p``. The release decision is made per run, not per pair:
+of one clip), leaving out the clip's opening window where it has more (``opening_windows``: a correct near recipe
+departs from its parent most in the first second; a lever's ghost is in every frame); the pair is flagged when it
+is at most ``flag_p``. The release decision is made per run, not per pair:
 h3eval.stats.ghost_run_test applies Benjamini-Hochberg at a stated false-discovery rate to the pairs' p-values (the
 run FAILs when any pair is a discovery, which under the all-benign null happens with probability at most that rate).
 
@@ -244,5 +246,5 @@ def ghost_frames(fs: FrameScores, config: GhostingConfig) -> list[int]:
 
 
 def is_flagged(fs: FrameScores, config: GhostingConfig) -> bool:
-    return pair_p_value(fs) <= config.flag_p
+    return pair_p_value(fs, config) <= config.flag_p
 

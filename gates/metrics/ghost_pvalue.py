@@ -48,7 +48,14 @@ def simes(pvalues) -> float:
     return float(min(1.0, np.min(p.size * p / np.arange(1, p.size + 1))))
 
 
-def pair_p_value(fs: "FrameScores") -> float:
-    """The pair's p-value: Simes over its windows (1.0 without windows)."""
-    return simes([w.p_value for w in fs.windows])
+def tested_windows(items: list, opening: int = GhostingConfig.opening_windows) -> list:
+    """The windows (or their p-values) a pair's p-value combines: all but the first ``opening`` when the clip has more
+    than that (GhostingConfig.opening_windows: the opening is reported, not tested), else all of them."""
+    return list(items[opening:]) if len(items) > opening else list(items)
+
+
+def pair_p_value(fs: "FrameScores", config: GhostingConfig | None = None) -> float:
+    """The pair's p-value: Simes over its tested windows (:func:`tested_windows`; 1.0 without windows)."""
+    opening = (config or GhostingConfig()).opening_windows
+    return simes([w.p_value for w in tested_windows(fs.windows, opening)])
 
