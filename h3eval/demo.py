@@ -304,7 +304,7 @@ def _floor_clips(source_dir: Path, *, model: str, prompts: str, seeds: list[int]
 
     manifest = fill_run(RunPlan(out=source_dir, model=model, recipes=[load_recipe(DEMO_BASELINE)],
                                 prompts=load_prompts(prompts), seeds=seeds, baseline=DEMO_BASELINE, kind="floor",
-                                device="cpu", trajectory=DEMO_TRAJECTORY, warmup=1,
+                                device="cpu", trajectory=DEMO_TRAJECTORY, warmup=int(DEMO_REUSE),
                                 args={"command": "demo", "part": "floor clips"}),
                         progress=progress)
     if manifest.status != "complete":
@@ -319,9 +319,13 @@ def newseed_floor(source_dir: Path, floor_dir: Path, policy: str, options: dict[
 
     return newseed_floor_from_run(source_dir, DEMO_BASELINE, floor_dir, gates=floor_gates(policy), device="cpu",
                                   gate_options=options, progress=progress,
-                                  determinism={"checked_by": "identity (the baseline's computation, every lever off) "
-                                               "made again in the signoff run, which reuses these clips; "
-                                               "`h3eval demo` compares the two byte for byte at look 1's pairs"})
+                                  determinism={"checked_by": REUSED_CHECK if DEMO_REUSE else REMADE_CHECK})
+
+
+REUSED_CHECK = ("identity (the baseline's computation, every lever off) made again in the signoff run, which reuses "
+                "these clips; `h3eval demo` compares the two byte for byte at look 1's pairs")
+REMADE_CHECK = ("the sequential run regenerates the baseline's clips; `h3eval demo` compares them with these byte for "
+                "byte")
 
 
 def baseline_reuse(store, prompt_ids, seeds) -> tuple[int, int]:

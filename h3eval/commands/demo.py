@@ -39,7 +39,8 @@ def register(app: typer.Typer) -> None:
         reused, present = result.reused
         typer.echo(f"  baseline: {reused} of {present} clips made once, in the floor's run, and reused by the signoff "
                    "run (the same requests; their latencies, warmed up, time the speedups); identity makes the "
-                   "baseline's computation again there")
+                   "baseline's computation again there" if reused else
+                   f"  baseline: {present} clips made again in the signoff run (h3eval.demo.DEMO_REUSE is off)")
         if result.timing_drift and reused:
             typer.echo(f"  timing: {result.timing_drift}")
         typer.echo(f"  numerics: {result.numerics}" + ("" if result.numerics == "portable" else
