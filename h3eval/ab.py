@@ -52,7 +52,6 @@ from h3eval.backends import Backend, BackendError, remove_clip
 from h3eval.executed import check_executed, is_unverified
 from h3eval.ladder import ladder_recipes
 from h3eval.offidentity import identity_recipe, levers_of, off_identity
-from h3eval.reuse import reuse_clips
 from h3eval.runner import RunPlan, open_run, validate_plan
 from h3eval.store import ClipError, RunManifest, RunStore, StoreError, read_finished_record, utc_now
 
@@ -101,10 +100,6 @@ class AbPlan:
     hard time limit (a lent GPU) keeps speed.json, the records and the manifest of what did run."""
     progress: bool = True
     """A line per finished request on stderr (on a terminal one updating line with the ETA): h3eval.progress."""
-    reuse: dict[str, str] = field(default_factory=dict)
-    """Recipe -> a run whose clips of it are this run's requests (h3eval.reuse: the same recipe, prompt, seed, shape,
-    model, versions and hardware): they are copied in, not made again, and keep their own timings (``h3eval demo``:
-    the baseline's clips of the floor's run)."""
 
     @property
     def protocols(self) -> list[str]:
@@ -134,9 +129,6 @@ class AbPlan:
             raise RunError("latent trajectories (--trajectory) are recorded by the inprocess backend only")
         if len(self.run.recipes) < 2:
             raise RunError("an ab run needs a baseline and at least one --candidate")
-        unknown = sorted(set(self.reuse) - {r.name for r in self.run.recipes})
-        if unknown:
-            raise RunError(f"reuse names no recipe of the run: {', '.join(unknown)}")
         if self.by_recipe and self.baseline_last:
             raise RunError("--by-recipe runs each recipe's requests together; --baseline-last orders them within "
                            "each pair: choose one")
@@ -312,8 +304,6 @@ def run_ab(plan: AbPlan, backend: Backend) -> AbResult:
 def _run_ab(plan: AbPlan, backend: Backend) -> AbResult:
     store, manifest = open_run(plan.run)
     sweep_partial_files(store)
-    for recipe, source in plan.reuse.items():  # before the session: warm-ups and progress count only what is made
-        reuse_clips(source, store, manifest, recipe, plan.run.prompts, plan.run.seeds)
     session = _Session(plan, store, backend)
     entry = begin_session(store, manifest, session.id)
     warm_done: set[str] = set()
@@ -409,7 +399,7 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
                      speed_rounds=2, gpu_hourly_rate=None,
                      off_identity=False, trajectory=False, seconds=None, num_frames=None, height=None, width=None,
                      timeout_s=1800.0, device=None, runtime_factory=None, share_model=True,
-                     text_encoder="resident", time_box_s=None, progress=True, reuse=None) -> AbResult:
+                     text_encoder="resident", time_box_s=None, progress=True) -> AbResult:
     """``h3eval ab`` as a function of its options (recipe names or paths, a prompt suite name, seeds as text): builds
     the plan and the backend and runs (or resumes) the A/B run.
 
@@ -450,12 +440,11 @@ def run_ab_from_args(*, baseline, candidates, prompts, out, model="tiny", seeds=
                       by_recipe=by_recipe, speed_protocol=speed_protocol,
                       speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate, off_identity=off_identity,
                       trajectory=trajectory, seconds=seconds, num_frames=num_frames, height=height, width=width,
-                      device=device, share_model=share_model, text_encoder=text_encoder, time_box_s=time_box_s,
-                      reuse={k: str(v) for k, v in (reuse or {}).items()}),
+                      device=device, share_model=share_model, text_encoder=text_encoder, time_box_s=time_box_s),
         ),
         warmup=warmup, warmup_recipes=list(warmup_recipes) if warmup_recipes else None, baseline_last=baseline_last,
         by_recipe=by_recipe, speed_protocol=speed_protocol, speed_rounds=speed_rounds, gpu_hourly_rate=gpu_hourly_rate,
-        time_box_s=time_box_s, progress=progress, reuse={k: str(v) for k, v in (reuse or {}).items()},
+        time_box_s=time_box_s, progress=progress,
     )
     plan.validate()
     if backend == "http":

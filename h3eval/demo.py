@@ -18,10 +18,9 @@ after each look at the Pocock design's nominal levels (:data:`DEMO_DESIGN`); a c
 stops generating (a FAIL at a look its pairs can resolve, a PASS early only when byte-identical), and the demo prints
 where each stopped and the requests saved against the fixed 16 pairs. The floor the verdicts read comes first: the
 baseline's clips at the four seeds in a run of their own (``floor-clips``), their new-seed pairs gated into
-``floor/floor.json`` (h3eval.sequential reads a floor from its first look on, so it cannot come from the run itself).
-The sequential run makes the same baseline requests again, interleaved with the candidates' so that their latencies
-time the speedups (it could reuse those 16 clips, h3eval.reuse, at the cost :data:`DEMO_REUSE` states), and its
-baseline clips equal the floor's byte for byte (the floor's determinism check).
+``floor/floor.json`` (h3eval.sequential reads a floor from its first look on, so it cannot come from the run itself);
+the sequential run makes the baseline's clips again, and the demo says whether the two are byte-identical (the floor's
+determinism check).
 
 The demo is judged under the ``demo`` policy (gates/policies/demo.toml): the release policy without VBench, whose
 pinned scoring environment a fresh machine does not have (``h3eval vbench setup``); under release itself the resample
@@ -81,26 +80,14 @@ reads them, and the demo policy judges none (its near judge's trajectory gate, a
 DEMO_POLICY_HEADER), so the demo's gate plans never run it and the dashboard's Trajectory page, which shows that gate's
 results, has none to show either way. Recorded, they were 16 MB a 29-step request (about 0.5 GB a demo) written for
 nothing (bench/demo_time/results/2026-12-06-GenuineIntel-s27-cuts.md); the clips are the same bytes either way."""
-DEMO_REUSE = False
-"""Whether the sequential run reuses the floor's baseline clips (h3eval.reuse) instead of making the same 16 requests
-again: no. Measured side by side at one thread on the Intel VM (bench/demo_time/results/2026-12-07-GenuineIntel-s30-reuse.md),
-reuse cut the demo's CPU by 15-16 % with the same clips and outcomes, but the speedups it reports read high (identity,
-the baseline's own computation, 1.20-1.74x against the reused latencies; turbo4-tiny 2.37-3.48x against 2.23-2.37x
-interleaved) and the sparse rung's ladder-top speed lost its FAIL: a demo that teaches how speed is measured must not
-show a speedup the recipe does not have, so the lead kept the interleaved baseline (session 30). What reuse gives up: the baseline's latencies are timed
-in the floor's run, just before the signoff run and warmed up like it (RunPlan.warmup), not interleaved with the
-candidates' requests, so machine drift between the two runs falls on the speedups; and the byte identity of the
-baseline made twice in two runs (the floor's determinism check, 16 of 16 in every demo so far), for which identity's
-clips stand: the same computation made again in the signoff run, byte-identical to the floor's at look 1's 4 pairs."""
 DEMO_NOT_WARMED = ("identity",)
 """The recipes the sequential run does not warm up (every other recipe it generates is warmed once a process:
 ``h3eval ab``'s ``warmup_recipes``, h3eval.sequential.round_warmups): ``identity``. Every lever named and off, it is
-the baseline's computation: its warm-up took what its timed requests took (Intel VM,
-bench/demo_time/results/2026-12-06-GenuineIntel-ladder-quiet.log: 1.4 s against 1.3-1.4 s; session 26's log: 2.2 s
-against 1.8-2.5 s), and its speed is reported, not judged (the exact judge's ``speed_required = false``). The
-baseline is warmed up: its latencies are every speedup's reference, and the first request after a model load took
-2.3 s against 1.4-1.5 s for the rest (the same log); with :data:`DEMO_REUSE` on, that warm-up is the floor clips'
-own."""
+the baseline's computation and runs right after the baseline's own warm-up: its warm-up took what its timed requests
+took (Intel VM, bench/demo_time/results/2026-12-06-GenuineIntel-ladder-quiet.log: 1.4 s against 1.3-1.4 s; session 26's
+log: 2.2 s against 1.8-2.5 s), and its speed is reported, not judged (the exact judge's ``speed_required = false``).
+The baseline keeps its warm-up: its latencies are every speedup's reference, and its first request after the run
+loads the model took 2.3 s against 1.4-1.5 s for the rest (the same log)."""
 ALEXNET_FILE = "alexnet-owt-7be5be79.pth"
 
 
@@ -136,10 +123,8 @@ class DemoResult:
     """Where each candidate stopped and why (:func:`sequential_lines`)."""
     saved: str = ""
     """The requests the sequential run saved against the fixed design (h3eval.sequential.savings)."""
-    reused: tuple[int, int] = (0, 0)
-    """(reused, present): the signoff run's baseline clips reused from the floor's run (:func:`baseline_reuse`)."""
-    timing_drift: str = ""
-    """identity's speed against the reused baseline (:func:`timing_drift`), or nothing when there is none."""
+    determinism: tuple[int, int] = (0, 0)
+    """(byte-identical, compared): the baseline's clips, run against floor (:func:`baseline_determinism`)."""
     numerics: str = "native"
     """:func:`numerics_mode`: ``portable`` (h3.determinism's CPU-independent mode) or ``native``."""
 
@@ -260,7 +245,6 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
                                policy=str(policy_path(policy)), floor=RunStore(floor_dir).floor_path,
                                gate_options=options, progress=progress, echo=echo, model=model,
                                trajectory=DEMO_TRAJECTORY, warmup=1,
-                               reuse={DEMO_BASELINE: str(source_dir)} if DEMO_REUSE else None,
                                warmup_recipes=[r for r in dict.fromkeys((DEMO_BASELINE, *DEMO_LADDER, *candidates))
                                                if r not in DEMO_NOT_WARMED],
                                speed_protocol="mixed", speed_rounds=0, device="cpu")
@@ -269,10 +253,6 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
     verdict = Verdict.model_validate_json((run_dir / "verdict.json").read_text(encoding="utf-8"))
     if trunk != "alexnet":
         verdict.warnings.append(lpips_note())  # in verdict.json and the reports, not only on the terminal
-    drift = timing_drift(verdict) if DEMO_REUSE else ""
-    if drift:  # the speedups against the baseline in the reports carry it: said there too
-        verdict.warnings.append("the baseline's latencies are its floor clips' (reused: timed before the signoff run, "
-                                f"not interleaved with the candidates'): {drift}")
     paths = write_reports(verdict, run_dir)
     stages["report"] = time.perf_counter() - mark
     store = RunStore(run_dir)
@@ -285,7 +265,7 @@ def run_demo(out: str | Path = "demo-run", progress: bool = True, seeds=DEMO_SEE
                       outcomes={c.candidate: str(c.outcome) for c in verdict.candidates},
                       ladder=ladder_lines(verdict), sequential=sequential_lines(state),
                       saved=state["savings"]["describe"],
-                      reused=baseline_reuse(store, suite.ids, list(seeds)), timing_drift=drift,
+                      determinism=baseline_determinism(RunStore(source_dir), store, suite.ids, list(seeds)),
                       numerics=numerics_mode())
 
 
@@ -301,16 +281,16 @@ def _as_demo_error(out: Path):
 
 
 def _floor_clips(source_dir: Path, *, model: str, prompts: str, seeds: list[int], progress: bool) -> None:
-    """The baseline's clips at the demo's seeds, in a run of their own, after one warm-up request: the new-seed floor
-    is measured from them before the sequential run's first look, which is judged against it, and the sequential run
-    reuses them, latencies included (:data:`DEMO_REUSE`)."""
+    """The baseline's clips at the demo's seeds, in a run of their own: the new-seed floor is
+    measured from them before the sequential run's first look, which is judged against it (the sequential run
+    regenerates the baseline's clips as it needs them: :func:`baseline_determinism` compares the two)."""
     from h3.recipe import load_recipe
     from h3eval.prompts import load_prompts
     from h3eval.runner import RunPlan, fill_run
 
     manifest = fill_run(RunPlan(out=source_dir, model=model, recipes=[load_recipe(DEMO_BASELINE)],
                                 prompts=load_prompts(prompts), seeds=seeds, baseline=DEMO_BASELINE, kind="floor",
-                                device="cpu", trajectory=DEMO_TRAJECTORY, warmup=int(DEMO_REUSE),
+                                device="cpu", trajectory=DEMO_TRAJECTORY,
                                 args={"command": "demo", "part": "floor clips"}),
                         progress=progress)
     if manifest.status != "complete":
@@ -325,38 +305,21 @@ def newseed_floor(source_dir: Path, floor_dir: Path, policy: str, options: dict[
 
     return newseed_floor_from_run(source_dir, DEMO_BASELINE, floor_dir, gates=floor_gates(policy), device="cpu",
                                   gate_options=options, progress=progress,
-                                  determinism={"checked_by": REUSED_CHECK if DEMO_REUSE else REMADE_CHECK})
+                                  determinism={"checked_by": "the sequential run regenerates the baseline's clips; "
+                                               "`h3eval demo` compares them with these byte for byte"})
 
 
-REUSED_CHECK = ("identity (the baseline's computation, every lever off) made again in the signoff run, which reuses "
-                "these clips; `h3eval demo` compares the two byte for byte at look 1's pairs")
-REMADE_CHECK = ("the sequential run regenerates the baseline's clips; `h3eval demo` compares them with these byte for "
-                "byte")
-
-
-def baseline_reuse(store, prompt_ids, seeds) -> tuple[int, int]:
-    """(reused, present): of the sequential run's baseline clips, how many were reused from the floor's run
-    (h3eval.reuse) rather than made in it."""
-    from h3eval.reuse import reused_from
-
-    records = [store.read_record(DEMO_BASELINE, pid, seed) for pid in prompt_ids for seed in seeds]
-    present = [r for r in records if r is not None]
-    return sum(reused_from(r) is not None for r in present), len(present)
-
-
-def timing_drift(verdict) -> str:
-    """What the reused baseline's latencies cost the speed figures (:data:`DEMO_REUSE`): identity's speedup against
-    them, the baseline's computation timed in the signoff run against the same requests timed in the floor's run, where
-    1.00x means no drift between the two runs; every speedup against the baseline carries the same factor. Empty when
-    identity has no speed or no baseline clip was reused."""
-    found = {c.candidate: c for c in verdict.candidates}
-    speed = found["identity"].speed if "identity" in found else None
-    if speed is None or speed.speedup is None:
-        return ""
-    ci = f" [{speed.ci_low:.2f}, {speed.ci_high:.2f}]" if speed.ci_low is not None and speed.ci_high is not None else ""
-    return (f"identity (the baseline's computation, timed in the signoff run) ran at {speed.speedup:.2f}x{ci} the reused "
-            f"baseline's speed over {speed.n_pairs} pairs: the timing drift between the floor's run and the signoff "
-            "run (1.00x: none), which every speedup against the baseline carries")
+def baseline_determinism(source, store, prompt_ids, seeds) -> tuple[int, int]:
+    """(byte-identical, compared): the baseline's clips of the sequential run against the floor's, pair by pair
+    (the same recipe, request and seed made twice in two runs must give the same MP4)."""
+    same = compared = 0
+    for pid in prompt_ids:
+        for seed in seeds:
+            a, b = source.read_record(DEMO_BASELINE, pid, seed), store.read_record(DEMO_BASELINE, pid, seed)
+            if a is not None and b is not None:
+                compared += 1
+                same += a.mp4_sha256 == b.mp4_sha256
+    return same, compared
 
 
 def _identical(store, state: dict[str, Any], prompt_ids) -> dict[str, bool]:

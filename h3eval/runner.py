@@ -64,11 +64,6 @@ class RunPlan:
     """Record each request's latent trajectory next to its clip (for the trajectory gate)."""
     facts: dict[str, Any] = field(default_factory=dict)
     """What else decides the run's clips, compared on resume like the request shape (ab: speed protocol, rounds)."""
-    warmup: int = 0
-    """Warm-up requests per recipe before its first clip of this process (``h3eval ab``'s convention: the suite's
-    first prompt and seed, under ``warmup/``, ``extra["warmup"]``, excluded from every number). ``h3eval demo``'s
-    floor clips warm up once: the signoff run reuses their latencies, and the first request after a model load took
-    7.8 s against 1.8-2.1 s for the rest (bench/demo_time/results/2026-12-07-GenuineIntel-s30-reuse.md)."""
 
     def __post_init__(self) -> None:
         # The manifest names the model that runs (``tiny`` -> ``tiny-trained``); ``args`` keeps it as passed.
@@ -243,12 +238,10 @@ def _fill_run(
     jobs = list(plan.jobs())
     todo = [(r, pid, seed) for r, pid, seed in jobs if store.read_record(r.name, pid, seed) is None]
     logger.info("%d of %d clips to generate in %s", len(todo), len(jobs), plan.out)
-    warm = list({r.name: r for r, _, _ in todo}.values()) if plan.warmup else []
-    bar = _progress(progress, len(jobs) + plan.warmup * len(warm), len(jobs) - len(todo))
+    bar = _progress(progress, len(jobs), len(jobs) - len(todo))
     errors = []
     stopped: set[str] = set()
     try:
-        _warm_up(plan, store, backend, warm, bar)
         for recipe, pid, seed in todo:
             if recipe.name in stopped:
                 bar.advance(f"{recipe.name}/{pid}-s{seed}")
@@ -282,22 +275,6 @@ def _fill_run(
     manifest.status = "failed" if stopped else ("complete" if not errors else "partial")
     store.write_manifest(manifest)
     return manifest
-
-
-def _warm_up(plan: RunPlan, store: RunStore, backend: Backend, recipes: list[Recipe], bar: "_progress") -> None:
-    """``plan.warmup`` requests of each of ``recipes`` (those with clips to make), before the first clip (see
-    RunPlan.warmup); each is a line of progress, ``warmup/<recipe>/w<i>``, as ``h3eval ab`` shows its warm-ups."""
-    first = plan.prompts.prompts[0]
-    session = utc_now().replace(":", "").replace("+0000", "Z")
-    for recipe in recipes:
-        for i in range(plan.warmup):
-            request = plan.shape.request(first.id, first.prompt, plan.seeds[0], first.images)
-            try:
-                backend.generate(recipe, request, store.warmup_path(recipe.name, session, i),
-                                 {"session": session, "request_name": f"w{i}", "kind": "warmup", "warmup": True})
-            except (BackendError, RequestError, StoreError, RuntimeError, ValueError, OSError) as exc:
-                logger.error("warm-up of %s failed (its clips follow unwarmed): %s", recipe.name, exc)
-            bar.advance(f"warmup/{recipe.name}/w{i}")
 
 
 class ExecutedMismatch(RuntimeError):

@@ -147,7 +147,7 @@ def _fake_demo(tmp_path, outcomes):
                       lines=["FAIL  policy 'demo', baseline 'baseline'"], identical={"identity": True},
                       lpips_trunk="rand", reports={"verdict": run / "verdict.json", "html": run / "report.html"},
                       seconds=100.0, prompts=4, outcomes=outcomes, ladder=["  baseline -> turbo4-tiny: PASS"],
-                      sequential=["  identity: PASS at look 1 of 3"], saved="40 of 80 requests", reused=(16, 16))
+                      sequential=["  identity: PASS at look 1 of 3"], saved="40 of 80 requests", determinism=(16, 16))
 
 
 def test_the_demo_command_closes_with_the_outcome_the_report_and_the_next_command(tmp_path, monkeypatch):
@@ -180,9 +180,8 @@ def test_the_demo_command_closes_with_the_outcome_the_report_and_the_next_comman
             "  baseline -> turbo4-tiny: PASS",
             "sequential signoff (h3eval ab --sequential): where each candidate stopped",
             "  identity: PASS at look 1 of 3", "requests saved: 40 of 80 requests"]
-        assert "  baseline: 16 of 16 clips made once, in the floor's run, and reused by the signoff run (the same " \
-               "requests; their latencies, warmed up, time the speedups); identity makes the baseline's computation " \
-               "again there" in lines
+        assert "  baseline: 16 of 16 clips byte-identical in the floor's run and the signoff run (the same request " \
+               "made twice)" in lines
         err = result.stderr.splitlines()
         assert err[0].startswith("h3eval demo: judged under the demo policy: release without VBench")
         assert err[1].startswith("note: LPIPS (the fidelity gate) uses the lpips package's random trunk")
@@ -238,33 +237,18 @@ def test_the_sequential_lines_say_where_each_candidate_stopped():
                                        "  late: not stopped"]
 
 
-def test_baseline_reuse_counts_the_reused_clips_of_those_present():
-    """Planted records: one made in the run, two reused from the floor's run, one missing (not counted)."""
+def test_baseline_determinism_compares_the_two_runs_clip_by_clip():
+    """Planted records: equal hashes count as identical, a differing one does not, a clip missing on either side is not
+    compared."""
     from types import SimpleNamespace
 
-    from h3eval.demo import baseline_reuse
+    from h3eval.demo import baseline_determinism
 
-    extras = {("a", 0): {"reused_from": "/floor-clips/clips/baseline/a-s0.mp4"}, ("a", 1): {},
-              ("b", 0): {"reused_from": "/floor-clips/clips/baseline/b-s0.mp4"}}
-    run = SimpleNamespace(read_record=lambda recipe, pid, seed: (
-        SimpleNamespace(extra=extras[(pid, seed)]) if recipe == "baseline" and (pid, seed) in extras else None))
-    assert baseline_reuse(run, ["a", "b"], [0, 1]) == (2, 3)
+    def store(hashes):
+        return SimpleNamespace(read_record=lambda recipe, pid, seed: (
+            SimpleNamespace(mp4_sha256=hashes[(pid, seed)]) if recipe == "baseline" and (pid, seed) in hashes
+            else None))
 
-
-def test_timing_drift_reads_identitys_speed_against_the_reused_baseline():
-    """identity's speedup and CI as the verdict holds them (identity vs the reused baseline: 1.20x is a 20 % drift);
-    nothing without identity or without its speed."""
-    from types import SimpleNamespace
-
-    from h3eval.demo import timing_drift
-    from h3eval.verdict.schema import SpeedVerdict
-
-    speed = SpeedVerdict(candidate="identity", required=False, outcome="PASS", raw_outcome="PASS",
-                         latency="generation_side_latency_s", min_speedup=1.0, n_pairs=4, speedup=1.2017,
-                         ci_low=0.942, ci_high=1.7675)
-    ident = _candidate("identity", "PASS", "exact").model_copy(update={"speed": speed})
-    said = timing_drift(SimpleNamespace(candidates=[ident, _candidate("turbo4-tiny", "PASS", "resample")]))
-    assert said.startswith("identity (the baseline's computation, timed in the signoff run) ran at 1.20x [0.94, 1.77] "
-                           "the reused baseline's speed over 4 pairs")
-    assert timing_drift(SimpleNamespace(candidates=[_candidate("identity", "PASS", "exact")])) == ""
-    assert timing_drift(SimpleNamespace(candidates=[])) == ""
+    floor = store({("a", 0): "x", ("a", 1): "y", ("b", 0): "z", ("b", 1): "w"})
+    run = store({("a", 0): "x", ("a", 1): "y", ("b", 0): "other"})
+    assert baseline_determinism(floor, run, ["a", "b"], [0, 1]) == (2, 3)

@@ -45,7 +45,7 @@ def main() -> None:
                "load_average_after": os.getloadavg(), "gate_errors": len(result.gate_errors),
                "stage_seconds": result.stage_seconds, "gate_threads_env": os.environ.get("H3EVAL_GATE_THREADS"),
                "outcomes": result.outcomes, "ladder": result.ladder, "sequential": result.sequential,
-               "requests_saved": result.saved, "baseline_reused": list(result.reused),
+               "requests_saved": result.saved, "baseline_determinism": list(result.determinism),
                "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
     table = ("| measure | value |\n|---|---|\n"
              f"| `h3eval demo` wall time | {wall:.0f} s (target ≤ {TARGET_S:.0f} s: {'met' if wall <= TARGET_S else 'missed'}) |\n"

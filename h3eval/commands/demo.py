@@ -36,13 +36,9 @@ def register(app: typer.Typer) -> None:
                    f"world prompts x up to {len(result.seeds)} seeds on the trained tiny preset (model "
                    f"{result.model}: coloured shapes moving as their captions say, each with its tone and a click at "
                    "every bounce)")
-        reused, present = result.reused
-        typer.echo(f"  baseline: {reused} of {present} clips made once, in the floor's run, and reused by the signoff "
-                   "run (the same requests; their latencies, warmed up, time the speedups); identity makes the "
-                   "baseline's computation again there" if reused else
-                   f"  baseline: {present} clips made again in the signoff run (h3eval.demo.DEMO_REUSE is off)")
-        if result.timing_drift and reused:
-            typer.echo(f"  timing: {result.timing_drift}")
+        same, compared = result.determinism
+        typer.echo(f"  baseline: {same} of {compared} clips byte-identical in the floor's run and the signoff run "
+                   "(the same request made twice)")
         typer.echo(f"  numerics: {result.numerics}" + ("" if result.numerics == "portable" else
                    " (this CPU's own kernels; H3_PORTABLE_NUMERICS=1 makes the floats the same on any x86-64 CPU with "
                    "AVX2, at about 1.4x the CPU time)"))
