@@ -214,4 +214,5 @@ def _window_info(w) -> dict:
             "dx": int(w.dx), "fit_factor": int(w.factor), "coarse_evidence": float(w.coarse_evidence),
             "fine_evidence": None if w.fine_evidence is None else float(w.fine_evidence),
             "stale_evidence": float(w.stale_evidence), "stale_lag": int(w.stale_lag),
-            "stale_strength": float(w.stale_strength)}
+            "stale_strength": float(w.stale_strength),
+            "copy_share": None if w.copy_share is None else float(w.copy_share)}

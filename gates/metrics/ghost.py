@@ -131,7 +131,9 @@ def _frames_equal(a, b) -> bool:
 def _window_fits(be, frames_base, frames_cand, windows: list[list[int]], factor: int, config: GhostingConfig,
                  chunk: int, with_stale: bool = False):
     """Per window (a list of scored frames): the candidate copy with the strongest evidence at downsampling
-    ``factor``, as (est, se, evidence, blocks, (lag, dy, dx) in working pixels, frames, num, den, use), or None.
+    ``factor`` among those that explain at least ``copy_share_min`` of the visible residual (else the strongest of
+    all, marked as not passing), as (est, se, evidence, blocks, (lag, dy, dx) in working pixels, frames, num, den,
+    use, share, passes), or None.
     With ``with_stale`` also, per window, (evidence, lag, strength) of the strongest in-place copy (lag 1..max_lag,
     shift 0; lag -1 where no block carries evidence)."""
     scored = sorted({t for w in windows for t in w})
@@ -151,8 +153,11 @@ def _window_fits(be, frames_base, frames_cand, windows: list[list[int]], factor:
         for key in keys:
             fr, num, den, use = fits[key]
             est, se, evidence, count = fit.pooled(num, den, use, config)
-            if best is None or evidence > best[2]:
-                best = (est, se, evidence, count, key, fr, num, den, use)
+            share = (fit.copy_share(be, base, cand, row_of, frames, key, max(0.0, est), config, g)
+                     if count > 0 else None)
+            passes = config.copy_share_min <= 0 or (share is not None and share >= config.copy_share_min)
+            if best is None or (passes, evidence) > (best[10], best[2]):
+                best = (est, se, evidence, count, key, fr, num, den, use, share, passes)
         out.append(best)
         # The in-place stale copy (seed 001's ghost: frame t - lag at the same pixels), whatever the search chose.
         stale = (0.0, -1, 0.0)
@@ -163,6 +168,14 @@ def _window_fits(be, frames_base, frames_cand, windows: list[list[int]], factor:
                     stale = (evidence, key[0], est)
         stale_out.append(stale)
     return (out, stale_out) if with_stale else out
+
+
+def _evidence(window_fit) -> float:
+    """A window fit's evidence for its p-value: 0 without evidence blocks or where its copy explains too little of
+    the residual (``copy_share_min``)."""
+    if window_fit is None or window_fit[3] <= 0 or not window_fit[10]:
+        return 0.0
+    return window_fit[2]
 
 
 def _ghost_scores(frames_base, frames_cand, config: GhostingConfig, be, chunk: int) -> FrameScores:
@@ -196,8 +209,8 @@ def _ghost_scores(frames_base, frames_cand, config: GhostingConfig, be, chunk: i
     for frames, coarse_fit, fine_fit, stale in zip(pooled, coarse_fits, fine_fits, stale_fits):
         win = PooledWindow(frames=list(frames), factor=factor)
         win.stale_evidence, win.stale_lag, win.stale_strength = stale
-        coarse_ev = coarse_fit[2] if coarse_fit is not None and coarse_fit[3] > 0 else 0.0
-        fine_ev = (fine_fit[2] if fine_fit is not None and fine_fit[3] > 0 else 0.0) if fine_ran else None
+        coarse_ev = _evidence(coarse_fit)
+        fine_ev = _evidence(fine_fit) if fine_ran else None
         win.coarse_evidence, win.fine_evidence = coarse_ev, fine_ev
         win.p_value = window_p_value(coarse_ev, config, fine_ev)
         # The copy reported is the one of the pass whose own share of the p-value is smaller.
@@ -207,8 +220,9 @@ def _ghost_scores(frames_base, frames_cand, config: GhostingConfig, be, chunk: i
                 < tail_p(coarse_ev, config) / (1.0 - config.fine_lag0_weight)):
             fit_factor, best = factor // 2, fine_fit
         if best is not None and best[3] > 0:
-            est, se, evidence, count, (lag, dy, dx), fr, num, den, use = best
+            est, se, evidence, count, (lag, dy, dx), fr, num, den, use, share, _ = best
             win.score, win.stderr, win.evidence, win.blocks = max(0.0, est), se, evidence, count
+            win.copy_share = share
             win.lag, win.dy, win.dx, win.factor = lag, dy * fit_factor, dx * fit_factor, fit_factor
             for i, t in enumerate(fr):
                 d = float(np.where(use[i], den[i], 0.0).sum())

@@ -67,6 +67,20 @@ class GhostingConfig:
     window's lag-0 evidence up to 0.12 on a pair whose later windows read benign; pool 6 of
     bench/recipe_signoff: 26 % of INT8 runs FAILed on opening windows alone, 0 % without them, the ghosting plants
     unchanged). 0 tests every window."""
+    copy_share_min: float = 0.2
+    """A copy counts as a window's ghost only where it explains at least this share of the pair's visible residual
+    over the window (:func:`gates.metrics.ghost_fit.copy_share`): a ghost is the frame plus a faint copy, so after
+    the copy little but codec noise is left; a near recipe that re-renders a subject (redder, a few pixels wider:
+    INT8 over the trained tiny, issue 50) leaves most of its difference, and the fit, which counts only the blocks
+    a copy could explain, read its rim as a blend. Measured before this rule (bench/recipe_signoff/results/
+    copy_share_probe.md): planted ghosts alpha 0.10 median 0.64, alpha 0.05 median 0.37; INT8's deciding windows
+    median 0.09 (max 0.36), the sparse rung 0.06, a reusing step cache 0.01. Among a window's candidate copies the
+    strongest one that passes is its copy; none passing, the window's evidence is 0 (its strongest copy is still
+    reported with its share). 0 turns the rule off."""
+    share_visible_residual: float = 4.0
+    """Pixels where the residual ``|cand - base|`` exceeds this many levels (working luma) count in the share ..."""
+    share_visible_copy: float = 2.0
+    """... and so do those where the copy's contribution ``|alpha (copy - base)|`` exceeds this many."""
     null_tail_u: float = 0.00309
     """Benign-null tail of the window evidence (bench/ghosting/results/ghosting_calibration.md, fit footage): the evidence
     above which the exponential tail is fitted ..."""
@@ -156,6 +170,9 @@ class PooledWindow:
     pixels (lag 1..max_lag, shift 0), whichever copy the search chose. Seed 001's ghost is such a stale copy of the
     moving subject; one fixed copy per lag is fitted, not the best of 81 shifts, so benign windows score lower here
     (gates.metrics.ghost_run: the run-level statistic pools it over the run's pairs)."""
+    copy_share: float | None = None
+    """Share of the window's visible residual its copy explains (:func:`gates.metrics.ghost_fit.copy_share`; None
+    where nothing was selected or nothing is visible); below ``copy_share_min`` the window is evidence of nothing."""
     stale_lag: int = -1
     """Lag of that copy (-1 where no block carried evidence, or the pair is identical)."""
     stale_strength: float = 0.0

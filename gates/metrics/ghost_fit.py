@@ -232,6 +232,29 @@ def window_blocks(be, base, cand, row_of, frames: list[int], keys, config: Ghost
     return out
 
 
+def copy_share(be, base, cand, row_of, frames: list[int], key, alpha: float, config: GhostingConfig,
+               g: Geometry) -> float | None:
+    """Share of the pair's visible residual over the fit region that the copy ``key`` (lag, dy, dx) at strength
+    ``alpha`` explains, over the window's frames t >= lag: with ``r = cand_t - base_t`` and ``d = S - base_t`` (S the
+    copy), ``1 - sum (r - alpha d)^2 / sum r^2`` over the pixels where ``|r|`` exceeds ``share_visible_residual`` or
+    ``|alpha d|`` exceeds ``share_visible_copy`` levels. About 1 for a ghost (little is left after the copy), about 0
+    for a re-rendered subject whose rim a copy happens to match (most of the residual is left); negative where
+    the copy adds what the residual lacks. None where no pixel is visible."""
+    lag, dy, dx = key
+    sel = [t for t in frames if t >= lag]
+    if not sel:
+        return None
+    b = interior(base[be.index([row_of[t] for t in sel])], g)
+    r = interior(cand[be.index([row_of[t] for t in sel])], g) - b
+    d = interior(base[be.index([row_of[t - lag] for t in sel])], g, dy, dx) - b
+    seen = (abs(r) > config.share_visible_residual) | (abs(alpha * d) > config.share_visible_copy)
+    total = float((r * r * seen).sum())
+    if total <= 0:
+        return None
+    e = r - alpha * d
+    return 1.0 - float((e * e * seen).sum()) / total
+
+
 def pooled(num: np.ndarray, den: np.ndarray, use: np.ndarray, config: GhostingConfig):
     """Pooled strength over the evidence blocks, its standard error, and the evidence (lower bound)."""
     count = int(use.sum())
