@@ -171,7 +171,8 @@ def test_pools_have_8_seeds_a_prompt_and_the_tuning_pool_is_disjoint_from_the_he
     assert set(rs.TUNING_POOLS) <= set(rs.POOLS) and set(rs.FRESH_POOLS) <= set(rs.POOLS)
     # every pool's prompts exist in its suite; the fresh pools take world-heldout's last 8, unused by pools 0-3, and
     # all 8 of world-heldout-b, -c and -d (each drawn after the thresholds of its time were chosen), each caption in
-    # one pool only; the fresh pools are world-heldout-e's and the last 4 of -f's (its 4th caption repeats one of world-heldout), drawn after the last revision
+    # one pool only; the fresh pools are world-heldout-g's and the first 4 of -h's, drawn after the last revision
+    # (pool 14 took -f's last 4: its 4th caption repeats one of world-heldout)
     lines = {}
     for suite in {rs.PROMPTS, *rs.POOL_SUITES.values()}:
         with open(ROOT / "prompts" / f"{suite}.jsonl") as f:
@@ -181,9 +182,10 @@ def test_pools_have_8_seeds_a_prompt_and_the_tuning_pool_is_disjoint_from_the_he
     assert len(captions) == len(set(captions)) == 4 * len(rs.POOLS)
     fresh = set().union(*(prompts[p] for p in rs.FRESH_POOLS))
     seen = set().union(*(prompts[p] for p in rs.POOLS if p not in rs.FRESH_POOLS))
-    assert fresh == {("world-heldout-e", i) for i in range(8)} | {("world-heldout-f", i) for i in range(4, 8)}
+    assert fresh == {("world-heldout-g", i) for i in range(8)} | {("world-heldout-h", i) for i in range(4)}
     assert not fresh & seen and len(seen | fresh) == sum(len(lines[s]) for s in (
-        rs.PROMPTS, "world-heldout-b", "world-heldout-c", "world-heldout-d", "world-heldout-e")) + 4
+        rs.PROMPTS, "world-heldout-b", "world-heldout-c", "world-heldout-d", "world-heldout-e",
+        "world-heldout-g")) + 4 + 4
     # the first chunk keeps the 4-seed pools' folders (their cached clips), the second its own
     assert rs.chunks(0) == [("", [0, 1, 2, 3]), ("+s4", [4, 5, 6, 7])]
     pool = {f"p{i}": sorted(rs.POOLS[0][1]) for i in range(4)}

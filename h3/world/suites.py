@@ -37,6 +37,10 @@ SUITES = {
                         "held-out pools (issue 50)"),
     "world-heldout-f": ("heldout", 1738, 8, "held-out colour-shape pairs, a sixth draw made with the fifth: the third "
                         "fresh pool of session 30 takes its last 4 (its 4th repeats a world-heldout caption; issue 50)"),
+    "world-heldout-g": ("heldout", 1739, 8, "held-out colour-shape pairs, a seventh draw made after session 31's "
+                        "copy-share rule of the ghosting gate was chosen on pools 4-14: fresh held-out pools (issue 50)"),
+    "world-heldout-h": ("heldout", 1740, 8, "held-out colour-shape pairs, an eighth draw made with the seventh: the "
+                        "third fresh pool of session 31 takes captions of it that no other pool uses (issue 50)"),
 }
 
 
