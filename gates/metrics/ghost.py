@@ -38,6 +38,14 @@ sandwich estimates. The window's *evidence* is the one-sided lower bound ``alpha
 the candidates: a strength that a handful of blocks suggest is not evidence, one that hundreds of blocks over
 sixteen frames agree on is.
 
+Copy share (issue 50). A window's copy counts only where it explains at least ``copy_share_min`` of the pair's
+visible residual over the window (``1 - sum (r - alpha d)^2 / sum r^2`` over the pixels where the residual or the
+copy's contribution is visible; :func:`gates.metrics.ghost_fit.copy_share`). The block statistics above count only
+blocks a copy could explain, so a near recipe that re-renders a subject (a few pixels wider, another shade) reads
+there as a blend with a copy a few pixels aside, its rim matching, while the body's change, which no copy explains,
+is not counted against the fit. A ghost is the frame plus a faint copy: after the copy little but codec noise is
+left. Among a window's candidate copies the strongest that passes is its copy; none passing, its evidence is 0.
+
 Fine lag-0 pass. A lag-0 copy 2 working pixels away is, to second order, a 1-pixel shift plus a blur: the nuisance
 absorbs most of it and the coarse fit underestimates it (about a third of its strength). Where the clip is
 downsampled, the same fit runs again at twice the resolution for lag 0 only, with two more nuisance regressors (the
