@@ -212,6 +212,7 @@ def _window_info(w) -> dict:
             "strength": float(w.score), "stderr": float(w.stderr), "evidence": float(w.evidence),
             "p_value": float(w.p_value), "blocks": int(w.blocks), "lag": int(w.lag), "dy": int(w.dy),
             "dx": int(w.dx), "fit_factor": int(w.factor), "coarse_evidence": float(w.coarse_evidence),
+            "evidence_before_share": float(w.evidence_before_share),
             "fine_evidence": None if w.fine_evidence is None else float(w.fine_evidence),
             "stale_evidence": float(w.stale_evidence), "stale_lag": int(w.stale_lag),
             "stale_strength": float(w.stale_strength),

@@ -185,6 +185,8 @@ def test_a_re_rendered_subject_whose_rim_a_copy_matches_is_not_a_ghost(tmp_path,
     assert off.p_value < CONFIG.flag_p and off.copy_share < 0.1
     (on,) = ghost_scores(base, cand, CONFIG).windows
     assert on.p_value == 1.0 and (on.lag, on.dy, on.dx, on.copy_share) == (off.lag, off.dy, off.dx, off.copy_share)
+    # The p-value's evidence is 0; the evidence before the rule (what the benign null is fitted on) is the old one.
+    assert on.coarse_evidence == 0.0 and on.evidence_before_share == off.coarse_evidence == off.evidence_before_share
     src = flat_disc_scene(num_frames=16)
     ghost = roundtrip(tmp_path, plant(src, 0.10, lag=1), 18, "ghost")
     (win,) = ghost_scores(roundtrip(tmp_path, src[4:], 18, "base16"), ghost, CONFIG).windows

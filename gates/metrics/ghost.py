@@ -141,7 +141,7 @@ def _window_fits(be, frames_base, frames_cand, windows: list[list[int]], factor:
     """Per window (a list of scored frames): the candidate copy with the strongest evidence at downsampling
     ``factor`` among those that explain at least ``copy_share_min`` of the visible residual (else the strongest of
     all, marked as not passing), as (est, se, evidence, blocks, (lag, dy, dx) in working pixels, frames, num, den,
-    use, share, passes), or None.
+    use, share, passes, evidence before the share rule: the largest of all candidates'), or None.
     With ``with_stale`` also, per window, (evidence, lag, strength) of the strongest in-place copy (lag 1..max_lag,
     shift 0; lag -1 where no block carries evidence)."""
     scored = sorted({t for w in windows for t in w})
@@ -157,16 +157,17 @@ def _window_fits(be, frames_base, frames_cand, windows: list[list[int]], factor:
     for frames in windows:
         keys = fit.candidates(frames, numerators, energies, config, g)
         fits = fit.window_blocks(be, base, cand, row_of, frames, list(dict.fromkeys(keys + stale_keys)), config, g)
-        best = None
+        best, before = None, -math.inf
         for key in keys:
             fr, num, den, use = fits[key]
             est, se, evidence, count = fit.pooled(num, den, use, config)
             share = (fit.copy_share(be, base, cand, row_of, frames, key, max(0.0, est), config, g)
                      if count > 0 else None)
             passes = config.copy_share_min <= 0 or (share is not None and share >= config.copy_share_min)
+            before = max(before, evidence)  # 0 without evidence blocks, as the p-value reads it
             if best is None or (passes, evidence) > (best[10], best[2]):
                 best = (est, se, evidence, count, key, fr, num, den, use, share, passes)
-        out.append(best)
+        out.append(None if best is None else best + (before,))
         # The in-place stale copy (seed 001's ghost: frame t - lag at the same pixels), whatever the search chose.
         stale = (0.0, -1, 0.0)
         for key in stale_keys:
@@ -220,6 +221,7 @@ def _ghost_scores(frames_base, frames_cand, config: GhostingConfig, be, chunk: i
         coarse_ev = _evidence(coarse_fit)
         fine_ev = _evidence(fine_fit) if fine_ran else None
         win.coarse_evidence, win.fine_evidence = coarse_ev, fine_ev
+        win.evidence_before_share = coarse_fit[11] if coarse_fit is not None else 0.0
         win.p_value = window_p_value(coarse_ev, config, fine_ev)
         # The copy reported is the one of the pass whose own share of the p-value is smaller.
         fit_factor, best = factor, coarse_fit
@@ -228,7 +230,7 @@ def _ghost_scores(frames_base, frames_cand, config: GhostingConfig, be, chunk: i
                 < tail_p(coarse_ev, config) / (1.0 - config.fine_lag0_weight)):
             fit_factor, best = factor // 2, fine_fit
         if best is not None and best[3] > 0:
-            est, se, evidence, count, (lag, dy, dx), fr, num, den, use, share, _ = best
+            est, se, evidence, count, (lag, dy, dx), fr, num, den, use, share = best[:10]
             win.score, win.stderr, win.evidence, win.blocks = max(0.0, est), se, evidence, count
             win.copy_share = share
             win.lag, win.dy, win.dx, win.factor = lag, dy * fit_factor, dx * fit_factor, fit_factor

@@ -162,7 +162,12 @@ class PooledWindow:
     factor: int = 1
     """Downsampling factor of the fit that found the copy (the clip's, or half of it for the fine lag-0 pass)."""
     coarse_evidence: float = 0.0
-    """Evidence of the coarse fit (all lags, the clip's factor)."""
+    """Evidence of the coarse fit (all lags, the clip's factor) that the window's p-value uses: 0 where no copy passes
+    the share rule (``copy_share_min``)."""
+    evidence_before_share: float = 0.0
+    """The coarse fit's largest evidence over its candidate copies whatever their share (``copy_share_min``): the
+    benign null is fitted on it (bench/ghosting), and since the share rule only ever lowers a window's evidence, that
+    null's tail bounds the tail of ``coarse_evidence`` (a conservative p-value)."""
     fine_evidence: float | None = None
     """Evidence of the fine lag-0 pass (None where it did not run: factor 1, or switched off)."""
     stale_evidence: float = 0.0
