@@ -33,3 +33,23 @@ def test_benign_runs_from_uniform_p_values_fail_at_about_q():
     benign = np.random.default_rng(0).uniform(size=20000)
     out = simulate_pair_runs(benign, np.array([1.0]), 16, 0, 4000, seed=5, q=0.05)
     assert stats.binomtest(out["k"], out["n"], 0.05).pvalue > 1e-4
+
+
+def test_the_null_tail_is_the_exponential_fit_and_refuses_a_degenerate_null():
+    """fit_tail against its closed form (the 90th percentile, the share above it, the chi-square upper bound of the
+    exponential mean excess); a benign null that is all zeros (every window's evidence removed, as the copy-share
+    rule does to the tested evidence) or holds a NaN has no tail: one clear error, never a NaN scale."""
+    import pytest
+
+    from bench.lib.ghosting import fit_tail
+
+    ev = np.random.default_rng(5).exponential(0.01, 200)
+    t = fit_tail(ev)
+    u = np.quantile(ev, 0.9)
+    excess = ev[ev > u] - u
+    upper = 2 * excess.size * excess.mean() / stats.chi2.ppf(0.025, 2 * excess.size)
+    assert (t["u"], t["p_u"], t["scale"]) == (round(u, 5), round(excess.size / 200, 5), round(upper, 5))
+    with pytest.raises(ValueError, match="no exponential tail"):
+        fit_tail(np.zeros(185))
+    with pytest.raises(ValueError, match="no exponential tail"):
+        fit_tail(np.r_[ev, np.nan])

@@ -860,6 +860,9 @@ def fit_tail(evidence: np.ndarray, quantile: float = 0.9) -> dict:
     u = float(np.quantile(ev, quantile))
     excess = ev[ev > u] - u
     n = excess.size
+    if n < 2 or not np.isfinite(ev).all():
+        raise ValueError(f"benign null: {n} of {ev.size} fit windows above the evidence's {quantile:.0%} quantile "
+                         f"{u!r} (finite: {bool(np.isfinite(ev).all())}): no exponential tail can be fitted")
     mean = float(excess.mean())
     upper = float(2 * n * mean / stats.chi2.ppf(0.025, 2 * n))
     return {"u": round(u, 5), "p_u": round(n / ev.size, 5), "mean_excess": mean, "scale": round(upper, 5),
