@@ -171,7 +171,7 @@ def test_pools_have_8_seeds_a_prompt_and_the_tuning_pool_is_disjoint_from_the_he
     assert set(rs.TUNING_POOLS) <= set(rs.POOLS) and set(rs.FRESH_POOLS) <= set(rs.POOLS)
     # every pool's prompts exist in its suite; the fresh pools take world-heldout's last 8, unused by pools 0-3, and
     # all 8 of world-heldout-b, -c and -d (each drawn after the thresholds of its time were chosen), each caption in
-    # one pool only; the fresh pools are world-heldout-g's and the first 4 of -h's, drawn after the last revision
+    # one pool only; the fresh pools are world-heldout-i's and the first 4 of -j's, unseen by the last revision
     # (pool 14 took -f's last 4: its 4th caption repeats one of world-heldout)
     lines = {}
     for suite in {rs.PROMPTS, *rs.POOL_SUITES.values()}:
@@ -182,10 +182,10 @@ def test_pools_have_8_seeds_a_prompt_and_the_tuning_pool_is_disjoint_from_the_he
     assert len(captions) == len(set(captions)) == 4 * len(rs.POOLS)
     fresh = set().union(*(prompts[p] for p in rs.FRESH_POOLS))
     seen = set().union(*(prompts[p] for p in rs.POOLS if p not in rs.FRESH_POOLS))
-    assert fresh == {("world-heldout-g", i) for i in range(8)} | {("world-heldout-h", i) for i in range(4)}
+    assert fresh == {("world-heldout-i", i) for i in range(8)} | {("world-heldout-j", i) for i in range(4)}
     assert not fresh & seen and len(seen | fresh) == sum(len(lines[s]) for s in (
         rs.PROMPTS, "world-heldout-b", "world-heldout-c", "world-heldout-d", "world-heldout-e",
-        "world-heldout-g")) + 4 + 4
+        "world-heldout-g", "world-heldout-i")) + 4 + 4 + 4
     # the first chunk keeps the 4-seed pools' folders (their cached clips), the second its own
     assert rs.chunks(0) == [("", [0, 1, 2, 3]), ("+s4", [4, 5, 6, 7])]
     pool = {f"p{i}": sorted(rs.POOLS[0][1]) for i in range(4)}

@@ -19,7 +19,7 @@ bootstrap resamples (a FAIL never depends on them). ``--verdict-only`` redoes on
 results (seconds), e.g. after release.toml changes.
 
 Pools (:data:`POOLS`): disjoint prompts (world-heldout, 4 each) and disjoint seeds (8 each); the judges of the
-policy as it stands were chosen on pools 3-14 (:data:`TUNING_POOLS`), pools 15-17 are unseen by any choice
+policy as it stands were chosen on pools 3-17 (:data:`TUNING_POOLS`), pools 18-20 are unseen by any choice
 (:data:`FRESH_POOLS`).
 Run baseline (``--run-baseline``): ``baseline`` (the 29-step recipe; a plant is then judged against its parent by
 lineage and, as the top of its ladder, against the baseline) or ``turbo4-tiny`` (the parent as the run's baseline: the
@@ -71,14 +71,16 @@ POOLS = {0: (0, list(range(0, 8))), 1: (4, list(range(10, 18))), 2: (8, list(ran
          6: (0, list(range(60, 68))), 7: (4, list(range(70, 78))), 8: (0, list(range(80, 88))),
          9: (4, list(range(90, 98))), 10: (0, list(range(100, 108))), 11: (4, list(range(110, 118))),
          12: (0, list(range(120, 128))), 13: (4, list(range(130, 138))), 14: (4, list(range(140, 148))),
-         15: (0, list(range(150, 158))), 16: (4, list(range(160, 168))), 17: (0, list(range(170, 178)))}
+         15: (0, list(range(150, 158))), 16: (4, list(range(160, 168))), 17: (0, list(range(170, 178))),
+         18: (0, list(range(180, 188))), 19: (4, list(range(190, 198))), 20: (0, list(range(200, 208)))}
 """Pool -> (first world-heldout prompt, seeds): disjoint prompts and seeds, 8 seeds a prompt (32 distinct pairs), so
 a 16-pair run draws 4 of each prompt's 8 seeds without replacement. Pool 3 is tune_margins' pool (:data:`TUNING_POOL`).
 Pools 4 and 5 (prompts 16-23, the last of world-heldout's 24) were added in session 26, after the judges' margins
 were revised having seen pools 0-2: they are held out like 0-2 and unseen by any margin (:data:`FRESH_POOLS`)."""
 POOL_SUITES = {6: "world-heldout-b", 7: "world-heldout-b", 8: "world-heldout-c", 9: "world-heldout-c",
                10: "world-heldout-d", 11: "world-heldout-d", 12: "world-heldout-e", 13: "world-heldout-e",
-               14: "world-heldout-f", 15: "world-heldout-g", 16: "world-heldout-g", 17: "world-heldout-h"}
+               14: "world-heldout-f", 15: "world-heldout-g", 16: "world-heldout-g", 17: "world-heldout-h",
+               18: "world-heldout-i", 19: "world-heldout-i", 20: "world-heldout-j"}
 """Pools whose prompts come from another suite than :data:`PROMPTS`: pools 6 and 7 (session 27) draw world-heldout-b's
 8 captions (h3.world.suites seed 1734, made after every threshold was chosen), all 24 of world-heldout being used;
 pools 8 and 9 (session 28) world-heldout-c's (seed 1735, made after the session-28 revision was chosen); pools 10 and
@@ -86,11 +88,13 @@ pools 8 and 9 (session 28) world-heldout-c's (seed 1735, made after the session-
 12 and 13 (session 30) world-heldout-e's and pool 14 world-heldout-f's last 4 (seeds 1737 and 1738, made after the
 ghosting gate's opening window and displacement reach were chosen on pools 6 and 11); pools 15 and 16 (session 31)
 world-heldout-g's 8 and pool 17 world-heldout-h's first 4 (seeds 1739 and 1740, made after the ghosting gate's
-copy-share rule was chosen on pools 4-14)."""
+copy-share rule was chosen on pools 4-14); pools 18 and 19 world-heldout-i's 8 and pool 20 world-heldout-j's first 4
+(seeds 1741 and 1742, drawn in session 31 before the near judge's departed-pairs rule was chosen on pools 15-17; their
+clips were made and gated without being read until that rule was committed)."""
 TUNING_POOL = 3
 """The pool tune_margins.py and tune_near.py choose their thresholds on (session 26); since session 28 one of
 :data:`TUNING_POOLS`."""
-TUNING_POOLS = (3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
+TUNING_POOLS = (3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
 """Pools some judge of the policy as it stands was chosen on: 3 (session 26's margins), 4-6 (session 28: their
 session-27 FAILs of correct recipes showed the still opening split by a VAE blip, the detectors' count read apart from
 the baseline's own rate and the regression rule below any real change, and the revision was checked on them). A judged
@@ -99,10 +103,12 @@ judgement (6.4 % of correct runs FAILed, 54 of them on one pool-7 INT8 pair) cho
 10-11 joined in session 30: their session-29 judgement (69 of 600 correct runs FAILed, all INT8 on the ghosting run
 test, pool 11) chose the ghosting gate's opening window and its displacement reach (checked on pool 6 too). 12-14
 joined in session 31: their session-30 judgement (47 of 900 correct runs FAILed, 23 of them INT8 on the ghosting run
-test, pool 13) and a simulation over pools 4-14 chose the ghosting gate's copy-share rule."""
-FRESH_POOLS = (15, 16, 17)
+test, pool 13) and a simulation over pools 4-14 chose the ghosting gate's copy-share rule. 15-17 joined later in
+session 31: their judgement (47 of 900, all INT8's near LPIPS mean on pool 16, one seed drawn as another sample) chose
+the near judge's departed-pairs rule."""
+FRESH_POOLS = (18, 19, 20)
 """Held-out pools no threshold was chosen or revised on (pools 0-2 were seen by session 26's revision, 4-6 by session
-28's, 7-9 by session 29's, 10-11 by session 30's, 12-14 by session 31's): the clean rates of the policy as it stands come from these alone."""
+28's, 7-9 by session 29's, 10-11 by session 30's, 12-17 by session 31's): the clean rates of the policy as it stands come from these alone."""
 CHUNK = 4
 """A pool's clips are made in chunks of 4 seeds, each its own one-recipe run (``gen/<recipe>`` for the first chunk,
 ``gen/<recipe>+s<first seed>`` for the next), so clips made when pools had 4 seeds are reused as they are."""

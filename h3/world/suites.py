@@ -41,6 +41,11 @@ SUITES = {
                         "copy-share rule of the ghosting gate was chosen on pools 4-14: fresh held-out pools (issue 50)"),
     "world-heldout-h": ("heldout", 1740, 8, "held-out colour-shape pairs, an eighth draw made with the seventh: the "
                         "third fresh pool of session 31 takes captions of it that no other pool uses (issue 50)"),
+    "world-heldout-i": ("heldout", 1741, 8, "held-out colour-shape pairs, a ninth draw made in session 31 before the near "
+                        "judge's departed-pairs rule was chosen on pools 15-17, whose clips were made and gated without "
+                        "being read until that rule was committed: fresh held-out pools (issue 50)"),
+    "world-heldout-j": ("heldout", 1742, 8, "held-out colour-shape pairs, a tenth draw made with the ninth: the third "
+                        "fresh pool of that judgement takes captions of it that no other pool uses (issue 50)"),
 }
 
 
