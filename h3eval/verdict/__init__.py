@@ -219,6 +219,8 @@ def _floor_relative(gp) -> bool:
 
     for mp in gp.metrics.values():
         specs = [getattr(mp, name, None) for name in ("max", "min", "margin", "pair_limit")]
+        if mp.departed is not None:
+            specs.append(mp.departed.at_least)
         if mp.regression is not None:
             specs.append(mp.regression.min_shift)
         if any(rel(x) for x in specs):

@@ -71,6 +71,11 @@ def metric_statistics(mv: MetricVerdict, mp: MetricPolicy, settings: Settings) -
         return _MetricWork(mv, mp, None, None, settings.power)
     key = f"{mv.gate}.{mv.metric}"
     pairs = mv.pairs
+    if mp.compare == "pair" and mp.departed is not None and mv.departed_limit is not None:
+        # Pairs that drew another sample: counted (decide_metric), left out of the mean and its CI.
+        gone = [p for p in pairs if p.value is not None and math.isfinite(p.value) and p.value >= mv.departed_limit]
+        mv.departed = [clip_stem(p.prompt_id, p.seed) for p in gone]
+        pairs = [p for p in pairs if all(p is not g for g in gone)]
     values = np.array([p.value if p.value is not None else np.nan for p in pairs])
     try:
         if mp.compare == "pair":
@@ -193,6 +198,8 @@ def _decide_pair(work: _MetricWork, alpha: float, p_ok: bool, holm_note: str) ->
                 f"sample size: {s.n} pairs resolve a shift of {_fmt(s.mde)} at power {work.power}; the gap "
                 f"to the threshold is {_fmt(gap)}" + (f"; about {needed} pairs would resolve it" if needed else "")
             )
+    if mp.departed is not None and mv.departed_limit is not None:
+        outcomes.append(_departed_outcome(mv, mp))
     if mv.pair_limit is not None:
         limit = mv.pair_limit
         beyond = [p for p in mv.pairs if (p.value < limit if mp.higher_is_better else p.value > limit)]
@@ -203,6 +210,24 @@ def _decide_pair(work: _MetricWork, alpha: float, p_ok: bool, holm_note: str) ->
         else:
             outcomes.append("PASS")
     return outcomes
+
+
+def _departed_outcome(mv: MetricVerdict, mp: MetricPolicy) -> str:
+    """FAIL when more of the run's pairs drew another sample (``departed``) than the rule allows, else PASS; either
+    way the departed pairs are named."""
+    assert mp.departed is not None
+    n, k = len(mv.pairs), len(mv.departed)
+    allowed = mp.departed.allowed(n)
+    if k == 0:
+        return "PASS"
+    shown = ", ".join(mv.departed[:5]) + (", ..." if k > 5 else "")
+    if k > allowed:
+        mv.reasons.append(f"{k} of {n} pairs at or above {_fmt(mv.departed_limit)} drew another sample (at most "
+                          f"{allowed} may: departed.max_share {mp.departed.max_share}): {shown}")
+        return "FAIL"
+    mv.reasons.append(f"{k} of {n} pairs at or above {_fmt(mv.departed_limit)} drew another sample, left out of the "
+                      f"mean (at most {allowed} may): {shown}")
+    return "PASS"
 
 
 def _decide_paired_delta(work: _MetricWork, alpha: float, p_ok: bool, holm_note: str) -> list[str]:

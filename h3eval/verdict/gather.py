@@ -139,6 +139,11 @@ def resolve_thresholds(mv: MetricVerdict, mp: MetricPolicy, floor: NoiseFloor | 
         mv.pair_limit = res.value
         if res.value is None:
             mv.reasons.append(f"pair_limit unknown: {res.source}")
+    if mp.departed is not None:
+        res = resolve_threshold(mp.departed.at_least, key, floor)
+        mv.departed_limit = res.value
+        if res.value is None:
+            mv.reasons.append(f"departed.at_least unknown: {res.source}")
     if mp.flag is not None:
         mv.threshold_source = f"flag: the candidate clip's {mv.metric} {mp.flag.describe()}, its baseline twin's not"
     return on_baseline

@@ -69,6 +69,10 @@ class MetricVerdict(_Model):
     """Resolved ``max`` / ``min`` (pair) or margin (sides, delta)."""
     threshold_source: str | None = None
     pair_limit: float | None = None
+    departed_limit: float | None = None
+    """Resolved ``departed.at_least``: a pair at or beyond it drew another sample (left out of the mean)."""
+    departed: list[str] = Field(default_factory=list)
+    """Clip stems of the departed pairs."""
     n_pairs: int = 0
     n_expected: int = 0
     mean_value: float | None = None
