@@ -1,7 +1,7 @@
 """The ghosting fit's motion mask (gates.metrics.ghost_fit.moving_blocks, GhostingConfig.motion_rms; issue 50): a
 displaced copy carries evidence only where the baseline moves.
 
-The real pair: session 28's fresh pool 7 (bench/recipe_signoff/results/recipe_signoff_s28.md), prompt heldout-b-06
+The real pair: session 28's fresh pool 7 (bench/recipe_signoff/results/older/recipe_signoff_s28.md), prompt heldout-b-06
 (a blue square rising over a static striped background) at seed 77, turbo4-tiny and turbo4-tiny-int8 as the
 recipe_signoff corpus made them (tests/data/ghost_int8_stripes/). INT8, a correct recipe by the world's ground truth,
 moves a few of the static stripes' edges by a fraction of a pixel; without the mask the pair test read that as a copy
