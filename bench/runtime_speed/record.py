@@ -1,8 +1,12 @@
 """Turn one device call of bench/device/runtime_speed.sh into this study's records and the goals' entries.
 
-    python bench/runtime_speed/record.py --from FILES_AT --name h100_s544 --command "CMD" [--commit SHA --dirty]
+    python bench/runtime_speed/record.py --from FILES_AT [--from FILES_AT2 ...] --name h100_s544 --command "CMD"
+                                         [--commit SHA --dirty]
 
-FILES_AT holds what the call returned (requests.json, call_env.json, runtime_speed.tgz). Writes
+FILES_AT holds what the call returned (requests.json, call_env.json, runtime_speed.tgz). Several ``--from``: the
+processes of one call, or consecutive calls on one warm machine (a recipe that cannot take turns with stock4 in one
+process, such as FP8 beside it on an 80 GB card or group offloading, runs in its own): their recipes are merged into
+one table with its ratios to the stock4 among them, and they must name the same card. Writes
 bench/runtime_speed/results/NAME.json (every request's anatomy, each recipe's warm figures, its ratio to stock),
 NAME.call.json (date, card, versions, the exact command, commit and dirty flag) and NAME.md (the table), and adds
 one entry per measured recipe to bench/full_size_speed/results/h200_goals.json (card, ratio to stock, met or missed against the
@@ -77,9 +81,30 @@ def table(rows_: list[dict], card: str) -> str:
     return f"Card: {card}\n\n" + "\n".join(lines) + "\n"
 
 
+def merged(sources: list[Path]) -> tuple[dict, dict]:
+    """The calls' summaries as one (``by_recipe`` merged; ``model_load_s`` per call) and the first call's
+    environment; refused when the calls name different cards or measure one recipe twice."""
+    summaries = [json.loads((src / "requests.json").read_text()) for src in sources]
+    envs = [json.loads((src / "call_env.json").read_text()) for src in sources]
+    cards = {e.get("card") for e in envs}
+    if len(cards) > 1:
+        raise SystemExit(f"the calls ran on different cards {sorted(map(str, cards))}: no ratio across them")
+    if len(summaries) == 1:
+        return summaries[0], envs[0]
+    by: dict = {}
+    for src, summary in zip(sources, summaries):
+        for name, fig in (summary.get("by_recipe") or {}).items():
+            if name in by:
+                raise SystemExit(f"{src}: recipe {name} was measured by an earlier --from too")
+            by[name] = fig
+    return {"by_recipe": by, "model_load_s": [s.get("model_load_s") for s in summaries],
+            "calls": [str(src) for src in sources]}, envs[0]
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--from", dest="src", type=Path, required=True)
+    ap.add_argument("--from", dest="src", type=Path, action="append", required=True,
+                    help="a call's returned files; repeat for the processes of one call or one warm machine")
     ap.add_argument("--name", required=True)
     ap.add_argument("--command", required=True, help="the device call's exact command")
     ap.add_argument("--commit", default=None, help="the commit the call ran (default: HEAD)")
@@ -87,25 +112,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--goals", type=Path, default=GOALS)
     args = ap.parse_args(argv)
-    summary = json.loads((args.src / "requests.json").read_text())
-    env = json.loads((args.src / "call_env.json").read_text())
+    summary, env = merged(args.src)
     card = env.get("card") or "unknown card"
     measured = rows(summary)
     commit = args.commit or subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                                            text=True).stdout.strip()
     args.results.mkdir(parents=True, exist_ok=True)
     records = {}
-    tgz = args.src / "runtime_speed.tgz"
-    if tgz.is_file():
+    for i, src in enumerate(args.src):
+        tgz = src / "runtime_speed.tgz"
+        if not tgz.is_file():
+            continue
+        log = f"{args.name}.log" if len(args.src) == 1 else f"{args.name}.{i}.log"
         with tarfile.open(tgz) as tar:
             for member in tar.getmembers():
                 if member.isfile() and member.name.endswith(".log"):
-                    (args.results / f"{args.name}.log").write_bytes(tar.extractfile(member).read())
+                    (args.results / log).write_bytes(tar.extractfile(member).read())
                 elif member.isfile() and member.name.startswith("run/") and member.name.endswith(".json") \
                         and not member.name.endswith("requests.json"):
                     records[Path(member.name).stem] = json.loads(tar.extractfile(member).read())
     call = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "card": card, "env": env,
-            "command": args.command, "commit": commit, "dirty": bool(args.dirty),
+            "command": args.command, "commit": commit, "dirty": bool(args.dirty), "processes": len(args.src),
             "weights": "random: speed and memory are real, quality is not"}
     peak = {k: r.get("peak_memory_bytes") for k, r in records.items()}
     atomic_write_json(args.results / f"{args.name}.call.json", call)

@@ -1,0 +1,51 @@
+"""bench/runtime_speed/record.py: a call's (or several calls') returned files into the study's table, with each
+recipe's ratio to stock4 worked out by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.runtime_speed import record
+
+
+def _call(folder: Path, card: str, recipes: dict[str, tuple[float, float]]) -> Path:
+    """A returned call: requests.json with each recipe's warm p50 (generation-side, request-to-file), call_env.json."""
+    folder.mkdir(parents=True)
+    by = {}
+    for name, (gen, rtf) in recipes.items():
+        warm = {"generation_side_latency_s": {"n": 8, "p50": gen, "p90": gen * 1.01},
+                "request_to_file_latency_s": {"n": 8, "p50": rtf, "p90": rtf * 1.01},
+                "stages_s": {"denoise": {"p50": gen * 0.6}}}
+        by[name] = {"requests": [], "warm_requests": 8, "first_request": None, "warm": warm}
+    (folder / "requests.json").write_text(json.dumps({"by_recipe": by, "model_load_s": 40.0}))
+    (folder / "call_env.json").write_text(json.dumps({"card": card}))
+    return folder
+
+
+def test_two_processes_on_one_card_merge_into_one_table_with_ratios_to_stock(tmp_path):
+    a = _call(tmp_path / "a", "H100", {"stock4": (15.0, 15.3)})
+    b = _call(tmp_path / "b", "H100", {"turbo4-fp8": (11.4, 11.7)})
+    goals = tmp_path / "goals.json"
+    goals.write_text("{}")
+    record.main(["--from", str(a), "--from", str(b), "--name", "t", "--command", "cmd", "--commit", "abc",
+                 "--results", str(tmp_path / "res"), "--goals", str(goals)])
+    rows = {r["recipe"]: r for r in json.loads((tmp_path / "res" / "t.json").read_text())["rows"]}
+    assert rows["turbo4-fp8"]["generation_side_latency_s"]["ratio_to_stock"] == pytest.approx(15.0 / 11.4, rel=1e-12)
+    assert rows["turbo4-fp8"]["request_to_file_latency_s"]["ratio_to_stock"] == pytest.approx(15.3 / 11.7, rel=1e-12)
+    call = json.loads((tmp_path / "res" / "t.call.json").read_text())
+    assert call["processes"] == 2 and call["card"] == "H100" and "1.32x" in (tmp_path / "res" / "t.md").read_text()
+    entry = [v for k, v in json.loads(goals.read_text()).items() if "turbo4-fp8" in k]
+    assert entry and entry[0]["ratio_to_stock"] == round(15.3 / 11.7, 3) and entry[0]["met"] is False
+
+
+def test_calls_on_different_cards_or_measuring_a_recipe_twice_are_refused(tmp_path):
+    a = _call(tmp_path / "a", "H100", {"stock4": (15.0, 15.3)})
+    b = _call(tmp_path / "b", "H200", {"turbo4-fp8": (9.0, 9.2)})
+    c = _call(tmp_path / "c", "H100", {"stock4": (15.1, 15.4)})
+    with pytest.raises(SystemExit, match="different cards"):
+        record.merged([a, b])
+    with pytest.raises(SystemExit, match="measured by an earlier --from"):
+        record.merged([a, c])
