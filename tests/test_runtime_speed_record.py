@@ -4,11 +4,17 @@ recipe's ratio to stock4 worked out by hand."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from bench.runtime_speed import record
+RECORD = Path(__file__).resolve().parents[1] / "bench" / "runtime_speed" / "record.py"
+
+
+def _record(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(RECORD), *args], capture_output=True, text=True, timeout=120)
 
 
 def _call(folder: Path, card: str, recipes: dict[str, tuple[float, float]]) -> Path:
@@ -30,8 +36,9 @@ def test_two_processes_on_one_card_merge_into_one_table_with_ratios_to_stock(tmp
     b = _call(tmp_path / "b", "H100", {"turbo4-fp8": (11.4, 11.7)})
     goals = tmp_path / "goals.json"
     goals.write_text("{}")
-    record.main(["--from", str(a), "--from", str(b), "--name", "t", "--command", "cmd", "--commit", "abc",
-                 "--results", str(tmp_path / "res"), "--goals", str(goals)])
+    proc = _record("--from", str(a), "--from", str(b), "--name", "t", "--command", "cmd", "--commit", "abc",
+                   "--results", str(tmp_path / "res"), "--goals", str(goals))
+    assert proc.returncode == 0, proc.stderr
     rows = {r["recipe"]: r for r in json.loads((tmp_path / "res" / "t.json").read_text())["rows"]}
     assert rows["turbo4-fp8"]["generation_side_latency_s"]["ratio_to_stock"] == pytest.approx(15.0 / 11.4, rel=1e-12)
     assert rows["turbo4-fp8"]["request_to_file_latency_s"]["ratio_to_stock"] == pytest.approx(15.3 / 11.7, rel=1e-12)
@@ -45,7 +52,10 @@ def test_calls_on_different_cards_or_measuring_a_recipe_twice_are_refused(tmp_pa
     a = _call(tmp_path / "a", "H100", {"stock4": (15.0, 15.3)})
     b = _call(tmp_path / "b", "H200", {"turbo4-fp8": (9.0, 9.2)})
     c = _call(tmp_path / "c", "H100", {"stock4": (15.1, 15.4)})
-    with pytest.raises(SystemExit, match="different cards"):
-        record.merged([a, b])
-    with pytest.raises(SystemExit, match="measured by an earlier --from"):
-        record.merged([a, c])
+    goals = tmp_path / "goals.json"
+    goals.write_text("{}")
+    for other, message in ((b, "different cards"), (c, "measured by an earlier --from")):
+        proc = _record("--from", str(a), "--from", str(other), "--name", "t", "--command", "cmd", "--commit", "abc",
+                       "--results", str(tmp_path / "res"), "--goals", str(goals))
+        assert proc.returncode != 0 and message in proc.stderr
+    assert not (tmp_path / "res").exists() and goals.read_text() == "{}"  # nothing written
