@@ -77,6 +77,21 @@ def test_more_departed_pairs_than_the_share_allows_fail_and_a_nan_never_counts_a
     assert m.mean_value == pytest.approx(np.delete(values, [1, 6]).mean(), rel=1e-12)
 
 
+def test_every_pair_departed_fails_though_no_mean_is_left_to_judge(tmp_path):
+    """A defect that makes every clip another sample (heavy noise on imported clips: 16 of 16 pairs far past the
+    limit) leaves no pair for the mean's statistics; the count still FAILs the metric, never INCONCLUSIVE."""
+    rng = np.random.default_rng(14)
+    values = FLOOR * rng.uniform(0.5, 1.5, 16)
+    store, floor = _run(tmp_path, values)
+    m = _metric(store, _policy(tmp_path / "a"), floor)
+    assert len(m.departed) == 16 and m.outcome == "FAIL"
+    assert any(r.startswith("16 of 16 pairs") and "at most 2 may" in r for r in m.reasons)
+    # 2 of 16 left (14 departed): still FAIL on the count, whatever the 2 pairs' statistics say.
+    values[:2] = FLOOR * 0.01
+    store, floor = _run(tmp_path / "b", values)
+    assert _metric(store, _policy(tmp_path / "c"), floor).outcome == "FAIL"
+
+
 def test_a_defect_on_every_pair_still_fails_the_mean(tmp_path):
     """The nearest must-FAIL recipe of the tuning (a reusing step cache: about 0.13 floor on every pair) stays
     below the departed limit and FAILs on the mean, as without the rule."""

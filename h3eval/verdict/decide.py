@@ -67,15 +67,16 @@ class _MetricWork:
 def metric_statistics(mv: MetricVerdict, mp: MetricPolicy, settings: Settings) -> _MetricWork:
     """The paired statistics of a gathered metric (oriented deltas, CI, tests); a metric that cannot be judged
     (reasons already given, or numbers the statistics refuse) gets none."""
-    if mv.reasons or mp.compare == "flag":  # a flag metric counts its flagged pairs (decide_flag), no statistics
-        return _MetricWork(mv, mp, None, None, settings.power)
-    key = f"{mv.gate}.{mv.metric}"
     pairs = mv.pairs
     if mp.compare == "pair" and mp.departed is not None and mv.departed_limit is not None:
-        # Pairs that drew another sample: counted (decide_metric), left out of the mean and its CI.
+        # Pairs that drew another sample: counted (_departed_outcome, even when the rest cannot be judged), left out
+        # of the mean and its CI.
         gone = [p for p in pairs if p.value is not None and math.isfinite(p.value) and p.value >= mv.departed_limit]
         mv.departed = [clip_stem(p.prompt_id, p.seed) for p in gone]
         pairs = [p for p in pairs if all(p is not g for g in gone)]
+    if mv.reasons or mp.compare == "flag":  # a flag metric counts its flagged pairs (decide_flag), no statistics
+        return _MetricWork(mv, mp, None, None, settings.power)
+    key = f"{mv.gate}.{mv.metric}"
     values = np.array([p.value if p.value is not None else np.nan for p in pairs])
     try:
         if mp.compare == "pair":
@@ -519,6 +520,9 @@ def decide_metrics(works: list[_MetricWork], policy: Policy, settings: Settings,
             decide_flag(w.mv, w.mp)
         elif w.summary is not None:
             decide_metric(w, settings.alpha_one_sided)
+        elif w.mp.departed is not None and w.mv.departed_limit is not None and w.mv.departed:
+            # Too few pairs left to judge the mean: the count of departed pairs still decides a FAIL.
+            w.mv.raw_outcome = "FAIL" if _departed_outcome(w.mv, w.mp) == "FAIL" else "INCONCLUSIVE"
         else:
             w.mv.raw_outcome = "INCONCLUSIVE"
         waiver = waiver_for(policy.waivers, w.mv.gate, w.mv.metric, candidate, settings.today, w.mv.warnings)
