@@ -363,6 +363,10 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 
 # -- power ---------------------------------------------------------------------------------------------------------
+MAX_EFFECT_SIZE = 1e3
+"""The largest standardized effect :func:`minimum_detectable_effect` searches (beyond it: not detectable, inf)."""
+
+
 def _power_one_sided(effect_size: float, n: int, alpha: float) -> float:
     """Power of the one-sided one-sample t-test at standardized effect ``effect_size`` (noncentral t)."""
     df = n - 1
@@ -377,7 +381,11 @@ def minimum_detectable_effect(sd: float, n: int, *, alpha: float = 0.025, power:
         return math.inf
     if sd == 0:
         return 0.0
-    es = optimize.brentq(lambda e: _power_one_sided(e, n, alpha) - power, 1e-9, 1e3, xtol=1e-12)
+    if _power_one_sided(MAX_EFFECT_SIZE, n, alpha) < power:
+        # So few pairs at so small an alpha (a sequential design's first look: 3 usable pairs at 1e-8) that no effect
+        # under MAX_EFFECT_SIZE sd reaches the power: none is detectable (a root search would have no sign change).
+        return math.inf
+    es = optimize.brentq(lambda e: _power_one_sided(e, n, alpha) - power, 1e-9, MAX_EFFECT_SIZE, xtol=1e-12)
     return float(es * sd)
 
 

@@ -253,6 +253,18 @@ def test_mde_matches_statsmodels(n):
     assert power == pytest.approx(0.8, abs=1e-9)
 
 
+@pytest.mark.parametrize("n, alpha", [(2, 1e-8), (3, 1e-8), (2, 1e-6)])
+def test_mde_is_infinite_where_no_effect_reaches_the_power(n, alpha):
+    """A sequential design's first look can judge 2-3 usable pairs at alpha 1e-8: statsmodels' own power at the
+    largest effect searched is below 0.8 there, so no effect is detectable (the root search used to raise)."""
+    top = sm_power.TTestPower().power(effect_size=S.MAX_EFFECT_SIZE, nobs=n, alpha=alpha, alternative="larger")
+    assert top < 0.8
+    assert S.minimum_detectable_effect(0.02, n, alpha=alpha, power=0.8) == math.inf
+    s = S.summarize_deltas(np.array([0.01, -0.02, 0.015][:n]), 0.05, confidence=1 - 2 * alpha, power=0.8,
+                           n_resamples=199)
+    assert s.mde == math.inf and s.underpowered
+
+
 def test_pairs_needed_matches_loop():
     sd, effect = 0.02, 0.01
     n = S.pairs_needed(sd, effect, alpha=0.025, power=0.8)
