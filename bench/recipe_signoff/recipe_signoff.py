@@ -638,16 +638,20 @@ def undecided_on(c) -> list[str]:
     return out
 
 
-def judge_run(root: Path, loaded, floor: Path) -> dict:
+def judge_run(root: Path, loaded, floor: Path, only=None, keep: bool = False) -> dict:
     """Each candidate judged as in its own ladder run (baseline -> its ancestors -> it: a run directory per candidate
     whose manifest names that chain, over the same gate results), so that whether it is the top of a ladder (also
-    judged against the baseline) does not depend on the other candidates: its outcome, judge and what FAILed."""
+    judged against the baseline) does not depend on the other candidates: its outcome, judge and what FAILed.
+    ``only``: judge just these candidates; ``keep``: each row also holds the CandidateVerdict (``verdict``)
+    (bench/sequential/corpus_sim.py)."""
     from h3eval.store import RunStore
     from h3eval.verdict import compute_verdict
 
     manifest = RunStore(root).read_manifest()
     out = {}
     for candidate in manifest.candidates:
+        if only is not None and candidate not in only:
+            continue
         sub = root / "by-candidate" / candidate
         sub.mkdir(parents=True, exist_ok=True)
         RunStore(sub).write_manifest(manifest.model_copy(update={"candidates": chain(manifest, candidate)}))
@@ -669,6 +673,8 @@ def judge_run(root: Path, loaded, floor: Path) -> dict:
         out[candidate] = {"outcome": c.outcome, "judge": c.judge, "against": c.judged_against or verdict.baseline,
                           "top_judge": top.judge if top is not None else None, "failed": failed,
                           "undecided": undecided}
+        if keep:
+            out[candidate]["verdict"] = c
     return out
 
 
