@@ -116,6 +116,7 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
     alpha_ni = (1 - loaded.policy.confidence) / 2
     base = load_recipe(baseline)
     given = {load_recipe(c).name: c for c in candidates}
+    parents = {load_recipe(c).name: load_recipe(c).parent for c in candidates}
     if off_identity:
         given[identity_recipe(base).name] = None
     names = list(given)
@@ -129,6 +130,7 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
         "design": the_design.to_dict(), "policy": str(loaded.path), "policy_sha256": loaded.sha256,
         "floor": str(floor_path) if floor_path else None, "floor_sha256": _file_sha(floor_path),
         "rounds": [], "stopped": {}, "verdicts": {}, "status": "running", "created_at": utc_now(),
+        "parents": {n: p for n, p in parents.items() if p in given},
     }
     state_path = out / STATE_NAME
     store = RunStore(out)
@@ -250,15 +252,33 @@ def _prepare_round(store, base, given: dict[str, Any], active: list[str], seeds:
     store.write_manifest(manifest)
 
 
+def pairs_used(state: dict[str, Any]) -> dict[str, int]:
+    """The quality pairs each recipe of a sequential run made: a candidate until it stopped (``max_pairs`` while it
+    has not), a rung's parent until the last rung built on it stopped (its clips are that rung's reference, so
+    :func:`_round_generating` keeps making them after the parent stopped), the baseline until the last candidate
+    stopped. ``state["parents"]`` names each candidate's parent among the candidates (a record without it: none)."""
+    n_max = state["max_pairs"]
+    used = {c: int(state["stopped"].get(c, {}).get("n_pairs", n_max)) for c in state["candidates"]}
+    parents = state.get("parents") or {}
+    need = dict(used)
+    for c, n in used.items():
+        q, seen = parents.get(c), {c}
+        while q in need and q not in seen:
+            need[q] = max(need[q], n)
+            seen.add(q)
+            q = parents.get(q)
+    need[state["baseline"]] = max(used.values(), default=n_max)
+    return need
+
+
 def savings(store, state: dict[str, Any]) -> dict[str, Any]:
     """Requests and GPU-seconds the sequential run did not spend against the fixed design at its last look (every
     candidate and the baseline at ``max_pairs``): a recipe's seconds are its mean generation-side latency over its
     quality clips."""
     n_max = state["max_pairs"]
-    used = {c: s["n_pairs"] for c, s in state["stopped"].items()}
-    base_used = max(used.values(), default=n_max)
+    used = pairs_used(state)
     per: dict[str, Any] = {}
-    rows = [(state["baseline"], base_used)] + [(c, used.get(c, n_max)) for c in state["candidates"]]
+    rows = [(state["baseline"], used.pop(state["baseline"]))] + [(c, used[c]) for c in state["candidates"]]
     manifest = store.read_manifest()
     prompts = manifest.prompts.ids if manifest.prompts else []
     for name, n in rows:

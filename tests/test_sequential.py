@@ -209,3 +209,22 @@ def test_batched_outcomes_equal_decide_on_the_simulated_pools():
             assert list(got) == want, (name, n)
             seen |= set(want)
     assert {"PASS", "FAIL"} <= seen  # the comparison covers both decided outcomes
+
+
+def test_pairs_used_counts_a_parent_until_its_last_rung_stops():
+    """A ladder's parent keeps making clips while a rung built on it runs (they are the rung's reference): counted
+    until the rung stops, by hand over three recipes and the baseline."""
+    from h3eval.sequential import pairs_used
+
+    state = {"max_pairs": 32, "baseline": "base", "candidates": ["a", "b", "c", "d"],
+             "parents": {"b": "a", "c": "b"},
+             "stopped": {"a": {"n_pairs": 8}, "b": {"n_pairs": 16}, "c": {"n_pairs": 32}, "d": {"n_pairs": 4}}}
+    assert pairs_used(state) == {"a": 32, "b": 32, "c": 32, "d": 4, "base": 32}
+    state["stopped"]["c"] = {"n_pairs": 4}
+    assert pairs_used(state) == {"a": 16, "b": 16, "c": 4, "d": 4, "base": 16}
+    # a record without parents (written before they were kept): each candidate at its own stop
+    del state["parents"]
+    assert pairs_used(state) == {"a": 8, "b": 16, "c": 4, "d": 4, "base": 16}
+    # a candidate that has not stopped counts the design's pairs
+    del state["stopped"]["d"]
+    assert pairs_used(state)["d"] == 32 and pairs_used(state)["base"] == 32
