@@ -116,7 +116,6 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
     alpha_ni = (1 - loaded.policy.confidence) / 2
     base = load_recipe(baseline)
     given = {load_recipe(c).name: c for c in candidates}
-    parents = {load_recipe(c).name: load_recipe(c).parent for c in candidates}
     if off_identity:
         given[identity_recipe(base).name] = None
     names = list(given)
@@ -130,8 +129,7 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
         "design": the_design.to_dict(), "policy": str(loaded.path), "policy_sha256": loaded.sha256,
         "floor": str(floor_path) if floor_path else None, "floor_sha256": _file_sha(floor_path),
         "rounds": [], "stopped": {}, "verdicts": {}, "status": "running", "created_at": utc_now(),
-        "parents": {n: p for n, p in parents.items() if p in given},
-    }
+        "parents": _ladder_parents(candidates, given)}
     state_path = out / STATE_NAME
     store = RunStore(out)
     if not state_path.is_file():  # a folder holding a sequential record is this command's
@@ -186,6 +184,14 @@ def run_sequential(*, baseline: str, candidates: Sequence[str], prompts: str, ou
             atomic_write_json(state_path, state)
         _finish(state, state_path, store, last_verdict, names, design, pairs, say)
         return state
+
+
+def _ladder_parents(candidates: Sequence[str], given: dict[str, Any]) -> dict[str, str]:
+    """Each candidate's parent when the parent is a candidate too (a ladder's rung: :func:`pairs_used`)."""
+    from h3.recipe import load_recipe
+
+    recipes = [load_recipe(c) for c in candidates]
+    return {r.name: r.parent for r in recipes if r.parent in given}
 
 
 def _default_gate_options() -> dict[str, Any]:

@@ -181,6 +181,11 @@ def test_a_ladder_gates_each_comparison_with_its_judges_gates_and_warms_each_rec
             "warmup": 1}
     state = run_sequential(out=out, **args)
     assert [r["look"] for r in state["rounds"]] == [1, 2] and state["status"] == "complete", state["stopped"]
+    # the parent is counted at least as long as its rung ran (the rung's reference clips)
+    assert state["parents"] == {"fast1-vae": "fast1"}
+    used = {k: v["pairs_used"] for k, v in state["savings"]["recipes"].items()}
+    assert used["fast1"] >= state["stopped"]["fast1-vae"]["n_pairs"] and used["fast"] == max(
+        s["n_pairs"] for s in state["stopped"].values())
 
     # The reference: each judgement's gates read from the policy file itself (shared table and the judge's).
     data = tomllib.loads(LADDER_POLICY)
