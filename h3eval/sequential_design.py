@@ -57,6 +57,10 @@ MIN_NOMINAL = 1e-8
 1e-8 adds at most 1e-8 a look to the type-I error."""
 
 
+MAX_SHARE = 1.0 - 1e-9
+"""The largest departed share a policy may state (``DepartedRule.max_share`` < 1)."""
+
+
 class SequentialError(ValueError):
     """A design that cannot be built (bad looks, alpha or design name): one clear message, exit 3."""
 
@@ -243,11 +247,14 @@ def make_design(design: str, looks: Sequence[int], alphas: Sequence[float]) -> S
 
 
 def policy_alphas(policy) -> list[float]:
-    """Every one-sided alpha the verdict tests at under ``policy``: the non-inferiority alpha and each metric's
-    regression alpha."""
+    """Every one-sided alpha the verdict tests at under ``policy``: the non-inferiority alpha, each metric's
+    regression alpha and each gate's run-test false-discovery rate (a run of benign pairs FAILs it at most that
+    often)."""
     out = {round((1 - policy.confidence) / 2, 12)}
     for gates in [policy.gates, *(j.gates for j in policy.judges.values())]:
         for gp in gates.values():
+            if gp.run_test is not None:
+                out.add(round(gp.run_test.fdr, 12))
             for mp in gp.metrics.values():
                 if mp.regression is not None:
                     out.add(round(mp.regression.alpha, 12))
@@ -256,8 +263,12 @@ def policy_alphas(policy) -> list[float]:
 
 def look_policy(policy, design: SequentialDesign, look: int):
     """The policy a look's verdict is computed under: every test at its nominal level of this look (confidence
-    ``1 - 2 nominal``; each regression alpha its own nominal level), ``min_pairs`` at the look's pairs, and at an
-    interim look FAILs of the mean alone replaced by FAILs of the whole CI (``fail_beyond = "ci"``)."""
+    ``1 - 2 nominal``; each regression alpha and each gate's run-test FDR its own nominal level), ``min_pairs`` at
+    the look's pairs, and at an interim look FAILs of the mean alone replaced by FAILs of the whole CI (``fail_beyond
+    = "ci"``) and a departed-pairs share replaced by the last look's count (an interim FAIL needs more departed pairs
+    than the whole run may have). Before session 32 the ghosting run test ran at its full FDR at every look: on the
+    fresh recipe-signoff pools the correct INT8 rung FAILed at 16 pairs in 11 of 100 runs the fixed 32 passed
+    (bench/sequential/results/corpus_sim_s32.md)."""
     from h3eval.policy import Policy
 
     last = look == len(design.looks) - 1
@@ -271,7 +282,14 @@ def look_policy(policy, design: SequentialDesign, look: int):
         for gp in gates.values():
             if gp.get("min_pairs") is not None:
                 gp["min_pairs"] = min(gp["min_pairs"], n)
+            if gp.get("run_test") is not None:
+                gp["run_test"]["fdr"] = max(MIN_NOMINAL, design.nominal(gp["run_test"]["fdr"], look))
             for mp in gp["metrics"].values():
+                if not last and mp.get("departed") is not None:
+                    # A share of departed pairs is not monotone in the pairs (2 of 16 then 2 of 32): an interim look
+                    # FAILs only on more departed pairs than the last look allows.
+                    allowed = int(mp["departed"]["max_share"] * design.looks[-1] + 1e-9)
+                    mp["departed"]["max_share"] = min(allowed / n, MAX_SHARE)
                 if mp.get("min_pairs") is not None:
                     mp["min_pairs"] = max(2, min(mp["min_pairs"], n))
                 if mp.get("regression") is not None:

@@ -155,6 +155,26 @@ def test_look_policy_sets_nominal_levels_and_interim_ci_rule():
     assert (1 - last.confidence) / 2 < 0.025
 
 
+def test_look_policy_spends_the_run_test_and_counts_departed_pairs_against_the_last_look():
+    """The ghosting run test's FDR is an alpha like the others (at each look its nominal level); a departed-pairs
+    share at an interim look FAILs only on more departed pairs than the last look allows (2 of 16 then 4 of 32)."""
+    from h3eval.policy import load_policy
+
+    policy = load_policy("gates/policies/release.toml").policy
+    fdr = policy.judges["near"].gates["ghosting"].run_test.fdr
+    rule = policy.judges["near"].gates["fidelity"].metrics["lpips_mean"].departed
+    design = Q.make_design("obrien-fleming", [4, 8, 16, 32], Q.policy_alphas(policy))
+    assert round(fdr, 12) in Q.policy_alphas(policy)
+    for k, n in enumerate(design.looks):
+        look = Q.look_policy(policy, design, k)
+        assert look.judges["near"].gates["ghosting"].run_test.fdr == pytest.approx(
+            max(1e-8, design.nominal(fdr, k)), rel=1e-12)
+        got = look.judges["near"].gates["fidelity"].metrics["lpips_mean"].departed
+        # the count a run of n pairs may have at this look, against the policy's own rule at 32 pairs
+        assert got.allowed(n) == (min(rule.allowed(32), n - 1) if k < 3 else rule.allowed(n))
+    assert design.nominal(fdr, 2) < fdr / 10  # at 16 of 32 pairs O'Brien-Fleming spends a tenth of it at most
+
+
 # -- the simulation's batched verdict (bench/sequential/batch_verdict.py) against the verdict's own functions ---------
 def _bench_sequential():
     import importlib
