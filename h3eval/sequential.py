@@ -350,7 +350,9 @@ def _record_look(state: dict[str, Any], verdict, k: int, n_looks: int, n: int, l
     for c in verdict.candidates:
         if c.candidate not in active:
             continue  # a stopped rung kept in the run as a parent: judged at its own stop
-        stop, why = stop_decision(c.outcome, k, n_looks, identical(c.candidate, c.judged_against), decidable)
+        # a ladder's top is judged against its parent and against the baseline: byte-identical to both, or it waits
+        same = identical(c.candidate, c.judged_against) and (c.against_baseline is None or identical(c.candidate, None))
+        stop, why = stop_decision(c.outcome, k, n_looks, same, decidable)
         entry["candidates"][c.candidate] = {"outcome": c.outcome, "stopped": stop, "why": why,
                                             "metrics": metric_rows(c, the_design, k, alpha_ni, policy)}
         if stop:

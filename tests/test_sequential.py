@@ -248,3 +248,30 @@ def test_pairs_used_counts_a_parent_until_its_last_rung_stops():
     # a candidate that has not stopped counts the design's pairs
     del state["stopped"]["d"]
     assert pairs_used(state)["d"] == 32 and pairs_used(state)["base"] == 32
+
+
+def test_a_rung_identical_to_its_parent_but_not_the_baseline_waits():
+    """A ladder's top is judged against its parent and against the baseline: a rung byte-identical to its parent
+    (a step cache that never hits) but not to the baseline stops on a PASS only at the last look (its verdict against
+    the baseline is its parent's, which still runs); identical to both it stops at once. corpus_sim_s32: such a rung
+    stopped at 16 pairs in 37 of 100 runs and PASSed 12 of them that the fixed 32 FAILed."""
+    from types import SimpleNamespace
+
+    from h3eval.sequential import _record_look
+    from h3eval.verdict.schema import CandidateVerdict
+
+    design = Q.make_design("obrien-fleming", [4, 8, 16, 32], [0.01, 0.025])
+    top = CandidateVerdict(candidate="rung", outcome="PASS", judged_against="base")
+    rung = CandidateVerdict(candidate="rung", outcome="PASS", judged_against="parent", against_baseline=top)
+    policy = SimpleNamespace(n_resamples=999)
+
+    def look(identical_to: set[str]) -> dict:
+        state = {"stopped": {}, "verdicts": {}, "rounds": []}
+        verdict = SimpleNamespace(candidates=[rung], model_dump=lambda mode: {})
+        _record_look(state, verdict, 2, 4, 16, [0, 1, 2, 3], ["rung"], 0.99, design, 0.025, policy, lambda line: None,
+                     lambda cand, against: (against or "base") in identical_to)
+        return state
+
+    assert "rung" not in look({"parent"})["stopped"]
+    assert look({"parent", "base"})["stopped"]["rung"]["n_pairs"] == 16
+    assert "rung" not in look(set())["stopped"]

@@ -13,10 +13,10 @@ its first 4, the fixed 32 all 8. Every design is judged on the same draws, so th
 
 Each look is judged by recipe_signoff.judge_run (h3eval.verdict.compute_verdict on the pool's gate results) under
 h3eval.sequential_design.look_policy, and a candidate stops by h3eval.sequential_design.stop_decision, as ``h3eval ab
---sequential`` does; a candidate is byte-identical when each of its clips at the look's pairs equals its parent's (the
-baseline's at the ladder's foot) byte for byte. A run's requests: the baseline until the last candidate stops, each
-candidate until it stops or, when later, until the last of the rungs built on it (its children's near judge needs its
-clips) stops; the fixed design makes every recipe's 32.
+--sequential`` does; a candidate is byte-identical when each of its clips at the look's pairs equals its parent's and
+the baseline's byte for byte (a rung is judged against both). A run's requests: the baseline until the last candidate
+stops, each candidate until it stops or, when later, until the last of the rungs built on it (its children's near
+judge needs its clips) stops; the fixed design makes every recipe's 32.
 
 Errors: a FAIL of a correct recipe (recipe_signoff.CORRECT) is false; a PASS of a plant or of a shipped recipe whose
 clips changed (CHANGED_SHIPPED) is false. Each is compared with the fixed designs' on the same draws: the runs where
@@ -73,8 +73,9 @@ def prepare_pool(work: Path, pool: int, designs: list[str], n_resamples: int) ->
     for c in m.candidates:
         ladder = RS.chain(m, c)
         parent[c] = ladder[-2] if len(ladder) > 1 else m.baseline
-        identical[c] = {(pid, s): store.clip_path(c, pid, s).read_bytes() == store.clip_path(parent[c], pid,
-                                                                                              s).read_bytes()
+        refs = {parent[c], m.baseline}  # a ladder's top is judged against both (h3eval.sequential._record_look)
+        identical[c] = {(pid, s): all(store.clip_path(c, pid, s).read_bytes() == store.clip_path(r, pid, s).read_bytes()
+                                      for r in refs)
                         for pid in data.seeds for s in data.seeds[pid]}
     looks = {}
     for d in designs:
