@@ -22,7 +22,10 @@ from h3eval.sequential_design import (DEFAULT_LOOKS, DEFAULT_MAX_PAIRS, DESIGNS,
 
 STATE_NAME = "sequential.json"
 STATE_SCHEMA = "h3eval.sequential"
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""2 (session 32): the looks spend the ghosting run test's FDR, count departed pairs against the last look, and stop a
+byte-identical rung only when identical to its parent and the baseline; a run begun under version 1's rules is not
+resumed under these (its looks would mix two rules)."""
 
 
 def _load_state(path) -> dict[str, Any] | None:
@@ -41,7 +44,7 @@ def _load_state(path) -> dict[str, Any] | None:
 
 def _identity(state: dict[str, Any]) -> dict[str, Any]:
     """What a resumed run must share with the one on disk."""
-    keys = ("baseline", "candidates", "prompts_sha256", "seeds", "looks", "policy_sha256", "floor_sha256")
+    keys = ("version", "baseline", "candidates", "prompts_sha256", "seeds", "looks", "policy_sha256", "floor_sha256")
     return {k: state.get(k) for k in keys} | {"design": state["design"]["design"]}
 
 

@@ -115,10 +115,16 @@ def test_a_rerun_with_other_parameters_is_refused(tmp_path, setup):
     out.mkdir()
     (out / "run.json").write_text(json.dumps({"created_at": "2026-12-06", "updated_at": "2026-12-06",
                                               "model": "tiny-random", "kind": "ab"}))
-    (out / "sequential.json").write_text(json.dumps({"schema": "h3eval.sequential", "baseline": "fast",
+    (out / "sequential.json").write_text(json.dumps({"schema": "h3eval.sequential", "version": 2, "baseline": "fast",
                                                      "candidates": ["x"], "design": {"design": "pocock"},
                                                      "status": "running"}))
     with pytest.raises(SequentialError, match="differs in: candidates"):
+        run_sequential(out=out, **setup)
+    # a run begun under the stop rules before session 32 (version 1) is not resumed under today's
+    (out / "sequential.json").write_text(json.dumps({"schema": "h3eval.sequential", "version": 1, "baseline": "fast",
+                                                     "candidates": ["x"], "design": {"design": "pocock"},
+                                                     "status": "running"}))
+    with pytest.raises(SequentialError, match="differs in: version"):
         run_sequential(out=out, **setup)
     with pytest.raises(SequentialError, match="needs 2 seeds"):
         run_sequential(out=tmp_path / "other", **{**setup, "seeds": [5]})
