@@ -213,16 +213,14 @@ def _flag_risk(stats: dict, n: int, max_pairs: int) -> float | None:
 
 
 def requests(stops: dict[str, list], parent: dict[str, str], baseline: str) -> int:
-    """A run's quality requests: each recipe until it and every rung built on it have stopped; the baseline until
-    the last candidate has."""
-    used = {c: n for c, (_, n) in stops.items()}
-    need = dict(used)
-    for c, n in used.items():
-        q = parent[c]
-        while q != baseline:
-            need[q] = max(need.get(q, 0), n)
-            q = parent[q]
-    return sum(need.values()) + max(used.values(), default=0)
+    """A run's quality requests, counted as ``h3eval ab --sequential`` counts them (h3eval.sequential.pairs_used):
+    each recipe until it and every rung built on it have stopped; the baseline until the last candidate has."""
+    from h3eval.sequential import pairs_used
+
+    state = {"max_pairs": LOOKS[-1], "baseline": baseline, "candidates": list(stops),
+             "parents": {c: p for c, p in parent.items() if p != baseline},
+             "stopped": {c: {"n_pairs": n} for c, (_, n) in stops.items()}}
+    return sum(pairs_used(state).values())
 
 
 def truth(c: str) -> str:
