@@ -35,6 +35,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,7 @@ from h3eval.gatesetup import (DECODE_AHEAD_ENV, DECODE_AHEAD_PAIRS, GATE_BLAS_TH
                               side_by_side_blas_threads)
 
 __all__ = ["DECODE_AHEAD_ENV", "DECODE_AHEAD_PAIRS", "GATE_BLAS_THREADS_ENV", "GATE_THREADS_ENV",
-           "GATE_THREADS_MIN_CORES", "INPUTS_KEY", "SIDE_BY_SIDE_BLAS_THREADS", "ClipSides", "GateRunError",
+           "GATE_THREADS_MIN_CORES", "INPUTS_KEY", "SECONDS_KEY", "SIDE_BY_SIDE_BLAS_THREADS", "ClipSides", "GateRunError",
            "GateRunSummary", "check_device", "check_options", "decode_ahead", "decode_ahead_pairs", "evaluate_pair",
            "gate_workers", "load_valid_result", "options_for", "parse_options", "result_path", "run_context",
            "run_gates", "run_info", "side_by_side_blas_threads"]
@@ -81,6 +82,8 @@ class GateRunSummary:
     """Gate -> the distinct reasons its results gave for not applying (said once per gate, not per pair)."""
     errors: list[dict[str, Any]] = field(default_factory=list)
     """One entry per errored (gate, pair): gate, candidate, prompt_id, seed, error, path."""
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    """Gate -> the wall seconds of each result it computed in this invocation (``info["gate_s"]``, in pair order)."""
 
     @property
     def failed(self) -> bool:
@@ -123,6 +126,10 @@ def load_valid_result(path: Path, gate: str, pair: PairRef, inputs: dict[str, An
 
 
 INPUTS_KEY = "inputs"
+SECONDS_KEY = "gate_s"
+"""``info`` key of a computed result: the gate's wall seconds on that pair (its clips' decode included where the gate
+was the first to ask for them; side by side, the time shared with the pair's other gates). Informative: a resumed
+result keeps the figure of the run that computed it, and nothing decides on it."""
 """``info`` key where the runner stamps what a result was computed from, so that resume notices a changed clip."""
 
 
@@ -401,13 +408,16 @@ def _run_pair(store, sides, gates, pair, device, options, force, summary, bar, t
             run_dir=store.root, pair=pair, baseline=base, candidate=cand, artifact_dir=artifact_dir,
             device=device, options=gate_options, run=info, read_input=store.read_input,
         )
+        began = time.perf_counter()
         result = evaluate_pair(gate, ctx, identical)
         result.info[INPUTS_KEY] = stamp
+        result.info[SECONDS_KEY] = round(time.perf_counter() - began, 6)
         return result
 
     def keep(gate: Gate, path: Path, result: GateResult) -> None:
         atomic_write_json(path, result.model_dump(mode="json"))
         summary.scored[gate.name] += 1
+        summary.seconds.setdefault(gate.name, []).append(float(result.info.get(SECONDS_KEY, 0.0)))
         _count(summary, gate.name, result, path)
         bar.advance(task)
 

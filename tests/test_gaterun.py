@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import typer
@@ -39,9 +40,17 @@ def _read(store, gate, cand, pid, seed=0) -> GateResult:
 
 
 def test_results_for_every_gate_and_pair(run):
+    began = time.perf_counter()
     summary = run_gates(run.root, GATES, options=RAND, progress=False)
+    wall = time.perf_counter() - began
     assert not summary.failed and summary.pairs == 4
     assert summary.scored == {"integrity": 4, "fidelity": 4, "audio": 4}
+    # Each computed result carries its gate's wall seconds; the summary lists the same figures, in pair order, and
+    # no gate took longer than the whole run.
+    for gate in GATES:
+        timed = [_read(run, gate, cand, pid).info["gate_s"] for cand in ("same", "drift") for pid in ("p0", "p1")]
+        assert summary.seconds[gate] == timed and all(0 <= t <= wall for t in timed)
+        assert all(t > 0 for t in timed[2:])  # the drift pairs were decoded and scored
     for gate in GATES:
         for cand in ("same", "drift"):
             for pid in ("p0", "p1"):
@@ -256,6 +265,7 @@ def _results(store, gates) -> dict:
     for path in sorted((store.root / "gates").rglob("*.json")):
         data = json.loads(path.read_text().replace(str(store.root), "RUN"))  # paths inside the two runs
         data.get("info", {}).pop("inputs", None)  # the stamp names the run's own paths' hashes: equal anyway
+        data.get("info", {}).pop("gate_s", None)  # the wall time differs from run to run
         out[str(path.relative_to(store.root))] = data
     return out
 
