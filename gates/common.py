@@ -48,3 +48,13 @@ def blas_controller():
 
         _blas = ThreadpoolController()
     return _blas
+
+
+def host_workers() -> int:
+    """Host threads for a gate's per-frame OpenCV/numpy loops: up to 8 on a machine of 8 cores or more (a GPU host),
+    else 1 (the 2-core CPU: OpenCV already threads parts of its work, and more threads were measured no faster there;
+    the gates of a pair already run side by side there)."""
+    import os
+
+    cores = os.cpu_count() or 1
+    return min(8, cores) if cores >= 8 else 1

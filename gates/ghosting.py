@@ -28,6 +28,7 @@ import numpy as np
 from pydantic import Field
 
 from gates.base import Gate, GateInputError, GateOptions, GateResult, Metric, MetricSpec, PairContext, register_gate
+from gates.common import host_workers
 from gates.metrics import ghost_run
 from gates.metrics.ghost import (clip_evidence, downsample_factor, ghost_frames, ghost_scores, is_flagged,
                                  pool_windows, to_luma)
@@ -55,7 +56,8 @@ class GhostingOptions(GateOptions):
     strip_frames: int = 3
     """Worst frames shown in the strip artifact."""
     workers: int = 1
-    """Threads of the displacement search."""
+    """Threads of the displacement search (and, at least :func:`gates.common.host_workers`, of the displacement
+    compensation: the same result for any number)."""
     compensate_displacement: bool = True
     """Move the baseline onto the candidate's displaced content before the fit (gates.metrics.ghost_motion); off, the
     fit reads the raw pair, as the calibration of bench/ghosting did."""
@@ -182,7 +184,7 @@ def _frames_to_score(ctx: PairContext, base, cand, config: GhostingConfig, optio
     displacement = None
     if options.compensate_displacement:
         factor = downsample_factor(base.shape[1], base.shape[2], config.work_long_side)
-        displacement = compensate(base, cand, factor)
+        displacement = compensate(base, cand, factor, workers=max(options.workers, host_workers()))
         base = displacement.frames
     if device == "cpu":
         return base, base, cand, displacement

@@ -196,12 +196,10 @@ def _audio_part(audio: np.ndarray, sample_rate: int) -> tuple[dict[str, float], 
 
 
 def default_flow_workers() -> int:
-    """Flow threads: up to 8 on a machine of 8 cores or more (a GPU host), else 1 (the 2-core CPU: OpenCV already
-    threads parts of Farneback, and more threads were measured no faster there)."""
-    import os
+    """Flow threads: :func:`gates.common.host_workers` (up to 8 on a GPU host, 1 on the 2-core CPU)."""
+    from gates.common import host_workers
 
-    cores = os.cpu_count() or 1
-    return min(8, cores) if cores >= 8 else 1
+    return host_workers()
 
 
 # -- one clip --------------------------------------------------------------------------------------------------------
@@ -239,6 +237,7 @@ def score_clip(frames: np.ndarray, fps: float, audio: np.ndarray | None, sample_
     picked = list(range(0, t, max(1, options.niqe_frame_stride)))
     workers = options.flow_workers or default_flow_workers()
     scores: dict[str, float | None] = {}
+    detected: dict[str, Any] = {}  # video detections already made (on a GPU host, in threads beside the device work)
     if device == "cpu":
         flow_scores, video_events, analysed = _flow_part(frames, fps, options, workers)
         gray = luma(frames)
@@ -256,13 +255,18 @@ def score_clip(frames: np.ndarray, fps: float, audio: np.ndarray | None, sample_
 
         target = torch.device(device.removeprefix("torch:"))
         on_device = frames_on_device if frames_on_device is not None else torch.from_numpy(frames.copy()).to(target)
-        with ThreadPoolExecutor(2, thread_name_prefix="reference_free") as pool:
+        video_detectors = _video_detectors(frames, options)
+        with ThreadPoolExecutor(2 + len(video_detectors), thread_name_prefix="reference_free") as pool:
+            # The host's share (flows, audio, the video artifact detectors: numpy/OpenCV, each in its own thread)
+            # runs while the device computes the image statistics and NIQE.
             flow_job = pool.submit(_flow_part, frames, fps, options, workers)
             audio_job = pool.submit(_audio_part, audio, int(sample_rate)) if audio is not None else None
+            detector_jobs = {name: pool.submit(detector, frames) for name, detector in video_detectors.items()}
             stats = _t_image_stats(on_device)
             scores["niqe"] = niqe_frames_torch(on_device, picked, factor, target)
             flow_scores, video_events, analysed = flow_job.result()
             audio_part = audio_job.result() if audio_job is not None else None
+            detected = {name: job.result() for name, job in detector_jobs.items()}
         scores.update(flow_scores)
         scores.update(stats)
     scores = {name: scores[name] for name, dim in DIMENSIONS.items() if dim.kind == "video"}
@@ -273,19 +277,28 @@ def score_clip(frames: np.ndarray, fps: float, audio: np.ndarray | None, sample_
             if dim.kind == "audio":
                 scores[name] = None
         info["audio"] = "no audio track"
-        _artifacts(frames, None, None, options, scores, info)
+        _artifacts(frames, None, None, options, scores, info, detected)
         return scores, info
     audio_scores, onsets = audio_part
     scores.update(audio_scores)
     scores["av_sync"] = sync_f1(video_events, onsets, options.sync_tolerance_frames / fps)
     info["audio_onsets_s"] = [round(o, 3) for o in onsets]
-    _artifacts(frames, audio, sample_rate, options, scores, info)
+    _artifacts(frames, audio, sample_rate, options, scores, info, detected)
     return scores, info
 
 
+def _video_detectors(frames: np.ndarray, options: ReferenceFreeOptions) -> dict[str, Any]:
+    """The video artifact detectors that :func:`_artifacts` will run on ``frames`` (none where it runs none)."""
+    if not options.artifact_detectors or len(frames) < MIN_ARTIFACT_FRAMES:
+        return {}
+    return {name: detector for name, (kind, detector) in _artifact_detectors().items() if kind == "video"}
+
+
 def _artifacts(frames: np.ndarray, audio: np.ndarray | None, sample_rate: int | None,
-               options: ReferenceFreeOptions, scores: dict[str, float | None], info: dict[str, Any]) -> None:
-    """The artifact detectors' statistics into ``scores``, their thresholds and flags into ``info["artifacts"]``."""
+               options: ReferenceFreeOptions, scores: dict[str, float | None], info: dict[str, Any],
+               detected: dict[str, Any] | None = None) -> None:
+    """The artifact detectors' statistics into ``scores``, their thresholds and flags into ``info["artifacts"]``;
+    ``detected``: detections already made (name -> Detection), used instead of running those detectors again."""
     if not options.artifact_detectors:
         return
     if len(frames) < MIN_ARTIFACT_FRAMES:
@@ -295,7 +308,10 @@ def _artifacts(frames: np.ndarray, audio: np.ndarray | None, sample_rate: int | 
     for name, (kind, detector) in _artifact_detectors().items():
         if kind == "audio" and audio is None:
             continue
-        d = detector(frames) if kind == "video" else detector(audio, int(sample_rate))
+        if detected and name in detected:
+            d = detected[name]
+        else:
+            d = detector(frames) if kind == "video" else detector(audio, int(sample_rate))
         scores[name] = d.statistic
         found[name] = {"threshold": d.threshold, "flagged": d.flagged,
                        **{k: v for k, v in d.info.items() if k in ("lag", "frame", "start_s", "at_s")}}

@@ -101,6 +101,17 @@ def test_a_blend_keeps_its_baseline_below_the_rules_bound(alpha):
     assert mask.mean() == (1.0 if alpha >= bound else 0.0)
 
 
+@pytest.mark.parametrize("name", ["subject2@crf18", "ghost05_on_shift3"])
+def test_threads_give_the_one_thread_result_bit_for_bit(clips, name):
+    """Frames taken by 3 threads: the same compensated baseline, per-frame shares and mean shift as one thread (the
+    totals are summed in frame order), on a clip where some frames move and some do not."""
+    base, cand = clips["base"], clips[name]
+    one, three = compensate(base, cand, 1), compensate(base, cand, 1, workers=3)
+    np.testing.assert_array_equal(three.frames, one.frames)
+    np.testing.assert_array_equal(three.frame_fraction, one.frame_fraction)
+    assert three.fraction == one.fraction > 0 and three.mean_shift == one.mean_shift > 0
+
+
 def test_identical_clips_are_left_as_they_are(clips):
     moved = compensate(clips["base"], clips["base"].copy(), 1)
     np.testing.assert_array_equal(moved.frames, clips["base"])

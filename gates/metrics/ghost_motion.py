@@ -107,38 +107,58 @@ def moved_mask(luma_base: np.ndarray, luma_cand: np.ndarray, luma_warped: np.nda
 
 
 def compensate(frames_base: np.ndarray, frames_cand: np.ndarray, factor: int,
-               config: DisplacementConfig | None = None) -> Displacement:
+               config: DisplacementConfig | None = None, workers: int = 1) -> Displacement:
     """The baseline (uint8 (T, H, W, 3)) warped, where the rule says so, onto ``frames_cand``'s content, with the
     flow measured at the ghost search's working resolution (``factor``: gates.metrics.ghost.downsample_factor) and
-    applied at full resolution. Identical frames are left as they are."""
-    import cv2
-
+    applied at full resolution. Identical frames are left as they are. ``workers`` threads take frames in turn (OpenCV
+    releases the GIL); the totals are summed in frame order, so the result is the same for any number."""
     config = config or DisplacementConfig()
     if frames_base.shape != frames_cand.shape:
         raise ValueError(f"shape mismatch: baseline {frames_base.shape} vs candidate {frames_cand.shape}")
-    t_count, h, w, _ = frames_base.shape
-    prep = ghost_backend.NumpyBackend(1).prepare
+    t_count = frames_base.shape[0]
     out = np.array(frames_base, copy=True)
-    hh, ww = h // factor, w // factor
-    fractions = np.zeros(t_count)
+
+    def one(t: int) -> tuple[float, float, int]:
+        return _compensate_frame(frames_base, frames_cand, t, factor, config, out)
+
+    if workers > 1 and t_count > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(workers, t_count), thread_name_prefix="ghost-motion") as pool:
+            per_frame = list(pool.map(one, range(t_count)))
+    else:
+        per_frame = [one(t) for t in range(t_count)]
+    fractions = np.array([f for f, _, _ in per_frame]) if per_frame else np.zeros(0)
     shift_sum, moved_count = 0.0, 0
-    for t in range(t_count):
-        if np.array_equal(frames_base[t], frames_cand[t]):
-            continue
-        lb = prep(frames_base, [t], factor, 0.0)[0].astype(np.float32)
-        lc = prep(frames_cand, [t], factor, 0.0)[0].astype(np.float32)
-        flow = flow_to(lc, lb, config.max_shift)
-        moved = moved_mask(lb, lc, warp(lb, flow), config)
-        if not moved.any():
-            continue
-        fractions[t] = float(moved.mean())
-        shift_sum += float(np.hypot(flow[..., 0], flow[..., 1])[moved].sum()) * factor
-        moved_count += int(moved.sum())
-        full_flow = np.zeros((h, w, 2), dtype=np.float32)
-        full_flow[: hh * factor, : ww * factor] = cv2.resize(flow, (ww * factor, hh * factor),
-                                                              interpolation=cv2.INTER_LINEAR) * factor
-        full = np.zeros((h, w), dtype=bool)
-        full[: hh * factor, : ww * factor] = np.repeat(np.repeat(moved, factor, 0), factor, 1)
-        out[t][full] = warp(np.ascontiguousarray(frames_base[t]), full_flow)[full]
+    for _, shift, moved in per_frame:
+        shift_sum += shift
+        moved_count += moved
     return Displacement(frames=out, fraction=float(fractions.mean()) if t_count else 0.0, frame_fraction=fractions,
                         mean_shift=shift_sum / moved_count if moved_count else 0.0)
+
+
+def _compensate_frame(frames_base: np.ndarray, frames_cand: np.ndarray, t: int, factor: int,
+                      config: DisplacementConfig, out: np.ndarray) -> tuple[float, float, int]:
+    """Frame ``t`` of :func:`compensate`, written into ``out[t]``: (moved fraction, summed shift of the moved pixels in
+    full-resolution pixels, moved pixel count)."""
+    import cv2
+
+    if np.array_equal(frames_base[t], frames_cand[t]):
+        return 0.0, 0.0, 0
+    _, h, w, _ = frames_base.shape
+    hh, ww = h // factor, w // factor
+    prep = ghost_backend.NumpyBackend(1).prepare
+    lb = prep(frames_base, [t], factor, 0.0)[0].astype(np.float32)
+    lc = prep(frames_cand, [t], factor, 0.0)[0].astype(np.float32)
+    flow = flow_to(lc, lb, config.max_shift)
+    moved = moved_mask(lb, lc, warp(lb, flow), config)
+    if not moved.any():
+        return 0.0, 0.0, 0
+    shift = float(np.hypot(flow[..., 0], flow[..., 1])[moved].sum()) * factor
+    full_flow = np.zeros((h, w, 2), dtype=np.float32)
+    full_flow[: hh * factor, : ww * factor] = cv2.resize(flow, (ww * factor, hh * factor),
+                                                          interpolation=cv2.INTER_LINEAR) * factor
+    full = np.zeros((h, w), dtype=bool)
+    full[: hh * factor, : ww * factor] = np.repeat(np.repeat(moved, factor, 0), factor, 1)
+    out[t][full] = warp(np.ascontiguousarray(frames_base[t]), full_flow)[full]
+    return float(moved.mean()), shift, int(moved.sum())
