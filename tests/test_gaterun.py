@@ -250,6 +250,11 @@ def test_command_exit_codes(run):
     ok = runner.invoke(_app(), [str(run.root), "--gates", "audio,integrity", "--no-progress"])
     assert ok.exit_code == 0, ok.output
     assert "audio: 4 pairs, 4 computed, 0 resumed, 2 identical" in ok.output
+    # The seconds line sums each gate's recorded info.gate_s over the pairs it computed.
+    summed = {g: sum(_read(run, g, c, p).info["gate_s"] for c in ("same", "drift") for p in ("p0", "p1"))
+              for g in ("audio", "integrity")}
+    assert (f"gate seconds (computed results, summed over pairs): audio {summed['audio']:.2f}, "
+            f"integrity {summed['integrity']:.2f}") in ok.output.splitlines()
     unknown = runner.invoke(_app(), [str(run.root), "--gates", "audio,ghostly", "--no-progress"])
     assert unknown.exit_code == 3 and "known gates:" in unknown.output
     mp4 = run.clip_path("drift", "p0", 0)

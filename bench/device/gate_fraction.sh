@@ -22,7 +22,8 @@
 #   GF_CAND=turbo4 GF_PAIRS=2 OUT=/tmp/gf_out bash bench/device/gate_fraction.sh
 # LPIPS runs with its random AlexNet trunk (lpips_trunk=rand: the trunk's weights are not on the machine; the same
 # architecture, so the same cost). Writes $OUT/gate_fraction.tgz (speed.json, run.json, the gates' per-pair JSON,
-# the logs) and $OUT/gate_times.json on its own.
+# the logs) and $OUT/gate_times.json on its own. GF_SERIAL=1 adds a last run, one gate after another, on a copy of the
+# run (run_serial/gates: each gate's own seconds a pair; not part of the fraction).
 set -u
 t0=$SECONDS
 call_s=${GF_CALL_S:-560}
@@ -61,7 +62,15 @@ for i in $(seq 1 "${GF_REPEAT:-3}"); do
   sep=", "
 done
 echo ']}' >>$R/gate_times.json
+# GF_SERIAL=1: once more on a copy of the run with the gates one after another (H3EVAL_GATE_THREADS=1, no decode
+# ahead), so that each gate's info.gate_s is its own cost on a pair (the threaded runs' figures share the pair's wall).
+if [ "${GF_SERIAL:-0}" = 1 ] && [ $((call_s - (SECONDS - t0))) -ge 40 ]; then
+  rm -rf $R/run_serial && cp -r $R/run $R/run_serial
+  H3EVAL_GATE_THREADS=1 timeout -k 5 $((call_s - (SECONDS - t0) - 15)) $PY -m h3eval.cli gate $R/run_serial \
+    --gates "$gates" --device "$dev" -o lpips_trunk=rand --force >$R/gate_serial.log 2>&1
+  echo "serial gate run exit $?" | tee -a $R/gate_serial.log
+fi
 cp $R/gate_times.json "$OUT/"
 (cd $R && tar -czf "$OUT/gate_fraction.tgz" card.txt ab.log gate_*.log gate_times.json run/run.json run/speed.json \
-  $(cd $R && find run/gates -name '*.json' 2>/dev/null))
+  $(cd $R && find run/gates run_serial/gates -name '*.json' 2>/dev/null))
 echo "gate_fraction.sh done at $((SECONDS - t0)) s"; ls -la "$OUT"

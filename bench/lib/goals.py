@@ -794,6 +794,8 @@ def read_gate_call(tgz: Path) -> dict:
                 out["logs"][int(name[5:-4])] = text
             elif re.fullmatch(r"run/gates/[^/]+/[^/]+/[^/]+\.json", name):
                 out.setdefault("results", {})[name] = json.loads(text)
+            elif re.fullmatch(r"run_serial/gates/[^/]+/[^/]+/[^/]+\.json", name):
+                out.setdefault("serial_results", {})[name] = json.loads(text)
             elif name in ("gate_times.json", "run/speed.json", "card.txt"):
                 out[name] = json.loads(text) if name.endswith(".json") else text.strip()
     for need in ("gate_times.json", "run/speed.json"):
@@ -809,7 +811,7 @@ def per_gate_seconds(results: dict[str, dict]) -> dict[str, list[float]]:
     for name in sorted(results):
         value = (results[name].get("info") or {}).get("gate_s")
         if value is not None:
-            out.setdefault(name.split("/")[2], []).append(_gf_positive(float(value), f"{name} gate_s"))
+            out.setdefault(name.split("/")[-3], []).append(_gf_positive(float(value), f"{name} gate_s"))
     return out
 
 
@@ -837,6 +839,7 @@ def summarize_gate_call(call: dict) -> dict:
             "gate_runs": times.get("walls_s"), "gate_s_per_pair_warm_median": gate, "warm_pairs": len(warm),
             "generation_side_p50_s": gen, "generation_requests": row.get("n"), "fraction": gate / gen,
             "per_gate_s_last_run": per_gate_seconds(call.get("results", {})),
+            "per_gate_s_serial": per_gate_seconds(call.get("serial_results", {})),
             "target": GATE_FRACTION_TARGET, "met": gate / gen <= GATE_FRACTION_TARGET}
 
 
@@ -853,9 +856,15 @@ def _per_gate_table(data: dict) -> str:
     per = data.get("per_gate_s_last_run") or {}
     if not per:
         return ""
-    rows = "".join(f"| {g} | {' / '.join(f'{v:.2f}' for v in vs)} |\n" for g, vs in per.items())
-    return ("\nEach gate's wall seconds on the last run's pairs (side by side with the pair's other gates after the "
-            "first pair; `info.gate_s`):\n\n| gate | s per pair |\n|---|---|\n" + rows)
+    serial = data.get("per_gate_s_serial") or {}
+    rows = "".join(f"| {g} | {' / '.join(f'{v:.2f}' for v in vs)} |"
+                   + (f" {' / '.join(f'{v:.2f}' for v in serial.get(g, []))} |" if serial else "") + "\n"
+                   for g, vs in per.items())
+    head = "| gate | s per pair, last run |" + (" s per pair, one gate after another |" if serial else "")
+    return ("\nEach gate's wall seconds on the run's pairs (`info.gate_s`; in the last run side by side with the pair's "
+            "other gates after the first pair" + ("; then a run on a copy with the gates one after another, "
+            "`GF_SERIAL=1`, whose first pair is cold" if serial else "") + "):\n\n" + head + "\n|---|---|"
+            + ("---|" if serial else "") + "\n" + rows)
 
 
 def gate_fraction_main(argv: list[str] | None = None) -> int:

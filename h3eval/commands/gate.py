@@ -83,10 +83,12 @@ def gate_command(
                 f"{name}: {summary.pairs} pairs, {summary.scored[name]} computed, {summary.resumed[name]} resumed, "
                 f"{summary.identical[name]} identical, {summary.flagged[name]} flagged, {errors} errors"
                 + (f", {summary.not_applicable[name]} not applicable" if summary.not_applicable.get(name) else "")
-                + (f"; {sum(summary.seconds[name]):.2f} s" if summary.seconds.get(name) else "")
             )
             for reason in summary.not_applicable_reasons.get(name, []):
                 typer.echo(f"  {name}: {reason} (recorded as not applicable, not as a failure)")
+        if summary.seconds:
+            typer.echo("gate seconds (computed results, summed over pairs): "
+                       + ", ".join(f"{name} {sum(secs):.2f}" for name, secs in summary.seconds.items()))
         for error in summary.errors:
             typer.echo(
                 f"error: {error['gate']} {error['candidate']}/{error['prompt_id']}-s{error['seed']}: {error['error']}",
