@@ -67,6 +67,7 @@ from gates.metrics.blur import blur, blur_torch
 from gates.metrics.clipping_fraction import CLIP_LEVEL, clipping_fraction
 from gates.metrics.colourfulness import colourfulness, colourfulness_torch
 from gates.metrics.contrast import contrast, contrast_torch
+from gates.metrics.detection import to_luma
 from gates.metrics.dynamic_degree import dynamic_degree
 from gates.metrics.exposure_clipping import EXPOSURE_HIGH, EXPOSURE_LOW, clipped_pixels, exposure_clipping
 from gates.metrics.flow import FARNEBACK, consecutive_flows, downscale, flow, warp
@@ -261,7 +262,8 @@ def score_clip(frames: np.ndarray, fps: float, audio: np.ndarray | None, sample_
             # runs while the device computes the image statistics and NIQE.
             flow_job = pool.submit(_flow_part, frames, fps, options, workers)
             audio_job = pool.submit(_audio_part, audio, int(sample_rate)) if audio is not None else None
-            detector_jobs = {name: pool.submit(detector, frames) for name, detector in video_detectors.items()}
+            y601 = to_luma(frames) if video_detectors else None
+            detector_jobs = {name: pool.submit(detector, y601) for name, detector in video_detectors.items()}
             stats = _t_image_stats(on_device)
             scores["niqe"] = niqe_frames_torch(on_device, picked, factor, target)
             flow_scores, video_events, analysed = flow_job.result()
@@ -305,13 +307,19 @@ def _artifacts(frames: np.ndarray, audio: np.ndarray | None, sample_rate: int | 
         info["artifacts"] = f"not run: {len(frames)} frames (at least {MIN_ARTIFACT_FRAMES})"
         return
     found: dict[str, Any] = {}
+    y601 = None
     for name, (kind, detector) in _artifact_detectors().items():
         if kind == "audio" and audio is None:
             continue
         if detected and name in detected:
             d = detected[name]
+        elif kind == "video":
+            # Every video detector reads the frames' BT.601 luma (gates.metrics.detection.to_luma), which it takes
+            # as given: computed once for all of them (the same values).
+            y601 = to_luma(frames) if y601 is None else y601
+            d = detector(y601)
         else:
-            d = detector(frames) if kind == "video" else detector(audio, int(sample_rate))
+            d = detector(audio, int(sample_rate))
         scores[name] = d.statistic
         found[name] = {"threshold": d.threshold, "flagged": d.flagged,
                        **{k: v for k, v in d.info.items() if k in ("lag", "frame", "start_s", "at_s")}}

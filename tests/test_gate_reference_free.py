@@ -280,8 +280,12 @@ def test_torch_path_computes_the_cpu_paths_scores(size):
         assert cpu[name] is not None and math.isfinite(cpu[name])
         rtol = 1e-4 if name == "niqe" else 1e-9
         assert tor[name] == pytest.approx(cpu[name], rel=rtol, abs=1e-12), name
-    # The artifact detectors (on the torch path run in threads beside the device work): the same numbers and flags.
+    # The artifact detectors (on the torch path run in threads beside the device work): the same numbers and flags,
+    # which are each detector's on the RGB frames (both paths hand the detectors one luma computed for all).
     assert {n: tor[n] for n in rf.ARTIFACTS} == {n: cpu[n] for n in rf.ARTIFACTS}
+    direct = {n: (d(frames) if kind == "video" else d(audio, rate)).statistic
+              for n, (kind, d) in rf._artifact_detectors().items()}
+    assert direct == {n: cpu[n] for n in rf.ARTIFACTS}
     assert tor_info["artifacts"] == cpu_info["artifacts"] and len(cpu_info["artifacts"]) == len(rf.ARTIFACTS)
     assert cpu["niqe"] != pytest.approx(rf.score_clip(frames[:, ::-1].copy(), fps, audio, rate, options)[0]["niqe"]
                                         + 1.0)  # sanity: the comparison is not between two constants
