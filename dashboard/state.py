@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard import data
+from dashboard import data, pairview
 from dashboard import sequential as seq
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def audio_difference(base: str, base_mtime: int, cand: str, cand_mtime: int) -> 
     b, sr_b = decode_audio(cand, cand_mtime)
     if sr_a != sr_b:
         raise ValueError(f"sample rates differ: {base} {sr_a} Hz vs {cand} {sr_b} Hz")
-    out = data.audio_difference(a, b, sr_a)
+    out = pairview.audio_difference(a, b, sr_a)
     out["sample_rate"] = np.array(sr_a)
     return out
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from dashboard.data import amplified_difference
+from dashboard.pairview import amplified_difference
 from dashboard.demo import BASELINE, ghost_series, latency, lpips_series, make_review_run
 from h3.media import decode_audio, decode_video
 from h3eval.store import RunStore

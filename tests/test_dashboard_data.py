@@ -1,4 +1,4 @@
-"""dashboard.data: the numbers the pages show, checked against float64 loops, scipy and planted content."""
+"""dashboard.data, dashboard.verdicts and dashboard.pairview: the numbers the pages show, checked against float64 loops, scipy and planted content."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import scipy.stats
 import typer
 from typer.testing import CliRunner
 
-from dashboard import data
+from dashboard import data, pairview, verdicts
 from dashboard.demo import BASELINE, ghost_series, latency, lpips_series, make_review_run
 from h3.media import decode_video
 from h3eval import stats as S
@@ -74,7 +74,7 @@ def test_load_run_reads_everything(run):
     assert run.clips["warmup"].sum() == 1
     assert set(run.gates["gate"]) == {"lpips", "ghosting", "trajectory"}
     assert run.metric_directions["lpips"] == {"lpips_mean": False, "ssim_mean": True}
-    assert data.overall_verdict(run.verdict) == "FAIL"
+    assert verdicts.overall_verdict(run.verdict) == "FAIL"
     assert run.hourly_rate == 13.16
 
 
@@ -141,7 +141,7 @@ def test_worst_first_respects_direction(run):
 
 
 def test_verdict_rows_and_candidate_status(run):
-    rows = data.verdict_rows(run.verdict).set_index("scope")
+    rows = verdicts.verdict_rows(run.verdict).set_index("scope")
     assert rows.loc["overall", "status"] == "FAIL"
     assert rows.loc["overall", "warnings"] == "4 pairs per candidate: too few to detect a 0.01 LPIPS margin"
     assert rows.loc["faster / ghosting", "status"] == "FAIL"
@@ -151,15 +151,15 @@ def test_verdict_rows_and_candidate_status(run):
     assert sorted(rows.index) == sorted(
         ["overall"] + [f"{c}{s}" for c in ("fast", "faster")
                        for s in ("", " / lpips", " / lpips / lpips_mean", " / ghosting", " / speed")])
-    assert data.candidate_verdict(run.verdict, "fast") == "PASS"
-    assert data.candidate_verdict(run.verdict, "faster") == "FAIL"
-    assert data.candidate_verdict(None, "fast") is None
-    assert data.candidate_verdict({"overall": "PASS"}, "fast") is None
+    assert verdicts.candidate_verdict(run.verdict, "fast") == "PASS"
+    assert verdicts.candidate_verdict(run.verdict, "faster") == "FAIL"
+    assert verdicts.candidate_verdict(None, "fast") is None
+    assert verdicts.candidate_verdict({"overall": "PASS"}, "fast") is None
     # an older or hand-written shape: "overall" and "status", candidates as a mapping
     legacy = {"overall": "INCONCLUSIVE", "candidates": {"x": {"status": "INCONCLUSIVE", "reasons": ["4 < 16 pairs"],
                                                               "gates": {"lpips": {"status": "PASS"}}}}}
-    rows = data.verdict_rows(legacy).set_index("scope")
-    assert data.overall_verdict(legacy) == "INCONCLUSIVE"
+    rows = verdicts.verdict_rows(legacy).set_index("scope")
+    assert verdicts.overall_verdict(legacy) == "INCONCLUSIVE"
     assert rows.loc["x", "reasons"] == "4 < 16 pairs" and rows.loc["x / lpips", "status"] == "PASS"
 
 
@@ -195,12 +195,12 @@ def test_amplified_difference_against_float64(run):
     a = decode_video(run.clips[(run.clips.recipe == BASELINE)].iloc[0]["mp4"])[0]
     planted = a.copy()
     planted[:, 10:20, 10:20, :] = np.clip(planted[:, 10:20, 10:20, :].astype(int) + 3, 0, 255)
-    got = data.amplified_difference(a, planted, 16)
+    got = pairview.amplified_difference(a, planted, 16)
     ref = np.clip(np.abs(a.astype(np.float64) - planted.astype(np.float64)) * 16, 0, 255).astype(np.uint8)
     np.testing.assert_array_equal(got, ref)
     assert got[:, 10:20, 10:20].max() == 48 and got[:, 30:, 30:].max() == 0
     with pytest.raises(ValueError, match="frame shapes differ"):
-        data.amplified_difference(a, a[:, :32], 2)
+        pairview.amplified_difference(a, a[:, :32], 2)
 
 
 def test_planted_ghost_shows_in_difference(run):
@@ -208,33 +208,33 @@ def test_planted_ghost_shows_in_difference(run):
     a = decode_video(clips.loc[(BASELINE, "p-cat", 0), "mp4"])[0]
     b = decode_video(clips.loc[("faster", "p-cat", 0), "mp4"])[0]
     c = decode_video(clips.loc[("fast", "p-cat", 0), "mp4"])[0]
-    ghost = data.amplified_difference(a, b, 8).astype(float).mean()
-    clean = data.amplified_difference(a, c, 8).astype(float).mean()
+    ghost = pairview.amplified_difference(a, b, 8).astype(float).mean()
+    clean = pairview.amplified_difference(a, c, 8).astype(float).mean()
     assert ghost > 5 * max(clean, 0.5)
 
 
 def test_frame_artifacts_and_flagged_frames(run):
     result = run.gate_results[("ghosting", "faster", "p-cat", 0)]
-    per_frame, other = data.frame_artifacts(result["artifacts"] + ["gates/ghosting/faster/strip.png", "x.json"])
+    per_frame, other = pairview.frame_artifacts(result["artifacts"] + ["gates/ghosting/faster/strip.png", "x.json"])
     assert sorted(per_frame) == [0, 12] and other == ["gates/ghosting/faster/strip.png"]
     expected = [i for i, v in enumerate(ghost_series("faster", 24)) if v > 0.4]
-    assert data.flagged_frames(result, "ghost_score") == expected
+    assert pairview.flagged_frames(result, "ghost_score") == expected
     no_list = {"info": {"threshold": 0.61}, "series": {"ghost_score": ghost_series("faster", 24)}}
-    assert data.flagged_frames(no_list, "ghost_score") == [i for i in range(24) if i % 4 >= 1]  # ">=", the gate's rule
+    assert pairview.flagged_frames(no_list, "ghost_score") == [i for i in range(24) if i % 4 >= 1]  # ">=", the gate's rule
     # the ghosting gate's own shape: listed frames win; else its config's threshold
     gate_shape = {"info": {"ghost_frame_indices": [5, 2], "config": {"frame_threshold": 0.0}}}
-    assert data.flagged_frames(gate_shape, "ghost_score") == [2, 5]
+    assert pairview.flagged_frames(gate_shape, "ghost_score") == [2, 5]
     by_config = {"info": {"config": {"frame_threshold": 0.62}}, "series": {"ghost_score": ghost_series("faster", 24)}}
-    assert data.flagged_frames(by_config, "ghost_score") == [i for i in range(24) if i % 4 >= 2]
-    assert data.worst_frame(result) == 3 and data.worst_frame({"info": {}}) is None
+    assert pairview.flagged_frames(by_config, "ghost_score") == [i for i in range(24) if i % 4 >= 2]
+    assert pairview.worst_frame(result) == 3 and pairview.worst_frame({"info": {}}) is None
 
 
 def test_pair_series_and_trajectory_table(run):
-    series = data.pair_series(run, "fast", "p-car", 1)
+    series = pairview.pair_series(run, "fast", "p-car", 1)
     lp = series[series.series == "lpips"]["value"].tolist()
     assert lp == lpips_series("fast", "p-car", 1, 24)
     assert "trajectory" not in set(series.gate)
-    traj = data.trajectory_table(run)
+    traj = pairview.trajectory_table(run)
     x0 = traj[(traj.candidate == "faster") & (traj.series == "video_x0_rel_l2") & (traj.pair == "p-cat-s0")]
     assert x0["value"].tolist() == pytest.approx([0.03 * (s + 1) * 1.5 for s in range(8)])
 
@@ -243,14 +243,14 @@ def test_audio_difference_planted_gain():
     rng = np.random.default_rng(0)
     a = rng.uniform(-0.5, 0.5, size=(2, 32000)).astype(np.float32)
     b = a * 0.5  # a candidate 6.02 dB quieter everywhere
-    out = data.audio_difference(a, b, 32000)
+    out = pairview.audio_difference(a, b, 32000)
     np.testing.assert_allclose(out["difference"], b.mean(0).astype(np.float64) - a.mean(0).astype(np.float64))
     assert np.median(out["spec_diff_db"]) == pytest.approx(20 * np.log10(0.5), abs=1e-4)  # the 1e-12 floor
 
 
 def test_envelope_matches_loop():
     x = np.random.default_rng(1).normal(size=1003)
-    _start, lo, hi = data.envelope(x, 10)
+    _start, lo, hi = pairview.envelope(x, 10)
     edges = np.linspace(0, 1003, 11).astype(int)
     for k in range(10):
         assert lo[k] == x[edges[k]:edges[k + 1]].min() and hi[k] == x[edges[k]:edges[k + 1]].max()
@@ -362,7 +362,7 @@ def test_judge_use_from_a_verdict_names_why_a_candidate_has_no_judge():
     run = data.RunData(root="x", label="x", manifest={"baseline": "b", "candidates": ["imported", "turbo", "gone"]},
                        clips=pd.DataFrame(columns=data.CLIP_COLUMNS), gates=pd.DataFrame(columns=data.GATE_COLUMNS),
                        gate_results={}, metric_directions={}, verdict=verdict)
-    use = data.judge_use(run)
+    use = verdicts.judge_use(run)
     assert use["imported"].describe("integrity") == "used"
     assert use["imported"].describe("ghosting") == (
         "not used: no judge (recipe 'imported' declares no [signoff] kind; policy 'release' judges by kind (exact, "

@@ -7,7 +7,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, state
+from dashboard import data, state, verdicts
 
 
 def render(ctx: state.Context) -> None:
@@ -22,7 +22,7 @@ def render(ctx: state.Context) -> None:
     counts = frame.groupby(["candidate", "status"]).size().unstack(fill_value=0).reset_index()
     counts["total"] = frame.groupby("candidate").size().reindex(counts["candidate"]).to_numpy()
     counts["flagged"] = frame.groupby("candidate")["flagged"].sum().reindex(counts["candidate"]).to_numpy()
-    use = data.judge_use(run)
+    use = verdicts.judge_use(run)
     counts["in the verdict"] = [use[c].describe(gate) if c in use else "unknown (not a candidate of the run)"
                                 for c in counts["candidate"]]
     st.dataframe(counts, hide_index=True, key="gates_counts")

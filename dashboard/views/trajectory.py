@@ -12,7 +12,7 @@ import altair as alt
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, state
+from dashboard import data, pairview, state
 
 
 def _schedule_text(rows: pd.DataFrame) -> str:
@@ -36,14 +36,14 @@ def _final_text(values: pd.Series) -> str:
 
 def render(ctx: state.Context) -> None:
     run = ctx.run
-    table = data.trajectory_table(run)
+    table = pairview.trajectory_table(run)
     if not len(table):
         st.info(f"No trajectory in this run ({run.label} has no `{data.TRAJECTORY_GATE}` gate results).")
         return
     series = sorted(table["series"].unique())
     name = st.selectbox("Series", series, key="trajectory_series")
     modality = name.split("_", 1)[0]
-    schedules = data.trajectory_schedules(run)
+    schedules = pairview.trajectory_schedules(run)
     schedules = schedules[schedules["modality"] == modality]
     differ = sorted(set(schedules.loc[schedules["differ"], "candidate"]))
     for cand in differ:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import data, state
+from dashboard import state, verdicts
 
 
 def render(ctx: state.Context) -> None:
@@ -12,10 +12,10 @@ def render(ctx: state.Context) -> None:
     if run.verdict is None:
         st.info(f"No verdict yet for {run.label} (no verdict.json; run `h3eval gate`).")
         return
-    overall = data.overall_verdict(run.verdict)
+    overall = verdicts.overall_verdict(run.verdict)
     policy = run.verdict.get("policy_name") or run.verdict.get("policy")
     st.metric("Overall", overall or "not stated", help=f"policy: {policy}" if policy else None)
-    rows = data.verdict_rows(run.verdict)
+    rows = verdicts.verdict_rows(run.verdict)
     top = rows[rows["scope"] == "overall"]
     if len(top) and top.iloc[0]["reasons"]:
         st.markdown("**Reasons**\n\n" + "\n".join(f"- {r}" for r in top.iloc[0]["reasons"].split("\n")))

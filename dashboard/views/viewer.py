@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dashboard import data, state
+from dashboard import data, pairview, state
 from dashboard.views import ghost_strip, player
 from h3.media import MediaError
 
@@ -88,7 +88,7 @@ def render(ctx: state.Context) -> None:
         st.warning(f"Frame counts differ (baseline {len(a)}, candidate {len(b)}): the scrubber covers the shorter.")
     n = min(len(a), len(b))
     ghost = results.get(GHOSTING_GATE)
-    worst = data.worst_frame(ghost)
+    worst = pairview.worst_frame(ghost)
     start = worst if worst is not None and worst < n else 0  # open where the ghosting gate saw the most
     frame = st.slider("Frame", 0, max(0, n - 1), start, key="viewer_frame") if n > 1 else 0
     if worst is not None:
@@ -98,13 +98,13 @@ def render(ctx: state.Context) -> None:
             for w in ghost["info"]["worst_frames"] if isinstance(w, dict) and "frame" in w)
         st.caption(f"Ghosting gate's worst frames: {details}")
 
-    heat_frames, heat_other = data.frame_artifacts((ghost or {}).get("artifacts", []))
+    heat_frames, heat_other = pairview.frame_artifacts((ghost or {}).get("artifacts", []))
     cols = st.columns(4)
     # PNG, not the default JPEG: a faint ghost is exactly what lossy re-compression would blur away.
     cols[0].image(a[frame], caption=f"baseline · frame {frame}", width="stretch", output_format="PNG")
     cols[1].image(b[frame], caption=f"candidate · frame {frame}", width="stretch", output_format="PNG")
     if a.shape[1:] == b.shape[1:]:
-        diff = data.amplified_difference(a[frame], b[frame], gain)
+        diff = pairview.amplified_difference(a[frame], b[frame], gain)
         cols[2].image(diff, caption=f"|difference| x {gain}", width="stretch", output_format="PNG")
         cols[2].caption(f"amplified difference: mean {diff.mean():.2f}, max {int(diff.max())} (of 255)")
     heat = _heatmap_for(heat_frames, frame)
@@ -175,7 +175,7 @@ def _labelled_strip(path: str, mtime_ns: int, frames: tuple[int, ...] | None, he
 def _conditioning(run, prompt, seed, results, a: np.ndarray, b: np.ndarray, frame: int) -> None:
     """The pair's keyframes / reference beside the baseline and candidate frames they condition, and the keyframe
     gate's scores of both sides."""
-    workflow, inputs = data.pair_inputs(run, prompt, seed)
+    workflow, inputs = pairview.pair_inputs(run, prompt, seed)
     if not inputs:
         return
     st.subheader(f"Conditioning ({workflow})")
@@ -187,7 +187,7 @@ def _conditioning(run, prompt, seed, results, a: np.ndarray, b: np.ndarray, fram
         else:
             cols[0].image(item["image"].pixels, caption=f"{role} · sha256 {item['sha256'][:12]}", width="stretch",
                           output_format="PNG")
-        index = data.ANCHOR_FRAME.get(role, frame)
+        index = pairview.ANCHOR_FRAME.get(role, frame)
         index = index % min(len(a), len(b)) if min(len(a), len(b)) else 0
         cols[1].image(a[index], caption=f"baseline · frame {index}", width="stretch", output_format="PNG")
         cols[2].image(b[index], caption=f"candidate · frame {index}", width="stretch", output_format="PNG")
@@ -198,7 +198,7 @@ def _conditioning(run, prompt, seed, results, a: np.ndarray, b: np.ndarray, fram
         st.info(f"keyframe gate: {result.get('status')}: {result.get('error') or result.get('info', {}).get('reason')}")
     else:
         st.caption("keyframe gate: each side against the inputs (the verdict tests candidate - baseline)")
-        st.dataframe(data.side_metrics(result), hide_index=True)
+        st.dataframe(pairview.side_metrics(result), hide_index=True)
 
 
 def _heatmap_for(per_frame: dict[int, str], frame: int) -> str | None:
@@ -224,8 +224,8 @@ def _flags(run, cand, prompt, seed, results) -> None:
 
 
 def _curves(run, cand, prompt, seed, results, frame: int | None) -> None:
-    series = data.pair_series(run, cand, prompt, seed).dropna(subset=["value"])
-    flagged = sorted({f for g, r in results.items() for f in data.flagged_frames(r, "ghost_score")})
+    series = pairview.pair_series(run, cand, prompt, seed).dropna(subset=["value"])
+    flagged = sorted({f for g, r in results.items() for f in pairview.flagged_frames(r, "ghost_score")})
     if not len(series):
         st.caption("No per-frame series from the gates for this pair.")
         return
@@ -260,7 +260,7 @@ def _audio(base_mp4: str, cand_mp4: str) -> None:
     sr = int(diff["sample_rate"])
     rows = []
     for name in ("baseline", "difference"):
-        start, lo, hi = data.envelope(diff[name], 500)  # 500 buckets: peaks kept, quick to draw
+        start, lo, hi = pairview.envelope(diff[name], 500)  # 500 buckets: peaks kept, quick to draw
         rows.append(pd.DataFrame({"t": start / sr, "min": lo, "max": hi, "track": name}))
     env = pd.concat(rows)
     wave = alt.Chart(env).mark_area(opacity=0.5).encode(
