@@ -1,4 +1,5 @@
-"""dashboard.data, dashboard.verdicts and dashboard.pairview: the numbers the pages show, checked against float64 loops, scipy and planted content."""
+"""dashboard.data, dashboard.verdicts and dashboard.pairview: the numbers the pages show, checked against float64
+loops, scipy and planted content."""
 
 from __future__ import annotations
 
