@@ -73,7 +73,8 @@ def metric_statistics(mv: MetricVerdict, mp: MetricPolicy, settings: Settings) -
         # of the mean and its CI.
         gone = [p for p in pairs if p.value is not None and math.isfinite(p.value) and p.value >= mv.departed_limit]
         mv.departed = [clip_stem(p.prompt_id, p.seed) for p in gone]
-        pairs = [p for p in pairs if all(p is not g for g in gone)]
+        gone_ids = {id(p) for p in gone}  # by identity: two pairs may hold equal values
+        pairs = [p for p in pairs if id(p) not in gone_ids]
     if mv.reasons or mp.compare == "flag":  # a flag metric counts its flagged pairs (decide_flag), no statistics
         return _MetricWork(mv, mp, None, None, settings.power)
     key = f"{mv.gate}.{mv.metric}"
