@@ -178,8 +178,16 @@ def _generate_one(prompt: str, out: Path, seed: int, model: str, recipe: str, sh
             if not recipe_obj.parallel.is_on():
                 device = check_device(device)
             device = entry.join_ranks(recipe_obj, model, device)
-            runtime = H3Runtime.load(model, recipe_obj, device, text_encoder=text_encoder)
-            record = runtime.generate(request, out)
+            finished = False
+            try:
+                runtime = H3Runtime.load(model, recipe_obj, device, text_encoder=text_encoder)
+                record = runtime.generate(request, out)
+                finished = True
+            finally:
+                if recipe_obj.parallel.is_on():  # a rank leaves its groups before the interpreter's teardown
+                    from h3.parallel.world import destroy_world
+
+                    destroy_world(barrier=finished)
             return None, record
     except (RecipeError, CheckpointError, RequestError, ConditioningError, LeverError, MediaError, ParallelError,
             OSError) as exc:

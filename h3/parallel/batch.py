@@ -31,6 +31,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     prepare_model(job["model"])
     world = init_world(job.get("device")) if launched_world_size() else None
     result: dict[str, Any] = {"done": [], "errors": []}
+    finished = False
     try:
         runtime = H3Runtime.load(job["model"], recipe, str(world.device) if world else job.get("device"))
         for item in job["requests"]:
@@ -49,9 +50,10 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 result["errors"].append({"out": str(out), "error": f"{type(exc).__name__}: {exc}"})
         if (world is None or world.is_writer) and job.get("result"):
             atomic_write_json(Path(job["result"]), result)
+        finished = True
     finally:
         if world is not None:
-            destroy_world()
+            destroy_world(barrier=finished)  # a rank that failed leaves at once (torchrun stops the others)
     return result
 
 

@@ -147,10 +147,17 @@ def control_group():
     return _CONTROL
 
 
-def destroy_world() -> None:
+def destroy_world(barrier: bool = False) -> None:
+    """Leave the world. ``barrier``: first wait until every rank got here (work that finished on every rank), so that
+    no rank tears its groups down while the writer is still encoding. Session 33's CI rehearsal saw a follower abort
+    at exit ("terminate called without an active exception", SIGABRT) in a 2-rank `h3 generate --nproc 2` that had
+    finished its collectives, once in many launches (not reproduced in 15 more here): the ranks of `h3 generate` left
+    the process group to the interpreter's teardown; they now leave it here."""
     global _WORLD, _CONTROL
     import torch.distributed as dist
 
     if dist.is_initialized():
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
     _WORLD = _CONTROL = None
