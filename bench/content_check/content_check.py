@@ -16,7 +16,8 @@ direction >= 80%, pitch >= 90%, sync >= 80%; turbo4-tiny within 5 points of the 
 
 ``--model PATH`` scores a checkpoint directory; its ``lora/turbo4-tiny.safetensors`` stands in for '@turbo4-tiny'.
 A checkpoint directory's requests default to the full-size 768x1344 canvas: pass ``--size 128`` for the tiny's.
-Writes bench/content_check/results/content_check*.{json,md}.
+Writes bench/content_check/results/content_check*.{json,md}; ``--study NAME``: bench/NAME/results/ (a study that
+runs the check on its own models, e.g. tiny_wider_dit, keeps the records beside its others).
 """
 
 from __future__ import annotations
@@ -128,9 +129,18 @@ def main() -> None:
     parser.add_argument("--note", default="", help="a line for the Markdown (what the model is)")
     parser.add_argument("--size", type=int, default=None, help="square frame side (a checkpoint folder as the model "
                                                                "defaults to the full-size shape); default: the model's")
+    parser.add_argument("--study", default=None, help="write the records into bench/STUDY/results (the study that "
+                                                      "runs this check) instead of this study's")
     args = parser.parse_args()
 
     from bench.lib import results as _results
+
+    if args.study:
+        try:
+            _results.RESULTS = _results.study_results(args.study)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(3)
     from h3eval.prompts import load_prompts, parse_seeds
 
     suite = load_prompts(args.prompts)

@@ -29,6 +29,18 @@ def results_dir() -> Path:
     return script.parent / "results"
 
 
+def study_results(study: str, bench: Path | None = None) -> Path:
+    """``bench/<study>/results`` for a study that runs another study's script and keeps its records (e.g.
+    tiny_wider_dit running bench/content_check): the study must exist (its README.md); ValueError names what is
+    wrong."""
+    bench = bench or BENCH
+    if not re.fullmatch(r"[A-Za-z0-9_]+", study or ""):
+        raise ValueError(f"--study {study!r}: a study is a folder name of bench/ (letters, digits, _)")
+    if not (bench / study / "README.md").is_file():
+        raise ValueError(f"--study {study}: {bench / study / 'README.md'} does not exist (no such study)")
+    return bench / study / "results"
+
+
 def context() -> dict[str, Any]:
     from h3 import provenance
 
