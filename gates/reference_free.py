@@ -238,8 +238,8 @@ def score_clip(frames: np.ndarray, fps: float, audio: np.ndarray | None, sample_
     picked = list(range(0, t, max(1, options.niqe_frame_stride)))
     workers = options.flow_workers or default_flow_workers()
     scores: dict[str, float | None] = {}
-    detected: dict[str, Any] = {}  # video detections already made (on a GPU host, in threads beside the device work)
     if device == "cpu":
+        detected = _video_detections(frames, options)
         flow_scores, video_events, analysed = _flow_part(frames, fps, options, workers)
         gray = luma(frames)
         scores.update(flow_scores)
@@ -256,14 +256,13 @@ def score_clip(frames: np.ndarray, fps: float, audio: np.ndarray | None, sample_
 
         target = torch.device(device.removeprefix("torch:"))
         on_device = frames_on_device if frames_on_device is not None else torch.from_numpy(frames.copy()).to(target)
-        video_detectors = _video_detectors(frames, options)
-        with ThreadPoolExecutor(2 + len(video_detectors), thread_name_prefix="reference_free") as pool:
+        video = sum(dim.kind == "video" for dim in ARTIFACTS.values())
+        with ThreadPoolExecutor(2 + video, thread_name_prefix="reference_free") as pool:
             # The host's share (flows, audio, the video artifact detectors: numpy/OpenCV, each in its own thread)
             # runs while the device computes the image statistics and NIQE.
             flow_job = pool.submit(_flow_part, frames, fps, options, workers)
             audio_job = pool.submit(_audio_part, audio, int(sample_rate)) if audio is not None else None
-            y601 = to_luma(frames) if video_detectors else None
-            detector_jobs = {name: pool.submit(detector, y601) for name, detector in video_detectors.items()}
+            detector_jobs = _video_detections(frames, options, pool.submit)
             stats = _t_image_stats(on_device)
             scores["niqe"] = niqe_frames_torch(on_device, picked, factor, target)
             flow_scores, video_events, analysed = flow_job.result()
@@ -289,37 +288,32 @@ def score_clip(frames: np.ndarray, fps: float, audio: np.ndarray | None, sample_
     return scores, info
 
 
-def _video_detectors(frames: np.ndarray, options: ReferenceFreeOptions) -> dict[str, Any]:
-    """The video artifact detectors that :func:`_artifacts` will run on ``frames`` (none where it runs none)."""
+def _video_detections(frames: np.ndarray, options: ReferenceFreeOptions, submit=None) -> dict[str, Any]:
+    """The video artifact detections of ``frames`` that :func:`_artifacts` reports (name -> Detection; with
+    ``submit``, a pool's, name -> its future): every video detector reads the frames' BT.601 luma
+    (gates.metrics.detection.to_luma), computed once for all of them. {} where :func:`_artifacts` runs none."""
     if not options.artifact_detectors or len(frames) < MIN_ARTIFACT_FRAMES:
         return {}
-    return {name: detector for name, (kind, detector) in _artifact_detectors().items() if kind == "video"}
+    y601 = to_luma(frames)
+    run = submit or (lambda detector, luma: detector(luma))
+    return {name: run(detector, y601) for name, (kind, detector) in _artifact_detectors().items() if kind == "video"}
 
 
 def _artifacts(frames: np.ndarray, audio: np.ndarray | None, sample_rate: int | None,
                options: ReferenceFreeOptions, scores: dict[str, float | None], info: dict[str, Any],
-               detected: dict[str, Any] | None = None) -> None:
+               detected: dict[str, Any]) -> None:
     """The artifact detectors' statistics into ``scores``, their thresholds and flags into ``info["artifacts"]``;
-    ``detected``: detections already made (name -> Detection), used instead of running those detectors again."""
+    ``detected``: the video detections (:func:`_video_detections`), the audio detectors run here."""
     if not options.artifact_detectors:
         return
     if len(frames) < MIN_ARTIFACT_FRAMES:
         info["artifacts"] = f"not run: {len(frames)} frames (at least {MIN_ARTIFACT_FRAMES})"
         return
     found: dict[str, Any] = {}
-    y601 = None
     for name, (kind, detector) in _artifact_detectors().items():
         if kind == "audio" and audio is None:
             continue
-        if detected and name in detected:
-            d = detected[name]
-        elif kind == "video":
-            # Every video detector reads the frames' BT.601 luma (gates.metrics.detection.to_luma), which it takes
-            # as given: computed once for all of them (the same values).
-            y601 = to_luma(frames) if y601 is None else y601
-            d = detector(y601)
-        else:
-            d = detector(audio, int(sample_rate))
+        d = detected[name] if kind == "video" else detector(audio, int(sample_rate))
         scores[name] = d.statistic
         found[name] = {"threshold": d.threshold, "flagged": d.flagged,
                        **{k: v for k, v in d.info.items() if k in ("lag", "frame", "start_s", "at_s")}}

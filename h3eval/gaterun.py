@@ -54,10 +54,10 @@ from h3eval.gatesetup import (DECODE_AHEAD_ENV, DECODE_AHEAD_PAIRS, GATE_BLAS_TH
                               side_by_side_blas_threads)
 
 __all__ = ["DECODE_AHEAD_ENV", "DECODE_AHEAD_PAIRS", "GATE_BLAS_THREADS_ENV", "GATE_THREADS_ENV",
-           "GATE_THREADS_MIN_CORES", "INPUTS_KEY", "SECONDS_KEY", "SIDE_BY_SIDE_BLAS_THREADS", "ClipSides", "GateRunError",
-           "GateRunSummary", "check_device", "check_options", "decode_ahead", "decode_ahead_pairs", "evaluate_pair",
-           "gate_workers", "load_valid_result", "options_for", "parse_options", "result_path", "run_context",
-           "run_gates", "run_info", "side_by_side_blas_threads"]
+           "GATE_THREADS_MIN_CORES", "INPUTS_KEY", "SECONDS_KEY", "SIDE_BY_SIDE_BLAS_THREADS", "ClipSides",
+           "GateRunError", "GateRunSummary", "check_device", "check_options", "decode_ahead", "decode_ahead_pairs",
+           "evaluate_pair", "gate_workers", "load_valid_result", "options_for", "parse_options", "result_path",
+           "run_context", "run_gates", "run_info", "side_by_side_blas_threads"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,11 +126,11 @@ def load_valid_result(path: Path, gate: str, pair: PairRef, inputs: dict[str, An
 
 
 INPUTS_KEY = "inputs"
+"""``info`` key where the runner stamps what a result was computed from, so that resume notices a changed clip."""
 SECONDS_KEY = "gate_s"
 """``info`` key of a computed result: the gate's wall seconds on that pair (its clips' decode included where the gate
 was the first to ask for them; side by side, the time shared with the pair's other gates). Informative: a resumed
 result keeps the figure of the run that computed it, and nothing decides on it."""
-"""``info`` key where the runner stamps what a result was computed from, so that resume notices a changed clip."""
 
 
 def _inputs_stamp(base_sha: str, cand_sha: str, options: dict[str, Any]) -> dict[str, Any]:
