@@ -71,7 +71,8 @@ def generate(
     text_encoder: str = typer.Option(
         "resident", "--text-encoder", envvar="H3_TEXT_ENCODER",
         help="'resident' on the device, or 'offload': kept in host memory and streamed through the device while it "
-             "encodes (a full-size model on one 80 GB GPU needs it; the copy is measured in the text_encode stage)."),
+             "encodes (a full-size model on one 80 GB GPU needs it; the copy is measured in the text_encode stage), "
+             "or 'fit': streamed, keeping on the device the layers that fit beside each request's measured peak."),
     model: str = typer.Option("tiny", "--model", envvar="H3_MODEL",
                               help="'tiny' (the trained tiny preset; also 'tiny-trained'), 'tiny-random' (the tiny "
                                    "preset with random weights), 'h3-random' (released size, random weights), "
@@ -270,7 +271,8 @@ def serve(
     text_encoder: str = typer.Option(
         "resident", "--text-encoder", envvar="H3_TEXT_ENCODER",
         help="'resident' on the device, or 'offload': streamed from host memory while it encodes (frees ~58 GiB of "
-             "an H200 at full size; costs the copy, measured in the text_encode stage)."),
+             "an H200 at full size; costs the copy, measured in the text_encode stage), or 'fit': streamed, keeping "
+             "on the device the layers that fit beside each request's measured peak."),
     nproc: Optional[int] = typer.Option(None, "--nproc", envvar="H3_NPROC",
                                         help="Ranks (GPUs) per request; starts them with torchrun, rank 0 serves "
                                              "HTTP. Default: the recipe's parallel.degree (1)."),

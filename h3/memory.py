@@ -96,7 +96,8 @@ def full_size_plan(recipes: list, *, text_encoder: str = "offload", shared: bool
                    shape: str = "5s-768x1344", capacity_gib: float = H200_CAPACITY_GIB,
                    last_for_good: bool = False) -> dict[str, Any]:
     """The device memory a process needs at full size (the ``h3-random`` configs, bf16) for ``recipes``: one shared
-    model (``shared``), or each recipe on its own runtime; the text encoder ``resident`` or ``offload`` (streamed).
+    model (``shared``), or each recipe on its own runtime; the text encoder ``resident`` or ``offload`` / ``fit``
+    (streamed).
 
     Sizes come from the released configs built on the meta device (no memory); each recipe adds what its levers hold
     beside the model: quantized weights (the quantization lever's own selection of Linears), and on a runtime of its
@@ -114,7 +115,8 @@ def full_size_plan(recipes: list, *, text_encoder: str = "offload", shared: bool
     sizes = {name: component_bytes(meta[name]) / GIB for name in COMPONENTS}
     layers = meta["text_encoder"].model.language_model.layers
     streamed = sum(component_bytes(layer) for layer in layers) / GIB
-    te_device = sizes["text_encoder"] - (streamed if text_encoder == "offload" else 0.0)
+    # ``fit`` keeps on the device only what is left over once everything else fits: its plan is the streamed one.
+    te_device = sizes["text_encoder"] - (streamed if text_encoder in ("offload", "fit") else 0.0)
     base = sizes["transformer"] + sizes["vae"] + sizes["audio_vae"] + te_device
     extras, load_extras = {}, {}
     for index, recipe in enumerate(recipes):

@@ -10,6 +10,14 @@ layer at a time (diffusers' group offloading, the next layer prefetched on a sid
 host-to-device copy per request, ~1.1 s at the H200's measured 54 GB/s pinned rate
 (``bench/full_size_speed/results/h200_speed_stock.json``), paid inside the ``text_encode`` stage and so measured, not assumed. Its
 embeddings, final norm, vision tower and LM head (unused by MiniMax-H3) stay on the device.
+
+``fit``: streamed as ``offload`` streams it, with as many decoder layers kept on the device as the requests leave room
+for (:class:`LayerResidency`). On an 80 GB H100 an FP8 DiT (31 GiB) leaves room for about half of the conditioner's
+layers, which then stop crossing the bus at every request; a bf16 DiT (62 GiB) for a few. What a request needs is
+measured, not planned: a request of a (recipe, shape) not seen before runs with every layer streamed (layers kept
+for another shape go back to host memory first), its peak above what was allocated at its start is recorded, and
+after it the layers that fit beside that peak (plus :data:`FIT_MARGIN_GIB`) are copied up, outside any request's
+timing. The computation is the same either way (the same weights, moved or not): the clip is the same to the bit.
 """
 
 from __future__ import annotations
@@ -21,8 +29,14 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-TextEncoderResidency = Literal["resident", "offload"]
-TEXT_ENCODER_RESIDENCY = ("resident", "offload")
+TextEncoderResidency = Literal["resident", "offload", "fit"]
+TEXT_ENCODER_RESIDENCY = ("resident", "offload", "fit")
+STREAMED_RESIDENCY = ("offload", "fit")
+"""The residencies that keep the decoder layers in host memory (a random model draws them there)."""
+GIB = 1 << 30
+FIT_MARGIN_GIB = 3.0
+"""Kept free beyond a request's measured peak under ``fit``: h3.memory's 2 GiB headroom (CUDA context, cuBLAS
+workspaces, the caching allocator's fragmentation) and 1 GiB more, because the peak is one request's, not a bound."""
 
 
 def _language_model(text_encoder: torch.nn.Module) -> torch.nn.Module:
@@ -127,7 +141,139 @@ def place_text_encoder(text_encoder: torch.nn.Module, device: str | torch.device
     if residency not in TEXT_ENCODER_RESIDENCY:
         raise ValueError(f"text encoder residency must be one of {', '.join(TEXT_ENCODER_RESIDENCY)}, "
                          f"got {residency!r}")
-    if residency == "offload":
-        return stream_text_encoder(text_encoder, device)
+    if residency in STREAMED_RESIDENCY:
+        info = stream_text_encoder(text_encoder, device)
+        if residency == "fit":
+            text_encoder._h3_fit = LayerResidency(_language_model(text_encoder), torch.device(device))
+            info = {**info, **text_encoder._h3_fit.info()}
+        return info
     text_encoder.to(device)
     return {"residency": "resident"}
+
+
+def _cuda_memory(device: torch.device) -> tuple[int, int, int]:
+    """(bytes this process's allocator could hold in all: the device's free memory and what it caches already;
+    bytes allocated now; the most allocated since the last ``reset_peak_memory_stats``, which every request does)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return (free + torch.cuda.memory_reserved(device), torch.cuda.memory_allocated(device),
+            torch.cuda.max_memory_allocated(device))
+
+
+class LayerResidency:
+    """The ``fit`` residency of a streamed conditioner's decoder layers: which of them stay on the device.
+
+    A kept layer's group is onloaded once and its ``onload_`` / ``offload_`` become a wait on the copy stream (the
+    wait diffusers' prefetch chain relies on: a streamed group's weights are read only after the next group's
+    ``onload_`` synchronized that stream) and nothing; giving it back restores them and offloads it (its pinned host
+    copy was never dropped). Kept layers are the last ones, so the streamed ones keep their prefetch chain.
+
+    ``memory``: a callable giving (bytes the allocator could hold in all, bytes allocated now, the peak allocated since
+    the request began); on a CUDA device the device's, elsewhere none (nothing is kept: host memory is where the
+    layers are). Tests give their own."""
+
+    def __init__(self, language: torch.nn.Module, device: torch.device, memory=None):
+        self.language = language
+        self.memory = memory if memory is not None else (
+            (lambda: _cuda_memory(device)) if device.type == "cuda" else None)
+        self.needs: dict[Any, int] = {}
+        """Per request key (recipe, frames, height, width): the most a request allocated above its start."""
+        self.moves: list[dict[str, Any]] = []
+        self._start: int | None = None
+
+    def _layer_groups(self) -> list[Any]:
+        from h3.levers.offload import _groups, is_top_level_group
+
+        return [g for g in _groups(self.language) if not is_top_level_group(g, self.language)]
+
+    @staticmethod
+    def _group_bytes(group: Any) -> int:
+        tensors = [t for m in group.modules for t in (*m.parameters(), *m.buffers())]
+        return sum(t.numel() * t.element_size() for t in (*tensors, *group.parameters, *group.buffers))
+
+    @property
+    def kept(self) -> list[Any]:
+        return [g for g in self._layer_groups() if getattr(g, "_h3_fit_kept", False)]
+
+    def target(self, need: int | None) -> int:
+        """How many layers fit beside a request that needs ``need`` bytes above its start (0 when unknown)."""
+        if need is None or self.memory is None:
+            return 0
+        usable, allocated, _ = self.memory()
+        groups = self._layer_groups()
+        kept_bytes = sum(self._group_bytes(g) for g in groups if getattr(g, "_h3_fit_kept", False))
+        room = usable - (allocated - kept_bytes) - need - int(FIT_MARGIN_GIB * GIB)
+        count = 0
+        for group in reversed(groups):
+            room -= self._group_bytes(group)
+            if room < 0:
+                break
+            count += 1
+        return count
+
+    def _keep(self, group: Any) -> None:
+        group._h3_fit_saved = (group.onload_, group.offload_)
+        group.onload_()
+        stream = group.stream
+        if stream is not None:
+            stream.synchronize()
+        group.onload_ = (lambda *a, **k: stream.synchronize()) if stream is not None else (lambda *a, **k: None)
+        group.offload_ = lambda *a, **k: None
+        group._h3_fit_kept = True
+
+    def _give_back(self, group: Any) -> None:
+        group.onload_, group.offload_ = group._h3_fit_saved
+        group._h3_fit_kept = False
+        group.offload_()
+
+    def settle(self, count: int, why: str) -> None:
+        """Keep the last ``count`` layers on the device and stream the others."""
+        import time
+
+        t0 = time.perf_counter()
+        groups = self._layer_groups()
+        wanted = set(map(id, groups[len(groups) - count:])) if count else set()
+        before = len(self.kept)
+        for group in groups:  # give back first: the room is needed before anything is copied up
+            if getattr(group, "_h3_fit_kept", False) and id(group) not in wanted:
+                self._give_back(group)
+        for group in reversed(groups):
+            if id(group) in wanted and not getattr(group, "_h3_fit_kept", False):
+                try:
+                    self._keep(group)
+                except torch.OutOfMemoryError:
+                    group.onload_, group.offload_ = group._h3_fit_saved
+                    group.offload_()
+                    logger.warning("text encoder: out of memory keeping a layer on the device; %d kept",
+                                   len(self.kept))
+                    break
+        after = len(self.kept)
+        if after != before:
+            self.moves.append({"why": why, "from": before, "to": after,
+                               "seconds": round(time.perf_counter() - t0, 3)})
+            logger.info("text encoder: %d of %d decoder layers kept on the device (%s)", after, len(groups), why)
+
+    def before_request(self, key: Any) -> None:
+        """Give back what a request of ``key`` has no room for (everything when it was never measured), and note what
+        is allocated as it begins."""
+        count = self.target(self.needs.get(key))
+        if count < len(self.kept):
+            self.settle(count, f"before a request of {key}")
+        self._start = self.memory()[1] if self.memory is not None else None
+
+    def after_request(self, key: Any) -> None:
+        """Record what the request of ``key`` that just ran needed above its start (its peak, read before the next
+        request resets it) and keep the layers that fit beside it."""
+        if self.memory is None or self._start is None:
+            return
+        need, self._start = self.memory()[2] - self._start, None
+        self.needs[key] = max(need, self.needs.get(key, 0))
+        count = self.target(self.needs[key])
+        if count > len(self.kept):
+            self.settle(count, f"after a request of {key}")
+
+    def info(self) -> dict[str, Any]:
+        groups = self._layer_groups()
+        kept = [g for g in groups if getattr(g, "_h3_fit_kept", False)]
+        return {"residency": "fit", "kept_layers": len(kept), "streamed_layers": len(groups) - len(kept),
+                "kept_gib": round(sum(self._group_bytes(g) for g in kept) / GIB, 3),
+                "moves": self.moves[-3:]}

@@ -174,7 +174,7 @@ class H3Runtime(SharedModel):
         transformer's drawn weights afterwards."""
         from h3 import random_model
         from h3.levers import keeps_on_cpu, preflight
-        from h3.residency import TEXT_ENCODER_RESIDENCY, place_text_encoder
+        from h3.residency import STREAMED_RESIDENCY, TEXT_ENCODER_RESIDENCY, place_text_encoder
 
         if text_encoder not in TEXT_ENCODER_RESIDENCY:  # before any weight is drawn
             raise ValueError(f"text encoder residency must be one of {', '.join(TEXT_ENCODER_RESIDENCY)}, "
@@ -187,7 +187,8 @@ class H3Runtime(SharedModel):
         # a build on the device): the 62 GiB text encoder streamed, or a component the offload lever streams, never
         # passes through the device whole, so a full-size request fits one 80 GB card.
         on_host = tuple(name for name in ("text_encoder", "transformer", "vae", "audio_vae")
-                        if keeps_on_cpu(recipe, name) or (name == "text_encoder" and text_encoder == "offload"))
+                        if keeps_on_cpu(recipe, name)
+                        or (name == "text_encoder" and text_encoder in STREAMED_RESIDENCY))
         t0 = time.perf_counter()
         pipe, source = random_model.random_pipeline(configs, device, dtype, on_host=on_host)
         if transformer_dtype is not None:
@@ -313,7 +314,8 @@ class H3Runtime(SharedModel):
         switch and the memory it holds."""
         from h3.random_model import weights_notice
 
-        extra: dict[str, Any] = {"text_encoder": dict(self.text_encoder_info),
+        fit = self._text_encoder_fit()
+        extra: dict[str, Any] = {"text_encoder": {**self.text_encoder_info, **(fit.info() if fit else {})},
                                  "model_load_s": {k: round(v, 3) for k, v in self.load_timings.items()}}
         if self.transformer_dtype:
             extra["transformer_dtype"] = self.transformer_dtype
@@ -325,6 +327,10 @@ class H3Runtime(SharedModel):
                                      "last_switch": self.switches[-1] if self.switches else None,
                                      "memory": self.memory_accounting()}
         return extra
+
+    def _text_encoder_fit(self) -> Any:
+        """The ``fit`` residency's state (h3.residency.LayerResidency), or None under another residency."""
+        return getattr(self.pipe.components.get("text_encoder"), "_h3_fit", None)
 
     def resolve(self, request: GenerateRequest) -> tuple[int, int, int]:
         shape = resolve_request(request, self.default_size, self.pipe.canvas_multiple)
@@ -498,6 +504,9 @@ class H3Runtime(SharedModel):
         num_frames, height, width = self.resolve(request)
         out = Path(out)
         recorder = TrajectoryRecorder() if trajectory else None
+        fit, fit_key = self._text_encoder_fit(), (self.recipe.name, num_frames, height, width)
+        if fit is not None:  # before the clock and the peak's reset: what another shape kept goes back to host memory
+            fit.before_request(fit_key)
         with self.hooks.request(self.device) as clock, (
             recorder.attach(self.pipe) if recorder is not None else contextlib.nullcontext()
         ):
@@ -527,6 +536,8 @@ class H3Runtime(SharedModel):
                 for lever in self.levers.values():
                     lever.finish_request(clock)  # the parallel lever: every rank's anatomy to rank 0 (a collective)
                 if not self._writes_output():
+                    if fit is not None:
+                        fit.after_request(fit_key)
                     return None  # a follower rank of a parallel runtime: rank 0 prepares the frames, writes the files
                 with clock.stage("frame_prep_d2h"):
                     frames, pcm, sample_rate, stream = self._frames_after_decode(state, stream, post_decode, out)
@@ -552,4 +563,6 @@ class H3Runtime(SharedModel):
         if recorder is not None:
             recorder.save(trajectory_path(out))
         atomic_write_json(out.with_suffix(".json"), record.model_dump(mode="json"))
+        if fit is not None:
+            fit.after_request(fit_key)  # after the record: the copy up is no request's time
         return record

@@ -9,7 +9,9 @@
 #
 # Settings: RS_RECIPES (default "bench/runtime_speed/recipes/stock4.toml turbo4-fp8"), RS_SHAPE ("5 544 960":
 # seconds height width), RS_CALL_S (545: when the run must end, from this script's start), RS_DEVICE (cuda),
-# RS_PROMPTS (bench/runtime_speed/prompts.jsonl: 9 prompts, 8 warm requests a recipe); the CPU
+# RS_PROMPTS (bench/runtime_speed/prompts.jsonl: 9 prompts, 8 warm requests a recipe; prompts_repeat.jsonl adds the
+# first prompt again last, whose clip must be the first request's to the bit), RS_TE (offload: the text encoder's
+# residency, `h3 generate --text-encoder`; fit keeps the layers that fit beside each request's peak); the CPU
 # rehearsal here: RS_UNPACK=0 RS_PY=.venv/bin/python RS_MODEL=h3-random-small RS_SHAPE="5 128 128" RS_DEVICE=cpu
 # OUT=/tmp/rs_out bash bench/device/runtime_speed.sh
 # Needs .whl_prod/site.tar.xz (diffusers 0.42.1, pydantic 2.14.4 with its three, PyAV 18.1.0 trimmed: libx265 and
@@ -47,7 +49,7 @@ left=$((call_s - (SECONDS - t0) - 12))
 echo "generate starts at $((SECONDS - t0)) s with ${left} s left: ${args[*]}"
 prompts=${RS_PROMPTS:-bench/runtime_speed/prompts.jsonl}
 timeout -k 5 $left $PY -m h3.cli generate --prompts-file "$prompts" --out $R/run \
-  --model ${RS_MODEL:-h3-random} "${args[@]}" --text-encoder offload --seconds "$secs" --height "$height" --width "$width" \
+  --model ${RS_MODEL:-h3-random} "${args[@]}" --text-encoder "${RS_TE:-offload}" --seconds "$secs" --height "$height" --width "$width" \
   --device "${RS_DEVICE:-cuda}" 2>&1 | grep -v "FutureWarning\|WeightNorm.apply" >$R/generate.log
 echo "generate exit ${PIPESTATUS[0]} at $((SECONDS - t0)) s" | tee -a $R/generate.log
 tail -25 $R/generate.log

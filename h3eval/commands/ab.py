@@ -57,7 +57,8 @@ def register(app: typer.Typer) -> None:
                  "requests); --no-share-model loads one runtime per recipe."),
         text_encoder: str = typer.Option(
             "resident", "--text-encoder", envvar="H3EVAL_TEXT_ENCODER",
-            help="inprocess: 'resident' on the device, or 'offload' (streamed from host memory while it encodes)."),
+            help="inprocess: 'resident' on the device, 'offload' (streamed from host memory while it encodes) or "
+                 "'fit' (streamed, keeping on the device the layers that fit beside each request's peak)."),
         time_box: Optional[float] = typer.Option(
             None, "--time-box",
             help="Seconds after which no request starts (nor one its recipe's last request says would end later); "
