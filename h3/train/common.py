@@ -82,6 +82,15 @@ class TrainConfig:
     dit_audio_weight: float = 1.0
     dit_text_noise: float = 0.02
     """Gaussian noise (relative to the embeddings' std) on the text rows: the runtime encodes in the recipe's dtype."""
+    dit_event_weight: float = 0.0
+    """Extra weight of the flow-matching loss around each clip's events (:func:`h3.train.dit.event_weights`: the
+    latent frames within one of an event of the world's ground truth, a shape appearing or bouncing, and the audio
+    steps of the same span, where its click sounds get ``1 + lam`` against 1, normalized to mean 1 per clip so the
+    loss keeps its scale). The events the content check counts are a few of 37 latent frames, weighed by the plain
+    loss like any other: trained DiTs missed the bounce of 31 of 36 one-bounce captions and put audio onsets at
+    seed-habitual times (bench/content_check/results/s33_g8s33_misses_probe.md). The latents' own second temporal
+    difference marks them weakly (bench/tiny_training/results/event_marks_s34.md: 1.11x the clip's mean at the
+    bounce, median of 24 one-bounce clips; its largest frame near the bounce in 9 of 24), hence the ground truth. 0 (the default, every run so far) leaves the loss exactly as before."""
     # distillation
     distill_teacher_samples: int = 1024
     distill_teacher_steps: int = 29

@@ -26,7 +26,7 @@ from h3.train.common import (
     EMA, Budget, Dist, StageLog, TrainConfig, autocast, generators, load_state, lr_at, save_state, set_lr,
 )
 from h3.train.packing import (
-    AUDIO_SHIFT, KEYFRAME_NOISE_AUG, VIDEO_SHIFT, Layout, audio_rows, packed_forward, patchify, ref2va_layout,
+    AUDIO_SHIFT, KEYFRAME_NOISE_AUG, PATCH, VIDEO_SHIFT, Layout, audio_rows, packed_forward, patchify, ref2va_layout,
     shifted_sigma, t2va_layout,
 )
 from h3.train.pool import Pool, latent_stats, latent_stats_of
@@ -113,6 +113,55 @@ def condition_rows(cond: list[torch.Tensor] | None, gen: torch.Generator) -> tor
     return torch.cat(rows, dim=1)
 
 
+EVENT_WINDOW = 1.0
+"""Half-width, in latent frames, of the window around an event that ``dit_event_weight`` weighs (at the tiny
+preset's 37 latent frames over 5.17 s: +-0.14 s; its video VAE puts a one-frame flash at pixel frame j in latent
+frame ~j/3.35, one of the window's three frames)."""
+
+
+def event_weights(event_times: torch.Tensor, duration: float, frames: int, steps: int, lam: float,
+                  groups_per_frame: int, pt: int = PATCH[0]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row loss weights of a batch towards the moments its events happen (``cfg.dit_event_weight`` = ``lam``).
+
+    ``event_times`` (B, E): each clip's events in seconds (h3.world.scene.Scene.events: a shape appearing, a bounce;
+    each makes a click), NaN-padded; ``duration`` the clips' seconds. Video: latent frame f (of ``frames``) is in an
+    event's window when ``|t / duration * (frames - 1) - f| <= EVENT_WINDOW``; audio latent step s (of ``steps``) when
+    ``|t / duration * (steps - 1) - s| <= EVENT_WINDOW * (steps - 1) / (frames - 1)``, the same span of time. Each
+    gets ``1 + lam`` in a window and 1 outside, divided by the clip's mean so that a clip's weights average 1 and the
+    loss keeps its scale (a clip without events weighs 1 everywhere).
+
+    Returns the weights of the rows of :func:`h3.train.packing.patchify` (B, (frames / pt) * groups_per_frame), a row's
+    weight the mean of its ``pt`` frames', and of :func:`h3.train.packing.audio_rows` (B, 2 steps), row ``ch * steps +
+    s`` weighing step s's.
+    """
+    if not lam >= 0:
+        raise ValueError(f"dit_event_weight must be 0 or more, got {lam!r}")
+    times = event_times.float()
+
+    def weights(count: int, window: float) -> torch.Tensor:
+        where = times / duration * (count - 1)  # (B, E) in latent units; NaN for padding
+        grid = torch.arange(count, device=times.device, dtype=torch.float)
+        near = ((where[:, :, None] - grid[None, None, :]).abs() <= window + 1e-6).any(dim=1)  # NaN compares False
+        raw = 1.0 + lam * near.float()
+        return raw / raw.mean(dim=1, keepdim=True)
+
+    b = times.shape[0]
+    wv = weights(frames, EVENT_WINDOW).reshape(b, frames // pt, pt).mean(dim=2)
+    wv = wv.repeat_interleave(groups_per_frame, dim=1)
+    wa = weights(steps, EVENT_WINDOW * (steps - 1) / (frames - 1)).repeat(1, 2)
+    return wv, wa
+
+
+def _event_rows(pool: Pool, clips: torch.Tensor, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`event_weights` of the drawn clips, from the pool's event table."""
+    if pool.event_times is None:
+        raise ValueError("dit_event_weight needs a pool with its clips' event times: this pool was built before "
+                         "they were recorded; build it again (h3.train pool)")
+    _, _, frames, h, w = pool.video.shape
+    return event_weights(pool.event_times[clips], pool.duration, frames, pool.audio.shape[-1], lam,
+                         (h // PATCH[1]) * (w // PATCH[2]))
+
+
 def flow_loss(transformer, batches: Batches, draw: dict, cfg: TrainConfig) -> tuple[torch.Tensor, dict]:
     pool, gen = batches.pool, draw["gen"]
     x0_v = patchify(pool.video[draw["clips"]].float())
@@ -133,8 +182,13 @@ def flow_loss(transformer, batches: Batches, draw: dict, cfg: TrainConfig) -> tu
     video_in = xv if cond is None else torch.cat([cond, xv], dim=1)
     with autocast(cfg.device):
         pv, pa = packed_forward(transformer, draw["layout"], video_in, xa, text, 1 - sv, 1 - sa)
-    loss_v = (pv[:, n_cond:].float() - (x0_v - noise_v)).pow(2).mean()
-    loss_a = (pa.float() - (x0_a - noise_a)).pow(2).mean()
+    if cfg.dit_event_weight == 0:
+        loss_v = (pv[:, n_cond:].float() - (x0_v - noise_v)).pow(2).mean()
+        loss_a = (pa.float() - (x0_a - noise_a)).pow(2).mean()
+    else:  # the rows where the clip's events happen weigh more (TrainConfig.dit_event_weight)
+        wv, wa = _event_rows(pool, draw["clips"], cfg.dit_event_weight)
+        loss_v = (wv[:, :, None] * (pv[:, n_cond:].float() - (x0_v - noise_v)).pow(2)).mean()
+        loss_a = (wa[:, :, None] * (pa.float() - (x0_a - noise_a)).pow(2)).mean()
     loss = loss_v + cfg.dit_audio_weight * loss_a
     # Detached tensors, not floats: reading them back syncs the GPU, so that happens only when a step is logged.
     return loss, {"loss": loss.detach(), "video": loss_v.detach(), "audio": loss_a.detach()}

@@ -45,6 +45,11 @@ class Pool:
     captions: list = field(default_factory=list)  # per clip
     video_stats: tuple = ()
     audio_stats: tuple = ()
+    event_times: torch.Tensor | None = None
+    """(N, E) per clip the seconds of its events (a shape appearing, a bounce: h3.world.scene.Scene.events),
+    NaN-padded; None in a pool built before they were recorded (``dit_event_weight`` needs them)."""
+    duration: float = 0.0
+    """The clips' seconds."""
 
     def groups(self) -> dict[tuple[str, int], list[int]]:
         out: dict[tuple[str, int], list[int]] = {}
@@ -216,4 +221,14 @@ def build_pool(components: dict, cfg: TrainConfig, chunk: int = 64, devices: lis
                 time.monotonic() - started)
     return Pool(video=video, audio=audio, keyframe_first=keyframe_first, keyframe_last=keyframe_last,
                 reference=reference, texts=texts, tags=tags, clips=clips, tasks=tasks, captions=captions,
-                video_stats=(vmean, vstd), audio_stats=(amean, astd))
+                video_stats=(vmean, vstd), audio_stats=(amean, astd), event_times=event_table(scenes, device),
+                duration=float(scenes[0].duration))
+
+
+def event_table(scenes: list, device) -> torch.Tensor:
+    """(N, E) the seconds of each scene's events, NaN-padded to the most any scene has (at least one column)."""
+    times = [[float(e["t"]) for e in scene.events()] for scene in scenes]
+    table = torch.full((len(scenes), max([1, *map(len, times)])), float("nan"))
+    for i, row in enumerate(times):
+        table[i, :len(row)] = torch.tensor(row, dtype=torch.float)
+    return table.to(device)
