@@ -59,3 +59,45 @@ def test_calls_on_different_cards_or_measuring_a_recipe_twice_are_refused(tmp_pa
                        "--results", str(tmp_path / "res"), "--goals", str(goals))
         assert proc.returncode != 0 and message in proc.stderr
     assert not (tmp_path / "res").exists() and goals.read_text() == "{}"  # nothing written
+
+
+def _with_clips(folder: Path, recipe: str, shas: list[str], kept: list[int], prompts: list[str]) -> None:
+    """Add the clip records of ``recipe``'s requests (runtime_speed.tgz's run/*.json) and its request list."""
+    import io
+    import tarfile
+
+    summary = json.loads((folder / "requests.json").read_text())
+    tgz = folder / "runtime_speed.tgz"
+    with tarfile.open(tgz, "w:gz") as tar:
+        for i, (sha, k, prompt) in enumerate(zip(shas, kept, prompts)):
+            stem = f"{recipe}-{i:02d}"
+            summary.setdefault("requests", []).append({"recipe": recipe, "index": i, "warm": i > 0, "seed": 0,
+                                                       "prompt_id": f"p{i}", "clip": f"{stem}.mp4"})
+            record = {"request": {"prompt": prompt}, "frames_sha256": sha,
+                      "extra": {"text_encoder": {"residency": "fit", "kept_layers": k, "streamed_layers": 64 - k,
+                                                 "kept_gib": k * 0.908}}}
+            data = json.dumps(record).encode()
+            info = tarfile.TarInfo(f"run/{stem}.json")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    (folder / "requests.json").write_text(json.dumps(summary))
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_the_text_encoder_residency_and_repeated_prompts_are_recorded(tmp_path, same):
+    a = _call(tmp_path / "a", "H100", {"stock4": (15.0, 15.3), "fast": (9.9, 10.2)})
+    # the first request streams every layer, the warm ones keep 29; the last repeats the first prompt and seed
+    _with_clips(a, "fast", ["s0", "s1", "s2", "s0" if same else "sX"], [0, 29, 29, 29], ["a", "b", "c", "a"])
+    goals = tmp_path / "goals.json"
+    goals.write_text("{}")
+    proc = _record("--from", str(a), "--name", "t", "--command", "cmd", "--commit", "abc",
+                   "--results", str(tmp_path / "res"), "--goals", str(goals))
+    assert proc.returncode == 0, proc.stderr
+    md = (tmp_path / "res" / "t.md").read_text()
+    assert "`fast`: text encoder fit: 29 of 64 decoder layers kept on the device (26.3 GiB)" in md
+    verdict = "identical to the bit" if same else "DIFFER"
+    assert f"`fast` fast-00 and fast-03 (same prompt, seed 0): frames {verdict}" in md
+    entry = json.loads(goals.read_text())["5 s 544×960 `fast` request, 8 warm through `h3 generate` (H100)"]
+    assert entry["text_encoder"].startswith("fit: 29 of 64")
+    repeats = json.loads((tmp_path / "res" / "t.json").read_text())["repeated_clips"]
+    assert repeats == [{"recipe": "fast", "clips": ["fast-00", "fast-03"], "seed": 0, "identical": same}]

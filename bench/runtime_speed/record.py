@@ -101,6 +101,39 @@ def merged(sources: list[Path]) -> tuple[dict, dict]:
             "calls": [str(src) for src in sources]}, envs[0]
 
 
+def residency(records: dict, recipe: str) -> str | None:
+    """The text encoder's residency over ``recipe``'s warm requests, from their clip records: ``offload``, or ``fit``
+    with the decoder layers it kept (the range when requests differ)."""
+    seen = [r["extra"]["text_encoder"] for k, r in sorted(records.items())
+            if k.startswith(f"{recipe}-") and k[len(recipe) + 1:].isdigit() and k[len(recipe) + 1:] != "00"
+            and "text_encoder" in r.get("extra", {})]
+    if not seen:
+        return None
+    kinds = sorted({t.get("residency", "?") for t in seen})
+    if kinds != ["fit"]:
+        return ", ".join(kinds)
+    kept = sorted({(t["kept_layers"], t["kept_gib"]) for t in seen})
+    layers = kept[0][0] + seen[0]["streamed_layers"] if len(kept) == 1 else None
+    if len(kept) == 1:
+        return f"fit: {kept[0][0]} of {layers} decoder layers kept on the device ({kept[0][1]:.1f} GiB)"
+    return f"fit: {kept[0][0]}-{kept[-1][0]} decoder layers kept on the device"
+
+
+def repeated_clips(summary: dict, records: dict) -> list[dict]:
+    """Requests of one recipe with the same prompt text and seed (prompts_repeat.jsonl's first and last): whether
+    their frames are the same to the bit, the first often under other conditions (compiling, every layer streamed)."""
+    out, by = [], {}
+    for req in summary.get("requests") or []:
+        stem = Path(req["clip"]).stem
+        prompt = records.get(stem, {}).get("request", {}).get("prompt", req["prompt_id"])
+        by.setdefault((req["recipe"], prompt, req["seed"]), []).append(stem)
+    for (recipe, _, seed), stems in by.items():
+        if len(stems) > 1 and all(s in records for s in stems):
+            shas = {records[s].get("frames_sha256") for s in stems}
+            out.append({"recipe": recipe, "clips": stems, "seed": seed, "identical": len(shas) == 1 and None not in shas})
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--from", dest="src", type=Path, action="append", required=True,
@@ -135,11 +168,17 @@ def main(argv: list[str] | None = None) -> None:
             "command": args.command, "commit": commit, "dirty": bool(args.dirty), "processes": len(args.src),
             "weights": "random: speed and memory are real, quality is not"}
     peak = {k: r.get("peak_memory_bytes") for k, r in records.items()}
+    repeats = repeated_clips(summary, records)
     atomic_write_json(args.results / f"{args.name}.call.json", call)
     atomic_write_json(args.results / f"{args.name}.json", {"rows": measured, "summary": summary,
-                                                            "peak_memory_bytes": peak,
+                                                            "peak_memory_bytes": peak, "repeated_clips": repeats,
                                                             "model_load_s": summary.get("model_load_s")})
-    (args.results / f"{args.name}.md").write_text(table(measured, card))
+    notes = [f"- `{r['recipe']}`: text encoder {residency(records, r['recipe'])}" for r in measured
+             if residency(records, r["recipe"])]
+    notes += [f"- `{r['recipe']}` {' and '.join(r['clips'])} (same prompt, seed {r['seed']}): frames "
+              f"{'identical to the bit' if r['identical'] else 'DIFFER'}" for r in repeats]
+    (args.results / f"{args.name}.md").write_text(table(measured, card) + ("\n" + "\n".join(notes) + "\n"
+                                                                          if notes else ""))
     goals = json.loads(args.goals.read_text())
     for r in measured:
         if not r.get("warm_requests"):
@@ -153,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
             "ratio_to_stock_generation_side": round(g["ratio_to_stock"], 3), "stock": STOCK,
             "source": f"bench/runtime_speed/results/{args.name}.json",
         }
+        if residency(records, r["recipe"]):
+            goals[next(reversed(goals))]["text_encoder"] = residency(records, r["recipe"])
     atomic_write_json(args.goals, goals)
     print(table(measured, card))
 
