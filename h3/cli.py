@@ -178,6 +178,11 @@ def _generate_one(prompt: str, out: Path, seed: int, model: str, recipe: str, sh
         else:
             if not recipe_obj.parallel.is_on():
                 device = check_device(device)
+                from h3.memory import card_load_problem
+
+                problem = card_load_problem(model, [recipe_obj], device, text_encoder=text_encoder)
+                if problem:  # before minutes of loading
+                    raise RecipeError(problem)
             device = entry.join_ranks(recipe_obj, model, device)
             finished = False
             try:

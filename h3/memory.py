@@ -175,11 +175,28 @@ def shared_load_problem(model: str, recipes: list, *, text_encoder: str, capacit
             + ("" if last_for_good else "; `h3eval ab --by-recipe` does") + ") and run the others in another call.")
 
 
+def resident_load_problem(model: str, recipes: list, *, text_encoder: str, capacity_gib: float) -> str | None:
+    """Why a full-size model (``h3-random``) with its text encoder ``resident`` would not load on a card of
+    ``capacity_gib`` (the conditioner and the bf16 DiT are built whole before any lever: 62 + 62 GiB, more than an
+    80 GB H100), naming the residencies that stream it; None when it fits or the plan does not apply."""
+    if model != "h3-random" or text_encoder != "resident" or not recipes:
+        return None
+    plan = full_size_plan(recipes[:1], text_encoder="resident", shared=False, capacity_gib=capacity_gib)
+    peak = max(plan["load_peak_gib"].values())
+    if peak + HEADROOM_GIB <= capacity_gib:
+        return None
+    return (f"the text encoder resident beside the DiT needs {peak:.1f} GiB (+{HEADROOM_GIB:g} GiB headroom) to load "
+            f"on this {capacity_gib:.1f} GiB card (h3.memory.full_size_plan): stream it with --text-encoder fit "
+            "(keeps on the card the layers that fit beside each request) or --text-encoder offload")
+
+
 def card_load_problem(model: str, recipes: list, device: str, *, text_encoder: str,
                       last_for_good: bool = True) -> str | None:
-    """:func:`shared_load_problem` against the card ``device`` names (its total memory); None off CUDA."""
+    """:func:`resident_load_problem`, then :func:`shared_load_problem`, against the card ``device`` names (its total
+    memory); None off CUDA."""
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         return None
     capacity = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
-    return shared_load_problem(model, recipes, text_encoder=text_encoder, capacity_gib=capacity,
-                               last_for_good=last_for_good)
+    return (resident_load_problem(model, recipes, text_encoder=text_encoder, capacity_gib=capacity)
+            or shared_load_problem(model, recipes, text_encoder=text_encoder, capacity_gib=capacity,
+                                   last_for_good=last_for_good))

@@ -330,6 +330,12 @@ def load_served_runtime(model: str, recipes: str | list[str], device: str | None
     loaded = [load_recipe(name) for name in names]
     if len({r.name for r in loaded}) != len(loaded):
         raise ValueError(f"--recipe names must be distinct, got {[r.name for r in loaded]}")
+    from h3.memory import card_load_problem
+    from h3.runtime import check_device
+
+    problem = card_load_problem(model, loaded, check_device(device), text_encoder=text_encoder)
+    if problem:  # before minutes of loading
+        raise SharedModelError(problem)
     if len(loaded) == 1:
         return H3Runtime.load(model, loaded[0], device, text_encoder=text_encoder)
     from h3.runtime import shared_recipes_problems

@@ -297,3 +297,27 @@ def test_ab_interleaved_counts_every_quantized_recipe_as_holding_both_copies():
                                   last_for_good=False)
     assert problem is not None and "turbo4-fp8 keeps its float layers" in problem and "--by-recipe" in problem
     assert shared_load_problem("h3-random", pair, text_encoder="offload", capacity_gib=79.1787109375) is None
+
+
+def test_a_resident_text_encoder_at_full_size_is_refused_on_an_h100_before_loading():
+    """The conditioner (62.1 GiB) and the bf16 DiT (61.7 GiB) are built whole before any lever: resident, they do not
+    load on an 80 GB H100 (79.18 GiB), whichever recipe; they do on an H200 (140.4 GiB); streamed, the plan is
+    shared_load_problem's (None for one recipe); another model: no plan."""
+    from h3.memory import H200_CAPACITY_GIB, resident_load_problem
+
+    h100 = 79.1787109375
+    for name in ("baseline", "turbo4-fp8-sage-compile"):
+        recipes = [load_recipe(name)]
+        problem = resident_load_problem("h3-random", recipes, text_encoder="resident", capacity_gib=h100)
+        plan = full_size_plan(recipes, text_encoder="resident", shared=False, capacity_gib=h100)
+        peak = max(plan["load_peak_gib"].values())
+        built = sum(plan["components_gib"].values())  # the whole model as built, the conditioner on the card
+        assert built > h100 and plan["components_gib"]["text_encoder"] == pytest.approx(62.1, abs=0.05)
+        # baseline: the build is the peak; FP8: plus one layer's quantization working copies (1.2 GiB)
+        assert (peak == pytest.approx(built)) if name == "baseline" else (built < peak < built + 2.0)
+        assert problem is not None and f"needs {peak:.1f} GiB" in problem and "--text-encoder fit" in problem
+        assert resident_load_problem("h3-random", recipes, text_encoder="resident",
+                                     capacity_gib=H200_CAPACITY_GIB) is None
+        for streamed in ("fit", "offload"):
+            assert resident_load_problem("h3-random", recipes, text_encoder=streamed, capacity_gib=h100) is None
+        assert resident_load_problem("tiny", recipes, text_encoder="resident", capacity_gib=h100) is None
