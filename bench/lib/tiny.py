@@ -1,6 +1,6 @@
 """Tiny-model quality studies' shared parts: the sign-off proof, the distillation gap, content misses, step motion (issue 52: code that studies and tests share; each study's CLI is bench/<study>/).
 
-Parts, in order: ``signoff_proof`` (bench/signoff_proof/), ``distill_gap`` (bench/distill_gap/), ``content_misses`` (bench/content_check/), ``step_motion`` (bench/step_motion/), ``paired`` (bench/tiny_wider_dit/paired.py), ``event_marks`` (bench/tiny_training/event_marks.py).
+Parts, in order: ``signoff_proof`` (bench/signoff_proof/), ``distill_gap`` (bench/distill_gap/), ``content_misses`` (bench/content_check/), ``step_motion`` (bench/step_motion/), ``paired`` (bench/tiny_wider_dit/paired.py), ``event_marks`` (bench/tiny_event_weight/event_marks.py).
 """
 
 from __future__ import annotations
@@ -585,10 +585,10 @@ def paired_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# ---- event_marks: do the latents mark the bounces? (the CLI: bench/tiny_training/event_marks.py) ------------------
+# ---- event_marks: do the latents mark the bounces? (the CLI: bench/tiny_event_weight/event_marks.py) ------------------
 
 # Whether the latents' own second temporal difference marks the world's events (issue 55, session 34): the probe
-# behind TrainConfig.dit_event_weight's choice of the ground truth (bench/tiny_training/event_marks.py is its CLI).
+# behind TrainConfig.dit_event_weight's choice of the ground truth (bench/tiny_event_weight/event_marks.py is its CLI).
 # 
 # For one-shape, one-bounce, no-pan, no-appearance scenes of the world (``sample_scenes(seed, n)``), encoded by the
 # shipped tiny video VAE (posterior mode): per clip and latent frame f, ``e_f`` = mean over channels and space of

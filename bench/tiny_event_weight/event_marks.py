@@ -1,6 +1,6 @@
 """CLI of bench.lib.tiny's event_marks: do the tiny's video latents mark the world's bounces by themselves?
 
-    python bench/tiny_training/event_marks.py --out bench/tiny_training/results/event_marks_s34.md --command "..."
+    python bench/tiny_event_weight/event_marks.py --out bench/tiny_event_weight/results/event_marks_s34.md --command "..."
 """
 
 import sys
