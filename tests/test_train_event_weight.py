@@ -230,3 +230,20 @@ def test_a_pool_without_event_times_is_refused(monkeypatch, tiny_setup):
     pool, model = tiny_setup
     with pytest.raises(ValueError, match="needs a pool with its clips' event times"):
         _run(monkeypatch, dataclasses.replace(pool, event_times=None), model, 1.0)
+
+
+def test_the_count_probe_rewrites_only_the_bounce_clause():
+    """bench.lib.tiny.with_bounces: every one-shape held-out caption at every count parses back (h3.world.detect's
+    caption grammar) to the same shape with that count; nothing else of the caption changes."""
+    from bench.lib.tiny import COUNT_WORDS, with_bounces
+    from h3.world.detect import parse_caption
+    from h3.world.suites import suite_lines
+
+    lines = [ln["prompt"] for ln in suite_lines("world-heldout") if len(parse_caption(ln["prompt"])) == 1]
+    assert len(lines) >= 8
+    for caption in lines:
+        (shape,) = parse_caption(caption)
+        for count in COUNT_WORDS:
+            (again,) = parse_caption(with_bounces(caption, count))
+            assert again == {**shape, "bounces": count}
+        assert with_bounces(caption, shape["bounces"]) == caption
