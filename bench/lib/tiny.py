@@ -684,6 +684,12 @@ def with_bounces(caption: str, count: int) -> str:
     return first + COUNT_WORDS[count] + "; the background is" + rest
 
 
+def _path_px(track, axis: int) -> float:
+    """Distance the shape's centroid travels along its motion axis (px): the sum of |steps| between consecutive
+    tracked frames (a bounce adds its way back)."""
+    return float(np.abs(np.diff(track.centroids[:, axis])).sum()) if len(track.frames) > 1 else 0.0
+
+
 def _track_gap(a, b) -> float | None:
     """Mean |centroid difference| (px) over the frames two colour tracks share; None when they share none."""
     common, ia, ib = np.intersect1d(a.frames, b.frames, return_indices=True)
@@ -714,11 +720,13 @@ def count_probe(model: str, seeds: list[int], limit: int, workdir: Path, size: i
                 runtime.generate(GenerateRequest(prompt=with_bounces(line["prompt"], count), seed=seed,
                                                  height=size, width=size), out)
                 track = track_colours(decode_video(out)[0]).get(colour)
-                n = None
+                n = path = None
                 if track is not None and len(track.frames):
                     direction = initial_direction(track)
-                    n = len(reversals(track, 0 if direction is None or DIRECTIONS[direction][0] else 1))
-                clips.append({"id": line["id"], "seed": seed, "count": count, "reversals": n, "track": track})
+                    axis = 0 if direction is None or DIRECTIONS[direction][0] else 1
+                    n, path = len(reversals(track, axis)), _path_px(track, axis)
+                clips.append({"id": line["id"], "seed": seed, "count": count, "reversals": n, "path_px": path,
+                              "track": track})
     seen = [c for c in clips if c["reversals"] is not None]
     rho = spearmanr([c["count"] for c in seen], [c["reversals"] for c in seen])
     by = {(c["id"], c["seed"], c["count"]): c["track"] for c in clips}
@@ -730,6 +738,8 @@ def count_probe(model: str, seeds: list[int], limit: int, workdir: Path, size: i
             "tracked": len(seen),
             "mean_reversals": {k: float(np.mean([c["reversals"] for c in seen if c["count"] == k]))
                                for k in COUNT_WORDS if any(c["count"] == k for c in seen)},
+            "mean_path_px": {k: float(np.mean([c["path_px"] for c in seen if c["count"] == k]))
+                             for k in COUNT_WORDS if any(c["count"] == k for c in seen)},
             "spearman": {"rho": float(rho.statistic), "p": float(rho.pvalue)},
             "gap_px": {"count_word": {"median": float(np.median(word_gaps)), "n": len(word_gaps)} if word_gaps
                        else None,
@@ -754,11 +764,13 @@ def count_on_renders(limit: int) -> dict:
             continue
         track = track_colours(render_video([scene])[0].numpy()).get(scene.shapes[0].colour)
         direction = initial_direction(track) if track is not None else None
-        read = None if track is None else len(reversals(track, 0 if direction is None or DIRECTIONS[direction][0]
-                                                        else 1))
-        pairs.append((scene.shapes[0].bounces, read))
-    return {"scenes": len(pairs), "exact": sum(b == n for b, n in pairs),
-            "by_count": {b: sum(1 for c, _ in pairs if c == b) for b in sorted({c for c, _ in pairs})}}
+        axis = 0 if direction is None or DIRECTIONS[direction][0] else 1
+        read = None if track is None else len(reversals(track, axis))
+        pairs.append((scene.shapes[0].bounces, read, None if track is None else _path_px(track, axis)))
+    counts = sorted({c for c, _, _ in pairs})
+    return {"scenes": len(pairs), "exact": sum(b == n for b, n, _ in pairs),
+            "by_count": {b: sum(1 for c, _, _ in pairs if c == b) for b in counts},
+            "mean_path_px": {b: float(np.mean([p for c, _, p in pairs if c == b and p is not None])) for b in counts}}
 
 
 def count_probe_main(argv: list[str] | None = None) -> int:
@@ -782,6 +794,11 @@ def count_probe_main(argv: list[str] | None = None) -> int:
              "| captioned bounces | " + " | ".join(str(k) for k in r["mean_reversals"]) + " |",
              "|---|" + "---|" * len(r["mean_reversals"]),
              "| mean reversals drawn | " + " | ".join(f"{v:.2f}" for v in r["mean_reversals"].values()) + " |",
+             "| mean path along the motion axis drawn (px) | "
+             + " | ".join(f"{v:.1f}" for v in r["mean_path_px"].values()) + " |",
+             "| the world's renders: mean path (px) | " + " | ".join(
+                 f"{r['renders']['mean_path_px'][k]:.1f}" if k in r["renders"]["mean_path_px"] else "-"
+                 for k in r["mean_path_px"]) + " |",
              f"\nSpearman rho (captioned count, reversals drawn) {r['spearman']['rho']:.3f}, p {r['spearman']['p']:.3g}.",
              "Track change, median |centroid difference| (px): count word only "
              + (f"{gaps['count_word']['median']:.2f} (n {gaps['count_word']['n']})" if gaps["count_word"] else "-")
