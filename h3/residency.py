@@ -187,12 +187,18 @@ class LayerResidency:
 
     @staticmethod
     def _group_bytes(group: Any) -> int:
-        tensors = [t for m in group.modules for t in (*m.parameters(), *m.buffers())]
-        return sum(t.numel() * t.element_size() for t in (*tensors, *group.parameters, *group.buffers))
+        from h3.memory import component_bytes
+
+        loose = (*group.parameters, *group.buffers)
+        return sum(map(component_bytes, group.modules)) + sum(t.numel() * t.element_size() for t in loose)
+
+    @staticmethod
+    def _is_kept(group: Any) -> bool:
+        return getattr(group, "_h3_fit_kept", False)
 
     @property
     def kept(self) -> list[Any]:
-        return [g for g in self._layer_groups() if getattr(g, "_h3_fit_kept", False)]
+        return [g for g in self._layer_groups() if self._is_kept(g)]
 
     def target(self, need: int | None) -> int:
         """How many layers fit beside a request that needs ``need`` bytes above its start (0 when unknown)."""
@@ -200,7 +206,7 @@ class LayerResidency:
             return 0
         usable, allocated, _ = self.memory()
         groups = self._layer_groups()
-        kept_bytes = sum(self._group_bytes(g) for g in groups if getattr(g, "_h3_fit_kept", False))
+        kept_bytes = sum(self._group_bytes(g) for g in groups if self._is_kept(g))
         room = usable - (allocated - kept_bytes) - need - int(FIT_MARGIN_GIB * GIB)
         count = 0
         for group in reversed(groups):
@@ -234,15 +240,14 @@ class LayerResidency:
         wanted = set(map(id, groups[len(groups) - count:])) if count else set()
         before = len(self.kept)
         for group in groups:  # give back first: the room is needed before anything is copied up
-            if getattr(group, "_h3_fit_kept", False) and id(group) not in wanted:
+            if self._is_kept(group) and id(group) not in wanted:
                 self._give_back(group)
         for group in reversed(groups):
-            if id(group) in wanted and not getattr(group, "_h3_fit_kept", False):
+            if id(group) in wanted and not self._is_kept(group):
                 try:
                     self._keep(group)
                 except torch.OutOfMemoryError:
-                    group.onload_, group.offload_ = group._h3_fit_saved
-                    group.offload_()
+                    self._give_back(group)  # what was copied up goes back to its pinned host copy
                     logger.warning("text encoder: out of memory keeping a layer on the device; %d kept",
                                    len(self.kept))
                     break
@@ -273,7 +278,7 @@ class LayerResidency:
 
     def info(self) -> dict[str, Any]:
         groups = self._layer_groups()
-        kept = [g for g in groups if getattr(g, "_h3_fit_kept", False)]
+        kept = [g for g in groups if self._is_kept(g)]
         return {"residency": "fit", "kept_layers": len(kept), "streamed_layers": len(groups) - len(kept),
                 "kept_gib": round(sum(self._group_bytes(g) for g in kept) / GIB, 3),
                 "moves": self.moves[-3:]}

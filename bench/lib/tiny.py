@@ -585,7 +585,7 @@ def paired_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# ---- event_marks: do the latents mark the bounces? (the CLI: bench/tiny_event_weight/event_marks.py) ------------------
+# ---- event_marks: do the latents mark the bounces? (the CLI: bench/tiny_event_weight/event_marks.py) ---------------
 
 # Whether the latents' own second temporal difference marks the world's events (issue 55, session 34): the probe
 # behind TrainConfig.dit_event_weight's choice of the ground truth (bench/tiny_event_weight/event_marks.py is its CLI).
@@ -693,6 +693,20 @@ def _path_px(track, axis: int) -> float:
     return float(np.abs(np.diff(track.centroids[:, axis])).sum()) if len(track.frames) > 1 else 0.0
 
 
+def _turn_readings(track) -> dict | None:
+    """A shape's colour track read along its motion axis (h3.world.detect's initial direction): its reversals as the
+    content check reads them, as :data:`SOFT_TURN` reads them, and its path (:func:`_path_px`); None without a track."""
+    from h3.world.detect import initial_direction, reversals
+    from h3.world.scene import DIRECTIONS
+
+    if track is None or not len(track.frames):
+        return None
+    direction = initial_direction(track)
+    axis = 0 if direction is None or DIRECTIONS[direction][0] else 1
+    return {"reversals": len(reversals(track, axis)), "soft_reversals": len(reversals(track, axis, **SOFT_TURN)),
+            "path_px": _path_px(track, axis)}
+
+
 def _track_gap(a, b) -> float | None:
     """Mean |centroid difference| (px) over the frames two colour tracks share; None when they share none."""
     common, ia, ib = np.intersect1d(a.frames, b.frames, return_indices=True)
@@ -707,8 +721,7 @@ def count_probe(model: str, seeds: list[int], limit: int, workdir: Path, size: i
     from h3.media import decode_video
     from h3.recipe import load_recipe
     from h3.runtime import GenerateRequest, H3Runtime
-    from h3.world.detect import initial_direction, parse_caption, reversals, track_colours
-    from h3.world.scene import DIRECTIONS
+    from h3.world.detect import parse_caption, track_colours
     from h3.world.suites import suite_lines
 
     lines = [ln for ln in suite_lines("world-heldout")
@@ -723,14 +736,8 @@ def count_probe(model: str, seeds: list[int], limit: int, workdir: Path, size: i
                 runtime.generate(GenerateRequest(prompt=with_bounces(line["prompt"], count), seed=seed,
                                                  height=size, width=size), out)
                 track = track_colours(decode_video(out)[0]).get(colour)
-                n = path = None
-                if track is not None and len(track.frames):
-                    direction = initial_direction(track)
-                    axis = 0 if direction is None or DIRECTIONS[direction][0] else 1
-                    n, path = len(reversals(track, axis)), _path_px(track, axis)
-                    soft = len(reversals(track, axis, **SOFT_TURN))
-                clips.append({"id": line["id"], "seed": seed, "count": count, "reversals": n, "path_px": path,
-                              "soft_reversals": soft if n is not None else None, "track": track})
+                read = _turn_readings(track) or dict.fromkeys(("reversals", "soft_reversals", "path_px"))
+                clips.append({"id": line["id"], "seed": seed, "count": count, **read, "track": track})
     seen = [c for c in clips if c["reversals"] is not None]
     rho = spearmanr([c["count"] for c in seen], [c["reversals"] for c in seen])
     by = {(c["id"], c["seed"], c["count"]): c["track"] for c in clips}
@@ -759,9 +766,9 @@ def count_probe(model: str, seeds: list[int], limit: int, workdir: Path, size: i
 def count_on_renders(limit: int) -> dict:
     """The control: the same reading on the world's own renders of the held-out split's one-shape scenes (the
     captions' own counts), where the count is known: how often the reversals read equal the scene's bounces."""
-    from h3.world.detect import initial_direction, reversals, track_colours
+    from h3.world.detect import track_colours
     from h3.world.render import render_video
-    from h3.world.scene import DIRECTIONS, sample_scene
+    from h3.world.scene import sample_scene
     from h3.world.suites import SUITES
 
     split, seed, _, _ = SUITES["world-heldout"]
@@ -772,17 +779,12 @@ def count_on_renders(limit: int) -> dict:
         if len(scene.shapes) != 1 or scene.shapes[0].appears:
             continue
         track = track_colours(render_video([scene])[0].numpy()).get(scene.shapes[0].colour)
-        direction = initial_direction(track) if track is not None else None
-        axis = 0 if direction is None or DIRECTIONS[direction][0] else 1
-        read = None if track is None else len(reversals(track, axis))
-        soft = None if track is None else len(reversals(track, axis, **SOFT_TURN))
-        pairs.append((scene.shapes[0].bounces, read, None if track is None else _path_px(track, axis), soft))
-    counts = sorted({c for c, _, _, _ in pairs})
-    return {"scenes": len(pairs), "exact": sum(b == n for b, n, _, _ in pairs),
-            "exact_soft": sum(b == s for b, _, _, s in pairs),
-            "by_count": {b: sum(1 for c, _, _, _ in pairs if c == b) for b in counts},
-            "mean_path_px": {b: float(np.mean([p for c, _, p, _ in pairs if c == b and p is not None]))
-                             for b in counts}}
+        pairs.append((scene.shapes[0].bounces, _turn_readings(track) or {}))
+    counts = sorted({b for b, _ in pairs})
+    return {"scenes": len(pairs), "exact": sum(r.get("reversals") == b for b, r in pairs),
+            "exact_soft": sum(r.get("soft_reversals") == b for b, r in pairs),
+            "by_count": {k: sum(1 for b, _ in pairs if b == k) for k in counts},
+            "mean_path_px": {k: float(np.mean([r["path_px"] for b, r in pairs if b == k and r])) for k in counts}}
 
 
 def count_probe_main(argv: list[str] | None = None) -> int:
@@ -816,7 +818,8 @@ def count_probe_main(argv: list[str] | None = None) -> int:
              "| the world's renders: mean path (px) | " + " | ".join(
                  f"{r['renders']['mean_path_px'][k]:.1f}" if k in r["renders"]["mean_path_px"] else "-"
                  for k in r["mean_path_px"]) + " |",
-             f"\nSpearman rho (captioned count, reversals drawn) {r['spearman']['rho']:.3f}, p {r['spearman']['p']:.3g}.",
+             f"\nSpearman rho (captioned count, reversals drawn) {r['spearman']['rho']:.3f}, "
+             f"p {r['spearman']['p']:.3g}.",
              "Track change, median |centroid difference| (px): count word only "
              + (f"{gaps['count_word']['median']:.2f} (n {gaps['count_word']['n']})" if gaps["count_word"] else "-")
              + "; seed only " + (f"{gaps['seed']['median']:.2f} (n {gaps['seed']['n']})" if gaps["seed"] else "-")

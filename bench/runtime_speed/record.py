@@ -113,10 +113,10 @@ def residency(records: dict, recipe: str) -> str | None:
     if kinds != ["fit"]:
         return ", ".join(kinds)
     kept = sorted({(t["kept_layers"], t["kept_gib"]) for t in seen})
-    layers = kept[0][0] + seen[0]["streamed_layers"] if len(kept) == 1 else None
-    if len(kept) == 1:
-        return f"fit: {kept[0][0]} of {layers} decoder layers kept on the device ({kept[0][1]:.1f} GiB)"
-    return f"fit: {kept[0][0]}-{kept[-1][0]} decoder layers kept on the device"
+    if len(kept) > 1:
+        return f"fit: {kept[0][0]}-{kept[-1][0]} decoder layers kept on the device"
+    (layers, gib), = kept
+    return f"fit: {layers} of {layers + seen[0]['streamed_layers']} decoder layers kept on the device ({gib:.1f} GiB)"
 
 
 def repeated_clips(summary: dict, records: dict) -> list[dict]:
@@ -130,7 +130,8 @@ def repeated_clips(summary: dict, records: dict) -> list[dict]:
     for (recipe, _, seed), stems in by.items():
         if len(stems) > 1 and all(s in records for s in stems):
             shas = {records[s].get("frames_sha256") for s in stems}
-            out.append({"recipe": recipe, "clips": stems, "seed": seed, "identical": len(shas) == 1 and None not in shas})
+            out.append({"recipe": recipe, "clips": stems, "seed": seed,
+                        "identical": len(shas) == 1 and None not in shas})
     return out
 
 

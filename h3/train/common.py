@@ -90,7 +90,8 @@ class TrainConfig:
     loss like any other: trained DiTs missed the bounce of 31 of 36 one-bounce captions and put audio onsets at
     seed-habitual times (bench/content_check/results/s33_g8s33_misses_probe.md). The latents' own second temporal
     difference marks them weakly (bench/tiny_event_weight/results/event_marks_s34.md: 1.11x the clip's mean at the
-    bounce, median of 24 one-bounce clips; its largest frame near the bounce in 9 of 24), hence the ground truth. 0 (the default, every run so far) leaves the loss exactly as before."""
+    bounce, median of 24 one-bounce clips; its largest frame near the bounce in 9 of 24), hence the ground truth.
+    0 (the default, every run so far) leaves the loss exactly as before."""
     # distillation
     distill_teacher_samples: int = 1024
     distill_teacher_steps: int = 29
