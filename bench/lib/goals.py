@@ -305,6 +305,8 @@ ROWS = ("request544", "decode15", "dense768", "sparse768", "request15", "request
 # 304x320): a row starts only when the budget left covers its estimate.
 DECODE_LEVER_MODS = ("compile", "fp8", "int8")
 """What a --decode-levers variant is made of (h3.levers.vae_decoder: compile, and one W8A8 quantization)."""
+REQUEST_ROWS = {"request544", "request15", "request15all"}
+"""The rows that run whole requests: only they need the text encoder."""
 ESTIMATE_S = {"request544": 45, "decode15": 22, "dense768": 30, "sparse768": 45, "request15": 200, "request15all": 120}
 TEXT_SIZE = dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
                  num_key_value_heads=8, head_dim=128, vocab_size=151936,
@@ -487,6 +489,31 @@ def mux_smooth(req: Request, out_dir: Path) -> float:
     return time.perf_counter() - t0
 
 
+def stock_forward(parts: SimpleNamespace, shape: str, repeats: int, device: str, dtype) -> dict:
+    """Stock diffusers' DiT forward at ``shape`` before any lever: the bare model as built (bf16, eager, diffusers'
+    default attention), its first call apart, then ``repeats + 1`` timed; the reference of the forward rows' ratios."""
+    geo = latent_geometry(*SHAPES[shape])
+    inputs = dit_inputs(geo, parts.transformer.config, device=device, dtype=dtype)
+    out: dict = {"shape": shape, "variant": "stock: the bare bf16 DiT, eager, diffusers' default attention, no lever"}
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        t0 = time.perf_counter()
+        time_forward(parts, inputs, 1, device)
+        out["first_call_s"] = time.perf_counter() - t0
+        times = time_forward(parts, inputs, max(1, repeats + 1), device)
+        out.update(measured=True, forward_s_all=times, measured_s=statistics.median(times))
+    except Exception as exc:  # an out-of-memory on a small card: the rows still run, without a stock ratio
+        out.update(measured=False, error=f"{type(exc).__name__}: {exc}"[:800])
+    if device == "cuda":
+        out["peak_GiB"] = torch.cuda.max_memory_allocated() / 2**30
+    del inputs
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
 def time_forward(parts, inputs: dict, repeats: int, device: str, before=None) -> list[float]:
     times = []
     with torch.no_grad():
@@ -513,6 +540,14 @@ def h200_goals_main() -> None:
                         "comma-separated (default: the stock decode's best tile); each tile's stock decode is "
                         "timed too")
     parser.add_argument("--repeats", type=int, default=1, help="timed requests / forwards per row after the first")
+    parser.add_argument("--decode-repeats", type=int, default=1, help="timed decodes per tile and variant (the "
+                        "median is the figure; a variant's first decode, which compiles, is apart)")
+    parser.add_argument("--stock", action="store_true", help="time stock diffusers' DiT forward in the same process "
+                        "first (the bare bf16 model: eager, its own attention, no lever) at dense768's shape, the "
+                        "reference of the dense and sparse rows' ratios on this card (the decode's stock is its "
+                        "eager 256x256 tile: name it in --decode-tiles)")
+    parser.add_argument("--dense-extra", default="", help="more DiT variants timed at dense768's shape after it "
+                        "(e.g. turbo4-fp8-sage-compile+graphs: CUDA graphs of each compiled block), comma-separated")
     parser.add_argument("--smoke", action="store_true", help="the tiny preset's configs on the CPU, float32")
     args = parser.parse_args()
     start = time.perf_counter()
@@ -549,6 +584,7 @@ def h200_goals_main() -> None:
         mods = spec.split("+")
         if any(m not in DECODE_LEVER_MODS for m in mods) or sum(m in ("fp8", "int8") for m in mods) > 1:
             parser.error(f"--decode-levers {spec!r}: a variant is compile, fp8 or int8 joined by '+' (one quantization)")
+    result["dense_extra"] = {}
     for r in ROWS:
         result["rows"][r] = {"shape": shapes[r], "measured": False,
                              "reason": "not asked for (--rows)" if r not in rows else "not reached"}
@@ -557,14 +593,22 @@ def h200_goals_main() -> None:
     t = time.perf_counter()
     parts = build(args.smoke, device, dtype)
     result["build_dit_vae_s"] = time.perf_counter() - t
+    if args.stock and {"dense768", "sparse768"} & set(rows):
+        result["stock"] = {"dense768": stock_forward(parts, shapes["dense768"], args.repeats, device, dtype)}
+        atomic_write_json(out, result)
+        print("stock", result["stock"], flush=True)
     variant = "turbo4" if args.smoke else dense_variant()  # FP8 is refused on the CPU
     result["dense_variant"] = variant
     t = time.perf_counter()
     handles = apply_variant(parts, variant, device)
     result["apply_levers_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    build_text_encoder(parts, device, dtype)
-    result["build_text_s"] = time.perf_counter() - t
+    if REQUEST_ROWS & set(rows):
+        build_text_encoder(parts, device, dtype)
+        result["build_text_s"] = time.perf_counter() - t
+    else:  # the forward and decode rows never encode text; a 62 GiB encoder would not fit an 80 GB card beside them
+        result["build_text_s"] = None
+        result["text_encoder"] = "not built: no request row asked for"
     if device == "cuda":
         result["resident_GiB"] = torch.cuda.memory_allocated() / 2**30
     atomic_write_json(out, result)
@@ -612,13 +656,16 @@ def h200_goals_main() -> None:
         g = torch.Generator(device="cpu").manual_seed(3)
         z = torch.randn(1, parts.vae.config.latent_channels, geo["latent_frames"], lh, lw, generator=g).to(device,
                                                                                                              dtype)
-        def timed_decode() -> float:
+        def one_decode() -> float:
             with torch.no_grad():
                 sync(device)
                 t0 = time.perf_counter()
                 parts.vae.decode(z, return_dict=False)
                 sync(device)
             return time.perf_counter() - t0
+
+        def timed_decode() -> float:  # the median of --decode-repeats decodes
+            return statistics.median(one_decode() for _ in range(max(1, args.decode_repeats)))
 
         per_tile = {}
         for spec in args.decode_tiles.split(","):
@@ -646,8 +693,9 @@ def h200_goals_main() -> None:
                 try:
                     handle = apply_vae_decoder(parts.vae, config, allow_cpu_fp8=args.smoke)
                     try:
-                        times = [timed_decode(), timed_decode()]
-                        levers[spec] = {"measured": True, "first_s": times[0], "decode_s": times[1],
+                        first = one_decode()
+                        levers[spec] = {"measured": True, "first_s": first, "decode_s": timed_decode(),
+                                        "decode_repeats": max(1, args.decode_repeats),
                                         "telemetry": handle.telemetry()}
                     finally:
                         handle.remove()
@@ -745,6 +793,18 @@ def h200_goals_main() -> None:
         return row
 
     run_row("request15all", request15all_row)
+    # further dense variants last: a failure there (CUDA graphs' memory, say) cannot cost a goal row
+    for extra in [v for v in args.dense_extra.split(",") if v]:
+        if left() < 2 * ESTIMATE_S["dense768"]:
+            result["dense_extra"][extra] = {"measured": False, "reason": f"out of the time box: {left():.0f} s left"}
+            continue
+        try:
+            handles = apply_variant(parts, extra, device, handles)
+            result["dense_extra"][extra] = {"measured": True, **dense_row(), "variant": extra}
+        except Exception as exc:  # keep the rows: the next variant re-applies its levers
+            result["dense_extra"][extra] = {"measured": False, "error": f"{type(exc).__name__}: {exc}"[:800]}
+        atomic_write_json(out, result)
+        print(extra, result["dense_extra"][extra], flush=True)
     result["wall_s"] = time.perf_counter() - start
     atomic_write_json(out, result)
     print("wrote", out, "in", round(result["wall_s"], 1), "s", flush=True)
@@ -896,4 +956,141 @@ def gate_fraction_main(argv: list[str] | None = None) -> int:
         f"process's lazy imports and model loads, once per signoff).\n" + _per_gate_table(data)))
     kwargs = {"goals": args.goals} if args.goals else {}
     print(write_goal_entry(__file__, record, _gate_goal_entry, **kwargs))
+    return 0
+
+
+# ---- card_goals (the CLI: bench/card_goals/card_goals.py) --------------------------------------------------------------
+# Issue 54: the forward and decode goals on the card a call lands on (an H100 or an H200), each beside stock diffusers
+# timed in the same process (`h200_goals.py --stock`): the dense and 85 % sparse DiT forwards at 5 s 768x1344 against
+# the bare bf16 forward, the 15 s 768x1344 video decode of the shipped recipes (compiled decoder, 304x320 tiles)
+# against the eager decode at stock's 256x256 tiles. One entry per goal in h200_goals.json, named with its card.
+
+CARD_GOALS_RESULTS = ROOT_DIR / "bench" / "card_goals" / "results"
+SHIPPED_DECODE = ("304x320", "compile")
+"""The decode turbo4-fp8-sage-compile and turbo4-sparse ship: the compiled decoder blocks at 304x320 tiles."""
+STOCK_TILE = "256x256"
+"""stock4's (and the baseline's) VAE tile."""
+
+
+def _measured(row, where: str) -> float | None:
+    """A row's seconds when it says it was measured (a finite positive number, else BadInput), else None."""
+    if not isinstance(row, dict) or row.get("measured") is not True:
+        return None
+    key = "measured_s" if "measured_s" in row else "decode_s"
+    return _seconds(row.get(key), f"{where}.{key}")
+
+
+def _card_entry(goal: str, card: str, measured: float | None, stock_s: float | None, target: float,
+                **info) -> tuple:
+    name = f"{goal} ({card})"
+    if measured is None:
+        return name, {"measured": None, "target": target, "unit": "s", "met": None, "card": card, **info}
+    entry = {"measured": round(measured, 3), "target": target, "unit": "s", "met": measured <= target, "card": card,
+             "ratio_to_stock": round(stock_s / measured, 3) if stock_s is not None else None, **info}
+    return name, entry
+
+
+def card_goal_entries(raw: dict, source: str) -> dict[str, dict]:
+    """The entries one ``--stock`` call gives: each goal it measured (or says why not) with its card and its ratio to
+    the stock figure of the same process; BadInput for a value that cannot be a measurement."""
+    card = raw.get("device")
+    if not isinstance(card, str) or not card or card.startswith("cpu"):
+        raise BadInput(f"{source}: 'device' {card!r} names no card (a CPU smoke run is not a goal's figure)")
+    rows = raw.get("rows")
+    if not isinstance(rows, dict):
+        raise BadInput(f"{source} has no 'rows' object")
+    for key in ("dense768", "sparse768", "decode15"):
+        row = rows.get(key) or {}
+        if row.get("measured") is True and row.get("shape") != SHAPE[key]:
+            raise BadInput(f"{source}: rows.{key} was measured at {row.get('shape')!r}; the goal is at {SHAPE[key]}")
+    stock_row = (raw.get("stock") or {}).get("dense768")
+    stock = _measured(stock_row, f"{source}: stock.dense768")
+    common = {"source": source, "date": raw.get("date"), "stock": (
+        "stock diffusers' forward in the same process before any lever: the bare bf16 DiT, eager, its own attention"
+        if stock is not None else f"not measured: {(stock_row or {}).get('error') or 'no --stock'}")}
+    out = {}
+    dense, sparse = rows.get("dense768") or {}, rows.get("sparse768") or {}
+    for key, goal, target, row in (("dense768", "dense DiT forward at 5 s 768×1344", 3.3, dense),
+                                   ("sparse768", "85% sparse forward at 5 s 768×1344", 1.6, sparse)):
+        secs = _measured(row, f"{source}: rows.{key}")
+        timed = len(row.get("forward_s_all") or [])
+        name, entry = _card_entry(goal, card, secs, stock, target, variant=row.get("variant"), **common,
+                                  measured_as=f"median of {timed} forwards after the first (which compiles)")
+        if secs is None:
+            entry["not_measured"] = str(row.get("error") or row.get("reason") or "no row")
+        out[name] = entry
+    dec = rows.get("decode15") or {}
+    tile, lever = SHIPPED_DECODE
+    per_tile = dec.get("per_tile") or {}
+    stock_dec = _measured(per_tile.get(STOCK_TILE), f"{source}: rows.decode15.per_tile.{STOCK_TILE}")
+    shipped = ((dec.get("lever_tiles") or {}).get(tile) or {}).get("levers", {}).get(lever)
+    secs = _measured(shipped, f"{source}: rows.decode15.lever_tiles.{tile}.levers.{lever}")
+    name, entry = _card_entry(
+        "video decode at 15 s 768×1344", card, secs, stock_dec, 6.0, source=source, date=raw.get("date"),
+        variant=f"the shipped decode: compiled decoder blocks, {tile} tiles (turbo4-fp8-sage-compile, turbo4-sparse)",
+        stock=f"the eager decode at stock's {STOCK_TILE} tiles, same process" if stock_dec is not None
+        else f"not measured: no {STOCK_TILE} tile in --decode-tiles",
+        measured_as=f"median of {(shipped or {}).get('decode_repeats', 1)} decodes after the first (which compiles)")
+    if secs is None:
+        entry["not_measured"] = str((shipped or {}).get("error") or dec.get("error") or dec.get("reason")
+                                    or "no compiled 304x320 decode (--decode-levers compile --lever-tiles 304x320)")
+    out[name] = entry
+    return out
+
+
+def _card_table(raw: dict, entries: dict) -> str:
+    lines = ["| goal | measured (s) | target (s) | met | x stock | stock (s) | variant |", "|---|---|---|---|---|---|---|"]
+    for name, e in entries.items():
+        stock = (f"{e['measured'] * e['ratio_to_stock']:.2f}" if e.get("ratio_to_stock") and e["measured"] else "—")
+        lines.append(f"| {name} | {e['measured'] if e['measured'] is not None else 'not measured'} | {e['target']} | "
+                     f"{ {True: 'met', False: 'missed', None: '—'}[e['met']]} | "
+                     f"{str(e.get('ratio_to_stock') or '—') + ('x' if e.get('ratio_to_stock') else '')} | {stock} | "
+                     f"{e.get('variant') or ''} |")
+    extra = raw.get("dense_extra") or {}
+    if extra:
+        lines += ["", "Further dense variants at the same shape, after the dense row (same process):", "",
+                  "| variant | forward (s) | first call (s) | x stock |", "|---|---|---|---|"]
+        stock = (raw.get("stock") or {}).get("dense768", {}).get("measured_s")
+        for v, r in extra.items():
+            if r.get("measured"):
+                s = _seconds(r.get("measured_s"), f"dense_extra.{v}.measured_s")
+                lines.append(f"| {v} | {s:.3f} | {r.get('first_call_s', float('nan')):.1f} | "
+                             + (f"{stock / s:.2f}x |" if stock else "— |"))
+            else:
+                lines.append(f"| {v} | not measured: {r.get('error') or r.get('reason')} | | |")
+    return "\n".join(lines)
+
+
+def card_goals_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Record one `h200_goals.py --stock` call as the goals of its card")
+    ap.add_argument("--from", dest="src", type=Path, required=True, help="the call's files (h200_goals_raw.json)")
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--command", required=True, help="the device call, as run")
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--goals", type=Path, default=None, help="h200_goals.json to update (default: the shipped one)")
+    ap.add_argument("--results", type=Path, default=CARD_GOALS_RESULTS)
+    args = ap.parse_args(argv)
+    try:
+        raw = _load(args.src, "h200_goals_raw.json")
+        record = args.results / f"{args.name}.json"
+        entries = card_goal_entries(raw, str(record.relative_to(ROOT_DIR)) if record.is_relative_to(ROOT_DIR)
+                                    else str(record))
+    except BadInput as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    data = {**raw, "call": args.command, "commit": args.commit, "entries": entries,
+            "recorded": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    args.results.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(record, data)
+    atomic_write_text(args.results / f"{args.name}.md", (
+        f"# {args.name}: the forward and decode goals on one {raw['device']}\n\n- date: {raw.get('date')}\n"
+        f"- commit: {args.commit}\n- call: `{args.command}`\n"
+        f"- torch {raw.get('torch')}, CUDA {raw.get('cuda')}, diffusers {raw.get('diffusers')}, "
+        f"SageAttention {raw.get('sageattention')}; {raw.get('weights')}\n\n" + _card_table(raw, entries) + "\n"))
+    goals_path = args.goals or GOALS_JSON
+    table = json.loads(goals_path.read_text())
+    table.update(entries)
+    atomic_write_json(goals_path, table)
+    for name, entry in entries.items():
+        print(f"{name}: {json.dumps(entry)}")
     return 0

@@ -493,10 +493,13 @@ def variant_recipe(variant: str):
         else:
             raise ValueError(f"unknown modifier {mod!r} in variant {variant!r}")
     set_aside = {"lora": recipe.lora.enabled, "vae_tiles": dict(recipe.vae.tiles), "offload": recipe.offload.enabled,
-                 "adaln_precompute": recipe.adaln.precompute, "cache": recipe.cache.kind}
+                 "adaln_precompute": recipe.adaln.precompute, "cache": recipe.cache.kind,
+                 "vae_decoder": recipe.vae_decoder.model_dump(exclude_defaults=True)}
     from h3.levers.vae import VaeConfig
+    from h3.levers.vae_decoder import VaeDecoderConfig
 
-    update.update(lora=recipe.lora.model_copy(update={"enabled": False}), vae=VaeConfig(),
+    # the video VAE's levers (tiles, the compiled decoder) are the decode's: timed by the decode rows, not here
+    update.update(lora=recipe.lora.model_copy(update={"enabled": False}), vae=VaeConfig(), vae_decoder=VaeDecoderConfig(),
                   offload=recipe.offload.model_copy(update={"enabled": False}),
                   adaln=recipe.adaln.model_copy(update={"precompute": False}))
     return recipe.model_copy(update=update), set_aside
