@@ -830,3 +830,125 @@ def count_probe_main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     print("wrote", *paths)
     return 0
+
+
+# ---- sync_probe (the CLI: bench/tiny_event_weight/sync_probe.py) -------------------------------------------------------
+# Issue 55: is a clip's sound in step with the turns it draws? The content check's sync matches a clip's video events
+# (its reader's sharp reversals and the appearances) with its click onsets, within 2 frames, none left over. Read with
+# the soft turns (SOFT_TURN) as the video events instead, on the same held-out clips, and on the world's own renders
+# as the control (where every turn is sharp and every click is on its event).
+
+
+def soft_events(frames: np.ndarray) -> list[float]:
+    """A clip's video events with turns read as :data:`SOFT_TURN` reads them: each colour track's reversals along its
+    motion axis, and its appearance."""
+    from h3.world.detect import appearance_time, initial_direction, reversals, track_colours
+    from h3.world.scene import DIRECTIONS
+
+    out: list[float] = []
+    for track in track_colours(frames).values():
+        direction = initial_direction(track)
+        axis = 0 if direction is None or DIRECTIONS[direction][0] else 1
+        out += reversals(track, axis, **SOFT_TURN)
+        if (t := appearance_time(track)) is not None:
+            out.append(t)
+    return sorted(out)
+
+
+def sync_reading(frames: np.ndarray, audio: np.ndarray, rate: int, expected: list[dict]) -> dict | None:
+    """One clip's sync by the content check's reading and by the soft-turn reading (None when its caption names no
+    event), and each onset's distance in frames to the nearest soft event."""
+    from h3.world.detect import FPS, SYNC_TOLERANCE_FRAMES, describe_clip, match_events, score_clip
+
+    description = describe_clip(frames, audio, rate)
+    score = score_clip(description, expected)
+    if score.sync is None:
+        return None
+    soft = soft_events(frames)
+    matched, unmatched_v, unmatched_a = match_events(soft, description.onsets, SYNC_TOLERANCE_FRAMES / FPS)
+    gaps = [min(abs(o - t) for t in soft) * FPS for o in description.onsets] if soft else []
+    return {"sync": bool(score.sync), "sync_soft": bool(soft) and unmatched_v == 0 and unmatched_a == 0,
+            "events_named": score.details["events_named"], "video_events": len(description.video_events),
+            "soft_events": len(soft), "onsets": len(description.onsets), "soft_matched": matched,
+            "onset_gap_frames": [round(g, 2) for g in gaps]}
+
+
+def sync_on_renders(limit: int) -> list[dict]:
+    """The control: the world's own renders (picture and sound) of the held-out split's scenes that have an event."""
+    from h3.world.detect import parse_caption
+    from h3.world.render import SAMPLE_RATE, render_audio, render_video
+    from h3.world.scene import caption, sample_scene
+    from h3.world.suites import SUITES
+
+    split, seed, _, _ = SUITES["world-heldout"]
+    out, index = [], 0
+    while len(out) < limit and index < 50 * limit:
+        scene = sample_scene(seed, index, split)
+        index += 1
+        frames = (render_video([scene])[0].numpy())
+        audio = render_audio([scene])[0].numpy()
+        reading = sync_reading(frames, audio, SAMPLE_RATE, parse_caption(caption(scene)))
+        if reading is not None:
+            out.append(reading)
+    return out
+
+
+def sync_probe(model: str, seeds: list[int], workdir: Path, size: int = 128) -> list[dict]:
+    from h3.media import decode_audio, decode_video
+    from h3.recipe import load_recipe
+    from h3.runtime import GenerateRequest, H3Runtime
+    from h3.world.detect import parse_caption
+    from h3.world.suites import suite_lines
+
+    runtime = H3Runtime.load(model, load_recipe("baseline"), "cpu")
+    clips = []
+    for line in suite_lines("world-heldout"):
+        for seed in seeds:
+            out = workdir / f"{line['id']}-s{seed}.mp4"
+            runtime.generate(GenerateRequest(prompt=line["prompt"], seed=seed, height=size, width=size), out)
+            audio, rate = decode_audio(out)
+            reading = sync_reading(decode_video(out)[0], audio, rate, parse_caption(line["prompt"]))
+            if reading is not None:
+                clips.append({"id": line["id"], "seed": seed, **reading})
+    return clips
+
+
+def _sync_summary(clips: list[dict]) -> dict:
+    gaps = [g for c in clips for g in c["onset_gap_frames"]]
+    return {"clips": len(clips), "sync": sum(c["sync"] for c in clips), "sync_soft": sum(c["sync_soft"] for c in clips),
+            "onsets": len(gaps), "onsets_within_2_frames": int(sum(g <= 2 for g in gaps)),
+            "onset_gap_median_frames": float(np.median(gaps)) if gaps else None,
+            "events_named": sum(c["events_named"] for c in clips), "soft_events": sum(c["soft_events"] for c in clips),
+            "video_events": sum(c["video_events"] for c in clips),
+            "onsets_per_clip": float(np.mean([c["onsets"] for c in clips])) if clips else None}
+
+
+def sync_probe_main(argv: list[str] | None = None) -> int:
+    import tempfile
+
+    ap = argparse.ArgumentParser(description="Is a clip's sound in step with the turns it draws? (bench.lib.tiny)")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--seeds", default="0,1,2,3")
+    ap.add_argument("--renders", type=int, default=40, help="held-out scenes with an event in the control")
+    ap.add_argument("--name", required=True)
+    args = ap.parse_args(argv)
+    from bench.lib import results as _results
+
+    seeds = [int(s) for s in args.seeds.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        clips = sync_probe(args.model, seeds, Path(tmp))
+    renders = sync_on_renders(args.renders)
+    rows = {"model": _sync_summary(clips), "renders": _sync_summary(renders)}
+    lines = [f"Model `{args.model}`, the held-out captions that name an event x seeds {seeds}; the control: the "
+             f"world's own renders of {len(renders)} held-out scenes with an event.\n",
+             "| clips | n | sync, content check's reading | sync, soft turns as the video events | onsets within 2 "
+             "frames of a soft event | median onset gap (frames) | onsets a clip | events named | soft events read "
+             "| sharp events read |", "|---|" + "---|" * 9]
+    for label, s in (("model", rows["model"]), ("world renders", rows["renders"])):
+        lines.append(f"| {label} | {s['clips']} | {s['sync']} | {s['sync_soft']} | {s['onsets_within_2_frames']} of "
+                     f"{s['onsets']} | {s['onset_gap_median_frames']} | {s['onsets_per_clip']:.2f} | "
+                     f"{s['events_named']} | {s['soft_events']} | {s['video_events']} |")
+    paths = _results.write(args.name, {"summary": rows, "clips": clips, "renders": renders}, "\n".join(lines))
+    print("\n".join(lines))
+    print("wrote", *paths)
+    return 0
