@@ -247,3 +247,30 @@ def test_the_count_probe_rewrites_only_the_bounce_clause():
             (again,) = parse_caption(with_bounces(caption, count))
             assert again == {**shape, "bounces": count}
         assert with_bounces(caption, shape["bounces"]) == caption
+
+
+def test_the_sync_probe_reads_a_render_in_sync_and_its_sound_moved_four_frames_out():
+    """bench.lib.tiny.sync_reading on the world's own render of a held-out one-shape scene with bounces: both readings
+    in sync, as many soft events as the scene's ground truth has, every onset within a frame of one; the same picture
+    with its sound 4 frames late (a planted defect of known size): out of sync by both, the onsets 4 frames off."""
+    from bench.lib.tiny import sync_reading
+    from h3.world.detect import FPS, parse_caption
+    from h3.world.render import SAMPLE_RATE, render_audio, render_video
+    from h3.world.scene import caption, sample_scene
+    from h3.world.suites import SUITES
+
+    split, seed, _, _ = SUITES["world-heldout"]
+    scene = next(s for s in (sample_scene(seed, i, split) for i in range(200))
+                 if len(s.shapes) == 1 and s.shapes[0].bounces >= 1 and not s.shapes[0].appears)
+    frames, audio = render_video([scene])[0].numpy(), render_audio([scene])[0].numpy()
+    expected = parse_caption(caption(scene))
+    ok = sync_reading(frames, audio, SAMPLE_RATE, expected)
+    assert ok["sync"] and ok["sync_soft"]
+    assert ok["soft_events"] == ok["events_named"] == scene.shapes[0].bounces
+    assert max(ok["onset_gap_frames"]) <= 1.0
+    shift = round(4 * SAMPLE_RATE / FPS)
+    late = np.zeros_like(audio)
+    late[..., shift:] = audio[..., :-shift]
+    off = sync_reading(frames, late, SAMPLE_RATE, expected)
+    assert not off["sync"] and not off["sync_soft"] and off["soft_matched"] == 0
+    assert all(3.0 <= g <= 5.0 for g in off["onset_gap_frames"]), off["onset_gap_frames"]
