@@ -274,3 +274,47 @@ def test_the_sync_probe_reads_a_render_in_sync_and_its_sound_moved_four_frames_o
     off = sync_reading(frames, late, SAMPLE_RATE, expected)
     assert not off["sync"] and not off["sync_soft"] and off["soft_matched"] == 0
     assert all(3.0 <= g <= 5.0 for g in off["onset_gap_frames"]), off["onset_gap_frames"]
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_free_audio_levels_follow_their_own_draws(monkeypatch, tiny_setup, share):
+    """TrainConfig.dit_audio_level_free: the audio timestep flow_loss gives the model is, per request, 1 - the paired
+    level (share 0: every run so far, the generator's stream untouched) or, where the share's coin falls, 1 - the
+    audio shift of its own base level; replayed from the draw's generator in the documented order."""
+    import h3.train.dit as dit
+    from h3.train.packing import AUDIO_SHIFT, shifted_sigma
+
+    pool, model = tiny_setup
+    cfg = TrainConfig.smoke(dit_batch=8, dit_task_mix=(1.0, 0.0, 0.0), dit_audio_level_free=share)
+    batches = dit.Batches(pool, cfg)
+    seen = {}
+    real = dit.packed_forward
+
+    def recording(transformer, layout, video, audio, text, tv, ta):
+        seen["ta"] = ta
+        return real(transformer, layout, video, audio, text, tv, ta)
+
+    monkeypatch.setattr(dit, "packed_forward", recording)
+    with torch.no_grad():
+        dit.flow_loss(model, batches, batches.draw(0), cfg)
+    draw = batches.draw(0)
+    gen, b = draw["gen"], len(draw["clips"])
+    u = torch.rand(b, generator=gen)
+    x0_v = patchify(pool.video[draw["clips"]].float())
+    torch.randn(x0_v.shape, generator=gen), torch.randn(audio_rows(pool.audio[draw["clips"]].float()).shape, generator=gen)
+    paired = shifted_sigma(u, AUDIO_SHIFT)
+    if share:
+        coins, own = torch.rand(b, generator=gen), shifted_sigma(torch.rand(b, generator=gen), AUDIO_SHIFT)
+        expected = torch.where(coins < share, own, paired)
+        assert share == 1.0 or 0 < int((coins < share).sum()) < b  # both kinds in the batch at 0.5
+    else:
+        expected = paired
+    assert torch.equal(seen["ta"], 1 - expected)
+    assert torch.equal(seen["ta"], 1 - paired) == (share == 0.0)
+
+
+def test_a_free_audio_share_outside_0_1_is_refused():
+    from h3.train.dit import free_audio_levels
+
+    with pytest.raises(ValueError, match=r"dit_audio_level_free must be a share in \[0, 1\], got 1.5"):
+        free_audio_levels(torch.zeros(2), 1.5, torch.Generator().manual_seed(0))

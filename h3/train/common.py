@@ -92,6 +92,15 @@ class TrainConfig:
     difference marks them weakly (bench/tiny_event_weight/results/event_marks_s34.md: 1.11x the clip's mean at the
     bounce, median of 24 one-bounce clips; its largest frame near the bounce in 9 of 24), hence the ground truth.
     0 (the default, every run so far) leaves the loss exactly as before."""
+    dit_audio_level_free: float = 0.0
+    """The share of a batch's requests whose audio noise level is drawn on its own (its own base level through the
+    audio shift) instead of from the video's base level. The pipeline's paired schedule (video shift 12, audio 3)
+    leaves the audio cleaner than the video at every step, so a DiT trained on those pairs alone rarely has to time
+    the audio from a drawn picture: trained tiny DiTs sound their clicks at the seed's habitual times whatever the
+    caption (bench/content_check/results/s33_g8s33_misses_probe.md) and half their onsets miss the drawn turn by more
+    than 2 frames (bench/tiny_event_weight/results/sync_probe_g8ev.md). Requests with a free audio level include
+    clean pictures with noisy sound: sound from the picture. 0 (the default, every run so far) draws exactly as
+    before."""
     # distillation
     distill_teacher_samples: int = 1024
     distill_teacher_steps: int = 29

@@ -162,6 +162,16 @@ def _event_rows(pool: Pool, clips: torch.Tensor, lam: float) -> tuple[torch.Tens
                          (h // PATCH[1]) * (w // PATCH[2]))
 
 
+def free_audio_levels(sa: torch.Tensor, share: float, gen: torch.Generator) -> torch.Tensor:
+    """``sa`` with each request's audio level, at chance ``share``, replaced by one from its own base level
+    (TrainConfig.dit_audio_level_free): a draw of the share's coins, then one of the new base levels, both uniform."""
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"dit_audio_level_free must be a share in [0, 1], got {share!r}")
+    coins = torch.rand(sa.shape, generator=gen, device=sa.device)
+    own = shifted_sigma(torch.rand(sa.shape, generator=gen, device=sa.device), AUDIO_SHIFT)
+    return torch.where(coins < share, own, sa)
+
+
 def flow_loss(transformer, batches: Batches, draw: dict, cfg: TrainConfig) -> tuple[torch.Tensor, dict]:
     pool, gen = batches.pool, draw["gen"]
     x0_v = patchify(pool.video[draw["clips"]].float())
@@ -171,6 +181,8 @@ def flow_loss(transformer, batches: Batches, draw: dict, cfg: TrainConfig) -> tu
     sv, sa = shifted_sigma(u, VIDEO_SHIFT), shifted_sigma(u, AUDIO_SHIFT)
     noise_v = torch.randn(x0_v.shape, generator=gen, device=x0_v.device)
     noise_a = torch.randn(x0_a.shape, generator=gen, device=x0_a.device)
+    if cfg.dit_audio_level_free:  # drawn after the default draws: at 0 the stream is the one every run so far drew
+        sa = free_audio_levels(sa, cfg.dit_audio_level_free, gen)
     xv = (1 - sv)[:, None, None] * x0_v + sv[:, None, None] * noise_v
     xa = (1 - sa)[:, None, None] * x0_a + sa[:, None, None] * noise_a
     text = draw["text"]
