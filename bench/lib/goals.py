@@ -575,9 +575,13 @@ def h200_goals_main() -> None:
     for r in rows:
         if r not in ROWS:
             parser.error(f"unknown row {r!r}; rows are {', '.join(ROWS)}")
-    for spec in [v for v in args.lever_tiles.split(",") if v]:
-        if not re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", spec):
-            parser.error(f"--lever-tiles {spec!r}: a tile is HEIGHTxWIDTH in pixels, e.g. 304x320")
+    for flag, specs in (("--lever-tiles", args.lever_tiles), ("--decode-tiles", args.decode_tiles)):
+        for spec in [v for v in specs.split(",") if v]:
+            if not re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", spec):
+                parser.error(f"{flag} {spec!r}: a tile is HEIGHTxWIDTH in pixels, e.g. 304x320")
+            if min(int(v) for v in spec.split("x")) <= 64:  # the VAE's default overlap (h3.levers.vae.VaeConfig)
+                parser.error(f"{flag} {spec!r}: a tile must exceed the VAE's 64 px overlap (a narrower one never "
+                             "covers the frame: the decode would not return)")
     if args.lever_tiles and not args.decode_levers:
         parser.error("--lever-tiles times the --decode-levers variants: name them")
     for spec in [v for v in args.decode_levers.split(",") if v]:  # else a typo would time the stock decode under it

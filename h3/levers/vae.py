@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from h3.levers.base import ApplyContext, LeverConfig, LeverHandle, mark_applied, unmark_applied
 
@@ -60,6 +60,18 @@ class VaeConfig(LeverConfig):
             if len(tile) != 2 or any(t < 32 or t % 16 for t in tile):
                 raise ValueError(f"tile for {key} must be [height, width], multiples of 16 and >= 32, got {tile}")
         return value
+
+    @model_validator(mode="after")
+    def _tiles_wider_than_the_overlap(self) -> "VaeConfig":
+        """Every tile must be wider than the overlap: diffusers' tiled VAE adds tiles until they cover the frame with
+        that overlap, and a tile no wider than it covers nothing new, so the decode would never return."""
+        tiles = [("tile_height", self.tile_height), ("tile_width", self.tile_width)] if self.tiling else []
+        tiles += [(f"tiles.{key}", t) for key, pair in self.tiles.items() for t in pair]
+        for where, size in tiles:
+            if size <= self.tile_overlap:
+                raise ValueError(f"{where} {size} must exceed tile_overlap {self.tile_overlap}: a tile no wider than "
+                                 "the overlap never covers the frame (the tiled decode would not return)")
+        return self
 
     def is_on(self) -> bool:
         return bool(self.tiles) or not self.resident
