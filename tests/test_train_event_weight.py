@@ -318,3 +318,27 @@ def test_a_free_audio_share_outside_0_1_is_refused():
 
     with pytest.raises(ValueError, match=r"dit_audio_level_free must be a share in \[0, 1\], got 1.5"):
         free_audio_levels(torch.zeros(2), 1.5, torch.Generator().manual_seed(0))
+
+
+def test_colour_misses_counts_a_planted_record():
+    """bench.lib.tiny.colour_misses on a planted content-check record of two held-out captions: a clip that draws red
+    for a yellow shape counts one miss of that pair and one unnamed red; a clip with every named colour counts none."""
+    from bench.lib.tiny import colour_key, colour_misses
+    from h3.world.detect import parse_caption
+    from h3.world.suites import suite_lines
+
+    lines = suite_lines("world-heldout")
+    one = next(ln for ln in lines if len(parse_caption(ln["prompt"])) == 1)
+    two = next(ln for ln in lines if len(parse_caption(ln["prompt"])) == 2)
+    (a,) = parse_caption(one["prompt"])
+    b1, b2 = parse_caption(two["prompt"])
+    wrong = next(c for c in ("red", "green", "blue") if c not in (a["colour"], b1["colour"], b2["colour"]))
+    clips = [{"prompt_id": one["id"], "details": {"colours_seen": [wrong]}},
+             {"prompt_id": one["id"], "details": {"colours_seen": [a["colour"]]}},
+             {"prompt_id": two["id"], "details": {"colours_seen": [b1["colour"], b2["colour"]]}}]
+    r = colour_misses({"prompts": "world-heldout", "rows": {"baseline": {"clips": clips}}})
+    key_a, key_b1, key_b2 = colour_key(a), colour_key(b1), colour_key(b2)
+    assert key_b2.endswith("(appears)") and key_a != key_b2
+    assert r["named"][key_a] == 2 + (key_a == key_b1)
+    assert r["missed"][key_a] == 1 and r["missed"][key_b2] == 0 and sum(r["missed"].values()) == 1
+    assert r["extra_colours"] == {wrong: 1}

@@ -952,3 +952,94 @@ def sync_probe_main(argv: list[str] | None = None) -> int:
     print("\n".join(lines))
     print("wrote", *paths)
     return 0
+
+
+# ---- colour_misses (the CLI: bench/tiny_event_weight/colour_misses.py) -------------------------------------------------
+# Issue 55: which held-out colour-shape pairs miss their colour in a content check's record, what is drawn instead,
+# and (with --model) the mean RGB of the blob drawn for a missed pair's caption, against the world's palette.
+
+
+def colour_key(shape: dict) -> str:
+    """A named shape's row: its colour and shape, and whether it appears mid-clip or is there from the start."""
+    return f"{shape['colour']} {shape['shape']} ({'appears' if shape.get('appears') else 'from the start'})"
+
+
+def colour_misses(check: dict, row: str = "baseline") -> dict:
+    """Per named (colour, shape, appears or not) of a content check's clips: how often the colour is not seen, and the colours
+    seen that the caption does not name."""
+    from h3.world.detect import parse_caption
+    from h3.world.suites import suite_lines
+
+    prompts = {ln["id"]: ln["prompt"] for ln in suite_lines(check["prompts"])}
+    named, missed, extra = {}, {}, {}
+    for clip in check["rows"][row]["clips"]:
+        shapes = parse_caption(prompts[clip["prompt_id"]])
+        seen = set(clip["details"]["colours_seen"])
+        for s in shapes:
+            key = colour_key(s)
+            named[key] = named.get(key, 0) + 1
+            missed[key] = missed.get(key, 0) + (s["colour"] not in seen)
+        for colour in seen - {s["colour"] for s in shapes}:
+            extra[colour] = extra.get(colour, 0) + 1
+    return {"named": named, "missed": missed, "extra_colours": extra}
+
+
+def blob_colours(model: str, prompt_ids: list[str], seeds: list[int], workdir: Path, size: int = 128) -> list[dict]:
+    """The mean RGB (0-255) of each non-background blob h3.world.detect labels in clips of ``prompt_ids``, and the
+    palette colour it is nearest to."""
+    from h3.media import decode_video
+    from h3.recipe import load_recipe
+    from h3.runtime import GenerateRequest, H3Runtime
+    from h3.world.detect import label_colours
+    from h3.world.scene import COLOURS
+    from h3.world.suites import suite_lines
+
+    prompts = {ln["id"]: ln["prompt"] for ln in suite_lines("world-heldout")}
+    names = list(COLOURS)
+    runtime = H3Runtime.load(model, load_recipe("baseline"), "cpu")
+    out = []
+    for pid in prompt_ids:
+        for seed in seeds:
+            path = workdir / f"{pid}-s{seed}.mp4"
+            runtime.generate(GenerateRequest(prompt=prompts[pid], seed=seed, height=size, width=size), path)
+            frames = decode_video(path)[0]
+            labels = label_colours(frames)
+            for label in [int(v) for v in np.unique(labels) if v >= 0]:
+                rgb = frames[labels == label].reshape(-1, 3).mean(0)
+                out.append({"id": pid, "seed": seed, "label": names[label], "pixels": int((labels == label).sum()),
+                            "mean_rgb": [round(float(v), 1) for v in rgb]})
+    return out
+
+
+def colour_misses_main(argv: list[str] | None = None) -> int:
+    import tempfile
+
+    ap = argparse.ArgumentParser(description="Which held-out colour-shape pairs miss their colour (bench.lib.tiny)")
+    ap.add_argument("--check", type=Path, required=True, help="a content check's JSON record")
+    ap.add_argument("--model", default=None, help="render the clips of --ids with this model and read their blobs")
+    ap.add_argument("--ids", default="", help="held-out prompt ids whose blobs to read, comma-separated")
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--name", required=True)
+    args = ap.parse_args(argv)
+    from bench.lib import results as _results
+    from h3.world.scene import COLOURS
+
+    r = colour_misses(json.loads(args.check.read_text()))
+    lines = [f"Content check `{args.check}`: per named colour-shape (there from the start or "
+             "appearing mid-clip), the clips whose drawn colours lack the named colour.\n", "| named | missed | of |", "|---|---|---|"]
+    lines += [f"| {k} | {r['missed'][k]} | {n} |" for k, n in sorted(r["named"].items())]
+    lines.append("\nColours drawn that the caption does not name (clips): "
+                 + (", ".join(f"{c} {n}" for c, n in sorted(r["extra_colours"].items())) or "none") + ".")
+    if args.model and args.ids:
+        with tempfile.TemporaryDirectory() as tmp:
+            r["blobs"] = blob_colours(args.model, args.ids.split(","), [int(s) for s in args.seeds.split(",")],
+                                      Path(tmp))
+        lines += ["", f"Blobs drawn by `{args.model}` (mean RGB 0-255; palette: "
+                  + ", ".join(f"{k} {tuple(round(255 * v) for v in rgb)}" for k, rgb in COLOURS.items()) + "):", "",
+                  "| prompt | seed | labelled | pixels | mean RGB |", "|---|---|---|---|---|"]
+        lines += [f"| {b['id']} | {b['seed']} | {b['label']} | {b['pixels']} | {tuple(b['mean_rgb'])} |"
+                  for b in r["blobs"]]
+    paths = _results.write(args.name, r, "\n".join(lines))
+    print("\n".join(lines))
+    print("wrote", *paths)
+    return 0
