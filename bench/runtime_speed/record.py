@@ -185,8 +185,10 @@ def main(argv: list[str] | None = None) -> None:
         if not r.get("warm_requests"):
             continue
         f, g = r["request_to_file_latency_s"], r["generation_side_latency_s"]
-        goals[f"5 s 544×960 `{r['recipe']}` request, {r['warm_requests']} warm through `h3 generate` ({card})"] = {
+        # one entry a recipe and card, the latest call's (the warm count is in the entry, not its name)
+        goals[f"5 s 544×960 `{r['recipe']}` request, warm through `h3 generate` ({card})"] = {
             "measured": round(f["p50"], 3), "target": GOAL_S, "unit": "s", "met": f["p50"] <= GOAL_S,
+            "warm_requests": r["warm_requests"],
             "measured_as": "request-to-file p50 of the warm requests (generation-side beside it)",
             "generation_side_s": round(g["p50"], 3), "met_generation_side": g["p50"] <= GOAL_S,
             "card": card, "ratio_to_stock": round(f["ratio_to_stock"], 3),
