@@ -55,11 +55,14 @@ def planted(tmp_path: Path) -> Path:
 
 
 def test_goals_json_has_the_issues_form_one_entry_per_row(planted: Path):
+    card_row = {"measured": 9.9, "target": 5.2, "card": "planted card", "source": "elsewhere"}
+    (planted / "h200_goals.json").write_text(json.dumps({"a card's row": card_row}))  # another study's entry
     proc = subprocess.run([sys.executable, "bench/full_size_speed/h200_goals_table.py", "--results", str(planted)], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     table = json.loads((planted / "h200_goals.json").read_text())
-    assert list(table) == [goal for _, goal, _ in GOALS]
+    assert list(table) == [goal for _, goal, _ in GOALS] + ["a card's row"]  # the goals, then what others wrote
+    assert table["a card's row"] == card_row
     assert table["5 s 544×960 `turbo4` request, faster than real time"] == {
         "measured": 5.19, "target": 5.2, "unit": "s", "met": True, "source": "bench/full_size_speed/results/h200_goals_raw.json"}
     assert table["dense DiT forward at 5 s 768×1344"]["met"] is False
@@ -194,3 +197,12 @@ def test_goals_refuse_an_unknown_decoder_variant_before_building_anything():
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2, (bad, proc.stderr[-500:])
         assert f"--decode-levers {bad!r}: a variant is compile, fp8 or int8" in proc.stderr
+
+
+def test_every_committed_goal_names_a_record_that_exists():
+    """Each entry of the committed h200_goals.json points at its record (``source`` or ``record``), and the file is
+    there: an entry whose record moved or was never committed is a figure without its command."""
+    table = json.loads((RESULTS / "h200_goals.json").read_text())
+    missing = {name: e.get("source") or e.get("record") for name, e in table.items()
+               if not (ROOT / (e.get("source") or e.get("record") or "nowhere")).is_file()}
+    assert not missing, missing

@@ -271,7 +271,10 @@ def h200_goals_table_main() -> None:
     except BadInput as exc:
         print(f"h200_goals_table: {exc}", file=sys.stderr)
         sys.exit(3)
-    atomic_write_json(args.results / "h200_goals.json", table)
+    # the entries other studies wrote (each card's rows: runtime_speed, card_goals, gate_fraction, ...) stay
+    path = args.results / "h200_goals.json"
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    atomic_write_json(path, {**table, **{k: v for k, v in kept.items() if k not in table}})
     atomic_write_text(args.results / "h200_goals.md", md)
     print(md, end="")
 
