@@ -8,7 +8,7 @@
 # Order in the process: build the bf16 DiT and VAEs; stock's forward at 5 s 768x1344 (first apart, CG_REPEATS+1 timed);
 # the dense recipe's levers (turbo4-fp8-sage-compile: FP8 linears for good, Sage, compile); the 15 s 768x1344 decode
 # (eager at 256x256, stock's tile; at 304x320 eager, then compiled: a first compiled decode apart, CG_DECODE_REPEATS
-# timed); the dense forward; the 85 % sparse forward; CG_EXTRA's dense variants last. CG_CALL_S (560) is the box
+# timed); the dense forward; the 85 % sparse forward; CG_EXTRA's dense variants last (set but empty: none). CG_CALL_S (560) is the box
 # from this script's start.
 # Needs .whl_prod/site.tar.xz and the Sage wheel beside it (bench/device/site.sh). Then, here:
 #   python bench/card_goals/card_goals.py --from FILES_AT --name NAME --command "..." --commit SHA
@@ -25,7 +25,7 @@ echo "goals start at $((SECONDS - t0)) s with a ${box} s box"
 timeout -k 5 $box $PY bench/full_size_speed/h200_goals.py --out "$R/h200_goals_raw.json" --budget-s $((box - 15)) \
   --stock --rows decode15,dense768,sparse768 --repeats ${CG_REPEATS:-3} --decode-repeats ${CG_DECODE_REPEATS:-2} \
   --decode-tiles 256x256 --decode-levers compile --lever-tiles 304x320 \
-  --dense-extra "${CG_EXTRA:-turbo4-fp8-sage-compile+graphs}" ${CG_ARGS:-} 2>&1 \
+  --dense-extra "${CG_EXTRA-turbo4-fp8-sage-compile+graphs}" ${CG_ARGS:-} 2>&1 \
   | grep -v "W1\|FutureWarning\|WeightNorm.apply" >$R/goals.log
 echo "exit ${PIPESTATUS[0]} at $((SECONDS - t0)) s" | tee -a $R/goals.log
 tail -c 4000 $R/goals.log
