@@ -8,8 +8,8 @@
 # Order in the process: build the bf16 DiT and VAEs; stock's forward at 5 s 768x1344 (first apart, CG_REPEATS+1 timed);
 # the dense recipe's levers (turbo4-fp8-sage-compile: FP8 linears for good, Sage, compile); the 15 s 768x1344 decode
 # (eager at 256x256, stock's tile; at 304x320 eager, then compiled: a first compiled decode apart, CG_DECODE_REPEATS
-# timed); the dense forward; the 85 % sparse forward; CG_EXTRA's dense variants last (set but empty: none). CG_CALL_S (560) is the box
-# from this script's start.
+# timed); the dense forward; the 85 % sparse forward; CG_EXTRA's dense variants last (set but empty: none).
+# CG_CALL_S (560) is the box from this script's start.
 # Needs .whl_prod/site.tar.xz and the Sage wheel beside it (bench/device/site.sh). Then, here:
 #   python bench/card_goals/card_goals.py --from FILES_AT --name NAME --command "..." --commit SHA
 set -u
