@@ -787,14 +787,20 @@ def count_on_renders(limit: int) -> dict:
             "mean_path_px": {k: float(np.mean([r["path_px"] for b, r in pairs if b == k and r])) for k in counts}}
 
 
+def probe_parser(description: str, seeds: str) -> argparse.ArgumentParser:
+    """The probes' common arguments: the model rendered, its seeds, the record's name."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--seeds", default=seeds)
+    ap.add_argument("--name", required=True)
+    return ap
+
+
 def count_probe_main(argv: list[str] | None = None) -> int:
     import tempfile
 
-    ap = argparse.ArgumentParser(description="Does the DiT read the bounce count? (bench.lib.tiny count_probe)")
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--seeds", default="0,1")
+    ap = probe_parser("Does the DiT read the bounce count? (bench.lib.tiny count_probe)", "0,1")
     ap.add_argument("--limit", type=int, default=8, help="one-shape held-out captions")
-    ap.add_argument("--name", required=True)
     args = ap.parse_args(argv)
     from bench.lib import results as _results
 
@@ -926,11 +932,8 @@ def _sync_summary(clips: list[dict]) -> dict:
 def sync_probe_main(argv: list[str] | None = None) -> int:
     import tempfile
 
-    ap = argparse.ArgumentParser(description="Is a clip's sound in step with the turns it draws? (bench.lib.tiny)")
-    ap.add_argument("--model", required=True)
-    ap.add_argument("--seeds", default="0,1,2,3")
+    ap = probe_parser("Is a clip's sound in step with the turns it draws? (bench.lib.tiny)", "0,1,2,3")
     ap.add_argument("--renders", type=int, default=40, help="held-out scenes with an event in the control")
-    ap.add_argument("--name", required=True)
     args = ap.parse_args(argv)
     from bench.lib import results as _results
 
